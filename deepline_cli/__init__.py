@@ -1,0 +1,66 @@
+"""deepline: durable plays for go-to-market data work.
+
+    from deepline_cli import Column, play, tool
+
+The public names load lazily, so `deepline --help` starts without importing the
+runtime, the store or an HTTP client.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from deepline_cli.errors import (
+        BudgetExceededError,
+        DeeplineError,
+        GovernanceError,
+        InputError,
+        MapAccountingError,
+        PlayLoadError,
+        ProviderTransientError,
+        ReceiptLeaseLostError,
+        SheetVisibilityError,
+        StoreError,
+        ToolExecutionError,
+    )
+    from deepline_cli.runtime.context import Context
+    from deepline_cli.runtime.play import play
+    from deepline_cli.runtime.tools import ToolCall, ToolResult, tool
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "play": "deepline_cli.runtime.play",
+    "tool": "deepline_cli.runtime.tools",
+    "ToolCall": "deepline_cli.runtime.tools",
+    "ToolResult": "deepline_cli.runtime.tools",
+    "Context": "deepline_cli.runtime.context",
+    "BudgetExceededError": "deepline_cli.errors",
+    "DeeplineError": "deepline_cli.errors",
+    "GovernanceError": "deepline_cli.errors",
+    "InputError": "deepline_cli.errors",
+    "MapAccountingError": "deepline_cli.errors",
+    "PlayLoadError": "deepline_cli.errors",
+    "ProviderTransientError": "deepline_cli.errors",
+    "ReceiptLeaseLostError": "deepline_cli.errors",
+    "SheetVisibilityError": "deepline_cli.errors",
+    "StoreError": "deepline_cli.errors",
+    "ToolExecutionError": "deepline_cli.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'deepline_cli' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -1,0 +1,51 @@
+"""The `deepline` command: one Typer app, a sub-app per command group.
+
+Only typer and the standard library are imported here: `deepline --help` must start
+fast, so each command imports the runtime, the store and rich when it runs.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from deepline_cli import __version__
+from deepline_cli.cli import receipts, runs
+from deepline_cli.cli import run as run_cmd
+from deepline_cli.cli.common import Settings
+
+app = typer.Typer(
+    name="deepline",
+    help="Run durable plays: every paid provider call goes through a receipt, so nothing "
+    "is paid twice and an interrupted run resumes where it stopped.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"deepline {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show tracebacks for errors.", envvar="DEEPLINE_DEBUG")
+    ] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    Settings.debug = debug
+
+
+app.command("run", epilog=run_cmd.RUN_EPILOG)(run_cmd.run)
+app.command("resume")(run_cmd.resume)
+app.add_typer(receipts.app, name="receipts")
+app.add_typer(runs.app, name="runs")

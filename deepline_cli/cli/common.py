@@ -1,0 +1,57 @@
+"""What every command shares: options, error handling, and running with a view."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+StoreOption = Annotated[
+    str | None,
+    typer.Option("--store", envvar="DEEPLINE_STORE", show_envvar=True,
+                 help="Store: a path, sqlite:///path or postgresql://… [default: deepline.db in the user data dir]"),
+]  # fmt: skip
+JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+
+
+class Settings:
+    debug = bool(os.environ.get("DEEPLINE_DEBUG"))
+
+
+def fail(message: str, code: int) -> typer.Exit:
+    sys.stderr.write(f"Error: {message}\n")
+    return typer.Exit(code)
+
+
+def cli_errors(fn: F) -> F:
+    """Turn deepline errors into one sentence and an exit code (traceback with --debug)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from deepline_cli.errors import DeeplineError
+
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except DeeplineError as exc:
+            if Settings.debug:
+                traceback.print_exc()
+            raise fail(str(exc), exc.exit_code) from None
+        except KeyboardInterrupt:
+            raise fail("interrupted.", 130) from None
+        except Exception as exc:
+            if Settings.debug:
+                traceback.print_exc()
+            raise fail(
+                f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback).", 1
+            ) from None
+
+    return wrapper  # type: ignore[return-value]

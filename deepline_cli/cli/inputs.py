@@ -1,0 +1,73 @@
+"""The play's input from `--input`, `--csv` and `--set` (pure functions)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from deepline_cli.errors import InputError
+
+
+def _parse_json(text: str, *, flag: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{flag} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}.") from None
+
+
+def read_input(raw: str | None, *, cwd: Path) -> dict[str, Any]:
+    """`--input '{"a": 1}'` or `--input @file.json` → the input object."""
+    if raw is None:
+        return {}
+    if raw.startswith("@"):
+        path = (cwd / raw[1:]).resolve() if not Path(raw[1:]).is_absolute() else Path(raw[1:])
+        if not path.is_file():
+            raise InputError(f"--input file {path} does not exist.")
+        try:
+            text = path.read_text(encoding="utf-8-sig")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"--input file {path} cannot be read: {exc}.") from None
+        value = _parse_json(text, flag=f"--input file {path}")
+    else:
+        value = _parse_json(raw, flag="--input")
+    if not isinstance(value, dict):
+        raise InputError("--input must be a JSON object, like '{\"limit\": 10}'.")
+    return value
+
+
+def parse_value(text: str) -> Any:
+    """`--set` values: JSON when they parse (numbers, true, lists…), else the string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def apply_set(target: dict[str, Any], assignment: str) -> None:
+    """`a.b=v` sets target["a"]["b"] = v, creating objects along the way."""
+    name, sep, raw = assignment.partition("=")
+    parts = name.strip().split(".")
+    if not sep or not all(parts):
+        raise InputError(f"--set {assignment!r} must look like key=value or a.b=value.")
+    node = target
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise InputError(f"--set {assignment!r}: {part!r} is already a value, not an object.")
+        node = child
+    node[parts[-1]] = parse_value(raw)
+
+
+def build_input(
+    raw: str | None, csv: Path | None, assignments: list[str], *, cwd: Path
+) -> dict[str, Any]:
+    value = read_input(raw, cwd=cwd)
+    if csv is not None:
+        path = csv if csv.is_absolute() else cwd / csv
+        if not path.is_file():
+            raise InputError(f"--csv file {path} does not exist.")
+        value["csv"] = str(path.resolve())
+    for assignment in assignments:
+        apply_set(value, assignment)
+    return value

@@ -1,0 +1,72 @@
+"""`deepline receipts …`: look at the durable record of paid calls."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from deepline_cli.cli.common import JsonOption, StoreOption, cli_errors
+from deepline_cli.cli.tables import print_json_lines, print_table, when
+
+app = typer.Typer(help="Inspect receipts: the durable record of every tool call and step.",
+                  no_args_is_help=True)  # fmt: skip
+
+
+def receipt_dict(r: Any) -> dict[str, Any]:
+    return {
+        "key": r.key, "kind": r.kind, "label": r.label, "tool": r.tool, "status": r.status,
+        "run_id": r.run_id, "attempt": r.attempt, "lease_expires_at": r.lease_expires_at,
+        "idempotency_key": r.idempotency_key, "failure_kind": r.failure_kind,
+        "error": r.error, "created_at": r.created_at, "completed_at": r.completed_at,
+        "credits": r.credits,
+    }  # fmt: skip
+
+
+@app.command("inspect")
+@cli_errors
+def inspect(
+    key_prefix: Annotated[str | None, typer.Argument(help="Only keys starting with this.")] = None,
+    run: Annotated[str | None, typer.Option("--run", help="Receipts this run used.")] = None,
+    status: Annotated[
+        str | None, typer.Option("--status", help="running, completed, failed or skipped.")
+    ] = None,
+    tool: Annotated[str | None, typer.Option("--tool", help="Only this tool id.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="At most N receipts.")] = None,
+    store: StoreOption = None,
+    json: JsonOption = False,
+) -> None:
+    """List receipts, filtered.
+
+    \b
+    Examples:
+      deepline receipts inspect --run r-8f2c1a9b3e4d
+      deepline receipts inspect --status failed --tool hunter.email --json
+      deepline receipts inspect 3fa9
+    """
+    from deepline_cli.errors import UsageError
+    from deepline_cli.store import open_store
+    from deepline_cli.store.base import RECEIPT_STATUSES, ReceiptQuery
+
+    if status is not None and status not in RECEIPT_STATUSES:
+        raise UsageError(f"--status must be one of {', '.join(RECEIPT_STATUSES)}, not {status!r}.")
+    db = open_store(store)
+    try:
+        if run is not None and db.get_run(run) is None:
+            raise UsageError(f"No run {run!r} in the store {db.url}.")
+        found = db.query_receipts(ReceiptQuery(key_prefix, run, status, tool, limit))
+    finally:
+        db.close()
+    if json:
+        print_json_lines([receipt_dict(r) for r in found])
+        return
+    rows = [
+        (r.key[:12], r.kind, r.label, r.tool or "", r.status, r.run_id, r.attempt,
+         r.failure_kind or "", f"{r.credits:g}", when(r.completed_at or r.created_at))
+        for r in found
+    ]  # fmt: skip
+    print_table(
+        ["key", "kind", "label", "tool", "status", "run", "attempt", "failure", "credits", "at"],
+        rows,
+        empty="No receipts match.",
+    )

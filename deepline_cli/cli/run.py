@@ -1,0 +1,163 @@
+"""`deepline run` and `deepline resume`."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from deepline_cli.cli.common import JsonOption, StoreOption, cli_errors
+
+if TYPE_CHECKING:
+    from deepline_cli.runtime.runner import RunOptions, RunResult, Runner
+
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
+ConcurrencyOption = Annotated[
+    int | None, typer.Option("--concurrency", min=1, help="Most tool calls in flight at once.")
+]
+RefreshFailedOption = Annotated[
+    bool, typer.Option("--refresh-failed", help="Retry calls whose receipts failed for good.")
+]
+ForceRefreshOption = Annotated[
+    bool, typer.Option("--force-refresh", help="Execute every tool call again (new paid calls).")
+]
+WorkspaceOption = Annotated[
+    str, typer.Option("--workspace", envvar="DEEPLINE_WORKSPACE", show_envvar=True,
+                      help="Workspace: part of every receipt key.")
+]  # fmt: skip
+
+RUN_EPILOG = """\b
+Examples:
+  deepline run examples/hello/play.py
+  deepline run play.py --csv leads.csv --set tier=gold
+  deepline run plays.py:lead_emails --input '{"limit": 10}' --json
+  deepline run play.py --run-id nightly-2026-12-02   # idempotent CI rerun
+"""
+
+
+@cli_errors
+def run(
+    play: Annotated[str, typer.Argument(metavar="PLAY", help="The play: PATH.py or PATH.py:FUNCTION.")],
+    input: Annotated[
+        str | None, typer.Option("--input", help="Input JSON, or @file.json.")
+    ] = None,
+    csv: Annotated[
+        Path | None, typer.Option("--csv", help="A CSV file; the play gets its path as input['csv'].")
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Set an input key: a.b=value (JSON values parse).")
+    ] = None,
+    run_id: Annotated[
+        str | None,
+        typer.Option("--run-id", help="Run id; an existing run is reported or resumed, not re-run."),
+    ] = None,
+    store: StoreOption = None,
+    workspace: WorkspaceOption = "default",
+    concurrency: ConcurrencyOption = None,
+    force_refresh: ForceRefreshOption = False,
+    refresh_failed: RefreshFailedOption = False,
+    json: JsonOption = False,
+    quiet: QuietOption = False,
+) -> None:
+    """Run a play. Every tool call goes through a durable receipt."""
+    from deepline_cli.cli.inputs import build_input
+    from deepline_cli.runtime.runner import RunOptions
+
+    cwd = Path.cwd()
+    payload = build_input(input, csv, set_ or [], cwd=cwd)
+    options = RunOptions(
+        store=store, workspace=workspace, run_id=run_id, concurrency=concurrency,
+        force_refresh=force_refresh, refresh_failed=refresh_failed,
+    )  # fmt: skip
+    execute(options, lambda runner: runner.start(play, payload, cwd=str(cwd)), json, quiet)
+
+
+@cli_errors
+def resume(
+    run_id: Annotated[str, typer.Argument(help="The run to continue.")],
+    store: StoreOption = None,
+    concurrency: ConcurrencyOption = None,
+    force_refresh: ForceRefreshOption = False,
+    refresh_failed: RefreshFailedOption = False,
+    json: JsonOption = False,
+    quiet: QuietOption = False,
+) -> None:
+    """Continue a run where it stopped; finished work replays from receipts.
+
+    \b
+    Examples:
+      deepline resume r-8f2c1a9b3e4d
+      deepline resume r-8f2c1a9b3e4d --refresh-failed --json
+    """
+    from deepline_cli.runtime.runner import RunOptions
+
+    options = RunOptions(
+        store=store, concurrency=concurrency, force_refresh=force_refresh,
+        refresh_failed=refresh_failed,
+    )  # fmt: skip
+    execute(options, lambda runner: runner.resume(run_id), json, quiet)
+
+
+def execute(
+    options: RunOptions, action: Callable[[Runner], RunResult], json_mode: bool, quiet: bool
+) -> None:
+    """Run `action` with the right view attached, print the outcome, exit with its code."""
+    from deepline_cli.runtime.events import EventBus
+    from deepline_cli.runtime.runner import Runner
+
+    view = _view(json_mode, quiet)
+    bus = EventBus([view.handle] if view is not None else [])
+    runner = Runner(options, bus)
+    try:
+        if view is None:
+            result = action(runner)
+        else:
+            with view:
+                result = action(runner)
+    finally:
+        runner.close()
+    _report(result, json_mode, view)
+    raise typer.Exit(result.exit_code)
+
+
+def _view(json_mode: bool, quiet: bool) -> Any:
+    if json_mode:
+        from deepline_cli.ui.ndjson import NdjsonView
+
+        return NdjsonView()
+    if quiet:
+        return None
+    from deepline_cli.ui.console import ConsoleView
+
+    return ConsoleView()
+
+
+def _report(result: RunResult, json_mode: bool, view: Any) -> None:
+    from deepline_cli import _json
+
+    if json_mode:
+        if result.reported:
+            view.write({"event": "run.finished", "run_id": result.run_id, "ts": None,
+                        "reported": True, **result.finished_event()})  # fmt: skip
+        return
+    err = sys.stderr
+    if result.reported:
+        err.write(f"Run {result.run_id} already completed (attempt {result.attempt}); "
+                  "not running it again.\n")  # fmt: skip
+    if result.status == "completed":
+        sys.stdout.write(_json.dumps_str(result.output) + "\n")
+    elif result.status == "interrupted":
+        err.write(f"Run {result.run_id} interrupted; continue it with: "
+                  f"deepline resume {result.run_id}\n")  # fmt: skip
+    elif result.status == "waiting":
+        err.write(f"Run {result.run_id} is waiting; resume it later with: "
+                  f"deepline resume {result.run_id}\n")  # fmt: skip
+    else:
+        error = result.error or {}
+        where = f" ({error['where']})" if error.get("where") else ""
+        err.write(f"Run {result.run_id} failed: {error.get('message', 'unknown error')}{where}\n"
+                  f"Fix the cause, then: deepline resume {result.run_id}\n")  # fmt: skip

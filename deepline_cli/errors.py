@@ -1,0 +1,178 @@
+"""Every error deepline raises, under one root.
+
+    DeeplineError                      exit 1 unless a subclass says otherwise
+    ├── UsageError                     exit 2: bad flags, unknown run id, bad config
+    │   ├── PlayLoadError              the play file cannot be loaded or has no play
+    │   └── InputError                 bad --input/--csv, unreadable or invalid CSV
+    ├── RunBusyError                   exit 4: another live process holds the run
+    ├── RunInterrupted                 exit 130: Ctrl-C / SIGTERM
+    ├── ToolExecutionError             a tool call failed (origin, category, retryable)
+    │   └── ProviderTransientError     rate_limit / network / upstream: try the next provider
+    ├── BudgetExceededError            --max-credits would be exceeded
+    ├── GovernanceError                depth, cycle or cap of child plays / tool calls
+    ├── ReceiptLeaseLostError          another owner took a receipt or run this process held
+    ├── MapAccountingError             a map input row is not accounted for
+    ├── SheetVisibilityError           written sheet rows are not visible in the store
+    └── StoreError                     the store cannot be opened, migrated or written
+
+Each class docstring is the user-facing meaning. The message of an instance is one
+sentence a user can act on; the CLI prints it without a traceback (unless --debug).
+
+Errors marked *fatal* (budget, governance, lease, store) are never isolated by a map:
+they fail the run, and no failed cell is recorded for them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+Origin = Literal["caller", "provider", "runtime"]
+Category = Literal[
+    "validation",
+    "authentication",
+    "authorization",
+    "rate_limit",
+    "network",
+    "upstream",
+    "billing",
+    "conflict",
+    "internal",
+]
+TRANSIENT_CATEGORIES: frozenset[str] = frozenset({"rate_limit", "network", "upstream"})
+
+
+class DeeplineError(Exception):
+    """Something went wrong in a deepline run."""
+
+    exit_code: int = 1
+    fatal: bool = False
+
+
+class UsageError(DeeplineError):
+    """The command, its flags, the configuration or a run id is not valid."""
+
+    exit_code = 2
+
+
+class PlayLoadError(UsageError):
+    """The play file cannot be loaded, or does not define the requested play."""
+
+
+class InputError(UsageError):
+    """The play's input (JSON, CSV, --set) is missing or malformed."""
+
+
+class RunBusyError(DeeplineError):
+    """The run is held by another live process."""
+
+    exit_code = 4
+
+
+class RunInterrupted(DeeplineError):
+    """The run was interrupted (Ctrl-C or SIGTERM); `deepline resume` continues it."""
+
+    exit_code = 130
+
+
+class ToolExecutionError(DeeplineError):
+    """A tool call failed."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        origin: Origin = "provider",
+        category: Category = "internal",
+        retryable: bool | None = None,
+        status_code: int | None = None,
+        retry_after_s: float | None = None,
+        tool: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.origin: Origin = origin
+        self.category: Category = category
+        self.retryable = category in TRANSIENT_CATEGORIES if retryable is None else retryable
+        self.status_code = status_code
+        self.retry_after_s = retry_after_s
+        self.tool = tool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": type(self).__name__,
+            "message": str(self),
+            "origin": self.origin,
+            "category": self.category,
+            "retryable": self.retryable,
+            "status_code": self.status_code,
+            "retry_after_s": self.retry_after_s,
+            "tool": self.tool,
+        }
+
+
+class ProviderTransientError(ToolExecutionError):
+    """A provider failed in a way that may pass (rate limit, network, upstream 5xx).
+
+    The one valid reason for a waterfall to fall through to the next provider.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        category: Category = "upstream",
+        status_code: int | None = None,
+        retry_after_s: float | None = None,
+        tool: str | None = None,
+    ) -> None:
+        super().__init__(
+            message,
+            origin="provider",
+            category=category,
+            retryable=True,
+            status_code=status_code,
+            retry_after_s=retry_after_s,
+            tool=tool,
+        )
+
+
+class BudgetExceededError(DeeplineError):
+    """The run would spend more credits than --max-credits allows."""
+
+    fatal = True
+
+
+class GovernanceError(DeeplineError):
+    """A child-play depth, cycle or per-run cap was exceeded."""
+
+    fatal = True
+
+
+class ReceiptLeaseLostError(DeeplineError):
+    """Another owner took over a receipt or run this process held."""
+
+    fatal = True
+
+
+class MapAccountingError(DeeplineError):
+    """A map finished without accounting for every input row."""
+
+    fatal = True
+
+
+class SheetVisibilityError(DeeplineError):
+    """Rows written to a sheet are not visible when read back from the store."""
+
+    fatal = True
+
+
+class StoreError(DeeplineError):
+    """The store cannot be opened, migrated, read or written."""
+
+    fatal = True
+
+
+def error_dict(exc: BaseException) -> dict[str, Any]:
+    """The JSON form of an error, as kept on receipts and in `run.finished`."""
+    if isinstance(exc, ToolExecutionError):
+        return exc.to_dict()
+    return {"type": type(exc).__name__, "message": str(exc) or type(exc).__name__}

@@ -1,0 +1,172 @@
+"""The context a play receives as `ctx`: everything with an effect goes through it."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deepline_cli import _json
+from deepline_cli.errors import UsageError
+from deepline_cli.runtime.events import EventBus
+from deepline_cli.runtime.governor import Governor
+from deepline_cli.runtime.receipts import DurableCall, ReceiptBook, RunScope
+from deepline_cli.runtime.secrets import Secrets
+from deepline_cli.runtime.storeio import GroupCommit, StoreIO
+from deepline_cli.runtime.tools import ToolCall, ToolDef, ToolResult, find_tool
+from deepline_cli.store.base import LogLine
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    id: str
+    attempt: int
+    cwd: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlayInfo:
+    name: str
+    file: str
+
+
+@dataclass
+class RunServices:
+    """What one attempt of a run shares between its context, maps and child plays."""
+
+    io: StoreIO
+    scope: RunScope
+    bus: EventBus
+    book: ReceiptBook
+    governor: Governor
+    secrets: Secrets
+    logs: GroupCommit[LogLine, None]
+    play_file: str
+    cwd: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def log(self, message: str, *, level: str = "info") -> None:
+        text = self.secrets.redact(str(message))
+        line = LogLine(self.scope.run_id, self.scope.attempt, time.time(), level, text)
+        self.logs.submit(line).add_done_callback(_ignore_result)
+        self.bus.emit("log", self.scope.run_id, level=level, message=text)
+
+
+def _ignore_result(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+class Tools:
+    """`ctx.tools`: durable tool calls."""
+
+    def __init__(self, services: RunServices) -> None:
+        self._s = services
+        self._configured: set[str] = set()
+
+    def _resolve(self, tool_id: str) -> ToolDef:
+        definition = find_tool(tool_id)
+        if definition is None:
+            raise UsageError(f"Unknown tool {tool_id!r}: declare it with @tool or in deepline.toml.")
+        if tool_id not in self._configured:
+            self._s.governor.configure_tool(
+                tool_id, concurrency=definition.concurrency, rate_limit=definition.rate_limit
+            )
+            self._configured.add(tool_id)
+        return definition
+
+    def receipt_key(self, definition: ToolDef, input: Any) -> str:
+        scope = self._s.scope
+        return _json.digest(
+            "tool", scope.workspace, scope.play, definition.id, _json.canonical(input),
+            definition.auth_digest, definition.version,
+        )  # fmt: skip
+
+    async def execute(
+        self,
+        id: str,
+        tool: str,
+        input: Any,
+        *,
+        force: bool = False,
+        stale_after_seconds: float | None = None,
+        timeout_s: float | None = None,
+        receipt_wait_s: float | None = None,
+    ) -> ToolResult:
+        definition = self._resolve(tool)
+        call = DurableCall(
+            key=self.receipt_key(definition, input),
+            kind="tool",
+            label=id,
+            tool=tool,
+            force=force,
+            stale_after_s=stale_after_seconds,
+            credits=definition.credits,
+            receipt_wait_s=receipt_wait_s,
+        )
+        governor = self._s.governor
+
+        async def invoke(info: ToolCall) -> Any:
+            if governor.unlimited(tool) and timeout_s is None:
+                return await definition.invoke(input, info)
+            async with governor.slot(tool):
+                self._s.book.check_open()
+                if timeout_s is None:
+                    return await definition.invoke(input, info)
+                async with asyncio.timeout(timeout_s):
+                    return await definition.invoke(input, info)
+
+        outcome = await self._s.book.execute(call, invoke)
+        return ToolResult(
+            output=outcome.value,
+            execution=outcome.execution,
+            receipt_key=outcome.key,
+            credits=outcome.credits,
+            tool=tool,
+            extract=definition.extract,
+        )
+
+
+class Context:
+    """`ctx`: the play's handle on its run."""
+
+    def __init__(self, services: RunServices, play_name: str) -> None:
+        self._s = services
+        scope = services.scope
+        self.run = RunInfo(scope.run_id, scope.attempt, services.cwd)
+        self.play = PlayInfo(play_name, services.play_file)
+        self.tools = Tools(services)
+        self.secrets = services.secrets
+
+    def log(self, message: str) -> None:
+        self._s.log(message)
+
+    async def step(
+        self, id: str, fn: Callable[[], Any], *, stale_after_seconds: float | None = None
+    ) -> Any:
+        """A durable memoised value: `fn` runs once per run; resumes get the stored value."""
+        scope = self._s.scope
+        call = DurableCall(
+            key=_json.digest("step", scope.workspace, scope.run_id, id),
+            kind="step",
+            label=id,
+            stale_after_s=stale_after_seconds,
+        )
+
+        async def invoke(_: ToolCall) -> Any:
+            value = fn()
+            if inspect.isawaitable(value):
+                value = await value
+            # Round-trip now so a resumed run sees exactly what a fresh one saw.
+            return _json.loads(_json.dumps(value))
+
+        return (await self._s.book.execute(call, invoke)).value
+
+    def resolve_path(self, path: str | Path) -> Path:
+        """A relative path resolves against the directory the run was started in."""
+        candidate = Path(path).expanduser()
+        return candidate if candidate.is_absolute() else Path(self._s.cwd) / candidate

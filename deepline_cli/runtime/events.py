@@ -1,0 +1,45 @@
+"""Runtime events: what the runtime tells the outside world while a run goes on.
+
+The runtime emits; the UI (Rich view, plain lines, NDJSON) draws. Nothing here knows
+how an event is shown.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class Event:
+    event: str
+    run_id: str
+    ts: float
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"event": self.event, "run_id": self.run_id, "ts": self.ts, **self.data}
+
+
+Listener = Callable[[Event], None]
+
+
+class EventBus:
+    """Fan-out of events to listeners; `wants` lets hot paths skip unwanted events."""
+
+    def __init__(self, listeners: list[Listener] | None = None, *, per_call: bool = False) -> None:
+        self._listeners = list(listeners or [])
+        # `tool.call` events are one per call: only built when a listener asked for them.
+        self.per_call = per_call
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def emit(self, name: str, run_id: str, **data: Any) -> None:
+        if not self._listeners:
+            return
+        event = Event(name, run_id, time.time(), data)
+        for listener in self._listeners:
+            listener(event)

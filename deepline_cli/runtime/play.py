@@ -1,0 +1,143 @@
+"""Plays: the `@play` decorator and loading a play from `path.py[:function]`."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from deepline_cli import _json
+from deepline_cli.errors import PlayLoadError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True, slots=True)
+class PlayDef:
+    name: str
+    description: str
+    fn: Callable[..., Any]
+    file: str = ""
+
+    @property
+    def function(self) -> str:
+        return str(self.fn.__name__)
+
+    @property
+    def ref(self) -> str:
+        """`/abs/path.py:function`: how a resume finds the play again."""
+        return f"{self.file}:{self.function}"
+
+
+_ALL_PLAYS: dict[str, PlayDef] = {}
+
+
+def play(name: str, *, description: str = "") -> Callable[[F], F]:
+    """Declare an `async def (ctx, input)` as a play named `name`."""
+
+    def register(fn: F) -> F:
+        if not inspect.iscoroutinefunction(fn):
+            raise PlayLoadError(f"Play {name!r} must be an async function `async def (ctx, input)`.")
+        file = str(Path(inspect.getfile(fn)).resolve())
+        definition = PlayDef(name=name, description=description, fn=fn, file=file)
+        fn.__deepline_play__ = definition  # type: ignore[attr-defined]
+        _ALL_PLAYS[name] = definition
+        return fn
+
+    return register
+
+
+def find_play_by_name(name: str) -> PlayDef | None:
+    """A play any loaded module declared (for `run_play` by name)."""
+    return _ALL_PLAYS.get(name)
+
+
+def split_ref(ref: str) -> tuple[str, str | None]:
+    """`file.py:function` → (`file.py`, `function`); a bare path has no selector."""
+    path, sep, selector = ref.rpartition(":")
+    if sep and path and not selector.startswith(("\\", "/")) and selector:
+        return path, selector
+    return ref, None
+
+
+def load_module(path: Path) -> Any:
+    """Import the play file as a fresh module; every failure is one clear sentence."""
+    if not path.exists():
+        raise PlayLoadError(f"Play file {path} does not exist.")
+    if path.is_dir():
+        raise PlayLoadError(f"Play file {path} is a directory; pass a .py file.")
+    module_name = f"deepline_play_{_json.digest(str(path))[:12]}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise PlayLoadError(f"Play file {path} cannot be imported (is it a .py file?).")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    # Let a play import helper modules that sit next to it.
+    parent = str(path.parent)
+    if parent not in sys.path:
+        sys.path.insert(0, parent)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        sys.modules.pop(module_name, None)
+        raise PlayLoadError(
+            f"Syntax error in {exc.filename or path} line {exc.lineno}: {exc.msg}."
+        ) from exc
+    except PlayLoadError:
+        sys.modules.pop(module_name, None)
+        raise
+    except BaseException as exc:
+        sys.modules.pop(module_name, None)
+        line = _line_in(path, exc)
+        where = f"{path} line {line}" if line else str(path)
+        raise PlayLoadError(
+            f"Importing {where} failed: {type(exc).__name__}: {exc}".rstrip(".") + "."
+        ) from exc
+    return module
+
+
+def _line_in(path: Path, exc: BaseException) -> int | None:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
+    return frames[-1].lineno if frames else None
+
+
+def plays_in(module: Any) -> list[PlayDef]:
+    """The plays declared by the module itself (not those it imports), in file order."""
+    found = [
+        value.__deepline_play__
+        for value in vars(module).values()
+        if hasattr(value, "__deepline_play__")
+        and getattr(value, "__module__", None) == module.__name__
+    ]
+    return sorted(found, key=lambda p: p.fn.__code__.co_firstlineno)
+
+
+def load_play(ref: str, *, base: Path | None = None) -> PlayDef:
+    """Load `path.py[:function-or-play-name]`, relative paths against `base`."""
+    raw_path, selector = split_ref(ref)
+    path = Path(raw_path).expanduser()
+    if not path.is_absolute():
+        path = (base or Path.cwd()) / path
+    path = path.resolve()
+    if path.suffix != ".py" and not path.exists() and path.with_suffix(".py").exists():
+        path = path.with_suffix(".py")
+    plays = plays_in(load_module(path))
+    if not plays:
+        raise PlayLoadError(f"{path} declares no play; decorate an async function with @play.")
+    if selector is None:
+        if len(plays) > 1:
+            names = ", ".join(p.function for p in plays)
+            raise PlayLoadError(
+                f"{path} declares several plays ({names}); pick one with {path.name}:NAME."
+            )
+        return plays[0]
+    for candidate in plays:
+        if selector in (candidate.function, candidate.name):
+            return candidate
+    names = ", ".join(p.function for p in plays)
+    raise PlayLoadError(f"{path} has no play {selector!r}; it declares: {names}.")

@@ -1,0 +1,359 @@
+"""Receipts at run time: claim, invoke, settle — the path every paid call takes.
+
+    execute(call)
+      ├─ an identical call in flight in this process?  share its answer   (in_flight)
+      ├─ claim the receipt (batched with other claims, one transaction)
+      │    reused  → return the stored output, no provider call          (receipt)
+      │    failed  → raise the stored failure (a permanent one)
+      │    busy    → another live owner runs it: wait, then claim again
+      │    claimed → we own a lease ─┐
+      ├─ re-check the lease, then invoke the tool                         (live)
+      └─ settle: completed / failed / released (batched, only by the lease owner)
+
+A completed call that cannot be recorded trips the circuit breaker: no further
+provider call is dispatched in this run, and the run fails loudly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from deepline_cli import _json
+from deepline_cli.errors import (
+    TRANSIENT_CATEGORIES,
+    DeeplineError,
+    ProviderTransientError,
+    ReceiptLeaseLostError,
+    StoreError,
+    ToolExecutionError,
+    error_dict,
+)
+from deepline_cli.runtime.events import EventBus
+from deepline_cli.runtime.stats import RunStats
+from deepline_cli.runtime.storeio import GroupCommit, StoreIO
+from deepline_cli.runtime.tools import Execution, ToolCall
+from deepline_cli.store.base import Claim, ClaimOutcome, Receipt, Settlement
+
+BUSY_POLL_S = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class RunScope:
+    """Who is claiming: the run, its attempt, and the run-wide refresh flags."""
+
+    run_id: str
+    attempt: int
+    play: str
+    workspace: str
+    lease_ttl: float
+    force_refresh: bool = False
+    refresh_failed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DurableCall:
+    key: str
+    kind: str
+    label: str
+    tool: str | None = None
+    force: bool = False
+    stale_after_s: float | None = None
+    credits: float = 0.0
+    receipt_wait_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    value: Any
+    execution: Execution
+    key: str
+    credits: float = 0.0
+
+
+def idempotency_key(receipt_key: str, lease_id: str | None = None) -> str:
+    """The provider idempotency key: from the receipt key, or from the lease when forced."""
+    return "dl-" + (_json.digest("idem", receipt_key, lease_id or "")[:40])
+
+
+class ReceiptBook:
+    def __init__(self, io: StoreIO, scope: RunScope, bus: EventBus, stats: RunStats) -> None:
+        self._io = io
+        self._scope = scope
+        self._bus = bus
+        self._stats = stats
+        self._claims: GroupCommit[Claim, ClaimOutcome] = GroupCommit(
+            io, lambda claims: io.store.claim(claims, io.now())
+        )
+        self._settlements: GroupCommit[Settlement, bool] = GroupCommit(
+            io, lambda items: io.store.settle(items, io.now())
+        )
+        self._inflight: dict[str, asyncio.Future[Outcome]] = {}
+        self._held: dict[str, float] = {}  # lease id -> expiry last confirmed in the store
+        self._lost: set[str] = set()
+        self._invoking = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closed: BaseException | None = None
+
+    # --- the call path -------------------------------------------------------------------
+
+    async def execute(self, call: DurableCall, invoke: Callable[[ToolCall], Awaitable[Any]]) -> Outcome:
+        shared = None if call.force else self._inflight.get(call.key)
+        if shared is not None:
+            outcome = await asyncio.shield(shared)
+            self._count(call, "in_flight", outcome.credits)
+            return Outcome(outcome.value, "in_flight", call.key, outcome.credits)
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_retrieve)
+        self._inflight[call.key] = future
+        try:
+            outcome = await self._execute(call, invoke)
+        except BaseException as exc:
+            future.set_exception(exc)
+            raise
+        else:
+            future.set_result(outcome)
+            return outcome
+        finally:
+            if self._inflight.get(call.key) is future:
+                del self._inflight[call.key]
+
+    async def _execute(self, call: DurableCall, invoke: Callable[[ToolCall], Awaitable[Any]]) -> Outcome:
+        waited = 0.0
+        while True:
+            self.check_open()
+            outcome = await self._claim(call)
+            receipt = outcome.receipt
+            if outcome.verdict == "reused":
+                self._count(call, "reused", receipt.credits)
+                kind: Execution = "checkpoint" if call.kind == "step" else "receipt"
+                return Outcome(receipt.output, kind, call.key, receipt.credits)
+            if outcome.verdict == "failed":
+                self._count(call, "failed", 0.0)
+                raise stored_failure(receipt)
+            if outcome.verdict == "busy":
+                waited = await self._wait_busy(call, receipt, waited)
+                continue
+            return await self._invoke(call, receipt, invoke)
+
+    async def _claim(self, call: DurableCall) -> ClaimOutcome:
+        scope = self._scope
+        lease_id = os.urandom(12).hex()
+        force = call.force or (scope.force_refresh and call.kind != "step")
+        claim = Claim(
+            key=call.key,
+            kind=call.kind,
+            label=call.label,
+            tool=call.tool,
+            run_id=scope.run_id,
+            attempt=scope.attempt,
+            lease_id=lease_id,
+            lease_expires_at=self._io.now() + scope.lease_ttl,
+            idempotency_key=idempotency_key(call.key, lease_id if force else None),
+            force=force,
+            stale_after_s=call.stale_after_s,
+            refresh_failed=scope.refresh_failed,
+        )
+        pending = self._claims.submit(claim)
+        try:
+            return await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            # Cancelled after the claim may have been written: give the lease back.
+            pending.add_done_callback(self._release_if_claimed)
+            raise
+
+    def _release_if_claimed(self, pending: asyncio.Future[ClaimOutcome]) -> None:
+        if pending.cancelled() or pending.exception() is not None:
+            return
+        outcome = pending.result()
+        if outcome.verdict == "claimed" and outcome.receipt.lease_id:
+            self._settlements.submit(
+                Settlement(outcome.receipt.key, outcome.receipt.lease_id, "released")
+            ).add_done_callback(_retrieve)
+
+    async def _invoke(
+        self, call: DurableCall, receipt: Receipt, invoke: Callable[[ToolCall], Awaitable[Any]]
+    ) -> Outcome:
+        lease_id = receipt.lease_id or ""
+        self._held[lease_id] = receipt.lease_expires_at or 0.0
+        self._invoking += 1
+        self._idle.clear()
+        try:
+            self._check_lease(call, lease_id)
+            info = ToolCall(
+                idempotency_key=receipt.idempotency_key or "",
+                run_id=self._scope.run_id,
+                attempt=self._scope.attempt,
+                receipt_key=call.key,
+            )
+            try:
+                value = await invoke(info)
+            except BaseException as exc:
+                await self._settle_failure(call, lease_id, exc)
+                raise
+            settled = await self._record(Settlement(call.key, lease_id, "completed", output=value,
+                                                    credits=call.credits))  # fmt: skip
+            if not settled:
+                raise self._trip(
+                    ReceiptLeaseLostError(
+                        f"The {call.kind} {call.label!r} completed, but its receipt was taken over "
+                        "by another owner before it could be recorded; stopping this run."
+                    )
+                )
+            self._count(call, "live", call.credits)
+            return Outcome(value, "live", call.key, call.credits)
+        finally:
+            self._held.pop(lease_id, None)
+            self._invoking -= 1
+            if self._invoking == 0:
+                self._idle.set()
+
+    async def _record(self, settlement: Settlement) -> bool:
+        try:
+            return await asyncio.shield(self._settlements.submit(settlement))
+        except StoreError as exc:
+            raise self._trip(
+                StoreError(f"A completed call could not be recorded in the store ({exc}); "
+                           "stopping this run so nothing is paid twice.")
+            ) from exc  # fmt: skip
+
+    async def _settle_failure(self, call: DurableCall, lease_id: str, exc: BaseException) -> None:
+        if call.kind == "step" or not isinstance(exc, Exception) or _is_fatal(exc):
+            # Not the call's own failure (interrupt, lost lease, budget…): record nothing,
+            # so a resume runs the call again.
+            settlement = Settlement(call.key, lease_id, "released")
+        else:
+            error = tool_error(exc, call.tool)
+            settlement = Settlement(
+                call.key, lease_id, "failed", error=error.to_dict(),
+                failure_kind=error.category, retryable=error.retryable,
+            )  # fmt: skip
+            self._count(call, "failed", 0.0)
+        try:
+            await asyncio.shield(self._settlements.submit(settlement))
+        except StoreError:
+            pass  # the lease expires on its own; the original error is what matters
+
+    async def _wait_busy(self, call: DurableCall, receipt: Receipt, waited: float) -> float:
+        if call.receipt_wait_s is not None and waited >= call.receipt_wait_s:
+            raise ToolExecutionError(
+                f"{call.label}: the same call is running under run {receipt.run_id} and did not "
+                f"finish within {call.receipt_wait_s:g}s.",
+                origin="runtime", category="conflict", retryable=True, tool=call.tool,
+            )  # fmt: skip
+        expires = receipt.lease_expires_at or 0.0
+        delay = max(0.01, min(BUSY_POLL_S, expires - self._io.now() + 0.01))
+        await asyncio.sleep(delay)
+        return waited + delay
+
+    # --- leases ---------------------------------------------------------------------------
+
+    def _check_lease(self, call: DurableCall, lease_id: str) -> None:
+        """Right before the provider is called: is the lease still ours and unexpired?"""
+        if lease_id in self._lost or self._held.get(lease_id, 0.0) <= self._io.now():
+            raise ReceiptLeaseLostError(
+                f"The lease on {call.kind} {call.label!r} was lost before the call was made."
+            )
+
+    async def heartbeat(self) -> None:
+        """Extend every lease of a call in flight; remember the ones another owner took."""
+        if not self._held:
+            return
+        lease_ids = list(self._held)
+        expires = self._io.now() + self._scope.lease_ttl
+        lost = await self._io.call(self._io.store.heartbeat_receipts, lease_ids, expires)
+        self._lost.update(lost)
+        for lease_id in lease_ids:
+            if lease_id in self._held and lease_id not in lost:
+                self._held[lease_id] = expires
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def check_open(self) -> None:
+        if self._closed is not None:
+            raise self._closed
+
+    def close(self, reason: BaseException) -> None:
+        """Stop dispatching: every later claim raises `reason`."""
+        if self._closed is None:
+            self._closed = reason
+
+    def _trip(self, exc: DeeplineError) -> DeeplineError:
+        self.close(exc)
+        return exc
+
+    @property
+    def tripped(self) -> BaseException | None:
+        return self._closed if isinstance(self._closed, DeeplineError) and self._closed.fatal else None
+
+    async def settle_all(self, timeout: float) -> bool:
+        """Wait (up to `timeout`) for calls being invoked to finish, then flush writes."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            idle = True
+        except TimeoutError:
+            idle = False
+        await self._claims.flushed()
+        await self._settlements.flushed()
+        return idle
+
+    def _count(self, call: DurableCall, execution: str, credits: float) -> None:
+        if call.kind == "step":
+            self._stats.steps["live" if execution == "live" else "reused"] += 1
+        else:
+            counts = self._stats.tool(call.tool or call.kind)
+            if execution == "failed":
+                counts.failed += 1
+            elif execution == "live":
+                counts.live += 1
+                counts.credits += credits
+            else:
+                counts.reused += 1
+        if self._bus.per_call:
+            self._bus.emit("tool.call", self._scope.run_id, kind=call.kind, label=call.label,
+                           tool=call.tool, key=call.key, execution=execution)  # fmt: skip
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _is_fatal(exc: BaseException) -> bool:
+    return isinstance(exc, DeeplineError) and exc.fatal
+
+
+def tool_error(exc: BaseException, tool: str | None) -> ToolExecutionError:
+    """The ToolExecutionError a failed call is recorded and raised as."""
+    if isinstance(exc, ToolExecutionError):
+        if exc.tool is None:
+            exc.tool = tool
+        return exc
+    if isinstance(exc, TimeoutError):
+        return ProviderTransientError(f"{tool}: timed out", category="network", tool=tool)
+    return ToolExecutionError(
+        f"{tool}: {type(exc).__name__}: {exc}", origin="provider", category="internal",
+        retryable=False, tool=tool,
+    )  # fmt: skip
+
+
+def stored_failure(receipt: Receipt) -> ToolExecutionError:
+    """Rebuild the error of a receipt that failed for good on an earlier run."""
+    error = receipt.error or {}
+    message = str(error.get("message") or f"{receipt.label} failed")
+    category = error.get("category") or receipt.failure_kind or "internal"
+    if category in TRANSIENT_CATEGORIES:
+        return ProviderTransientError(message, category=category, tool=receipt.tool,
+                                      status_code=error.get("status_code"))  # fmt: skip
+    return ToolExecutionError(
+        message, origin=error.get("origin", "provider"), category=category,
+        retryable=bool(error.get("retryable")), status_code=error.get("status_code"),
+        tool=receipt.tool,
+    )  # fmt: skip
+
+
+__all__ = ["DurableCall", "Outcome", "ReceiptBook", "RunScope", "error_dict", "idempotency_key"]

@@ -1,0 +1,422 @@
+"""Runs: start, resume, lease, interrupt, finish.
+
+A run is leased like a receipt: its holder (host and pid) heartbeats the lease while
+the play executes. `resume` refuses a run a live process holds, takes over at once a
+run whose holder on this machine is gone, and one held elsewhere once its lease expired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets as _secrets
+import signal
+import socket
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deepline_cli import _json
+from deepline_cli.errors import (
+    DeeplineError,
+    ReceiptLeaseLostError,
+    RunBusyError,
+    RunInterrupted,
+    UsageError,
+    error_dict,
+)
+from deepline_cli.runtime.context import Context, RunServices
+from deepline_cli.runtime.events import EventBus
+from deepline_cli.runtime.governor import Governor
+from deepline_cli.runtime.play import PlayDef, load_play
+from deepline_cli.runtime.receipts import ReceiptBook, RunScope
+from deepline_cli.runtime.secrets import Secrets
+from deepline_cli.runtime.stats import RunStats
+from deepline_cli.runtime.storeio import GroupCommit, StoreIO
+from deepline_cli.store import open_store
+from deepline_cli.store.base import LogLine, RunRecord, Store
+
+PROGRESS_EVERY_S = 0.5
+EXIT_CODES = {"completed": 0, "failed": 1, "waiting": 3, "interrupted": 130}
+
+
+def lease_ttl_from_env() -> float:
+    raw = os.environ.get("DEEPLINE_LEASE_TTL", "30")
+    try:
+        ttl = float(raw)
+    except ValueError:
+        raise UsageError(f"DEEPLINE_LEASE_TTL must be a number of seconds, not {raw!r}.") from None
+    if ttl <= 0:
+        raise UsageError("DEEPLINE_LEASE_TTL must be more than 0 seconds.")
+    return ttl
+
+
+@dataclass
+class RunOptions:
+    """Flags that shape a run; the persisted ones come back on resume."""
+
+    store: str | None = None
+    workspace: str = "default"
+    run_id: str | None = None
+    concurrency: int | None = None
+    limit: int | None = None
+    force_refresh: bool = False
+    refresh_failed: bool = False
+    max_credits: float | None = None
+    max_inline_wait: float = 30.0
+    fail_on_row_errors: bool = False
+    interrupt_grace_s: float = 5.0
+    lease_ttl: float = field(default_factory=lease_ttl_from_env)
+
+    PERSISTED = ("concurrency", "limit", "max_credits", "max_inline_wait", "fail_on_row_errors")
+
+    def persisted(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k in self.PERSISTED}
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    status: str
+    attempt: int
+    output: Any = None
+    error: dict[str, Any] | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+    reported: bool = False  # an already-finished run, reported rather than run
+
+    @property
+    def exit_code(self) -> int:
+        if self.status == "failed" and self.error and "exit_code" in self.error:
+            return int(self.error["exit_code"])
+        return EXIT_CODES.get(self.status, 1)
+
+    def finished_event(self) -> dict[str, Any]:
+        return {"status": self.status, "attempt": self.attempt, "output": self.output,
+                "error": self.error, "stats": self.stats}  # fmt: skip
+
+
+def new_run_id() -> str:
+    return "r-" + _secrets.token_hex(6)
+
+
+def holder_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def holder_alive(record: RunRecord, now: float) -> bool:
+    """Is the process holding this run still alive?
+
+    On this machine we can ask the OS (a killed run is taken over at once); a holder
+    elsewhere is alive as long as its lease has not expired.
+    """
+    if not record.holder or record.status not in ("running", "queued"):
+        return False
+    host, _, pid_text = record.holder.rpartition(":")
+    if host == socket.gethostname() and pid_text.isdigit():
+        pid = int(pid_text)
+        if pid == os.getpid():
+            return True
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return (record.lease_expires_at or 0.0) > now or _process_exists(pid)
+    return (record.lease_expires_at or 0.0) > now
+
+
+def _process_exists(pid: int) -> bool:
+    # A zombie (killed, not yet reaped by its parent) still answers kill(0); it holds nothing.
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+class Runner:
+    """Starts and resumes runs against one store."""
+
+    def __init__(self, options: RunOptions, bus: EventBus, store: Store | None = None) -> None:
+        self.options = options
+        self.bus = bus
+        self.store = store or open_store(options.store)
+
+    def close(self) -> None:
+        self.store.close()
+
+    # --- entry points ---------------------------------------------------------------------
+
+    def start(self, play_ref: str, input: Any, *, cwd: str | None = None) -> RunResult:
+        """`deepline run`: a new run, or with --run-id an existing one reported or resumed."""
+        if self.options.run_id:
+            existing = self.store.get_run(self.options.run_id)
+            if existing is not None:
+                return self.resume(existing.run_id)
+        play = load_play(play_ref)
+        now = self.store.now()
+        run_id = self.options.run_id or new_run_id()
+        record = RunRecord(
+            run_id=run_id,
+            play=play.name,
+            play_ref=play.ref,
+            input=input,
+            status="running",
+            attempt=1,
+            workspace=self.options.workspace,
+            cwd=cwd or os.getcwd(),
+            options=self.options.persisted(),
+            root_run_id=run_id,
+            holder=holder_id(),
+            lease_expires_at=now + self.options.lease_ttl,
+            created_at=now,
+            updated_at=now,
+        )
+        self.store.insert_run(record)
+        return self._execute(play, record)
+
+    def resume(self, run_id: str) -> RunResult:
+        """`deepline resume`: the next attempt of a run, replaying what it already did."""
+        record = self.store.get_run(run_id)
+        if record is None:
+            raise UsageError(f"No run {run_id!r} in the store {self.store.url}.")
+        if record.status == "completed":
+            return _result_of(record, reported=True)
+        if holder_alive(record, self.store.now()):
+            raise RunBusyError(
+                f"Run {run_id} is held by a live process ({record.holder}); "
+                "wait for it to finish or stop that process first."
+            )
+        attempt = record.attempt + 1
+        taken = self.store.lease_run(
+            run_id,
+            holder=holder_id(),
+            expires_at=self.store.now() + self.options.lease_ttl,
+            attempt=attempt,
+            expect_attempt=record.attempt,
+        )
+        if not taken:
+            raise RunBusyError(f"Run {run_id} was just taken by another process.")
+        self.store.expire_run_receipts(run_id)
+        record.attempt = attempt
+        record.status = "running"
+        self._apply_persisted(record)
+        try:
+            play = load_play(record.play_ref)
+        except DeeplineError as exc:
+            self.store.update_run(run_id, status="failed", holder=None, error=error_dict(exc))
+            raise
+        return self._execute(play, record)
+
+    def _apply_persisted(self, record: RunRecord) -> None:
+        """Flags not given again on resume come from the run's first start."""
+        defaults = RunOptions(lease_ttl=self.options.lease_ttl)
+        for name, value in record.options.items():
+            if name in RunOptions.PERSISTED and getattr(self.options, name) == getattr(defaults, name):
+                setattr(self.options, name, value)
+        self.options.workspace = record.workspace
+        record.options = {**record.options, **self.options.persisted()}
+
+    # --- one attempt ----------------------------------------------------------------------
+
+    def _execute(self, play: PlayDef, record: RunRecord) -> RunResult:
+        io = StoreIO(self.store)
+        try:
+            return asyncio.run(_Attempt(self, play, record, io).run())
+        finally:
+            io.close()
+
+
+class _Attempt:
+    """One execution of a play body, from `run.started` to `run.finished`."""
+
+    def __init__(self, runner: Runner, play: PlayDef, record: RunRecord, io: StoreIO) -> None:
+        self.runner = runner
+        self.options = runner.options
+        self.bus = runner.bus
+        self.play = play
+        self.record = record
+        self.io = io
+        self.stats = RunStats()
+        self.started = time.monotonic()
+        self.stop_requested = False
+        self.task: asyncio.Task[Any] | None = None
+
+    def _services(self) -> RunServices:
+        options, record, io = self.options, self.record, self.io
+        scope = RunScope(
+            run_id=record.run_id,
+            attempt=record.attempt,
+            play=record.play,
+            workspace=record.workspace,
+            lease_ttl=options.lease_ttl,
+            force_refresh=options.force_refresh,
+            refresh_failed=options.refresh_failed,
+        )
+
+        def write_logs(lines: Any) -> list[None]:
+            io.store.append_logs(lines)
+            return [None] * len(lines)
+
+        logs: GroupCommit[LogLine, None] = GroupCommit(io, write_logs)
+        return RunServices(
+            io=io,
+            scope=scope,
+            bus=self.bus,
+            book=ReceiptBook(io, scope, self.bus, self.stats),
+            governor=Governor(options.concurrency),
+            secrets=Secrets(Path(self.play.file).parent),
+            logs=logs,
+            play_file=self.play.file,
+            cwd=record.cwd,
+            options=options.persisted(),
+        )
+
+    async def run(self) -> RunResult:
+        services = self._services()
+        record = self.record
+        self.bus.emit("run.started", record.run_id, play=record.play, attempt=record.attempt,
+                      parent_run_id=record.parent_run_id)  # fmt: skip
+        await self.io.call(self.io.store.update_run, record.run_id, status="running",
+                           options=record.options)  # fmt: skip
+        keeper = asyncio.create_task(self._keep_leases(services))
+        ticker = asyncio.create_task(self._tick(services))
+        self.task = asyncio.create_task(self.play.fn(Context(services, record.play), record.input))
+        restore = self._install_signals(services)
+        status, output, error = await self._outcome(services)
+        restore()
+        keeper.cancel()
+        ticker.cancel()
+        await self._settle(services)
+        return await self._finish(status, output, error)
+
+    async def _outcome(self, services: RunServices) -> tuple[str, Any, dict[str, Any] | None]:
+        assert self.task is not None
+        try:
+            value = await self.task
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError | RunInterrupted) and self.stop_requested:
+                return "interrupted", None, error_dict(RunInterrupted("The run was interrupted."))
+            if isinstance(exc, asyncio.CancelledError) and services.book.tripped is None:
+                raise
+            failure = services.book.tripped or exc
+            return "failed", None, self._describe(failure, services.secrets)
+        tripped = services.book.tripped
+        if tripped is not None:
+            return "failed", None, self._describe(tripped, services.secrets)
+        output = services.secrets.redact_json(_json.loads(_json.dumps(value)))
+        return "completed", output, None
+
+    def _describe(self, exc: BaseException, secrets: Secrets) -> dict[str, Any]:
+        error = error_dict(exc)
+        error["message"] = secrets.redact(error["message"])
+        if isinstance(exc, DeeplineError):
+            error["exit_code"] = exc.exit_code
+        else:
+            where = _play_frame(exc, self.play.file)
+            if where:
+                error["where"] = where
+        return error
+
+    async def _settle(self, services: RunServices) -> None:
+        """Let calls in flight finish briefly, record them, and stop the stragglers."""
+        await services.book.settle_all(self.options.interrupt_grace_s)
+        current = asyncio.current_task()
+        stragglers = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+        for task in stragglers:
+            task.cancel()
+        await asyncio.gather(*stragglers, return_exceptions=True)
+        await services.book.settle_all(0)
+        await services.logs.flushed()
+
+    async def _finish(self, status: str, output: Any, error: dict[str, Any] | None) -> RunResult:
+        record = self.record
+        stats = self.stats.to_dict(
+            attempts=record.attempt,
+            duration_s=time.monotonic() - self.started,
+            previous=record.stats,
+        )
+        await self.io.call(
+            self.io.store.update_run, record.run_id, status=status, output=output, error=error,
+            stats=stats, holder=None, lease_expires_at=0.0, finished_at=self.io.now(),
+        )  # fmt: skip
+        result = RunResult(record.run_id, status, record.attempt, output, error, stats)
+        self.bus.emit("run.finished", record.run_id, **result.finished_event())
+        return result
+
+    async def _tick(self, services: RunServices) -> None:
+        """Progress for the views: counters a few times a second, never per call."""
+        while True:
+            await asyncio.sleep(PROGRESS_EVERY_S)
+            self.bus.emit(
+                "run.progress", self.record.run_id,
+                tools={t: c.to_dict() for t, c in self.stats.tools.items()},
+                paced=services.governor.paced(),
+            )  # fmt: skip
+
+    async def _keep_leases(self, services: RunServices) -> None:
+        """Heartbeat the run's lease and every receipt lease in flight."""
+        interval = max(0.05, self.options.lease_ttl / 3)
+        record, store = self.record, self.io.store
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                held = await self.io.call(
+                    store.heartbeat_run, record.run_id, holder=record.holder or holder_id(),
+                    attempt=record.attempt, expires_at=self.io.now() + self.options.lease_ttl,
+                )  # fmt: skip
+                if not held:
+                    lost = ReceiptLeaseLostError(
+                        f"Run {record.run_id} was taken over by another process; stopping."
+                    )
+                    services.book.close(lost)
+                    if self.task is not None:
+                        self.task.cancel()
+                    return
+                await services.book.heartbeat()
+            except DeeplineError as exc:
+                # A store hiccup: keep trying; the lease is long enough to ride it out.
+                services.log(f"lease heartbeat failed: {exc}", level="warning")
+
+    def _install_signals(self, services: RunServices) -> Any:
+        loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            if self.stop_requested:
+                if self.task is not None:
+                    self.task.cancel()  # second Ctrl-C: stop now
+                return
+            self.stop_requested = True
+            services.book.close(RunInterrupted("The run was interrupted."))
+            services.log("interrupt received: finishing calls in flight, then stopping",
+                         level="warning")  # fmt: skip
+            if self.task is not None:
+                loop.call_later(self.options.interrupt_grace_s, self.task.cancel)
+
+        installed = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, on_signal)
+                installed.append(sig)
+
+        def restore() -> None:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+        return restore
+
+
+def _result_of(record: RunRecord, *, reported: bool) -> RunResult:
+    return RunResult(record.run_id, record.status, record.attempt, record.output, record.error,
+                     record.stats, reported=reported)  # fmt: skip
+
+
+def _play_frame(exc: BaseException, play_file: str) -> str | None:
+    frames = [
+        f for f in traceback.extract_tb(exc.__traceback__) if f.filename == play_file
+    ]
+    return f"{Path(play_file).name} line {frames[-1].lineno}" if frames else None

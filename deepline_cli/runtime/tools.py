@@ -1,0 +1,150 @@
+"""Tools: `@tool` local tools, the registry, and what a call returns (`ToolResult`).
+
+A tool is anything that does paid or effectful work for one input. Local tools are
+Python functions taking `(input)` or `(input, call)`; `call` carries the provider
+idempotency key so a tool that calls a provider itself can pass it on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+from deepline_cli.errors import UsageError
+
+Execution = Literal["live", "receipt", "checkpoint", "in_flight"]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """What a running tool knows about its own call."""
+
+    idempotency_key: str
+    run_id: str
+    attempt: int
+    receipt_key: str
+
+
+@dataclass(slots=True)
+class ToolDef:
+    id: str
+    fn: Callable[..., Any]
+    credits: float = 0.0
+    rate_limit: str | None = None
+    concurrency: int | None = None
+    version: str = "1"
+    batch: dict[str, Any] | None = None
+    extract: dict[str, str] = field(default_factory=dict)
+    auth_digest: str = ""
+    wants_call: bool = False
+
+    async def invoke(self, input: Any, call: ToolCall) -> Any:
+        args = (input, call) if self.wants_call else (input,)
+        if inspect.iscoroutinefunction(self.fn):
+            return await self.fn(*args)
+        # A sync tool may block (a plain HTTP client, a file): keep it off the event loop.
+        result = await asyncio.get_running_loop().run_in_executor(None, self.fn, *args)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+
+_REGISTRY: dict[str, ToolDef] = {}
+
+
+def tool(
+    id: str,
+    *,
+    credits: float = 0,
+    rate_limit: str | None = None,
+    concurrency: int | None = None,
+    version: str = "1",
+    batch: dict[str, Any] | None = None,
+) -> Callable[[F], F]:
+    """Register a local tool under `id`; the function takes `(input)` or `(input, call)`."""
+
+    def register(fn: F) -> F:
+        params = [
+            p
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        if not 1 <= len(params) <= 2:
+            raise UsageError(f"Tool {id!r} must take (input) or (input, call).")
+        _REGISTRY[id] = ToolDef(
+            id=id,
+            fn=fn,
+            credits=float(credits),
+            rate_limit=rate_limit,
+            concurrency=concurrency,
+            version=str(version),
+            batch=batch,
+            wants_call=len(params) == 2,
+        )
+        fn.__deepline_tool__ = _REGISTRY[id]  # type: ignore[attr-defined]
+        return fn
+
+    return register
+
+
+def registered_tools() -> dict[str, ToolDef]:
+    return dict(_REGISTRY)
+
+
+def find_tool(tool_id: str) -> ToolDef | None:
+    return _REGISTRY.get(tool_id)
+
+
+@dataclass(slots=True)
+class ToolResult:
+    """The answer of one durable tool call."""
+
+    output: Any
+    execution: Execution
+    receipt_key: str
+    credits: float = 0.0
+    tool: str = ""
+    extract: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def status(self) -> Literal["completed", "no_result"]:
+        return "no_result" if self.output in (None, {}, []) else "completed"
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """A declared extractor's value (or a top-level output field of that name)."""
+        path = self.extract.get(name)
+        if path is None:
+            return self.output.get(name, default) if isinstance(self.output, dict) else default
+        return json_path(self.output, path, default)
+
+    def to_json(self) -> Any:
+        return self.output
+
+    def __repr__(self) -> str:
+        return f"ToolResult({self.tool}, {self.status}, execution={self.execution})"
+
+
+def json_path(value: Any, path: str, default: Any = None) -> Any:
+    """Follow a dotted path (`a.b.0.c`, an optional leading `$.`) through JSON."""
+    current = value
+    for part in path.removeprefix("$").strip(".").split("."):
+        if part == "":
+            continue
+        if isinstance(current, dict) and part in current:
+            current = current[part]
+        elif isinstance(current, list) and part.lstrip("-").isdigit() and current:
+            index = int(part)
+            if -len(current) <= index < len(current):
+                current = current[index]
+            else:
+                return default
+        else:
+            return default
+    return current
+
+
+Invoke = Callable[[ToolCall], Awaitable[Any]]

@@ -1,0 +1,37 @@
+"""Stores: where runs, receipts, sheets and logs live. `open_store` picks the backend."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from deepline_cli.errors import UsageError
+from deepline_cli.store.base import Store
+
+
+def default_store_path() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("deepline", appauthor=False)) / "deepline.db"
+
+
+def resolve_store_url(url: str | None) -> str:
+    """--store, else DEEPLINE_STORE, else deepline.db in the user data directory."""
+    return url or os.environ.get("DEEPLINE_STORE") or str(default_store_path())
+
+
+def open_store(url: str | None = None) -> Store:
+    """Open the store at a path, `sqlite:///path` or `postgresql://…` URL."""
+    target = resolve_store_url(url)
+    if target.startswith(("postgresql://", "postgres://")):
+        raise UsageError("PostgreSQL stores are not supported by this version of deepline yet.")
+    if target.startswith("sqlite:///"):
+        target = target[len("sqlite:///") :]
+    elif target.startswith("sqlite://"):
+        raise UsageError(f"The store URL {target!r} is not valid; use sqlite:///path/to/file.db.")
+    from deepline_cli.store.sqlite import SQLiteStore
+
+    return SQLiteStore(Path(target).expanduser())
+
+
+__all__ = ["Store", "default_store_path", "open_store", "resolve_store_url"]

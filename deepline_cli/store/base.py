@@ -1,0 +1,200 @@
+"""The store's records and the narrow interface the runtime talks to.
+
+Only `deepline_cli.runtime` (and the read-only CLI commands) call a store. Both
+backends implement `Store`; the receipt state machine itself (`decide_claim`) is a pure
+function shared by them, so SQLite and PostgreSQL cannot disagree about it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+RunStatus = Literal["queued", "running", "waiting", "completed", "failed", "interrupted"]
+RUN_STATUSES: tuple[str, ...] = ("queued", "running", "waiting", "completed", "failed", "interrupted")
+ReceiptStatus = Literal["running", "completed", "failed", "skipped"]
+RECEIPT_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "skipped")
+ReceiptKind = Literal["tool", "step", "fetch", "run_play"]
+
+
+@dataclass(slots=True)
+class RunRecord:
+    run_id: str
+    play: str
+    play_ref: str
+    input: Any
+    status: str = "running"
+    attempt: int = 1
+    workspace: str = "default"
+    cwd: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+    parent_run_id: str | None = None
+    root_run_id: str | None = None
+    holder: str | None = None
+    lease_expires_at: float = 0.0
+    output: Any = None
+    error: dict[str, Any] | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    finished_at: float | None = None
+
+
+@dataclass(slots=True)
+class Receipt:
+    key: str
+    kind: str
+    label: str
+    tool: str | None
+    status: str
+    run_id: str
+    attempt: int
+    lease_id: str | None = None
+    lease_expires_at: float | None = None
+    idempotency_key: str | None = None
+    output: Any = None
+    error: dict[str, Any] | None = None
+    failure_kind: str | None = None
+    retryable: bool = False
+    credits: float = 0.0
+    created_at: float = 0.0
+    completed_at: float | None = None
+
+
+@dataclass(slots=True)
+class Claim:
+    """A request to own a receipt for one execution."""
+
+    key: str
+    kind: str
+    label: str
+    tool: str | None
+    run_id: str
+    attempt: int
+    lease_id: str
+    lease_expires_at: float
+    idempotency_key: str
+    force: bool = False
+    stale_after_s: float | None = None
+    refresh_failed: bool = False
+
+
+ClaimVerdict = Literal["claimed", "reused", "failed", "busy"]
+
+
+@dataclass(slots=True)
+class ClaimOutcome:
+    verdict: ClaimVerdict
+    receipt: Receipt
+
+
+@dataclass(slots=True)
+class Settlement:
+    """The end of a claimed execution: completed, failed, or released unfinished."""
+
+    key: str
+    lease_id: str
+    status: Literal["completed", "failed", "released"]
+    output: Any = None
+    error: dict[str, Any] | None = None
+    failure_kind: str | None = None
+    retryable: bool = False
+    credits: float = 0.0
+
+
+@dataclass(slots=True)
+class LogLine:
+    run_id: str
+    attempt: int
+    ts: float
+    level: str
+    message: str
+
+
+def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVerdict:
+    """The receipt state machine: may `claim` own the receipt, or what else happens.
+
+    - no receipt, a skipped one, or a transient (or explicitly refreshed) failure: claim
+    - completed: reuse, unless forced or older than `stale_after_s`
+    - failed for good (not transient, no --refresh-failed): report the stored failure
+    - running: take over when its lease expired or it belongs to an earlier attempt of
+      the same run (that attempt is dead: we hold the run's lease); else it is busy
+    """
+    if existing is None or existing.status == "skipped":
+        return "claimed"
+    if existing.status == "completed":
+        if claim.force or _is_stale(existing, claim.stale_after_s, now):
+            return "claimed"
+        return "reused"
+    if existing.status == "failed":
+        return "claimed" if (claim.refresh_failed or existing.retryable or claim.force) else "failed"
+    expired = (existing.lease_expires_at or 0.0) <= now
+    dead_attempt = existing.run_id == claim.run_id and existing.attempt < claim.attempt
+    return "claimed" if (expired or dead_attempt) else "busy"
+
+
+def _is_stale(receipt: Receipt, stale_after_s: float | None, now: float) -> bool:
+    if stale_after_s is None:
+        return False
+    if stale_after_s <= 0:
+        return True
+    return now - (receipt.completed_at or 0.0) > stale_after_s
+
+
+@dataclass(slots=True)
+class ReceiptQuery:
+    key_prefix: str | None = None
+    run_id: str | None = None
+    status: str | None = None
+    tool: str | None = None
+    limit: int | None = None
+
+
+class Store(Protocol):
+    """What the runtime needs from a store. Every method is one transaction."""
+
+    url: str
+
+    def close(self) -> None: ...
+
+    def now(self) -> float:
+        """The store's clock (seconds since the epoch) used for every lease."""
+        ...
+
+    # runs
+    def insert_run(self, run: RunRecord) -> None: ...
+    def get_run(self, run_id: str) -> RunRecord | None: ...
+    def lease_run(
+        self, run_id: str, *, holder: str, expires_at: float, attempt: int, expect_attempt: int
+    ) -> bool:
+        """Take the run's lease for `attempt` if its attempt is still `expect_attempt`."""
+        ...
+
+    def heartbeat_run(self, run_id: str, *, holder: str, attempt: int, expires_at: float) -> bool: ...
+    def update_run(self, run_id: str, **fields: Any) -> None: ...
+    def list_runs(
+        self, *, status: str | None = None, play: str | None = None, limit: int | None = None
+    ) -> list[RunRecord]: ...
+
+    # receipts
+    def claim(self, claims: Sequence[Claim], now: float) -> list[ClaimOutcome]: ...
+    def settle(self, settlements: Sequence[Settlement], now: float) -> list[bool]:
+        """Apply each settlement if its lease is still current; False where it was lost."""
+        ...
+
+    def record_usage(self, run_id: str, keys: Iterable[str]) -> None: ...
+    def heartbeat_receipts(self, lease_ids: Sequence[str], expires_at: float) -> set[str]:
+        """Extend the given leases; return the lease ids that are no longer held."""
+        ...
+
+    def expire_run_receipts(self, run_id: str) -> int:
+        """Expire the leases of receipts a (dead) earlier attempt of the run still holds."""
+        ...
+
+    def get_receipt(self, key: str) -> Receipt | None: ...
+    def query_receipts(self, query: ReceiptQuery) -> list[Receipt]: ...
+
+    # logs
+    def append_logs(self, lines: Sequence[LogLine]) -> None: ...
+    def get_logs(self, run_id: str) -> list[LogLine]: ...

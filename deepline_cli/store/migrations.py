@@ -1,0 +1,116 @@
+"""Named, append-only schema migrations for the SQLite store.
+
+Never edit or reorder a migration that has shipped: add a new one at the end. A store
+that has applied a migration this version does not know was written by a newer
+deepline, and opening it fails instead of guessing.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+
+import sqlite_utils
+
+from deepline_cli.errors import StoreError
+
+Migration = Callable[[sqlite_utils.Database], None]
+
+
+def _runs_receipts_logs(db: sqlite_utils.Database) -> None:
+    db["runs"].create(
+        {
+            "run_id": str,
+            "play": str,
+            "play_ref": str,
+            "input": str,
+            "status": str,
+            "attempt": int,
+            "workspace": str,
+            "cwd": str,
+            "options": str,
+            "parent_run_id": str,
+            "root_run_id": str,
+            "holder": str,
+            "lease_expires_at": float,
+            "output": str,
+            "error": str,
+            "stats": str,
+            "created_at": float,
+            "updated_at": float,
+            "finished_at": float,
+        },
+        pk="run_id",
+        not_null={"play", "status", "attempt"},
+    )
+    db["runs"].create_index(["status"])
+    db["runs"].create_index(["root_run_id"])
+    db["receipts"].create(
+        {
+            "key": str,
+            "kind": str,
+            "label": str,
+            "tool": str,
+            "status": str,
+            "run_id": str,
+            "attempt": int,
+            "lease_id": str,
+            "lease_expires_at": float,
+            "idempotency_key": str,
+            "output": str,
+            "error": str,
+            "failure_kind": str,
+            "retryable": int,
+            "credits": float,
+            "created_at": float,
+            "completed_at": float,
+        },
+        pk="key",
+        not_null={"kind", "status", "run_id", "attempt"},
+    )
+    db["receipts"].create_index(["run_id", "status"])
+    db["receipts"].create_index(["lease_id"])
+    # Which runs used which receipts (reused ones included): `receipts inspect --run`.
+    db.execute(
+        "CREATE TABLE run_receipts (run_id TEXT NOT NULL, key TEXT NOT NULL,"
+        " PRIMARY KEY (run_id, key)) WITHOUT ROWID"
+    )
+    db["logs"].create(
+        {"id": int, "run_id": str, "attempt": int, "ts": float, "level": str, "message": str},
+        pk="id",
+    )
+    db["logs"].create_index(["run_id", "id"])
+
+
+MIGRATIONS: list[tuple[str, Migration]] = [
+    ("0001_runs_receipts_logs", _runs_receipts_logs),
+]
+
+
+def migrate(conn: sqlite3.Connection, path: str) -> None:
+    """Apply pending migrations in one write transaction; refuse a newer schema."""
+    known = [name for name, _ in MIGRATIONS]
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL)"
+        )
+        applied = [r[0] for r in conn.execute("SELECT name FROM _migrations ORDER BY name")]
+        unknown = sorted(set(applied) - set(known))
+        if unknown:
+            raise StoreError(
+                f"The store {path} was written by a newer deepline (schema {unknown[-1]}); "
+                "upgrade deepline to open it."
+            )
+        db = sqlite_utils.Database(conn)
+        for name, apply in MIGRATIONS:
+            if name not in applied:
+                apply(db)
+                conn.execute(
+                    "INSERT INTO _migrations (name, applied_at) VALUES (?, ?)", (name, time.time())
+                )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise

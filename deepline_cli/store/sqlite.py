@@ -1,0 +1,353 @@
+"""The SQLite store: one file, several processes, WAL.
+
+Every write is one `BEGIN IMMEDIATE` transaction; the runtime batches claims and
+settlements so a transaction carries many calls (group commit).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from deepline_cli import _json
+from deepline_cli.errors import StoreError
+from deepline_cli.store.base import (
+    Claim,
+    ClaimOutcome,
+    LogLine,
+    Receipt,
+    ReceiptQuery,
+    RunRecord,
+    Settlement,
+    decide_claim,
+)
+from deepline_cli.store.migrations import migrate
+
+_RUN_COLUMNS = (
+    "run_id, play, play_ref, input, status, attempt, workspace, cwd, options, parent_run_id,"
+    " root_run_id, holder, lease_expires_at, output, error, stats, created_at, updated_at,"
+    " finished_at"
+)
+_RUN_JSON = frozenset({"input", "options", "output", "error", "stats"})
+_RECEIPT_COLUMNS = (
+    "key, kind, label, tool, status, run_id, attempt, lease_id, lease_expires_at,"
+    " idempotency_key, output, error, failure_kind, retryable, credits, created_at, completed_at"
+)
+_CHUNK = 400  # stay well under SQLite's limit of bound parameters per statement
+
+
+def configure(conn: sqlite3.Connection) -> None:
+    """Connection pragmas, in one place.
+
+    - WAL: readers (`runs list`, `receipts inspect`) never block the running play.
+    - synchronous=NORMAL: in WAL mode a committed transaction survives a crash or
+      SIGKILL of the process; only an OS crash or power loss can drop the last commits.
+    - busy_timeout: several processes may share one file; wait for the writer lock.
+    """
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA busy_timeout=30000")
+    conn.execute("PRAGMA temp_store=MEMORY")
+    conn.execute("PRAGMA cache_size=-65536")
+
+
+class SQLiteStore:
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self.url = f"sqlite:///{self.path}"
+        try:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            configure(self._conn)
+            migrate(self._conn, self.path)
+        except sqlite3.Error as exc:
+            raise StoreError(f"Cannot open the store {self.path}: {exc}.") from exc
+        except OSError as exc:
+            raise StoreError(f"Cannot create the store {self.path}: {exc.strerror}.") from exc
+        # One connection, used from the runtime's store thread and the main thread.
+        self._lock = threading.RLock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def now(self) -> float:
+        return time.time()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._conn
+                except BaseException:
+                    self._conn.execute("ROLLBACK")
+                    raise
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise StoreError(f"The store {self.path} could not be written: {exc}.") from exc
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            try:
+                return self._conn.execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                raise StoreError(f"The store {self.path} could not be read: {exc}.") from exc
+
+    # --- runs -------------------------------------------------------------------------
+
+    def insert_run(self, run: RunRecord) -> None:
+        values = [_encode_run_field(name, getattr(run, name)) for name in _run_fields()]
+        marks = ", ".join("?" * len(values))
+        with self._write() as c:
+            c.execute(f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ({marks})", values)
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        rows = self._read(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
+        return _run_from_row(rows[0]) if rows else None
+
+    def lease_run(
+        self, run_id: str, *, holder: str, expires_at: float, attempt: int, expect_attempt: int
+    ) -> bool:
+        with self._write() as c:
+            cur = c.execute(
+                "UPDATE runs SET holder = ?, lease_expires_at = ?, attempt = ?,"
+                " status = 'running', updated_at = ? WHERE run_id = ? AND attempt = ?",
+                (holder, expires_at, attempt, time.time(), run_id, expect_attempt),
+            )
+            return cur.rowcount == 1
+
+    def heartbeat_run(self, run_id: str, *, holder: str, attempt: int, expires_at: float) -> bool:
+        with self._write() as c:
+            cur = c.execute(
+                "UPDATE runs SET lease_expires_at = ?, updated_at = ?"
+                " WHERE run_id = ? AND holder = ? AND attempt = ?",
+                (expires_at, time.time(), run_id, holder, attempt),
+            )
+            return cur.rowcount == 1
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        fields["updated_at"] = time.time()
+        names = list(fields)
+        assignments = ", ".join(f"{name} = ?" for name in names)
+        values = [_encode_run_field(name, fields[name]) for name in names]
+        with self._write() as c:
+            c.execute(f"UPDATE runs SET {assignments} WHERE run_id = ?", [*values, run_id])
+
+    def list_runs(
+        self, *, status: str | None = None, play: str | None = None, limit: int | None = None
+    ) -> list[RunRecord]:
+        where, params = _where({"status": status, "play": play})
+        sql = f"SELECT {_RUN_COLUMNS} FROM runs{where} ORDER BY created_at DESC"
+        if limit:
+            sql += f" LIMIT {int(limit)}"
+        return [_run_from_row(r) for r in self._read(sql, params)]
+
+    # --- receipts ---------------------------------------------------------------------
+
+    def claim(self, claims: Sequence[Claim], now: float) -> list[ClaimOutcome]:
+        outcomes: list[ClaimOutcome] = []
+        with self._write() as c:
+            existing = _load_receipts(c, [cl.key for cl in claims])
+            stored = set(existing)
+            inserts: list[tuple[Any, ...]] = []
+            updates: list[tuple[Any, ...]] = []
+            for cl in claims:
+                current = existing.get(cl.key)
+                verdict = decide_claim(current, cl, now)
+                if verdict == "claimed":
+                    current = _claimed(current, cl, now)
+                    existing[cl.key] = current
+                    row = (cl.kind, cl.label, cl.tool, cl.run_id, cl.attempt, cl.lease_id,
+                           cl.lease_expires_at, cl.idempotency_key, current.created_at, cl.key)
+                    (updates if cl.key in stored else inserts).append(row)
+                assert current is not None
+                outcomes.append(ClaimOutcome(verdict, current))
+            c.executemany(
+                "INSERT INTO receipts (kind, label, tool, run_id, attempt, lease_id,"
+                " lease_expires_at, idempotency_key, created_at, key, status, retryable, credits)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', 0, 0)",
+                inserts,
+            )
+            c.executemany(
+                "UPDATE receipts SET kind = ?, label = ?, tool = ?, run_id = ?, attempt = ?,"
+                " lease_id = ?, lease_expires_at = ?, idempotency_key = ?, created_at = ?,"
+                " status = 'running', error = NULL, failure_kind = NULL, retryable = 0"
+                " WHERE key = ?",
+                updates,
+            )
+            c.executemany(
+                "INSERT OR IGNORE INTO run_receipts (run_id, key) VALUES (?, ?)",
+                [(cl.run_id, cl.key) for cl in claims],
+            )
+        return outcomes
+
+    def settle(self, settlements: Sequence[Settlement], now: float) -> list[bool]:
+        results: list[bool] = []
+        with self._write() as c:
+            for s in settlements:
+                if s.status == "released":
+                    cur = c.execute(
+                        "UPDATE receipts SET lease_expires_at = 0"
+                        " WHERE key = ? AND lease_id = ? AND status = 'running'",
+                        (s.key, s.lease_id),
+                    )
+                else:
+                    cur = c.execute(
+                        "UPDATE receipts SET status = ?, output = ?, error = ?, failure_kind = ?,"
+                        " retryable = ?, credits = ?, completed_at = ?, lease_expires_at = NULL"
+                        " WHERE key = ? AND lease_id = ? AND status = 'running'",
+                        (
+                            s.status,
+                            _json_or_none(s.output) if s.status == "completed" else None,
+                            _json_or_none(s.error),
+                            s.failure_kind,
+                            int(s.retryable),
+                            s.credits,
+                            now,
+                            s.key,
+                            s.lease_id,
+                        ),
+                    )
+                results.append(cur.rowcount == 1)
+        return results
+
+    def heartbeat_receipts(self, lease_ids: Sequence[str], expires_at: float) -> set[str]:
+        held: set[str] = set()
+        with self._write() as c:
+            for chunk in _chunks(lease_ids):
+                marks = ", ".join("?" * len(chunk))
+                rows = c.execute(
+                    f"UPDATE receipts SET lease_expires_at = ? WHERE status = 'running'"
+                    f" AND lease_id IN ({marks}) RETURNING lease_id",
+                    [expires_at, *chunk],
+                ).fetchall()
+                held.update(r[0] for r in rows)
+        return set(lease_ids) - held
+
+    def expire_run_receipts(self, run_id: str) -> int:
+        with self._write() as c:
+            cur = c.execute(
+                "UPDATE receipts SET lease_expires_at = 0 WHERE run_id = ? AND status = 'running'",
+                (run_id,),
+            )
+            return cur.rowcount
+
+    def get_receipt(self, key: str) -> Receipt | None:
+        rows = self._read(f"SELECT {_RECEIPT_COLUMNS} FROM receipts WHERE key = ?", (key,))
+        return _receipt_from_row(rows[0]) if rows else None
+
+    def query_receipts(self, query: ReceiptQuery) -> list[Receipt]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        source = "receipts"
+        if query.run_id:
+            source = "run_receipts JOIN receipts USING (key)"
+            clauses.append("run_receipts.run_id = ?")
+            params.append(query.run_id)
+        if query.key_prefix:
+            clauses.append("receipts.key >= ? AND receipts.key < ?")
+            params += [query.key_prefix, query.key_prefix + "\uffff"]
+        for name in ("status", "tool"):
+            value = getattr(query, name)
+            if value:
+                clauses.append(f"receipts.{name} = ?")
+                params.append(value)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        cols = ", ".join(f"receipts.{c.strip()}" for c in _RECEIPT_COLUMNS.split(","))
+        sql = f"SELECT {cols} FROM {source}{where} ORDER BY receipts.created_at, receipts.key"
+        if query.limit:
+            sql += f" LIMIT {int(query.limit)}"
+        return [_receipt_from_row(r) for r in self._read(sql, params)]
+
+    # --- logs -------------------------------------------------------------------------
+
+    def append_logs(self, lines: Sequence[LogLine]) -> None:
+        with self._write() as c:
+            c.executemany(
+                "INSERT INTO logs (run_id, attempt, ts, level, message) VALUES (?, ?, ?, ?, ?)",
+                [(ln.run_id, ln.attempt, ln.ts, ln.level, ln.message) for ln in lines],
+            )
+
+    def get_logs(self, run_id: str) -> list[LogLine]:
+        rows = self._read(
+            "SELECT run_id, attempt, ts, level, message FROM logs WHERE run_id = ? ORDER BY id",
+            (run_id,),
+        )
+        return [LogLine(*r) for r in rows]
+
+
+# --- row mapping ------------------------------------------------------------------------
+
+
+def _run_fields() -> list[str]:
+    return [name.strip() for name in _RUN_COLUMNS.split(",")]
+
+
+def _encode_run_field(name: str, value: Any) -> Any:
+    if name in _RUN_JSON:
+        return _json_or_none(value)
+    return value
+
+
+def _json_or_none(value: Any) -> str | None:
+    return None if value is None else _json.dumps_str(value)
+
+
+def _run_from_row(row: Sequence[Any]) -> RunRecord:
+    values = {
+        name: (_json.loads(value) if name in _RUN_JSON else value)
+        for name, value in zip(_run_fields(), row, strict=True)
+    }
+    values["options"] = values["options"] or {}
+    values["stats"] = values["stats"] or {}
+    return RunRecord(**values)
+
+
+def _receipt_from_row(row: Sequence[Any]) -> Receipt:
+    (key, kind, label, tool, status, run_id, attempt, lease_id, lease_expires_at, idem, output,
+     error, failure_kind, retryable, credits, created_at, completed_at) = row
+    return Receipt(
+        key=key, kind=kind, label=label or "", tool=tool, status=status, run_id=run_id,
+        attempt=attempt, lease_id=lease_id, lease_expires_at=lease_expires_at,
+        idempotency_key=idem, output=_json.loads(output), error=_json.loads(error),
+        failure_kind=failure_kind, retryable=bool(retryable), credits=credits or 0.0,
+        created_at=created_at, completed_at=completed_at,
+    )  # fmt: skip
+
+
+def _load_receipts(c: sqlite3.Connection, keys: Sequence[str]) -> dict[str, Receipt]:
+    found: dict[str, Receipt] = {}
+    for chunk in _chunks(list(dict.fromkeys(keys))):
+        marks = ", ".join("?" * len(chunk))
+        sql = f"SELECT {_RECEIPT_COLUMNS} FROM receipts WHERE key IN ({marks})"
+        for row in c.execute(sql, chunk):
+            found[row[0]] = _receipt_from_row(row)
+    return found
+
+
+def _claimed(current: Receipt | None, cl: Claim, now: float) -> Receipt:
+    return Receipt(
+        key=cl.key, kind=cl.kind, label=cl.label, tool=cl.tool, status="running",
+        run_id=cl.run_id, attempt=cl.attempt, lease_id=cl.lease_id,
+        lease_expires_at=cl.lease_expires_at, idempotency_key=cl.idempotency_key,
+        created_at=current.created_at if current else now,
+    )  # fmt: skip
+
+
+def _where(filters: dict[str, Any]) -> tuple[str, list[Any]]:
+    present = {k: v for k, v in filters.items() if v is not None}
+    if not present:
+        return "", []
+    return " WHERE " + " AND ".join(f"{k} = ?" for k in present), list(present.values())
+
+
+def _chunks(items: Sequence[str]) -> Iterator[list[str]]:
+    for i in range(0, len(items), _CHUNK):
+        yield list(items[i : i + _CHUNK])
