@@ -16,7 +16,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 StoreOption = Annotated[
     str | None,
     typer.Option("--store", envvar="DEEPLINE_STORE", show_envvar=True,
-                 help="Store: a path, sqlite:///path or postgresql://… [default: deepline.db in the user data dir]"),
+                 help="Store: a path, sqlite:///path or postgresql://… "
+                 "[default: deepline.db in the user data dir]"),
 ]  # fmt: skip
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 
@@ -51,7 +52,8 @@ def cli_errors(fn: F) -> F:
             if Settings.debug:
                 traceback.print_exc()
             raise fail(
-                f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback).", 1
+                f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback).",
+                1,
             ) from None
 
     return wrapper  # type: ignore[return-value]

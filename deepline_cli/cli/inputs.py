@@ -13,7 +13,9 @@ def _parse_json(text: str, *, flag: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputError(f"{flag} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}.") from None
+        raise InputError(
+            f"{flag} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}."
+        ) from None
 
 
 def read_input(raw: str | None, *, cwd: Path) -> dict[str, Any]:
@@ -59,9 +61,7 @@ def apply_set(target: dict[str, Any], assignment: str) -> None:
     node[parts[-1]] = parse_value(raw)
 
 
-def build_input(
-    raw: str | None, csv: Path | None, assignments: list[str], *, cwd: Path
-) -> dict[str, Any]:
+def build_input(raw: str | None, csv: Path | None, assignments: list[str], *, cwd: Path) -> dict[str, Any]:
     value = read_input(raw, cwd=cwd)
     if csv is not None:
         path = csv if csv.is_absolute() else cwd / csv

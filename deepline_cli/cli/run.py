@@ -12,7 +12,7 @@ import typer
 from deepline_cli.cli.common import JsonOption, StoreOption, cli_errors
 
 if TYPE_CHECKING:
-    from deepline_cli.runtime.runner import RunOptions, RunResult, Runner
+    from deepline_cli.runtime.runner import Runner, RunOptions, RunResult
 
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
 ConcurrencyOption = Annotated[
@@ -41,15 +41,14 @@ Examples:
 @cli_errors
 def run(
     play: Annotated[str, typer.Argument(metavar="PLAY", help="The play: PATH.py or PATH.py:FUNCTION.")],
-    input: Annotated[
-        str | None, typer.Option("--input", help="Input JSON, or @file.json.")
-    ] = None,
+    input: Annotated[str | None, typer.Option("--input", help="Input JSON, or @file.json.")] = None,
     csv: Annotated[
-        Path | None, typer.Option("--csv", help="A CSV file; the play gets its path as input['csv'].")
+        Path | None,
+        typer.Option("--csv", help="A CSV file; the play gets its path as input['csv']."),
     ] = None,
     set_: Annotated[
         list[str] | None,
-        typer.Option("--set", help="Set an input key: a.b=value (JSON values parse).")
+        typer.Option("--set", help="Set an input key: a.b=value (JSON values parse)."),
     ] = None,
     run_id: Annotated[
         str | None,
@@ -102,9 +101,7 @@ def resume(
     execute(options, lambda runner: runner.resume(run_id), json, quiet)
 
 
-def execute(
-    options: RunOptions, action: Callable[[Runner], RunResult], json_mode: bool, quiet: bool
-) -> None:
+def execute(options: RunOptions, action: Callable[[Runner], RunResult], json_mode: bool, quiet: bool) -> None:
     """Run `action` with the right view attached, print the outcome, exit with its code."""
     from deepline_cli.runtime.events import EventBus
     from deepline_cli.runtime.runner import Runner

@@ -14,9 +14,9 @@ from deepline_cli import _json
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.events import EventBus
 from deepline_cli.runtime.governor import Governor
-from deepline_cli.runtime.receipts import DurableCall, ReceiptBook, RunScope
+from deepline_cli.runtime.receipts import DurableCall, ReceiptBook, RunScope, receipt_key
 from deepline_cli.runtime.secrets import Secrets
-from deepline_cli.runtime.storeio import GroupCommit, StoreIO
+from deepline_cli.runtime.storeio import StoreIO, WriteQueue
 from deepline_cli.runtime.tools import ToolCall, ToolDef, ToolResult, find_tool
 from deepline_cli.store.base import LogLine
 
@@ -44,7 +44,7 @@ class RunServices:
     book: ReceiptBook
     governor: Governor
     secrets: Secrets
-    logs: GroupCommit[LogLine, None]
+    writes: WriteQueue
     play_file: str
     cwd: str
     options: dict[str, Any] = field(default_factory=dict)
@@ -52,13 +52,8 @@ class RunServices:
     def log(self, message: str, *, level: str = "info") -> None:
         text = self.secrets.redact(str(message))
         line = LogLine(self.scope.run_id, self.scope.attempt, time.time(), level, text)
-        self.logs.submit(line).add_done_callback(_ignore_result)
+        self.writes.log(line)
         self.bus.emit("log", self.scope.run_id, level=level, message=text)
-
-
-def _ignore_result(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 class Tools:
@@ -81,7 +76,7 @@ class Tools:
 
     def receipt_key(self, definition: ToolDef, input: Any) -> str:
         scope = self._s.scope
-        return _json.digest(
+        return receipt_key(
             "tool", scope.workspace, scope.play, definition.id, _json.canonical(input),
             definition.auth_digest, definition.version,
         )  # fmt: skip
@@ -145,13 +140,11 @@ class Context:
     def log(self, message: str) -> None:
         self._s.log(message)
 
-    async def step(
-        self, id: str, fn: Callable[[], Any], *, stale_after_seconds: float | None = None
-    ) -> Any:
+    async def step(self, id: str, fn: Callable[[], Any], *, stale_after_seconds: float | None = None) -> Any:
         """A durable memoised value: `fn` runs once per run; resumes get the stored value."""
         scope = self._s.scope
         call = DurableCall(
-            key=_json.digest("step", scope.workspace, scope.run_id, id),
+            key=receipt_key("step", scope.workspace, scope.run_id, id),
             kind="step",
             label=id,
             stale_after_s=stale_after_seconds,

@@ -24,7 +24,7 @@ def parse_rate(text: str, *, owner: str) -> float:
     """`"20/s"`, `"600/min"` → calls per second."""
     match = _RATE.match(text)
     if not match or float(match.group(1)) <= 0:
-        raise UsageError(f"{owner}: rate_limit {text!r} is not valid; write it like \"20/s\" or \"600/min\".")
+        raise UsageError(f'{owner}: rate_limit {text!r} is not valid; write it like "20/s" or "600/min".')
     return float(match.group(1)) / _UNIT_S[match.group(2)]
 
 

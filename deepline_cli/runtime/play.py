@@ -85,9 +85,7 @@ def load_module(path: Path) -> Any:
         spec.loader.exec_module(module)
     except SyntaxError as exc:
         sys.modules.pop(module_name, None)
-        raise PlayLoadError(
-            f"Syntax error in {exc.filename or path} line {exc.lineno}: {exc.msg}."
-        ) from exc
+        raise PlayLoadError(f"Syntax error in {exc.filename or path} line {exc.lineno}: {exc.msg}.") from exc
     except PlayLoadError:
         sys.modules.pop(module_name, None)
         raise
@@ -111,8 +109,7 @@ def plays_in(module: Any) -> list[PlayDef]:
     found = [
         value.__deepline_play__
         for value in vars(module).values()
-        if hasattr(value, "__deepline_play__")
-        and getattr(value, "__module__", None) == module.__name__
+        if hasattr(value, "__deepline_play__") and getattr(value, "__module__", None) == module.__name__
     ]
     return sorted(found, key=lambda p: p.fn.__code__.co_firstlineno)
 
@@ -132,9 +129,7 @@ def load_play(ref: str, *, base: Path | None = None) -> PlayDef:
     if selector is None:
         if len(plays) > 1:
             names = ", ".join(p.function for p in plays)
-            raise PlayLoadError(
-                f"{path} declares several plays ({names}); pick one with {path.name}:NAME."
-            )
+            raise PlayLoadError(f"{path} declares several plays ({names}); pick one with {path.name}:NAME.")
         return plays[0]
     for candidate in plays:
         if selector in (candidate.function, candidate.name):

@@ -25,6 +25,7 @@ from typing import Any
 from deepline_cli import _json
 from deepline_cli.errors import (
     TRANSIENT_CATEGORIES,
+    Category,
     DeeplineError,
     ProviderTransientError,
     ReceiptLeaseLostError,
@@ -34,7 +35,7 @@ from deepline_cli.errors import (
 )
 from deepline_cli.runtime.events import EventBus
 from deepline_cli.runtime.stats import RunStats
-from deepline_cli.runtime.storeio import GroupCommit, StoreIO
+from deepline_cli.runtime.storeio import StoreIO, WriteQueue
 from deepline_cli.runtime.tools import Execution, ToolCall
 from deepline_cli.store.base import Claim, ClaimOutcome, Receipt, Settlement
 
@@ -74,25 +75,29 @@ class Outcome:
     credits: float = 0.0
 
 
+def receipt_key(*parts: str | bytes) -> str:
+    """A receipt's identity: 128 bits of SHA-256 over its parts (short keys keep the
+    store's index small, which is most of what a durable call costs)."""
+    return _json.digest(*parts)[:32]
+
+
 def idempotency_key(receipt_key: str, lease_id: str | None = None) -> str:
     """The provider idempotency key: from the receipt key, or from the lease when forced."""
     return "dl-" + (_json.digest("idem", receipt_key, lease_id or "")[:40])
 
 
 class ReceiptBook:
-    def __init__(self, io: StoreIO, scope: RunScope, bus: EventBus, stats: RunStats) -> None:
+    def __init__(
+        self, io: StoreIO, writes: WriteQueue, scope: RunScope, bus: EventBus, stats: RunStats
+    ) -> None:
         self._io = io
+        self._writes = writes
         self._scope = scope
         self._bus = bus
         self._stats = stats
-        self._claims: GroupCommit[Claim, ClaimOutcome] = GroupCommit(
-            io, lambda claims: io.store.claim(claims, io.now())
-        )
-        self._settlements: GroupCommit[Settlement, bool] = GroupCommit(
-            io, lambda items: io.store.settle(items, io.now())
-        )
         self._inflight: dict[str, asyncio.Future[Outcome]] = {}
-        self._held: dict[str, float] = {}  # lease id -> expiry last confirmed in the store
+        # lease id -> (receipt key, expiry last confirmed in the store)
+        self._held: dict[str, tuple[str, float]] = {}
         self._lost: set[str] = set()
         self._invoking = 0
         self._idle = asyncio.Event()
@@ -158,7 +163,7 @@ class ReceiptBook:
             stale_after_s=call.stale_after_s,
             refresh_failed=scope.refresh_failed,
         )
-        pending = self._claims.submit(claim)
+        pending = self._writes.claim(claim)
         try:
             return await asyncio.shield(pending)
         except asyncio.CancelledError:
@@ -171,7 +176,7 @@ class ReceiptBook:
             return
         outcome = pending.result()
         if outcome.verdict == "claimed" and outcome.receipt.lease_id:
-            self._settlements.submit(
+            self._writes.settle(
                 Settlement(outcome.receipt.key, outcome.receipt.lease_id, "released")
             ).add_done_callback(_retrieve)
 
@@ -179,11 +184,12 @@ class ReceiptBook:
         self, call: DurableCall, receipt: Receipt, invoke: Callable[[ToolCall], Awaitable[Any]]
     ) -> Outcome:
         lease_id = receipt.lease_id or ""
-        self._held[lease_id] = receipt.lease_expires_at or 0.0
+        self._held[lease_id] = (call.key, receipt.lease_expires_at or 0.0)
         self._invoking += 1
         self._idle.clear()
         try:
             self._check_lease(call, lease_id)
+            self.check_open()
             info = ToolCall(
                 idempotency_key=receipt.idempotency_key or "",
                 run_id=self._scope.run_id,
@@ -193,35 +199,36 @@ class ReceiptBook:
             try:
                 value = await invoke(info)
             except BaseException as exc:
-                await self._settle_failure(call, lease_id, exc)
+                self._settle_failure(call, lease_id, exc)
                 raise
-            settled = await self._record(Settlement(call.key, lease_id, "completed", output=value,
-                                                    credits=call.credits))  # fmt: skip
-            if not settled:
-                raise self._trip(
-                    ReceiptLeaseLostError(
-                        f"The {call.kind} {call.label!r} completed, but its receipt was taken over "
-                        "by another owner before it could be recorded; stopping this run."
-                    )
-                )
-            self._count(call, "live", call.credits)
-            return Outcome(value, "live", call.key, call.credits)
         finally:
             self._held.pop(lease_id, None)
             self._invoking -= 1
             if self._invoking == 0:
                 self._idle.set()
+        # Write-behind: the completion commits with the next batch, in order, before any
+        # later claim of this run; a crash before that commit makes this call one of
+        # those "in flight", repeated on resume under the same idempotency key.
+        settlement = Settlement(call.key, lease_id, "completed", output=value, credits=call.credits)
+        self._writes.settle(settlement).add_done_callback(lambda done: self._check_recorded(call, done))
+        self._count(call, "live", call.credits)
+        return Outcome(value, "live", call.key, call.credits)
 
-    async def _record(self, settlement: Settlement) -> bool:
-        try:
-            return await asyncio.shield(self._settlements.submit(settlement))
-        except StoreError as exc:
-            raise self._trip(
-                StoreError(f"A completed call could not be recorded in the store ({exc}); "
-                           "stopping this run so nothing is paid twice.")
-            ) from exc  # fmt: skip
+    def _check_recorded(self, call: DurableCall, done: asyncio.Future[bool]) -> None:
+        """The circuit breaker: a billed call that was not recorded stops the run."""
+        if done.cancelled():
+            return
+        exc = done.exception()
+        if isinstance(exc, StoreError):
+            self._trip(StoreError(f"A completed call ({call.label}) could not be recorded in the "
+                                  f"store ({exc}); stopping this run so nothing is paid twice."))  # fmt: skip
+        elif exc is not None or not done.result():
+            self._trip(ReceiptLeaseLostError(
+                f"The {call.kind} {call.label!r} completed, but its receipt was taken over by "
+                "another owner before it could be recorded; stopping this run."
+            ))  # fmt: skip
 
-    async def _settle_failure(self, call: DurableCall, lease_id: str, exc: BaseException) -> None:
+    def _settle_failure(self, call: DurableCall, lease_id: str, exc: BaseException) -> None:
         if call.kind == "step" or not isinstance(exc, Exception) or _is_fatal(exc):
             # Not the call's own failure (interrupt, lost lease, budget…): record nothing,
             # so a resume runs the call again.
@@ -233,10 +240,8 @@ class ReceiptBook:
                 failure_kind=error.category, retryable=error.retryable,
             )  # fmt: skip
             self._count(call, "failed", 0.0)
-        try:
-            await asyncio.shield(self._settlements.submit(settlement))
-        except StoreError:
-            pass  # the lease expires on its own; the original error is what matters
+        # If this write fails the lease simply expires: the call's own error is what matters.
+        self._writes.settle(settlement).add_done_callback(_retrieve)
 
     async def _wait_busy(self, call: DurableCall, receipt: Receipt, waited: float) -> float:
         if call.receipt_wait_s is not None and waited >= call.receipt_wait_s:
@@ -254,7 +259,7 @@ class ReceiptBook:
 
     def _check_lease(self, call: DurableCall, lease_id: str) -> None:
         """Right before the provider is called: is the lease still ours and unexpired?"""
-        if lease_id in self._lost or self._held.get(lease_id, 0.0) <= self._io.now():
+        if lease_id in self._lost or self._held.get(lease_id, ("", 0.0))[1] <= self._io.now():
             raise ReceiptLeaseLostError(
                 f"The lease on {call.kind} {call.label!r} was lost before the call was made."
             )
@@ -263,13 +268,13 @@ class ReceiptBook:
         """Extend every lease of a call in flight; remember the ones another owner took."""
         if not self._held:
             return
-        lease_ids = list(self._held)
+        leases = [(key, lease_id) for lease_id, (key, _) in self._held.items()]
         expires = self._io.now() + self._scope.lease_ttl
-        lost = await self._io.call(self._io.store.heartbeat_receipts, lease_ids, expires)
+        lost = await self._io.call(self._io.store.heartbeat_receipts, leases, expires)
         self._lost.update(lost)
-        for lease_id in lease_ids:
+        for key, lease_id in leases:
             if lease_id in self._held and lease_id not in lost:
-                self._held[lease_id] = expires
+                self._held[lease_id] = (key, expires)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -297,8 +302,7 @@ class ReceiptBook:
             idle = True
         except TimeoutError:
             idle = False
-        await self._claims.flushed()
-        await self._settlements.flushed()
+        await self._writes.flushed()
         return idle
 
     def _count(self, call: DurableCall, execution: str, credits: float) -> None:
@@ -345,7 +349,7 @@ def stored_failure(receipt: Receipt) -> ToolExecutionError:
     """Rebuild the error of a receipt that failed for good on an earlier run."""
     error = receipt.error or {}
     message = str(error.get("message") or f"{receipt.label} failed")
-    category = error.get("category") or receipt.failure_kind or "internal"
+    category: Category = error.get("category") or receipt.failure_kind or "internal"  # type: ignore[assignment]
     if category in TRANSIENT_CATEGORIES:
         return ProviderTransientError(message, category=category, tool=receipt.tool,
                                       status_code=error.get("status_code"))  # fmt: skip

@@ -35,9 +35,9 @@ from deepline_cli.runtime.play import PlayDef, load_play
 from deepline_cli.runtime.receipts import ReceiptBook, RunScope
 from deepline_cli.runtime.secrets import Secrets
 from deepline_cli.runtime.stats import RunStats
-from deepline_cli.runtime.storeio import GroupCommit, StoreIO
+from deepline_cli.runtime.storeio import StoreIO, WriteQueue
 from deepline_cli.store import open_store
-from deepline_cli.store.base import LogLine, RunRecord, Store
+from deepline_cli.store.base import RunRecord, Store
 
 PROGRESS_EVERY_S = 0.5
 EXIT_CODES = {"completed": 0, "failed": 1, "waiting": 3, "interrupted": 130}
@@ -258,19 +258,15 @@ class _Attempt:
             refresh_failed=options.refresh_failed,
         )
 
-        def write_logs(lines: Any) -> list[None]:
-            io.store.append_logs(lines)
-            return [None] * len(lines)
-
-        logs: GroupCommit[LogLine, None] = GroupCommit(io, write_logs)
+        writes = WriteQueue(io)
         return RunServices(
             io=io,
             scope=scope,
             bus=self.bus,
-            book=ReceiptBook(io, scope, self.bus, self.stats),
+            book=ReceiptBook(io, writes, scope, self.bus, self.stats),
             governor=Governor(options.concurrency),
             secrets=Secrets(Path(self.play.file).parent),
-            logs=logs,
+            writes=writes,
             play_file=self.play.file,
             cwd=record.cwd,
             options=options.persisted(),
@@ -331,7 +327,7 @@ class _Attempt:
             task.cancel()
         await asyncio.gather(*stragglers, return_exceptions=True)
         await services.book.settle_all(0)
-        await services.logs.flushed()
+        await services.writes.flushed()
 
     async def _finish(self, status: str, output: Any, error: dict[str, Any] | None) -> RunResult:
         record = self.record
@@ -416,7 +412,5 @@ def _result_of(record: RunRecord, *, reported: bool) -> RunResult:
 
 
 def _play_frame(exc: BaseException, play_file: str) -> str | None:
-    frames = [
-        f for f in traceback.extract_tb(exc.__traceback__) if f.filename == play_file
-    ]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == play_file]
     return f"{Path(play_file).name} line {frames[-1].lineno}" if frames else None

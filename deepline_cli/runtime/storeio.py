@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
-from deepline_cli.store.base import Store
+from deepline_cli.store.base import Claim, ClaimOutcome, LogLine, Settlement, Store, Writes
 
-T = TypeVar("T")
 R = TypeVar("R")
 
 
@@ -39,41 +38,68 @@ class StoreIO:
         self._executor.shutdown(wait=True)
 
 
-class GroupCommit(Generic[T, R]):
-    """Batch items into one `flush(items) -> results` call on the store thread."""
+class WriteQueue:
+    """Every hot write of a run — claims, settlements, log lines — in commit order.
 
-    def __init__(self, io: StoreIO, flush: Callable[[Sequence[T]], Sequence[R]]) -> None:
+    Items submitted while a batch is being written go into the next transaction
+    together. Batches commit in submission order, so a settlement is never durable
+    after a later claim that depends on it.
+    """
+
+    def __init__(self, io: StoreIO) -> None:
         self._io = io
-        self._flush = flush
-        self._pending: list[tuple[T, asyncio.Future[R]]] = []
+        self._claims: list[tuple[Claim, asyncio.Future[ClaimOutcome]]] = []
+        self._settlements: list[tuple[Settlement, asyncio.Future[bool]]] = []
+        self._logs: list[LogLine] = []
         self._task: asyncio.Task[None] | None = None
+        self.batches = 0
 
-    def submit(self, item: T) -> asyncio.Future[R]:
-        """Queue `item`; the returned future resolves once its batch is committed."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[R] = loop.create_future()
-        self._pending.append((item, future))
-        if self._task is None:
-            self._task = loop.create_task(self._drain())
+    def claim(self, claim: Claim) -> asyncio.Future[ClaimOutcome]:
+        future: asyncio.Future[ClaimOutcome] = self._loop().create_future()
+        self._claims.append((claim, future))
+        self._wake()
         return future
 
+    def settle(self, settlement: Settlement) -> asyncio.Future[bool]:
+        future: asyncio.Future[bool] = self._loop().create_future()
+        self._settlements.append((settlement, future))
+        self._wake()
+        return future
+
+    def log(self, line: LogLine) -> None:
+        self._logs.append(line)
+        self._wake()
+
     async def flushed(self) -> None:
-        """Wait until everything submitted so far is written."""
+        """Wait until everything submitted so far is committed."""
         while self._task is not None:
             await asyncio.shield(self._task)
 
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+    def _wake(self) -> None:
+        if self._task is None:
+            self._task = self._loop().create_task(self._drain())
+
     async def _drain(self) -> None:
         try:
-            while self._pending:
-                batch, self._pending = self._pending, []
+            while self._claims or self._settlements or self._logs:
+                claims, self._claims = self._claims, []
+                settlements, self._settlements = self._settlements, []
+                writes = Writes([s for s, _ in settlements], [c for c, _ in claims], self._logs)
+                self._logs = []
+                futures: list[asyncio.Future[Any]] = [f for _, f in settlements]
+                futures += [f for _, f in claims]
                 try:
-                    results = await self._io.call(self._flush, [item for item, _ in batch])
+                    applied = await self._io.call(self._io.store.apply, writes, self._io.now())
                 except Exception as exc:
-                    for _, future in batch:
+                    for future in futures:
                         if not future.done():
                             future.set_exception(exc)
                     continue
-                for (_, future), result in zip(batch, results, strict=True):
+                self.batches += 1
+                for future, result in zip(futures, [*applied.settled, *applied.outcomes], strict=True):
                     if not future.done():
                         future.set_result(result)
         finally:

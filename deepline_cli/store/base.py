@@ -7,12 +7,19 @@ function shared by them, so SQLite and PostgreSQL cannot disagree about it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 RunStatus = Literal["queued", "running", "waiting", "completed", "failed", "interrupted"]
-RUN_STATUSES: tuple[str, ...] = ("queued", "running", "waiting", "completed", "failed", "interrupted")
+RUN_STATUSES: tuple[str, ...] = (
+    "queued",
+    "running",
+    "waiting",
+    "completed",
+    "failed",
+    "interrupted",
+)
 ReceiptStatus = Literal["running", "completed", "failed", "skipped"]
 RECEIPT_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "skipped")
 ReceiptKind = Literal["tool", "step", "fetch", "run_play"]
@@ -112,6 +119,25 @@ class LogLine:
     message: str
 
 
+@dataclass(slots=True)
+class Writes:
+    """One transaction's worth of hot writes (group commit).
+
+    Applied in this order: settlements, then claims, then log lines — so a claim sees
+    a receipt completed in the same batch.
+    """
+
+    settlements: list[Settlement] = field(default_factory=list)
+    claims: list[Claim] = field(default_factory=list)
+    logs: list[LogLine] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Applied:
+    settled: list[bool]
+    outcomes: list[ClaimOutcome]
+
+
 def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVerdict:
     """The receipt state machine: may `claim` own the receipt, or what else happens.
 
@@ -177,15 +203,13 @@ class Store(Protocol):
         self, *, status: str | None = None, play: str | None = None, limit: int | None = None
     ) -> list[RunRecord]: ...
 
-    # receipts
-    def claim(self, claims: Sequence[Claim], now: float) -> list[ClaimOutcome]: ...
-    def settle(self, settlements: Sequence[Settlement], now: float) -> list[bool]:
-        """Apply each settlement if its lease is still current; False where it was lost."""
+    # receipts and logs, written together in one transaction
+    def apply(self, writes: Writes, now: float) -> Applied:
+        """Settle (only where the lease is still current), claim, and append logs."""
         ...
 
-    def record_usage(self, run_id: str, keys: Iterable[str]) -> None: ...
-    def heartbeat_receipts(self, lease_ids: Sequence[str], expires_at: float) -> set[str]:
-        """Extend the given leases; return the lease ids that are no longer held."""
+    def heartbeat_receipts(self, leases: Sequence[tuple[str, str]], expires_at: float) -> set[str]:
+        """Extend the given (key, lease id) leases; return the lease ids no longer held."""
         ...
 
     def expire_run_receipts(self, run_id: str) -> int:
@@ -195,6 +219,12 @@ class Store(Protocol):
     def get_receipt(self, key: str) -> Receipt | None: ...
     def query_receipts(self, query: ReceiptQuery) -> list[Receipt]: ...
 
-    # logs
-    def append_logs(self, lines: Sequence[LogLine]) -> None: ...
     def get_logs(self, run_id: str) -> list[LogLine]: ...
+
+
+def claim(store: Store, claims: Sequence[Claim], now: float) -> list[ClaimOutcome]:
+    return store.apply(Writes(claims=list(claims)), now).outcomes
+
+
+def settle(store: Store, settlements: Sequence[Settlement], now: float) -> list[bool]:
+    return store.apply(Writes(settlements=list(settlements)), now).settled

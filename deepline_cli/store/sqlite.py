@@ -17,6 +17,7 @@ from typing import Any
 from deepline_cli import _json
 from deepline_cli.errors import StoreError
 from deepline_cli.store.base import (
+    Applied,
     Claim,
     ClaimOutcome,
     LogLine,
@@ -24,6 +25,7 @@ from deepline_cli.store.base import (
     ReceiptQuery,
     RunRecord,
     Settlement,
+    Writes,
     decide_claim,
 )
 from deepline_cli.store.migrations import migrate
@@ -151,85 +153,29 @@ class SQLiteStore:
 
     # --- receipts ---------------------------------------------------------------------
 
-    def claim(self, claims: Sequence[Claim], now: float) -> list[ClaimOutcome]:
-        outcomes: list[ClaimOutcome] = []
+    def apply(self, writes: Writes, now: float) -> Applied:
         with self._write() as c:
-            existing = _load_receipts(c, [cl.key for cl in claims])
-            stored = set(existing)
-            inserts: list[tuple[Any, ...]] = []
-            updates: list[tuple[Any, ...]] = []
-            for cl in claims:
-                current = existing.get(cl.key)
-                verdict = decide_claim(current, cl, now)
-                if verdict == "claimed":
-                    current = _claimed(current, cl, now)
-                    existing[cl.key] = current
-                    row = (cl.kind, cl.label, cl.tool, cl.run_id, cl.attempt, cl.lease_id,
-                           cl.lease_expires_at, cl.idempotency_key, current.created_at, cl.key)
-                    (updates if cl.key in stored else inserts).append(row)
-                assert current is not None
-                outcomes.append(ClaimOutcome(verdict, current))
-            c.executemany(
-                "INSERT INTO receipts (kind, label, tool, run_id, attempt, lease_id,"
-                " lease_expires_at, idempotency_key, created_at, key, status, retryable, credits)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', 0, 0)",
-                inserts,
-            )
-            c.executemany(
-                "UPDATE receipts SET kind = ?, label = ?, tool = ?, run_id = ?, attempt = ?,"
-                " lease_id = ?, lease_expires_at = ?, idempotency_key = ?, created_at = ?,"
-                " status = 'running', error = NULL, failure_kind = NULL, retryable = 0"
-                " WHERE key = ?",
-                updates,
-            )
-            c.executemany(
-                "INSERT OR IGNORE INTO run_receipts (run_id, key) VALUES (?, ?)",
-                [(cl.run_id, cl.key) for cl in claims],
-            )
-        return outcomes
+            settled = [_settle(c, s, now) for s in writes.settlements]
+            outcomes = _claim(c, writes.claims, now) if writes.claims else []
+            if writes.logs:
+                c.executemany(
+                    "INSERT INTO logs (run_id, attempt, ts, level, message) VALUES (?, ?, ?, ?, ?)",
+                    [(ln.run_id, ln.attempt, ln.ts, ln.level, ln.message) for ln in writes.logs],
+                )
+        return Applied(settled, outcomes)
 
-    def settle(self, settlements: Sequence[Settlement], now: float) -> list[bool]:
-        results: list[bool] = []
+    def heartbeat_receipts(self, leases: Sequence[tuple[str, str]], expires_at: float) -> set[str]:
+        lost: set[str] = set()
         with self._write() as c:
-            for s in settlements:
-                if s.status == "released":
-                    cur = c.execute(
-                        "UPDATE receipts SET lease_expires_at = 0"
-                        " WHERE key = ? AND lease_id = ? AND status = 'running'",
-                        (s.key, s.lease_id),
-                    )
-                else:
-                    cur = c.execute(
-                        "UPDATE receipts SET status = ?, output = ?, error = ?, failure_kind = ?,"
-                        " retryable = ?, credits = ?, completed_at = ?, lease_expires_at = NULL"
-                        " WHERE key = ? AND lease_id = ? AND status = 'running'",
-                        (
-                            s.status,
-                            _json_or_none(s.output) if s.status == "completed" else None,
-                            _json_or_none(s.error),
-                            s.failure_kind,
-                            int(s.retryable),
-                            s.credits,
-                            now,
-                            s.key,
-                            s.lease_id,
-                        ),
-                    )
-                results.append(cur.rowcount == 1)
-        return results
-
-    def heartbeat_receipts(self, lease_ids: Sequence[str], expires_at: float) -> set[str]:
-        held: set[str] = set()
-        with self._write() as c:
-            for chunk in _chunks(lease_ids):
-                marks = ", ".join("?" * len(chunk))
-                rows = c.execute(
-                    f"UPDATE receipts SET lease_expires_at = ? WHERE status = 'running'"
-                    f" AND lease_id IN ({marks}) RETURNING lease_id",
-                    [expires_at, *chunk],
-                ).fetchall()
-                held.update(r[0] for r in rows)
-        return set(lease_ids) - held
+            for key, lease_id in leases:
+                cur = c.execute(
+                    "UPDATE receipts SET lease_expires_at = ?"
+                    " WHERE key = ? AND lease_id = ? AND status = 'running'",
+                    (expires_at, key, lease_id),
+                )
+                if cur.rowcount != 1:
+                    lost.add(lease_id)
+        return lost
 
     def expire_run_receipts(self, run_id: str) -> int:
         with self._write() as c:
@@ -248,9 +194,10 @@ class SQLiteStore:
         params: list[Any] = []
         source = "receipts"
         if query.run_id:
-            source = "run_receipts JOIN receipts USING (key)"
-            clauses.append("run_receipts.run_id = ?")
-            params.append(query.run_id)
+            clauses.append(
+                "(receipts.run_id = ? OR receipts.key IN (SELECT key FROM run_receipts WHERE run_id = ?))"
+            )
+            params += [query.run_id, query.run_id]
         if query.key_prefix:
             clauses.append("receipts.key >= ? AND receipts.key < ?")
             params += [query.key_prefix, query.key_prefix + "\uffff"]
@@ -268,19 +215,83 @@ class SQLiteStore:
 
     # --- logs -------------------------------------------------------------------------
 
-    def append_logs(self, lines: Sequence[LogLine]) -> None:
-        with self._write() as c:
-            c.executemany(
-                "INSERT INTO logs (run_id, attempt, ts, level, message) VALUES (?, ?, ?, ?, ?)",
-                [(ln.run_id, ln.attempt, ln.ts, ln.level, ln.message) for ln in lines],
-            )
-
     def get_logs(self, run_id: str) -> list[LogLine]:
         rows = self._read(
             "SELECT run_id, attempt, ts, level, message FROM logs WHERE run_id = ? ORDER BY id",
             (run_id,),
         )
         return [LogLine(*r) for r in rows]
+
+
+# --- receipts: the write path ------------------------------------------------------------
+
+
+def _claim(c: sqlite3.Connection, claims: Sequence[Claim], now: float) -> list[ClaimOutcome]:
+    existing = _load_receipts(c, [cl.key for cl in claims])
+    stored = set(existing)
+    inserts: list[tuple[Any, ...]] = []
+    updates: list[tuple[Any, ...]] = []
+    outcomes: list[ClaimOutcome] = []
+    replaced: list[Receipt] = []
+    for cl in claims:
+        current = existing.get(cl.key)
+        verdict = decide_claim(current, cl, now)
+        if verdict == "claimed":
+            if current is not None and current.run_id != cl.run_id:
+                replaced.append(current)
+            current = existing[cl.key] = _claimed(current, cl, now)
+            row = (
+                cl.kind,
+                cl.label,
+                cl.tool,
+                cl.run_id,
+                cl.attempt,
+                cl.lease_id,
+                cl.lease_expires_at,
+                cl.idempotency_key,
+                current.created_at,
+                cl.key,
+            )
+            (updates if cl.key in stored else inserts).append(row)
+        assert current is not None
+        outcomes.append(ClaimOutcome(verdict, current))
+    c.executemany(
+        "INSERT INTO receipts (kind, label, tool, run_id, attempt, lease_id, lease_expires_at,"
+        " idempotency_key, created_at, key, status, retryable, credits)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', 0, 0)",
+        inserts,
+    )
+    c.executemany(
+        "UPDATE receipts SET kind = ?, label = ?, tool = ?, run_id = ?, attempt = ?,"
+        " lease_id = ?, lease_expires_at = ?, idempotency_key = ?, created_at = ?,"
+        " status = 'running', error = NULL, failure_kind = NULL, retryable = 0 WHERE key = ?",
+        updates,
+    )
+    # Receipts a run owns are found by their owner column; only receipts it used but
+    # another run owns (reuse, or one taken over from it) need a row here.
+    usage = [(cl.run_id, o.receipt.key) for cl, o in zip(claims, outcomes, strict=True)
+             if o.receipt.run_id != cl.run_id]  # fmt: skip
+    usage += [(before.run_id, before.key) for before in replaced if before.run_id]
+    c.executemany("INSERT OR IGNORE INTO run_receipts (run_id, key) VALUES (?, ?)", usage)
+    return outcomes
+
+
+def _settle(c: sqlite3.Connection, s: Settlement, now: float) -> bool:
+    if s.status == "released":
+        cur = c.execute(
+            "UPDATE receipts SET lease_expires_at = 0 WHERE key = ? AND lease_id = ? AND status = 'running'",
+            (s.key, s.lease_id),
+        )
+    else:
+        output = _json_or_none(s.output) if s.status == "completed" else None
+        cur = c.execute(
+            "UPDATE receipts SET status = ?, output = ?, error = ?, failure_kind = ?,"
+            " retryable = ?, credits = ?, completed_at = ?, lease_expires_at = NULL"
+            " WHERE key = ? AND lease_id = ? AND status = 'running'",
+            (s.status, output, _json_or_none(s.error), s.failure_kind, int(s.retryable),
+             s.credits, now, s.key, s.lease_id),
+        )  # fmt: skip
+    return cur.rowcount == 1
 
 
 # --- row mapping ------------------------------------------------------------------------
@@ -311,8 +322,25 @@ def _run_from_row(row: Sequence[Any]) -> RunRecord:
 
 
 def _receipt_from_row(row: Sequence[Any]) -> Receipt:
-    (key, kind, label, tool, status, run_id, attempt, lease_id, lease_expires_at, idem, output,
-     error, failure_kind, retryable, credits, created_at, completed_at) = row
+    (
+        key,
+        kind,
+        label,
+        tool,
+        status,
+        run_id,
+        attempt,
+        lease_id,
+        lease_expires_at,
+        idem,
+        output,
+        error,
+        failure_kind,
+        retryable,
+        credits,
+        created_at,
+        completed_at,
+    ) = row
     return Receipt(
         key=key, kind=kind, label=label or "", tool=tool, status=status, run_id=run_id,
         attempt=attempt, lease_id=lease_id, lease_expires_at=lease_expires_at,
