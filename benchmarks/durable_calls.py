@@ -62,7 +62,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from deepline_cli.runtime.events import EventBus
-    from deepline_cli.runtime.runner import RunOptions, Runner
+    from deepline_cli.runtime.runner import Runner, RunOptions
 
     with tempfile.TemporaryDirectory() as tmp:
         play_file = Path(tmp) / "bench_play.py"
