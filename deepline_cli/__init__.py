@@ -25,7 +25,9 @@ if TYPE_CHECKING:
         StoreError,
         ToolExecutionError,
     )
+    from deepline_cli.runtime.columns import Column
     from deepline_cli.runtime.context import Context
+    from deepline_cli.runtime.dataset import Dataset
     from deepline_cli.runtime.play import play
     from deepline_cli.runtime.tools import ToolCall, ToolResult, tool
 
@@ -37,6 +39,8 @@ _EXPORTS = {
     "ToolCall": "deepline_cli.runtime.tools",
     "ToolResult": "deepline_cli.runtime.tools",
     "Context": "deepline_cli.runtime.context",
+    "Column": "deepline_cli.runtime.columns",
+    "Dataset": "deepline_cli.runtime.dataset",
     "BudgetExceededError": "deepline_cli.errors",
     "DeeplineError": "deepline_cli.errors",
     "GovernanceError": "deepline_cli.errors",

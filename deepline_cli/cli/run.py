@@ -24,6 +24,9 @@ RefreshFailedOption = Annotated[
 ForceRefreshOption = Annotated[
     bool, typer.Option("--force-refresh", help="Execute every tool call again (new paid calls).")
 ]
+FailOnRowErrorsOption = Annotated[
+    bool, typer.Option("--fail-on-row-errors", help="Exit 1 when a map isolated failed rows (for CI).")
+]
 WorkspaceOption = Annotated[
     str, typer.Option("--workspace", envvar="DEEPLINE_WORKSPACE", show_envvar=True,
                       help="Workspace: part of every receipt key.")
@@ -56,9 +59,14 @@ def run(
     ] = None,
     store: StoreOption = None,
     workspace: WorkspaceOption = "default",
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", min=1, help="Pilot run: only the first N distinct rows of each map."),
+    ] = None,
     concurrency: ConcurrencyOption = None,
     force_refresh: ForceRefreshOption = False,
     refresh_failed: RefreshFailedOption = False,
+    fail_on_row_errors: FailOnRowErrorsOption = False,
     json: JsonOption = False,
     quiet: QuietOption = False,
 ) -> None:
@@ -69,8 +77,9 @@ def run(
     cwd = Path.cwd()
     payload = build_input(input, csv, set_ or [], cwd=cwd)
     options = RunOptions(
-        store=store, workspace=workspace, run_id=run_id, concurrency=concurrency,
+        store=store, workspace=workspace, run_id=run_id, concurrency=concurrency, limit=limit,
         force_refresh=force_refresh, refresh_failed=refresh_failed,
+        fail_on_row_errors=fail_on_row_errors,
     )  # fmt: skip
     execute(options, lambda runner: runner.start(play, payload, cwd=str(cwd)), json, quiet)
 
@@ -82,6 +91,7 @@ def resume(
     concurrency: ConcurrencyOption = None,
     force_refresh: ForceRefreshOption = False,
     refresh_failed: RefreshFailedOption = False,
+    fail_on_row_errors: FailOnRowErrorsOption = False,
     json: JsonOption = False,
     quiet: QuietOption = False,
 ) -> None:
@@ -96,7 +106,7 @@ def resume(
 
     options = RunOptions(
         store=store, concurrency=concurrency, force_refresh=force_refresh,
-        refresh_failed=refresh_failed,
+        refresh_failed=refresh_failed, fail_on_row_errors=fail_on_row_errors,
     )  # fmt: skip
     execute(options, lambda runner: runner.resume(run_id), json, quiet)
 
@@ -147,6 +157,9 @@ def _report(result: RunResult, json_mode: bool, view: Any) -> None:
                   "not running it again.\n")  # fmt: skip
     if result.status == "completed":
         sys.stdout.write(_json.dumps_str(result.output) + "\n")
+        if result.exit_code == 1:
+            err.write(f"Run {result.run_id} completed with {result.failed_rows} failed row(s) "
+                      "(--fail-on-row-errors).\n")  # fmt: skip
     elif result.status == "interrupted":
         err.write(f"Run {result.run_id} interrupted; continue it with: "
                   f"deepline resume {result.run_id}\n")  # fmt: skip

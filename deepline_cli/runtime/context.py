@@ -5,17 +5,21 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from deepline_cli import _json
 from deepline_cli.errors import UsageError
+from deepline_cli.runtime.columns import Column
+from deepline_cli.runtime.dataset import Dataset
 from deepline_cli.runtime.events import EventBus
 from deepline_cli.runtime.governor import Governor
 from deepline_cli.runtime.receipts import DurableCall, ReceiptBook, RunScope, receipt_key
+from deepline_cli.runtime.rows import CsvSource, RowKey
 from deepline_cli.runtime.secrets import Secrets
+from deepline_cli.runtime.stats import RunStats
 from deepline_cli.runtime.storeio import StoreIO, WriteQueue
 from deepline_cli.runtime.tools import ToolCall, ToolDef, ToolResult, find_tool
 from deepline_cli.store.base import LogLine
@@ -45,6 +49,7 @@ class RunServices:
     governor: Governor
     secrets: Secrets
     writes: WriteQueue
+    stats: RunStats
     play_file: str
     cwd: str
     options: dict[str, Any] = field(default_factory=dict)
@@ -158,6 +163,34 @@ class Context:
             return _json.loads(_json.dumps(value))
 
         return (await self._s.book.execute(call, invoke)).value
+
+    def csv(
+        self,
+        path: str | Path,
+        *,
+        rename: Mapping[str, str] | None = None,
+        required: Sequence[str] | None = None,
+    ) -> CsvSource:
+        """A row source read lazily from a CSV; required columns are checked now."""
+        return CsvSource(self.resolve_path(path), rename=rename, required=required)
+
+    async def map(
+        self,
+        name: str,
+        rows: Iterable[Mapping[str, Any]],
+        columns: Mapping[str, Callable[..., Any] | Column],
+        *,
+        key: RowKey = None,
+        on_row_error: Literal["isolate", "fail"] = "isolate",
+        concurrency: int | None = None,
+        limit: int | None = None,
+    ) -> Dataset:
+        """Resolve `columns` for every distinct row; persisted as a sheet (see the map engine)."""
+        from deepline_cli.runtime.map import MapRun
+
+        engine = MapRun(self, self._s, name, rows, columns, key=key, on_row_error=on_row_error,
+                        concurrency=concurrency, limit=limit)  # fmt: skip
+        return await engine.run()
 
     def resolve_path(self, path: str | Path) -> Path:
         """A relative path resolves against the directory the run was started in."""

@@ -86,11 +86,18 @@ class RunResult:
     error: dict[str, Any] | None = None
     stats: dict[str, Any] = field(default_factory=dict)
     reported: bool = False  # an already-finished run, reported rather than run
+    fail_on_row_errors: bool = False
+
+    @property
+    def failed_rows(self) -> int:
+        return int((self.stats.get("rows") or {}).get("failed", 0))
 
     @property
     def exit_code(self) -> int:
         if self.status == "failed" and self.error and "exit_code" in self.error:
             return int(self.error["exit_code"])
+        if self.status == "completed" and self.fail_on_row_errors and self.failed_rows:
+            return 1
         return EXIT_CODES.get(self.status, 1)
 
     def finished_event(self) -> dict[str, Any]:
@@ -185,7 +192,9 @@ class Runner:
         if record is None:
             raise UsageError(f"No run {run_id!r} in the store {self.store.url}.")
         if record.status == "completed":
-            return _result_of(record, reported=True)
+            result = _result_of(record, reported=True)
+            result.fail_on_row_errors = self.options.fail_on_row_errors
+            return result
         if holder_alive(record, self.store.now()):
             raise RunBusyError(
                 f"Run {run_id} is held by a live process ({record.holder}); "
@@ -267,6 +276,7 @@ class _Attempt:
             governor=Governor(options.concurrency),
             secrets=Secrets(Path(self.play.file).parent),
             writes=writes,
+            stats=self.stats,
             play_file=self.play.file,
             cwd=record.cwd,
             options=options.persisted(),
@@ -340,7 +350,8 @@ class _Attempt:
             self.io.store.update_run, record.run_id, status=status, output=output, error=error,
             stats=stats, holder=None, lease_expires_at=0.0, finished_at=self.io.now(),
         )  # fmt: skip
-        result = RunResult(record.run_id, status, record.attempt, output, error, stats)
+        result = RunResult(record.run_id, status, record.attempt, output, error, stats,
+                           fail_on_row_errors=self.options.fail_on_row_errors)  # fmt: skip
         self.bus.emit("run.finished", record.run_id, **result.finished_event())
         return result
 

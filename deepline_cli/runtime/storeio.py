@@ -15,7 +15,16 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
-from deepline_cli.store.base import Claim, ClaimOutcome, LogLine, Settlement, Store, Writes
+from deepline_cli.store.base import (
+    Claim,
+    ClaimOutcome,
+    LogLine,
+    MapRow,
+    Settlement,
+    SheetRow,
+    Store,
+    Writes,
+)
 
 R = TypeVar("R")
 
@@ -51,6 +60,8 @@ class WriteQueue:
         self._claims: list[tuple[Claim, asyncio.Future[ClaimOutcome]]] = []
         self._settlements: list[tuple[Settlement, asyncio.Future[bool]]] = []
         self._logs: list[LogLine] = []
+        self._sheet_rows: list[SheetRow] = []
+        self._map_rows: list[MapRow] = []
         self._task: asyncio.Task[None] | None = None
         self.batches = 0
 
@@ -65,6 +76,13 @@ class WriteQueue:
         self._settlements.append((settlement, future))
         self._wake()
         return future
+
+    def sheet(self, sheet_row: SheetRow | None, map_row: MapRow) -> None:
+        """A finished map row (and its sheet row, unless every cell was reused)."""
+        if sheet_row is not None:
+            self._sheet_rows.append(sheet_row)
+        self._map_rows.append(map_row)
+        self._wake()
 
     def log(self, line: LogLine) -> None:
         self._logs.append(line)
@@ -84,11 +102,17 @@ class WriteQueue:
 
     async def _drain(self) -> None:
         try:
-            while self._claims or self._settlements or self._logs:
+            while self._claims or self._settlements or self._logs or self._map_rows:
                 claims, self._claims = self._claims, []
                 settlements, self._settlements = self._settlements, []
-                writes = Writes([s for s, _ in settlements], [c for c, _ in claims], self._logs)
-                self._logs = []
+                writes = Writes(
+                    [s for s, _ in settlements],
+                    [c for c, _ in claims],
+                    self._logs,
+                    self._sheet_rows,
+                    self._map_rows,
+                )
+                self._logs, self._sheet_rows, self._map_rows = [], [], []
                 futures: list[asyncio.Future[Any]] = [f for _, f in settlements]
                 futures += [f for _, f in claims]
                 try:

@@ -120,16 +120,75 @@ class LogLine:
 
 
 @dataclass(slots=True)
+class SheetRow:
+    """One row of a map's persisted sheet, shared by every run of the play.
+
+    `cells` maps a column to `[value, error, completed_at, fingerprint]`.
+    """
+
+    sheet: str
+    row_key: str
+    input: Any
+    input_digest: str
+    cells: dict[str, list[Any]]
+    status: str  # succeeded | failed
+    run_id: str
+    updated_at: float
+
+
+@dataclass(slots=True)
+class MapRow:
+    """A distinct row a run's map finished: its place in input order and its outcome."""
+
+    run_id: str
+    map: str
+    idx: int  # position among the map's distinct rows
+    input_index: int  # position in the input, duplicates included
+    row_key: str
+    outcome: str  # succeeded | failed
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class MapRecord:
+    run_id: str
+    map: str
+    sheet: str
+    input_columns: list[str] = field(default_factory=list)
+    columns: list[str] = field(default_factory=list)
+    status: str = "running"
+    total: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    duplicate: int = 0
+    reused: int = 0
+    started_at: float = 0.0
+    finished_at: float | None = None
+
+
+@dataclass(slots=True)
+class DatasetRow:
+    idx: int
+    row_key: str
+    outcome: str
+    error: str | None
+    input: Any
+    cells: dict[str, list[Any]]
+
+
+@dataclass(slots=True)
 class Writes:
     """One transaction's worth of hot writes (group commit).
 
-    Applied in this order: settlements, then claims, then log lines — so a claim sees
-    a receipt completed in the same batch.
+    Applied in this order: settlements, claims, sheet rows, map rows, log lines — so a
+    claim sees a receipt completed in the same batch.
     """
 
     settlements: list[Settlement] = field(default_factory=list)
     claims: list[Claim] = field(default_factory=list)
     logs: list[LogLine] = field(default_factory=list)
+    sheet_rows: list[SheetRow] = field(default_factory=list)
+    map_rows: list[MapRow] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -218,6 +277,22 @@ class Store(Protocol):
 
     def get_receipt(self, key: str) -> Receipt | None: ...
     def query_receipts(self, query: ReceiptQuery) -> list[Receipt]: ...
+
+    # sheets and maps
+    def load_sheet_rows(self, sheet: str, row_keys: Sequence[str]) -> dict[str, SheetRow]: ...
+    def finished_map_rows(self, run_id: str, map: str) -> list[int]:
+        """The distinct-row indexes this run's map already finished (earlier attempts)."""
+        ...
+
+    def count_map_rows(self, run_id: str, map: str) -> dict[str, int]:
+        """Visible finished rows of this run's map by outcome (the visibility barrier)."""
+        ...
+
+    def failed_map_rows(self, run_id: str, map: str, limit: int) -> list[MapRow]: ...
+    def map_rows_page(self, run_id: str, map: str, sheet: str, after_idx: int, limit: int,
+                      *, failed_only: bool = False) -> list[DatasetRow]: ...  # fmt: skip
+    def save_map(self, record: MapRecord) -> None: ...
+    def get_maps(self, run_id: str) -> list[MapRecord]: ...
 
     def get_logs(self, run_id: str) -> list[LogLine]: ...
 

@@ -83,8 +83,30 @@ def _runs_receipts_logs(db: sqlite_utils.Database) -> None:
     db.table("logs").create_index(["run_id", "id"])
 
 
+def _sheets_and_maps(db: sqlite_utils.Database) -> None:
+    # Sheets: one row per (sheet, row key), shared by every run of the play.
+    db.execute(
+        "CREATE TABLE sheet_rows (sheet TEXT NOT NULL, row_key TEXT NOT NULL, input TEXT,"
+        " input_digest TEXT, cells TEXT, status TEXT, run_id TEXT, updated_at REAL,"
+        " PRIMARY KEY (sheet, row_key))"
+    )
+    # Which distinct rows a run's map finished, in input order: datasets, exports, barriers.
+    db.execute(
+        "CREATE TABLE map_rows (run_id TEXT NOT NULL, map TEXT NOT NULL, idx INTEGER NOT NULL,"
+        " input_index INTEGER, row_key TEXT, outcome TEXT, error TEXT,"
+        " PRIMARY KEY (run_id, map, idx)) WITHOUT ROWID"
+    )
+    db.execute(
+        "CREATE TABLE maps (run_id TEXT NOT NULL, map TEXT NOT NULL, sheet TEXT,"
+        " input_columns TEXT, columns TEXT, status TEXT, total INTEGER, succeeded INTEGER,"
+        " failed INTEGER, duplicate INTEGER, reused INTEGER, started_at REAL, finished_at REAL,"
+        " PRIMARY KEY (run_id, map))"
+    )
+
+
 MIGRATIONS: list[tuple[str, Migration]] = [
     ("0001_runs_receipts_logs", _runs_receipts_logs),
+    ("0002_sheets_and_maps", _sheets_and_maps),
 ]
 
 

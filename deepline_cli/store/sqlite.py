@@ -20,11 +20,15 @@ from deepline_cli.store.base import (
     Applied,
     Claim,
     ClaimOutcome,
+    DatasetRow,
     LogLine,
+    MapRecord,
+    MapRow,
     Receipt,
     ReceiptQuery,
     RunRecord,
     Settlement,
+    SheetRow,
     Writes,
     decide_claim,
 )
@@ -157,6 +161,21 @@ class SQLiteStore:
         with self._write() as c:
             settled = [_settle(c, s, now) for s in writes.settlements]
             outcomes = _claim(c, writes.claims, now) if writes.claims else []
+            if writes.sheet_rows:
+                c.executemany(
+                    "INSERT OR REPLACE INTO sheet_rows (sheet, row_key, input, input_digest, cells,"
+                    " status, run_id, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(r.sheet, r.row_key, _json.dumps_str(r.input), r.input_digest,
+                      _json.dumps_str(r.cells), r.status, r.run_id, r.updated_at)
+                     for r in writes.sheet_rows],
+                )  # fmt: skip
+            if writes.map_rows:
+                c.executemany(
+                    "INSERT OR REPLACE INTO map_rows (run_id, map, idx, input_index, row_key,"
+                    " outcome, error) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [(r.run_id, r.map, r.idx, r.input_index, r.row_key, r.outcome, r.error)
+                     for r in writes.map_rows],
+                )  # fmt: skip
             if writes.logs:
                 c.executemany(
                     "INSERT INTO logs (run_id, attempt, ts, level, message) VALUES (?, ?, ?, ?, ?)",
@@ -214,6 +233,78 @@ class SQLiteStore:
         return [_receipt_from_row(r) for r in self._read(sql, params)]
 
     # --- logs -------------------------------------------------------------------------
+
+    # --- sheets and maps ---------------------------------------------------------------
+
+    def load_sheet_rows(self, sheet: str, row_keys: Sequence[str]) -> dict[str, SheetRow]:
+        found: dict[str, SheetRow] = {}
+        for chunk in _chunks(row_keys):
+            marks = ", ".join("?" * len(chunk))
+            rows = self._read(
+                "SELECT row_key, input, input_digest, cells, status, run_id, updated_at"
+                f" FROM sheet_rows WHERE sheet = ? AND row_key IN ({marks})",
+                [sheet, *chunk],
+            )
+            for key, inp, digest, cells, status, run_id, updated in rows:
+                found[key] = SheetRow(sheet, key, _json.loads(inp), digest, _json.loads(cells),
+                                      status, run_id, updated)  # fmt: skip
+        return found
+
+    def finished_map_rows(self, run_id: str, map: str) -> list[int]:
+        rows = self._read("SELECT idx FROM map_rows WHERE run_id = ? AND map = ?", (run_id, map))
+        return [r[0] for r in rows]
+
+    def count_map_rows(self, run_id: str, map: str) -> dict[str, int]:
+        rows = self._read(
+            "SELECT outcome, count(*) FROM map_rows WHERE run_id = ? AND map = ? GROUP BY outcome",
+            (run_id, map),
+        )
+        return {outcome: n for outcome, n in rows}
+
+    def failed_map_rows(self, run_id: str, map: str, limit: int) -> list[MapRow]:
+        rows = self._read(
+            "SELECT run_id, map, idx, input_index, row_key, outcome, error FROM map_rows"
+            " WHERE run_id = ? AND map = ? AND outcome = 'failed' ORDER BY idx LIMIT ?",
+            (run_id, map, limit),
+        )
+        return [MapRow(*r) for r in rows]
+
+    def map_rows_page(
+        self, run_id: str, map: str, sheet: str, after_idx: int, limit: int, *, failed_only: bool = False
+    ) -> list[DatasetRow]:
+        failed = " AND m.outcome = 'failed'" if failed_only else ""
+        rows = self._read(
+            "SELECT m.idx, m.row_key, m.outcome, m.error, s.input, s.cells FROM map_rows m"
+            " LEFT JOIN sheet_rows s ON s.sheet = ? AND s.row_key = m.row_key"
+            f" WHERE m.run_id = ? AND m.map = ? AND m.idx > ?{failed} ORDER BY m.idx LIMIT ?",
+            (sheet, run_id, map, after_idx, limit),
+        )
+        return [DatasetRow(idx, key, outcome, error, _json.loads(inp), _json.loads(cells) or {})
+                for idx, key, outcome, error, inp, cells in rows]  # fmt: skip
+
+    def save_map(self, record: MapRecord) -> None:
+        with self._write() as c:
+            c.execute(
+                "INSERT OR REPLACE INTO maps (run_id, map, sheet, input_columns, columns, status,"
+                " total, succeeded, failed, duplicate, reused, started_at, finished_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (record.run_id, record.map, record.sheet, _json.dumps_str(record.input_columns),
+                 _json.dumps_str(record.columns), record.status, record.total, record.succeeded,
+                 record.failed, record.duplicate, record.reused, record.started_at,
+                 record.finished_at),
+            )  # fmt: skip
+
+    def get_maps(self, run_id: str) -> list[MapRecord]:
+        rows = self._read(
+            "SELECT run_id, map, sheet, input_columns, columns, status, total, succeeded, failed,"
+            " duplicate, reused, started_at, finished_at FROM maps WHERE run_id = ?"
+            " ORDER BY started_at",
+            (run_id,),
+        )
+        return [
+            MapRecord(r[0], r[1], r[2], _json.loads(r[3]) or [], _json.loads(r[4]) or [], *r[5:])
+            for r in rows
+        ]
 
     def get_logs(self, run_id: str) -> list[LogLine]:
         rows = self._read(

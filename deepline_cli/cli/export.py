@@ -1,0 +1,62 @@
+"""`deepline export`: a run's map rows as CSV or JSONL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+
+from deepline_cli.cli.common import StoreOption, cli_errors
+
+
+@cli_errors
+def export(
+    run_id: Annotated[str, typer.Argument(help="The run whose map to export.")],
+    map: Annotated[
+        str | None, typer.Option("--map", help="The map to export (needed when the run has several).")
+    ] = None,
+    format: Annotated[Literal["csv", "jsonl"], typer.Option("--format", help="csv or jsonl.")] = "csv",
+    out: Annotated[Path | None, typer.Option("--out", help="Write here instead of stdout.")] = None,
+    store: StoreOption = None,
+) -> None:
+    """Export every distinct row of a run's map, failed ones with their `_error`.
+
+    \b
+    Examples:
+      deepline export r-8f2c1a9b3e4d --out leads.csv
+      deepline export r-8f2c1a9b3e4d --map leads --format jsonl > leads.jsonl
+    """
+    import sys
+
+    from deepline_cli.errors import UsageError
+    from deepline_cli.runtime.dataset import Dataset, open_output, write_csv, write_jsonl
+    from deepline_cli.store import open_store
+
+    db = open_store(store)
+    try:
+        if db.get_run(run_id) is None:
+            raise UsageError(f"No run {run_id!r} in the store {db.url}.")
+        maps = {m.map: m for m in db.get_maps(run_id)}
+        if not maps:
+            raise UsageError(f"Run {run_id} has no map to export.")
+        if map is None:
+            if len(maps) > 1:
+                raise UsageError(f"Run {run_id} has several maps ({', '.join(maps)}); pick one with --map.")
+            record = next(iter(maps.values()))
+        elif map in maps:
+            record = maps[map]
+        else:
+            raise UsageError(f"Run {run_id} has no map {map!r}; it has: {', '.join(maps)}.")
+        handle = open_output(str(out) if out else None)
+        try:
+            writer = write_csv if format == "csv" else write_jsonl
+            count = writer(Dataset(db, record), handle)
+        finally:
+            handle.flush()
+            if out:
+                handle.close()
+    finally:
+        db.close()
+    if out:
+        sys.stderr.write(f"Exported {count} rows of map {record.map!r} to {out}.\n")

@@ -1,0 +1,121 @@
+"""`Dataset`: a map's result, streamed from the store in input order; CSV/JSONL export."""
+
+from __future__ import annotations
+
+import csv
+import io
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from deepline_cli import _json
+from deepline_cli.store.base import DatasetRow, MapRecord, Store
+
+PAGE = 1000
+ERROR_COLUMN = "_error"
+
+
+class Dataset:
+    """The rows of one map of one run: `len()`, iteration in input order, failures, export.
+
+    Rows are read from the store page by page, so a million-row map never sits in memory.
+    """
+
+    def __init__(self, store: Store, record: MapRecord) -> None:
+        self._store = store
+        self.record = record
+
+    @property
+    def name(self) -> str:
+        return self.record.map
+
+    @property
+    def columns(self) -> list[str]:
+        """Original columns first, then the map's new columns."""
+        original = list(self.record.input_columns)
+        return original + [c for c in self.record.columns if c not in original]
+
+    def __len__(self) -> int:
+        return self.record.succeeded + self.record.failed
+
+    @property
+    def failed_count(self) -> int:
+        return self.record.failed
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for row in self._rows(failed_only=False):
+            yield self._as_dict(row)
+
+    def failed_rows(self) -> Iterator[dict[str, Any]]:
+        for row in self._rows(failed_only=True):
+            yield self._as_dict(row)
+
+    def _rows(self, *, failed_only: bool) -> Iterator[DatasetRow]:
+        record, after = self.record, -1
+        while True:
+            page = self._store.map_rows_page(
+                record.run_id, record.map, record.sheet, after, PAGE, failed_only=failed_only
+            )
+            yield from page
+            if len(page) < PAGE:
+                return
+            after = page[-1].idx
+
+    def _as_dict(self, row: DatasetRow) -> dict[str, Any]:
+        values: dict[str, Any] = dict(row.input or {})
+        for column in self.record.columns:
+            cell = row.cells.get(column)
+            values[column] = cell[0] if cell else None
+        if row.outcome == "failed":
+            values[ERROR_COLUMN] = row.error
+        return values
+
+    def to_csv(self, path: str | Path) -> int:
+        with Path(path).open("w", encoding="utf-8", newline="") as handle:
+            return write_csv(self, handle)
+
+    def to_jsonl(self, path: str | Path) -> int:
+        with Path(path).open("w", encoding="utf-8") as handle:
+            return write_jsonl(self, handle)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"map": self.name, "rows": len(self), "failed": self.failed_count}
+
+    def __repr__(self) -> str:
+        return f"Dataset({self.name!r}, rows={len(self)}, failed={self.failed_count})"
+
+
+def _csv_cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, str | int | float | bool):
+        return value
+    return _json.dumps_str(value)
+
+
+def write_csv(dataset: Dataset, handle: IO[str]) -> int:
+    """Original columns first, new columns after, `_error` last; non-scalars as JSON."""
+    header = [*dataset.columns, ERROR_COLUMN]
+    writer = csv.writer(handle)
+    writer.writerow(header)
+    count = 0
+    for row in dataset:
+        writer.writerow([_csv_cell(row.get(name)) for name in header])
+        count += 1
+    return count
+
+
+def write_jsonl(dataset: Dataset, handle: IO[str]) -> int:
+    count = 0
+    for row in dataset:
+        row.setdefault(ERROR_COLUMN, None)
+        handle.write(_json.dumps_str(row) + "\n")
+        count += 1
+    return count
+
+
+def open_output(path: str | None) -> IO[str]:
+    if path is None:
+        return io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="", write_through=True)
+    return Path(path).open("w", encoding="utf-8", newline="")

@@ -1,0 +1,452 @@
+"""The map engine: `ctx.map(name, rows, columns)` over thousands to millions of rows.
+
+input rows ─► key ─► duplicate? ─► seeded by an earlier attempt? ─► sheet lookup (batched)
+                                                                │
+              every cell reusable ─► record the row (no call) ◄─┤
+              else ─► workers: resolve columns in order, tool calls through receipts
+                                                                │
+sheet rows + map rows written with the receipts (group commit) ◄┘
+─► visibility barrier (read back through the store) ─► finalization barrier ─► Dataset
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import inspect
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from deepline_cli import _json
+from deepline_cli.errors import (
+    DeeplineError,
+    MapAccountingError,
+    SheetVisibilityError,
+    ToolExecutionError,
+    UsageError,
+)
+from deepline_cli.runtime.columns import Column, ResolvedColumn, resolve_columns
+from deepline_cli.runtime.dataset import Dataset
+from deepline_cli.runtime.rows import CsvSource, RowKey, input_columns, key_function, row_digest
+from deepline_cli.runtime.tools import ToolResult
+from deepline_cli.store.base import MapRecord, MapRow, SheetRow
+
+if TYPE_CHECKING:
+    from deepline_cli.runtime.context import Context, RunServices
+
+DEFAULT_CONCURRENCY = 50
+CHUNK = 256  # rows looked up in the sheet per store read
+VISIBILITY_TRIES = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0)
+PROGRESS_EVERY_S = 0.5
+FAILURES_LOGGED = 3
+
+
+class RowContext:
+    """`rc`: what a column resolver can do for its row."""
+
+    def __init__(self, ctx: Context, map_name: str, row_key: str, index: int) -> None:
+        self._ctx = ctx
+        self.tools = ctx.tools
+        self.row_key = row_key
+        self.index = index
+        self._map = map_name
+
+    def log(self, message: str) -> None:
+        self._ctx.log(message)
+
+    async def step(self, id: str, fn: Callable[[], Any], *, stale_after_seconds: float | None = None) -> Any:
+        return await self._ctx.step(f"map:{self._map}:{self.row_key}:{id}", fn,
+                                    stale_after_seconds=stale_after_seconds)  # fmt: skip
+
+    def __getattr__(self, name: str) -> Any:
+        # fetch, run_play…: the row context offers what the run context offers.
+        return getattr(self._ctx, name)
+
+
+@dataclass(slots=True)
+class _Job:
+    idx: int
+    input_index: int
+    key: str
+    row: dict[str, Any]
+    digest: str
+    previous: SheetRow | None
+
+
+class _Tally:
+    def __init__(self) -> None:
+        self.succeeded = 0
+        self.failed = 0
+        self.duplicate = 0
+        self.reused = 0
+        self.seeded = 0
+        self.read = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"succeeded": self.succeeded, "failed": self.failed, "duplicate": self.duplicate,
+                "reused": self.reused, "seeded": self.seeded}  # fmt: skip
+
+
+class MapRun:
+    def __init__(
+        self,
+        ctx: Context,
+        services: RunServices,
+        name: str,
+        rows: Iterable[Mapping[str, Any]],
+        columns: Mapping[str, Callable[..., Any] | Column],
+        *,
+        key: RowKey,
+        on_row_error: Literal["isolate", "fail"],
+        concurrency: int | None,
+        limit: int | None,
+    ) -> None:
+        if on_row_error not in ("isolate", "fail"):
+            raise UsageError(f"Map {name!r}: on_row_error must be 'isolate' or 'fail', not {on_row_error!r}.")
+        if not columns:
+            raise UsageError(f"Map {name!r} has no columns.")
+        self.ctx, self.s, self.name, self.rows = ctx, services, name, rows
+        self.columns = resolve_columns(columns)
+        self.key_of = key_function(key)
+        self.on_row_error = on_row_error
+        self.concurrency = max(1, concurrency or services.options.get("concurrency") or DEFAULT_CONCURRENCY)
+        limits = [n for n in (limit, services.options.get("limit")) if n is not None]
+        self.limit = min(limits) if limits else None
+        scope = services.scope
+        self.sheet = f"{scope.workspace}/{scope.play}/{name}"
+        self.run_id = scope.run_id
+        self.tally = _Tally()
+        self.input_index_of = array.array("q")  # distinct idx -> input index
+        self.finished = bytearray()  # distinct idx -> 1 once finished (this or an earlier attempt)
+        self.seen: set[str] = set()
+        self.input_columns: dict[str, None] = {c: None for c in input_columns(rows)}
+        self.stop: BaseException | None = None
+        self.started = time.monotonic()
+        self.total_estimate = _estimate_total(rows, self.limit)
+        self._resolver_arity = {c.name: _arity(c.column.fn) for c in self.columns}
+
+    # --- the whole map -----------------------------------------------------------------------
+
+    async def run(self) -> Dataset:
+        s = self.s
+        record = MapRecord(self.run_id, self.name, self.sheet, list(self.input_columns),
+                           [c.name for c in self.columns], started_at=s.io.now())  # fmt: skip
+        await s.io.call(s.io.store.save_map, record)
+        seeded = await s.io.call(s.io.store.finished_map_rows, self.run_id, self.name)
+        for idx in seeded:
+            self._mark(idx)
+        s.bus.emit("map.started", self.run_id, map=self.name, columns=record.columns,
+                   total=self.total_estimate, seeded=len(seeded), limit=self.limit)  # fmt: skip
+        ticker = asyncio.create_task(self._tick())
+        try:
+            await self._execute()
+        finally:
+            ticker.cancel()
+        self._progress()
+        counts = await self._visibility_barrier()
+        await self._finalization_barrier(counts)
+        record.input_columns = list(self.input_columns)
+        record.status = "completed"
+        record.succeeded, record.failed = counts.get("succeeded", 0), counts.get("failed", 0)
+        record.duplicate, record.reused = self.tally.duplicate, self.tally.reused
+        record.total = record.succeeded + record.failed
+        record.finished_at = s.io.now()
+        await s.io.call(s.io.store.save_map, record)
+        await self._log_summary(record)
+        for name in ("duplicate", "reused"):
+            s.stats.rows[name] += getattr(self.tally, name)
+        s.stats.rows["succeeded"] += record.succeeded
+        s.stats.rows["failed"] += record.failed
+        s.bus.emit("map.completed", self.run_id, map=self.name, total=record.total,
+                   succeeded=record.succeeded, failed=record.failed, duplicate=record.duplicate,
+                   reused=record.reused, elapsed_s=round(time.monotonic() - self.started, 3))  # fmt: skip
+        return Dataset(s.io.store, record)
+
+    async def _execute(self) -> None:
+        queue: asyncio.Queue[_Job | None] = asyncio.Queue(maxsize=self.concurrency * 2)
+        workers = [asyncio.create_task(self._worker(queue)) for _ in range(self.concurrency)]
+        try:
+            await self._produce(queue)
+            for _ in workers:
+                await queue.put(None)
+            await asyncio.gather(*workers)
+        except BaseException:
+            for worker in workers:
+                worker.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            raise
+        if self.stop is not None:
+            raise self.stop
+
+    # --- producing rows ---------------------------------------------------------------------
+
+    async def _produce(self, queue: asyncio.Queue[_Job | None]) -> None:
+        for chunk in self._chunks():
+            if self.stop is not None:
+                return
+            previous = await self.s.io.call(
+                self.s.io.store.load_sheet_rows, self.sheet, [job.key for job in chunk]
+            )
+            for job in chunk:
+                job.previous = previous.get(job.key)
+                if not self._reuse_whole_row(job):
+                    await queue.put(job)
+                if self.stop is not None:
+                    return
+
+    def _chunks(self) -> Iterator[list[_Job]]:
+        chunk: list[_Job] = []
+        distinct = 0
+        for input_index, raw in enumerate(self.rows):
+            if self.limit is not None and distinct >= self.limit:
+                break
+            self.tally.read += 1
+            row = dict(raw)
+            if len(self.input_columns) < len(row) or not self.input_columns:
+                for column in row:
+                    self.input_columns.setdefault(column, None)
+            key = self.key_of(row)
+            if key in self.seen:
+                self.tally.duplicate += 1
+                continue
+            self.seen.add(key)
+            idx = distinct
+            distinct += 1
+            self.input_index_of.append(input_index)
+            if idx < len(self.finished) and self.finished[idx]:
+                self.tally.seeded += 1
+                continue
+            chunk.append(_Job(idx, input_index, key, row, row_digest(row), None))
+            if len(chunk) >= CHUNK:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
+    # --- one row --------------------------------------------------------------------------------
+
+    def _reusable(self, job: _Job, column: ResolvedColumn, upstream_changed: bool) -> list[Any] | None:
+        previous = job.previous
+        if previous is None or upstream_changed or previous.input_digest != job.digest:
+            return None
+        cell = previous.cells.get(column.name)
+        if cell is None or cell[3] != column.fingerprint or self.s.scope.force_refresh:
+            return None
+        stale = column.column.stale_after_seconds
+        if stale is not None and (stale <= 0 or self.s.io.now() - (cell[2] or 0.0) > stale):
+            return None
+        if cell[1] is not None and (column.column.recompute_on_error or self.s.scope.refresh_failed):
+            return None
+        return cell
+
+    def _reuse_whole_row(self, job: _Job) -> bool:
+        """The fast path: every cell is reusable, so record the row without any call."""
+        if job.previous is None:
+            return False
+        cells = []
+        for column in self.columns:
+            cell = self._reusable(job, column, False)
+            if cell is None:
+                return False
+            cells.append(cell)
+            if cell[1] is not None:
+                break
+        error = next((cell[1] for cell in cells if cell[1] is not None), None)
+        self.tally.reused += 1
+        self._record(job, None, error)
+        return True
+
+    async def _worker(self, queue: asyncio.Queue[_Job | None]) -> None:
+        while True:
+            job = await queue.get()
+            if job is None:
+                return
+            if self.stop is None:  # after a `fail` stop, drain the queue without work
+                await self._process(job)
+
+    async def _process(self, job: _Job) -> None:
+        row = job.row
+        cells: dict[str, list[Any]] = dict(job.previous.cells) if job.previous else {}
+        rc = RowContext(self.ctx, self.name, job.key, job.idx)
+        changed = False
+        error: str | None = None
+        for position, column in enumerate(self.columns):
+            cell = self._reusable(job, column, changed)
+            if cell is not None:
+                row[column.name] = cell[0]
+                if cell[1] is not None:
+                    error = cell[1]
+                    break
+                continue
+            try:
+                value = await self._resolve(column, row, rc)
+            except DeeplineError as exc:
+                if exc.fatal or exc.exit_code != 1:
+                    raise  # budget, lease, store, usage…: fail the run, record nothing
+                error = _describe(exc)
+            except Exception as exc:
+                error = _describe(exc)
+            if error is not None:
+                cells[column.name] = [None, error, self.s.io.now(), column.fingerprint]
+                for later in self.columns[position + 1 :]:  # not computed on a failed row
+                    cells.pop(later.name, None)
+                break
+            before = cells.get(column.name)
+            changed = changed or before is None or before[0] != value
+            cells[column.name] = [value, None, self.s.io.now(), column.fingerprint]
+            row[column.name] = value
+        self._record(job, cells, error)
+        if error is not None and self.on_row_error == "fail" and self.stop is None:
+            self.stop = DeeplineError(f"Map {self.name!r} stopped: row {job.key} failed: {error}")
+
+    async def _resolve(self, column: ResolvedColumn, row: dict[str, Any], rc: RowContext) -> Any:
+        spec = column.column
+        if spec.run_if is not None and not spec.run_if(row):
+            return None
+        result = spec.fn(row, rc) if self._resolver_arity[column.name] != 1 else spec.fn(row)
+        if inspect.isawaitable(result):
+            result = await result
+        if isinstance(result, ToolResult):
+            result = result.output
+        return _json.loads(_json.dumps(result))
+
+    def _record(self, job: _Job, cells: dict[str, list[Any]] | None, error: str | None) -> None:
+        outcome = "failed" if error is not None else "succeeded"
+        if outcome == "failed":
+            self.tally.failed += 1
+        else:
+            self.tally.succeeded += 1
+        sheet_row = None
+        if cells is not None:
+            sheet_row = SheetRow(self.sheet, job.key, _input_only(job.row, self.columns), job.digest, cells,
+                                 outcome, self.run_id, self.s.io.now())  # fmt: skip
+        self.s.writes.sheet(sheet_row, MapRow(self.run_id, self.name, job.idx, job.input_index, job.key,
+                                              outcome, error))  # fmt: skip
+        self._mark(job.idx)
+
+    def _mark(self, idx: int) -> None:
+        if idx >= len(self.finished):
+            self.finished.extend(b"\0" * (idx + 1 - len(self.finished) + 1024))
+        self.finished[idx] = 1
+
+    # --- barriers --------------------------------------------------------------------------------
+
+    async def _visibility_barrier(self) -> dict[str, int]:
+        """Read back, through the store, that every finished row of this run is visible."""
+        s = self.s
+        await s.writes.flushed()
+        expected = len(self.input_index_of)
+        counts: dict[str, int] = {}
+        seen = 0
+        for reads, delay in enumerate(VISIBILITY_TRIES, start=1):
+            await asyncio.sleep(delay)
+            counts = await s.io.call(s.io.store.count_map_rows, self.run_id, self.name)
+            seen = sum(counts.values())
+            if seen >= expected:
+                s.bus.emit("barrier.visibility", self.run_id, map=self.name, expected=expected,
+                           visible=seen, reads=reads, passed=True)  # fmt: skip
+                return counts
+        s.bus.emit("barrier.visibility", self.run_id, map=self.name, expected=expected, visible=seen,
+                   reads=len(VISIBILITY_TRIES), passed=False)  # fmt: skip
+        raise SheetVisibilityError(
+            f"Map {self.name!r} of run {self.run_id}: {expected} rows were written but only {seen} are "
+            "visible in the store."
+        )
+
+    async def _finalization_barrier(self, counts: dict[str, int]) -> None:
+        """Every input row is accounted for as succeeded, failed or duplicate."""
+        s = self.s
+        distinct = len(self.input_index_of)
+        persisted = sum(counts.values())
+        in_memory = sum(self.finished[:distinct])
+        accounted = persisted + self.tally.duplicate
+        if persisted == distinct and in_memory == distinct and accounted == self.tally.read:
+            s.bus.emit("barrier.finalization", self.run_id, map=self.name, rows=self.tally.read,
+                       distinct=distinct, duplicate=self.tally.duplicate, passed=True)  # fmt: skip
+            return
+        stored = set(await s.io.call(s.io.store.finished_map_rows, self.run_id, self.name))
+        missing = [self.input_index_of[i] for i in range(distinct) if i not in stored or not self.finished[i]]
+        s.bus.emit("barrier.finalization", self.run_id, map=self.name, rows=self.tally.read,
+                   distinct=distinct, duplicate=self.tally.duplicate, passed=False,
+                   missing=missing[:10])  # fmt: skip
+        shown = ", ".join(str(i) for i in missing[:10]) or "none"
+        raise MapAccountingError(
+            f"Map {self.name!r} of run {self.run_id}: {self.tally.read} input rows but only {persisted} "
+            f"finished and {self.tally.duplicate} duplicate rows are accounted for; "
+            f"missing input indexes: {shown}."
+        )
+
+    async def _log_summary(self, record: MapRecord) -> None:
+        s = self.s
+        if record.failed:
+            failed = await s.io.call(s.io.store.failed_map_rows, self.run_id, self.name, FAILURES_LOGGED)
+            for row in failed:
+                s.log(f"row {row.row_key} failed: {row.error}", level="warning")
+            if record.failed > FAILURES_LOGGED:
+                s.log(f"{record.failed - FAILURES_LOGGED} additional row failure(s) omitted from map log",
+                      level="warning")  # fmt: skip
+        s.log(f"Map completed: {record.total} results ({record.succeeded} succeeded, {record.failed} "
+              f"failed, {record.duplicate} duplicate keys skipped)")  # fmt: skip
+
+    # --- progress --------------------------------------------------------------------------------
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(PROGRESS_EVERY_S)
+            self._progress()
+
+    def _progress(self) -> None:
+        t = self.tally
+        done = t.succeeded + t.failed + t.seeded
+        elapsed = max(time.monotonic() - self.started, 1e-6)
+        rate = (t.succeeded + t.failed) / elapsed
+        total = self.total_estimate
+        eta = (total - done - t.duplicate) / rate if total and rate > 0 else None
+        self.s.bus.emit("map.progress", self.run_id, map=self.name, done=done, total=total,
+                        rows_per_s=round(rate, 1), eta_s=None if eta is None else max(0.0, round(eta, 1)),
+                        **t.as_dict())  # fmt: skip
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ToolExecutionError):
+        return f"{exc.category}: {exc}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _input_only(row: dict[str, Any], columns: list[ResolvedColumn]) -> dict[str, Any]:
+    names = {c.name for c in columns}
+    return {k: v for k, v in row.items() if k not in names}
+
+
+def _arity(fn: Callable[..., Any]) -> int:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 2
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return 2
+    return len(positional)
+
+
+def _estimate_total(rows: Any, limit: int | None) -> int | None:
+    total: int | None = None
+    if isinstance(rows, CsvSource):
+        total = _count_lines(rows.path) - 1
+    elif hasattr(rows, "__len__"):
+        total = len(rows)
+    if total is not None and limit is not None:
+        total = min(total, limit)
+    return total
+
+
+def _count_lines(path: Path) -> int:
+    count, last = 0, b"\n"
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 20):
+            count += block.count(b"\n")
+            last = block
+    return count + (0 if last.endswith(b"\n") else 1)

@@ -1,0 +1,124 @@
+"""Row sources and row keys: what a map iterates and how it tells rows apart."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from deepline_cli import _json
+from deepline_cli.errors import InputError
+
+RowKey = str | Sequence[str] | Callable[[Mapping[str, Any]], Any] | None
+
+
+class CsvSource:
+    """`ctx.csv(...)`: a CSV read lazily, row by row, as dicts.
+
+    The header is read (and `required` columns checked) when the source is created, so a
+    missing column fails before any work. UTF-8 with or without a BOM.
+    """
+
+    def __init__(
+        self, path: Path, *, rename: Mapping[str, str] | None = None, required: Sequence[str] | None = None
+    ) -> None:
+        self.path = path
+        self._rename = dict(rename or {})
+        header = self._header()
+        self.columns = [self._rename.get(name, name) for name in header]
+        missing = [name for name in (required or []) if name not in self.columns]
+        if missing:
+            raise InputError(
+                f"{path}: required column {missing[0]!r} is missing (columns: {', '.join(self.columns)})."
+            )
+
+    def _open(self) -> Any:
+        try:
+            return self.path.open(encoding="utf-8-sig", newline="")
+        except FileNotFoundError:
+            raise InputError(f"CSV file {self.path} does not exist.") from None
+        except OSError as exc:
+            raise InputError(f"CSV file {self.path} cannot be read: {exc.strerror}.") from None
+
+    def _header(self) -> list[str]:
+        with self._open() as handle:
+            try:
+                header = next(csv.reader(handle), None)
+            except UnicodeDecodeError as exc:
+                raise InputError(f"{self.path} line 1: not valid UTF-8 ({exc.reason}).") from None
+        if not header or not any(h.strip() for h in header):
+            raise InputError(f"CSV file {self.path} is empty: it has no header row.")
+        return [h.strip() for h in header]
+
+    def __iter__(self) -> Iterator[dict[str, str]]:
+        columns = self.columns
+        width = len(columns)
+        with self._open() as handle:
+            reader = csv.reader(handle)
+            line = 1
+            try:
+                next(reader)
+                for record in reader:
+                    line = reader.line_num
+                    if len(record) != width:
+                        if not record or record == [""]:
+                            continue  # a blank line
+                        raise InputError(
+                            f"{self.path} line {line}: {len(record)} fields where the header has "
+                            f"{width} (column {min(len(record), width) + 1})."
+                        )
+                    yield dict(zip(columns, record, strict=True))
+            except UnicodeDecodeError as exc:
+                raise InputError(
+                    f"{self.path} line {line + 1}: not valid UTF-8 (byte {exc.start})."
+                ) from None
+            except csv.Error as exc:
+                raise InputError(f"{self.path} line {reader.line_num}: {exc}.") from None
+
+    def __repr__(self) -> str:
+        return f"CsvSource({self.path})"
+
+
+def input_columns(rows: Any) -> list[str]:
+    """The original columns of a row source, when it knows them (a CSV does)."""
+    columns = getattr(rows, "columns", None)
+    return list(columns) if columns else []
+
+
+def key_function(key: RowKey) -> Callable[[Mapping[str, Any]], str]:
+    """Turn `ctx.map(key=...)` into a function row → key string."""
+    if key is None:
+        return lambda row: hashlib.blake2b(_json.canonical(row), digest_size=16).hexdigest()
+    if isinstance(key, str):
+        name = key
+
+        def by_field(row: Mapping[str, Any]) -> str:
+            try:
+                return _scalar(row[name])
+            except KeyError:
+                raise InputError(f"Row has no key field {name!r} (fields: {', '.join(row)}).") from None
+
+        return by_field
+    if callable(key):
+        fn = key
+        return lambda row: _scalar(fn(row))
+    names = list(key)
+
+    def by_fields(row: Mapping[str, Any]) -> str:
+        try:
+            return _json.dumps_str([row[n] for n in names])
+        except KeyError as exc:
+            raise InputError(f"Row has no key field {exc.args[0]!r} (fields: {', '.join(row)}).") from None
+
+    return by_fields
+
+
+def _scalar(value: Any) -> str:
+    return value if isinstance(value, str) else _json.dumps_str(value)
+
+
+def row_digest(row: Mapping[str, Any]) -> str:
+    """Identity of a row's input: a cell is reused only while this stays the same."""
+    return hashlib.blake2b(_json.canonical(row), digest_size=16).hexdigest()
