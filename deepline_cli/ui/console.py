@@ -8,11 +8,12 @@ from typing import IO, Any
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
 from deepline_cli.runtime.events import Event
-from deepline_cli.ui.state import RunView
+from deepline_cli.ui.state import MapView, RunView
 
 PLAIN_PROGRESS_EVERY_S = 5.0
 
@@ -21,6 +22,33 @@ def _clock(seconds: float) -> str:
     minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
+
+
+def _eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "ETA -"
+    minutes, secs = divmod(int(seconds), 60)
+    return (
+        f"ETA {minutes // 60}:{minutes % 60:02d}:{secs:02d}" if minutes >= 60 else f"ETA {minutes}:{secs:02d}"
+    )
+
+
+def map_counts(m: MapView) -> str:
+    total = f"/{m.total:,}" if m.total else ""
+    text = (f"{m.done + m.duplicate:,}{total}  ✓ {m.succeeded:,}  ✗ {m.failed:,}  dup {m.duplicate:,}"
+            f"  reused {m.reused:,}")  # fmt: skip
+    if m.seeded and not m.completed:
+        text += f"  from earlier attempt {m.seeded:,}"
+    return text
+
+
+def barrier_line(m: MapView) -> str | None:
+    parts = []
+    if m.visibility:
+        parts.append(f"visibility {m.visibility}")
+    if m.finalization:
+        parts.append(f"finalization {m.finalization}")
+    return "  ".join(parts) or None
 
 
 def tool_lines(tools: dict[str, dict[str, Any]], paced: dict[str, float]) -> list[str]:
@@ -88,6 +116,18 @@ class ConsoleView:
                 self._last_plain = now
                 for line in tool_lines(s.tools, s.paced):
                     self.console.print(f"{_clock(s.elapsed)} tools {line}")
+        elif event.event == "map.progress":
+            now = time.monotonic()
+            if now - self._last_plain >= PLAIN_PROGRESS_EVERY_S:
+                self._last_plain = now
+                m = s.maps[event.data["map"]]
+                self.console.print(f"{_clock(s.elapsed)} {m.name}  {map_counts(m)}  "
+                                   f"{m.rows_per_s:,.0f} rows/s  {_eta(m.eta_s)}")  # fmt: skip
+        elif event.event.startswith("barrier."):
+            m = s.maps[event.data["map"]]
+            kind = event.event.split(".", 1)[1]
+            self.console.print(f"{_clock(s.elapsed)} {m.name}  barrier {kind} "
+                               f"{m.visibility if kind == 'visibility' else m.finalization}")  # fmt: skip
         elif event.event == "run.finished":
             for line in tool_lines(s.tools, {}):
                 self.console.print(f"tools  {line}")
@@ -103,6 +143,29 @@ class ConsoleView:
             _clock(s.elapsed),
         )  # fmt: skip
         parts: list[Any] = [header]
+        for m in list(s.maps.values()):
+            parts.extend(self._render_map(m))
         for index, line in enumerate(tool_lines(s.tools, s.paced)):
             parts.append(Text(("tools  " if index == 0 else "       ") + line))
         return Group(*parts)
+
+    def _render_map(self, m: MapView) -> list[Any]:
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(no_wrap=True)
+        grid.add_column(width=24)
+        grid.add_column(no_wrap=True)
+        total = m.total or 0
+        done = m.done + m.duplicate
+        bar = ProgressBar(total=float(total) if total else None, completed=float(done), width=24)
+        if m.completed:
+            bar = ProgressBar(total=1.0, completed=1.0, width=24)
+        grid.add_row(Text(m.name, style="bold"), bar, Text(map_counts(m)))
+        lines: list[Any] = [grid]
+        if not m.completed:
+            lines.append(
+                Text(f"{' ' * len(m.name)}  {m.rows_per_s:,.0f} rows/s  {_eta(m.eta_s)}", style="dim")
+            )
+        barriers = barrier_line(m)
+        if barriers:
+            lines.append(Text(f"barriers  {barriers}"))
+        return lines
