@@ -9,13 +9,24 @@ from typing import Any
 from deepline_cli.errors import InputError
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _strict_loads(text: str) -> Any:
+    """JSON as the standard has it: NaN and Infinity are not numbers here."""
+    return json.loads(text, parse_constant=_reject_constant)
+
+
 def _parse_json(text: str, *, flag: str) -> Any:
     try:
-        return json.loads(text)
+        return _strict_loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(
             f"{flag} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}."
         ) from None
+    except ValueError as exc:
+        raise InputError(f"{flag} is not valid JSON: {exc}.") from None
 
 
 def read_input(raw: str | None, *, cwd: Path) -> dict[str, Any]:
@@ -41,8 +52,8 @@ def read_input(raw: str | None, *, cwd: Path) -> dict[str, Any]:
 def parse_value(text: str) -> Any:
     """`--set` values: JSON when they parse (numbers, true, lists…), else the string."""
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
+        return _strict_loads(text)
+    except ValueError:
         return text
 
 

@@ -60,9 +60,11 @@ def find_play_by_name(name: str) -> PlayDef | None:
 def split_ref(ref: str) -> tuple[str, str | None]:
     """`file.py:function` → (`file.py`, `function`); a bare path has no selector."""
     path, sep, selector = ref.rpartition(":")
-    if sep and path and not selector.startswith(("\\", "/")) and selector:
-        return path, selector
-    return ref, None
+    if not sep or not path or not selector or "/" in selector or "\\" in selector:
+        return ref, None
+    if Path(ref).expanduser().is_file():  # a colon inside a directory or file name
+        return ref, None
+    return path, selector
 
 
 def load_module(path: Path) -> Any:
@@ -106,12 +108,12 @@ def _line_in(path: Path, exc: BaseException) -> int | None:
 
 def plays_in(module: Any) -> list[PlayDef]:
     """The plays declared by the module itself (not those it imports), in file order."""
-    found = [
-        value.__deepline_play__
+    found = {  # one play bound to two names is still one play
+        id(value.__deepline_play__): value.__deepline_play__
         for value in vars(module).values()
         if hasattr(value, "__deepline_play__") and getattr(value, "__module__", None) == module.__name__
-    ]
-    return sorted(found, key=lambda p: p.fn.__code__.co_firstlineno)
+    }
+    return sorted(found.values(), key=lambda p: p.fn.__code__.co_firstlineno)
 
 
 def load_play(ref: str, *, base: Path | None = None) -> PlayDef:

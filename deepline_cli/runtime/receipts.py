@@ -200,6 +200,9 @@ class ReceiptBook:
                 value = await invoke(info)
             except BaseException as exc:
                 self._settle_failure(call, lease_id, exc)
+                if _is_call_failure(call, exc) and not isinstance(exc, ToolExecutionError):
+                    # The same error type live as when replayed from the failed receipt.
+                    raise tool_error(exc, call.tool) from exc
                 raise
         finally:
             self._held.pop(lease_id, None)
@@ -229,7 +232,7 @@ class ReceiptBook:
             ))  # fmt: skip
 
     def _settle_failure(self, call: DurableCall, lease_id: str, exc: BaseException) -> None:
-        if call.kind == "step" or not isinstance(exc, Exception) or _is_fatal(exc):
+        if not _is_call_failure(call, exc):
             # Not the call's own failure (interrupt, lost lease, budget…): record nothing,
             # so a resume runs the call again.
             settlement = Settlement(call.key, lease_id, "released")
@@ -327,8 +330,13 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-def _is_fatal(exc: BaseException) -> bool:
-    return isinstance(exc, DeeplineError) and exc.fatal
+def _is_call_failure(call: DurableCall, exc: BaseException) -> bool:
+    """Is `exc` the call's own failure (recorded on its receipt), or something else —
+    an interrupt, a lost lease, a budget or configuration error — that records nothing
+    so a resume runs the call again? Steps never record failures."""
+    if call.kind == "step" or not isinstance(exc, Exception):
+        return False
+    return isinstance(exc, ToolExecutionError) or not isinstance(exc, DeeplineError)
 
 
 def tool_error(exc: BaseException, tool: str | None) -> ToolExecutionError:
