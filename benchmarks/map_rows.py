@@ -32,7 +32,7 @@ PLAY = textwrap.dedent(
         return input["name"].upper()
 
     @tool("bench.length")
-    def length(input):
+    async def length(input):
         return len(input["name"])
 
     @play("bench-map")

@@ -41,9 +41,6 @@ def canonical(value: Any) -> bytes:
 
 def digest(*parts: str | bytes) -> str:
     """A hex SHA-256 over length-prefixed parts, so ("ab","c") != ("a","bc")."""
-    h = hashlib.sha256()
-    for part in parts:
-        raw = part.encode() if isinstance(part, str) else part
-        h.update(len(raw).to_bytes(8, "big"))
-        h.update(raw)
-    return h.hexdigest()
+    raws = [part.encode() if isinstance(part, str) else part for part in parts]
+    framed = b"".join(len(raw).to_bytes(8, "big") + raw for raw in raws)
+    return hashlib.sha256(framed).hexdigest()

@@ -17,6 +17,7 @@ provider call is dispatched in this run, and the run fails loudly.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -82,8 +83,22 @@ def receipt_key(*parts: str | bytes) -> str:
 
 
 def idempotency_key(receipt_key: str, lease_id: str | None = None) -> str:
-    """The provider idempotency key: from the receipt key, or from the lease when forced."""
-    return "dl-" + (_json.digest("idem", receipt_key, lease_id or "")[:40])
+    """The provider idempotency key: the receipt key itself (so every retry, resume or
+    other process sends the same one), or a digest of it and the lease when forced."""
+    if lease_id is None:
+        return "dl-" + receipt_key
+    return "dl-" + _json.digest("forced", receipt_key, lease_id)[:32]
+
+
+class LeaseIds:
+    """Unique lease ids without a system call each: a random process token + a counter."""
+
+    def __init__(self) -> None:
+        self._token = os.urandom(8).hex()
+        self._next = itertools.count(1)
+
+    def new(self) -> str:
+        return f"{self._token}-{next(self._next)}"
 
 
 class ReceiptBook:
@@ -95,6 +110,7 @@ class ReceiptBook:
         self._scope = scope
         self._bus = bus
         self._stats = stats
+        self._lease_ids = LeaseIds()
         self._inflight: dict[str, asyncio.Future[Outcome]] = {}
         # lease id -> (receipt key, expiry last confirmed in the store)
         self._held: dict[str, tuple[str, float]] = {}
@@ -147,7 +163,7 @@ class ReceiptBook:
 
     async def _claim(self, call: DurableCall) -> ClaimOutcome:
         scope = self._scope
-        lease_id = os.urandom(12).hex()
+        lease_id = self._lease_ids.new()
         force = call.force or (scope.force_refresh and call.kind != "step")
         claim = Claim(
             key=call.key,
