@@ -111,7 +111,7 @@ class ReceiptBook:
         self._bus = bus
         self._stats = stats
         self._lease_ids = LeaseIds()
-        self._inflight: dict[str, asyncio.Future[Outcome]] = {}
+        self._inflight: dict[str, asyncio.Future[Outcome] | None] = {}
         # lease id -> (receipt key, expiry last confirmed in the store)
         self._held: dict[str, tuple[str, float]] = {}
         self._lost: set[str] = set()
@@ -123,25 +123,30 @@ class ReceiptBook:
     # --- the call path -------------------------------------------------------------------
 
     async def execute(self, call: DurableCall, invoke: Callable[[ToolCall], Awaitable[Any]]) -> Outcome:
-        shared = None if call.force else self._inflight.get(call.key)
-        if shared is not None:
-            outcome = await asyncio.shield(shared)
-            self._count(call, "in_flight", outcome.credits)
-            return Outcome(outcome.value, "in_flight", call.key, outcome.credits)
-        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        future.add_done_callback(_retrieve)
-        self._inflight[call.key] = future
+        if not call.force and call.key in self._inflight:
+            return await self._share(call)
+        # The waiters' future is made only when a second identical call arrives.
+        self._inflight[call.key] = None
         try:
             outcome = await self._execute(call, invoke)
         except BaseException as exc:
-            future.set_exception(exc)
+            shared = self._inflight.pop(call.key, None)
+            if shared is not None:
+                shared.set_exception(exc)
             raise
-        else:
-            future.set_result(outcome)
-            return outcome
-        finally:
-            if self._inflight.get(call.key) is future:
-                del self._inflight[call.key]
+        shared = self._inflight.pop(call.key, None)
+        if shared is not None:
+            shared.set_result(outcome)
+        return outcome
+
+    async def _share(self, call: DurableCall) -> Outcome:
+        shared = self._inflight[call.key]
+        if shared is None:
+            shared = self._inflight[call.key] = asyncio.get_running_loop().create_future()
+            shared.add_done_callback(_retrieve)
+        outcome = await asyncio.shield(shared)
+        self._count(call, "in_flight", outcome.credits)
+        return Outcome(outcome.value, "in_flight", call.key, outcome.credits)
 
     async def _execute(self, call: DurableCall, invoke: Callable[[ToolCall], Awaitable[Any]]) -> Outcome:
         waited = 0.0
@@ -179,22 +184,8 @@ class ReceiptBook:
             stale_after_s=call.stale_after_s,
             refresh_failed=scope.refresh_failed,
         )
-        pending = self._writes.claim(claim)
-        try:
-            return await asyncio.shield(pending)
-        except asyncio.CancelledError:
-            # Cancelled after the claim may have been written: give the lease back.
-            pending.add_done_callback(self._release_if_claimed)
-            raise
-
-    def _release_if_claimed(self, pending: asyncio.Future[ClaimOutcome]) -> None:
-        if pending.cancelled() or pending.exception() is not None:
-            return
-        outcome = pending.result()
-        if outcome.verdict == "claimed" and outcome.receipt.lease_id:
-            self._writes.settle(
-                Settlement(outcome.receipt.key, outcome.receipt.lease_id, "released")
-            ).add_done_callback(_retrieve)
+        # If this waiter is cancelled, the write queue releases the claim once written.
+        return await self._writes.claim(claim)
 
     async def _invoke(
         self, call: DurableCall, receipt: Receipt, invoke: Callable[[ToolCall], Awaitable[Any]]

@@ -88,6 +88,12 @@ class WriteQueue:
         self._logs.append(line)
         self._wake()
 
+    def _release(self, outcome: ClaimOutcome) -> None:
+        """Nobody waits for this claim any more (its caller was cancelled): give it back."""
+        receipt = outcome.receipt
+        self._settlements.append((Settlement(receipt.key, receipt.lease_id or "", "released"),
+                                  self._loop().create_future()))  # fmt: skip
+
     async def flushed(self) -> None:
         """Wait until everything submitted so far is committed."""
         while self._task is not None:
@@ -126,5 +132,8 @@ class WriteQueue:
                 for future, result in zip(futures, [*applied.settled, *applied.outcomes], strict=True):
                     if not future.done():
                         future.set_result(result)
+                for (_, future), outcome in zip(claims, applied.outcomes, strict=True):
+                    if future.cancelled() and outcome.verdict == "claimed":
+                        self._release(outcome)
         finally:
             self._task = None
