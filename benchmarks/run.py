@@ -1,0 +1,48 @@
+"""Run every benchmark, one after the other, and print one JSON line each.
+
+    python benchmarks/run.py            # the figures in BENCHMARKS.md (several minutes)
+    python benchmarks/run.py --quick    # smaller sizes, for a smoke check
+
+Results are also written to benchmarks/results/latest.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+FULL = [
+    ["cold_start.py", "--runs", "10"],
+    ["durable_calls.py", "--calls", "100000", "--in-flight", "64"],
+    ["map_rows.py", "--rows", "1000000", "--rerun-rows", "100000"],
+]
+QUICK = [
+    ["cold_start.py", "--runs", "5"],
+    ["durable_calls.py", "--calls", "10000"],
+    ["map_rows.py", "--rows", "20000", "--rerun-rows", "20000"],
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes")
+    args = parser.parse_args()
+    results = HERE / "results"
+    results.mkdir(exist_ok=True)
+    lines = []
+    for script, *flags in QUICK if args.quick else FULL:
+        print(f"# {script} {' '.join(flags)}", file=sys.stderr, flush=True)
+        out = subprocess.run([sys.executable, str(HERE / script), *flags], check=True,
+                             capture_output=True, text=True)  # fmt: skip
+        line = out.stdout.strip().splitlines()[-1]
+        print(line, flush=True)
+        lines.append(line)
+    (results / "latest.jsonl").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
