@@ -15,10 +15,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 StoreOption = Annotated[
     str | None,
-    typer.Option("--store", envvar="DEEPLINE_STORE", show_envvar=True,
-                 help="Store: a path, sqlite:///path or postgresql://… "
-                 "[default: deepline.db in the user data dir]"),
-]  # fmt: skip
+    typer.Option(
+        "--store",
+        envvar="DEEPLINE_STORE",
+        show_envvar=True,
+        help="Store: a path, sqlite:///path or postgresql://… [default: deepline.db in the user data dir]",
+    ),
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 
 

@@ -9,18 +9,28 @@ import typer
 from deepline_cli.cli.common import JsonOption, StoreOption, cli_errors
 from deepline_cli.cli.tables import print_json_lines, print_table, when
 
-app = typer.Typer(help="Inspect receipts: the durable record of every tool call and step.",
-                  no_args_is_help=True)  # fmt: skip
+app = typer.Typer(
+    help="Inspect receipts: the durable record of every tool call and step.", no_args_is_help=True
+)
 
 
 def receipt_dict(r: Any) -> dict[str, Any]:
     return {
-        "key": r.key, "kind": r.kind, "label": r.label, "tool": r.tool, "status": r.status,
-        "run_id": r.run_id, "attempt": r.attempt, "lease_expires_at": r.lease_expires_at,
-        "idempotency_key": r.idempotency_key, "failure_kind": r.failure_kind,
-        "error": r.error, "created_at": r.created_at, "completed_at": r.completed_at,
+        "key": r.key,
+        "kind": r.kind,
+        "label": r.label,
+        "tool": r.tool,
+        "status": r.status,
+        "run_id": r.run_id,
+        "attempt": r.attempt,
+        "lease_expires_at": r.lease_expires_at,
+        "idempotency_key": r.idempotency_key,
+        "failure_kind": r.failure_kind,
+        "error": r.error,
+        "created_at": r.created_at,
+        "completed_at": r.completed_at,
         "credits": r.credits,
-    }  # fmt: skip
+    }
 
 
 @app.command("inspect")
@@ -61,10 +71,20 @@ def inspect(
         print_json_lines([receipt_dict(r) for r in found])
         return
     rows = [
-        (r.key[:12], r.kind, r.label, r.tool or "", r.status, r.run_id, r.attempt,
-         r.failure_kind or "", f"{r.credits:g}", when(r.completed_at or r.created_at))
+        (
+            r.key[:12],
+            r.kind,
+            r.label,
+            r.tool or "",
+            r.status,
+            r.run_id,
+            r.attempt,
+            r.failure_kind or "",
+            f"{r.credits:g}",
+            when(r.completed_at or r.created_at),
+        )
         for r in found
-    ]  # fmt: skip
+    ]
     print_table(
         ["key", "kind", "label", "tool", "status", "run", "attempt", "failure", "credits", "at"],
         rows,

@@ -24,13 +24,24 @@ RefreshFailedOption = Annotated[
 ForceRefreshOption = Annotated[
     bool, typer.Option("--force-refresh", help="Execute every tool call again (new paid calls).")
 ]
+MaxCreditsOption = Annotated[
+    float | None,
+    typer.Option(
+        "--max-credits", min=0, help="Stop before the run's credits would exceed N (resume with more)."
+    ),
+]
 FailOnRowErrorsOption = Annotated[
     bool, typer.Option("--fail-on-row-errors", help="Exit 1 when a map isolated failed rows (for CI).")
 ]
 WorkspaceOption = Annotated[
-    str, typer.Option("--workspace", envvar="DEEPLINE_WORKSPACE", show_envvar=True,
-                      help="Workspace: part of every receipt key.")
-]  # fmt: skip
+    str,
+    typer.Option(
+        "--workspace",
+        envvar="DEEPLINE_WORKSPACE",
+        show_envvar=True,
+        help="Workspace: part of every receipt key.",
+    ),
+]
 
 RUN_EPILOG = """\b
 Examples:
@@ -58,6 +69,10 @@ def run(
         typer.Option("--run-id", help="Run id; an existing run is reported or resumed, not re-run."),
     ] = None,
     store: StoreOption = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="deepline.toml to use [default: the one next to the play]."),
+    ] = None,
     workspace: WorkspaceOption = "default",
     limit: Annotated[
         int | None,
@@ -66,6 +81,7 @@ def run(
     concurrency: ConcurrencyOption = None,
     force_refresh: ForceRefreshOption = False,
     refresh_failed: RefreshFailedOption = False,
+    max_credits: MaxCreditsOption = None,
     fail_on_row_errors: FailOnRowErrorsOption = False,
     json: JsonOption = False,
     quiet: QuietOption = False,
@@ -77,10 +93,17 @@ def run(
     cwd = Path.cwd()
     payload = build_input(input, csv, set_ or [], cwd=cwd)
     options = RunOptions(
-        store=store, workspace=workspace, run_id=run_id, concurrency=concurrency, limit=limit,
-        force_refresh=force_refresh, refresh_failed=refresh_failed,
+        store=store,
+        workspace=workspace,
+        run_id=run_id,
+        concurrency=concurrency,
+        limit=limit,
+        force_refresh=force_refresh,
+        refresh_failed=refresh_failed,
         fail_on_row_errors=fail_on_row_errors,
-    )  # fmt: skip
+        max_credits=max_credits,
+        config=str(config) if config else None,
+    )
     execute(options, lambda runner: runner.start(play, payload, cwd=str(cwd)), json, quiet)
 
 
@@ -91,6 +114,7 @@ def resume(
     concurrency: ConcurrencyOption = None,
     force_refresh: ForceRefreshOption = False,
     refresh_failed: RefreshFailedOption = False,
+    max_credits: MaxCreditsOption = None,
     fail_on_row_errors: FailOnRowErrorsOption = False,
     json: JsonOption = False,
     quiet: QuietOption = False,
@@ -105,9 +129,13 @@ def resume(
     from deepline_cli.runtime.runner import RunOptions
 
     options = RunOptions(
-        store=store, concurrency=concurrency, force_refresh=force_refresh,
-        refresh_failed=refresh_failed, fail_on_row_errors=fail_on_row_errors,
-    )  # fmt: skip
+        store=store,
+        concurrency=concurrency,
+        force_refresh=force_refresh,
+        refresh_failed=refresh_failed,
+        fail_on_row_errors=fail_on_row_errors,
+        max_credits=max_credits,
+    )
     execute(options, lambda runner: runner.resume(run_id), json, quiet)
 
 
@@ -148,26 +176,36 @@ def _report(result: RunResult, json_mode: bool, view: Any) -> None:
 
     if json_mode:
         if result.reported:
-            view.write({"event": "run.finished", "run_id": result.run_id, "ts": None,
-                        "reported": True, **result.finished_event()})  # fmt: skip
+            view.write(
+                {
+                    "event": "run.finished",
+                    "run_id": result.run_id,
+                    "ts": None,
+                    "reported": True,
+                    **result.finished_event(),
+                }
+            )
         return
     err = sys.stderr
     if result.reported:
-        err.write(f"Run {result.run_id} already completed (attempt {result.attempt}); "
-                  "not running it again.\n")  # fmt: skip
+        err.write(
+            f"Run {result.run_id} already completed (attempt {result.attempt}); not running it again.\n"
+        )
     if result.status == "completed":
         sys.stdout.write(_json.dumps_str(result.output) + "\n")
         if result.exit_code == 1:
-            err.write(f"Run {result.run_id} completed with {result.failed_rows} failed row(s) "
-                      "(--fail-on-row-errors).\n")  # fmt: skip
+            err.write(
+                f"Run {result.run_id} completed with {result.failed_rows} failed row(s) "
+                "(--fail-on-row-errors).\n"
+            )
     elif result.status == "interrupted":
-        err.write(f"Run {result.run_id} interrupted; continue it with: "
-                  f"deepline resume {result.run_id}\n")  # fmt: skip
+        err.write(f"Run {result.run_id} interrupted; continue it with: deepline resume {result.run_id}\n")
     elif result.status == "waiting":
-        err.write(f"Run {result.run_id} is waiting; resume it later with: "
-                  f"deepline resume {result.run_id}\n")  # fmt: skip
+        err.write(f"Run {result.run_id} is waiting; resume it later with: deepline resume {result.run_id}\n")
     else:
         error = result.error or {}
         where = f" ({error['where']})" if error.get("where") else ""
-        err.write(f"Run {result.run_id} failed: {error.get('message', 'unknown error')}{where}\n"
-                  f"Fix the cause, then: deepline resume {result.run_id}\n")  # fmt: skip
+        err.write(
+            f"Run {result.run_id} failed: {error.get('message', 'unknown error')}{where}\n"
+            f"Fix the cause, then: deepline resume {result.run_id}\n"
+        )

@@ -14,12 +14,23 @@ app = typer.Typer(help="List runs, show one, read its logs.", no_args_is_help=Tr
 
 def run_dict(r: Any) -> dict[str, Any]:
     return {
-        "run_id": r.run_id, "play": r.play, "status": r.status, "attempt": r.attempt,
-        "parent_run_id": r.parent_run_id, "root_run_id": r.root_run_id, "play_ref": r.play_ref,
-        "workspace": r.workspace, "input": r.input, "output": r.output, "error": r.error,
-        "stats": r.stats, "holder": r.holder, "created_at": r.created_at,
-        "updated_at": r.updated_at, "finished_at": r.finished_at,
-    }  # fmt: skip
+        "run_id": r.run_id,
+        "play": r.play,
+        "status": r.status,
+        "attempt": r.attempt,
+        "parent_run_id": r.parent_run_id,
+        "root_run_id": r.root_run_id,
+        "play_ref": r.play_ref,
+        "workspace": r.workspace,
+        "input": r.input,
+        "output": r.output,
+        "error": r.error,
+        "stats": r.stats,
+        "holder": r.holder,
+        "created_at": r.created_at,
+        "updated_at": r.updated_at,
+        "finished_at": r.finished_at,
+    }
 
 
 def _load(store: str | None, run_id: str) -> Any:
@@ -78,8 +89,7 @@ def list_runs(
         if r.status == "running" and not holder_alive(r, now):
             shown = "running (stale: holder gone)"
         table.append((r.run_id, r.play, shown, r.attempt, r.parent_run_id or "", when(r.created_at)))
-    print_table(["run", "play", "status", "attempt", "parent", "created"], table,
-                empty="No runs yet.")  # fmt: skip
+    print_table(["run", "play", "status", "attempt", "parent", "created"], table, empty="No runs yet.")
 
 
 @app.command("show")
@@ -114,8 +124,10 @@ def show(
     if any(rows.values()):
         lines.append("rows      " + "  ".join(f"{k} {v:,}" for k, v in rows.items()))
     for tool_id, c in sorted((stats.get("tools") or {}).items()):
-        lines.append(f"tool      {tool_id}: live {c['live']:,}  reused {c['reused']:,}  "
-                     f"failed {c['failed']:,}  credits {c['credits']:g}")  # fmt: skip
+        lines.append(
+            f"tool      {tool_id}: live {c['live']:,}  reused {c['reused']:,}  "
+            f"failed {c['failed']:,}  credits {c['credits']:g}"
+        )
     if r.error:
         lines.append(f"error     {r.error.get('message')}")
     if r.output is not None:
@@ -137,8 +149,18 @@ def logs(
     finally:
         db.close()
     if json:
-        print_json_lines([{"run_id": ln.run_id, "attempt": ln.attempt, "ts": ln.ts,
-                           "level": ln.level, "message": ln.message} for ln in lines])  # fmt: skip
+        print_json_lines(
+            [
+                {
+                    "run_id": ln.run_id,
+                    "attempt": ln.attempt,
+                    "ts": ln.ts,
+                    "level": ln.level,
+                    "message": ln.message,
+                }
+                for ln in lines
+            ]
+        )
         return
     for ln in lines:
         typer.echo(f"{when(ln.ts)}  #{ln.attempt}  {ln.level:<7} {ln.message}")

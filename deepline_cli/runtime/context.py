@@ -16,6 +16,7 @@ from deepline_cli.runtime.columns import Column
 from deepline_cli.runtime.dataset import Dataset
 from deepline_cli.runtime.events import EventBus
 from deepline_cli.runtime.governor import Governor
+from deepline_cli.runtime.http import FetchResult, Http, HttpTools, Request, fetch_once
 from deepline_cli.runtime.receipts import DurableCall, ReceiptBook, RunScope, receipt_key
 from deepline_cli.runtime.rows import CsvSource, RowKey
 from deepline_cli.runtime.secrets import Secrets
@@ -50,6 +51,8 @@ class RunServices:
     secrets: Secrets
     writes: WriteQueue
     stats: RunStats
+    http: Http
+    http_tools: HttpTools
     play_file: str
     cwd: str
     options: dict[str, Any] = field(default_factory=dict)
@@ -69,7 +72,7 @@ class Tools:
         self._configured: set[str] = set()
 
     def _resolve(self, tool_id: str) -> ToolDef:
-        definition = find_tool(tool_id)
+        definition = find_tool(tool_id) or self._s.http_tools.definition(tool_id)
         if definition is None:
             raise UsageError(f"Unknown tool {tool_id!r}: declare it with @tool or in deepline.toml.")
         if tool_id not in self._configured:
@@ -82,9 +85,14 @@ class Tools:
     def receipt_key(self, definition: ToolDef, input: Any) -> str:
         scope = self._s.scope
         return receipt_key(
-            "tool", scope.workspace, scope.play, definition.id, _json.canonical(input),
-            definition.auth_digest, definition.version,
-        )  # fmt: skip
+            "tool",
+            scope.workspace,
+            scope.play,
+            definition.id,
+            _json.canonical(input),
+            definition.auth_digest,
+            definition.version,
+        )
 
     async def execute(
         self,
@@ -164,6 +172,33 @@ class Context:
 
         return (await self._s.book.execute(call, invoke)).value
 
+    async def fetch(
+        self,
+        id: str,
+        url: str,
+        *,
+        method: str = "GET",
+        headers: Mapping[str, str] | None = None,
+        json: Any = None,
+        stale_after_seconds: float | None = None,
+        timeout_s: float = 30.0,
+    ) -> FetchResult:
+        """A durable HTTP request: made once per run and id; secrets are redacted."""
+        scope = self._s.scope
+        call = DurableCall(
+            key=receipt_key("fetch", scope.workspace, scope.run_id, id),
+            kind="fetch",
+            label=id,
+            stale_after_s=stale_after_seconds,
+        )
+        request = Request(method.upper(), url, dict(headers or {}), {}, json)
+
+        async def invoke(_: ToolCall) -> Any:
+            return await fetch_once(self._s.http, request, label=id, timeout_s=timeout_s, retries=3)
+
+        stored = (await self._s.book.execute(call, invoke)).value
+        return FetchResult(stored["ok"], stored["status"], stored["headers"], stored["text"])
+
     def csv(
         self,
         path: str | Path,
@@ -188,8 +223,17 @@ class Context:
         """Resolve `columns` for every distinct row; persisted as a sheet (see the map engine)."""
         from deepline_cli.runtime.map import MapRun
 
-        engine = MapRun(self, self._s, name, rows, columns, key=key, on_row_error=on_row_error,
-                        concurrency=concurrency, limit=limit)  # fmt: skip
+        engine = MapRun(
+            self,
+            self._s,
+            name,
+            rows,
+            columns,
+            key=key,
+            on_row_error=on_row_error,
+            concurrency=concurrency,
+            limit=limit,
+        )
         return await engine.run()
 
     def resolve_path(self, path: str | Path) -> Path:

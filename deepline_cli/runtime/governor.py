@@ -16,8 +16,7 @@ from contextlib import asynccontextmanager
 from deepline_cli.errors import UsageError
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
-_UNIT_S = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600,
-           "hour": 3600}  # fmt: skip
+_UNIT_S = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
 
 
 def parse_rate(text: str, *, owner: str) -> float:
@@ -53,6 +52,13 @@ class Governor:
         self._run = asyncio.Semaphore(concurrency) if concurrency else None
         self._tool_slots: dict[str, asyncio.Semaphore] = {}
         self._pacers: dict[str, Pacer] = {}
+        self._paused_until: dict[str, float] = {}
+
+    def back_off(self, tool_id: str, seconds: float) -> None:
+        """A provider said "slow down" (429): hold every new call of the tool in this run."""
+        until = time.monotonic() + seconds
+        if until > self._paused_until.get(tool_id, 0.0):
+            self._paused_until[tool_id] = until
 
     def configure_tool(self, tool_id: str, *, concurrency: int | None, rate_limit: str | None) -> None:
         if concurrency and tool_id not in self._tool_slots:
@@ -61,8 +67,11 @@ class Governor:
             self._pacers[tool_id] = Pacer(parse_rate(rate_limit, owner=f"Tool {tool_id!r}"))
 
     def paced(self) -> dict[str, float]:
-        """Tools currently held back by their rate limit → their rate (calls/s)."""
-        return {t: 1.0 / p.interval for t, p in self._pacers.items() if p.waiting}
+        """Tools held back now → their rate limit (calls/s), or 0 while backing off a 429."""
+        paced = {t: 1.0 / p.interval for t, p in self._pacers.items() if p.waiting}
+        now = time.monotonic()
+        paced.update({t: 0.0 for t, until in self._paused_until.items() if until > now})
+        return paced
 
     @asynccontextmanager
     async def slot(self, tool_id: str) -> AsyncIterator[None]:
@@ -73,6 +82,9 @@ class Governor:
             if tool is not None:
                 await tool.acquire()
             try:
+                paused = self._paused_until.get(tool_id, 0.0) - time.monotonic()
+                if paused > 0:
+                    await asyncio.sleep(paused)
                 pacer = self._pacers.get(tool_id)
                 if pacer is not None:
                     await pacer.wait()
@@ -85,4 +97,9 @@ class Governor:
                 run.release()
 
     def unlimited(self, tool_id: str) -> bool:
-        return self._run is None and tool_id not in self._tool_slots and tool_id not in self._pacers
+        return (
+            self._run is None
+            and tool_id not in self._tool_slots
+            and tool_id not in self._pacers
+            and tool_id not in self._paused_until
+        )

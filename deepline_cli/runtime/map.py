@@ -58,8 +58,9 @@ class RowContext:
         self._ctx.log(message)
 
     async def step(self, id: str, fn: Callable[[], Any], *, stale_after_seconds: float | None = None) -> Any:
-        return await self._ctx.step(f"map:{self._map}:{self.row_key}:{id}", fn,
-                                    stale_after_seconds=stale_after_seconds)  # fmt: skip
+        return await self._ctx.step(
+            f"map:{self._map}:{self.row_key}:{id}", fn, stale_after_seconds=stale_after_seconds
+        )
 
     def __getattr__(self, name: str) -> Any:
         # fetch, run_play…: the row context offers what the run context offers.
@@ -86,8 +87,13 @@ class _Tally:
         self.read = 0
 
     def as_dict(self) -> dict[str, int]:
-        return {"succeeded": self.succeeded, "failed": self.failed, "duplicate": self.duplicate,
-                "reused": self.reused, "seeded": self.seeded}  # fmt: skip
+        return {
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+            "duplicate": self.duplicate,
+            "reused": self.reused,
+            "seeded": self.seeded,
+        }
 
 
 class MapRun:
@@ -132,14 +138,27 @@ class MapRun:
 
     async def run(self) -> Dataset:
         s = self.s
-        record = MapRecord(self.run_id, self.name, self.sheet, list(self.input_columns),
-                           [c.name for c in self.columns], started_at=s.io.now())  # fmt: skip
+        record = MapRecord(
+            self.run_id,
+            self.name,
+            self.sheet,
+            list(self.input_columns),
+            [c.name for c in self.columns],
+            started_at=s.io.now(),
+        )
         await s.io.call(s.io.store.save_map, record)
         seeded = await s.io.call(s.io.store.finished_map_rows, self.run_id, self.name)
         for idx in seeded:
             self._mark(idx)
-        s.bus.emit("map.started", self.run_id, map=self.name, columns=record.columns,
-                   total=self.total_estimate, seeded=len(seeded), limit=self.limit)  # fmt: skip
+        s.bus.emit(
+            "map.started",
+            self.run_id,
+            map=self.name,
+            columns=record.columns,
+            total=self.total_estimate,
+            seeded=len(seeded),
+            limit=self.limit,
+        )
         ticker = asyncio.create_task(self._tick())
         try:
             await self._execute()
@@ -160,9 +179,17 @@ class MapRun:
             s.stats.rows[name] += getattr(self.tally, name)
         s.stats.rows["succeeded"] += record.succeeded
         s.stats.rows["failed"] += record.failed
-        s.bus.emit("map.completed", self.run_id, map=self.name, total=record.total,
-                   succeeded=record.succeeded, failed=record.failed, duplicate=record.duplicate,
-                   reused=record.reused, elapsed_s=round(time.monotonic() - self.started, 3))  # fmt: skip
+        s.bus.emit(
+            "map.completed",
+            self.run_id,
+            map=self.name,
+            total=record.total,
+            succeeded=record.succeeded,
+            failed=record.failed,
+            duplicate=record.duplicate,
+            reused=record.reused,
+            elapsed_s=round(time.monotonic() - self.started, 3),
+        )
         return Dataset(s.io.store, record)
 
     async def _execute(self) -> None:
@@ -321,10 +348,19 @@ class MapRun:
             self.tally.succeeded += 1
         sheet_row = None
         if cells is not None:
-            sheet_row = SheetRow(self.sheet, job.key, _input_only(job.row, self.columns), job.digest, cells,
-                                 outcome, self.run_id, self.s.io.now())  # fmt: skip
-        self.s.writes.sheet(sheet_row, MapRow(self.run_id, self.name, job.idx, job.input_index, job.key,
-                                              outcome, error))  # fmt: skip
+            sheet_row = SheetRow(
+                self.sheet,
+                job.key,
+                _input_only(job.row, self.columns),
+                job.digest,
+                cells,
+                outcome,
+                self.run_id,
+                self.s.io.now(),
+            )
+        self.s.writes.sheet(
+            sheet_row, MapRow(self.run_id, self.name, job.idx, job.input_index, job.key, outcome, error)
+        )
         self._mark(job.idx)
 
     def _mark(self, idx: int) -> None:
@@ -346,11 +382,25 @@ class MapRun:
             counts = await s.io.call(s.io.store.count_map_rows, self.run_id, self.name)
             seen = sum(counts.values())
             if seen >= expected:
-                s.bus.emit("barrier.visibility", self.run_id, map=self.name, expected=expected,
-                           visible=seen, reads=reads, passed=True)  # fmt: skip
+                s.bus.emit(
+                    "barrier.visibility",
+                    self.run_id,
+                    map=self.name,
+                    expected=expected,
+                    visible=seen,
+                    reads=reads,
+                    passed=True,
+                )
                 return counts
-        s.bus.emit("barrier.visibility", self.run_id, map=self.name, expected=expected, visible=seen,
-                   reads=len(VISIBILITY_TRIES), passed=False)  # fmt: skip
+        s.bus.emit(
+            "barrier.visibility",
+            self.run_id,
+            map=self.name,
+            expected=expected,
+            visible=seen,
+            reads=len(VISIBILITY_TRIES),
+            passed=False,
+        )
         raise SheetVisibilityError(
             f"Map {self.name!r} of run {self.run_id}: {expected} rows were written but only {seen} are "
             "visible in the store."
@@ -364,14 +414,28 @@ class MapRun:
         in_memory = sum(self.finished[:distinct])
         accounted = persisted + self.tally.duplicate
         if persisted == distinct and in_memory == distinct and accounted == self.tally.read:
-            s.bus.emit("barrier.finalization", self.run_id, map=self.name, rows=self.tally.read,
-                       distinct=distinct, duplicate=self.tally.duplicate, passed=True)  # fmt: skip
+            s.bus.emit(
+                "barrier.finalization",
+                self.run_id,
+                map=self.name,
+                rows=self.tally.read,
+                distinct=distinct,
+                duplicate=self.tally.duplicate,
+                passed=True,
+            )
             return
         stored = set(await s.io.call(s.io.store.finished_map_rows, self.run_id, self.name))
         missing = [self.input_index_of[i] for i in range(distinct) if i not in stored or not self.finished[i]]
-        s.bus.emit("barrier.finalization", self.run_id, map=self.name, rows=self.tally.read,
-                   distinct=distinct, duplicate=self.tally.duplicate, passed=False,
-                   missing=missing[:10])  # fmt: skip
+        s.bus.emit(
+            "barrier.finalization",
+            self.run_id,
+            map=self.name,
+            rows=self.tally.read,
+            distinct=distinct,
+            duplicate=self.tally.duplicate,
+            passed=False,
+            missing=missing[:10],
+        )
         shown = ", ".join(str(i) for i in missing[:10]) or "none"
         raise MapAccountingError(
             f"Map {self.name!r} of run {self.run_id}: {self.tally.read} input rows but only {persisted} "
@@ -386,10 +450,14 @@ class MapRun:
             for row in failed:
                 s.log(f"row {row.row_key} failed: {row.error}", level="warning")
             if record.failed > FAILURES_LOGGED:
-                s.log(f"{record.failed - FAILURES_LOGGED} additional row failure(s) omitted from map log",
-                      level="warning")  # fmt: skip
-        s.log(f"Map completed: {record.total} results ({record.succeeded} succeeded, {record.failed} "
-              f"failed, {record.duplicate} duplicate keys skipped)")  # fmt: skip
+                s.log(
+                    f"{record.failed - FAILURES_LOGGED} additional row failure(s) omitted from map log",
+                    level="warning",
+                )
+        s.log(
+            f"Map completed: {record.total} results ({record.succeeded} succeeded, {record.failed} "
+            f"failed, {record.duplicate} duplicate keys skipped)"
+        )
 
     # --- progress --------------------------------------------------------------------------------
 
@@ -405,9 +473,16 @@ class MapRun:
         rate = (t.succeeded + t.failed) / elapsed
         total = self.total_estimate
         eta = (total - done - t.duplicate) / rate if total and rate > 0 else None
-        self.s.bus.emit("map.progress", self.run_id, map=self.name, done=done, total=total,
-                        rows_per_s=round(rate, 1), eta_s=None if eta is None else max(0.0, round(eta, 1)),
-                        **t.as_dict())  # fmt: skip
+        self.s.bus.emit(
+            "map.progress",
+            self.run_id,
+            map=self.name,
+            done=done,
+            total=total,
+            rows_per_s=round(rate, 1),
+            eta_s=None if eta is None else max(0.0, round(eta, 1)),
+            **t.as_dict(),
+        )
 
 
 def _describe(exc: BaseException) -> str:

@@ -34,7 +34,9 @@ from deepline_cli.errors import (
     ToolExecutionError,
     error_dict,
 )
+from deepline_cli.runtime.budget import Budget
 from deepline_cli.runtime.events import EventBus
+from deepline_cli.runtime.secrets import Secrets
 from deepline_cli.runtime.stats import RunStats
 from deepline_cli.runtime.storeio import StoreIO, WriteQueue
 from deepline_cli.runtime.tools import Execution, ToolCall
@@ -103,8 +105,18 @@ class LeaseIds:
 
 class ReceiptBook:
     def __init__(
-        self, io: StoreIO, writes: WriteQueue, scope: RunScope, bus: EventBus, stats: RunStats
+        self,
+        io: StoreIO,
+        writes: WriteQueue,
+        scope: RunScope,
+        bus: EventBus,
+        stats: RunStats,
+        *,
+        budget: Budget | None = None,
+        secrets: Secrets | None = None,
     ) -> None:
+        self._budget = budget or Budget(None)
+        self._secrets = secrets or Secrets()
         self._io = io
         self._writes = writes
         self._scope = scope
@@ -195,8 +207,13 @@ class ReceiptBook:
         self._invoking += 1
         self._idle.clear()
         try:
-            self._check_lease(call, lease_id)
-            self.check_open()
+            try:
+                self._check_lease(call, lease_id)
+                self.check_open()
+                self._budget.reserve(call.credits, call.label)
+            except BaseException:
+                self._writes.settle(Settlement(call.key, lease_id, "released")).add_done_callback(_retrieve)
+                raise
             info = ToolCall(
                 idempotency_key=receipt.idempotency_key or "",
                 run_id=self._scope.run_id,
@@ -204,8 +221,9 @@ class ReceiptBook:
                 receipt_key=call.key,
             )
             try:
-                value = await invoke(info)
+                value = self._secrets.redact_json(await invoke(info))
             except BaseException as exc:
+                self._budget.settle(call.credits, spent=False)
                 self._settle_failure(call, lease_id, exc)
                 if _is_call_failure(call, exc) and not isinstance(exc, ToolExecutionError):
                     # The same error type live as when replayed from the failed receipt.
@@ -219,6 +237,7 @@ class ReceiptBook:
         # Write-behind: the completion commits with the next batch, in order, before any
         # later claim of this run; a crash before that commit makes this call one of
         # those "in flight", repeated on resume under the same idempotency key.
+        self._budget.settle(call.credits, spent=True)
         settlement = Settlement(call.key, lease_id, "completed", output=value, credits=call.credits)
         self._writes.settle(settlement).add_done_callback(lambda done: self._check_recorded(call, done))
         self._count(call, "live", call.credits)
@@ -230,13 +249,19 @@ class ReceiptBook:
             return
         exc = done.exception()
         if isinstance(exc, StoreError):
-            self._trip(StoreError(f"A completed call ({call.label}) could not be recorded in the "
-                                  f"store ({exc}); stopping this run so nothing is paid twice."))  # fmt: skip
+            self._trip(
+                StoreError(
+                    f"A completed call ({call.label}) could not be recorded in the "
+                    f"store ({exc}); stopping this run so nothing is paid twice."
+                )
+            )
         elif exc is not None or not done.result():
-            self._trip(ReceiptLeaseLostError(
-                f"The {call.kind} {call.label!r} completed, but its receipt was taken over by "
-                "another owner before it could be recorded; stopping this run."
-            ))  # fmt: skip
+            self._trip(
+                ReceiptLeaseLostError(
+                    f"The {call.kind} {call.label!r} completed, but its receipt was taken over by "
+                    "another owner before it could be recorded; stopping this run."
+                )
+            )
 
     def _settle_failure(self, call: DurableCall, lease_id: str, exc: BaseException) -> None:
         if not _is_call_failure(call, exc):
@@ -246,9 +271,13 @@ class ReceiptBook:
         else:
             error = tool_error(exc, call.tool)
             settlement = Settlement(
-                call.key, lease_id, "failed", error=error.to_dict(),
-                failure_kind=error.category, retryable=error.retryable,
-            )  # fmt: skip
+                call.key,
+                lease_id,
+                "failed",
+                error=error.to_dict(),
+                failure_kind=error.category,
+                retryable=error.retryable,
+            )
             self._count(call, "failed", 0.0)
         # If this write fails the lease simply expires: the call's own error is what matters.
         self._writes.settle(settlement).add_done_callback(_retrieve)
@@ -258,8 +287,11 @@ class ReceiptBook:
             raise ToolExecutionError(
                 f"{call.label}: the same call is running under run {receipt.run_id} and did not "
                 f"finish within {call.receipt_wait_s:g}s.",
-                origin="runtime", category="conflict", retryable=True, tool=call.tool,
-            )  # fmt: skip
+                origin="runtime",
+                category="conflict",
+                retryable=True,
+                tool=call.tool,
+            )
         expires = receipt.lease_expires_at or 0.0
         delay = max(0.01, min(BUSY_POLL_S, expires - self._io.now() + 0.01))
         await asyncio.sleep(delay)
@@ -328,8 +360,15 @@ class ReceiptBook:
             else:
                 counts.reused += 1
         if self._bus.per_call:
-            self._bus.emit("tool.call", self._scope.run_id, kind=call.kind, label=call.label,
-                           tool=call.tool, key=call.key, execution=execution)  # fmt: skip
+            self._bus.emit(
+                "tool.call",
+                self._scope.run_id,
+                kind=call.kind,
+                label=call.label,
+                tool=call.tool,
+                key=call.key,
+                execution=execution,
+            )
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
@@ -355,9 +394,12 @@ def tool_error(exc: BaseException, tool: str | None) -> ToolExecutionError:
     if isinstance(exc, TimeoutError):
         return ProviderTransientError(f"{tool}: timed out", category="network", tool=tool)
     return ToolExecutionError(
-        f"{tool}: {type(exc).__name__}: {exc}", origin="provider", category="internal",
-        retryable=False, tool=tool,
-    )  # fmt: skip
+        f"{tool}: {type(exc).__name__}: {exc}",
+        origin="provider",
+        category="internal",
+        retryable=False,
+        tool=tool,
+    )
 
 
 def stored_failure(receipt: Receipt) -> ToolExecutionError:
@@ -366,13 +408,17 @@ def stored_failure(receipt: Receipt) -> ToolExecutionError:
     message = str(error.get("message") or f"{receipt.label} failed")
     category: Category = error.get("category") or receipt.failure_kind or "internal"  # type: ignore[assignment]
     if category in TRANSIENT_CATEGORIES:
-        return ProviderTransientError(message, category=category, tool=receipt.tool,
-                                      status_code=error.get("status_code"))  # fmt: skip
+        return ProviderTransientError(
+            message, category=category, tool=receipt.tool, status_code=error.get("status_code")
+        )
     return ToolExecutionError(
-        message, origin=error.get("origin", "provider"), category=category,
-        retryable=bool(error.get("retryable")), status_code=error.get("status_code"),
+        message,
+        origin=error.get("origin", "provider"),
+        category=category,
+        retryable=bool(error.get("retryable")),
+        status_code=error.get("status_code"),
         tool=receipt.tool,
-    )  # fmt: skip
+    )
 
 
 __all__ = ["DurableCall", "Outcome", "ReceiptBook", "RunScope", "error_dict", "idempotency_key"]

@@ -28,9 +28,12 @@ from deepline_cli.errors import (
     UsageError,
     error_dict,
 )
+from deepline_cli.runtime.budget import Budget
+from deepline_cli.runtime.config import find_config, load_config
 from deepline_cli.runtime.context import Context, RunServices
 from deepline_cli.runtime.events import EventBus
 from deepline_cli.runtime.governor import Governor
+from deepline_cli.runtime.http import ClientPool, Http, HttpTools
 from deepline_cli.runtime.play import PlayDef, load_play
 from deepline_cli.runtime.receipts import ReceiptBook, RunScope
 from deepline_cli.runtime.secrets import Secrets
@@ -71,7 +74,9 @@ class RunOptions:
     interrupt_grace_s: float = 5.0
     lease_ttl: float = field(default_factory=lease_ttl_from_env)
 
-    PERSISTED = ("concurrency", "limit", "max_credits", "max_inline_wait", "fail_on_row_errors")
+    config: str | None = None
+
+    PERSISTED = ("concurrency", "limit", "max_credits", "max_inline_wait", "fail_on_row_errors", "config")
 
     def persisted(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k in self.PERSISTED}
@@ -101,8 +106,13 @@ class RunResult:
         return EXIT_CODES.get(self.status, 1)
 
     def finished_event(self) -> dict[str, Any]:
-        return {"status": self.status, "attempt": self.attempt, "output": self.output,
-                "error": self.error, "stats": self.stats}  # fmt: skip
+        return {
+            "status": self.status,
+            "attempt": self.attempt,
+            "output": self.output,
+            "error": self.error,
+            "stats": self.stats,
+        }
 
 
 def new_run_id() -> str:
@@ -165,6 +175,9 @@ class Runner:
             if existing is not None:
                 return self.resume(existing.run_id)
         play = load_play(play_ref)
+        config_path = find_config(Path(play.file), self.options.config)
+        load_config(config_path)  # a broken deepline.toml fails now, before the run exists
+        self.options.config = str(config_path) if config_path else None
         now = self.store.now()
         run_id = self.options.run_id or new_run_id()
         record = RunRecord(
@@ -255,8 +268,9 @@ class _Attempt:
         self.stop_requested = False
         self.task: asyncio.Task[Any] | None = None
 
-    def _services(self) -> RunServices:
+    def _services(self, spent: float) -> RunServices:
         options, record, io = self.options, self.record, self.io
+        config = load_config(Path(options.config) if options.config else None)
         scope = RunScope(
             run_id=record.run_id,
             attempt=record.attempt,
@@ -268,13 +282,19 @@ class _Attempt:
         )
 
         writes = WriteQueue(io)
+        secrets = Secrets(Path(self.play.file).parent)
+        governor = Governor(options.concurrency)
+        http = Http(ClientPool(max(64, options.concurrency or 0)), secrets, governor)
+        budget = Budget(options.max_credits, spent)
         return RunServices(
             io=io,
             scope=scope,
             bus=self.bus,
-            book=ReceiptBook(io, writes, scope, self.bus, self.stats),
-            governor=Governor(options.concurrency),
-            secrets=Secrets(Path(self.play.file).parent),
+            book=ReceiptBook(io, writes, scope, self.bus, self.stats, budget=budget, secrets=secrets),
+            governor=governor,
+            secrets=secrets,
+            http=http,
+            http_tools=HttpTools(config, http),
             writes=writes,
             stats=self.stats,
             play_file=self.play.file,
@@ -283,12 +303,17 @@ class _Attempt:
         )
 
     async def run(self) -> RunResult:
-        services = self._services()
+        spent = await self.io.call(self.io.store.credits_spent, self.record.run_id)
+        services = self._services(spent)
         record = self.record
-        self.bus.emit("run.started", record.run_id, play=record.play, attempt=record.attempt,
-                      parent_run_id=record.parent_run_id)  # fmt: skip
-        await self.io.call(self.io.store.update_run, record.run_id, status="running",
-                           options=record.options)  # fmt: skip
+        self.bus.emit(
+            "run.started",
+            record.run_id,
+            play=record.play,
+            attempt=record.attempt,
+            parent_run_id=record.parent_run_id,
+        )
+        await self.io.call(self.io.store.update_run, record.run_id, status="running", options=record.options)
         keeper = asyncio.create_task(self._keep_leases(services))
         ticker = asyncio.create_task(self._tick(services))
         self.task = asyncio.create_task(self.play.fn(Context(services, record.play), record.input))
@@ -338,6 +363,7 @@ class _Attempt:
         await asyncio.gather(*stragglers, return_exceptions=True)
         await services.book.settle_all(0)
         await services.writes.flushed()
+        await services.http.pool.aclose()
 
     async def _finish(self, status: str, output: Any, error: dict[str, Any] | None) -> RunResult:
         record = self.record
@@ -347,11 +373,25 @@ class _Attempt:
             previous=record.stats,
         )
         await self.io.call(
-            self.io.store.update_run, record.run_id, status=status, output=output, error=error,
-            stats=stats, holder=None, lease_expires_at=0.0, finished_at=self.io.now(),
-        )  # fmt: skip
-        result = RunResult(record.run_id, status, record.attempt, output, error, stats,
-                           fail_on_row_errors=self.options.fail_on_row_errors)  # fmt: skip
+            self.io.store.update_run,
+            record.run_id,
+            status=status,
+            output=output,
+            error=error,
+            stats=stats,
+            holder=None,
+            lease_expires_at=0.0,
+            finished_at=self.io.now(),
+        )
+        result = RunResult(
+            record.run_id,
+            status,
+            record.attempt,
+            output,
+            error,
+            stats,
+            fail_on_row_errors=self.options.fail_on_row_errors,
+        )
         self.bus.emit("run.finished", record.run_id, **result.finished_event())
         return result
 
@@ -360,10 +400,11 @@ class _Attempt:
         while True:
             await asyncio.sleep(PROGRESS_EVERY_S)
             self.bus.emit(
-                "run.progress", self.record.run_id,
+                "run.progress",
+                self.record.run_id,
                 tools={t: c.to_dict() for t, c in self.stats.tools.items()},
                 paced=services.governor.paced(),
-            )  # fmt: skip
+            )
 
     async def _keep_leases(self, services: RunServices) -> None:
         """Heartbeat the run's lease and every receipt lease in flight."""
@@ -373,9 +414,12 @@ class _Attempt:
             await asyncio.sleep(interval)
             try:
                 held = await self.io.call(
-                    store.heartbeat_run, record.run_id, holder=record.holder or holder_id(),
-                    attempt=record.attempt, expires_at=self.io.now() + self.options.lease_ttl,
-                )  # fmt: skip
+                    store.heartbeat_run,
+                    record.run_id,
+                    holder=record.holder or holder_id(),
+                    attempt=record.attempt,
+                    expires_at=self.io.now() + self.options.lease_ttl,
+                )
                 if not held:
                     lost = ReceiptLeaseLostError(
                         f"Run {record.run_id} was taken over by another process; stopping."
@@ -399,8 +443,7 @@ class _Attempt:
                 return
             self.stop_requested = True
             services.book.close(RunInterrupted("The run was interrupted."))
-            services.log("interrupt received: finishing calls in flight, then stopping",
-                         level="warning")  # fmt: skip
+            services.log("interrupt received: finishing calls in flight, then stopping", level="warning")
             if self.task is not None:
                 loop.call_later(self.options.interrupt_grace_s, self.task.cancel)
 
@@ -418,8 +461,15 @@ class _Attempt:
 
 
 def _result_of(record: RunRecord, *, reported: bool) -> RunResult:
-    return RunResult(record.run_id, record.status, record.attempt, record.output, record.error,
-                     record.stats, reported=reported)  # fmt: skip
+    return RunResult(
+        record.run_id,
+        record.status,
+        record.attempt,
+        record.output,
+        record.error,
+        record.stats,
+        reported=reported,
+    )
 
 
 def _play_frame(exc: BaseException, play_file: str) -> str | None:

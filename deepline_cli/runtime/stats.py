@@ -14,8 +14,7 @@ class ToolCounts:
     credits: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"live": self.live, "reused": self.reused, "failed": self.failed,
-                "credits": self.credits}  # fmt: skip
+        return {"live": self.live, "reused": self.reused, "failed": self.failed, "credits": self.credits}
 
 
 @dataclass(slots=True)
@@ -41,9 +40,12 @@ class RunStats:
         attempts; reuse and rows describe the latest attempt, which saw every row."""
         tools: dict[str, dict[str, Any]] = {}
         for tool_id, before in (previous.get("tools") or {}).items():
-            tools[tool_id] = {"live": before.get("live", 0), "reused": 0,
-                              "failed": before.get("failed", 0),
-                              "credits": before.get("credits", 0.0)}  # fmt: skip
+            tools[tool_id] = {
+                "live": before.get("live", 0),
+                "reused": 0,
+                "failed": before.get("failed", 0),
+                "credits": before.get("credits", 0.0),
+            }
         for tool_id, counts in self.tools.items():
             merged = tools.setdefault(tool_id, {"live": 0, "reused": 0, "failed": 0, "credits": 0.0})
             merged["live"] += counts.live

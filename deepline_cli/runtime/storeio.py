@@ -91,8 +91,9 @@ class WriteQueue:
     def _release(self, outcome: ClaimOutcome) -> None:
         """Nobody waits for this claim any more (its caller was cancelled): give it back."""
         receipt = outcome.receipt
-        self._settlements.append((Settlement(receipt.key, receipt.lease_id or "", "released"),
-                                  self._loop().create_future()))  # fmt: skip
+        self._settlements.append(
+            (Settlement(receipt.key, receipt.lease_id or "", "released"), self._loop().create_future())
+        )
 
     async def flushed(self) -> None:
         """Wait until everything submitted so far is committed."""

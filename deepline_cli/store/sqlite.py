@@ -165,17 +165,29 @@ class SQLiteStore:
                 c.executemany(
                     "INSERT OR REPLACE INTO sheet_rows (sheet, row_key, input, input_digest, cells,"
                     " status, run_id, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [(r.sheet, r.row_key, _json.dumps_str(r.input), r.input_digest,
-                      _json.dumps_str(r.cells), r.status, r.run_id, r.updated_at)
-                     for r in writes.sheet_rows],
-                )  # fmt: skip
+                    [
+                        (
+                            r.sheet,
+                            r.row_key,
+                            _json.dumps_str(r.input),
+                            r.input_digest,
+                            _json.dumps_str(r.cells),
+                            r.status,
+                            r.run_id,
+                            r.updated_at,
+                        )
+                        for r in writes.sheet_rows
+                    ],
+                )
             if writes.map_rows:
                 c.executemany(
                     "INSERT OR REPLACE INTO map_rows (run_id, map, idx, input_index, row_key,"
                     " outcome, error) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [(r.run_id, r.map, r.idx, r.input_index, r.row_key, r.outcome, r.error)
-                     for r in writes.map_rows],
-                )  # fmt: skip
+                    [
+                        (r.run_id, r.map, r.idx, r.input_index, r.row_key, r.outcome, r.error)
+                        for r in writes.map_rows
+                    ],
+                )
             if writes.logs:
                 c.executemany(
                     "INSERT INTO logs (run_id, attempt, ts, level, message) VALUES (?, ?, ?, ?, ?)",
@@ -207,6 +219,13 @@ class SQLiteStore:
     def get_receipt(self, key: str) -> Receipt | None:
         rows = self._read(f"SELECT {_RECEIPT_COLUMNS} FROM receipts WHERE key = ?", (key,))
         return _receipt_from_row(rows[0]) if rows else None
+
+    def credits_spent(self, run_id: str) -> float:
+        rows = self._read(
+            "SELECT coalesce(sum(credits), 0) FROM receipts WHERE run_id = ? AND status = 'completed'",
+            (run_id,),
+        )
+        return float(rows[0][0])
 
     def query_receipts(self, query: ReceiptQuery) -> list[Receipt]:
         clauses: list[str] = []
@@ -246,8 +265,9 @@ class SQLiteStore:
                 [sheet, *chunk],
             )
             for key, inp, digest, cells, status, run_id, updated in rows:
-                found[key] = SheetRow(sheet, key, _json.loads(inp), digest, _json.loads(cells),
-                                      status, run_id, updated)  # fmt: skip
+                found[key] = SheetRow(
+                    sheet, key, _json.loads(inp), digest, _json.loads(cells), status, run_id, updated
+                )
         return found
 
     def finished_map_rows(self, run_id: str, map: str) -> list[int]:
@@ -279,8 +299,10 @@ class SQLiteStore:
             f" WHERE m.run_id = ? AND m.map = ? AND m.idx > ?{failed} ORDER BY m.idx LIMIT ?",
             (sheet, run_id, map, after_idx, limit),
         )
-        return [DatasetRow(idx, key, outcome, error, _json.loads(inp), _json.loads(cells) or {})
-                for idx, key, outcome, error, inp, cells in rows]  # fmt: skip
+        return [
+            DatasetRow(idx, key, outcome, error, _json.loads(inp), _json.loads(cells) or {})
+            for idx, key, outcome, error, inp, cells in rows
+        ]
 
     def save_map(self, record: MapRecord) -> None:
         with self._write() as c:
@@ -288,11 +310,22 @@ class SQLiteStore:
                 "INSERT OR REPLACE INTO maps (run_id, map, sheet, input_columns, columns, status,"
                 " total, succeeded, failed, duplicate, reused, started_at, finished_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (record.run_id, record.map, record.sheet, _json.dumps_str(record.input_columns),
-                 _json.dumps_str(record.columns), record.status, record.total, record.succeeded,
-                 record.failed, record.duplicate, record.reused, record.started_at,
-                 record.finished_at),
-            )  # fmt: skip
+                (
+                    record.run_id,
+                    record.map,
+                    record.sheet,
+                    _json.dumps_str(record.input_columns),
+                    _json.dumps_str(record.columns),
+                    record.status,
+                    record.total,
+                    record.succeeded,
+                    record.failed,
+                    record.duplicate,
+                    record.reused,
+                    record.started_at,
+                    record.finished_at,
+                ),
+            )
 
     def get_maps(self, run_id: str) -> list[MapRecord]:
         rows = self._read(
@@ -360,8 +393,11 @@ def _claim(c: sqlite3.Connection, claims: Sequence[Claim], now: float) -> list[C
     )
     # Receipts a run owns are found by their owner column; only receipts it used but
     # another run owns (reuse, or one taken over from it) need a row here.
-    usage = [(cl.run_id, o.receipt.key) for cl, o in zip(claims, outcomes, strict=True)
-             if o.receipt.run_id != cl.run_id]  # fmt: skip
+    usage = [
+        (cl.run_id, o.receipt.key)
+        for cl, o in zip(claims, outcomes, strict=True)
+        if o.receipt.run_id != cl.run_id
+    ]
     usage += [(before.run_id, before.key) for before in replaced if before.run_id]
     c.executemany("INSERT OR IGNORE INTO run_receipts (run_id, key) VALUES (?, ?)", usage)
     return outcomes
@@ -379,9 +415,18 @@ def _settle(c: sqlite3.Connection, s: Settlement, now: float) -> bool:
             "UPDATE receipts SET status = ?, output = ?, error = ?, failure_kind = ?,"
             " retryable = ?, credits = ?, completed_at = ?, lease_expires_at = NULL"
             " WHERE key = ? AND lease_id = ? AND status = 'running'",
-            (s.status, output, _json_or_none(s.error), s.failure_kind, int(s.retryable),
-             s.credits, now, s.key, s.lease_id),
-        )  # fmt: skip
+            (
+                s.status,
+                output,
+                _json_or_none(s.error),
+                s.failure_kind,
+                int(s.retryable),
+                s.credits,
+                now,
+                s.key,
+                s.lease_id,
+            ),
+        )
     return cur.rowcount == 1
 
 
@@ -433,12 +478,24 @@ def _receipt_from_row(row: Sequence[Any]) -> Receipt:
         completed_at,
     ) = row
     return Receipt(
-        key=key, kind=kind, label=label or "", tool=tool, status=status, run_id=run_id,
-        attempt=attempt, lease_id=lease_id, lease_expires_at=lease_expires_at,
-        idempotency_key=idem, output=_json.loads(output), error=_json.loads(error),
-        failure_kind=failure_kind, retryable=bool(retryable), credits=credits or 0.0,
-        created_at=created_at, completed_at=completed_at,
-    )  # fmt: skip
+        key=key,
+        kind=kind,
+        label=label or "",
+        tool=tool,
+        status=status,
+        run_id=run_id,
+        attempt=attempt,
+        lease_id=lease_id,
+        lease_expires_at=lease_expires_at,
+        idempotency_key=idem,
+        output=_json.loads(output),
+        error=_json.loads(error),
+        failure_kind=failure_kind,
+        retryable=bool(retryable),
+        credits=credits or 0.0,
+        created_at=created_at,
+        completed_at=completed_at,
+    )
 
 
 def _load_receipts(c: sqlite3.Connection, keys: Sequence[str]) -> dict[str, Receipt]:
@@ -453,11 +510,18 @@ def _load_receipts(c: sqlite3.Connection, keys: Sequence[str]) -> dict[str, Rece
 
 def _claimed(current: Receipt | None, cl: Claim, now: float) -> Receipt:
     return Receipt(
-        key=cl.key, kind=cl.kind, label=cl.label, tool=cl.tool, status="running",
-        run_id=cl.run_id, attempt=cl.attempt, lease_id=cl.lease_id,
-        lease_expires_at=cl.lease_expires_at, idempotency_key=cl.idempotency_key,
+        key=cl.key,
+        kind=cl.kind,
+        label=cl.label,
+        tool=cl.tool,
+        status="running",
+        run_id=cl.run_id,
+        attempt=cl.attempt,
+        lease_id=cl.lease_id,
+        lease_expires_at=cl.lease_expires_at,
+        idempotency_key=cl.idempotency_key,
         created_at=current.created_at if current else now,
-    )  # fmt: skip
+    )
 
 
 def _where(filters: dict[str, Any]) -> tuple[str, list[Any]]:

@@ -35,8 +35,10 @@ def _eta(seconds: float | None) -> str:
 
 def map_counts(m: MapView) -> str:
     total = f"/{m.total:,}" if m.total else ""
-    text = (f"{m.done + m.duplicate:,}{total}  ✓ {m.succeeded:,}  ✗ {m.failed:,}  dup {m.duplicate:,}"
-            f"  reused {m.reused:,}")  # fmt: skip
+    text = (
+        f"{m.done + m.duplicate:,}{total}  ✓ {m.succeeded:,}  ✗ {m.failed:,}  dup {m.duplicate:,}"
+        f"  reused {m.reused:,}"
+    )
     if m.seeded and not m.completed:
         text += f"  from earlier attempt {m.seeded:,}"
     return text
@@ -54,8 +56,10 @@ def barrier_line(m: MapView) -> str | None:
 def tool_lines(tools: dict[str, dict[str, Any]], paced: dict[str, float]) -> list[str]:
     lines = []
     for tool_id, c in sorted(tools.items()):
-        line = (f"{tool_id:<16} live {c.get('live', 0):,}  reused {c.get('reused', 0):,}"
-                f"  failed {c.get('failed', 0):,}")  # fmt: skip
+        line = (
+            f"{tool_id:<16} live {c.get('live', 0):,}  reused {c.get('reused', 0):,}"
+            f"  failed {c.get('failed', 0):,}"
+        )
         if tool_id in paced:
             line += f"  paced {paced[tool_id]:g}/s"
         if c.get("credits"):
@@ -77,8 +81,9 @@ class ConsoleView:
 
     def __enter__(self) -> ConsoleView:
         if self.live_mode:
-            self._live = Live(console=self.console, get_renderable=self.render,
-                              refresh_per_second=4, transient=False)  # fmt: skip
+            self._live = Live(
+                console=self.console, get_renderable=self.render, refresh_per_second=4, transient=False
+            )
             self._live.start()
         return self
 
@@ -121,13 +126,17 @@ class ConsoleView:
             if now - self._last_plain >= PLAIN_PROGRESS_EVERY_S:
                 self._last_plain = now
                 m = s.maps[event.data["map"]]
-                self.console.print(f"{_clock(s.elapsed)} {m.name}  {map_counts(m)}  "
-                                   f"{m.rows_per_s:,.0f} rows/s  {_eta(m.eta_s)}")  # fmt: skip
+                self.console.print(
+                    f"{_clock(s.elapsed)} {m.name}  {map_counts(m)}  "
+                    f"{m.rows_per_s:,.0f} rows/s  {_eta(m.eta_s)}"
+                )
         elif event.event.startswith("barrier."):
             m = s.maps[event.data["map"]]
             kind = event.event.split(".", 1)[1]
-            self.console.print(f"{_clock(s.elapsed)} {m.name}  barrier {kind} "
-                               f"{m.visibility if kind == 'visibility' else m.finalization}")  # fmt: skip
+            self.console.print(
+                f"{_clock(s.elapsed)} {m.name}  barrier {kind} "
+                f"{m.visibility if kind == 'visibility' else m.finalization}"
+            )
         elif event.event == "run.finished":
             for line in tool_lines(s.tools, {}):
                 self.console.print(f"tools  {line}")
@@ -138,10 +147,11 @@ class ConsoleView:
         header.add_column()
         header.add_column(justify="right")
         header.add_row(
-            Text.assemble(("deepline  ", "bold"), (s.play, "cyan"), f"  run {s.run_id}",
-                          f"  attempt {s.attempt}"),
+            Text.assemble(
+                ("deepline  ", "bold"), (s.play, "cyan"), f"  run {s.run_id}", f"  attempt {s.attempt}"
+            ),
             _clock(s.elapsed),
-        )  # fmt: skip
+        )
         parts: list[Any] = [header]
         for m in list(s.maps.values()):
             parts.extend(self._render_map(m))

@@ -60,14 +60,25 @@ class RunView:
         if name == "map.started":
             view.total = data.get("total")
         elif name == "map.progress":
-            for attr in ("total", "done", "succeeded", "failed", "duplicate", "reused", "seeded",
-                         "rows_per_s", "eta_s"):  # fmt: skip
+            for attr in (
+                "total",
+                "done",
+                "succeeded",
+                "failed",
+                "duplicate",
+                "reused",
+                "seeded",
+                "rows_per_s",
+                "eta_s",
+            ):
                 setattr(view, attr, data.get(attr, getattr(view, attr)))
         elif name == "barrier.visibility":
             mark = "✓" if data["passed"] else "✗"
             reads = data["reads"]
-            view.visibility = (f"{mark} {data['visible']:,}/{data['expected']:,} visible "
-                               f"({reads} read{'s' if reads != 1 else ''})")  # fmt: skip
+            view.visibility = (
+                f"{mark} {data['visible']:,}/{data['expected']:,} visible "
+                f"({reads} read{'s' if reads != 1 else ''})"
+            )
         elif name == "barrier.finalization":
             view.finalization = "✓ reconciled" if data["passed"] else f"✗ missing {data.get('missing')}"
         elif name == "map.completed":

@@ -1,0 +1,206 @@
+"""`deepline.toml`: HTTP tools and the remote tool API, declared next to the play.
+
+    [tools."hunter.email"]
+    method = "GET"
+    url = "https://api.hunter.io/v2/email-finder"
+    query = { domain = "{domain}", first_name = "{first_name}", api_key = "${HUNTER_API_KEY}" }
+    extract = { email = "data.email" }
+    credits = 1
+    rate_limit = "15/s"
+
+    [remote]
+    base_url = "https://tools.example.com"
+    api_key_env = "DEEPLINE_API_KEY"
+
+Every mistake is one sentence naming the file, the tool and the field.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deepline_cli.errors import UsageError
+from deepline_cli.runtime.governor import parse_rate
+
+CONFIG_NAME = "deepline.toml"
+METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
+SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+FIELD_REF = re.compile(r"(?<!\{)\{([A-Za-z_][\w.-]*)\}(?!\})")
+
+_TOOL_KEYS = {
+    "method": str,
+    "url": str,
+    "headers": dict,
+    "query": dict,
+    "json": (dict, list),
+    "extract": dict,
+    "credits": (int, float),
+    "rate_limit": str,
+    "concurrency": int,
+    "timeout_s": (int, float),
+    "retries": int,
+    "idempotency_header": str,
+    "batch": dict,
+    "version": (str, int),
+}
+_REMOTE_KEYS = {"base_url": str, "api_key_env": str, "timeout_s": (int, float), "retries": int}
+_BATCH_KEYS = {"max_size": int, "max_wait_ms": (int, float), "items_field": str, "results_field": str}
+
+
+@dataclass(frozen=True)
+class HttpToolSpec:
+    id: str
+    method: str
+    url: str
+    headers: dict[str, Any] = field(default_factory=dict)
+    query: dict[str, Any] = field(default_factory=dict)
+    json: Any = None
+    extract: dict[str, str] = field(default_factory=dict)
+    credits: float = 0.0
+    rate_limit: str | None = None
+    concurrency: int | None = None
+    timeout_s: float = 30.0
+    retries: int = 5
+    idempotency_header: str = "Idempotency-Key"
+    batch: dict[str, Any] | None = None
+    version: str = "1"
+
+    def secret_names(self) -> list[str]:
+        """Every `${NAME}` the request templates use (the tool's credentials)."""
+        found: set[str] = set()
+        _walk_strings(
+            [self.url, self.headers, self.query, self.json], lambda s: found.update(SECRET_REF.findall(s))
+        )
+        return sorted(found)
+
+    def field_names(self) -> list[str]:
+        found: set[str] = set()
+        _walk_strings(
+            [self.url, self.headers, self.query, self.json], lambda s: found.update(FIELD_REF.findall(s))
+        )
+        return sorted(found)
+
+
+@dataclass(frozen=True)
+class RemoteSpec:
+    base_url: str
+    api_key_env: str = "DEEPLINE_API_KEY"
+    timeout_s: float = 60.0
+    retries: int = 5
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path | None
+    tools: dict[str, HttpToolSpec] = field(default_factory=dict)
+    remote: RemoteSpec | None = None
+
+
+def find_config(play_file: Path, explicit: str | Path | None) -> Path | None:
+    """`--config FILE`, else `deepline.toml` next to the play (if there is one)."""
+    if explicit:
+        path = Path(explicit).expanduser().resolve()
+        if not path.is_file():
+            raise UsageError(f"Config file {path} does not exist.")
+        return path
+    candidate = play_file.parent / CONFIG_NAME
+    return candidate if candidate.is_file() else None
+
+
+def load_config(path: Path | None) -> Config:
+    if path is None:
+        return Config(None)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path} is not valid TOML: {exc}.") from None
+    except OSError as exc:
+        raise UsageError(f"{path} cannot be read: {exc.strerror}.") from None
+    unknown = sorted(set(data) - {"tools", "remote"})
+    if unknown:
+        raise UsageError(f'{path}: unknown table or key {unknown[0]!r} (expected [tools."ID"] and [remote]).')
+    tools = {tool_id: _tool(path, tool_id, spec) for tool_id, spec in (data.get("tools") or {}).items()}
+    remote = _remote(path, data["remote"]) if "remote" in data else None
+    return Config(path, tools, remote)
+
+
+def _check_keys(path: Path, owner: str, table: Any, allowed: dict[str, Any]) -> None:
+    if not isinstance(table, dict):
+        raise UsageError(f"{path}: {owner} must be a table.")
+    for key, value in table.items():
+        if key not in allowed:
+            raise UsageError(
+                f"{path}: {owner} has an unknown key {key!r} (allowed: {', '.join(sorted(allowed))})."
+            )
+        if not isinstance(value, allowed[key]) or isinstance(value, bool):
+            raise UsageError(f"{path}: {owner} key {key!r} has the wrong type ({type(value).__name__}).")
+
+
+def _tool(path: Path, tool_id: str, spec: Any) -> HttpToolSpec:
+    owner = f"tool {tool_id!r}"
+    _check_keys(path, owner, spec, _TOOL_KEYS)
+    for required in ("url",):
+        if required not in spec:
+            raise UsageError(f"{path}: {owner} needs a {required!r}.")
+    method = str(spec.get("method", "POST" if "json" in spec else "GET")).upper()
+    if method not in METHODS:
+        raise UsageError(f"{path}: {owner} method {method!r} is not one of {', '.join(sorted(METHODS))}.")
+    if not str(spec["url"]).startswith(("http://", "https://", "{")):
+        raise UsageError(f"{path}: {owner} url must start with http:// or https://.")
+    if "rate_limit" in spec:
+        parse_rate(spec["rate_limit"], owner=f"{path}: {owner}")
+    for name in ("concurrency", "retries"):
+        if name in spec and spec[name] < (1 if name == "concurrency" else 0):
+            raise UsageError(f"{path}: {owner} {name} must be at least {1 if name == 'concurrency' else 0}.")
+    if "batch" in spec:
+        _check_keys(path, f"{owner} batch", spec["batch"], _BATCH_KEYS)
+    for name, json_path in (spec.get("extract") or {}).items():
+        if not isinstance(json_path, str):
+            raise UsageError(
+                f'{path}: {owner} extract {name!r} must be a JSON path string like "data.email".'
+            )
+    return HttpToolSpec(
+        id=tool_id,
+        method=method,
+        url=spec["url"],
+        headers=dict(spec.get("headers") or {}),
+        query=dict(spec.get("query") or {}),
+        json=spec.get("json"),
+        extract=dict(spec.get("extract") or {}),
+        credits=float(spec.get("credits", 0)),
+        rate_limit=spec.get("rate_limit"),
+        concurrency=spec.get("concurrency"),
+        timeout_s=float(spec.get("timeout_s", 30.0)),
+        retries=int(spec.get("retries", 5)),
+        idempotency_header=spec.get("idempotency_header", "Idempotency-Key"),
+        batch=spec.get("batch"),
+        version=str(spec.get("version", "1")),
+    )
+
+
+def _remote(path: Path, spec: Any) -> RemoteSpec:
+    _check_keys(path, "[remote]", spec, _REMOTE_KEYS)
+    if "base_url" not in spec:
+        raise UsageError(f"{path}: [remote] needs a 'base_url'.")
+    return RemoteSpec(
+        base_url=spec["base_url"].rstrip("/"),
+        api_key_env=spec.get("api_key_env", "DEEPLINE_API_KEY"),
+        timeout_s=float(spec.get("timeout_s", 60.0)),
+        retries=int(spec.get("retries", 5)),
+    )
+
+
+def _walk_strings(value: Any, visit: Any) -> None:
+    if isinstance(value, str):
+        visit(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            visit(key)
+            _walk_strings(item, visit)
+    elif isinstance(value, list):
+        for item in value:
+            _walk_strings(item, visit)

@@ -1,0 +1,79 @@
+"""Request templates of HTTP tools.
+
+In any string, `{field}` (dotted paths allowed: `{company.domain}`) is replaced by the
+input's value; a string that is exactly `"{field}"` takes the raw JSON value; `${NAME}`
+is a secret from the environment or `.env`; `{{` and `}}` are literal braces. One pass,
+so a value from the input can never expand into a secret.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from deepline_cli import _json
+from deepline_cli.errors import UsageError
+from deepline_cli.runtime.secrets import Secrets
+
+_TOKEN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\{\{|\}\}|\{([A-Za-z_][\w.-]*)\}")
+_EXACT_FIELD = re.compile(r"\{([A-Za-z_][\w.-]*)\}")
+_MISSING = object()
+
+
+def lookup(value: Any, path: str) -> Any:
+    current = value
+    for part in path.split("."):
+        if isinstance(current, dict) and part in current:
+            current = current[part]
+        elif isinstance(current, list) and part.isdigit() and int(part) < len(current):
+            current = current[int(part)]
+        else:
+            return _MISSING
+    return current
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    return _json.dumps_str(value)
+
+
+def render(template: Any, input: Any, secrets: Secrets, *, tool: str) -> Any:
+    """Fill a template (str, dict or list) from the call's input and the secrets."""
+    if isinstance(template, dict):
+        return {
+            render(k, input, secrets, tool=tool): render(v, input, secrets, tool=tool)
+            for k, v in template.items()
+        }
+    if isinstance(template, list):
+        return [render(item, input, secrets, tool=tool) for item in template]
+    if not isinstance(template, str):
+        return template
+    exact = _EXACT_FIELD.fullmatch(template)
+    if exact:
+        return _field(input, exact.group(1), tool)
+
+    def replace(match: re.Match[str]) -> str:
+        secret, name = match.group(1), match.group(2)
+        if secret:
+            value = secrets.lookup(secret)
+            if value is None:
+                raise UsageError(f"Tool {tool!r}: secret {secret} is not set; export it or add it to .env.")
+            return value
+        if name:
+            return _text(_field(input, name, tool))
+        return match.group(0)[0]  # "{{" → "{", "}}" → "}"
+
+    return _TOKEN.sub(replace, template)
+
+
+def _field(input: Any, path: str, tool: str) -> Any:
+    value = lookup(input, path)
+    if value is _MISSING:
+        fields = ", ".join(input) if isinstance(input, dict) else type(input).__name__
+        raise UsageError(
+            f"Tool {tool!r}: the template field {path!r} is not in the input (fields: {fields})."
+        )
+    return value

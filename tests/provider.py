@@ -1,0 +1,188 @@
+"""A real loopback HTTP provider for tests and benchmarks.
+
+An asyncio HTTP/1.1 server (keep-alive) on 127.0.0.1 in its own thread. It answers
+JSON, counts every request, remembers idempotency keys and "bills" each key once (as
+a provider that honours `Idempotency-Key` would), and can be told to misbehave:
+
+    provider.script("/v1/email", ["500", "429:0.2", "ok"])   # per-path answers, in order
+    provider.default_fault = "slow:2"                          # for every request
+
+Faults: `500` (any 5xx/4xx status), `429:SECONDS` (Retry-After), `slow:SECONDS`,
+`malformed` (invalid JSON with a JSON content type), `reset` (close without answer),
+`echo` (answer with the request headers, to test redaction), `ok`.
+
+    python tests/provider.py --port 8765 --latency-ms 20     # standalone, for benchmarks
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import threading
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class Provider:
+    latency_s: float = 0.0
+    default_fault: str = "ok"
+    requests: list[Seen] = field(default_factory=list)
+    billed: Counter[str] = field(default_factory=Counter)
+    answers: dict[str, Any] = field(default_factory=dict)
+    _scripts: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    port: int = 0
+    record: bool = True
+
+    def script(self, path: str, faults: list[str]) -> None:
+        self._scripts[path] = list(faults)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def count(self, path: str | None = None) -> int:
+        return sum(1 for r in self.requests if path is None or r.path == path)
+
+    def _fault_for(self, path: str) -> str:
+        queue = self._scripts.get(path)
+        if queue:
+            return queue.pop(0)
+        return self.default_fault
+
+    def answer(self, seen: Seen) -> tuple[int, dict[str, str], bytes]:
+        body = seen.body if isinstance(seen.body, dict) else {}
+        key = seen.headers.get("idempotency-key") or seen.headers.get("x-deepline-idempotency-key") or ""
+        if key:
+            self.billed[key] += 0  # known key; billed below only once
+        payload = {"ok": True, "path": seen.path, "query": seen.query, "echo": body, "key": key}
+        if key and key in self.answers:
+            payload = self.answers[key]  # an idempotent provider replays its first answer
+        elif key:
+            self.answers[key] = payload
+            self.billed[key] += 1
+        return 200, {"content-type": "application/json"}, json.dumps(payload).encode()
+
+
+class ProviderServer:
+    """Runs a Provider on a background event loop thread."""
+
+    def __init__(self, provider: Provider | None = None, port: int = 0) -> None:
+        self.provider = provider or Provider()
+        self._port = port
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.base_events.Server | None = None
+
+    def __enter__(self) -> Provider:
+        self._thread.start()
+        future = asyncio.run_coroutine_threadsafe(self._start(), self._loop)
+        future.result(timeout=10)
+        return self.provider
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    async def _start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self._port, backlog=1024)
+        self.provider.port = self._server.sockets[0].getsockname()[1]
+
+    async def _stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                seen = await _read_request(reader)
+                if seen is None:
+                    return
+                if not await self._respond(seen, writer):
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            writer.close()
+
+    async def _respond(self, seen: Seen, writer: asyncio.StreamWriter) -> bool:
+        provider = self.provider
+        if provider.record:
+            provider.requests.append(seen)
+        if provider.latency_s:
+            await asyncio.sleep(provider.latency_s)
+        fault = provider._fault_for(seen.path)
+        kind, _, arg = fault.partition(":")
+        if kind == "reset":
+            writer.transport.abort()
+            return False
+        if kind == "slow":
+            await asyncio.sleep(float(arg or 5))
+            kind = "ok"
+        if kind == "ok":
+            status, headers, body = provider.answer(seen)
+        elif kind == "malformed":
+            status, headers, body = 200, {"content-type": "application/json"}, b'{"broken": '
+        elif kind == "echo":
+            status, headers, body = (
+                200,
+                {"content-type": "application/json"},
+                json.dumps(seen.headers).encode(),
+            )
+        elif kind == "429":
+            status, headers, body = 429, {"retry-after": arg or "1"}, b'{"error": "slow down"}'
+        else:
+            status, headers, body = int(kind), {"content-type": "application/json"}, b'{"error": "fault"}'
+        head = f"HTTP/1.1 {status} X\r\ncontent-length: {len(body)}\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        writer.write(head.encode() + b"\r\n" + body)
+        await writer.drain()
+        return True
+
+
+async def _read_request(reader: asyncio.StreamReader) -> Seen | None:
+    line = await reader.readline()
+    if not line:
+        return None
+    method, target, _ = line.decode().split(" ", 2)
+    headers: dict[str, str] = {}
+    while True:
+        raw = await reader.readline()
+        if raw in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = raw.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length") or 0)
+    data = await reader.readexactly(length) if length else b""
+    path, _, query = target.partition("?")
+    body: Any = json.loads(data) if data else None
+    return Seen(method, path, query, headers, body)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Run the loopback provider on its own.")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--latency-ms", type=float, default=20.0)
+    args = parser.parse_args()
+    provider = Provider(latency_s=args.latency_ms / 1000, record=False)
+    with ProviderServer(provider, port=args.port):
+        print(f"listening on 127.0.0.1:{args.port}", flush=True)
+        threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
