@@ -12,11 +12,12 @@ from typing import Any, Literal
 
 from deepline_cli import _json
 from deepline_cli.errors import UsageError
+from deepline_cli.runtime.batch import Batcher
 from deepline_cli.runtime.columns import Column
 from deepline_cli.runtime.dataset import Dataset
 from deepline_cli.runtime.events import EventBus
 from deepline_cli.runtime.governor import Governor
-from deepline_cli.runtime.http import FetchResult, Http, HttpTools, Request, fetch_once
+from deepline_cli.runtime.http import CredentialChanged, FetchResult, Http, HttpTools, Request, fetch_once
 from deepline_cli.runtime.receipts import DurableCall, ReceiptBook, RunScope, receipt_key
 from deepline_cli.runtime.rows import CsvSource, RowKey
 from deepline_cli.runtime.secrets import Secrets
@@ -70,6 +71,7 @@ class Tools:
     def __init__(self, services: RunServices) -> None:
         self._s = services
         self._configured: set[str] = set()
+        self._batchers: dict[str, Batcher] = {}
 
     def _resolve(self, tool_id: str) -> ToolDef:
         definition = find_tool(tool_id) or self._s.http_tools.definition(tool_id)
@@ -94,6 +96,28 @@ class Tools:
             definition.version,
         )
 
+    async def _invoke(self, definition: ToolDef, input: Any, info: ToolCall, timeout_s: float | None) -> Any:
+        """Call the tool under its limits: run-wide and per-tool concurrency, rate, timeout."""
+        governor, tool = self._s.governor, definition.id
+        if governor.unlimited(tool) and timeout_s is None:
+            return await definition.invoke(input, info)
+        async with governor.slot(tool):
+            self._s.book.check_open()
+            if timeout_s is None:
+                return await definition.invoke(input, info)
+            async with asyncio.timeout(timeout_s):
+                return await definition.invoke(input, info)
+
+    def _batcher(self, definition: ToolDef, timeout_s: float | None) -> Batcher:
+        batcher = self._batchers.get(definition.id)
+        if batcher is None:
+
+            async def send(inputs: list[Any], info: ToolCall) -> Any:
+                return await self._invoke(definition, inputs, info, timeout_s)
+
+            batcher = self._batchers[definition.id] = Batcher(definition, self._s.book, send)
+        return batcher
+
     async def execute(
         self,
         id: str,
@@ -104,6 +128,26 @@ class Tools:
         stale_after_seconds: float | None = None,
         timeout_s: float | None = None,
         receipt_wait_s: float | None = None,
+    ) -> ToolResult:
+        try:
+            return await self._execute(id, tool, input, force, stale_after_seconds, timeout_s, receipt_wait_s)
+        except CredentialChanged:
+            # Keyed under the old account: release (nothing recorded), re-key, claim once more.
+            self._s.log(
+                f"credentials of tool {tool!r} changed during the run; calling it again under the new ones"
+            )
+            self._s.http_tools.forget(tool)
+            return await self._execute(id, tool, input, force, stale_after_seconds, timeout_s, receipt_wait_s)
+
+    async def _execute(
+        self,
+        id: str,
+        tool: str,
+        input: Any,
+        force: bool,
+        stale_after_seconds: float | None,
+        timeout_s: float | None,
+        receipt_wait_s: float | None,
     ) -> ToolResult:
         definition = self._resolve(tool)
         call = DurableCall(
@@ -116,17 +160,15 @@ class Tools:
             credits=definition.credits,
             receipt_wait_s=receipt_wait_s,
         )
-        governor = self._s.governor
+        if definition.batch:
+            batcher = self._batcher(definition, timeout_s)
 
-        async def invoke(info: ToolCall) -> Any:
-            if governor.unlimited(tool) and timeout_s is None:
-                return await definition.invoke(input, info)
-            async with governor.slot(tool):
-                self._s.book.check_open()
-                if timeout_s is None:
-                    return await definition.invoke(input, info)
-                async with asyncio.timeout(timeout_s):
-                    return await definition.invoke(input, info)
+            async def invoke(info: ToolCall) -> Any:
+                return await batcher.submit(info.receipt_key, input)
+        else:
+
+            async def invoke(info: ToolCall) -> Any:
+                return await self._invoke(definition, input, info, timeout_s)
 
         outcome = await self._s.book.execute(call, invoke)
         return ToolResult(

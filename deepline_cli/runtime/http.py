@@ -21,10 +21,16 @@ from typing import Any
 import httpx
 
 from deepline_cli import _json
-from deepline_cli.errors import Category, ProviderTransientError, ToolExecutionError, UsageError
+from deepline_cli.errors import (
+    Category,
+    DeeplineError,
+    ProviderTransientError,
+    ToolExecutionError,
+    UsageError,
+)
 from deepline_cli.runtime.config import Config, HttpToolSpec, RemoteSpec
 from deepline_cli.runtime.governor import Governor
-from deepline_cli.runtime.secrets import Secrets
+from deepline_cli.runtime.secrets import MIN_SECRET_LENGTH, Secrets
 from deepline_cli.runtime.templates import render
 from deepline_cli.runtime.tools import ToolCall, ToolDef
 
@@ -194,6 +200,10 @@ def _delay(attempt: int, retry_after_s: float | None) -> float:
     return max(delay, retry_after_s or 0.0)
 
 
+class CredentialChanged(DeeplineError):
+    """A provider rejected the credentials, and they changed since the call was keyed."""
+
+
 class HttpTools:
     """Tool definitions for the HTTP and remote tools of a run's `deepline.toml`."""
 
@@ -215,31 +225,71 @@ class HttpTools:
         self._defs[tool_id] = made
         return made
 
+    def forget(self, tool_id: str) -> None:
+        self._defs.pop(tool_id, None)
+
+    async def _send_checking_auth(
+        self, request: Request, *, tool: str, names: list[str], digest: str, timeout_s: float, retries: int
+    ) -> httpx.Response:
+        try:
+            return await self.http.send(request, tool=tool, timeout_s=timeout_s, retries=retries)
+        except ToolExecutionError as exc:
+            if exc.category == "authentication" and names:
+                self.http.secrets.reload()
+                if self._auth_digest(names, tool) != digest:
+                    raise CredentialChanged(
+                        f"The credentials of tool {tool!r} changed during the run."
+                    ) from exc
+            raise
+
     def _auth_digest(self, names: list[str], owner: str) -> str:
         values = []
         for name in names:
             value = self.http.secrets.lookup(name)
             if value is None:
                 raise UsageError(f"Tool {owner!r}: secret {name} is not set; export it or add it to .env.")
-            values.append(f"{name}={value}")
+            if len(value) >= MIN_SECRET_LENGTH:  # a port or a region is not a credential
+                values.append(f"{name}={value}")
         return _json.digest("auth", *values)[:16] if values else ""
 
     def _http_tool(self, spec: HttpToolSpec) -> ToolDef:
         http = self.http
+        names = spec.secret_names()
+        digest = self._auth_digest(names, spec.id)
+
+        def body(input: Any) -> Any:
+            return render(spec.json, input, http.secrets, tool=spec.id) if spec.json is not None else input
 
         async def call_http(input: Any, call: ToolCall) -> Any:
+            # A batch tool gets the members' inputs: one request carries all their bodies.
+            first = input[0] if spec.batch else input
+            items_field = (spec.batch or {}).get("items_field", "items")
             request = Request(
                 method=spec.method,
-                url=render(spec.url, input, http.secrets, tool=spec.id),
+                url=render(spec.url, first, http.secrets, tool=spec.id),
                 headers={
-                    **_strings(render(spec.headers, input, http.secrets, tool=spec.id)),
+                    **_strings(render(spec.headers, first, http.secrets, tool=spec.id)),
                     spec.idempotency_header: call.idempotency_key,
                 },
-                params=render(spec.query, input, http.secrets, tool=spec.id),
-                json=render(spec.json, input, http.secrets, tool=spec.id) if spec.json is not None else None,
+                params=render(spec.query, first, http.secrets, tool=spec.id),
+                json={items_field: [body(i) for i in input]}
+                if spec.batch
+                else body(input)
+                if spec.json
+                else None,
             )
-            response = await http.send(request, tool=spec.id, timeout_s=spec.timeout_s, retries=spec.retries)
-            return http.decode(response, spec.id)
+            response = await self._send_checking_auth(
+                request,
+                tool=spec.id,
+                names=names,
+                digest=digest,
+                timeout_s=spec.timeout_s,
+                retries=spec.retries,
+            )
+            answer = http.decode(response, spec.id)
+            if spec.batch and isinstance(answer, dict):
+                return answer.get((spec.batch or {}).get("results_field", "results"))
+            return answer
 
         return ToolDef(
             id=spec.id,
@@ -250,7 +300,7 @@ class HttpTools:
             version=spec.version,
             batch=spec.batch,
             extract=spec.extract,
-            auth_digest=self._auth_digest(spec.secret_names(), spec.id),
+            auth_digest=digest,
             wants_call=True,
         )
 

@@ -147,7 +147,9 @@ class MapRun:
             started_at=s.io.now(),
         )
         await s.io.call(s.io.store.save_map, record)
-        seeded = await s.io.call(s.io.store.finished_map_rows, self.run_id, self.name)
+        # Rows an earlier attempt finished well are seeded; failed ones go through the sheet
+        # again, where their error cell is kept, or recomputed with --refresh-failed.
+        seeded = await s.io.call(s.io.store.succeeded_map_rows, self.run_id, self.name)
         for idx in seeded:
             self._mark(idx)
         s.bus.emit(
@@ -291,8 +293,12 @@ class MapRun:
             job = await queue.get()
             if job is None:
                 return
-            if self.stop is None:  # after a `fail` stop, drain the queue without work
+            if self.stop is not None:
+                continue  # stopping: drain the queue without work, so the producer never blocks
+            try:
                 await self._process(job)
+            except Exception as exc:  # fatal for the run (budget, lease, store…): stop the map
+                self.stop = exc
 
     async def _process(self, job: _Job) -> None:
         row = job.row
@@ -326,8 +332,6 @@ class MapRun:
             cells[column.name] = [value, None, self.s.io.now(), column.fingerprint]
             row[column.name] = value
         self._record(job, cells, error)
-        if error is not None and self.on_row_error == "fail" and self.stop is None:
-            self.stop = DeeplineError(f"Map {self.name!r} stopped: row {job.key} failed: {error}")
 
     async def _resolve(self, column: ResolvedColumn, row: dict[str, Any], rc: RowContext) -> Any:
         spec = column.column
@@ -358,6 +362,8 @@ class MapRun:
                 self.run_id,
                 self.s.io.now(),
             )
+        if error is not None and self.on_row_error == "fail" and self.stop is None:
+            self.stop = DeeplineError(f"Map {self.name!r} stopped: row {job.key} failed: {error}")
         self.s.writes.sheet(
             sheet_row, MapRow(self.run_id, self.name, job.idx, job.input_index, job.key, outcome, error)
         )

@@ -31,8 +31,13 @@ def read_dotenv(path: Path) -> dict[str, str]:
 
 class Secrets:
     def __init__(self, dotenv_dir: Path | None = None) -> None:
-        self._dotenv = read_dotenv(dotenv_dir / ".env") if dotenv_dir else {}
+        self._dotenv_dir = dotenv_dir
         self._known: set[str] = set()
+        self.reload()
+
+    def reload(self) -> None:
+        """Read `.env` again (a credential may have been rotated while the run goes on)."""
+        self._dotenv = read_dotenv(self._dotenv_dir / ".env") if self._dotenv_dir else {}
 
     def lookup(self, name: str) -> str | None:
         value = os.environ.get(name, self._dotenv.get(name))

@@ -288,6 +288,10 @@ class Store(Protocol):
         """The distinct-row indexes this run's map already finished (earlier attempts)."""
         ...
 
+    def succeeded_map_rows(self, run_id: str, map: str) -> list[int]:
+        """The distinct-row indexes an earlier attempt finished successfully (seeded on resume)."""
+        ...
+
     def count_map_rows(self, run_id: str, map: str) -> dict[str, int]:
         """Visible finished rows of this run's map by outcome (the visibility barrier)."""
         ...

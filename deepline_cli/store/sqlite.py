@@ -274,6 +274,12 @@ class SQLiteStore:
         rows = self._read("SELECT idx FROM map_rows WHERE run_id = ? AND map = ?", (run_id, map))
         return [r[0] for r in rows]
 
+    def succeeded_map_rows(self, run_id: str, map: str) -> list[int]:
+        rows = self._read(
+            "SELECT idx FROM map_rows WHERE run_id = ? AND map = ? AND outcome = 'succeeded'", (run_id, map)
+        )
+        return [r[0] for r in rows]
+
     def count_map_rows(self, run_id: str, map: str) -> dict[str, int]:
         rows = self._read(
             "SELECT outcome, count(*) FROM map_rows WHERE run_id = ? AND map = ? GROUP BY outcome",
