@@ -34,14 +34,18 @@ def main() -> None:
         start = time.perf_counter()
         subprocess.run(cmd, check=True, capture_output=True)
         times.append(time.perf_counter() - start)
-    print(json.dumps({
-        "benchmark": "cold_start",
-        "command": " ".join(Path(cmd[0]).name if i == 0 else c for i, c in enumerate(cmd)),
-        "runs": args.runs,
-        "median_ms": round(statistics.median(times) * 1000, 1),
-        "min_ms": round(min(times) * 1000, 1),
-        "max_ms": round(max(times) * 1000, 1),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "benchmark": "cold_start",
+                "command": " ".join(Path(cmd[0]).name if i == 0 else c for i, c in enumerate(cmd)),
+                "runs": args.runs,
+                "median_ms": round(statistics.median(times) * 1000, 1),
+                "min_ms": round(min(times) * 1000, 1),
+                "max_ms": round(max(times) * 1000, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

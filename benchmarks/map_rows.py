@@ -75,8 +75,10 @@ def one_run(store: str, play: str, csv_path: str) -> None:
 def measure(store: Path, play: Path, csv_path: Path) -> dict:
     out = subprocess.run(
         [sys.executable, __file__, "--child", str(store), str(play), str(csv_path)],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
