@@ -29,6 +29,10 @@ def _parse_json(text: str, *, flag: str) -> Any:
         raise InputError(f"{flag} is not valid JSON: {exc}.") from None
 
 
+def parse_json_flag(text: str, *, flag: str) -> Any:
+    return _parse_json(text, flag=flag)
+
+
 def read_input(raw: str | None, *, cwd: Path) -> dict[str, Any]:
     """`--input '{"a": 1}'` or `--input @file.json` → the input object."""
     if raw is None:

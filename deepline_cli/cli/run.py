@@ -30,6 +30,9 @@ MaxCreditsOption = Annotated[
         "--max-credits", min=0, help="Stop before the run's credits would exceed N (resume with more)."
     ),
 ]
+MaxInlineWaitOption = Annotated[
+    float, typer.Option("--max-inline-wait", min=0, help="Longer waits suspend the run (exit 3) instead.")
+]
 FailOnRowErrorsOption = Annotated[
     bool, typer.Option("--fail-on-row-errors", help="Exit 1 when a map isolated failed rows (for CI).")
 ]
@@ -82,6 +85,14 @@ def run(
     force_refresh: ForceRefreshOption = False,
     refresh_failed: RefreshFailedOption = False,
     max_credits: MaxCreditsOption = None,
+    max_inline_wait: MaxInlineWaitOption = 30.0,
+    max_depth: Annotated[int, typer.Option("--max-depth", min=1, help="Deepest chain of child plays.")] = 8,
+    max_child_plays: Annotated[
+        int | None, typer.Option("--max-child-plays", min=0, help="Most child plays one run may start.")
+    ] = None,
+    max_tool_calls: Annotated[
+        int | None, typer.Option("--max-tool-calls", min=0, help="Most tool calls one run may make.")
+    ] = None,
     fail_on_row_errors: FailOnRowErrorsOption = False,
     json: JsonOption = False,
     quiet: QuietOption = False,
@@ -103,6 +114,10 @@ def run(
         fail_on_row_errors=fail_on_row_errors,
         max_credits=max_credits,
         config=str(config) if config else None,
+        max_inline_wait=max_inline_wait,
+        max_depth=max_depth,
+        max_child_plays=max_child_plays,
+        max_tool_calls=max_tool_calls,
     )
     execute(options, lambda runner: runner.start(play, payload, cwd=str(cwd)), json, quiet)
 
@@ -115,6 +130,7 @@ def resume(
     force_refresh: ForceRefreshOption = False,
     refresh_failed: RefreshFailedOption = False,
     max_credits: MaxCreditsOption = None,
+    max_inline_wait: MaxInlineWaitOption = 30.0,
     fail_on_row_errors: FailOnRowErrorsOption = False,
     json: JsonOption = False,
     quiet: QuietOption = False,
@@ -135,6 +151,7 @@ def resume(
         refresh_failed=refresh_failed,
         fail_on_row_errors=fail_on_row_errors,
         max_credits=max_credits,
+        max_inline_wait=max_inline_wait,
     )
     execute(options, lambda runner: runner.resume(run_id), json, quiet)
 
@@ -187,7 +204,7 @@ def _report(result: RunResult, json_mode: bool, view: Any) -> None:
             )
         return
     err = sys.stderr
-    if result.reported:
+    if result.reported and result.status == "completed":
         err.write(
             f"Run {result.run_id} already completed (attempt {result.attempt}); not running it again.\n"
         )
@@ -201,7 +218,10 @@ def _report(result: RunResult, json_mode: bool, view: Any) -> None:
     elif result.status == "interrupted":
         err.write(f"Run {result.run_id} interrupted; continue it with: deepline resume {result.run_id}\n")
     elif result.status == "waiting":
-        err.write(f"Run {result.run_id} is waiting; resume it later with: deepline resume {result.run_id}\n")
+        err.write(
+            f"Run {result.run_id} is waiting: {describe_waiting(result.waiting)}.\n"
+            f"Continue it then with: deepline resume {result.run_id}\n"
+        )
     else:
         error = result.error or {}
         where = f" ({error['where']})" if error.get("where") else ""
@@ -209,3 +229,17 @@ def _report(result: RunResult, json_mode: bool, view: Any) -> None:
             f"Run {result.run_id} failed: {error.get('message', 'unknown error')}{where}\n"
             f"Fix the cause, then: deepline resume {result.run_id}\n"
         )
+
+
+def describe_waiting(boundaries: list[dict[str, Any]]) -> str:
+    """One phrase a person can act on: until when, or for which event."""
+    import datetime as dt
+
+    parts = []
+    for b in boundaries:
+        if b["kind"] == "sleep" and b.get("due_at"):
+            due = dt.datetime.fromtimestamp(b["due_at"]).strftime("%Y-%m-%d %H:%M:%S")
+            parts.append(f"timer {b['id'].removeprefix('sleep:')!r} is due at {due}")
+        elif b["kind"] == "event":
+            parts.append(f"for event {b['event_id']!r} (deepline events send {b['run_id']} {b['event_id']})")
+    return "; ".join(parts) or "for its child plays"

@@ -103,9 +103,39 @@ def show(
     from deepline_cli import _json
 
     db, r = _load(store, run_id)
-    db.close()
+    try:
+        boundaries = db.boundaries(run_id)
+        children = db.child_runs(run_id)
+        maps = db.get_maps(run_id)
+    finally:
+        db.close()
     if json:
-        print_json(run_dict(r))
+        shown = run_dict(r)
+        shown["boundaries"] = [
+            {
+                "id": b.id,
+                "kind": b.kind,
+                "status": b.status,
+                "due_at": b.due_at,
+                "event_id": b.event_id,
+                "child_run_id": b.child_run_id,
+            }
+            for b in boundaries
+        ]
+        shown["children"] = [c.run_id for c in children]
+        shown["maps"] = [
+            {
+                "map": m.map,
+                "rows": m.total,
+                "succeeded": m.succeeded,
+                "failed": m.failed,
+                "duplicate": m.duplicate,
+                "reused": m.reused,
+                "status": m.status,
+            }
+            for m in maps
+        ]
+        print_json(shown)
         return
     stats = r.stats or {}
     lines = [
@@ -120,6 +150,11 @@ def show(
     ]
     if r.parent_run_id:
         lines.append(f"parent    {r.parent_run_id}  (root {r.root_run_id})")
+    for m in maps:
+        lines.append(
+            f"map       {m.map}: {m.total:,} rows ({m.succeeded:,} succeeded, {m.failed:,} failed, "
+            f"{m.duplicate:,} duplicate, {m.reused:,} reused)  [{m.status}]"
+        )
     rows = stats.get("rows") or {}
     if any(rows.values()):
         lines.append("rows      " + "  ".join(f"{k} {v:,}" for k, v in rows.items()))
@@ -128,6 +163,15 @@ def show(
             f"tool      {tool_id}: live {c['live']:,}  reused {c['reused']:,}  "
             f"failed {c['failed']:,}  credits {c['credits']:g}"
         )
+    for b in boundaries:
+        detail = {
+            "sleep": f"due {when(b.due_at)}",
+            "event": f"event {b.event_id!r}",
+            "child": f"child run {b.child_run_id}",
+        }.get(b.kind, "")
+        lines.append(f"boundary  {b.kind:<6} {b.id}  {detail}  [{b.status}]")
+    for child in children:
+        lines.append(f"child     {child.run_id}  {child.play}  {child.status}")
     if r.error:
         lines.append(f"error     {r.error.get('message')}")
     if r.output is not None:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,16 +14,11 @@ from deepline_cli.errors import UsageError
 from deepline_cli.runtime.batch import Batcher
 from deepline_cli.runtime.columns import Column
 from deepline_cli.runtime.dataset import Dataset
-from deepline_cli.runtime.events import EventBus
-from deepline_cli.runtime.governor import Governor
-from deepline_cli.runtime.http import CredentialChanged, FetchResult, Http, HttpTools, Request, fetch_once
-from deepline_cli.runtime.receipts import DurableCall, ReceiptBook, RunScope, receipt_key
+from deepline_cli.runtime.http import CredentialChanged, FetchResult, Request, fetch_once
+from deepline_cli.runtime.receipts import DurableCall, receipt_key
 from deepline_cli.runtime.rows import CsvSource, RowKey
-from deepline_cli.runtime.secrets import Secrets
-from deepline_cli.runtime.stats import RunStats
-from deepline_cli.runtime.storeio import StoreIO, WriteQueue
+from deepline_cli.runtime.services import RunServices
 from deepline_cli.runtime.tools import ToolCall, ToolDef, ToolResult, find_tool
-from deepline_cli.store.base import LogLine
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,31 +32,6 @@ class RunInfo:
 class PlayInfo:
     name: str
     file: str
-
-
-@dataclass
-class RunServices:
-    """What one attempt of a run shares between its context, maps and child plays."""
-
-    io: StoreIO
-    scope: RunScope
-    bus: EventBus
-    book: ReceiptBook
-    governor: Governor
-    secrets: Secrets
-    writes: WriteQueue
-    stats: RunStats
-    http: Http
-    http_tools: HttpTools
-    play_file: str
-    cwd: str
-    options: dict[str, Any] = field(default_factory=dict)
-
-    def log(self, message: str, *, level: str = "info") -> None:
-        text = self.secrets.redact(str(message))
-        line = LogLine(self.scope.run_id, self.scope.attempt, time.time(), level, text)
-        self.writes.log(line)
-        self.bus.emit("log", self.scope.run_id, level=level, message=text)
 
 
 class Tools:
@@ -195,9 +164,18 @@ class Context:
     def log(self, message: str) -> None:
         self._s.log(message)
 
-    async def step(self, id: str, fn: Callable[[], Any], *, stale_after_seconds: float | None = None) -> Any:
+    async def step(
+        self,
+        id: str,
+        fn: Callable[[], Any],
+        *,
+        stale_after_seconds: float | None = None,
+        _journal: bool = True,
+    ) -> Any:
         """A durable memoised value: `fn` runs once per run; resumes get the stored value."""
         scope = self._s.scope
+        if _journal:
+            self._s.journal.reach(f"step:{id}", scope.run_id)
         call = DurableCall(
             key=receipt_key("step", scope.workspace, scope.run_id, id),
             kind="step",
@@ -224,9 +202,12 @@ class Context:
         json: Any = None,
         stale_after_seconds: float | None = None,
         timeout_s: float = 30.0,
+        _journal: bool = True,
     ) -> FetchResult:
         """A durable HTTP request: made once per run and id; secrets are redacted."""
         scope = self._s.scope
+        if _journal:
+            self._s.journal.reach(f"fetch:{id}", scope.run_id)
         call = DurableCall(
             key=receipt_key("fetch", scope.workspace, scope.run_id, id),
             kind="fetch",
@@ -240,6 +221,26 @@ class Context:
 
         stored = (await self._s.book.execute(call, invoke)).value
         return FetchResult(stored["ok"], stored["status"], stored["headers"], stored["text"])
+
+    async def run_play(
+        self, id: str, play_ref: str, input: Any = None, *, description: str = "", _journal: bool = True
+    ) -> Any:
+        """Run a child play (a play name, or "path/to/file.py[:function]") → its output."""
+        from deepline_cli.runtime.children import run_play
+
+        return await run_play(self._s, id, play_ref, {} if input is None else input, description, _journal)
+
+    async def sleep(self, id: str, seconds: float) -> None:
+        """A durable timer: short waits sleep inline, long ones suspend the run (`waiting`)."""
+        from deepline_cli.runtime.suspension import sleep
+
+        await sleep(self._s, id, seconds)
+
+    async def wait_for_event(self, id: str, *, timeout_s: float | None = None) -> Any:
+        """Suspend until `deepline events send RUN_ID ID --payload JSON`; returns the payload."""
+        from deepline_cli.runtime.suspension import wait_for_event
+
+        return await wait_for_event(self._s, id, timeout_s)
 
     def csv(
         self,

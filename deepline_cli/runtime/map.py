@@ -35,7 +35,8 @@ from deepline_cli.runtime.tools import ToolResult
 from deepline_cli.store.base import MapRecord, MapRow, SheetRow
 
 if TYPE_CHECKING:
-    from deepline_cli.runtime.context import Context, RunServices
+    from deepline_cli.runtime.context import Context
+    from deepline_cli.runtime.services import RunServices
 
 DEFAULT_CONCURRENCY = 50
 CHUNK = 256  # rows looked up in the sheet per store read
@@ -57,14 +58,23 @@ class RowContext:
     def log(self, message: str) -> None:
         self._ctx.log(message)
 
+    def _scoped(self, id: str) -> str:
+        # Row-level durable ids: unique per map and row, and outside the run's journal,
+        # since rows finish in no fixed order.
+        return f"map:{self._map}:{self.row_key}:{id}"
+
     async def step(self, id: str, fn: Callable[[], Any], *, stale_after_seconds: float | None = None) -> Any:
         return await self._ctx.step(
-            f"map:{self._map}:{self.row_key}:{id}", fn, stale_after_seconds=stale_after_seconds
+            self._scoped(id), fn, stale_after_seconds=stale_after_seconds, _journal=False
         )
 
-    def __getattr__(self, name: str) -> Any:
-        # fetch, run_play…: the row context offers what the run context offers.
-        return getattr(self._ctx, name)
+    async def fetch(self, id: str, url: str, **options: Any) -> Any:
+        return await self._ctx.fetch(self._scoped(id), url, _journal=False, **options)
+
+    async def run_play(self, id: str, play_ref: str, input: Any = None, *, description: str = "") -> Any:
+        return await self._ctx.run_play(
+            self._scoped(id), play_ref, input, description=description, _journal=False
+        )
 
 
 @dataclass(slots=True)

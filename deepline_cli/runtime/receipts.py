@@ -130,7 +130,17 @@ class ReceiptBook:
         self._invoking = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self._closed: BaseException | None = None
+        # Why dispatching stopped (interrupt, breaker…); one list shared by a run and its
+        # child runs, so stopping one stops them all.
+        self._stopped: list[BaseException] = []
+
+    def for_scope(self, scope: RunScope) -> ReceiptBook:
+        """A book for a child run: its own claims, the same writes, budget and secrets."""
+        child = ReceiptBook(
+            self._io, self._writes, scope, self._bus, self._stats, budget=self._budget, secrets=self._secrets
+        )
+        child._stopped = self._stopped
+        return child
 
     # --- the call path -------------------------------------------------------------------
 
@@ -321,13 +331,13 @@ class ReceiptBook:
     # --- lifecycle ------------------------------------------------------------------------
 
     def check_open(self) -> None:
-        if self._closed is not None:
-            raise self._closed
+        if self._stopped:
+            raise self._stopped[0]
 
     def close(self, reason: BaseException) -> None:
         """Stop dispatching: every later claim raises `reason`."""
-        if self._closed is None:
-            self._closed = reason
+        if not self._stopped:
+            self._stopped.append(reason)
 
     def _trip(self, exc: DeeplineError) -> DeeplineError:
         self.close(exc)
@@ -335,7 +345,8 @@ class ReceiptBook:
 
     @property
     def tripped(self) -> BaseException | None:
-        return self._closed if isinstance(self._closed, DeeplineError) and self._closed.fatal else None
+        reason = self._stopped[0] if self._stopped else None
+        return reason if isinstance(reason, DeeplineError) and reason.fatal else None
 
     async def settle_all(self, timeout: float) -> bool:
         """Wait (up to `timeout`) for calls being invoked to finish, then flush writes."""

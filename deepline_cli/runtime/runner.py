@@ -14,12 +14,10 @@ import secrets as _secrets
 import signal
 import socket
 import time
-import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deepline_cli import _json
 from deepline_cli.errors import (
     DeeplineError,
     ReceiptLeaseLostError,
@@ -28,17 +26,19 @@ from deepline_cli.errors import (
     UsageError,
     error_dict,
 )
+from deepline_cli.runtime.body import BodyOutcome, describe, execute_body
 from deepline_cli.runtime.budget import Budget
 from deepline_cli.runtime.config import find_config, load_config
-from deepline_cli.runtime.context import Context, RunServices
 from deepline_cli.runtime.events import EventBus
 from deepline_cli.runtime.governor import Governor
 from deepline_cli.runtime.http import ClientPool, Http, HttpTools
 from deepline_cli.runtime.play import PlayDef, load_play
 from deepline_cli.runtime.receipts import ReceiptBook, RunScope
 from deepline_cli.runtime.secrets import Secrets
+from deepline_cli.runtime.services import DEFAULT_MAX_DEPTH, Caps, Journal, RunServices
 from deepline_cli.runtime.stats import RunStats
 from deepline_cli.runtime.storeio import StoreIO, WriteQueue
+from deepline_cli.runtime.suspension import ready_to_resume, waiting_on
 from deepline_cli.store import open_store
 from deepline_cli.store.base import RunRecord, Store
 
@@ -75,8 +75,21 @@ class RunOptions:
     lease_ttl: float = field(default_factory=lease_ttl_from_env)
 
     config: str | None = None
+    max_depth: int = DEFAULT_MAX_DEPTH
+    max_child_plays: int | None = None
+    max_tool_calls: int | None = None
 
-    PERSISTED = ("concurrency", "limit", "max_credits", "max_inline_wait", "fail_on_row_errors", "config")
+    PERSISTED = (
+        "concurrency",
+        "limit",
+        "max_credits",
+        "max_inline_wait",
+        "fail_on_row_errors",
+        "config",
+        "max_depth",
+        "max_child_plays",
+        "max_tool_calls",
+    )
 
     def persisted(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k in self.PERSISTED}
@@ -92,6 +105,7 @@ class RunResult:
     stats: dict[str, Any] = field(default_factory=dict)
     reported: bool = False  # an already-finished run, reported rather than run
     fail_on_row_errors: bool = False
+    waiting: list[dict[str, Any]] = field(default_factory=list)  # boundaries of a waiting run
 
     @property
     def failed_rows(self) -> int:
@@ -106,13 +120,16 @@ class RunResult:
         return EXIT_CODES.get(self.status, 1)
 
     def finished_event(self) -> dict[str, Any]:
-        return {
+        event = {
             "status": self.status,
             "attempt": self.attempt,
             "output": self.output,
             "error": self.error,
             "stats": self.stats,
         }
+        if self.waiting:
+            event["waiting"] = self.waiting
+        return event
 
 
 def new_run_id() -> str:
@@ -208,6 +225,12 @@ class Runner:
             result = _result_of(record, reported=True)
             result.fail_on_row_errors = self.options.fail_on_row_errors
             return result
+        if record.status == "waiting":
+            self._apply_persisted(record)
+            if not ready_to_resume(self.store, run_id, self.store.now(), self.options.max_inline_wait):
+                result = _result_of(record, reported=True)
+                result.waiting = waiting_on(self.store, run_id)
+                return result
         if holder_alive(record, self.store.now()):
             raise RunBusyError(
                 f"Run {run_id} is held by a live process ({record.holder}); "
@@ -266,9 +289,9 @@ class _Attempt:
         self.stats = RunStats()
         self.started = time.monotonic()
         self.stop_requested = False
-        self.task: asyncio.Task[Any] | None = None
+        self.task: asyncio.Task[BodyOutcome] | None = None
 
-    def _services(self, spent: float) -> RunServices:
+    def _services(self, spent: float, journal: list[str]) -> RunServices:
         options, record, io = self.options, self.record, self.io
         config = load_config(Path(options.config) if options.config else None)
         scope = RunScope(
@@ -280,17 +303,24 @@ class _Attempt:
             force_refresh=options.force_refresh,
             refresh_failed=options.refresh_failed,
         )
-
         writes = WriteQueue(io)
         secrets = Secrets(Path(self.play.file).parent)
         governor = Governor(options.concurrency)
         http = Http(ClientPool(max(64, options.concurrency or 0)), secrets, governor)
-        budget = Budget(options.max_credits, spent)
+        book = ReceiptBook(
+            io,
+            writes,
+            scope,
+            self.bus,
+            self.stats,
+            budget=Budget(options.max_credits, spent),
+            secrets=secrets,
+        )
         return RunServices(
             io=io,
             scope=scope,
             bus=self.bus,
-            book=ReceiptBook(io, writes, scope, self.bus, self.stats, budget=budget, secrets=secrets),
+            book=book,
             governor=governor,
             secrets=secrets,
             http=http,
@@ -298,14 +328,25 @@ class _Attempt:
             writes=writes,
             stats=self.stats,
             play_file=self.play.file,
+            play_name=self.play.name,
             cwd=record.cwd,
             options=options.persisted(),
+            root_run_id=record.run_id,
+            ancestors=(self.play.name,),
+            journal=Journal(journal),
+            books=[book],
+            caps=Caps(
+                max_depth=options.max_depth,
+                max_child_plays=options.max_child_plays,
+                max_tool_calls=options.max_tool_calls,
+            ),
         )
 
     async def run(self) -> RunResult:
-        spent = await self.io.call(self.io.store.credits_spent, self.record.run_id)
-        services = self._services(spent)
-        record = self.record
+        store, record = self.io.store, self.record
+        spent = await self.io.call(store.credits_spent, record.run_id)
+        journal = await self.io.call(store.journal, record.run_id)
+        services = self._services(spent, journal)
         self.bus.emit(
             "run.started",
             record.run_id,
@@ -313,45 +354,37 @@ class _Attempt:
             attempt=record.attempt,
             parent_run_id=record.parent_run_id,
         )
-        await self.io.call(self.io.store.update_run, record.run_id, status="running", options=record.options)
+        await self.io.call(store.update_run, record.run_id, status="running", options=record.options)
         keeper = asyncio.create_task(self._keep_leases(services))
         ticker = asyncio.create_task(self._tick(services))
-        self.task = asyncio.create_task(self.play.fn(Context(services, record.play), record.input))
+        self.task = asyncio.create_task(execute_body(self.play, services, record.input))
         restore = self._install_signals(services)
-        status, output, error = await self._outcome(services)
+        outcome = await self._outcome(services)
         restore()
         keeper.cancel()
         ticker.cancel()
         await self._settle(services)
-        return await self._finish(status, output, error)
+        return await self._finish(outcome)
 
-    async def _outcome(self, services: RunServices) -> tuple[str, Any, dict[str, Any] | None]:
+    async def _outcome(self, services: RunServices) -> BodyOutcome:
         assert self.task is not None
+        interrupted = BodyOutcome("interrupted", error=error_dict(RunInterrupted("The run was interrupted.")))
         try:
-            value = await self.task
-        except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError | RunInterrupted) and self.stop_requested:
-                return "interrupted", None, error_dict(RunInterrupted("The run was interrupted."))
-            if isinstance(exc, asyncio.CancelledError) and services.book.tripped is None:
+            outcome = await self.task
+        except asyncio.CancelledError:
+            if self.stop_requested:
+                return interrupted
+            tripped = services.book.tripped
+            if tripped is None:
                 raise
-            failure = services.book.tripped or exc
-            return "failed", None, self._describe(failure, services.secrets)
-        tripped = services.book.tripped
-        if tripped is not None:
-            return "failed", None, self._describe(tripped, services.secrets)
-        output = services.secrets.redact_json(_json.loads(_json.dumps(value)))
-        return "completed", output, None
-
-    def _describe(self, exc: BaseException, secrets: Secrets) -> dict[str, Any]:
-        error = error_dict(exc)
-        error["message"] = secrets.redact(error["message"])
-        if isinstance(exc, DeeplineError):
-            error["exit_code"] = exc.exit_code
-        else:
-            where = _play_frame(exc, self.play.file)
-            if where:
-                error["where"] = where
-        return error
+            return BodyOutcome("failed", error=describe(tripped, services, self.play.file))
+        if self.stop_requested and outcome.status == "failed" and isinstance(outcome.raised, RunInterrupted):
+            return interrupted
+        if outcome.status == "waiting":
+            # Siblings may be about to suspend too (several children at once): let them
+            # reach their boundaries so every one is recorded.
+            await services.book.settle_all(self.options.interrupt_grace_s)
+        return outcome
 
     async def _settle(self, services: RunServices) -> None:
         """Let calls in flight finish briefly, record them, and stop the stragglers."""
@@ -365,33 +398,34 @@ class _Attempt:
         await services.writes.flushed()
         await services.http.pool.aclose()
 
-    async def _finish(self, status: str, output: Any, error: dict[str, Any] | None) -> RunResult:
-        record = self.record
+    async def _finish(self, outcome: BodyOutcome) -> RunResult:
+        record, status = self.record, outcome.status
         stats = self.stats.to_dict(
-            attempts=record.attempt,
-            duration_s=time.monotonic() - self.started,
-            previous=record.stats,
+            attempts=record.attempt, duration_s=time.monotonic() - self.started, previous=record.stats
         )
         await self.io.call(
             self.io.store.update_run,
             record.run_id,
             status=status,
-            output=output,
-            error=error,
+            output=outcome.output,
+            error=outcome.error,
             stats=stats,
             holder=None,
             lease_expires_at=0.0,
-            finished_at=self.io.now(),
+            finished_at=self.io.now() if status in ("completed", "failed") else None,
         )
         result = RunResult(
             record.run_id,
             status,
             record.attempt,
-            output,
-            error,
+            outcome.output,
+            outcome.error,
             stats,
             fail_on_row_errors=self.options.fail_on_row_errors,
         )
+        if status == "waiting":
+            result.waiting = await self.io.call(waiting_on, self.io.store, record.run_id)
+            self.bus.emit("run.waiting", record.run_id, boundaries=result.waiting)
         self.bus.emit("run.finished", record.run_id, **result.finished_event())
         return result
 
@@ -428,7 +462,8 @@ class _Attempt:
                     if self.task is not None:
                         self.task.cancel()
                     return
-                await services.book.heartbeat()
+                for book in list(services.books):
+                    await book.heartbeat()
             except DeeplineError as exc:
                 # A store hiccup: keep trying; the lease is long enough to ride it out.
                 services.log(f"lease heartbeat failed: {exc}", level="warning")
@@ -470,8 +505,3 @@ def _result_of(record: RunRecord, *, reported: bool) -> RunResult:
         record.stats,
         reported=reported,
     )
-
-
-def _play_frame(exc: BaseException, play_file: str) -> str | None:
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == play_file]
-    return f"{Path(play_file).name} line {frames[-1].lineno}" if frames else None

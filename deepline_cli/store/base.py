@@ -177,6 +177,22 @@ class DatasetRow:
 
 
 @dataclass(slots=True)
+class Boundary:
+    """Where a run waits: a timer, an event, or child plays (suspension)."""
+
+    run_id: str
+    id: str
+    kind: str  # sleep | event | child
+    status: str = "waiting"  # waiting | resolved
+    due_at: float | None = None
+    event_id: str | None = None
+    child_run_id: str | None = None
+    payload: Any = None
+    created_at: float = 0.0
+    resolved_at: float | None = None
+
+
+@dataclass(slots=True)
 class Writes:
     """One transaction's worth of hot writes (group commit).
 
@@ -277,7 +293,7 @@ class Store(Protocol):
 
     def get_receipt(self, key: str) -> Receipt | None: ...
     def credits_spent(self, run_id: str) -> float:
-        """Credits of the completed receipts a run owns (every attempt)."""
+        """Credits of the completed receipts of a run and its child runs (every attempt)."""
         ...
 
     def query_receipts(self, query: ReceiptQuery) -> list[Receipt]: ...
@@ -302,6 +318,23 @@ class Store(Protocol):
     ) -> list[DatasetRow]: ...
     def save_map(self, record: MapRecord) -> None: ...
     def get_maps(self, run_id: str) -> list[MapRecord]: ...
+
+    # suspension: boundaries, events, the journal of durable ids
+    def get_boundary(self, run_id: str, id: str) -> Boundary | None: ...
+    def put_boundary(self, boundary: Boundary) -> Boundary:
+        """Insert the boundary unless it exists; return the stored one (due times are kept)."""
+        ...
+
+    def resolve_boundary(self, run_id: str, id: str, payload: Any, now: float) -> None: ...
+    def boundaries(self, run_id: str) -> list[Boundary]: ...
+    def send_event(self, run_id: str, event_id: str, payload: Any, now: float) -> bool:
+        """Deliver an event; False when one was already delivered (the first is kept)."""
+        ...
+
+    def get_event(self, run_id: str, event_id: str) -> tuple[bool, Any]: ...
+    def journal(self, run_id: str) -> list[str]: ...
+    def append_journal(self, run_id: str, position: int, id: str) -> None: ...
+    def child_runs(self, run_id: str) -> list[RunRecord]: ...
 
     def get_logs(self, run_id: str) -> list[LogLine]: ...
 

@@ -104,9 +104,28 @@ def _sheets_and_maps(db: sqlite_utils.Database) -> None:
     )
 
 
+def _boundaries_events_journal(db: sqlite_utils.Database) -> None:
+    db.execute(
+        "CREATE TABLE boundaries (run_id TEXT NOT NULL, id TEXT NOT NULL, kind TEXT NOT NULL,"
+        " status TEXT NOT NULL, due_at REAL, event_id TEXT, child_run_id TEXT, payload TEXT,"
+        " created_at REAL, resolved_at REAL, PRIMARY KEY (run_id, id))"
+    )
+    db.execute(
+        "CREATE TABLE events (run_id TEXT NOT NULL, event_id TEXT NOT NULL, payload TEXT,"
+        " created_at REAL, PRIMARY KEY (run_id, event_id))"
+    )
+    # The order in which a run first reached its id-addressed durable calls (determinism guard).
+    db.execute(
+        "CREATE TABLE journal (run_id TEXT NOT NULL, position INTEGER NOT NULL, id TEXT NOT NULL,"
+        " PRIMARY KEY (run_id, position)) WITHOUT ROWID"
+    )
+    db.execute("CREATE INDEX runs_parent ON runs (parent_run_id)")
+
+
 MIGRATIONS: list[tuple[str, Migration]] = [
     ("0001_runs_receipts_logs", _runs_receipts_logs),
     ("0002_sheets_and_maps", _sheets_and_maps),
+    ("0003_boundaries_events_journal", _boundaries_events_journal),
 ]
 
 

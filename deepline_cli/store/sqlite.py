@@ -18,6 +18,7 @@ from deepline_cli import _json
 from deepline_cli.errors import StoreError
 from deepline_cli.store.base import (
     Applied,
+    Boundary,
     Claim,
     ClaimOutcome,
     DatasetRow,
@@ -43,6 +44,9 @@ _RUN_JSON = frozenset({"input", "options", "output", "error", "stats"})
 _RECEIPT_COLUMNS = (
     "key, kind, label, tool, status, run_id, attempt, lease_id, lease_expires_at,"
     " idempotency_key, output, error, failure_kind, retryable, credits, created_at, completed_at"
+)
+_BOUNDARY_COLUMNS = (
+    "run_id, id, kind, status, due_at, event_id, child_run_id, payload, created_at, resolved_at"
 )
 _CHUNK = 400  # stay well under SQLite's limit of bound parameters per statement
 
@@ -222,8 +226,9 @@ class SQLiteStore:
 
     def credits_spent(self, run_id: str) -> float:
         rows = self._read(
-            "SELECT coalesce(sum(credits), 0) FROM receipts WHERE run_id = ? AND status = 'completed'",
-            (run_id,),
+            "SELECT coalesce(sum(credits), 0) FROM receipts WHERE status = 'completed' AND run_id IN"
+            " (SELECT run_id FROM runs WHERE run_id = ? OR root_run_id = ?)",
+            (run_id, run_id),
         )
         return float(rows[0][0])
 
@@ -345,6 +350,81 @@ class SQLiteStore:
             for r in rows
         ]
 
+    # --- suspension -----------------------------------------------------------------------
+
+    def get_boundary(self, run_id: str, id: str) -> Boundary | None:
+        rows = self._read(
+            f"SELECT {_BOUNDARY_COLUMNS} FROM boundaries WHERE run_id = ? AND id = ?", (run_id, id)
+        )
+        return _boundary_from_row(rows[0]) if rows else None
+
+    def put_boundary(self, boundary: Boundary) -> Boundary:
+        b = boundary
+        with self._write() as c:
+            c.execute(
+                f"INSERT OR IGNORE INTO boundaries ({_BOUNDARY_COLUMNS}) VALUES ({', '.join('?' * 10)})",
+                (
+                    b.run_id,
+                    b.id,
+                    b.kind,
+                    b.status,
+                    b.due_at,
+                    b.event_id,
+                    b.child_run_id,
+                    _json_or_none(b.payload),
+                    b.created_at,
+                    b.resolved_at,
+                ),
+            )
+            row = c.execute(
+                f"SELECT {_BOUNDARY_COLUMNS} FROM boundaries WHERE run_id = ? AND id = ?", (b.run_id, b.id)
+            ).fetchone()
+        return _boundary_from_row(row)
+
+    def resolve_boundary(self, run_id: str, id: str, payload: Any, now: float) -> None:
+        with self._write() as c:
+            c.execute(
+                "UPDATE boundaries SET status = 'resolved', payload = ?, resolved_at = ?"
+                " WHERE run_id = ? AND id = ? AND status = 'waiting'",
+                (_json_or_none(payload), now, run_id, id),
+            )
+
+    def boundaries(self, run_id: str) -> list[Boundary]:
+        rows = self._read(
+            f"SELECT {_BOUNDARY_COLUMNS} FROM boundaries WHERE run_id = ? ORDER BY created_at, id", (run_id,)
+        )
+        return [_boundary_from_row(r) for r in rows]
+
+    def send_event(self, run_id: str, event_id: str, payload: Any, now: float) -> bool:
+        with self._write() as c:
+            cur = c.execute(
+                "INSERT OR IGNORE INTO events (run_id, event_id, payload, created_at) VALUES (?, ?, ?, ?)",
+                (run_id, event_id, _json_or_none(payload), now),
+            )
+            return cur.rowcount == 1
+
+    def get_event(self, run_id: str, event_id: str) -> tuple[bool, Any]:
+        rows = self._read("SELECT payload FROM events WHERE run_id = ? AND event_id = ?", (run_id, event_id))
+        return (True, _json.loads(rows[0][0])) if rows else (False, None)
+
+    def journal(self, run_id: str) -> list[str]:
+        return [
+            r[0] for r in self._read("SELECT id FROM journal WHERE run_id = ? ORDER BY position", (run_id,))
+        ]
+
+    def append_journal(self, run_id: str, position: int, id: str) -> None:
+        with self._write() as c:
+            c.execute(
+                "INSERT OR IGNORE INTO journal (run_id, position, id) VALUES (?, ?, ?)",
+                (run_id, position, id),
+            )
+
+    def child_runs(self, run_id: str) -> list[RunRecord]:
+        rows = self._read(
+            f"SELECT {_RUN_COLUMNS} FROM runs WHERE parent_run_id = ? ORDER BY created_at", (run_id,)
+        )
+        return [_run_from_row(r) for r in rows]
+
     def get_logs(self, run_id: str) -> list[LogLine]:
         rows = self._read(
             "SELECT run_id, attempt, ts, level, message FROM logs WHERE run_id = ? ORDER BY id",
@@ -437,6 +517,12 @@ def _settle(c: sqlite3.Connection, s: Settlement, now: float) -> bool:
 
 
 # --- row mapping ------------------------------------------------------------------------
+
+
+def _boundary_from_row(row: Sequence[Any]) -> Boundary:
+    values = list(row)
+    values[7] = _json.loads(values[7])
+    return Boundary(*values)
 
 
 def _run_fields() -> list[str]:

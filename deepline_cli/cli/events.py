@@ -1,0 +1,54 @@
+"""`deepline events send`: deliver an event a waiting run (or one of its children) awaits."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from deepline_cli.cli.common import StoreOption, cli_errors
+
+app = typer.Typer(help="Deliver events to waiting runs.", no_args_is_help=True)
+
+
+@app.command("send")
+@cli_errors
+def send(
+    run_id: Annotated[str, typer.Argument(help="The waiting run, or its root run.")],
+    event_id: Annotated[str, typer.Argument(help="The id the play waits for (ctx.wait_for_event).")],
+    payload: Annotated[str | None, typer.Option("--payload", help="The event's JSON payload.")] = None,
+    store: StoreOption = None,
+) -> None:
+    """Deliver EVENT_ID to RUN_ID; `deepline resume RUN_ID` then continues it.
+
+    \b
+    Examples:
+      deepline events send r-8f2c1a9b3e4d approved --payload '{"by": "ana"}'
+      deepline events send r-8f2c1a9b3e4d approved && deepline resume r-8f2c1a9b3e4d
+    """
+    from deepline_cli.cli.inputs import parse_json_flag
+    from deepline_cli.errors import UsageError
+    from deepline_cli.runtime.suspension import event_targets
+    from deepline_cli.store import open_store
+
+    value = parse_json_flag(payload, flag="--payload") if payload is not None else None
+    db = open_store(store)
+    try:
+        if db.get_run(run_id) is None:
+            raise UsageError(f"No run {run_id!r} in the store {db.url}.")
+        targets = event_targets(db, run_id, event_id)
+        if not targets:
+            raise UsageError(f"Run {run_id} is not waiting for event {event_id!r}.")
+        delivered = [t for t in targets if db.send_event(t, event_id, value, db.now())]
+    finally:
+        db.close()
+    for target in targets:
+        where = "" if target == run_id else f" to child run {target}"
+        if target in delivered:
+            typer.echo(f"Delivered {event_id!r}{where}.", err=True)
+        else:
+            typer.echo(
+                f"Event {event_id!r} was already delivered{where}; the first payload is kept.", err=True
+            )
+    if delivered:
+        typer.echo(f"Continue the run with: deepline resume {run_id}", err=True)

@@ -1,0 +1,62 @@
+"""Executing a play body once, for a run or a child run, and naming how it ended."""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deepline_cli import _json
+from deepline_cli.errors import DeeplineError, RunInterrupted, error_dict
+from deepline_cli.runtime.context import Context
+from deepline_cli.runtime.play import PlayDef
+from deepline_cli.runtime.services import RunServices
+from deepline_cli.runtime.suspension import Suspended
+
+
+@dataclass
+class BodyOutcome:
+    status: str  # completed | failed | waiting
+    output: Any = None
+    error: dict[str, Any] | None = None
+    raised: BaseException | None = None  # what must stop the whole run, not just this play
+    suspended: Suspended | None = None
+
+
+async def execute_body(play: PlayDef, s: RunServices, input: Any) -> BodyOutcome:
+    try:
+        value = await play.fn(Context(s, play.name), input)
+    except Suspended as exc:
+        await _flush_journal(s)
+        return BodyOutcome("waiting", suspended=exc)
+    except Exception as exc:
+        await _flush_journal(s)
+        stop = (
+            exc if isinstance(exc, RunInterrupted) or (isinstance(exc, DeeplineError) and exc.fatal) else None
+        )
+        return BodyOutcome("failed", error=describe(exc, s, play.file), raised=stop)
+    await _flush_journal(s)
+    tripped = s.book.tripped
+    if tripped is not None:
+        return BodyOutcome("failed", error=describe(tripped, s, play.file), raised=tripped)
+    return BodyOutcome("completed", output=s.secrets.redact_json(_json.loads(_json.dumps(value))))
+
+
+async def _flush_journal(s: RunServices) -> None:
+    pending, s.journal.pending = s.journal.pending, []
+    for position, durable_id in pending:
+        await s.io.call(s.io.store.append_journal, s.scope.run_id, position, durable_id)
+
+
+def describe(exc: BaseException, s: RunServices, play_file: str) -> dict[str, Any]:
+    """The error kept on the run: one sentence, secrets redacted, where in the play."""
+    error = error_dict(exc)
+    error["message"] = s.secrets.redact(error["message"])
+    if isinstance(exc, DeeplineError):
+        error["exit_code"] = exc.exit_code
+    else:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == play_file]
+        if frames:
+            error["where"] = f"{Path(play_file).name} line {frames[-1].lineno}"
+    return error

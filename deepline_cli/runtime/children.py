@@ -1,0 +1,127 @@
+"""Child plays: `ctx.run_play(id, play_ref, input)`.
+
+A child is a run of its own (deterministic id, its own receipts, `parent_run_id` and
+`root_run_id` recorded) executed inside its parent's process. Its finished output is a
+receipt of the parent, so a resumed parent never runs a finished child again. A child
+that suspends suspends its parent; a failed child raises in the parent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from deepline_cli import _json
+from deepline_cli.errors import DeeplineError, GovernanceError, PlayLoadError
+from deepline_cli.runtime.play import PlayDef, find_play_by_name, load_play
+from deepline_cli.runtime.receipts import DurableCall, receipt_key
+from deepline_cli.runtime.suspension import Suspended
+from deepline_cli.store.base import Boundary, RunRecord
+
+if TYPE_CHECKING:
+    from deepline_cli.runtime.services import RunServices
+
+
+class ChildPlayError(DeeplineError):
+    """A child play failed; its error is in the message."""
+
+
+def resolve_play_ref(play_ref: str, parent_file: str) -> PlayDef:
+    """A play name (this module or one it imports), or `path.py[:function]` relative to
+    the parent play's file."""
+    if ".py" not in play_ref:
+        found = find_play_by_name(play_ref)
+        if found is None:
+            raise PlayLoadError(
+                f"No play named {play_ref!r} is loaded; use its name or 'path/to/file.py[:function]'."
+            )
+        return found
+    return load_play(play_ref, base=Path(parent_file).parent)
+
+
+def child_run_id(parent_run_id: str, call_id: str, play: PlayDef, input: Any) -> str:
+    return "r-" + _json.digest("child", parent_run_id, call_id, play.name, _json.canonical(input))[:12]
+
+
+async def run_play(
+    s: RunServices, id: str, play_ref: str, input: Any, description: str = "", journal: bool = True
+) -> Any:
+    if journal:
+        s.journal.reach(f"run_play:{id}", s.scope.run_id)
+    play = resolve_play_ref(play_ref, s.play_file)
+    if play.name in s.ancestors:
+        cycle = " → ".join([*s.ancestors[s.ancestors.index(play.name) :], play.name])
+        raise GovernanceError(f"Play cycle: {cycle} (a play cannot call one of its ancestors).")
+    if s.depth + 1 > s.caps.max_depth:
+        raise GovernanceError(
+            f"Child play {play.name!r} would be {s.depth + 1} calls deep; the limit is {s.caps.max_depth}."
+        )
+    call = DurableCall(
+        key=receipt_key("run_play", s.scope.workspace, s.scope.run_id, id), kind="run_play", label=id
+    )
+    child_id = child_run_id(s.scope.run_id, id, play, input)
+
+    async def invoke(_: Any) -> Any:
+        s.caps.count_child_play()
+        return await _execute_child(s, id, play, child_id, input, description)
+
+    return (await s.book.execute(call, invoke)).value
+
+
+async def _execute_child(
+    s: RunServices, call_id: str, play: PlayDef, child_id: str, input: Any, description: str
+) -> Any:
+    from deepline_cli.runtime.body import execute_body
+
+    store, now = s.io.store, s.io.now()
+    record = await s.io.call(store.get_run, child_id)
+    if record is None:
+        record = RunRecord(
+            run_id=child_id,
+            play=play.name,
+            play_ref=play.ref,
+            input=input,
+            status="running",
+            attempt=1,
+            workspace=s.scope.workspace,
+            cwd=s.cwd,
+            options={**s.options, "description": description},
+            parent_run_id=s.scope.run_id,
+            root_run_id=s.root_run_id or s.scope.run_id,
+            created_at=now,
+            updated_at=now,
+        )
+        await s.io.call(store.insert_run, record)
+    elif record.status == "completed":
+        return record.output
+    else:
+        record.attempt += 1
+        await s.io.call(store.update_run, child_id, status="running", attempt=record.attempt)
+    journal = await s.io.call(store.journal, child_id)
+    child = s.for_child(child_id, record.attempt, play.name, play.file, journal)
+    s.bus.emit("child.started", s.scope.run_id, child_run_id=child_id, play=play.name, attempt=record.attempt)
+    outcome = await execute_body(play, child, input)
+    await s.io.call(
+        store.update_run,
+        child_id,
+        status=outcome.status,
+        output=outcome.output,
+        error=outcome.error,
+        finished_at=s.io.now() if outcome.status in ("completed", "failed") else None,
+    )
+    s.bus.emit("child.finished", s.scope.run_id, child_run_id=child_id, status=outcome.status)
+    if outcome.status == "waiting":
+        boundary = await s.io.call(
+            store.put_boundary,
+            Boundary(
+                s.scope.run_id, f"child:{call_id}", "child", child_run_id=child_id, created_at=s.io.now()
+            ),
+        )
+        raise Suspended(boundary)
+    if outcome.raised is not None:
+        raise outcome.raised  # interrupt, budget, lease…: the whole run stops
+    if outcome.status == "failed":
+        message = (outcome.error or {}).get("message", "unknown error")
+        raise ChildPlayError(f"Child play {play.name!r} (run {child_id}) failed: {message}")
+    await s.io.call(store.resolve_boundary, s.scope.run_id, f"child:{call_id}", None, s.io.now())
+    return outcome.output

@@ -1,0 +1,128 @@
+"""What one attempt of a run shares between its context, maps and child plays."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from deepline_cli.errors import DeeplineError, GovernanceError
+from deepline_cli.runtime.events import EventBus
+from deepline_cli.runtime.governor import Governor
+from deepline_cli.runtime.http import Http, HttpTools
+from deepline_cli.runtime.receipts import ReceiptBook, RunScope
+from deepline_cli.runtime.secrets import Secrets
+from deepline_cli.runtime.stats import RunStats
+from deepline_cli.runtime.storeio import StoreIO, WriteQueue
+from deepline_cli.store.base import LogLine
+
+DEFAULT_MAX_DEPTH = 8
+
+
+class DeterminismError(DeeplineError):
+    """A resumed play reached a different durable id than its earlier attempt did."""
+
+
+@dataclass
+class Caps:
+    """Per-root-run governance limits and the counts against them (shared with children)."""
+
+    max_depth: int = DEFAULT_MAX_DEPTH
+    max_child_plays: int | None = None
+    max_tool_calls: int | None = None
+    child_plays: int = 0
+    tool_calls: int = 0
+
+    def count_tool_call(self) -> None:
+        self.tool_calls += 1
+        if self.max_tool_calls is not None and self.tool_calls > self.max_tool_calls:
+            raise GovernanceError(
+                f"This run made more than {self.max_tool_calls} tool calls (--max-tool-calls)."
+            )
+
+    def count_child_play(self) -> None:
+        self.child_plays += 1
+        if self.max_child_plays is not None and self.child_plays > self.max_child_plays:
+            raise GovernanceError(
+                f"This run started more than {self.max_child_plays} child plays (--max-child-plays)."
+            )
+
+
+@dataclass
+class Journal:
+    """The order in which a run reached its id-addressed durable calls (step, fetch,
+    run_play, sleep, wait_for_event), to notice a resume running changed code."""
+
+    recorded: list[str]
+    position: int = 0
+    pending: list[tuple[int, str]] = field(default_factory=list)
+
+    def reach(self, durable_id: str, run_id: str) -> None:
+        position = self.position
+        self.position += 1
+        if position >= len(self.recorded):
+            self.recorded.append(durable_id)
+            self.pending.append((position, durable_id))
+            return
+        before = self.recorded[position]
+        if before != durable_id and durable_id not in self.recorded:
+            raise DeterminismError(
+                f"Run {run_id} reached {durable_id!r} where its earlier attempt reached {before!r}: "
+                "the play's code changed since the run started. Start a new run, or restore the old code "
+                "to resume this one."
+            )
+
+
+@dataclass
+class RunServices:
+    io: StoreIO
+    scope: RunScope
+    bus: EventBus
+    book: ReceiptBook
+    governor: Governor
+    secrets: Secrets
+    writes: WriteQueue
+    stats: RunStats
+    http: Http
+    http_tools: HttpTools
+    play_file: str
+    play_name: str
+    cwd: str
+    options: dict[str, Any] = field(default_factory=dict)
+    root_run_id: str = ""
+    ancestors: tuple[str, ...] = ()  # play names from the root down to this run's play
+    caps: Caps = field(default_factory=Caps)
+    journal: Journal = field(default_factory=lambda: Journal([]))
+    books: list[ReceiptBook] = field(default_factory=list)  # every book whose leases need heartbeats
+
+    def log(self, message: str, *, level: str = "info") -> None:
+        text = self.secrets.redact(str(message))
+        line = LogLine(self.scope.run_id, self.scope.attempt, time.time(), level, text)
+        self.writes.log(line)
+        self.bus.emit("log", self.scope.run_id, level=level, message=text)
+
+    @property
+    def depth(self) -> int:
+        return len(self.ancestors) - 1
+
+    @property
+    def max_inline_wait(self) -> float:
+        value = self.options.get("max_inline_wait")
+        return 30.0 if value is None else float(value)
+
+    def for_child(
+        self, run_id: str, attempt: int, play_name: str, play_file: str, journal: list[str]
+    ) -> RunServices:
+        """The services of a child run: its own identity and receipts, the rest shared."""
+        scope = replace(self.scope, run_id=run_id, attempt=attempt, play=play_name)
+        book = self.book.for_scope(scope)
+        self.books.append(book)
+        return replace(
+            self,
+            scope=scope,
+            book=book,
+            play_file=play_file,
+            play_name=play_name,
+            ancestors=(*self.ancestors, play_name),
+            journal=Journal(journal),
+        )

@@ -1,0 +1,135 @@
+"""Suspension: durable timers and events. A run that must wait ends its process as
+`waiting` (exit 3) and continues on `deepline resume` (or a worker) when it is due."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from deepline_cli.errors import DeeplineError
+from deepline_cli.store.base import Boundary, Store
+
+if TYPE_CHECKING:
+    from deepline_cli.runtime.services import RunServices
+
+EVENT_POLL_S = 0.25
+
+
+class Suspended(BaseException):
+    """The play reached a boundary it must wait at; the run becomes `waiting`.
+
+    A BaseException, so a play's `except Exception` cannot swallow it.
+    """
+
+    def __init__(self, boundary: Boundary) -> None:
+        super().__init__(f"waiting at {boundary.id}")
+        self.boundary = boundary
+
+
+class EventTimeoutError(DeeplineError):
+    """An awaited event did not arrive in time."""
+
+
+async def sleep(s: RunServices, id: str, seconds: float) -> None:
+    """Wait until a wake-up time stored on first reach; long waits suspend the run."""
+    boundary_id = f"sleep:{id}"
+    s.journal.reach(boundary_id, s.scope.run_id)
+    now = s.io.now()
+    boundary = await s.io.call(
+        s.io.store.put_boundary,
+        Boundary(s.scope.run_id, boundary_id, "sleep", due_at=now + max(0.0, seconds), created_at=now),
+    )
+    if boundary.status == "resolved":
+        return
+    remaining = (boundary.due_at or now) - now
+    if remaining > s.max_inline_wait:
+        raise Suspended(boundary)
+    if remaining > 0:
+        await asyncio.sleep(remaining)
+    await s.io.call(s.io.store.resolve_boundary, s.scope.run_id, boundary_id, None, s.io.now())
+
+
+async def wait_for_event(s: RunServices, id: str, timeout_s: float | None) -> Any:
+    """The payload `deepline events send RUN_ID EVENT_ID` delivers; suspends until then."""
+    boundary_id = f"event:{id}"
+    run_id = s.scope.run_id
+    s.journal.reach(boundary_id, run_id)
+    now = s.io.now()
+    due = now + timeout_s if timeout_s is not None else None
+    boundary = await s.io.call(
+        s.io.store.put_boundary,
+        Boundary(run_id, boundary_id, "event", due_at=due, event_id=id, created_at=now),
+    )
+    if boundary.status == "resolved":
+        return boundary.payload
+    while True:
+        delivered, payload = await s.io.call(s.io.store.get_event, run_id, id)
+        if delivered:
+            await s.io.call(s.io.store.resolve_boundary, run_id, boundary_id, payload, s.io.now())
+            return payload
+        now = s.io.now()
+        if boundary.due_at is not None and now >= boundary.due_at:
+            raise EventTimeoutError(f"Event {id!r} did not arrive within {timeout_s:g}s (run {run_id}).")
+        if boundary.due_at is None or boundary.due_at - now > s.max_inline_wait:
+            raise Suspended(boundary)
+        await asyncio.sleep(min(EVENT_POLL_S, boundary.due_at - now))
+
+
+def is_ready(boundary: Boundary, now: float, max_inline_wait: float, delivered: bool) -> bool:
+    """Would resuming now get past this boundary (or at least reach it again in time)?"""
+    if boundary.status == "resolved":
+        return True
+    if boundary.kind == "sleep":
+        return (boundary.due_at or 0.0) - now <= max_inline_wait
+    if boundary.kind == "event":
+        timed_out = boundary.due_at is not None and boundary.due_at - now <= max_inline_wait
+        return delivered or timed_out
+    return False  # child boundaries: ready when the child is (checked by the caller)
+
+
+def waiting_on(store: Store, run_id: str) -> list[dict[str, Any]]:
+    """The boundaries a waiting run (and its waiting children) wait at, innermost included."""
+    found: list[dict[str, Any]] = []
+    for b in store.boundaries(run_id):
+        if b.status != "waiting":
+            continue
+        found.append(
+            {
+                "run_id": b.run_id,
+                "id": b.id,
+                "kind": b.kind,
+                "due_at": b.due_at,
+                "event_id": b.event_id,
+                "child_run_id": b.child_run_id,
+            }
+        )
+        if b.kind == "child" and b.child_run_id:
+            found.extend(waiting_on(store, b.child_run_id))
+    return found
+
+
+def ready_to_resume(store: Store, run_id: str, now: float, max_inline_wait: float) -> bool:
+    """Would a resume now get anywhere? False while every boundary still waits."""
+    pending = [b for b in store.boundaries(run_id) if b.status == "waiting"]
+    if not pending:
+        return True
+    for b in pending:
+        if b.kind == "child" and b.child_run_id:
+            if ready_to_resume(store, b.child_run_id, now, max_inline_wait):
+                return True
+        elif is_ready(b, now, max_inline_wait, store.get_event(run_id, b.event_id or "")[0]):
+            return True
+    return False
+
+
+def event_targets(store: Store, run_id: str, event_id: str) -> list[str]:
+    """Every run, this one or a descendant, that has reached `wait_for_event(event_id)`
+    and not yet got past it."""
+    found = [
+        run_id
+        for b in store.boundaries(run_id)
+        if b.kind == "event" and b.event_id == event_id and b.status == "waiting"
+    ]
+    for child in store.child_runs(run_id):
+        found.extend(event_targets(store, child.run_id, event_id))
+    return found
