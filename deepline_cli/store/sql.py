@@ -1,0 +1,632 @@
+"""The SQL both stores share: every table, query and write, in one dialect.
+
+SQLite (3.35+) and PostgreSQL both speak `INSERT … ON CONFLICT` and `RETURNING`, so the
+statements are written once with `?` placeholders. A backend supplies the connection,
+how a write transaction starts, the placeholder style, and whether rows can be locked
+(`FOR UPDATE`, PostgreSQL) or the whole database is (`BEGIN IMMEDIATE`, SQLite).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from deepline_cli import _json
+from deepline_cli.store.base import (
+    Applied,
+    Boundary,
+    Claim,
+    ClaimOutcome,
+    DatasetRow,
+    LogLine,
+    MapRecord,
+    MapRow,
+    Receipt,
+    ReceiptQuery,
+    RunRecord,
+    Settlement,
+    SheetRow,
+    Writes,
+    decide_claim,
+)
+
+_RUN_COLUMNS = (
+    "run_id, play, play_ref, input, status, attempt, workspace, cwd, options, parent_run_id,"
+    " root_run_id, holder, lease_expires_at, output, error, stats, created_at, updated_at,"
+    " finished_at"
+)
+_RUN_JSON = frozenset({"input", "options", "output", "error", "stats"})
+_RECEIPT_COLUMNS = (
+    "key, kind, label, tool, status, run_id, attempt, lease_id, lease_expires_at,"
+    " idempotency_key, output, error, failure_kind, retryable, credits, created_at, completed_at"
+)
+_BOUNDARY_COLUMNS = (
+    "run_id, id, kind, status, due_at, event_id, child_run_id, payload, created_at, resolved_at"
+)
+_CHUNK = 400  # bound parameters per statement stay well under every backend's limit
+
+
+class SqlStore:
+    """Everything a store does, over a DB-API connection; see SQLiteStore and PostgresStore."""
+
+    url: str
+    row_lock = ""  # " FOR UPDATE" where the database locks rows
+
+    def _write(self) -> AbstractContextManager[Any]:
+        raise NotImplementedError
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def _many(self, c: Any, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if rows:
+            c.executemany(sql, rows)
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def now(self) -> float:
+        raise NotImplementedError
+
+    # --- runs -------------------------------------------------------------------------
+
+    def insert_run(self, run: RunRecord) -> None:
+        values = [_encode_run_field(name, getattr(run, name)) for name in _run_fields()]
+        marks = ", ".join("?" * len(values))
+        with self._write() as c:
+            c.execute(f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ({marks})", values)
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        rows = self._read(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
+        return _run_from_row(rows[0]) if rows else None
+
+    def lease_run(
+        self, run_id: str, *, holder: str, expires_at: float, attempt: int, expect_attempt: int
+    ) -> bool:
+        with self._write() as c:
+            cur = c.execute(
+                "UPDATE runs SET holder = ?, lease_expires_at = ?, attempt = ?,"
+                " status = 'running', updated_at = ? WHERE run_id = ? AND attempt = ?",
+                (holder, expires_at, attempt, time.time(), run_id, expect_attempt),
+            )
+            return bool(cur.rowcount == 1)
+
+    def heartbeat_run(self, run_id: str, *, holder: str, attempt: int, expires_at: float) -> bool:
+        with self._write() as c:
+            cur = c.execute(
+                "UPDATE runs SET lease_expires_at = ?, updated_at = ?"
+                " WHERE run_id = ? AND holder = ? AND attempt = ?",
+                (expires_at, time.time(), run_id, holder, attempt),
+            )
+            return bool(cur.rowcount == 1)
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        fields["updated_at"] = time.time()
+        names = list(fields)
+        assignments = ", ".join(f"{name} = ?" for name in names)
+        values = [_encode_run_field(name, fields[name]) for name in names]
+        with self._write() as c:
+            c.execute(f"UPDATE runs SET {assignments} WHERE run_id = ?", [*values, run_id])
+
+    def list_runs(
+        self, *, status: str | None = None, play: str | None = None, limit: int | None = None
+    ) -> list[RunRecord]:
+        where, params = _where({"status": status, "play": play})
+        sql = f"SELECT {_RUN_COLUMNS} FROM runs{where} ORDER BY created_at DESC"
+        if limit:
+            sql += f" LIMIT {int(limit)}"
+        return [_run_from_row(r) for r in self._read(sql, params)]
+
+    # --- receipts ---------------------------------------------------------------------
+
+    def apply(self, writes: Writes, now: float) -> Applied:
+        with self._write() as c:
+            settled = [_settle(c, s, now) for s in writes.settlements]
+            outcomes = self._claim(c, writes.claims, now) if writes.claims else []
+            if writes.sheet_rows:
+                self._many(
+                    c,
+                    "INSERT INTO sheet_rows (sheet, row_key, input, input_digest, cells, status, run_id,"
+                    " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (sheet, row_key) DO UPDATE SET"
+                    " input = excluded.input, input_digest = excluded.input_digest, cells = excluded.cells,"
+                    " status = excluded.status, run_id = excluded.run_id, updated_at = excluded.updated_at",
+                    [
+                        (
+                            r.sheet,
+                            r.row_key,
+                            _json.dumps_str(r.input),
+                            r.input_digest,
+                            _json.dumps_str(r.cells),
+                            r.status,
+                            r.run_id,
+                            r.updated_at,
+                        )
+                        for r in writes.sheet_rows
+                    ],
+                )
+            if writes.map_rows:
+                self._many(
+                    c,
+                    "INSERT INTO map_rows (run_id, map, idx, input_index, row_key, outcome, error)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, map, idx) DO UPDATE SET"
+                    " input_index = excluded.input_index, row_key = excluded.row_key,"
+                    " outcome = excluded.outcome, error = excluded.error",
+                    [
+                        (r.run_id, r.map, r.idx, r.input_index, r.row_key, r.outcome, r.error)
+                        for r in writes.map_rows
+                    ],
+                )
+            if writes.logs:
+                self._many(
+                    c,
+                    "INSERT INTO logs (run_id, attempt, ts, level, message) VALUES (?, ?, ?, ?, ?)",
+                    [(ln.run_id, ln.attempt, ln.ts, ln.level, ln.message) for ln in writes.logs],
+                )
+        return Applied(settled, outcomes)
+
+    def heartbeat_receipts(self, leases: Sequence[tuple[str, str]], expires_at: float) -> set[str]:
+        lost: set[str] = set()
+        with self._write() as c:
+            for key, lease_id in leases:
+                cur = c.execute(
+                    "UPDATE receipts SET lease_expires_at = ?"
+                    " WHERE key = ? AND lease_id = ? AND status = 'running'",
+                    (expires_at, key, lease_id),
+                )
+                if cur.rowcount != 1:
+                    lost.add(lease_id)
+        return lost
+
+    def expire_run_receipts(self, run_id: str) -> int:
+        with self._write() as c:
+            cur = c.execute(
+                "UPDATE receipts SET lease_expires_at = 0 WHERE run_id = ? AND status = 'running'",
+                (run_id,),
+            )
+            return int(cur.rowcount)
+
+    def get_receipt(self, key: str) -> Receipt | None:
+        rows = self._read(f"SELECT {_RECEIPT_COLUMNS} FROM receipts WHERE key = ?", (key,))
+        return _receipt_from_row(rows[0]) if rows else None
+
+    def credits_spent(self, run_id: str) -> float:
+        rows = self._read(
+            "SELECT coalesce(sum(credits), 0) FROM receipts WHERE status = 'completed' AND run_id IN"
+            " (SELECT run_id FROM runs WHERE run_id = ? OR root_run_id = ?)",
+            (run_id, run_id),
+        )
+        return float(rows[0][0])
+
+    def query_receipts(self, query: ReceiptQuery) -> list[Receipt]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        source = "receipts"
+        if query.run_id:
+            clauses.append(
+                "(receipts.run_id = ? OR receipts.key IN (SELECT key FROM run_receipts WHERE run_id = ?))"
+            )
+            params += [query.run_id, query.run_id]
+        if query.key_prefix:
+            clauses.append("receipts.key >= ? AND receipts.key < ?")
+            params += [query.key_prefix, query.key_prefix + "\uffff"]
+        for name in ("status", "tool"):
+            value = getattr(query, name)
+            if value:
+                clauses.append(f"receipts.{name} = ?")
+                params.append(value)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        cols = ", ".join(f"receipts.{c.strip()}" for c in _RECEIPT_COLUMNS.split(","))
+        sql = f"SELECT {cols} FROM {source}{where} ORDER BY receipts.created_at, receipts.key"
+        if query.limit:
+            sql += f" LIMIT {int(query.limit)}"
+        return [_receipt_from_row(r) for r in self._read(sql, params)]
+
+    # --- logs -------------------------------------------------------------------------
+
+    # --- sheets and maps ---------------------------------------------------------------
+
+    def load_sheet_rows(self, sheet: str, row_keys: Sequence[str]) -> dict[str, SheetRow]:
+        found: dict[str, SheetRow] = {}
+        for chunk in _chunks(row_keys):
+            marks = ", ".join("?" * len(chunk))
+            rows = self._read(
+                "SELECT row_key, input, input_digest, cells, status, run_id, updated_at"
+                f" FROM sheet_rows WHERE sheet = ? AND row_key IN ({marks})",
+                [sheet, *chunk],
+            )
+            for key, inp, digest, cells, status, run_id, updated in rows:
+                found[key] = SheetRow(
+                    sheet, key, _json.loads(inp), digest, _json.loads(cells), status, run_id, updated
+                )
+        return found
+
+    def finished_map_rows(self, run_id: str, map: str) -> list[int]:
+        rows = self._read("SELECT idx FROM map_rows WHERE run_id = ? AND map = ?", (run_id, map))
+        return [r[0] for r in rows]
+
+    def succeeded_map_rows(self, run_id: str, map: str) -> list[int]:
+        rows = self._read(
+            "SELECT idx FROM map_rows WHERE run_id = ? AND map = ? AND outcome = 'succeeded'", (run_id, map)
+        )
+        return [r[0] for r in rows]
+
+    def count_map_rows(self, run_id: str, map: str) -> dict[str, int]:
+        rows = self._read(
+            "SELECT outcome, count(*) FROM map_rows WHERE run_id = ? AND map = ? GROUP BY outcome",
+            (run_id, map),
+        )
+        return {outcome: n for outcome, n in rows}
+
+    def failed_map_rows(self, run_id: str, map: str, limit: int) -> list[MapRow]:
+        rows = self._read(
+            "SELECT run_id, map, idx, input_index, row_key, outcome, error FROM map_rows"
+            " WHERE run_id = ? AND map = ? AND outcome = 'failed' ORDER BY idx LIMIT ?",
+            (run_id, map, limit),
+        )
+        return [MapRow(*r) for r in rows]
+
+    def map_rows_page(
+        self, run_id: str, map: str, sheet: str, after_idx: int, limit: int, *, failed_only: bool = False
+    ) -> list[DatasetRow]:
+        failed = " AND m.outcome = 'failed'" if failed_only else ""
+        rows = self._read(
+            "SELECT m.idx, m.row_key, m.outcome, m.error, s.input, s.cells FROM map_rows m"
+            " LEFT JOIN sheet_rows s ON s.sheet = ? AND s.row_key = m.row_key"
+            f" WHERE m.run_id = ? AND m.map = ? AND m.idx > ?{failed} ORDER BY m.idx LIMIT ?",
+            (sheet, run_id, map, after_idx, limit),
+        )
+        return [
+            DatasetRow(idx, key, outcome, error, _json.loads(inp), _json.loads(cells) or {})
+            for idx, key, outcome, error, inp, cells in rows
+        ]
+
+    def save_map(self, record: MapRecord) -> None:
+        with self._write() as c:
+            c.execute(
+                "INSERT INTO maps (run_id, map, sheet, input_columns, columns, status, total, succeeded,"
+                " failed, duplicate, reused, started_at, finished_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, map) DO UPDATE SET"
+                " sheet = excluded.sheet, input_columns = excluded.input_columns, columns = excluded.columns,"
+                " status = excluded.status, total = excluded.total, succeeded = excluded.succeeded,"
+                " failed = excluded.failed, duplicate = excluded.duplicate, reused = excluded.reused,"
+                " finished_at = excluded.finished_at",
+                (
+                    record.run_id,
+                    record.map,
+                    record.sheet,
+                    _json.dumps_str(record.input_columns),
+                    _json.dumps_str(record.columns),
+                    record.status,
+                    record.total,
+                    record.succeeded,
+                    record.failed,
+                    record.duplicate,
+                    record.reused,
+                    record.started_at,
+                    record.finished_at,
+                ),
+            )
+
+    def get_maps(self, run_id: str) -> list[MapRecord]:
+        rows = self._read(
+            "SELECT run_id, map, sheet, input_columns, columns, status, total, succeeded, failed,"
+            " duplicate, reused, started_at, finished_at FROM maps WHERE run_id = ?"
+            " ORDER BY started_at",
+            (run_id,),
+        )
+        return [
+            MapRecord(r[0], r[1], r[2], _json.loads(r[3]) or [], _json.loads(r[4]) or [], *r[5:])
+            for r in rows
+        ]
+
+    # --- suspension -----------------------------------------------------------------------
+
+    def get_boundary(self, run_id: str, id: str) -> Boundary | None:
+        rows = self._read(
+            f"SELECT {_BOUNDARY_COLUMNS} FROM boundaries WHERE run_id = ? AND id = ?", (run_id, id)
+        )
+        return _boundary_from_row(rows[0]) if rows else None
+
+    def put_boundary(self, boundary: Boundary) -> Boundary:
+        b = boundary
+        with self._write() as c:
+            c.execute(
+                f"INSERT INTO boundaries ({_BOUNDARY_COLUMNS}) VALUES ({', '.join('?' * 10)})"
+                " ON CONFLICT (run_id, id) DO NOTHING",
+                (
+                    b.run_id,
+                    b.id,
+                    b.kind,
+                    b.status,
+                    b.due_at,
+                    b.event_id,
+                    b.child_run_id,
+                    _json_or_none(b.payload),
+                    b.created_at,
+                    b.resolved_at,
+                ),
+            )
+            row = c.execute(
+                f"SELECT {_BOUNDARY_COLUMNS} FROM boundaries WHERE run_id = ? AND id = ?", (b.run_id, b.id)
+            ).fetchone()
+        return _boundary_from_row(row)
+
+    def resolve_boundary(self, run_id: str, id: str, payload: Any, now: float) -> None:
+        with self._write() as c:
+            c.execute(
+                "UPDATE boundaries SET status = 'resolved', payload = ?, resolved_at = ?"
+                " WHERE run_id = ? AND id = ? AND status = 'waiting'",
+                (_json_or_none(payload), now, run_id, id),
+            )
+
+    def boundaries(self, run_id: str) -> list[Boundary]:
+        rows = self._read(
+            f"SELECT {_BOUNDARY_COLUMNS} FROM boundaries WHERE run_id = ? ORDER BY created_at, id", (run_id,)
+        )
+        return [_boundary_from_row(r) for r in rows]
+
+    def send_event(self, run_id: str, event_id: str, payload: Any, now: float) -> bool:
+        with self._write() as c:
+            cur = c.execute(
+                "INSERT INTO events (run_id, event_id, payload, created_at) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (run_id, event_id) DO NOTHING",
+                (run_id, event_id, _json_or_none(payload), now),
+            )
+            return bool(cur.rowcount == 1)
+
+    def get_event(self, run_id: str, event_id: str) -> tuple[bool, Any]:
+        rows = self._read("SELECT payload FROM events WHERE run_id = ? AND event_id = ?", (run_id, event_id))
+        return (True, _json.loads(rows[0][0])) if rows else (False, None)
+
+    def journal(self, run_id: str) -> list[str]:
+        return [
+            r[0] for r in self._read("SELECT id FROM journal WHERE run_id = ? ORDER BY position", (run_id,))
+        ]
+
+    def append_journal(self, run_id: str, position: int, id: str) -> None:
+        with self._write() as c:
+            c.execute(
+                "INSERT INTO journal (run_id, position, id) VALUES (?, ?, ?)"
+                " ON CONFLICT (run_id, position) DO NOTHING",
+                (run_id, position, id),
+            )
+
+    def child_runs(self, run_id: str) -> list[RunRecord]:
+        rows = self._read(
+            f"SELECT {_RUN_COLUMNS} FROM runs WHERE parent_run_id = ? ORDER BY created_at", (run_id,)
+        )
+        return [_run_from_row(r) for r in rows]
+
+    def get_logs(self, run_id: str) -> list[LogLine]:
+        rows = self._read(
+            "SELECT run_id, attempt, ts, level, message FROM logs WHERE run_id = ? ORDER BY id",
+            (run_id,),
+        )
+        return [LogLine(*r) for r in rows]
+
+    # --- claims ---------------------------------------------------------------------------
+
+    def _claim(self, c: Any, claims: Sequence[Claim], now: float) -> list[ClaimOutcome]:
+        """Decide every claim against the stored receipt, under a row lock where the
+        database has them; a key another process inserted meanwhile is decided again."""
+        existing = self._load_for_update(c, [cl.key for cl in claims])
+        outcomes: dict[int, ClaimOutcome] = {}
+        replaced: list[Receipt] = []
+        pending = list(enumerate(claims))
+        while pending:
+            inserts: list[tuple[int, Claim]] = []
+            for position, cl in pending:
+                current = existing.get(cl.key)
+                verdict = decide_claim(current, cl, now)
+                if verdict == "claimed":
+                    if current is not None and current.run_id != cl.run_id:
+                        replaced.append(current)
+                    claimed = _claimed(current, cl, now)
+                    if current is None:
+                        inserts.append((position, cl))
+                    else:
+                        c.execute(_CLAIM_UPDATE, (*claim_values(cl, claimed.created_at), cl.key))
+                    existing[cl.key] = current = claimed
+                assert current is not None
+                outcomes[position] = ClaimOutcome(verdict, current)
+            lost = self._insert_claims(c, inserts, now)
+            for _, cl in lost:  # another process inserted it since we looked: decide again
+                existing.pop(cl.key, None)
+            existing.update(self._load_for_update(c, [cl.key for _, cl in lost]))
+            pending = lost
+        ordered = [outcomes[i] for i in range(len(claims))]
+        # Receipts a run owns are found by their owner column; only receipts it used but
+        # another run owns (reuse, or one taken over from it) need a usage row.
+        usage = [
+            (cl.run_id, o.receipt.key)
+            for cl, o in zip(claims, ordered, strict=True)
+            if o.receipt.run_id != cl.run_id
+        ]
+        usage += [(before.run_id, before.key) for before in replaced if before.run_id]
+        self._many(c, "INSERT INTO run_receipts (run_id, key) VALUES (?, ?) ON CONFLICT DO NOTHING", usage)
+        return ordered
+
+    def _insert_claims(self, c: Any, inserts: list[tuple[int, Claim]], now: float) -> list[tuple[int, Claim]]:
+        """Insert new receipts; return the ones that lost a race to another process."""
+        lost: list[tuple[int, Claim]] = []
+        step = _CHUNK // 16
+        for start in range(0, len(inserts), step):
+            chunk = inserts[start : start + step]
+            rows = ", ".join([CLAIM_ROW] * len(chunk))
+            params = [v for _, cl in chunk for v in (*claim_values(cl, now), cl.key)]
+            sql = (
+                f"INSERT INTO receipts ({CLAIM_INSERT_COLUMNS}) VALUES {rows}"
+                " ON CONFLICT (key) DO NOTHING RETURNING key"
+            )
+            inserted = {r[0] for r in c.execute(sql, params).fetchall()}
+            lost += [(p, cl) for p, cl in chunk if cl.key not in inserted]
+        return lost
+
+    def _load_for_update(self, c: Any, keys: Sequence[str]) -> dict[str, Receipt]:
+        found: dict[str, Receipt] = {}
+        for chunk in _chunks(list(dict.fromkeys(keys))):
+            marks = ", ".join("?" * len(chunk))
+            sql = f"SELECT {_RECEIPT_COLUMNS} FROM receipts WHERE key IN ({marks}){self.row_lock}"
+            for row in c.execute(sql, chunk).fetchall():
+                found[row[0]] = _receipt_from_row(row)
+        return found
+
+
+# --- receipts: the write path ------------------------------------------------------------
+
+
+def _settle(c: Any, s: Settlement, now: float) -> bool:
+    if s.status == "released":
+        cur = c.execute(
+            "UPDATE receipts SET lease_expires_at = 0 WHERE key = ? AND lease_id = ? AND status = 'running'",
+            (s.key, s.lease_id),
+        )
+    else:
+        output = _json_or_none(s.output) if s.status == "completed" else None
+        cur = c.execute(
+            "UPDATE receipts SET status = ?, output = ?, error = ?, failure_kind = ?,"
+            " retryable = ?, credits = ?, completed_at = ?, lease_expires_at = NULL"
+            " WHERE key = ? AND lease_id = ? AND status = 'running'",
+            (
+                s.status,
+                output,
+                _json_or_none(s.error),
+                s.failure_kind,
+                int(s.retryable),
+                s.credits,
+                now,
+                s.key,
+                s.lease_id,
+            ),
+        )
+    return bool(cur.rowcount == 1)
+
+
+# --- row mapping ------------------------------------------------------------------------
+
+
+def _boundary_from_row(row: Sequence[Any]) -> Boundary:
+    values = list(row)
+    values[7] = _json.loads(values[7])
+    return Boundary(*values)
+
+
+def _run_fields() -> list[str]:
+    return [name.strip() for name in _RUN_COLUMNS.split(",")]
+
+
+def _encode_run_field(name: str, value: Any) -> Any:
+    if name in _RUN_JSON:
+        return _json_or_none(value)
+    return value
+
+
+def _json_or_none(value: Any) -> str | None:
+    return None if value is None else _json.dumps_str(value)
+
+
+def _run_from_row(row: Sequence[Any]) -> RunRecord:
+    values = {
+        name: (_json.loads(value) if name in _RUN_JSON else value)
+        for name, value in zip(_run_fields(), row, strict=True)
+    }
+    values["options"] = values["options"] or {}
+    values["stats"] = values["stats"] or {}
+    return RunRecord(**values)
+
+
+def _receipt_from_row(row: Sequence[Any]) -> Receipt:
+    (
+        key,
+        kind,
+        label,
+        tool,
+        status,
+        run_id,
+        attempt,
+        lease_id,
+        lease_expires_at,
+        idem,
+        output,
+        error,
+        failure_kind,
+        retryable,
+        credits,
+        created_at,
+        completed_at,
+    ) = row
+    return Receipt(
+        key=key,
+        kind=kind,
+        label=label or "",
+        tool=tool,
+        status=status,
+        run_id=run_id,
+        attempt=attempt,
+        lease_id=lease_id,
+        lease_expires_at=lease_expires_at,
+        idempotency_key=idem,
+        output=_json.loads(output),
+        error=_json.loads(error),
+        failure_kind=failure_kind,
+        retryable=bool(retryable),
+        credits=credits or 0.0,
+        created_at=created_at,
+        completed_at=completed_at,
+    )
+
+
+CLAIM_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', 0, 0)"
+CLAIM_INSERT_COLUMNS = (
+    "kind, label, tool, run_id, attempt, lease_id, lease_expires_at, idempotency_key, created_at, key,"
+    " status, retryable, credits"
+)
+_CLAIM_UPDATE = (
+    "UPDATE receipts SET kind = ?, label = ?, tool = ?, run_id = ?, attempt = ?, lease_id = ?,"
+    " lease_expires_at = ?, idempotency_key = ?, created_at = ?, status = 'running', error = NULL,"
+    " failure_kind = NULL, retryable = 0 WHERE key = ?"
+)
+
+
+def claim_values(cl: Claim, created_at: float) -> tuple[Any, ...]:
+    return (
+        cl.kind,
+        cl.label,
+        cl.tool,
+        cl.run_id,
+        cl.attempt,
+        cl.lease_id,
+        cl.lease_expires_at,
+        cl.idempotency_key,
+        created_at,
+    )
+
+
+def _claimed(current: Receipt | None, cl: Claim, now: float) -> Receipt:
+    return Receipt(
+        key=cl.key,
+        kind=cl.kind,
+        label=cl.label,
+        tool=cl.tool,
+        status="running",
+        run_id=cl.run_id,
+        attempt=cl.attempt,
+        lease_id=cl.lease_id,
+        lease_expires_at=cl.lease_expires_at,
+        idempotency_key=cl.idempotency_key,
+        created_at=current.created_at if current else now,
+    )
+
+
+def _where(filters: dict[str, Any]) -> tuple[str, list[Any]]:
+    present = {k: v for k, v in filters.items() if v is not None}
+    if not present:
+        return "", []
+    return " WHERE " + " AND ".join(f"{k} = ?" for k in present), list(present.values())
+
+
+def _chunks(items: Sequence[str]) -> Iterator[list[str]]:
+    for i in range(0, len(items), _CHUNK):
+        yield list(items[i : i + _CHUNK])
