@@ -36,9 +36,7 @@ def main() -> None:
     lines = []
     for script, *flags in QUICK if args.quick else FULL:
         print(f"# {script} {' '.join(flags)}", file=sys.stderr, flush=True)
-        out = subprocess.run(
-            [sys.executable, str(HERE / script), *flags], check=True, capture_output=True, text=True
-        )
+        out = subprocess.run([sys.executable, str(HERE / script), *flags], check=True, capture_output=True, text=True)
         line = out.stdout.strip().splitlines()[-1]
         print(line, flush=True)
         lines.append(line)

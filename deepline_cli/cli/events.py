@@ -47,8 +47,6 @@ def send(
         if target in delivered:
             typer.echo(f"Delivered {event_id!r}{where}.", err=True)
         else:
-            typer.echo(
-                f"Event {event_id!r} was already delivered{where}; the first payload is kept.", err=True
-            )
+            typer.echo(f"Event {event_id!r} was already delivered{where}; the first payload is kept.", err=True)
     if delivered:
         typer.echo(f"Continue the run with: deepline resume {run_id}", err=True)

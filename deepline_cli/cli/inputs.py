@@ -22,9 +22,7 @@ def _parse_json(text: str, *, flag: str) -> Any:
     try:
         return _strict_loads(text)
     except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{flag} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}."
-        ) from None
+        raise InputError(f"{flag} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}.") from None
     except ValueError as exc:
         raise InputError(f"{flag} is not valid JSON: {exc}.") from None
 

@@ -9,9 +9,7 @@ import typer
 from deepline_cli.cli.common import JsonOption, StoreOption, cli_errors
 from deepline_cli.cli.tables import print_json_lines, print_table, when
 
-app = typer.Typer(
-    help="Inspect receipts: the durable record of every tool call and step.", no_args_is_help=True
-)
+app = typer.Typer(help="Inspect receipts: the durable record of every tool call and step.", no_args_is_help=True)
 
 
 def receipt_dict(r: Any) -> dict[str, Any]:
@@ -38,9 +36,7 @@ def receipt_dict(r: Any) -> dict[str, Any]:
 def inspect(
     key_prefix: Annotated[str | None, typer.Argument(help="Only keys starting with this.")] = None,
     run: Annotated[str | None, typer.Option("--run", help="Receipts this run used.")] = None,
-    status: Annotated[
-        str | None, typer.Option("--status", help="running, completed, failed or skipped.")
-    ] = None,
+    status: Annotated[str | None, typer.Option("--status", help="running, completed, failed or skipped.")] = None,
     tool: Annotated[str | None, typer.Option("--tool", help="Only this tool id.")] = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="At most N receipts.")] = None,
     store: StoreOption = None,

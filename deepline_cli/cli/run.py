@@ -26,9 +26,7 @@ ForceRefreshOption = Annotated[
 ]
 MaxCreditsOption = Annotated[
     float | None,
-    typer.Option(
-        "--max-credits", min=0, help="Stop before the run's credits would exceed N (resume with more)."
-    ),
+    typer.Option("--max-credits", min=0, help="Stop before the run's credits would exceed N (resume with more)."),
 ]
 MaxInlineWaitOption = Annotated[
     float, typer.Option("--max-inline-wait", min=0, help="Longer waits suspend the run (exit 3) instead.")
@@ -205,15 +203,12 @@ def _report(result: RunResult, json_mode: bool, view: Any) -> None:
         return
     err = sys.stderr
     if result.reported and result.status == "completed":
-        err.write(
-            f"Run {result.run_id} already completed (attempt {result.attempt}); not running it again.\n"
-        )
+        err.write(f"Run {result.run_id} already completed (attempt {result.attempt}); not running it again.\n")
     if result.status == "completed":
         sys.stdout.write(_json.dumps_str(result.output) + "\n")
         if result.exit_code == 1:
             err.write(
-                f"Run {result.run_id} completed with {result.failed_rows} failed row(s) "
-                "(--fail-on-row-errors).\n"
+                f"Run {result.run_id} completed with {result.failed_rows} failed row(s) (--fail-on-row-errors).\n"
             )
     elif result.status == "interrupted":
         err.write(f"Run {result.run_id} interrupted; continue it with: deepline resume {result.run_id}\n")

@@ -36,12 +36,9 @@ def list_tools(
         print_json_lines(rows)
         return
     table = [
-        (r["id"], r["kind"], r["credits"], r["rate_limit"] or "", r["concurrency"] or "", r["target"])
-        for r in rows
+        (r["id"], r["kind"], r["credits"], r["rate_limit"] or "", r["concurrency"] or "", r["target"]) for r in rows
     ]
-    print_table(
-        ["tool", "kind", "credits", "rate limit", "concurrency", "target"], table, empty="No tools found."
-    )
+    print_table(["tool", "kind", "credits", "rate limit", "concurrency", "target"], table, empty="No tools found.")
 
 
 def _tool_rows(play: str | None, config: Path | None) -> list[dict[str, object]]:
@@ -154,8 +151,6 @@ def check(
             typer.echo(f"tool       {row['id']}  [{row['kind']}]  {row['target']}")
     if missing:
         tool_id, name = missing[0]
-        raise UsageError(
-            f"Tool {tool_id!r}: secret {name} is not set; export it or add it to .env next to the play."
-        )
+        raise UsageError(f"Tool {tool_id!r}: secret {name} is not set; export it or add it to .env next to the play.")
     if not json:
         typer.echo("ok: the play loads, its config is valid and every secret is set.")

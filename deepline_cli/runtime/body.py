@@ -32,9 +32,7 @@ async def execute_body(play: PlayDef, s: RunServices, input: Any) -> BodyOutcome
         return BodyOutcome("waiting", suspended=exc)
     except Exception as exc:
         await _flush_journal(s)
-        stop = (
-            exc if isinstance(exc, RunInterrupted) or (isinstance(exc, DeeplineError) and exc.fatal) else None
-        )
+        stop = exc if isinstance(exc, RunInterrupted) or (isinstance(exc, DeeplineError) and exc.fatal) else None
         return BodyOutcome("failed", error=describe(exc, s, play.file), raised=stop)
     await _flush_journal(s)
     tripped = s.book.tripped

@@ -32,9 +32,7 @@ def resolve_play_ref(play_ref: str, parent_file: str) -> PlayDef:
     if ".py" not in play_ref:
         found = find_play_by_name(play_ref)
         if found is None:
-            raise PlayLoadError(
-                f"No play named {play_ref!r} is loaded; use its name or 'path/to/file.py[:function]'."
-            )
+            raise PlayLoadError(f"No play named {play_ref!r} is loaded; use its name or 'path/to/file.py[:function]'.")
         return found
     return load_play(play_ref, base=Path(parent_file).parent)
 
@@ -56,9 +54,7 @@ async def run_play(
         raise GovernanceError(
             f"Child play {play.name!r} would be {s.depth + 1} calls deep; the limit is {s.caps.max_depth}."
         )
-    call = DurableCall(
-        key=receipt_key("run_play", s.scope.workspace, s.scope.run_id, id), kind="run_play", label=id
-    )
+    call = DurableCall(key=receipt_key("run_play", s.scope.workspace, s.scope.run_id, id), kind="run_play", label=id)
     child_id = child_run_id(s.scope.run_id, id, play, input)
 
     async def invoke(_: Any) -> Any:
@@ -113,9 +109,7 @@ async def _execute_child(
     if outcome.status == "waiting":
         boundary = await s.io.call(
             store.put_boundary,
-            Boundary(
-                s.scope.run_id, f"child:{call_id}", "child", child_run_id=child_id, created_at=s.io.now()
-            ),
+            Boundary(s.scope.run_id, f"child:{call_id}", "child", child_run_id=child_id, created_at=s.io.now()),
         )
         raise Suspended(boundary)
     if outcome.raised is not None:

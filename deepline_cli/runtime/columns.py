@@ -33,9 +33,7 @@ def resolve_columns(columns: Mapping[str, Callable[..., Any] | Column]) -> list[
         parts = [_code_fingerprint(column.fn)]
         if column.run_if is not None:
             parts.append(_code_fingerprint(column.run_if))
-        resolved.append(
-            ResolvedColumn(name, column, hashlib.sha256("|".join(parts).encode()).hexdigest()[:16])
-        )
+        resolved.append(ResolvedColumn(name, column, hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]))
     return resolved
 
 

@@ -72,16 +72,12 @@ class HttpToolSpec:
     def secret_names(self) -> list[str]:
         """Every `${NAME}` the request templates use (the tool's credentials)."""
         found: set[str] = set()
-        _walk_strings(
-            [self.url, self.headers, self.query, self.json], lambda s: found.update(SECRET_REF.findall(s))
-        )
+        _walk_strings([self.url, self.headers, self.query, self.json], lambda s: found.update(SECRET_REF.findall(s)))
         return sorted(found)
 
     def field_names(self) -> list[str]:
         found: set[str] = set()
-        _walk_strings(
-            [self.url, self.headers, self.query, self.json], lambda s: found.update(FIELD_REF.findall(s))
-        )
+        _walk_strings([self.url, self.headers, self.query, self.json], lambda s: found.update(FIELD_REF.findall(s)))
         return sorted(found)
 
 
@@ -133,9 +129,7 @@ def _check_keys(path: Path, owner: str, table: Any, allowed: dict[str, Any]) -> 
         raise UsageError(f"{path}: {owner} must be a table.")
     for key, value in table.items():
         if key not in allowed:
-            raise UsageError(
-                f"{path}: {owner} has an unknown key {key!r} (allowed: {', '.join(sorted(allowed))})."
-            )
+            raise UsageError(f"{path}: {owner} has an unknown key {key!r} (allowed: {', '.join(sorted(allowed))}).")
         if not isinstance(value, allowed[key]) or isinstance(value, bool):
             raise UsageError(f"{path}: {owner} key {key!r} has the wrong type ({type(value).__name__}).")
 
@@ -160,9 +154,7 @@ def _tool(path: Path, tool_id: str, spec: Any) -> HttpToolSpec:
         _check_keys(path, f"{owner} batch", spec["batch"], _BATCH_KEYS)
     for name, json_path in (spec.get("extract") or {}).items():
         if not isinstance(json_path, str):
-            raise UsageError(
-                f'{path}: {owner} extract {name!r} must be a JSON path string like "data.email".'
-            )
+            raise UsageError(f'{path}: {owner} extract {name!r} must be a JSON path string like "data.email".')
     return HttpToolSpec(
         id=tool_id,
         method=method,

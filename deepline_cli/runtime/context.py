@@ -102,9 +102,7 @@ class Tools:
             return await self._execute(id, tool, input, force, stale_after_seconds, timeout_s, receipt_wait_s)
         except CredentialChanged:
             # Keyed under the old account: release (nothing recorded), re-key, claim once more.
-            self._s.log(
-                f"credentials of tool {tool!r} changed during the run; calling it again under the new ones"
-            )
+            self._s.log(f"credentials of tool {tool!r} changed during the run; calling it again under the new ones")
             self._s.http_tools.forget(tool)
             return await self._execute(id, tool, input, force, stale_after_seconds, timeout_s, receipt_wait_s)
 

@@ -237,9 +237,7 @@ class HttpTools:
             if exc.category == "authentication" and names:
                 self.http.secrets.reload()
                 if self._auth_digest(names, tool) != digest:
-                    raise CredentialChanged(
-                        f"The credentials of tool {tool!r} changed during the run."
-                    ) from exc
+                    raise CredentialChanged(f"The credentials of tool {tool!r} changed during the run.") from exc
             raise
 
     def _auth_digest(self, names: list[str], owner: str) -> str:
@@ -272,11 +270,7 @@ class HttpTools:
                     spec.idempotency_header: call.idempotency_key,
                 },
                 params=render(spec.query, first, http.secrets, tool=spec.id),
-                json={items_field: [body(i) for i in input]}
-                if spec.batch
-                else body(input)
-                if spec.json
-                else None,
+                json={items_field: [body(i) for i in input]} if spec.batch else body(input) if spec.json else None,
             )
             response = await self._send_checking_auth(
                 request,
@@ -329,15 +323,11 @@ class HttpTools:
                     },
                 },
             )
-            response = await http.send(
-                request, tool=tool_id, timeout_s=remote.timeout_s, retries=remote.retries
-            )
+            response = await http.send(request, tool=tool_id, timeout_s=remote.timeout_s, retries=remote.retries)
             body = http.decode(response, tool_id)
             return body.get("output", body) if isinstance(body, dict) else body
 
-        return ToolDef(
-            id=tool_id, fn=call_remote, auth_digest=self._auth_digest([key_name], tool_id), wants_call=True
-        )
+        return ToolDef(id=tool_id, fn=call_remote, auth_digest=self._auth_digest([key_name], tool_id), wants_call=True)
 
 
 def _strings(headers: Any) -> dict[str, str]:
@@ -364,9 +354,7 @@ class FetchResult:
 _KEPT_HEADERS = ("content-type", "etag", "last-modified", "location", "retry-after")
 
 
-async def fetch_once(
-    http: Http, request: Request, *, label: str, timeout_s: float, retries: int
-) -> dict[str, Any]:
+async def fetch_once(http: Http, request: Request, *, label: str, timeout_s: float, retries: int) -> dict[str, Any]:
     """One durable fetch: any final HTTP status is a result (ok=False for 4xx); network
     failures, 5xx and 429 are retried and then raised."""
     try:

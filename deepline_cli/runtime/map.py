@@ -64,17 +64,13 @@ class RowContext:
         return f"map:{self._map}:{self.row_key}:{id}"
 
     async def step(self, id: str, fn: Callable[[], Any], *, stale_after_seconds: float | None = None) -> Any:
-        return await self._ctx.step(
-            self._scoped(id), fn, stale_after_seconds=stale_after_seconds, _journal=False
-        )
+        return await self._ctx.step(self._scoped(id), fn, stale_after_seconds=stale_after_seconds, _journal=False)
 
     async def fetch(self, id: str, url: str, **options: Any) -> Any:
         return await self._ctx.fetch(self._scoped(id), url, _journal=False, **options)
 
     async def run_play(self, id: str, play_ref: str, input: Any = None, *, description: str = "") -> Any:
-        return await self._ctx.run_play(
-            self._scoped(id), play_ref, input, description=description, _journal=False
-        )
+        return await self._ctx.run_play(self._scoped(id), play_ref, input, description=description, _journal=False)
 
 
 @dataclass(slots=True)
@@ -226,9 +222,7 @@ class MapRun:
         for chunk in self._chunks():
             if self.stop is not None:
                 return
-            previous = await self.s.io.call(
-                self.s.io.store.load_sheet_rows, self.sheet, [job.key for job in chunk]
-            )
+            previous = await self.s.io.call(self.s.io.store.load_sheet_rows, self.sheet, [job.key for job in chunk])
             for job in chunk:
                 job.previous = previous.get(job.key)
                 if not self._reuse_whole_row(job):

@@ -95,9 +95,7 @@ def load_module(path: Path) -> Any:
         sys.modules.pop(module_name, None)
         line = _line_in(path, exc)
         where = f"{path} line {line}" if line else str(path)
-        raise PlayLoadError(
-            f"Importing {where} failed: {type(exc).__name__}: {exc}".rstrip(".") + "."
-        ) from exc
+        raise PlayLoadError(f"Importing {where} failed: {type(exc).__name__}: {exc}".rstrip(".") + ".") from exc
     return module
 
 

@@ -312,9 +312,7 @@ class ReceiptBook:
     def _check_lease(self, call: DurableCall, lease_id: str) -> None:
         """Right before the provider is called: is the lease still ours and unexpired?"""
         if lease_id in self._lost or self._held.get(lease_id, ("", 0.0))[1] <= self._io.now():
-            raise ReceiptLeaseLostError(
-                f"The lease on {call.kind} {call.label!r} was lost before the call was made."
-            )
+            raise ReceiptLeaseLostError(f"The lease on {call.kind} {call.label!r} was lost before the call was made.")
 
     async def heartbeat(self) -> None:
         """Extend every lease of a call in flight; remember the ones another owner took."""

@@ -30,9 +30,7 @@ class CsvSource:
         self.columns = [self._rename.get(name, name) for name in header]
         missing = [name for name in (required or []) if name not in self.columns]
         if missing:
-            raise InputError(
-                f"{path}: required column {missing[0]!r} is missing (columns: {', '.join(self.columns)})."
-            )
+            raise InputError(f"{path}: required column {missing[0]!r} is missing (columns: {', '.join(self.columns)}).")
 
     def _open(self) -> Any:
         try:
@@ -71,9 +69,7 @@ class CsvSource:
                         )
                     yield dict(zip(columns, record, strict=True))
             except UnicodeDecodeError as exc:
-                raise InputError(
-                    f"{self.path} line {line + 1}: not valid UTF-8 (byte {exc.start})."
-                ) from None
+                raise InputError(f"{self.path} line {line + 1}: not valid UTF-8 (byte {exc.start}).") from None
             except csv.Error as exc:
                 raise InputError(f"{self.path} line {reader.line_num}: {exc}.") from None
 

@@ -455,9 +455,7 @@ class _Attempt:
                     expires_at=self.io.now() + self.options.lease_ttl,
                 )
                 if not held:
-                    lost = ReceiptLeaseLostError(
-                        f"Run {record.run_id} was taken over by another process; stopping."
-                    )
+                    lost = ReceiptLeaseLostError(f"Run {record.run_id} was taken over by another process; stopping.")
                     services.book.close(lost)
                     if self.task is not None:
                         self.task.cancel()

@@ -36,16 +36,12 @@ class Caps:
     def count_tool_call(self) -> None:
         self.tool_calls += 1
         if self.max_tool_calls is not None and self.tool_calls > self.max_tool_calls:
-            raise GovernanceError(
-                f"This run made more than {self.max_tool_calls} tool calls (--max-tool-calls)."
-            )
+            raise GovernanceError(f"This run made more than {self.max_tool_calls} tool calls (--max-tool-calls).")
 
     def count_child_play(self) -> None:
         self.child_plays += 1
         if self.max_child_plays is not None and self.child_plays > self.max_child_plays:
-            raise GovernanceError(
-                f"This run started more than {self.max_child_plays} child plays (--max-child-plays)."
-            )
+            raise GovernanceError(f"This run started more than {self.max_child_plays} child plays (--max-child-plays).")
 
 
 @dataclass
@@ -110,9 +106,7 @@ class RunServices:
         value = self.options.get("max_inline_wait")
         return 30.0 if value is None else float(value)
 
-    def for_child(
-        self, run_id: str, attempt: int, play_name: str, play_file: str, journal: list[str]
-    ) -> RunServices:
+    def for_child(self, run_id: str, attempt: int, play_name: str, play_file: str, journal: list[str]) -> RunServices:
         """The services of a child run: its own identity and receipts, the rest shared."""
         scope = replace(self.scope, run_id=run_id, attempt=attempt, play=play_name)
         book = self.book.for_scope(scope)

@@ -20,9 +20,7 @@ class ToolCounts:
 @dataclass(slots=True)
 class RunStats:
     tools: dict[str, ToolCounts] = field(default_factory=dict)
-    rows: dict[str, int] = field(
-        default_factory=lambda: {"succeeded": 0, "failed": 0, "duplicate": 0, "reused": 0}
-    )
+    rows: dict[str, int] = field(default_factory=lambda: {"succeeded": 0, "failed": 0, "duplicate": 0, "reused": 0})
     steps: dict[str, int] = field(default_factory=lambda: {"live": 0, "reused": 0})
 
     def tool(self, tool_id: str) -> ToolCounts:

@@ -43,10 +43,7 @@ def _text(value: Any) -> str:
 def render(template: Any, input: Any, secrets: Secrets, *, tool: str) -> Any:
     """Fill a template (str, dict or list) from the call's input and the secrets."""
     if isinstance(template, dict):
-        return {
-            render(k, input, secrets, tool=tool): render(v, input, secrets, tool=tool)
-            for k, v in template.items()
-        }
+        return {render(k, input, secrets, tool=tool): render(v, input, secrets, tool=tool) for k, v in template.items()}
     if isinstance(template, list):
         return [render(item, input, secrets, tool=tool) for item in template]
     if not isinstance(template, str):
@@ -73,7 +70,5 @@ def _field(input: Any, path: str, tool: str) -> Any:
     value = lookup(input, path)
     if value is _MISSING:
         fields = ", ".join(input) if isinstance(input, dict) else type(input).__name__
-        raise UsageError(
-            f"Tool {tool!r}: the template field {path!r} is not in the input (fields: {fields})."
-        )
+        raise UsageError(f"Tool {tool!r}: the template field {path!r} is not in the input (fields: {fields}).")
     return value

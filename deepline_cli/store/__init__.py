@@ -24,7 +24,11 @@ def open_store(url: str | None = None) -> Store:
     """Open the store at a path, `sqlite:///path` or `postgresql://…` URL."""
     target = resolve_store_url(url)
     if target.startswith(("postgresql://", "postgres://")):
-        raise UsageError("PostgreSQL stores are not supported by this version of deepline yet.")
+        try:
+            from deepline_cli.store.postgres import PostgresStore
+        except ImportError:
+            raise UsageError("PostgreSQL stores need psycopg: pip install 'deepline-cli[postgres]'.") from None
+        return PostgresStore(target)
     if target.startswith("sqlite:///"):
         target = target[len("sqlite:///") :]
     elif target.startswith("sqlite://"):

@@ -266,9 +266,7 @@ class Store(Protocol):
     # runs
     def insert_run(self, run: RunRecord) -> None: ...
     def get_run(self, run_id: str) -> RunRecord | None: ...
-    def lease_run(
-        self, run_id: str, *, holder: str, expires_at: float, attempt: int, expect_attempt: int
-    ) -> bool:
+    def lease_run(self, run_id: str, *, holder: str, expires_at: float, attempt: int, expect_attempt: int) -> bool:
         """Take the run's lease for `attempt` if its attempt is still `expect_attempt`."""
         ...
 

@@ -73,8 +73,7 @@ def _runs_receipts_logs(db: sqlite_utils.Database) -> None:
     db.table("receipts").create_index(["run_id"])
     # Which runs used which receipts (reused ones included): `receipts inspect --run`.
     db.execute(
-        "CREATE TABLE run_receipts (run_id TEXT NOT NULL, key TEXT NOT NULL,"
-        " PRIMARY KEY (run_id, key)) WITHOUT ROWID"
+        "CREATE TABLE run_receipts (run_id TEXT NOT NULL, key TEXT NOT NULL, PRIMARY KEY (run_id, key)) WITHOUT ROWID"
     )
     db.table("logs").create(
         {"id": int, "run_id": str, "attempt": int, "ts": float, "level": str, "message": str},
@@ -139,8 +138,7 @@ def migrate(conn: sqlite3.Connection, path: str) -> None:
         unknown = sorted(set(applied) - set(known))
         if unknown:
             raise StoreError(
-                f"The store {path} was written by a newer deepline (schema {unknown[-1]}); "
-                "upgrade deepline to open it."
+                f"The store {path} was written by a newer deepline (schema {unknown[-1]}); upgrade deepline to open it."
             )
         db = sqlite_utils.Database(conn)
         for name, apply in MIGRATIONS:

@@ -42,9 +42,7 @@ _RECEIPT_COLUMNS = (
     "key, kind, label, tool, status, run_id, attempt, lease_id, lease_expires_at,"
     " idempotency_key, output, error, failure_kind, retryable, credits, created_at, completed_at"
 )
-_BOUNDARY_COLUMNS = (
-    "run_id, id, kind, status, due_at, event_id, child_run_id, payload, created_at, resolved_at"
-)
+_BOUNDARY_COLUMNS = "run_id, id, kind, status, due_at, event_id, child_run_id, payload, created_at, resolved_at"
 _CHUNK = 400  # bound parameters per statement stay well under every backend's limit
 
 
@@ -82,9 +80,7 @@ class SqlStore:
         rows = self._read(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
         return _run_from_row(rows[0]) if rows else None
 
-    def lease_run(
-        self, run_id: str, *, holder: str, expires_at: float, attempt: int, expect_attempt: int
-    ) -> bool:
+    def lease_run(self, run_id: str, *, holder: str, expires_at: float, attempt: int, expect_attempt: int) -> bool:
         with self._write() as c:
             cur = c.execute(
                 "UPDATE runs SET holder = ?, lease_expires_at = ?, attempt = ?,"
@@ -96,8 +92,7 @@ class SqlStore:
     def heartbeat_run(self, run_id: str, *, holder: str, attempt: int, expires_at: float) -> bool:
         with self._write() as c:
             cur = c.execute(
-                "UPDATE runs SET lease_expires_at = ?, updated_at = ?"
-                " WHERE run_id = ? AND holder = ? AND attempt = ?",
+                "UPDATE runs SET lease_expires_at = ?, updated_at = ? WHERE run_id = ? AND holder = ? AND attempt = ?",
                 (expires_at, time.time(), run_id, holder, attempt),
             )
             return bool(cur.rowcount == 1)
@@ -153,10 +148,7 @@ class SqlStore:
                     " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, map, idx) DO UPDATE SET"
                     " input_index = excluded.input_index, row_key = excluded.row_key,"
                     " outcome = excluded.outcome, error = excluded.error",
-                    [
-                        (r.run_id, r.map, r.idx, r.input_index, r.row_key, r.outcome, r.error)
-                        for r in writes.map_rows
-                    ],
+                    [(r.run_id, r.map, r.idx, r.input_index, r.row_key, r.outcome, r.error) for r in writes.map_rows],
                 )
             if writes.logs:
                 self._many(
@@ -171,8 +163,7 @@ class SqlStore:
         with self._write() as c:
             for key, lease_id in leases:
                 cur = c.execute(
-                    "UPDATE receipts SET lease_expires_at = ?"
-                    " WHERE key = ? AND lease_id = ? AND status = 'running'",
+                    "UPDATE receipts SET lease_expires_at = ? WHERE key = ? AND lease_id = ? AND status = 'running'",
                     (expires_at, key, lease_id),
                 )
                 if cur.rowcount != 1:
@@ -204,9 +195,7 @@ class SqlStore:
         params: list[Any] = []
         source = "receipts"
         if query.run_id:
-            clauses.append(
-                "(receipts.run_id = ? OR receipts.key IN (SELECT key FROM run_receipts WHERE run_id = ?))"
-            )
+            clauses.append("(receipts.run_id = ? OR receipts.key IN (SELECT key FROM run_receipts WHERE run_id = ?))")
             params += [query.run_id, query.run_id]
         if query.key_prefix:
             clauses.append("receipts.key >= ? AND receipts.key < ?")
@@ -237,9 +226,7 @@ class SqlStore:
                 [sheet, *chunk],
             )
             for key, inp, digest, cells, status, run_id, updated in rows:
-                found[key] = SheetRow(
-                    sheet, key, _json.loads(inp), digest, _json.loads(cells), status, run_id, updated
-                )
+                found[key] = SheetRow(sheet, key, _json.loads(inp), digest, _json.loads(cells), status, run_id, updated)
         return found
 
     def finished_map_rows(self, run_id: str, map: str) -> list[int]:
@@ -316,17 +303,12 @@ class SqlStore:
             " ORDER BY started_at",
             (run_id,),
         )
-        return [
-            MapRecord(r[0], r[1], r[2], _json.loads(r[3]) or [], _json.loads(r[4]) or [], *r[5:])
-            for r in rows
-        ]
+        return [MapRecord(r[0], r[1], r[2], _json.loads(r[3]) or [], _json.loads(r[4]) or [], *r[5:]) for r in rows]
 
     # --- suspension -----------------------------------------------------------------------
 
     def get_boundary(self, run_id: str, id: str) -> Boundary | None:
-        rows = self._read(
-            f"SELECT {_BOUNDARY_COLUMNS} FROM boundaries WHERE run_id = ? AND id = ?", (run_id, id)
-        )
+        rows = self._read(f"SELECT {_BOUNDARY_COLUMNS} FROM boundaries WHERE run_id = ? AND id = ?", (run_id, id))
         return _boundary_from_row(rows[0]) if rows else None
 
     def put_boundary(self, boundary: Boundary) -> Boundary:
@@ -381,22 +363,17 @@ class SqlStore:
         return (True, _json.loads(rows[0][0])) if rows else (False, None)
 
     def journal(self, run_id: str) -> list[str]:
-        return [
-            r[0] for r in self._read("SELECT id FROM journal WHERE run_id = ? ORDER BY position", (run_id,))
-        ]
+        return [r[0] for r in self._read("SELECT id FROM journal WHERE run_id = ? ORDER BY position", (run_id,))]
 
     def append_journal(self, run_id: str, position: int, id: str) -> None:
         with self._write() as c:
             c.execute(
-                "INSERT INTO journal (run_id, position, id) VALUES (?, ?, ?)"
-                " ON CONFLICT (run_id, position) DO NOTHING",
+                "INSERT INTO journal (run_id, position, id) VALUES (?, ?, ?) ON CONFLICT (run_id, position) DO NOTHING",
                 (run_id, position, id),
             )
 
     def child_runs(self, run_id: str) -> list[RunRecord]:
-        rows = self._read(
-            f"SELECT {_RUN_COLUMNS} FROM runs WHERE parent_run_id = ? ORDER BY created_at", (run_id,)
-        )
+        rows = self._read(f"SELECT {_RUN_COLUMNS} FROM runs WHERE parent_run_id = ? ORDER BY created_at", (run_id,))
         return [_run_from_row(r) for r in rows]
 
     def get_logs(self, run_id: str) -> list[LogLine]:
@@ -440,9 +417,7 @@ class SqlStore:
         # Receipts a run owns are found by their owner column; only receipts it used but
         # another run owns (reuse, or one taken over from it) need a usage row.
         usage = [
-            (cl.run_id, o.receipt.key)
-            for cl, o in zip(claims, ordered, strict=True)
-            if o.receipt.run_id != cl.run_id
+            (cl.run_id, o.receipt.key) for cl, o in zip(claims, ordered, strict=True) if o.receipt.run_id != cl.run_id
         ]
         usage += [(before.run_id, before.key) for before in replaced if before.run_id]
         self._many(c, "INSERT INTO run_receipts (run_id, key) VALUES (?, ?) ON CONFLICT DO NOTHING", usage)

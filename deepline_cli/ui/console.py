@@ -28,16 +28,13 @@ def _eta(seconds: float | None) -> str:
     if seconds is None:
         return "ETA -"
     minutes, secs = divmod(int(seconds), 60)
-    return (
-        f"ETA {minutes // 60}:{minutes % 60:02d}:{secs:02d}" if minutes >= 60 else f"ETA {minutes}:{secs:02d}"
-    )
+    return f"ETA {minutes // 60}:{minutes % 60:02d}:{secs:02d}" if minutes >= 60 else f"ETA {minutes}:{secs:02d}"
 
 
 def map_counts(m: MapView) -> str:
     total = f"/{m.total:,}" if m.total else ""
     text = (
-        f"{m.done + m.duplicate:,}{total}  ✓ {m.succeeded:,}  ✗ {m.failed:,}  dup {m.duplicate:,}"
-        f"  reused {m.reused:,}"
+        f"{m.done + m.duplicate:,}{total}  ✓ {m.succeeded:,}  ✗ {m.failed:,}  dup {m.duplicate:,}  reused {m.reused:,}"
     )
     if m.seeded and not m.completed:
         text += f"  from earlier attempt {m.seeded:,}"
@@ -56,10 +53,7 @@ def barrier_line(m: MapView) -> str | None:
 def tool_lines(tools: dict[str, dict[str, Any]], paced: dict[str, float]) -> list[str]:
     lines = []
     for tool_id, c in sorted(tools.items()):
-        line = (
-            f"{tool_id:<16} live {c.get('live', 0):,}  reused {c.get('reused', 0):,}"
-            f"  failed {c.get('failed', 0):,}"
-        )
+        line = f"{tool_id:<16} live {c.get('live', 0):,}  reused {c.get('reused', 0):,}  failed {c.get('failed', 0):,}"
         if tool_id in paced:
             line += f"  paced {paced[tool_id]:g}/s"
         if c.get("credits"):
@@ -81,9 +75,7 @@ class ConsoleView:
 
     def __enter__(self) -> ConsoleView:
         if self.live_mode:
-            self._live = Live(
-                console=self.console, get_renderable=self.render, refresh_per_second=4, transient=False
-            )
+            self._live = Live(console=self.console, get_renderable=self.render, refresh_per_second=4, transient=False)
             self._live.start()
         return self
 
@@ -127,8 +119,7 @@ class ConsoleView:
                 self._last_plain = now
                 m = s.maps[event.data["map"]]
                 self.console.print(
-                    f"{_clock(s.elapsed)} {m.name}  {map_counts(m)}  "
-                    f"{m.rows_per_s:,.0f} rows/s  {_eta(m.eta_s)}"
+                    f"{_clock(s.elapsed)} {m.name}  {map_counts(m)}  {m.rows_per_s:,.0f} rows/s  {_eta(m.eta_s)}"
                 )
         elif event.event.startswith("barrier."):
             m = s.maps[event.data["map"]]
@@ -147,9 +138,7 @@ class ConsoleView:
         header.add_column()
         header.add_column(justify="right")
         header.add_row(
-            Text.assemble(
-                ("deepline  ", "bold"), (s.play, "cyan"), f"  run {s.run_id}", f"  attempt {s.attempt}"
-            ),
+            Text.assemble(("deepline  ", "bold"), (s.play, "cyan"), f"  run {s.run_id}", f"  attempt {s.attempt}"),
             _clock(s.elapsed),
         )
         parts: list[Any] = [header]
@@ -172,9 +161,7 @@ class ConsoleView:
         grid.add_row(Text(m.name, style="bold"), bar, Text(map_counts(m)))
         lines: list[Any] = [grid]
         if not m.completed:
-            lines.append(
-                Text(f"{' ' * len(m.name)}  {m.rows_per_s:,.0f} rows/s  {_eta(m.eta_s)}", style="dim")
-            )
+            lines.append(Text(f"{' ' * len(m.name)}  {m.rows_per_s:,.0f} rows/s  {_eta(m.eta_s)}", style="dim"))
         barriers = barrier_line(m)
         if barriers:
             lines.append(Text(f"barriers  {barriers}"))

@@ -76,8 +76,7 @@ class RunView:
             mark = "✓" if data["passed"] else "✗"
             reads = data["reads"]
             view.visibility = (
-                f"{mark} {data['visible']:,}/{data['expected']:,} visible "
-                f"({reads} read{'s' if reads != 1 else ''})"
+                f"{mark} {data['visible']:,}/{data['expected']:,} visible ({reads} read{'s' if reads != 1 else ''})"
             )
         elif name == "barrier.finalization":
             view.finalization = "✓ reconciled" if data["passed"] else f"✗ missing {data.get('missing')}"

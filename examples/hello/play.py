@@ -41,9 +41,7 @@ async def hello(ctx, input):
 
     async def enrich(person: dict) -> dict:
         found = await ctx.tools.execute("company", "hello.company", {"domain": person["domain"]})
-        guess = await ctx.tools.execute(
-            "email", "hello.email", {"name": person["name"], "domain": person["domain"]}
-        )
+        guess = await ctx.tools.execute("email", "hello.email", {"name": person["name"], "domain": person["domain"]})
         return {**person, "company": found.output["name"], **guess.output}
 
     rows = await asyncio.gather(*(enrich(p) for p in people))

@@ -73,10 +73,14 @@ async def find_email(row: dict, rc) -> dict:
 async def lead_enrichment(ctx, input):
     leads = ctx.csv(
         input["csv"],
-        rename={"First Name": "first_name", "Last Name": "last_name", "Company": "company_name",
-                "Domain": "domain"},
+        rename={
+            "First Name": "first_name",
+            "Last Name": "last_name",
+            "Company": "company_name",
+            "Domain": "domain",
+        },
         required=["first_name", "domain"],
-    )  # fmt: skip
+    )
     rows = await ctx.map(
         "leads",
         leads,
@@ -86,9 +90,7 @@ async def lead_enrichment(ctx, input):
             "company": lambda row, rc: rc.tools.execute("company", "demo.company", {"domain": row["domain"]}),
             "email": Column(find_email, run_if=lambda row: row["company"] is not None),
             "valid": Column(
-                lambda row, rc: rc.tools.execute(
-                    "validate", "demo.validate", {"email": row["email"]["email"]}
-                ),
+                lambda row, rc: rc.tools.execute("validate", "demo.validate", {"email": row["email"]["email"]}),
                 run_if=lambda row: row["email"] is not None,
             ),
         },
