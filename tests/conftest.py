@@ -78,3 +78,59 @@ def _isolated_store(monkeypatch: pytest.MonkeyPatch, store_path: Path) -> Iterat
     """In-process code never touches the user's real store."""
     monkeypatch.setenv("DEEPLINE_STORE", str(store_path))
     yield
+
+
+# --- PostgreSQL ---------------------------------------------------------------------------
+
+PG_URL = os.environ.get("DEEPLINE_TEST_POSTGRES_URL")
+PG_SKIP = "DEEPLINE_TEST_POSTGRES_URL is not set (CI sets it): PostgreSQL tests are skipped"
+
+
+def _with_database(url: str, name: str) -> str:
+    base, _, query = url.partition("?")
+    head, _, _ = base.rpartition("/")
+    return f"{head}/{name}" + (f"?{query}" if query else "")
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """A fresh database for this test session on DEEPLINE_TEST_POSTGRES_URL's server."""
+    if not PG_URL:
+        pytest.skip(PG_SKIP)
+    import secrets
+
+    import psycopg
+
+    name = f"deepline_test_{os.getpid()}_{secrets.token_hex(3)}"
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _with_database(PG_URL, name)
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg_url(pg_database: str) -> str:
+    """The session's database, emptied: every test starts with no runs and no receipts."""
+    import psycopg
+
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> '_migrations'"
+            )
+        ]
+        if tables:
+            conn.execute("TRUNCATE " + ", ".join(f'"{t}"' for t in tables))
+    return pg_database
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each store backend in turn: a SQLite file, then (when configured) PostgreSQL."""
+    if request.param == "sqlite":
+        return str(tmp_path / "contract.db")
+    return str(request.getfixturevalue("pg_url"))
