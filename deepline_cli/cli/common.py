@@ -49,6 +49,10 @@ def cli_errors(fn: F) -> F:
             if Settings.debug:
                 traceback.print_exc()
             raise fail(str(exc), exc.exit_code) from None
+        except BrokenPipeError:
+            # The reader went away (`deepline export RUN | head`): stop quietly, like other tools.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(0) from None
         except KeyboardInterrupt:
             raise fail("interrupted.", 130) from None
         except Exception as exc:

@@ -238,9 +238,9 @@ class MapRun:
                 break
             self.tally.read += 1
             row = dict(raw)
-            if len(self.input_columns) < len(row) or not self.input_columns:
-                for column in row:
-                    self.input_columns.setdefault(column, None)
+            for column in row:  # every field any row has is an input column (for export)
+                if column not in self.input_columns:
+                    self.input_columns[column] = None
             key = self.key_of(row)
             if key in self.seen:
                 self.tally.duplicate += 1

@@ -84,7 +84,10 @@ def load_module(path: Path) -> Any:
     if parent not in sys.path:
         sys.path.insert(0, parent)
     try:
-        spec.loader.exec_module(module)
+        # Compile from source every time: a cached .pyc is trusted by file size and
+        # modification second, and a play edited within that second would run stale code.
+        code = compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+        exec(code, module.__dict__)
     except SyntaxError as exc:
         sys.modules.pop(module_name, None)
         raise PlayLoadError(f"Syntax error in {exc.filename or path} line {exc.lineno}: {exc.msg}.") from exc

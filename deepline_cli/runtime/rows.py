@@ -44,11 +44,22 @@ class CsvSource:
         with self._open() as handle:
             try:
                 header = next(csv.reader(handle), None)
-            except UnicodeDecodeError as exc:
-                raise InputError(f"{self.path} line 1: not valid UTF-8 ({exc.reason}).") from None
+            except UnicodeDecodeError:
+                raise self._undecodable() from None
         if not header or not any(h.strip() for h in header):
             raise InputError(f"CSV file {self.path} is empty: it has no header row.")
         return [h.strip() for h in header]
+
+    def _undecodable(self) -> InputError:
+        """The decoder reads in blocks, so find the real line and column of the bad byte."""
+        with self.path.open("rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                try:
+                    raw.decode("utf-8-sig" if number == 1 else "utf-8")
+                except UnicodeDecodeError as exc:
+                    column = len(raw[: exc.start].decode("utf-8", errors="replace")) + 1
+                    return InputError(f"{self.path} line {number}, column {column}: not valid UTF-8.")
+        return InputError(f"{self.path}: not valid UTF-8.")
 
     def __iter__(self) -> Iterator[dict[str, str]]:
         columns = self.columns
@@ -68,8 +79,8 @@ class CsvSource:
                             f"{width} (column {min(len(record), width) + 1})."
                         )
                     yield dict(zip(columns, record, strict=True))
-            except UnicodeDecodeError as exc:
-                raise InputError(f"{self.path} line {line + 1}: not valid UTF-8 (byte {exc.start}).") from None
+            except UnicodeDecodeError:
+                raise self._undecodable() from None
             except csv.Error as exc:
                 raise InputError(f"{self.path} line {reader.line_num}: {exc}.") from None
 

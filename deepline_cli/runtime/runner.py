@@ -237,16 +237,13 @@ class Runner:
                 "wait for it to finish or stop that process first."
             )
         attempt = record.attempt + 1
-        taken = self.store.lease_run(
-            run_id,
-            holder=holder_id(),
-            expires_at=self.store.now() + self.options.lease_ttl,
-            attempt=attempt,
-            expect_attempt=record.attempt,
-        )
+        holder, expires = holder_id(), self.store.now() + self.options.lease_ttl
+        taken = self.store.lease_run(run_id, holder=holder, expires_at=expires, attempt=attempt,
+                                     expect_attempt=record.attempt)  # fmt: skip
         if not taken:
             raise RunBusyError(f"Run {run_id} was just taken by another process.")
         self.store.expire_run_receipts(run_id)
+        record.holder, record.lease_expires_at = holder, expires  # this process holds it now
         record.attempt = attempt
         record.status = "running"
         self._apply_persisted(record)

@@ -1,0 +1,279 @@
+"""`deepline export` (SPEC §5, §2 Dataset): CSV and JSONL of a run's map, through the real CLI."""
+
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deepline_cli import _json
+from deepline_cli.runtime.events import EventBus
+from deepline_cli.runtime.runner import Runner, RunOptions
+from tests.conftest import ROOT
+
+PEOPLE = "Zeta,Alpha,Mid\nz1,a1,m1\nz2,bad,m2\nz3,a3,\nz1,a1,m1\n"
+
+PLAY = """\
+from deepline_cli import play
+
+def tags(row):
+    if row["Alpha"] == "bad":
+        raise ValueError("bad alpha")
+    return ["x", row["Zeta"]]
+
+@play("export-me")
+async def export_me(ctx, input):
+    people = await ctx.map("people", ctx.csv(input["csv"]), columns={
+        "score": lambda row: len(row["Alpha"]) * 1.5,
+        "info": lambda row: {"alpha": row["Alpha"], "n": [1, 2]},
+        "tags": tags,
+        "note": lambda row: ('say "hi", ' + row["Mid"]) if row["Mid"] else None,
+    })
+    if input.get("two_maps"):
+        await ctx.map("companies", [{"domain": "acme.com", "size": 3}], key="domain",
+                      columns={"name": lambda row: row["domain"].split(".")[0]})
+    return {"rows": len(people), "failed": people.failed_count}
+"""
+
+
+def run_in_process(tmp_path: Path, store_path: Path, run_id: str, **input: Any) -> None:
+    (tmp_path / "people.csv").write_text(PEOPLE)
+    play_file = tmp_path / "export_play.py"
+    play_file.write_text(PLAY)
+    runner = Runner(RunOptions(store=str(store_path), run_id=run_id), EventBus())
+    try:
+        result = runner.start(str(play_file), {"csv": str(tmp_path / "people.csv"), **input})
+    finally:
+        runner.close()
+    assert result.status == "completed", result.error
+    assert result.output == {"rows": 3, "failed": 1}
+
+
+def parse_csv(text: str) -> list[list[str]]:
+    return list(csv.reader(io.StringIO(text)))
+
+
+EXPECTED_HEADER = ["Zeta", "Alpha", "Mid", "score", "info", "tags", "note", "_error"]
+EXPECTED_ROWS = [
+    ["z1", "a1", "m1", "3.0", '{"alpha":"a1","n":[1,2]}', '["x","z1"]', 'say "hi", m1', ""],
+    ["z2", "bad", "m2", "4.5", '{"alpha":"bad","n":[1,2]}', "", "", "ValueError: bad alpha"],
+    ["z3", "a3", "", "3.0", '{"alpha":"a3","n":[1,2]}', '["x","z3"]', "", ""],
+]
+
+
+def test_export_csv_to_stdout(deepline, tmp_path: Path, store_path: Path) -> None:
+    run_in_process(tmp_path, store_path, "exp-1")
+
+    result = deepline("export", "exp-1")
+
+    assert result.code == 0, result.stderr
+    rows = parse_csv(result.stdout)
+    # original columns first in the CSV's order, new columns after, `_error` last
+    assert rows[0] == EXPECTED_HEADER
+    # every distinct row, in input order, failed ones with their error; non-scalars as compact JSON
+    assert rows[1:] == EXPECTED_ROWS
+
+
+def test_export_jsonl(deepline, tmp_path: Path, store_path: Path) -> None:
+    run_in_process(tmp_path, store_path, "exp-2")
+
+    result = deepline("export", "exp-2", "--format", "jsonl")
+
+    assert result.code == 0, result.stderr
+    lines = [_json.loads(line) for line in result.stdout.splitlines()]
+    assert len(lines) == 3
+    assert [row.get("_error") for row in lines] == [None, "ValueError: bad alpha", None]
+    assert [{k: v for k, v in row.items() if k != "_error"} for row in lines] == [
+        {"Zeta": "z1", "Alpha": "a1", "Mid": "m1", "score": 3.0, "info": {"alpha": "a1", "n": [1, 2]},
+         "tags": ["x", "z1"], "note": 'say "hi", m1'},
+        {"Zeta": "z2", "Alpha": "bad", "Mid": "m2", "score": 4.5, "info": {"alpha": "bad", "n": [1, 2]},
+         "tags": None, "note": None},
+        {"Zeta": "z3", "Alpha": "a3", "Mid": "", "score": 3.0, "info": {"alpha": "a3", "n": [1, 2]},
+         "tags": ["x", "z3"], "note": None},
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_export_out_file(deepline, tmp_path: Path, store_path: Path, fmt: str) -> None:
+    run_in_process(tmp_path, store_path, "exp-3")
+    to_stdout = deepline("export", "exp-3", "--format", fmt)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+
+    result = deepline("export", "exp-3", "--format", fmt, "--out", f"enriched.{fmt}", cwd=out_dir)
+
+    assert result.code == 0, result.stderr
+    assert result.stdout == ""
+    written = (out_dir / f"enriched.{fmt}").read_text(encoding="utf-8")
+    assert written == to_stdout.stdout
+    assert "3 rows" in result.stderr
+
+
+def test_export_with_several_maps_needs_map(deepline, tmp_path: Path, store_path: Path) -> None:
+    run_in_process(tmp_path, store_path, "exp-4", two_maps=True)
+
+    ambiguous = deepline("export", "exp-4")
+    assert ambiguous.code == 2
+    assert "people" in ambiguous.stderr
+    assert "companies" in ambiguous.stderr
+    assert "--map" in ambiguous.stderr
+    assert ambiguous.stdout == ""
+    assert "Traceback" not in ambiguous.stderr
+
+    people = deepline("export", "exp-4", "--map", "people")
+    assert people.code == 0, people.stderr
+    assert parse_csv(people.stdout)[1:] == EXPECTED_ROWS
+
+    companies = deepline("export", "exp-4", "--map", "companies")
+    assert companies.code == 0, companies.stderr
+    assert parse_csv(companies.stdout) == [
+        ["domain", "size", "name", "_error"],
+        ["acme.com", "3", "acme", ""],
+    ]
+
+
+def test_export_unknown_map_or_run_exits_2(deepline, tmp_path: Path, store_path: Path) -> None:
+    run_in_process(tmp_path, store_path, "exp-5")
+
+    unknown_map = deepline("export", "exp-5", "--map", "nope")
+    assert unknown_map.code == 2
+    assert "nope" in unknown_map.stderr
+    assert "people" in unknown_map.stderr  # the maps it does have
+    assert "Traceback" not in unknown_map.stderr
+
+    unknown_run = deepline("export", "r-does-not-exist")
+    assert unknown_run.code == 2
+    assert "r-does-not-exist" in unknown_run.stderr
+    assert "Traceback" not in unknown_run.stderr
+
+
+def test_export_keeps_every_input_field_of_dict_rows(deepline, tmp_path: Path, store_path: Path) -> None:
+    """BUG (map.py `MapRun._chunks`): a row's fields are added to the map's input columns only
+    when the row has more fields than are known so far, so a later row with as many fields
+    but a new one ("c" below) is dropped from `Dataset.columns` and from the CSV export."""
+    play_file = tmp_path / "dict_play.py"
+    play_file.write_text(
+        "from deepline_cli import play\n\n"
+        '@play("dicts")\n'
+        "async def dicts(ctx, input):\n"
+        '    rows = [{"id": "1", "b": "x"}, {"id": "2", "c": "y"}]\n'
+        '    ds = await ctx.map("m", rows, key="id", columns={"v": lambda row: row["id"] * 2})\n'
+        "    return ds.columns\n"
+    )
+    runner = Runner(RunOptions(store=str(store_path), run_id="exp-dicts"), EventBus())
+    try:
+        result = runner.start(str(play_file), {})
+    finally:
+        runner.close()
+    assert result.status == "completed", result.error
+
+    exported = deepline("export", "exp-dicts")
+
+    assert exported.code == 0, exported.stderr
+    assert parse_csv(exported.stdout) == [
+        ["id", "b", "c", "v", "_error"],
+        ["1", "x", "", "11", ""],
+        ["2", "", "y", "22", ""],
+    ]
+    assert result.output == ["id", "b", "c", "v"]
+
+
+def test_export_into_a_closed_pipe_is_not_an_internal_error(
+    tmp_path: Path, store_path: Path, cli_env: dict[str, str]
+) -> None:
+    """BUG (cli/export.py): `deepline export RUN | head` ends with "Error: internal error:
+    BrokenPipeError: [Errno 32] Broken pipe" on stderr once the reader stops reading."""
+    play_file = tmp_path / "big_play.py"
+    play_file.write_text(
+        "from deepline_cli import play\n\n"
+        '@play("big")\n'
+        "async def big(ctx, input):\n"
+        '    rows = [{"id": i} for i in range(3000)]\n'
+        '    await ctx.map("m", rows, key="id", columns={"pad": lambda row: "x" * 200})\n'
+    )
+    runner = Runner(RunOptions(store=str(store_path), run_id="exp-big"), EventBus())
+    try:
+        assert runner.start(str(play_file), {}).status == "completed"
+    finally:
+        runner.close()
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deepline_cli", "export", "exp-big"],
+        cwd=tmp_path,
+        env=cli_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith(b"id,pad")  # like `head -1`
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    proc.wait(timeout=60)
+    proc.stderr.close()
+
+    assert "internal error" not in stderr
+    assert "BrokenPipeError" not in stderr
+
+
+# --- the lead-enrichment example, end to end -------------------------------------------------
+
+
+def test_lead_enrichment_example_runs_and_exports(deepline) -> None:
+    leads = ROOT / "examples/lead_enrichment/leads.csv"
+    with leads.open(newline="") as handle:
+        source = list(csv.DictReader(handle))
+    keys = [(r["First Name"], r["Last Name"], r["Domain"]) for r in source]
+    assert len(source) == 302
+    assert len(keys) - len(set(keys)) == 12
+
+    run = deepline(
+        "run", "examples/lead_enrichment/play.py", "--csv", "examples/lead_enrichment/leads.csv",
+        "--run-id", "leads-e2e", "--json", cwd=ROOT,
+    )  # fmt: skip
+
+    assert run.code == 0, run.stderr
+    events = run.json_lines()
+    finished = events[-1]
+    assert finished["event"] == "run.finished"
+    assert finished["status"] == "completed"
+    output = finished["output"]
+    assert output["rows"] == 290
+    [completed] = [e for e in events if e["event"] == "map.completed"]
+    assert (completed["total"], completed["duplicate"]) == (290, 12)
+    assert completed["succeeded"] + completed["failed"] == 290
+    assert completed["failed"] == output["failed"]
+    logs = [e["message"] for e in events if e["event"] == "log"]
+    assert (
+        f"Map completed: 290 results ({290 - output['failed']} succeeded, {output['failed']} failed, "
+        "12 duplicate keys skipped)"
+    ) in logs
+
+    export = deepline("export", "leads-e2e", cwd=ROOT)
+
+    assert export.code == 0, export.stderr
+    rows = parse_csv(export.stdout)
+    assert rows[0] == [
+        "first_name", "last_name", "company_name", "domain", "company", "email", "valid", "_error",
+    ]  # fmt: skip
+    body = rows[1:]
+    assert len(body) == 290
+    assert [(r[0], r[1], r[3]) for r in body] == list(dict.fromkeys(keys))  # input order, distinct
+    failed = [r for r in body if r[7]]
+    assert len(failed) == output["failed"]
+    for row in body:
+        if row[4]:
+            assert _json.loads(row[4])["domain"] == row[3]
+        if row[6]:
+            assert set(_json.loads(row[6])) == {"deliverable", "score"}
+
+    jsonl = deepline("export", "leads-e2e", "--format", "jsonl", cwd=ROOT)
+    assert jsonl.code == 0, jsonl.stderr
+    objects = [_json.loads(line) for line in jsonl.stdout.splitlines()]
+    assert len(objects) == 290
+    assert sum(1 for o in objects if o.get("_error")) == output["failed"]

@@ -1,0 +1,1265 @@
+"""The map engine (SPEC §2): keys, resolvers, failures, logs, reuse, limits, barriers, resume.
+
+Plays run in-process through the real `Runner` against a private SQLite file. Tools and
+resolvers record every invocation in `CALLS` (the play imports it from this module), so a
+test can tell live work from reuse. Each test's tool ids carry the test's own prefix `P`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import subprocess
+import textwrap
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deepline_cli.runtime import map as map_engine
+from deepline_cli.runtime.events import Event, EventBus
+from deepline_cli.runtime.runner import Runner, RunOptions, RunResult
+from deepline_cli.store.sqlite import SQLiteStore
+
+# Every tool and resolver invocation of the current test: "<what>:<row id>".
+CALLS: list[str] = []
+
+HEADER = """\
+import asyncio
+import os
+from pathlib import Path
+
+from deepline_cli import BudgetExceededError, Column, ToolExecutionError, play, tool
+from tests.test_map import CALLS
+
+P = {prefix!r}
+"""
+
+
+@pytest.fixture(autouse=True)
+def _fresh_calls() -> Iterator[None]:
+    CALLS.clear()
+    yield
+    CALLS.clear()
+
+
+@pytest.fixture
+def prefix(request: pytest.FixtureRequest) -> str:
+    """`P` in the play: this test's own namespace for tool ids."""
+    return "tm." + request.node.name
+
+
+@pytest.fixture
+def make_play(tmp_path: Path, prefix: str) -> Callable[..., Path]:
+    """Write a play: HEADER, then `NAME = value` for each keyword, then the dedented body."""
+
+    def write(body: str, name: str = "play.py", **consts: Any) -> Path:
+        path = tmp_path / name
+        lines = "".join(f"{key} = {value!r}\n" for key, value in consts.items())
+        path.write_text(HEADER.format(prefix=prefix) + lines + textwrap.dedent(body))
+        # A rewrite within the same second and of the same size would otherwise be
+        # served from the bytecode cache.
+        shutil.rmtree(tmp_path / "__pycache__", ignore_errors=True)
+        return path
+
+    return write
+
+
+@dataclass
+class Outcome:
+    result: RunResult
+    events: list[Event]
+
+    @property
+    def output(self) -> Any:
+        assert self.result.status == "completed", self.result.error
+        return self.result.output
+
+    def of(self, name: str) -> list[dict[str, Any]]:
+        return [e.data for e in self.events if e.event == name]
+
+    def logs(self) -> list[str]:
+        return [e["message"] for e in self.of("log")]
+
+    def map_logs(self) -> list[str]:
+        return [
+            line
+            for line in self.logs()
+            if line.startswith(("row ", "Map completed:")) or "additional row failure" in line
+        ]
+
+
+def _runner(store_path: Path, store: SQLiteStore | None, events: list[Event], **options: Any) -> Runner:
+    return Runner(RunOptions(store=str(store_path), **options), EventBus([events.append]), store=store)
+
+
+def run(
+    play_file: Path,
+    store_path: Path,
+    input: dict[str, Any] | None = None,
+    *,
+    store: SQLiteStore | None = None,
+    **options: Any,
+) -> Outcome:
+    events: list[Event] = []
+    runner = _runner(store_path, store, events, **options)
+    try:
+        result = runner.start(str(play_file), input or {})
+    finally:
+        runner.close()
+    return Outcome(result, events)
+
+
+def resume(run_id: str, store_path: Path, **options: Any) -> Outcome:
+    events: list[Event] = []
+    runner = _runner(store_path, None, events, **options)
+    try:
+        result = runner.resume(run_id)
+    finally:
+        runner.close()
+    return Outcome(result, events)
+
+
+def query(store_path: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    conn = sqlite3.connect(store_path)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def map_rows(store_path: Path, run_id: str) -> list[tuple[int, int, str, str, str | None]]:
+    """(idx, input_index, row_key, outcome, error) of every finished row of a run."""
+    return query(
+        store_path,
+        "SELECT idx, input_index, row_key, outcome, error FROM map_rows WHERE run_id = ? ORDER BY idx",
+        run_id,
+    )
+
+
+def stored_logs(store_path: Path, run_id: str) -> list[str]:
+    store = SQLiteStore(store_path)
+    try:
+        return [line.message for line in store.get_logs(run_id)]
+    finally:
+        store.close()
+
+
+def summary(total: int, succeeded: int, failed: int, duplicate: int) -> str:
+    return (
+        f"Map completed: {total} results ({succeeded} succeeded, {failed} failed, "
+        f"{duplicate} duplicate keys skipped)"
+    )
+
+
+# --- row keys ------------------------------------------------------------------------------------
+
+
+def test_key_by_field_skips_duplicates_and_keeps_input_order(make_play, store_path: Path) -> None:
+    play_file = make_play(
+        """
+        async def slow_first(row, rc):
+            CALLS.append("enrich:" + row["email"])
+            # earlier rows finish later: the result must still be in input order
+            await asyncio.sleep(0.002 * (10 - int(row["n"])))
+            return row["n"] + "!"
+
+        @play("keys")
+        async def keys(ctx, input):
+            rows = [{"email": e, "n": str(i)} for i, e in enumerate(
+                ["a@x", "b@x", "a@x", "c@x", "b@x", "d@x", "a@x"])]
+            ds = await ctx.map("people", rows, key="email", columns={"tag": slow_first})
+            return {"rows": list(ds), "len": len(ds), "failed": ds.failed_count}
+        """
+    )
+
+    out = run(play_file, store_path)
+
+    assert out.output["rows"] == [
+        {"email": "a@x", "n": "0", "tag": "0!"},
+        {"email": "b@x", "n": "1", "tag": "1!"},
+        {"email": "c@x", "n": "3", "tag": "3!"},
+        {"email": "d@x", "n": "5", "tag": "5!"},
+    ]
+    assert out.output["len"] == 4
+    assert out.output["failed"] == 0
+    assert sorted(CALLS) == ["enrich:a@x", "enrich:b@x", "enrich:c@x", "enrich:d@x"]
+    assert out.map_logs() == [summary(4, 4, 0, 3)]
+    [completed] = out.of("map.completed")
+    assert (completed["total"], completed["succeeded"], completed["failed"], completed["duplicate"]) == (
+        4,
+        4,
+        0,
+        3,
+    )
+    assert [(r[0], r[1], r[2]) for r in map_rows(store_path, out.result.run_id)] == [
+        (0, 0, "a@x"),
+        (1, 1, "b@x"),
+        (2, 3, "c@x"),
+        (3, 5, "d@x"),
+    ]
+
+
+def test_key_by_list_of_fields(make_play, store_path: Path) -> None:
+    play_file = make_play(
+        """
+        @play("keys")
+        async def keys(ctx, input):
+            rows = [
+                {"first": "Ada", "domain": "a.com", "note": "1"},
+                {"first": "Ada", "domain": "b.com", "note": "2"},
+                {"first": "Bob", "domain": "a.com", "note": "3"},
+                {"first": "Ada", "domain": "a.com", "note": "4"},
+                {"first": "Bob", "domain": "a.com", "note": "5"},
+            ]
+            def seen(row, rc):
+                CALLS.append("col:" + row["note"])
+                return rc.row_key
+            ds = await ctx.map("people", rows, key=["first", "domain"], columns={"k": seen})
+            return list(ds)
+        """
+    )
+
+    out = run(play_file, store_path)
+
+    assert [r["note"] for r in out.output] == ["1", "2", "3"]
+    assert sorted(CALLS) == ["col:1", "col:2", "col:3"]
+    keys = [r["k"] for r in out.output]
+    assert len(set(keys)) == 3
+    assert all("Ada" in k or "Bob" in k for k in keys)
+    assert out.map_logs() == [summary(3, 3, 0, 2)]
+
+
+def test_key_by_callable(make_play, store_path: Path) -> None:
+    play_file = make_play(
+        """
+        @play("keys")
+        async def keys(ctx, input):
+            rows = [{"email": e} for e in ["Ada@X.com", "bob@x.com", "ada@x.com ", "BOB@x.com", "cy@x.com"]]
+            ds = await ctx.map("people", rows, key=lambda row: row["email"].strip().lower(),
+                               columns={"k": lambda row, rc: rc.row_key})
+            by_number = await ctx.map("numbers", [{"n": i} for i in [1, 2, 1, 3]], key=lambda row: row["n"],
+                                      columns={"k": lambda row, rc: rc.row_key})
+            return {"people": list(ds), "numbers": [r["k"] for r in by_number]}
+        """
+    )
+
+    out = run(play_file, store_path)
+
+    assert out.output["people"] == [
+        {"email": "Ada@X.com", "k": "ada@x.com"},
+        {"email": "bob@x.com", "k": "bob@x.com"},
+        {"email": "cy@x.com", "k": "cy@x.com"},
+    ]
+    # a non-string key is turned into a string key
+    assert len(out.output["numbers"]) == 3
+    assert all(isinstance(k, str) for k in out.output["numbers"])
+    assert out.map_logs() == [summary(3, 3, 0, 2), summary(3, 3, 0, 1)]
+
+
+def test_key_none_is_a_digest_of_the_row_content(make_play, store_path: Path) -> None:
+    play_file = make_play(
+        """
+        @play("keys")
+        async def keys(ctx, input):
+            rows = [
+                {"a": "1", "b": "x"},
+                {"a": "1", "b": "y"},
+                {"b": "x", "a": "1"},   # same content as the first row
+                {"a": "2", "b": "x"},
+                {"a": "1", "b": "y"},
+            ]
+            def col(row, rc):
+                CALLS.append("col:" + row["a"] + row["b"])
+                return rc.row_key
+            ds = await ctx.map("content", rows, columns={"k": col})
+            return list(ds)
+        """
+    )
+
+    first = run(play_file, store_path)
+
+    assert [(r["a"], r["b"]) for r in first.output] == [("1", "x"), ("1", "y"), ("2", "x")]
+    keys = [r["k"] for r in first.output]
+    assert len(set(keys)) == 3
+    assert all(len(k) >= 16 and all(c in "0123456789abcdef" for c in k) for k in keys)
+    assert sorted(CALLS) == ["col:1x", "col:1y", "col:2x"]
+    assert first.map_logs() == [summary(3, 3, 0, 2)]
+
+    # The digest is stable: a second run finds every row's cells and calls nothing.
+    second = run(play_file, store_path)
+    assert [r["k"] for r in second.output] == keys
+    assert len(CALLS) == 3
+
+
+def test_a_missing_key_field_fails_the_run_as_an_input_error(make_play, store_path: Path) -> None:
+    play_file = make_play(
+        """
+        @play("keys")
+        async def keys(ctx, input):
+            await ctx.map("people", [{"email": "a@x"}], key="domain", columns={"k": lambda row: 1})
+        """
+    )
+
+    out = run(play_file, store_path)
+
+    assert out.result.status == "failed"
+    assert out.result.error["type"] == "InputError"
+    assert "domain" in out.result.error["message"]
+    assert out.result.exit_code == 2
+
+
+# --- resolvers ------------------------------------------------------------------------------------
+
+
+def test_resolver_kinds_see_earlier_columns_and_know_their_row(
+    make_play, store_path: Path, prefix: str
+) -> None:
+    play_file = make_play(
+        """
+        @tool(P + ".company")
+        async def company(input):
+            CALLS.append("company:" + input["domain"])
+            return {"name": input["domain"].split(".")[0].title()}
+
+        def sync_col(row, rc):
+            return row["company"]["name"] + " Inc"
+
+        async def async_col(row, rc):
+            await asyncio.sleep(0)
+            return {"legal": row["legal"], "index": rc.index, "key": rc.row_key}
+
+        async def stepped(row, rc):
+            return await rc.step("slug", lambda: row["domain"].replace(".", "-"))
+
+        @play("kinds")
+        async def kinds(ctx, input):
+            rows = [{"domain": d} for d in ["acme.com", "globex.io", "initech.dev"]]
+            ds = await ctx.map("companies", rows, key="domain", columns={
+                "company": lambda row, rc: rc.tools.execute("company", P + ".company",
+                                                            {"domain": row["domain"]}),
+                "legal": sync_col,
+                "meta": async_col,
+                "one_arg": lambda row: len(row["legal"]),
+                "stepped": stepped,
+            })
+            return list(ds)
+        """
+    )
+
+    out = run(play_file, store_path)
+
+    assert out.output == [
+        {
+            "domain": "acme.com",
+            "company": {"name": "Acme"},  # a ToolResult is stored as its .output
+            "legal": "Acme Inc",
+            "meta": {"legal": "Acme Inc", "index": 0, "key": "acme.com"},
+            "one_arg": 8,
+            "stepped": "acme-com",
+        },
+        {
+            "domain": "globex.io",
+            "company": {"name": "Globex"},
+            "legal": "Globex Inc",
+            "meta": {"legal": "Globex Inc", "index": 1, "key": "globex.io"},
+            "one_arg": 10,
+            "stepped": "globex-io",
+        },
+        {
+            "domain": "initech.dev",
+            "company": {"name": "Initech"},
+            "legal": "Initech Inc",
+            "meta": {"legal": "Initech Inc", "index": 2, "key": "initech.dev"},
+            "one_arg": 11,
+            "stepped": "initech-dev",
+        },
+    ]
+    assert sorted(CALLS) == ["company:acme.com", "company:globex.io", "company:initech.dev"]
+    assert out.result.stats["tools"][f"{prefix}.company"]["live"] == 3
+
+
+def test_run_if_false_leaves_none_and_makes_no_call(make_play, store_path: Path) -> None:
+    play_file = make_play(
+        """
+        @tool(P + ".email")
+        def email(input):
+            CALLS.append("email:" + input["domain"])
+            return {"email": "hi@" + input["domain"]}
+
+        @play("runif")
+        async def runif(ctx, input):
+            rows = [{"domain": "a.com", "known": "yes"}, {"domain": "b.com", "known": "no"},
+                    {"domain": "c.com", "known": "yes"}]
+            ds = await ctx.map("m", rows, key="domain", columns={
+                "company": lambda row: row["domain"] if row["known"] == "yes" else None,
+                "email": Column(
+                    lambda row, rc: rc.tools.execute("email", P + ".email", {"domain": row["domain"]}),
+                    run_if=lambda row: row["company"] is not None,
+                ),
+            })
+            return list(ds)
+        """
+    )
+
+    out = run(play_file, store_path)
+
+    assert [r["email"] for r in out.output] == [{"email": "hi@a.com"}, None, {"email": "hi@c.com"}]
+    assert sorted(CALLS) == ["email:a.com", "email:c.com"]
+    assert out.map_logs() == [summary(3, 3, 0, 0)]
+
+
+def test_rows_from_a_generator_and_concurrency_bound(make_play, store_path: Path) -> None:
+    play_file = make_play(
+        """
+        STATE = {"now": 0, "max": 0}
+
+        async def col(row, rc):
+            STATE["now"] += 1
+            STATE["max"] = max(STATE["max"], STATE["now"])
+            await asyncio.sleep(0.002)
+            STATE["now"] -= 1
+            return row["i"] * 2
+
+        @play("gen")
+        async def gen(ctx, input):
+            rows = ({"i": i} for i in range(40))
+            ds = await ctx.map("m", rows, key="i", concurrency=3, columns={"double": col})
+            return {"values": [r["double"] for r in ds], "max": STATE["max"]}
+        """
+    )
+
+    out = run(play_file, store_path)
+
+    assert out.output["values"] == [i * 2 for i in range(40)]
+    assert 1 <= out.output["max"] <= 3
+
+
+# --- failed rows and the map log -------------------------------------------------------------------
+
+FAILING = """
+async def check(row, rc):
+    n = int(row["n"])
+    CALLS.append("check:" + row["n"])
+    # later rows fail first: the log must still list failures in input order
+    await asyncio.sleep(0.001 * (30 - n))
+    if row["n"] in input_failing():
+        raise ValueError("bad row " + row["n"])
+    return "ok"
+
+def input_failing():
+    return set(FAIL)
+
+@play("failing")
+async def failing(ctx, input):
+    rows = [{"n": str(i)} for i in range(20)] + [{"n": "3"}, {"n": "5"}]
+    ds = await ctx.map("m", rows, key="n", columns={"check": check, "after": lambda row: "after"})
+    return {"len": len(ds), "failed": ds.failed_count, "failed_rows": list(ds.failed_rows()),
+            "rows": list(ds)}
+"""
+
+
+def test_isolated_failures_are_recorded_and_the_run_completes(make_play, store_path: Path) -> None:
+    play_file = make_play(FAILING, FAIL=["17", "3", "11", "5", "8"])
+
+    out = run(play_file, store_path)
+
+    assert out.result.status == "completed"
+    assert out.result.exit_code == 0
+    assert out.output["len"] == 20
+    assert out.output["failed"] == 5
+    assert out.output["failed_rows"] == [
+        {"n": n, "check": None, "after": None, "_error": f"ValueError: bad row {n}"}
+        for n in ["3", "5", "8", "11", "17"]
+    ]
+    rows = out.output["rows"]
+    assert [r["n"] for r in rows] == [str(i) for i in range(20)]
+    assert rows[3]["_error"] == "ValueError: bad row 3"
+    assert rows[4] == {"n": "4", "check": "ok", "after": "after"}
+    assert out.map_logs() == [
+        "row 3 failed: ValueError: bad row 3",
+        "row 5 failed: ValueError: bad row 5",
+        "row 8 failed: ValueError: bad row 8",
+        "2 additional row failure(s) omitted from map log",
+        summary(20, 15, 5, 2),
+    ]
+    # the same lines are kept in the store, in the same order
+    assert [
+        line
+        for line in stored_logs(store_path, out.result.run_id)
+        if line.startswith(("row ", "Map completed")) or "omitted" in line
+    ] == out.map_logs()
+    outcomes = Counter(r[3] for r in map_rows(store_path, out.result.run_id))
+    assert outcomes == {"succeeded": 15, "failed": 5}
+    assert out.result.stats["rows"]["failed"] == 5
+
+
+@pytest.mark.parametrize(
+    ("failing", "expected"),
+    [
+        ([], []),
+        (["9"], ["row 9 failed: ValueError: bad row 9"]),
+        (
+            ["9", "2", "4"],
+            ["row 2 failed: ValueError: bad row 2", "row 4 failed: ValueError: bad row 4",
+             "row 9 failed: ValueError: bad row 9"],
+        ),
+        (
+            ["9", "2", "4", "0"],
+            ["row 0 failed: ValueError: bad row 0", "row 2 failed: ValueError: bad row 2",
+             "row 4 failed: ValueError: bad row 4", "1 additional row failure(s) omitted from map log"],
+        ),
+    ],
+)  # fmt: skip
+def test_map_log_lines(make_play, store_path: Path, failing: list[str], expected: list[str]) -> None:
+    play_file = make_play(FAILING, FAIL=failing)
+
+    out = run(play_file, store_path)
+
+    n = len(failing)
+    assert out.map_logs() == [*expected, summary(20, 20 - n, n, 2)]
+
+
+def test_fail_on_row_errors_makes_a_completed_run_exit_1(make_play, store_path: Path) -> None:
+    play_file = make_play(FAILING, FAIL=["7"])
+
+    out = run(play_file, store_path, fail_on_row_errors=True)
+
+    assert out.result.status == "completed"
+    assert out.output["failed"] == 1
+    assert out.result.exit_code == 1
+
+    # the same play without failures, in a store of its own (the error cell would be kept)
+    clean = make_play(FAILING, name="clean.py", FAIL=[])
+    assert run(clean, store_path.with_name("clean.db"), fail_on_row_errors=True).result.exit_code == 0
+
+
+def test_on_row_error_fail_stops_the_map_and_fails_the_run(make_play, store_path: Path) -> None:
+    play_file = make_play(
+        """
+        def check(row, rc):
+            CALLS.append("check:" + row["n"])
+            if row["n"] == "4":
+                raise ValueError("row four is bad")
+            return "ok"
+
+        @play("strict")
+        async def strict(ctx, input):
+            rows = [{"n": str(i)} for i in range(50)]
+            await ctx.map("m", rows, key="n", concurrency=1, on_row_error="fail", columns={"check": check})
+            CALLS.append("after the map")
+        """
+    )
+
+    out = run(play_file, store_path)
+
+    assert out.result.status == "failed"
+    assert out.result.exit_code == 1
+    assert "row four is bad" in out.result.error["message"]
+    assert "after the map" not in CALLS
+    # rows after the failing one were not dispatched (one worker: nothing was in flight)
+    assert [f"check:{i}" for i in range(5)] == CALLS
+    recorded = {r[2]: r[3] for r in map_rows(store_path, out.result.run_id)}
+    assert recorded["4"] == "failed"
+    assert set(recorded) <= {str(i) for i in range(5)}
+
+
+# --- reuse across runs -----------------------------------------------------------------------------
+
+REUSE = """
+@tool(P + ".a")
+async def tool_a(input):
+    CALLS.append("tool_a:" + input["id"])
+    return {"a": input["id"] + "-a"}
+
+@tool(P + ".b")
+async def tool_b(input):
+    CALLS.append("tool_b:" + input["id"])
+    return {"b": input["id"] + "-b"}
+
+def col_c(row, rc):
+    CALLS.append("col_c:" + row["id"])
+    return row["a"]["a"] + "+" + row["id"]
+
+async def wrap(pending):
+    return {"wrapped": (await pending).output}
+
+@play("reuse")
+async def reuse(ctx, input):
+    rows = [{"id": str(i)} for i in range(8)] + [{"id": "1"}]
+    ds = await ctx.map("m", rows, key="id", columns={
+        "a": lambda row, rc: (CALLS.append("col_a:" + row["id"]),
+                              rc.tools.execute("a", P + ".a", {"id": row["id"]}))[1],
+        "c": col_c,
+        "b": Column(COLUMN_B, stale_after_seconds=STALE_B),
+        "d": lambda row: "d" + row["id"],
+    })
+    return list(ds)
+"""
+
+# Column `b` as first written, and two edits of it: one that keeps its value (another
+# label for the same call) and one that changes it.
+COLUMN_B = (
+    'lambda row, rc: (CALLS.append("col_b:" + row["id"]),'
+    ' rc.tools.execute("b", P + ".b", {"id": row["id"]}))[1]'
+)
+COLUMN_B_RELABELLED = (
+    'lambda row, rc: (CALLS.append("col_b:" + row["id"]),'
+    ' rc.tools.execute("b-lookup", P + ".b", {"id": row["id"]}))[1]'
+)
+COLUMN_B_WRAPPED = (
+    'lambda row, rc: (CALLS.append("col_b:" + row["id"]),'
+    ' wrap(rc.tools.execute("b", P + ".b", {"id": row["id"]})))[1]'
+)
+
+
+def reuse_play(make_play: Callable[..., Path], *, column_b: str = COLUMN_B, stale_b: Any = None) -> Path:
+    return make_play(REUSE.replace("COLUMN_B", column_b), STALE_B=stale_b)
+
+
+def kinds(prefix: str) -> list[str]:
+    return sorted(c for c in CALLS if c.startswith(prefix))
+
+
+def test_a_second_run_reuses_every_cell(make_play, store_path: Path) -> None:
+    play_file = reuse_play(make_play)
+    first = run(play_file, store_path)
+    assert len(kinds("tool_")) == 16
+    assert first.output[1] == {"id": "1", "a": {"a": "1-a"}, "c": "1-a+1", "b": {"b": "1-b"}, "d": "d1"}
+    CALLS.clear()
+
+    second = run(play_file, store_path)
+
+    assert second.result.run_id != first.result.run_id
+    assert CALLS == []  # no tool and no resolver was invoked
+    assert second.output == first.output
+    [completed] = second.of("map.completed")
+    assert completed["reused"] == 8
+    assert second.result.stats["rows"]["reused"] == 8
+    assert second.map_logs() == [summary(8, 8, 0, 1)]
+
+
+@pytest.mark.parametrize("edit", ["same value", "new value"])
+def test_changed_column_code_recomputes_that_column_through_its_receipts(
+    make_play, store_path: Path, prefix: str, edit: str
+) -> None:
+    first = run(reuse_play(make_play), store_path)
+    CALLS.clear()
+
+    column_b = COLUMN_B_RELABELLED if edit == "same value" else COLUMN_B_WRAPPED
+    out = run(reuse_play(make_play, column_b=column_b), store_path)
+
+    assert kinds("col_b:") == sorted(f"col_b:{i}" for i in range(8))  # recomputed
+    assert kinds("tool_") == []  # its tool calls hit their receipts: nothing paid again
+    assert out.result.stats["tools"][f"{prefix}.b"]["reused"] == 8
+    assert out.result.stats["tools"][f"{prefix}.b"]["live"] == 0
+    assert kinds("col_a:") == []  # the other columns were reused
+    assert kinds("col_c:") == []
+    if edit == "same value":
+        assert out.output == first.output
+    else:
+        assert [r["b"] for r in out.output] == [{"wrapped": {"b": f"{i}-b"}} for i in range(8)]
+        assert [r["d"] for r in out.output] == [f"d{i}" for i in range(8)]
+
+
+def test_changed_input_recomputes_the_row_without_paying_again(make_play, store_path: Path) -> None:
+    play_file = make_play(
+        """
+        @tool(P + ".t")
+        def t(input):
+            CALLS.append("tool:" + input["id"])
+            return input["id"]
+
+        def note(row, rc):
+            CALLS.append("note:" + row["id"])
+            return row["note"]
+
+        @play("inputs")
+        async def inputs(ctx, input):
+            rows = [{"id": "1", "note": "x"}, {"id": "2", "note": input["note"]}]
+            ds = await ctx.map("m", rows, key="id", columns={
+                "t": lambda row, rc: rc.tools.execute("t", P + ".t", {"id": row["id"]}),
+                "note": note,
+            })
+            return [r["note"] for r in ds]
+        """
+    )
+    run(play_file, store_path, {"note": "old"})
+    CALLS.clear()
+
+    out = run(play_file, store_path, {"note": "new"})
+
+    assert out.output == ["x", "new"]
+    assert CALLS == ["note:2"]
+
+
+def test_stale_after_zero_recomputes_the_column_every_run(make_play, store_path: Path) -> None:
+    play_file = reuse_play(make_play, stale_b=0)
+    run(play_file, store_path)
+    CALLS.clear()
+
+    out = run(play_file, store_path)
+
+    assert kinds("col_b:") == sorted(f"col_b:{i}" for i in range(8))
+    assert kinds("tool_") == []  # the column is stale, not the tool's receipt
+    assert kinds("col_a:") == []
+    assert [r["b"] for r in out.output] == [{"b": f"{i}-b"} for i in range(8)]
+
+
+def test_a_long_stale_after_reuses_the_column(make_play, store_path: Path) -> None:
+    play_file = reuse_play(make_play, stale_b=3600)
+    run(play_file, store_path)
+    CALLS.clear()
+
+    run(play_file, store_path)
+
+    assert CALLS == []
+
+
+def test_a_short_stale_after_recomputes_once_it_has_passed(make_play, store_path: Path) -> None:
+    play_file = reuse_play(make_play, stale_b=0.05)
+    run(play_file, store_path)
+    CALLS.clear()
+    time.sleep(0.1)  # not a wait for something to happen: the cells must be older than 0.05 s
+
+    run(play_file, store_path)
+
+    assert kinds("col_b:") == sorted(f"col_b:{i}" for i in range(8))
+    assert kinds("tool_") == []
+
+
+def test_force_refresh_recomputes_and_pays_again(make_play, store_path: Path) -> None:
+    play_file = reuse_play(make_play)
+    first = run(play_file, store_path)
+    CALLS.clear()
+
+    out = run(play_file, store_path, force_refresh=True)
+
+    assert kinds("tool_a:") == sorted(f"tool_a:{i}" for i in range(8))
+    assert kinds("tool_b:") == sorted(f"tool_b:{i}" for i in range(8))
+    assert out.output == first.output
+
+
+ERROR_CELL = """
+def flaky(row, rc):
+    CALLS.append("flaky:" + row["id"])
+    if row["id"] == "2" and Path(FLAG).exists():
+        raise ValueError("provider said no")
+    return "fine"
+
+@play("errors")
+async def errors(ctx, input):
+    rows = [{"id": str(i)} for i in range(4)]
+    ds = await ctx.map("m", rows, key="id", columns={
+        "flaky": Column(flaky, recompute_on_error=RECOMPUTE),
+        "after": lambda row: "after",
+    })
+    return {"failed": ds.failed_count, "rows": list(ds)}
+"""
+
+
+@pytest.mark.parametrize("how", ["kept", "recompute_on_error", "refresh_failed"])
+def test_error_cell_is_kept_unless_asked_to_recompute(
+    make_play, store_path: Path, tmp_path: Path, how: str
+) -> None:
+    flag = tmp_path / "flag"
+    flag.touch()
+    play_file = make_play(ERROR_CELL, FLAG=str(flag), RECOMPUTE=how == "recompute_on_error")
+    first = run(play_file, store_path)
+    assert first.output["failed"] == 1
+    assert first.output["rows"][2]["_error"] == "ValueError: provider said no"
+    flag.unlink()  # the cause is gone
+    CALLS.clear()
+
+    second = run(play_file, store_path, refresh_failed=how == "refresh_failed")
+
+    if how == "kept":
+        assert CALLS == []
+        assert second.output["failed"] == 1
+        assert second.output["rows"][2] == {
+            "id": "2",
+            "flaky": None,
+            "after": None,
+            "_error": "ValueError: provider said no",
+        }
+        assert second.map_logs() == ["row 2 failed: ValueError: provider said no", summary(4, 3, 1, 0)]
+    else:
+        assert CALLS == ["flaky:2"]
+        assert second.output["failed"] == 0
+        assert second.output["rows"][2] == {"id": "2", "flaky": "fine", "after": "after"}
+        assert second.map_logs() == [summary(4, 4, 0, 0)]
+
+
+def test_fixing_a_failing_columns_code_recomputes_its_error_cells(make_play, store_path: Path) -> None:
+    body = """
+        def parse(row, rc):
+            CALLS.append("parse:" + row["id"])
+            return int(row["id"]) BODY
+
+        @play("fix")
+        async def fix(ctx, input):
+            rows = [{"id": "1"}, {"id": "0"}, {"id": "2"}]
+            ds = await ctx.map("m", rows, key="id", columns={"parse": parse})
+            return {"failed": ds.failed_count, "values": [r["parse"] for r in ds]}
+        """
+    broken = run(make_play(body.replace("BODY", "// int(row['id'])")), store_path)
+    assert broken.output == {"failed": 1, "values": [1, None, 1]}
+    CALLS.clear()
+
+    fixed = run(make_play(body.replace("BODY", "* 10")), store_path)
+
+    assert fixed.output == {"failed": 0, "values": [10, 0, 20]}
+    assert sorted(CALLS) == ["parse:0", "parse:1", "parse:2"]
+
+
+# --- limit ------------------------------------------------------------------------------------------
+
+LIMITED = """
+def col(row, rc):
+    CALLS.append("col:" + row["id"])
+    return int(row["id"])
+
+@play("limited")
+async def limited(ctx, input):
+    rows = [{"id": i} for i in ["0", "1", "0", "2", "1", "3", "4", "5", "6"]]
+    ds = await ctx.map("m", rows, key="id", limit=input.get("limit"), columns={"v": col})
+    return [r["v"] for r in ds]
+"""
+
+
+def test_map_limit_processes_only_the_first_distinct_rows(make_play, store_path: Path) -> None:
+    play_file = make_play(LIMITED)
+
+    out = run(play_file, store_path, {"limit": 3})
+
+    assert out.output == [0, 1, 2]
+    assert sorted(CALLS) == ["col:0", "col:1", "col:2"]
+    assert out.map_logs() == [summary(3, 3, 0, 1)]
+
+
+def test_run_option_limit_processes_only_the_first_distinct_rows(make_play, store_path: Path) -> None:
+    play_file = make_play(LIMITED)
+
+    out = run(play_file, store_path, limit=4)
+
+    assert out.output == [0, 1, 2, 3]
+    assert sorted(CALLS) == ["col:0", "col:1", "col:2", "col:3"]
+    [started] = out.of("map.started")
+    assert started["limit"] == 4
+
+    # the smaller of the two limits wins
+    CALLS.clear()
+    assert run(play_file, store_path, {"limit": 2}, limit=4).output == [0, 1]
+
+
+def test_a_full_run_after_a_pilot_reuses_the_pilot_rows(make_play, store_path: Path) -> None:
+    play_file = make_play(LIMITED)
+    run(play_file, store_path, limit=2)
+    CALLS.clear()
+
+    out = run(play_file, store_path)
+
+    assert out.output == [0, 1, 2, 3, 4, 5, 6]
+    assert sorted(CALLS) == ["col:2", "col:3", "col:4", "col:5", "col:6"]
+    assert out.map_logs() == [summary(7, 7, 0, 2)]
+
+
+# --- fatal errors ------------------------------------------------------------------------------------
+
+
+def test_a_fatal_error_fails_the_run_and_records_no_failed_row(make_play, store_path: Path) -> None:
+    play_file = make_play(
+        """
+        @tool(P + ".spend")
+        async def spend(input):
+            await asyncio.sleep(0.001)
+            if input["id"] == "5":
+                raise BudgetExceededError("the run would spend more than --max-credits 10")
+            CALLS.append("spend:" + input["id"])
+            return 1
+
+        @play("fatal")
+        async def fatal(ctx, input):
+            rows = [{"id": str(i)} for i in range(12)]
+            await ctx.map("m", rows, key="id", concurrency=4, columns={
+                "spend": lambda row, rc: rc.tools.execute("spend", P + ".spend", {"id": row["id"]}),
+            })
+        """
+    )
+
+    out = run(play_file, store_path)
+
+    assert out.result.status == "failed"
+    assert out.result.exit_code == 1
+    assert out.result.error["type"] == "BudgetExceededError"
+    assert "max-credits" in out.result.error["message"]
+    assert "spend:5" not in CALLS
+    recorded = map_rows(store_path, out.result.run_id)
+    assert "5" not in {r[2] for r in recorded}
+    assert all(r[3] == "succeeded" for r in recorded)
+    cells = query(store_path, "SELECT row_key FROM sheet_rows WHERE row_key = '5'")
+    assert cells == []
+    assert not [line for line in out.logs() if line.startswith("row 5 failed")]
+
+
+def test_max_credits_fails_the_map_and_a_resume_with_more_budget_pays_nothing_twice(
+    make_play, store_path: Path, prefix: str
+) -> None:
+    play_file = make_play(
+        """
+        @tool(P + ".paid", credits=1)
+        async def paid(input):
+            CALLS.append("paid:" + input["id"])
+            await asyncio.sleep(0.001)
+            return {"id": input["id"]}
+
+        @play("budget")
+        async def budget(ctx, input):
+            rows = [{"id": str(i)} for i in range(20)]
+            ds = await ctx.map("m", rows, key="id", concurrency=2, columns={
+                "paid": lambda row, rc: rc.tools.execute("paid", P + ".paid", {"id": row["id"]}),
+            })
+            return {"len": len(ds), "failed": ds.failed_count}
+        """
+    )
+
+    first = run(play_file, store_path, max_credits=5)
+
+    assert first.result.status == "failed"
+    assert first.result.error["type"] == "BudgetExceededError"
+    assert 0 < len(CALLS) <= 5
+    recorded = map_rows(store_path, first.result.run_id)
+    assert {r[3] for r in recorded} == {"succeeded"}  # no row was failed for the budget
+    assert not [line for line in first.logs() if " failed: " in line and line.startswith("row ")]
+
+    second = resume(first.result.run_id, store_path, max_credits=100)
+
+    assert second.result.status == "completed", second.result.error
+    assert second.output == {"len": 20, "failed": 0}
+    assert sorted(Counter(CALLS).values()) == [1] * 20  # every call paid exactly once
+    assert second.result.stats["credits"] == 20
+
+
+def test_fatal_errors_on_every_worker_fail_the_run_instead_of_hanging(deepline, write_play) -> None:
+    """Regression: when every map worker died of a fatal error, the producer blocked forever
+    on the full row queue and the run hung instead of failing. Run in a subprocess so a
+    regression shows as a timeout, not a stuck test session."""
+    play_file = write_play(
+        """
+        from deepline_cli import BudgetExceededError, play
+
+        def spend(row):
+            raise BudgetExceededError("the run would spend more than --max-credits 1")
+
+        @play("fatal")
+        async def fatal(ctx, input):
+            rows = [{"id": str(i)} for i in range(10)]
+            await ctx.map("m", rows, key="id", concurrency=1, columns={"spend": spend})
+        """
+    )
+
+    try:
+        result = deepline("run", str(play_file), "--quiet", timeout=15)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the run hung after a fatal error in its only map worker")
+    assert result.code == 1, result.stderr
+    assert "max-credits" in result.stderr
+
+
+# --- fail mode and earlier failures ----------------------------------------------------------------
+
+STRICT = """
+def check(row, rc):
+    CALLS.append("check:" + row["id"])
+    if row["id"] == "2" and Path(FLAG).exists():
+        raise ValueError("row two is bad")
+    return "ok"
+
+@play("strict")
+async def strict(ctx, input):
+    rows = [{"id": str(i)} for i in range(6)]
+    ds = await ctx.map("m", rows, key="id", concurrency=1, on_row_error="fail", columns={"check": check})
+    return {"failed": ds.failed_count, "rows": list(ds)}
+"""
+
+
+def test_fail_mode_fails_on_an_error_cell_kept_from_an_earlier_run(
+    make_play, store_path: Path, tmp_path: Path
+) -> None:
+    """Regression: a failed cell reused from the sheet did not stop an `on_row_error="fail"`
+    map, so the second run completed (exit 0) with a failed row."""
+    flag = tmp_path / "flag"
+    flag.touch()
+    play_file = make_play(STRICT, FLAG=str(flag))
+    assert run(play_file, store_path).result.status == "failed"
+
+    again = run(play_file, store_path)  # the error cell is kept (no --refresh-failed)
+
+    assert again.result.status == "failed", again.result.output
+    assert again.result.exit_code == 1
+    assert "row two is bad" in again.result.error["message"]
+
+
+def test_resuming_a_fail_mode_run_does_not_complete_with_the_failed_row(
+    make_play, store_path: Path, tmp_path: Path
+) -> None:
+    """Regression: the failed row of attempt 1 was seeded as "finished" on resume, so the map
+    of an `on_row_error="fail"` run completed (exit 0) with that failed row inside. Its error
+    cell is kept (no --refresh-failed), so the map must fail again."""
+    flag = tmp_path / "flag"
+    flag.touch()
+    play_file = make_play(STRICT, FLAG=str(flag))
+    first = run(play_file, store_path)
+    assert first.result.status == "failed"
+    flag.unlink()  # even with the cause gone, the error cell is kept without --refresh-failed
+    CALLS.clear()
+
+    again = resume(first.result.run_id, store_path)
+
+    assert again.result.status == "failed", again.result.output
+    assert again.result.exit_code == 1
+    assert "row two is bad" in again.result.error["message"]
+    assert "check:2" not in CALLS
+
+
+def test_resume_with_refresh_failed_retries_a_row_failed_in_an_earlier_attempt(
+    make_play, store_path: Path, tmp_path: Path
+) -> None:
+    """Regression: rows finished by an earlier attempt were seeded and skipped before the
+    sheet was consulted, so `resume --refresh-failed` never retried a row failed in attempt 1."""
+    flag = tmp_path / "flag"
+    flag.touch()
+    play_file = make_play(STRICT, FLAG=str(flag))
+    first = run(play_file, store_path)
+    assert first.result.status == "failed"
+    flag.unlink()  # the cause is fixed
+    CALLS.clear()
+
+    again = resume(first.result.run_id, store_path, refresh_failed=True)
+
+    assert again.result.status == "completed", again.result.error
+    assert "check:2" in CALLS
+    assert again.output["failed"] == 0
+    assert again.output["rows"][2] == {"id": "2", "check": "ok"}
+
+
+# --- events ------------------------------------------------------------------------------------------
+
+
+def test_map_and_barrier_events(make_play, store_path: Path) -> None:
+    play_file = make_play(
+        """
+        @play("events")
+        async def events(ctx, input):
+            rows = [{"id": str(i % 10)} for i in range(12)]
+            await ctx.map("m", rows, key="id", columns={"v": lambda row: row["id"]})
+        """
+    )
+
+    out = run(play_file, store_path)
+
+    names = [e.event for e in out.events if e.event.startswith(("map.", "barrier."))]
+    assert names[0] == "map.started"
+    assert names[-1] == "map.completed"
+    assert names.index("barrier.visibility") < names.index("barrier.finalization")
+    assert "map.progress" in names
+    [started] = out.of("map.started")
+    assert started["map"] == "m"
+    assert started["columns"] == ["v"]
+    assert started["total"] == 12
+    last_progress = out.of("map.progress")[-1]
+    assert last_progress["done"] == 10
+    assert last_progress["duplicate"] == 2
+    [visibility] = out.of("barrier.visibility")
+    assert (visibility["passed"], visibility["expected"], visibility["visible"]) == (True, 10, 10)
+    [finalization] = out.of("barrier.finalization")
+    assert finalization["passed"] is True
+    assert (finalization["rows"], finalization["distinct"], finalization["duplicate"]) == (12, 10, 2)
+    [completed] = out.of("map.completed")
+    assert (completed["total"], completed["succeeded"], completed["duplicate"]) == (10, 10, 2)
+    assert all(e.run_id == out.result.run_id for e in out.events)
+
+
+# --- barriers through a test double of the store --------------------------------------------------
+
+BARRIER_PLAY = """
+@play("barriers")
+async def barriers(ctx, input):
+    rows = [{"id": i} for i in ["a", "a", "b", "c", "c", "d", "e"]]
+    ds = await ctx.map("leads", rows, key="id", columns={"v": lambda row: row["id"].upper()})
+    return len(ds)
+"""
+
+
+class UnderCountingStore(SQLiteStore):
+    """Reports `missing` fewer finished rows than there are, for the first `reads` reads."""
+
+    def __init__(self, path: Path, *, missing: int, reads: int = 10**6) -> None:
+        super().__init__(path)
+        self.missing, self.reads, self.counted = missing, reads, 0
+
+    def count_map_rows(self, run_id: str, map: str) -> dict[str, int]:
+        counts = super().count_map_rows(run_id, map)
+        self.counted += 1
+        if self.counted <= self.reads:
+            counts["succeeded"] -= self.missing
+        return counts
+
+
+class HidingStore(SQLiteStore):
+    """Hides the finished row `hidden` from `finished_map_rows` while its counts report one
+    row too many, so the visibility barrier passes and only reconciliation can notice."""
+
+    def __init__(self, path: Path, *, hidden: int) -> None:
+        super().__init__(path)
+        self.hidden = hidden
+
+    def count_map_rows(self, run_id: str, map: str) -> dict[str, int]:
+        counts = super().count_map_rows(run_id, map)
+        counts["succeeded"] = counts.get("succeeded", 0) + 1
+        return counts
+
+    def finished_map_rows(self, run_id: str, map: str) -> list[int]:
+        return [idx for idx in super().finished_map_rows(run_id, map) if idx != self.hidden]
+
+
+@pytest.fixture
+def quick_visibility(monkeypatch: pytest.MonkeyPatch) -> tuple[float, ...]:
+    tries = (0.0, 0.01, 0.01, 0.01)
+    monkeypatch.setattr(map_engine, "VISIBILITY_TRIES", tries)
+    return tries
+
+
+def test_rows_not_visible_in_the_store_raise_sheet_visibility_error(
+    make_play, store_path: Path, quick_visibility: tuple[float, ...]
+) -> None:
+    play_file = make_play(BARRIER_PLAY)
+    double = UnderCountingStore(store_path, missing=1)
+
+    out = run(play_file, store_path, store=double, run_id="run-visible")
+
+    assert out.result.status == "failed"
+    assert out.result.exit_code == 1
+    assert out.result.error["type"] == "SheetVisibilityError"
+    message = out.result.error["message"]
+    assert "'leads'" in message
+    assert "run-visible" in message
+    assert "5 rows" in message  # expected
+    assert "only 4" in message  # seen
+    assert double.counted == len(quick_visibility)  # it retried before giving up
+    [visibility] = out.of("barrier.visibility")
+    assert visibility == {
+        "map": "leads",
+        "expected": 5,
+        "visible": 4,
+        "reads": len(quick_visibility),
+        "passed": False,
+    }
+    assert out.of("map.completed") == []
+    assert not [line for line in out.logs() if line.startswith("Map completed")]
+
+
+def test_visibility_barrier_retries_until_rows_are_visible(
+    make_play, store_path: Path, quick_visibility: tuple[float, ...]
+) -> None:
+    play_file = make_play(BARRIER_PLAY)
+    double = UnderCountingStore(store_path, missing=2, reads=2)
+
+    out = run(play_file, store_path, store=double)
+
+    assert out.output == 5
+    [visibility] = out.of("barrier.visibility")
+    assert (visibility["passed"], visibility["reads"], visibility["visible"]) == (True, 3, 5)
+
+
+def test_an_unaccounted_row_raises_map_accounting_error_naming_its_input_index(
+    make_play, store_path: Path
+) -> None:
+    play_file = make_play(BARRIER_PLAY)
+    # distinct row 3 ("d") is input row 5 (two duplicates come before it)
+    double = HidingStore(store_path, hidden=3)
+
+    out = run(play_file, store_path, store=double, run_id="run-accounting")
+
+    assert out.result.status == "failed"
+    assert out.result.exit_code == 1
+    assert out.result.error["type"] == "MapAccountingError"
+    message = out.result.error["message"]
+    assert "'leads'" in message
+    assert "run-accounting" in message
+    assert "missing input indexes: 5." in message
+    [visibility] = out.of("barrier.visibility")
+    assert visibility["passed"] is True
+    [finalization] = out.of("barrier.finalization")
+    assert finalization["passed"] is False
+    assert finalization["missing"] == [5]
+    assert out.of("map.completed") == []
+
+
+# --- resume -----------------------------------------------------------------------------------------
+
+
+def test_resume_seeds_rows_finished_by_the_failed_attempt(
+    make_play, store_path: Path, tmp_path: Path, prefix: str
+) -> None:
+    flag = tmp_path / "fail-row-150"
+    flag.touch()
+    play_file = make_play(
+        """
+        @tool(P + ".work")
+        async def work(input):
+            await asyncio.sleep(0.0005)
+            if input["id"] == "150" and Path(FLAG).exists():
+                raise BudgetExceededError("out of credits at row 150")
+            CALLS.append("work:" + input["id"])
+            return {"id": input["id"], "score": int(input["id"]) * 3}
+
+        @play("seeded")
+        async def seeded(ctx, input):
+            rows = []
+            for i in range(300):
+                rows.append({"id": str(i)})
+                if i % 15 == 0:
+                    rows.append({"id": str(i // 2)})  # a duplicate of an earlier row
+            ds = await ctx.map("m", rows, key="id", concurrency=4, columns={
+                "work": lambda row, rc: rc.tools.execute("work", P + ".work", {"id": row["id"]}),
+                "double": lambda row: row["work"]["score"] * 2,
+            })
+            return {"len": len(ds), "failed": ds.failed_count, "ids": [r["id"] for r in ds],
+                    "scores": [r["double"] for r in ds]}
+        """,
+        FLAG=str(flag),
+    )
+    first = run(play_file, store_path)
+    assert first.result.status == "failed"
+    assert first.result.error["type"] == "BudgetExceededError"
+    run_id = first.result.run_id
+    finished = {r[2] for r in map_rows(store_path, run_id)}
+    assert 0 < len(finished) < 300
+    assert "150" not in finished
+    before = Counter(CALLS)
+    assert all(before[f"work:{key}"] == 1 for key in finished)
+    flag.unlink()
+
+    second = resume(run_id, store_path)
+
+    assert second.result.status == "completed", second.result.error
+    assert second.result.attempt == 2
+    assert second.output["len"] == 300
+    assert second.output["failed"] == 0
+    assert second.output["ids"] == [str(i) for i in range(300)]
+    assert second.output["scores"] == [i * 6 for i in range(300)]
+    calls = Counter(CALLS)
+    assert all(calls[f"work:{key}"] == 1 for key in finished), "a finished row ran again"
+    assert all(calls[f"work:{i}"] == 1 for i in range(300))
+    [started] = second.of("map.started")
+    assert started["seeded"] == len(finished)
+    rows = map_rows(store_path, run_id)
+    assert [r[0] for r in rows] == list(range(300))
+    assert {r[3] for r in rows} == {"succeeded"}
+    assert second.map_logs() == [summary(300, 300, 0, 20)]
+    assert second.result.stats["tools"][f"{prefix}.work"]["live"] == 300

@@ -1,0 +1,171 @@
+"""SIGKILL in the middle of a map, then `deepline resume` (SPEC §2, §4): nothing finished is
+redone, every input row is accounted for, and the export equals an uninterrupted run."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from deepline_cli import _json
+
+pytestmark = pytest.mark.slow
+
+DISTINCT = 2000
+DUPLICATES = 100
+
+PLAY = """\
+import asyncio
+
+from deepline_cli import play, tool
+
+@tool("crash.first")
+async def first(input):
+    await asyncio.sleep(0.002 + (int(input["id"]) % 4) * 0.001)
+    with open(input["log"], "a", encoding="utf-8") as log:
+        log.write(input["id"] + "\\n")
+        log.flush()
+    return {"n": int(input["id"]) * 7}
+
+@tool("crash.second")
+async def second(input):
+    await asyncio.sleep(0.002 + (input["n"] % 3) * 0.001)
+    return {"label": input["name"].upper() + "-" + str(input["n"])}
+
+@play("crashy")
+async def crashy(ctx, input):
+    rows = ctx.csv(input["csv"], required=["id", "name"])
+    ds = await ctx.map("rows", rows, key="id", concurrency=8, columns={
+        "first": lambda row, rc: rc.tools.execute(
+            "first", "crash.first", {"id": row["id"], "log": input["log"]}),
+        "second": lambda row, rc: rc.tools.execute(
+            "second", "crash.second", {"name": row["name"], "n": row["first"]["n"]}),
+    })
+    return {"rows": len(ds), "failed": ds.failed_count}
+"""
+
+
+def write_rows(path: Path) -> None:
+    """DISTINCT rows, with DUPLICATES repeats of earlier ids spread through the file."""
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["id", "name"])
+        every = DISTINCT // DUPLICATES
+        for i in range(DISTINCT):
+            writer.writerow([str(i), f"name {i}"])
+            if i % every == every - 1:
+                j = i // 2
+                writer.writerow([str(j), f"name {j}"])
+
+
+def finished_rows(store: Path, run_id: str) -> set[str]:
+    """Row keys of the run's finished map rows, read through a read-only connection."""
+    conn = sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=5)
+    try:
+        return {key for (key,) in conn.execute("SELECT row_key FROM map_rows WHERE run_id = ?", (run_id,))}
+    finally:
+        conn.close()
+
+
+def count_finished(store: Path, run_id: str) -> int:
+    if not store.exists():
+        return 0
+    try:
+        conn = sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=1)
+    except sqlite3.Error:
+        return 0
+    try:
+        return conn.execute("SELECT count(*) FROM map_rows WHERE run_id = ?", (run_id,)).fetchone()[0]
+    except sqlite3.Error:  # not created yet
+        return 0
+    finally:
+        conn.close()
+
+
+def logs(store: Path, run_id: str) -> list[str]:
+    conn = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
+    try:
+        return [
+            m for (m,) in conn.execute("SELECT message FROM logs WHERE run_id = ? ORDER BY id", (run_id,))
+        ]
+    finally:
+        conn.close()
+
+
+def test_sigkill_mid_map_then_resume(deepline, tmp_path: Path, store_path: Path, cli_env) -> None:
+    write_rows(tmp_path / "rows.csv")
+    (tmp_path / "play.py").write_text(PLAY)
+    tool_log = tmp_path / "tool.log"
+
+    with (tmp_path / "killed.out").open("w") as out, (tmp_path / "killed.err").open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deepline_cli", "run", "play.py", "--csv", "rows.csv",
+             "--set", f"log={tool_log}", "--run-id", "crash-1", "--quiet"],
+            cwd=tmp_path, env=cli_env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while count_finished(store_path, "crash-1") < 500:
+                assert proc.poll() is None, "the run ended before it could be killed"
+                assert time.monotonic() < deadline, "the map never reached 500 finished rows"
+                time.sleep(0.005)
+            os.kill(proc.pid, signal.SIGKILL)
+        finally:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+
+    at_kill = finished_rows(store_path, "crash-1")
+    assert 500 <= len(at_kill) < DISTINCT, "the kill did not land mid-way through the map"
+
+    resumed = deepline("resume", "crash-1", "--json")
+
+    events = resumed.json_lines()
+    assert resumed.code == 0, resumed.stderr or events[-1].get("error")
+    finished = events[-1]
+    assert (finished["event"], finished["status"], finished["attempt"]) == ("run.finished", "completed", 2)
+    assert finished["output"] == {"rows": DISTINCT, "failed": 0}
+    [started] = [e for e in events if e["event"] == "map.started"]
+    assert started["seeded"] == len(at_kill)
+
+    # every input row is accounted for
+    assert finished_rows(store_path, "crash-1") == {str(i) for i in range(DISTINCT)}
+    summary = (
+        f"Map completed: {DISTINCT} results ({DISTINCT} succeeded, 0 failed, "
+        f"{DUPLICATES} duplicate keys skipped)"
+    )
+    assert summary in logs(store_path, "crash-1")
+
+    # rows finished before the kill were not executed again
+    invoked = Counter(tool_log.read_text().split())
+    assert set(invoked) == {str(i) for i in range(DISTINCT)}
+    again = sorted(key for key in at_kill if invoked[key] != 1)
+    assert again == [], f"finished rows executed again: {again[:10]}"
+
+    # the export equals an uninterrupted run of the same play in a fresh store
+    fresh = tmp_path / "fresh.db"
+    reference = deepline(
+        "run", "play.py", "--csv", "rows.csv", "--set", f"log={tmp_path / 'reference.log'}",
+        "--run-id", "reference-1", "--quiet", DEEPLINE_STORE=str(fresh),
+    )  # fmt: skip
+    assert reference.code == 0, reference.stderr
+    exported = deepline("export", "crash-1")
+    expected = deepline("export", "reference-1", DEEPLINE_STORE=str(fresh))
+    assert exported.code == 0, exported.stderr
+    assert expected.code == 0, expected.stderr
+    got = list(csv.reader(io.StringIO(exported.stdout)))
+    want = list(csv.reader(io.StringIO(expected.stdout)))
+    assert got[0] == want[0] == ["id", "name", "first", "second", "_error"]
+    assert len(got) == DISTINCT + 1
+    assert sorted(got[1:]) == sorted(want[1:])
+    assert got[1:] == want[1:]  # both in input order
+    assert _json.loads(got[1 + 1234][3]) == {"label": f"NAME 1234-{1234 * 7}"}
