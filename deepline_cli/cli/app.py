@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from deepline_cli import __version__
-from deepline_cli.cli import events, export, receipts, runs, tools
+from deepline_cli.cli import events, export, receipts, runs, tools, worker
 from deepline_cli.cli import run as run_cmd
 from deepline_cli.cli.common import Settings
 
@@ -49,6 +49,7 @@ app.command("run", epilog=run_cmd.RUN_EPILOG)(run_cmd.run)
 app.command("resume")(run_cmd.resume)
 app.command("export")(export.export)
 app.command("check")(tools.check)
+app.command("worker")(worker.worker)
 app.add_typer(tools.app, name="tools")
 app.add_typer(events.app, name="events")
 app.add_typer(receipts.app, name="receipts")

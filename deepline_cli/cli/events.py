@@ -40,6 +40,8 @@ def send(
         if not targets:
             raise UsageError(f"Run {run_id} is not waiting for event {event_id!r}.")
         delivered = [t for t in targets if db.send_event(t, event_id, value, db.now())]
+        if delivered:
+            db.notify()  # wake workers: the waiting run is due
     finally:
         db.close()
     for target in targets:

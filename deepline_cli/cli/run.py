@@ -92,6 +92,9 @@ def run(
         int | None, typer.Option("--max-tool-calls", min=0, help="Most tool calls one run may make.")
     ] = None,
     fail_on_row_errors: FailOnRowErrorsOption = False,
+    enqueue: Annotated[
+        bool, typer.Option("--enqueue", help="Only record the run (with its play's source) for `deepline worker`.")
+    ] = False,
     json: JsonOption = False,
     quiet: QuietOption = False,
 ) -> None:
@@ -117,7 +120,7 @@ def run(
         max_child_plays=max_child_plays,
         max_tool_calls=max_tool_calls,
     )
-    execute(options, lambda runner: runner.start(play, payload, cwd=str(cwd)), json, quiet)
+    execute(options, lambda runner: runner.start(play, payload, cwd=str(cwd), enqueue=enqueue), json, quiet)
 
 
 @cli_errors
@@ -189,6 +192,14 @@ def _view(json_mode: bool, quiet: bool) -> Any:
 def _report(result: RunResult, json_mode: bool, view: Any) -> None:
     from deepline_cli import _json
 
+    err = sys.stderr
+    if result.status == "queued":
+        if json_mode:
+            view.write({"event": "run.queued", "run_id": result.run_id, "ts": None})
+        else:
+            sys.stdout.write(result.run_id + "\n")
+            err.write(f"Queued run {result.run_id}; a `deepline worker` on this store will run it.\n")
+        return
     if json_mode:
         if result.reported:
             view.write(
@@ -201,7 +212,6 @@ def _report(result: RunResult, json_mode: bool, view: Any) -> None:
                 }
             )
         return
-    err = sys.stderr
     if result.reported and result.status == "completed":
         err.write(f"Run {result.run_id} already completed (attempt {result.attempt}); not running it again.\n")
     if result.status == "completed":

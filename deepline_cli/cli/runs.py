@@ -63,7 +63,7 @@ def list_runs(
       deepline runs list --play lead-emails --json
     """
     from deepline_cli.errors import UsageError
-    from deepline_cli.runtime.runner import holder_alive
+    from deepline_cli.runtime.holders import holder_alive
     from deepline_cli.store import open_store
     from deepline_cli.store.base import RUN_STATUSES
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from deepline_cli.errors import UsageError
@@ -27,29 +27,46 @@ def parse_rate(text: str, *, owner: str) -> float:
     return float(match.group(1)) / _UNIT_S[match.group(2)]
 
 
-class Pacer:
-    """Hands out call start times no closer than 1/rate apart."""
+SharedSlot = Callable[[str, float], Awaitable[float]]  # (tool, interval) -> seconds to wait
 
-    def __init__(self, per_second: float) -> None:
+
+class Pacer:
+    """Hands out call start times no closer than 1/rate apart.
+
+    With `shared`, the schedule lives in the store, so every process (every worker on
+    every machine) using that store draws from one schedule per tool.
+    """
+
+    def __init__(self, tool: str, per_second: float, shared: SharedSlot | None = None) -> None:
+        self.tool = tool
         self.interval = 1.0 / per_second
         self._next = 0.0
+        self._shared = shared
         self.waiting = 0
 
     async def wait(self) -> None:
+        if self._shared is not None:
+            delay = await self._shared(self.tool, self.interval)
+            await self._sleep(delay)
+            return
         now = time.monotonic()
         start = max(now, self._next)
         self._next = start + self.interval
-        if start > now:
+        await self._sleep(start - now)
+
+    async def _sleep(self, delay: float) -> None:
+        if delay > 0:
             self.waiting += 1
             try:
-                await asyncio.sleep(start - now)
+                await asyncio.sleep(delay)
             finally:
                 self.waiting -= 1
 
 
 class Governor:
-    def __init__(self, concurrency: int | None = None) -> None:
+    def __init__(self, concurrency: int | None = None, shared_slot: SharedSlot | None = None) -> None:
         self._run = asyncio.Semaphore(concurrency) if concurrency else None
+        self._shared_slot = shared_slot
         self._tool_slots: dict[str, asyncio.Semaphore] = {}
         self._pacers: dict[str, Pacer] = {}
         self._paused_until: dict[str, float] = {}
@@ -64,7 +81,7 @@ class Governor:
         if concurrency and tool_id not in self._tool_slots:
             self._tool_slots[tool_id] = asyncio.Semaphore(concurrency)
         if rate_limit and tool_id not in self._pacers:
-            self._pacers[tool_id] = Pacer(parse_rate(rate_limit, owner=f"Tool {tool_id!r}"))
+            self._pacers[tool_id] = Pacer(tool_id, parse_rate(rate_limit, owner=f"Tool {tool_id!r}"), self._shared_slot)
 
     def paced(self) -> dict[str, float]:
         """Tools held back now → their rate limit (calls/s), or 0 while backing off a 429."""

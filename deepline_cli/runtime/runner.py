@@ -12,7 +12,6 @@ import contextlib
 import os
 import secrets as _secrets
 import signal
-import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,11 +30,13 @@ from deepline_cli.runtime.budget import Budget
 from deepline_cli.runtime.config import find_config, load_config
 from deepline_cli.runtime.events import EventBus
 from deepline_cli.runtime.governor import Governor
+from deepline_cli.runtime.holders import holder_alive, holder_id
 from deepline_cli.runtime.http import ClientPool, Http, HttpTools
 from deepline_cli.runtime.play import PlayDef, load_play
 from deepline_cli.runtime.receipts import ReceiptBook, RunScope
 from deepline_cli.runtime.secrets import Secrets
 from deepline_cli.runtime.services import DEFAULT_MAX_DEPTH, Caps, Journal, RunServices
+from deepline_cli.runtime.snapshot import materialize_snapshot, take_snapshot
 from deepline_cli.runtime.stats import RunStats
 from deepline_cli.runtime.storeio import StoreIO, WriteQueue
 from deepline_cli.runtime.suspension import ready_to_resume, waiting_on
@@ -43,7 +44,7 @@ from deepline_cli.store import open_store
 from deepline_cli.store.base import RunRecord, Store
 
 PROGRESS_EVERY_S = 0.5
-EXIT_CODES = {"completed": 0, "failed": 1, "waiting": 3, "interrupted": 130}
+EXIT_CODES = {"completed": 0, "queued": 0, "failed": 1, "waiting": 3, "interrupted": 130}
 
 
 def lease_ttl_from_env() -> float:
@@ -79,7 +80,7 @@ class RunOptions:
     max_child_plays: int | None = None
     max_tool_calls: int | None = None
 
-    PERSISTED = (
+    PERSISTED = (  # snapshot: see take_snapshot
         "concurrency",
         "limit",
         "max_credits",
@@ -136,42 +137,6 @@ def new_run_id() -> str:
     return "r-" + _secrets.token_hex(6)
 
 
-def holder_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def holder_alive(record: RunRecord, now: float) -> bool:
-    """Is the process holding this run still alive?
-
-    On this machine we can ask the OS (a killed run is taken over at once); a holder
-    elsewhere is alive as long as its lease has not expired.
-    """
-    if not record.holder or record.status not in ("running", "queued"):
-        return False
-    host, _, pid_text = record.holder.rpartition(":")
-    if host == socket.gethostname() and pid_text.isdigit():
-        pid = int(pid_text)
-        if pid == os.getpid():
-            return True
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return (record.lease_expires_at or 0.0) > now or _process_exists(pid)
-    return (record.lease_expires_at or 0.0) > now
-
-
-def _process_exists(pid: int) -> bool:
-    # A zombie (killed, not yet reaped by its parent) still answers kill(0); it holds nothing.
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 class Runner:
     """Starts and resumes runs against one store."""
 
@@ -179,14 +144,19 @@ class Runner:
         self.options = options
         self.bus = bus
         self.store = store or open_store(options.store)
+        self.attempt: _Attempt | None = None
 
     def close(self) -> None:
         self.store.close()
 
     # --- entry points ---------------------------------------------------------------------
 
-    def start(self, play_ref: str, input: Any, *, cwd: str | None = None) -> RunResult:
-        """`deepline run`: a new run, or with --run-id an existing one reported or resumed."""
+    def start(self, play_ref: str, input: Any, *, cwd: str | None = None, enqueue: bool = False) -> RunResult:
+        """`deepline run`: a new run, or with --run-id an existing one reported or resumed.
+
+        With `enqueue`, the run is only recorded (`queued`, with a snapshot of the play's
+        source and config) for a `deepline worker` to execute.
+        """
         if self.options.run_id:
             existing = self.store.get_run(self.options.run_id)
             if existing is not None:
@@ -197,23 +167,20 @@ class Runner:
         self.options.config = str(config_path) if config_path else None
         now = self.store.now()
         run_id = self.options.run_id or new_run_id()
+        options = self.options.persisted()
+        if enqueue:
+            options["snapshot"] = take_snapshot(play, config_path)
         record = RunRecord(
-            run_id=run_id,
-            play=play.name,
-            play_ref=play.ref,
-            input=input,
-            status="running",
-            attempt=1,
-            workspace=self.options.workspace,
-            cwd=cwd or os.getcwd(),
-            options=self.options.persisted(),
-            root_run_id=run_id,
-            holder=holder_id(),
-            lease_expires_at=now + self.options.lease_ttl,
-            created_at=now,
-            updated_at=now,
-        )
+            run_id=run_id, play=play.name, play_ref=play.ref, input=input,
+            status="queued" if enqueue else "running", attempt=0 if enqueue else 1,
+            workspace=self.options.workspace, cwd=cwd or os.getcwd(), options=options, root_run_id=run_id,
+            holder=None if enqueue else holder_id(), lease_expires_at=0.0 if enqueue else now + self.options.lease_ttl,
+            created_at=now, updated_at=now,
+        )  # fmt: skip
         self.store.insert_run(record)
+        if enqueue:
+            self.store.notify()
+            return RunResult(run_id, "queued", 0, reported=True)
         return self._execute(play, record)
 
     def resume(self, run_id: str) -> RunResult:
@@ -242,17 +209,29 @@ class Runner:
                                      expect_attempt=record.attempt)  # fmt: skip
         if not taken:
             raise RunBusyError(f"Run {run_id} was just taken by another process.")
-        self.store.expire_run_receipts(run_id)
         record.holder, record.lease_expires_at = holder, expires  # this process holds it now
         record.attempt = attempt
+        return self.run_claimed(record)
+
+    def run_claimed(self, record: RunRecord) -> RunResult:
+        """Execute a run this process has just leased (by `resume`, or a worker's claim)."""
+        self.store.expire_run_receipts(record.run_id)
         record.status = "running"
         self._apply_persisted(record)
         try:
-            play = load_play(record.play_ref)
+            play = self._load(record)
         except DeeplineError as exc:
-            self.store.update_run(run_id, status="failed", holder=None, error=error_dict(exc))
+            self.store.update_run(record.run_id, status="failed", holder=None, error=error_dict(exc))
             raise
         return self._execute(play, record)
+
+    def _load(self, record: RunRecord) -> PlayDef:
+        snapshot = record.options.get("snapshot")
+        if not snapshot:
+            return load_play(record.play_ref)
+        play_ref, config = materialize_snapshot(snapshot)
+        self.options.config = config
+        return load_play(play_ref)
 
     def _apply_persisted(self, record: RunRecord) -> None:
         """Flags not given again on resume come from the run's first start."""
@@ -267,10 +246,17 @@ class Runner:
 
     def _execute(self, play: PlayDef, record: RunRecord) -> RunResult:
         io = StoreIO(self.store)
+        self.attempt = _Attempt(self, play, record, io)
         try:
-            return asyncio.run(_Attempt(self, play, record, io).run())
+            return asyncio.run(self.attempt.run())
         finally:
             io.close()
+
+    def request_stop(self) -> None:
+        """From any thread: interrupt the attempt running now (a worker draining)."""
+        attempt = self.attempt
+        if attempt is not None and attempt.loop is not None:
+            attempt.loop.call_soon_threadsafe(attempt.request_stop)
 
 
 class _Attempt:
@@ -287,6 +273,8 @@ class _Attempt:
         self.started = time.monotonic()
         self.stop_requested = False
         self.task: asyncio.Task[BodyOutcome] | None = None
+        self.services: RunServices | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def _services(self, spent: float, journal: list[str]) -> RunServices:
         options, record, io = self.options, self.record, self.io
@@ -302,7 +290,12 @@ class _Attempt:
         )
         writes = WriteQueue(io)
         secrets = Secrets(Path(self.play.file).parent)
-        governor = Governor(options.concurrency)
+
+        async def shared_slot(tool: str, interval: float) -> float:
+            start = await io.call(io.store.take_rate_slot, tool, interval, io.now())
+            return start - io.now()
+
+        governor = Governor(options.concurrency, shared_slot=shared_slot)
         http = Http(ClientPool(max(64, options.concurrency or 0)), secrets, governor)
         book = ReceiptBook(
             io,
@@ -463,24 +456,27 @@ class _Attempt:
                 # A store hiccup: keep trying; the lease is long enough to ride it out.
                 services.log(f"lease heartbeat failed: {exc}", level="warning")
 
+    def request_stop(self) -> None:
+        """Ctrl-C, SIGTERM or a draining worker: stop dispatching, finish calls in flight
+        briefly, and end the run `interrupted`. A second request stops at once."""
+        if self.stop_requested:
+            if self.task is not None:
+                self.task.cancel()
+            return
+        self.stop_requested = True
+        if self.services is not None:
+            self.services.book.close(RunInterrupted("The run was interrupted."))
+            self.services.log("interrupt received: finishing calls in flight, then stopping", level="warning")
+        if self.task is not None:
+            asyncio.get_running_loop().call_later(self.options.interrupt_grace_s, self.task.cancel)
+
     def _install_signals(self, services: RunServices) -> Any:
         loop = asyncio.get_running_loop()
-
-        def on_signal() -> None:
-            if self.stop_requested:
-                if self.task is not None:
-                    self.task.cancel()  # second Ctrl-C: stop now
-                return
-            self.stop_requested = True
-            services.book.close(RunInterrupted("The run was interrupted."))
-            services.log("interrupt received: finishing calls in flight, then stopping", level="warning")
-            if self.task is not None:
-                loop.call_later(self.options.interrupt_grace_s, self.task.cancel)
-
+        self.services, self.loop = services, loop
         installed = []
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(sig, on_signal)
+                loop.add_signal_handler(sig, self.request_stop)
                 installed.append(sig)
 
         def restore() -> None:

@@ -266,6 +266,23 @@ class Store(Protocol):
     # runs
     def insert_run(self, run: RunRecord) -> None: ...
     def get_run(self, run_id: str) -> RunRecord | None: ...
+    def claim_queued_run(self, *, holder: str, expires_at: float) -> RunRecord | None:
+        """Take the oldest queued run (attempt becomes 1), skipping runs others are taking."""
+        ...
+
+    def due_runs(self, limit: int) -> list[RunRecord]:
+        """Root runs a worker might continue: waiting ones, and running ones (maybe stale)."""
+        ...
+
+    def notify(self) -> None:
+        """Wake idle workers (PostgreSQL NOTIFY; nothing to do where workers poll)."""
+        ...
+
+    def take_rate_slot(self, tool: str, interval_s: float, now: float) -> float:
+        """The start time of the next call of `tool` paced every `interval_s`, shared by every
+        process using this store."""
+        ...
+
     def lease_run(self, run_id: str, *, holder: str, expires_at: float, attempt: int, expect_attempt: int) -> bool:
         """Take the run's lease for `attempt` if its attempt is still `expect_attempt`."""
         ...

@@ -121,10 +121,16 @@ def _boundaries_events_journal(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX runs_parent ON runs (parent_run_id)")
 
 
+def _rate_slots(db: sqlite_utils.Database) -> None:
+    # Per-tool pacing shared by every process on the store (rate limits across workers).
+    db.execute("CREATE TABLE rate_slots (tool TEXT PRIMARY KEY, next_at REAL NOT NULL)")
+
+
 MIGRATIONS: list[tuple[str, Migration]] = [
     ("0001_runs_receipts_logs", _runs_receipts_logs),
     ("0002_sheets_and_maps", _sheets_and_maps),
     ("0003_boundaries_events_journal", _boundaries_events_journal),
+    ("0004_rate_slots", _rate_slots),
 ]
 
 

@@ -76,6 +76,7 @@ _MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX runs_parent ON runs (parent_run_id);
         """,
     ),
+    ("0004_rate_slots", "CREATE TABLE rate_slots (tool TEXT PRIMARY KEY, next_at DOUBLE PRECISION NOT NULL);"),
 ]
 _MIGRATION_LOCK = 7_283_551  # pg_advisory_xact_lock key: one migrating process at a time
 
@@ -105,8 +106,12 @@ class _Tx:
             cur.executemany(_pg(sql), rows)
 
 
+CHANNEL = "deepline_work"  # NOTIFY channel: new queued runs, delivered events
+
+
 class PostgresStore(SqlStore):
     row_lock = " FOR UPDATE"
+    skip_locked = " FOR UPDATE SKIP LOCKED"
 
     def __init__(self, url: str) -> None:
         self.url = safe_url(url)
@@ -137,6 +142,18 @@ class PostgresStore(SqlStore):
                         "INSERT INTO _migrations (name, applied_at) VALUES (?, extract(epoch from now()))",
                         (name,),
                     )
+
+    def notify(self) -> None:
+        with self._lock:
+            self._conn.execute(f"NOTIFY {CHANNEL}")
+
+    def wait_for_notify(self, timeout_s: float) -> bool:
+        """Block until a NOTIFY on the work channel (True) or the timeout (False)."""
+        with self._lock:
+            self._conn.execute(f"LISTEN {CHANNEL}")
+            for _ in self._conn.notifies(timeout=timeout_s, stop_after=1):
+                return True
+            return False
 
     def close(self) -> None:
         with self._lock:

@@ -51,6 +51,7 @@ class SqlStore:
 
     url: str
     row_lock = ""  # " FOR UPDATE" where the database locks rows
+    skip_locked = ""  # " FOR UPDATE SKIP LOCKED" where workers can pass over each other's rows
 
     def _write(self) -> AbstractContextManager[Any]:
         raise NotImplementedError
@@ -79,6 +80,42 @@ class SqlStore:
     def get_run(self, run_id: str) -> RunRecord | None:
         rows = self._read(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
         return _run_from_row(rows[0]) if rows else None
+
+    def claim_queued_run(self, *, holder: str, expires_at: float) -> RunRecord | None:
+        with self._write() as c:
+            row = c.execute(
+                "SELECT run_id FROM runs WHERE status = 'queued' ORDER BY created_at LIMIT 1" + self.skip_locked
+            ).fetchone()
+            if row is None:
+                return None
+            c.execute(
+                "UPDATE runs SET status = 'running', attempt = attempt + 1, holder = ?, lease_expires_at = ?,"
+                " updated_at = ? WHERE run_id = ? AND status = 'queued'",
+                (holder, expires_at, time.time(), row[0]),
+            )
+            found = c.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (row[0],)).fetchone()
+        record = _run_from_row(found)
+        return record if record.holder == holder else None
+
+    def due_runs(self, limit: int) -> list[RunRecord]:
+        rows = self._read(
+            f"SELECT {_RUN_COLUMNS} FROM runs WHERE status IN ('waiting', 'running')"
+            f" AND parent_run_id IS NULL ORDER BY updated_at LIMIT {int(limit)}"
+        )
+        return [_run_from_row(r) for r in rows]
+
+    def notify(self) -> None:
+        return None
+
+    def take_rate_slot(self, tool: str, interval_s: float, now: float) -> float:
+        with self._write() as c:
+            c.execute("INSERT INTO rate_slots (tool, next_at) VALUES (?, ?) ON CONFLICT (tool) DO NOTHING", (tool, now))
+            row = c.execute(
+                "UPDATE rate_slots SET next_at = (CASE WHEN next_at > ? THEN next_at ELSE ? END) + ?"
+                " WHERE tool = ? RETURNING next_at",
+                (now, now, interval_s, tool),
+            ).fetchone()
+        return float(row[0]) - interval_s
 
     def lease_run(self, run_id: str, *, holder: str, expires_at: float, attempt: int, expect_attempt: int) -> bool:
         with self._write() as c:

@@ -1,0 +1,37 @@
+"""`deepline worker`: run queued and due runs from a shared store."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from deepline_cli.cli.common import StoreOption, cli_errors
+
+
+@cli_errors
+def worker(
+    store: StoreOption = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs executed at once.")] = 1,
+    once: Annotated[bool, typer.Option("--once", help="Run what is due now, then exit.")] = False,
+) -> None:
+    """Take queued runs (deepline run --enqueue), due timers, delivered events and runs whose
+    holder died, and run them. SIGTERM drains: runs in progress are interrupted and re-queued.
+
+    \b
+    Examples:
+      deepline worker --store postgresql://user@db.internal/deepline --concurrency 4
+      deepline worker --once          # drain what is due on the default SQLite store
+    """
+    from deepline_cli.runtime.worker import Worker
+
+    def report(line: str) -> None:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    stats = Worker(store, concurrency=concurrency, once=once, report=report).run()
+    report(
+        f"worker: done — {stats.started} started, {stats.completed} completed, {stats.failed} failed, "
+        f"{stats.waiting} waiting, {stats.requeued} re-queued"
+    )

@@ -1,0 +1,200 @@
+"""`deepline worker`: processes that take queued and due runs from a shared store.
+
+Each of `concurrency` threads loops: claim the oldest queued run (`FOR UPDATE SKIP
+LOCKED` on PostgreSQL), else continue a waiting run whose timer is due or whose event
+arrived, else take over a run whose holder died; run it; repeat. Claims are
+compare-and-set on the run's attempt, so two workers never run one attempt. Workers
+sleep until a PostgreSQL NOTIFY (a run enqueued, an event sent) or the next poll.
+
+SIGTERM/SIGINT drains: no new claims; runs in progress are interrupted (calls in flight
+finish and are recorded) and put back in the queue for another worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from deepline_cli.errors import DeeplineError, RunBusyError
+from deepline_cli.runtime.events import Event, EventBus
+from deepline_cli.runtime.holders import holder_alive, holder_id
+from deepline_cli.runtime.runner import Runner, RunOptions, RunResult, lease_ttl_from_env
+from deepline_cli.runtime.suspension import ready_to_resume
+from deepline_cli.store import open_store
+from deepline_cli.store.base import RunRecord, Store
+
+POLL_S = 1.0
+DUE_SCAN = 50
+
+Report = Callable[[str], None]
+
+
+@dataclass
+class WorkerStats:
+    started: int = 0
+    completed: int = 0
+    failed: int = 0
+    waiting: int = 0
+    requeued: int = 0
+
+
+class Worker:
+    def __init__(
+        self, store_url: str | None, *, concurrency: int = 1, once: bool = False, report: Report = print
+    ) -> None:
+        self.store_url = store_url
+        self.concurrency = max(1, concurrency)
+        self.once = once
+        self.report = report
+        self.stats = WorkerStats()
+        self._draining = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._runners: set[Runner] = set()
+        self._idle: set[str] = set()
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def run(self) -> WorkerStats:
+        restore = self._install_signals()
+        threads = [threading.Thread(target=self._loop, name=f"deepline-worker-{i}") for i in range(self.concurrency)]
+        for thread in threads:
+            thread.start()
+        waker = threading.Thread(target=self._listen, daemon=True, name="deepline-worker-listen")
+        waker.start()
+        try:
+            for thread in threads:
+                while thread.is_alive():
+                    thread.join(timeout=0.2)
+        finally:
+            restore()
+        return self.stats
+
+    def drain(self) -> None:
+        """Stop claiming; interrupt the runs in progress (they go back to the queue)."""
+        if self._draining.is_set():
+            return
+        self._draining.set()
+        self._wake.set()
+        self.report("worker: draining — interrupting runs in progress, they will be re-queued")
+        with self._lock:
+            for runner in self._runners:
+                runner.request_stop()
+
+    def _install_signals(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        for sig in previous:
+            signal.signal(sig, lambda *_: self.drain())
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        return restore
+
+    def _listen(self) -> None:
+        """Wake idle threads on a PostgreSQL NOTIFY; SQLite workers just poll."""
+        store = open_store(self.store_url)
+        try:
+            wait = getattr(store, "wait_for_notify", None)
+            while not self._draining.is_set():
+                if wait is None:
+                    return
+                with contextlib.suppress(DeeplineError, OSError):
+                    if wait(POLL_S):
+                        self._wake.set()
+        except Exception:
+            return
+        finally:
+            store.close()
+
+    # --- one thread ------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        store = open_store(self.store_url)
+        me = threading.current_thread().name
+        try:
+            while not self._draining.is_set():
+                if self._take_one(store):
+                    with self._lock:
+                        self._idle.discard(me)
+                    continue
+                with self._lock:
+                    self._idle.add(me)
+                    done = self.once and len(self._idle) == self.concurrency and not self._runners
+                if done:  # --once: every thread found nothing due
+                    return
+                self._wake.wait(POLL_S)
+                self._wake.clear()
+        finally:
+            store.close()
+
+    def _take_one(self, store: Store) -> bool:
+        ttl = lease_ttl_from_env()
+        record = store.claim_queued_run(holder=holder_id(), expires_at=store.now() + ttl)
+        if record is not None:
+            claimed = record
+            self._execute(claimed.run_id, lambda runner: runner.run_claimed(claimed))
+            return True
+        for candidate in store.due_runs(DUE_SCAN):
+            if self._draining.is_set() or not self._is_due(store, candidate):
+                continue
+            run_id = candidate.run_id
+            try:
+                self._execute(run_id, lambda runner, run_id=run_id: runner.resume(run_id))  # type: ignore[misc]
+            except RunBusyError:
+                continue  # another worker took it first
+            return True
+        return False
+
+    @staticmethod
+    def _is_due(store: Store, record: RunRecord) -> bool:
+        now = store.now()
+        if record.status == "running":
+            return not holder_alive(record, now)  # its holder died: take it over
+        wait = record.options.get("max_inline_wait")
+        return ready_to_resume(store, record.run_id, now, 30.0 if wait is None else float(wait))
+
+    def _execute(self, run_id: str, action: Callable[[Runner], RunResult]) -> None:
+        runner = Runner(RunOptions(store=self.store_url), self._bus())
+        with self._lock:
+            self._runners.add(runner)
+        self.stats.started += 1
+        started = time.monotonic()
+        self.report(f"worker: running {run_id}")
+        try:
+            result = action(runner)
+            if result.status == "interrupted" and self._draining.is_set():
+                runner.store.update_run(run_id, status="queued")  # another worker continues it
+                runner.store.notify()
+                self.stats.requeued += 1
+        except RunBusyError:
+            raise
+        except DeeplineError as exc:
+            self.stats.failed += 1
+            self.report(f"worker: {run_id} could not run: {exc}")
+            return
+        finally:
+            with self._lock:
+                self._runners.discard(runner)
+            runner.close()
+        if result.status == "completed":
+            self.stats.completed += 1
+        elif result.status == "waiting":
+            self.stats.waiting += 1
+        elif result.status != "interrupted":
+            self.stats.failed += 1
+        self.report(f"worker: {run_id} {result.status} (attempt {result.attempt}, {time.monotonic() - started:.1f}s)")
+
+    def _bus(self) -> EventBus:
+        def warn(event: Event) -> None:
+            if event.event == "log" and event.data.get("level") != "info":
+                self.report(f"worker: {event.run_id}: {event.data.get('message')}")
+
+        return EventBus([warn])
