@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -195,7 +196,7 @@ def _report(result: RunResult, json_mode: bool, view: Any) -> None:
     err = sys.stderr
     if result.status == "queued":
         if json_mode:
-            view.write({"event": "run.queued", "run_id": result.run_id, "ts": None})
+            view.write({"event": "run.queued", "run_id": result.run_id, "ts": time.time()})
         else:
             sys.stdout.write(result.run_id + "\n")
             err.write(f"Queued run {result.run_id}; a `deepline worker` on this store will run it.\n")
@@ -206,7 +207,7 @@ def _report(result: RunResult, json_mode: bool, view: Any) -> None:
                 {
                     "event": "run.finished",
                     "run_id": result.run_id,
-                    "ts": None,
+                    "ts": result.finished_at,
                     "reported": True,
                     **result.finished_event(),
                 }

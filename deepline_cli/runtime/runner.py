@@ -105,6 +105,7 @@ class RunResult:
     error: dict[str, Any] | None = None
     stats: dict[str, Any] = field(default_factory=dict)
     reported: bool = False  # an already-finished run, reported rather than run
+    finished_at: float | None = None  # when a reported run finished (its run.finished ts)
     fail_on_row_errors: bool = False
     waiting: list[dict[str, Any]] = field(default_factory=list)  # boundaries of a waiting run
 
@@ -495,4 +496,5 @@ def _result_of(record: RunRecord, *, reported: bool) -> RunResult:
         record.error,
         record.stats,
         reported=reported,
+        finished_at=record.finished_at or record.updated_at,
     )

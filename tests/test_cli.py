@@ -1,0 +1,615 @@
+"""The `deepline` command through its real entry point (§5): output, exit codes, errors,
+idempotent `--run-id`, `runs …`, `receipts inspect`, busy runs and interrupts."""
+
+from __future__ import annotations
+
+import collections
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deepline_cli import _json
+from tests.conftest import Result
+
+RECEIPT_KEYS = {
+    "key", "kind", "label", "tool", "status", "run_id", "attempt", "lease_expires_at",
+    "failure_kind", "error", "created_at", "completed_at", "credits",
+}  # fmt: skip
+
+# Three `t.double` calls, three `t.label` calls, one step, one tool call that fails (and
+# is caught by the play). `t.double` appends a line to input["log"] per invocation.
+BASIC_PLAY = """
+import asyncio
+
+from deepline_cli import ToolExecutionError, play, tool
+
+
+@tool("t.double", credits=1)
+async def double(input, call):
+    with open(input["log"], "a") as f:
+        f.write(f"{input['n']} {call.attempt} {call.idempotency_key}\\n")
+    return {"value": input["n"] * 2}
+
+
+@tool("t.label")
+def label(input):
+    return f"n={input['n']}"
+
+
+@tool("t.broken")
+async def broken(input):
+    raise RuntimeError("the broken tool broke")
+
+
+@play("basic", description="a small play with local tools")
+async def basic(ctx, input):
+    ctx.log("basic play starting")
+    n = input.get("n", 3)
+    doubled = await asyncio.gather(
+        *(ctx.tools.execute(f"double-{i}", "t.double", {"n": i, "log": input["log"]}) for i in range(n))
+    )
+    labels = [(await ctx.tools.execute(f"label-{i}", "t.label", {"n": i})).output for i in range(n)]
+    try:
+        await ctx.tools.execute("broken", "t.broken", {"why": "always"})
+    except ToolExecutionError:
+        ctx.log("the broken tool failed, as expected")
+    total = await ctx.step("total", lambda: sum(r.output["value"] for r in doubled))
+    ctx.log(f"total is {total}")
+    return {"total": total, "labels": labels}
+"""
+BASIC_OUTPUT = {"total": 6, "labels": ["n=0", "n=1", "n=2"]}
+
+# Raises ValueError (on the line marked RAISE) while input["flag"] exists.
+FAILING_PLAY = """
+import os
+
+from deepline_cli import play, tool
+
+
+@tool("t.count")
+async def count(input):
+    with open(input["log"], "a") as f:
+        f.write("count\\n")
+    return 41
+
+
+@play("flaky")
+async def flaky(ctx, input):
+    value = (await ctx.tools.execute("count", "t.count", {"log": input["log"]})).output
+    if os.path.exists(input["flag"]):
+        raise ValueError("the flag file is still there")  # RAISE
+    return {"answer": value + 1, "attempt": ctx.run.attempt}
+"""
+
+# One tool call that blocks for 30 s on the first attempt only.
+BLOCKING_PLAY = """
+import asyncio
+
+from deepline_cli import play, tool
+
+
+@tool("t.block")
+async def block(input, call):
+    with open(input["log"], "a") as f:
+        f.write(f"start {call.attempt}\\n")
+    if call.attempt == 1:
+        await asyncio.sleep(30)
+    return "done"
+
+
+@play("blocker")
+async def blocker(ctx, input):
+    result = await ctx.tools.execute("block", "t.block", {"log": input["log"]})
+    return {"result": result.output, "attempt": ctx.run.attempt}
+"""
+
+# input["n"] slow calls. `t.limited` has a per-tool concurrency limit and the play
+# gathers every call at once (the queue waits in the governor); `t.free` has no limit
+# and the play gathers in chunks of 5. Each invocation logs "start N ATTEMPT" and, when
+# it returns, "end N ATTEMPT".
+SLOW_PLAY = """
+import asyncio
+
+from deepline_cli import play, tool
+
+
+async def _slow(input, call):
+    with open(input["log"], "a") as f:
+        f.write(f"start {input['i']} {call.attempt}\\n")
+    await asyncio.sleep(0.05)
+    with open(input["log"], "a") as f:
+        f.write(f"end {input['i']} {call.attempt}\\n")
+    return input["i"]
+
+
+@tool("t.limited", concurrency=5)
+async def limited(input, call):
+    return await _slow(input, call)
+
+
+@tool("t.free")
+async def free(input, call):
+    return await _slow(input, call)
+
+
+@play("slow")
+async def slow(ctx, input):
+    tool_id, n = input["tool"], input["n"]
+    chunk = n if tool_id == "t.limited" else 5
+    total = 0
+    for start in range(0, n, chunk):
+        results = await asyncio.gather(
+            *(
+                ctx.tools.execute(f"slow-{i}", tool_id, {"i": i, "log": input["log"]})
+                for i in range(start, min(n, start + chunk))
+            )
+        )
+        total += sum(r.output for r in results)
+    return {"total": total}
+"""
+
+
+def wait_for(condition: Callable[[], Any], *, timeout: float = 20, what: str = "a condition") -> Any:
+    """Poll `condition` until it returns something truthy, or fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def read_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def assert_one_error_sentence(result: Result) -> None:
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error: "), result.stderr
+
+
+def run_json(deepline: Callable[..., Result], *args: str) -> list[dict[str, Any]]:
+    result = deepline(*args, "--json")
+    assert result.code == 0, result.stderr
+    return result.json_lines()
+
+
+@pytest.fixture
+def basic(tmp_path: Path, write_play: Callable[..., Path]) -> tuple[Path, Path, str]:
+    """(play file, tool log, --input JSON) for BASIC_PLAY."""
+    log = tmp_path / "double.log"
+    return write_play(BASIC_PLAY, "basic.py"), log, _json.dumps_str({"log": str(log)})
+
+
+@pytest.fixture
+def spawn(tmp_path: Path, cli_env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start `python -m deepline_cli …` in the background (killed at teardown)."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*args: str, **env: str) -> subprocess.Popen[str]:
+        n = len(started)
+        with (
+            open(tmp_path / f"spawn{n}.out", "w") as out,
+            open(tmp_path / f"spawn{n}.err", "w") as err,
+        ):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "deepline_cli", *args],
+                cwd=tmp_path,
+                env={**cli_env, **env},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                text=True,
+            )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def spawned_output(tmp_path: Path, n: int = 0) -> tuple[str, str]:
+    return (tmp_path / f"spawn{n}.out").read_text(), (tmp_path / f"spawn{n}.err").read_text()
+
+
+# --- run: output, --json, errors ------------------------------------------------------------
+
+
+def test_run_prints_the_output_json_on_stdout(deepline, basic) -> None:
+    play, log, payload = basic
+    result = deepline("run", str(play), "--input", payload)
+    assert result.code == 0, result.stderr
+    assert _json.loads(result.stdout) == BASIC_OUTPUT
+    assert len(read_lines(log)) == 3
+
+
+def test_json_mode_prints_only_ndjson_events(deepline, basic) -> None:
+    play, _, payload = basic
+    result = deepline("run", str(play), "--input", payload, "--json")
+    assert result.code == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    events = [_json.loads(line) for line in lines]  # every stdout line is JSON
+    assert all(isinstance(e, dict) for e in events)
+    assert events[0]["event"] == "run.started"
+    assert events[-1]["event"] == "run.finished"
+    run_id = events[0]["run_id"]
+    for event in events:
+        assert {"event", "run_id", "ts"} <= event.keys(), event
+        assert event["run_id"] == run_id
+        assert isinstance(event["ts"], int | float)
+    finished = events[-1]
+    assert {"status", "output", "error", "stats"} <= finished.keys()
+    assert finished["status"] == "completed"
+    assert finished["output"] == BASIC_OUTPUT
+    assert finished["error"] is None
+    assert finished["stats"]["tools"]["t.double"]["live"] == 3
+    assert finished["stats"]["tools"]["t.double"]["credits"] == 3
+    logged = [e["message"] for e in events if e["event"] == "log"]
+    assert "basic play starting" in logged
+    assert "total is 6" in logged
+
+
+@pytest.mark.parametrize(
+    ("source", "ref", "needle"),
+    [
+        (None, "missing.py", "does not exist"),
+        ("from deepline_cli import play\n\ndef broken(:\n    pass\n", "bad.py", "line 3"),
+        (
+            "from deepline_cli import play\n\n@play('a')\nasync def a(ctx, input):\n    return 1\n\n"
+            "@play('b')\nasync def b(ctx, input):\n    return 2\n",
+            "two.py",
+            "two.py:NAME",
+        ),
+        (
+            "from deepline_cli import play\n\n@play('a')\nasync def a(ctx, input):\n    return 1\n",
+            "one.py:nope",
+            "nope",
+        ),
+    ],
+    ids=["missing-file", "syntax-error", "several-plays", "unknown-function"],
+)
+def test_play_load_errors_exit_2_with_one_sentence(
+    deepline, write_play, source: str | None, ref: str, needle: str
+) -> None:
+    if source is not None:
+        write_play(source, ref.partition(":")[0])
+    result = deepline("run", ref)
+    assert result.code == 2, result.stderr
+    assert_one_error_sentence(result)
+    assert needle in result.stderr
+    assert result.stdout == ""
+
+
+def test_debug_flag_shows_the_traceback(deepline) -> None:
+    result = deepline("--debug", "run", "missing.py")
+    assert result.code == 2
+    assert "Traceback" in result.stderr
+    assert "Error:" in result.stderr
+
+
+def test_bad_input_json_exits_2_naming_the_flag(deepline, basic) -> None:
+    play, _, _ = basic
+    result = deepline("run", str(play), "--input", "{not json")
+    assert result.code == 2
+    assert_one_error_sentence(result)
+    assert "--input" in result.stderr
+
+
+def test_a_play_that_raises_fails_naming_the_play_line(deepline, tmp_path, write_play) -> None:
+    play = write_play(FAILING_PLAY, "flaky.py")
+    (tmp_path / "flag").touch()
+    payload = _json.dumps_str({"log": str(tmp_path / "count.log"), "flag": str(tmp_path / "flag")})
+    line = next(n for n, text in enumerate(play.read_text().splitlines(), 1) if "# RAISE" in text)
+    result = deepline("run", str(play), "--input", payload)
+    assert result.code == 1
+    assert "Traceback" not in result.stderr
+    assert "failed" in result.stderr
+    assert "the flag file is still there" in result.stderr
+    assert f"flaky.py line {line}" in result.stderr
+    assert result.stdout == ""
+
+
+# --- resume and --run-id --------------------------------------------------------------------
+
+
+def test_resume_of_an_unknown_run_exits_2(deepline) -> None:
+    result = deepline("resume", "no-such-run")
+    assert result.code == 2
+    assert_one_error_sentence(result)
+    assert "no-such-run" in result.stderr
+
+
+def test_resume_of_a_completed_run_reports_it(deepline, basic) -> None:
+    play, log, payload = basic
+    assert deepline("run", str(play), "--input", payload, "--run-id", "done-1").code == 0
+    result = deepline("resume", "done-1")
+    assert result.code == 0, result.stderr
+    assert "already completed" in result.stderr
+    assert _json.loads(result.stdout) == BASIC_OUTPUT
+    assert len(read_lines(log)) == 3  # no tool ran again
+
+
+def test_run_id_twice_reports_the_completed_run_without_running_tools(deepline, basic) -> None:
+    play, log, payload = basic
+    first = run_json(deepline, "run", str(play), "--input", payload, "--run-id", "ci-1")
+    assert first[-1]["status"] == "completed"
+    assert len(read_lines(log)) == 3
+
+    second = deepline("run", str(play), "--input", payload, "--run-id", "ci-1", "--json")
+    assert second.code == 0, second.stderr
+    events = second.json_lines()
+    last = events[-1]
+    assert last["event"] == "run.finished"
+    assert last["run_id"] == "ci-1"
+    assert last["status"] == "completed"
+    assert last["output"] == BASIC_OUTPUT
+    assert not [e for e in events if e["event"] == "tool.call"]
+
+    third = deepline("run", str(play), "--input", payload, "--run-id", "ci-1")
+    assert third.code == 0
+    assert "already completed" in third.stderr
+    assert _json.loads(third.stdout) == BASIC_OUTPUT
+
+    assert len(read_lines(log)) == 3  # the tool was never invoked again
+    shown = _json.loads(deepline("runs", "show", "ci-1", "--json").stdout)
+    assert shown["attempt"] == 1
+
+
+def test_a_reported_run_finished_event_carries_its_timestamp(deepline, basic) -> None:
+    """§5: every --json event has `ts`; a completed run is reported with its stored
+    `run.finished` event, so `ts` is when it finished, not null."""
+    play, _, payload = basic
+    first = run_json(deepline, "run", str(play), "--input", payload, "--run-id", "ts-1")
+    for args in (("run", str(play), "--input", payload, "--run-id", "ts-1"), ("resume", "ts-1")):
+        last = run_json(deepline, *args)[-1]
+        assert (last["event"], last["run_id"], last["status"]) == ("run.finished", "ts-1", "completed")
+        assert isinstance(last["ts"], int | float), f"{args[0]}: ts is {last['ts']!r}"
+        assert first[0]["ts"] <= last["ts"] <= first[-1]["ts"] + 5
+
+
+def test_run_id_of_a_failed_run_resumes_it(deepline, tmp_path, write_play) -> None:
+    play = write_play(FAILING_PLAY, "flaky.py")
+    flag, log = tmp_path / "flag", tmp_path / "count.log"
+    flag.touch()
+    payload = _json.dumps_str({"log": str(log), "flag": str(flag)})
+    first = deepline("run", str(play), "--input", payload, "--run-id", "f-1")
+    assert first.code == 1
+    assert _json.loads(deepline("runs", "show", "f-1", "--json").stdout)["status"] == "failed"
+
+    flag.unlink()
+    events = run_json(deepline, "run", str(play), "--input", payload, "--run-id", "f-1")
+    assert events[0]["event"] == "run.started"
+    assert events[0]["attempt"] == 2
+    finished = events[-1]
+    assert finished["status"] == "completed"
+    assert finished["attempt"] == 2
+    assert finished["output"] == {"answer": 42, "attempt": 2}
+    assert read_lines(log) == ["count"]  # the tool call of attempt 1 was reused
+    shown = _json.loads(deepline("runs", "show", "f-1", "--json").stdout)
+    assert (shown["status"], shown["attempt"]) == ("completed", 2)
+
+
+# --- runs list / show / logs ----------------------------------------------------------------
+
+
+def test_runs_list_show_and_logs(deepline, basic, tmp_path, write_play) -> None:
+    play, _, payload = basic
+    assert deepline("run", str(play), "--input", payload, "--run-id", "ok-1").code == 0
+    flaky = write_play(FAILING_PLAY, "flaky.py")
+    (tmp_path / "flag").touch()
+    flaky_input = _json.dumps_str({"log": str(tmp_path / "c.log"), "flag": str(tmp_path / "flag")})
+    assert deepline("run", str(flaky), "--input", flaky_input, "--run-id", "bad-1").code == 1
+
+    table = deepline("runs", "list")
+    assert table.code == 0, table.stderr
+    rows = {line.split()[0]: line.split() for line in table.stdout.splitlines()[1:] if line.strip()}
+    assert rows["ok-1"][1:3] == ["basic", "completed"]
+    assert rows["bad-1"][1:3] == ["flaky", "failed"]
+
+    listed = {r["run_id"]: r for r in run_json(deepline, "runs", "list")}
+    assert set(listed) == {"ok-1", "bad-1"}
+    for run_id, play_name, status in [("ok-1", "basic", "completed"), ("bad-1", "flaky", "failed")]:
+        row = listed[run_id]
+        assert {"run_id", "play", "status", "parent_run_id", "root_run_id"} <= row.keys()
+        assert (row["play"], row["status"]) == (play_name, status)
+        assert row["parent_run_id"] is None
+        assert row["root_run_id"] == run_id
+    assert [r["run_id"] for r in run_json(deepline, "runs", "list", "--status", "failed")] == ["bad-1"]
+
+    text = deepline("runs", "show", "ok-1")
+    assert text.code == 0, text.stderr
+    assert "ok-1" in text.stdout
+    assert "completed" in text.stdout
+    assert "t.double" in text.stdout
+    shown = _json.loads(deepline("runs", "show", "ok-1", "--json").stdout)
+    assert (shown["run_id"], shown["play"], shown["status"]) == ("ok-1", "basic", "completed")
+    assert shown["output"] == BASIC_OUTPUT
+    assert shown["stats"]["tools"]["t.double"]["live"] == 3
+    failed = _json.loads(deepline("runs", "show", "bad-1", "--json").stdout)
+    assert "the flag file is still there" in failed["error"]["message"]
+
+    logs = deepline("runs", "logs", "ok-1")
+    assert logs.code == 0, logs.stderr
+    assert "basic play starting" in logs.stdout
+    assert "total is 6" in logs.stdout
+
+
+# --- receipts inspect -----------------------------------------------------------------------
+
+
+def test_receipts_inspect_lists_and_filters_the_receipts_of_a_run(deepline, basic) -> None:
+    play, _, payload = basic
+    assert deepline("run", str(play), "--input", payload, "--run-id", "rc-1").code == 0
+    receipts = run_json(deepline, "receipts", "inspect", "--run", "rc-1")
+    assert len(receipts) == 8  # 3 double + 3 label + 1 broken + 1 step
+    for r in receipts:
+        assert r.keys() >= RECEIPT_KEYS, r.keys()
+        assert r["run_id"] == "rc-1"
+        assert r["attempt"] == 1
+        assert r["created_at"] is not None
+    by_label = {r["label"]: r for r in receipts}
+    assert set(by_label) == {
+        "double-0", "double-1", "double-2", "label-0", "label-1", "label-2", "broken", "total",
+    }  # fmt: skip
+    double = by_label["double-1"]
+    assert (double["kind"], double["tool"], double["status"]) == ("tool", "t.double", "completed")
+    assert double["credits"] == 1
+    assert double["completed_at"] is not None
+    assert double["failure_kind"] is None
+    assert (by_label["total"]["kind"], by_label["total"]["status"]) == ("step", "completed")
+    broken = by_label["broken"]
+    assert (broken["status"], broken["failure_kind"]) == ("failed", "internal")
+    assert "the broken tool broke" in _json.dumps_str(broken["error"])
+
+    table = deepline("receipts", "inspect", "--run", "rc-1")
+    assert table.code == 0, table.stderr
+    assert "double-0" in table.stdout
+    assert "t.label" in table.stdout
+
+    failed = run_json(deepline, "receipts", "inspect", "--run", "rc-1", "--status", "failed")
+    assert [r["label"] for r in failed] == ["broken"]
+    completed = run_json(deepline, "receipts", "inspect", "--status", "completed")
+    assert sorted(r["label"] for r in completed) == sorted(set(by_label) - {"broken"})
+
+    labels = run_json(deepline, "receipts", "inspect", "--run", "rc-1", "--tool", "t.label")
+    assert sorted(r["label"] for r in labels) == ["label-0", "label-1", "label-2"]
+
+    key = by_label["double-2"]["key"]
+    prefix = key[:5]
+    found = run_json(deepline, "receipts", "inspect", prefix)
+    assert key in [r["key"] for r in found]
+    assert all(r["key"].startswith(prefix) for r in found)
+    assert len(found) == sum(r["key"].startswith(prefix) for r in receipts)
+
+
+def test_receipts_inspect_rejects_an_unknown_status(deepline) -> None:
+    result = deepline("receipts", "inspect", "--status", "bogus")
+    assert result.code == 2
+    assert_one_error_sentence(result)
+    assert "bogus" in result.stderr
+    unknown_run = deepline("receipts", "inspect", "--run", "no-such-run")
+    assert unknown_run.code == 2
+    assert_one_error_sentence(unknown_run)
+
+
+def test_receipts_inspect_run_lists_receipts_reused_from_an_earlier_run(deepline, basic) -> None:
+    play, log, payload = basic
+    assert deepline("run", str(play), "--input", payload, "--run-id", "first").code == 0
+    second = run_json(deepline, "run", str(play), "--input", payload, "--run-id", "second")
+    assert second[-1]["stats"]["tools"]["t.double"] == {"live": 0, "reused": 3, "failed": 0,
+                                                        "credits": 0.0}  # fmt: skip
+    assert len(read_lines(log)) == 3
+
+    of_first = {r["key"]: r for r in run_json(deepline, "receipts", "inspect", "--run", "first")}
+    of_second = {r["key"]: r for r in run_json(deepline, "receipts", "inspect", "--run", "second")}
+    tool_keys = {k for k, r in of_first.items() if r["kind"] == "tool" and r["status"] == "completed"}
+    assert len(tool_keys) == 6
+    assert tool_keys <= of_second.keys()  # reused receipts are listed under the new run
+    for key in tool_keys:
+        assert of_second[key]["run_id"] == "first"  # the owner is still the run that paid
+    # The failed tool receipt is reused (not retried) too.
+    assert [r["label"] for r in of_second.values() if r["status"] == "failed"] == ["broken"]
+
+
+# --- busy runs and takeover -----------------------------------------------------------------
+
+
+def _status_of(deepline: Callable[..., Result], run_id: str) -> str | None:
+    result = deepline("runs", "list", "--json")
+    for row in result.json_lines() if result.code == 0 else []:
+        if row["run_id"] == run_id:
+            return str(row["status"])
+    return None
+
+
+def test_resume_refuses_a_live_run_then_takes_over_a_killed_one(deepline, spawn, tmp_path, write_play) -> None:
+    play = write_play(BLOCKING_PLAY, "blocker.py")
+    log = tmp_path / "block.log"
+    payload = _json.dumps_str({"log": str(log)})
+    # A long lease: taking over the killed run must not wait for it to expire.
+    ttl = {"DEEPLINE_LEASE_TTL": "60"}
+    holder = spawn("run", str(play), "--input", payload, "--run-id", "busy-1", "--quiet", **ttl)
+    wait_for(lambda: _status_of(deepline, "busy-1") == "running", what="busy-1 to be running")
+    wait_for(lambda: read_lines(log) == ["start 1"], what="the tool call to be in flight")
+
+    busy = deepline("resume", "busy-1", **ttl)
+    assert busy.code == 4, busy.stderr
+    assert_one_error_sentence(busy)
+    again = deepline("run", str(play), "--input", payload, "--run-id", "busy-1", **ttl)
+    assert again.code == 4, again.stderr  # --run-id of a held run: busy too
+    assert holder.poll() is None  # the holder was left alone
+
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    started = time.monotonic()
+    taken = deepline("resume", "busy-1", "--json", timeout=40, **ttl)
+    elapsed = time.monotonic() - started
+    assert taken.code == 0, taken.stderr
+    finished = taken.json_lines()[-1]
+    assert finished["status"] == "completed"
+    assert finished["attempt"] == 2
+    assert finished["output"] == {"result": "done", "attempt": 2}
+    assert elapsed < 20, f"the takeover waited {elapsed:.1f}s (for a lease?)"
+    assert read_lines(log) == ["start 1", "start 2"]
+    shown = _json.loads(deepline("runs", "show", "busy-1", "--json").stdout)
+    assert (shown["status"], shown["attempt"]) == ("completed", 2)
+
+
+# --- interrupts -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("signum", "tool_id"),
+    [(signal.SIGINT, "t.limited"), (signal.SIGTERM, "t.free")],
+    ids=["SIGINT-concurrency-limited-tool", "SIGTERM-unlimited-tool"],
+)
+def test_interrupt_then_resume_does_every_call_once(
+    deepline, spawn, tmp_path, write_play, signum: int, tool_id: str
+) -> None:
+    n = 120
+    play = write_play(SLOW_PLAY, "slow.py")
+    log = tmp_path / "slow.log"
+    payload = _json.dumps_str({"log": str(log), "n": n, "tool": tool_id})
+    proc = spawn("run", str(play), "--input", payload, "--run-id", "int-1", "--quiet")
+    wait_for(lambda: sum(line.startswith("end ") for line in read_lines(log)) >= 20,
+             what="20 calls to finish")  # fmt: skip
+    proc.send_signal(signum)
+    assert proc.wait(timeout=30) == 130, spawned_output(tmp_path)
+    out, err = spawned_output(tmp_path)
+    assert out == ""
+    assert "interrupted" in err
+    assert "Traceback" not in err
+    first_attempt = read_lines(log)
+    assert sum(line.startswith("end ") for line in first_attempt) < n  # really interrupted
+
+    shown = _json.loads(deepline("runs", "show", "int-1", "--json").stdout)
+    assert shown["status"] == "interrupted"
+
+    resumed = deepline("resume", "int-1")
+    assert resumed.code == 0, resumed.stderr
+    assert _json.loads(resumed.stdout) == {"total": sum(range(n))}
+    shown = _json.loads(deepline("runs", "show", "int-1", "--json").stdout)
+    assert (shown["status"], shown["attempt"]) == ("completed", 2)
+
+    starts = collections.Counter(int(line.split()[1]) for line in read_lines(log) if line.startswith("start "))
+    finished_in_1 = {int(line.split()[1]) for line in first_attempt if line.startswith("end ")}
+    started_in_1 = {int(line.split()[1]) for line in first_attempt if line.startswith("start ")}
+    assert set(starts) == set(range(n))  # every call executed
+    for i in finished_in_1:
+        assert starts[i] == 1, f"call {i} returned before the interrupt but was executed again"
+    twice = {i for i, count in starts.items() if count > 1}
+    assert twice <= started_in_1 - finished_in_1  # only calls in flight at the signal
+    assert max(starts.values()) <= 2

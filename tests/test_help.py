@@ -1,0 +1,112 @@
+"""`deepline --help` starts fast: it imports neither the runtime, the store, rich nor an
+HTTP client; and the package's public names are exactly the documented ones."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+import deepline_cli
+from tests.conftest import ROOT
+
+# Modules `--help` must not import (a name, or any submodule of it).
+HEAVY = ["httpx", "sqlite3", "sqlite_utils", "rich", "deepline_cli.runtime", "deepline_cli.store"]
+
+# Runs the real `deepline_cli.cli.main` with argv, then prints the loaded modules.
+PROBE = """
+import sys
+sys.argv = ["deepline", *sys.argv[1:]]
+from deepline_cli.cli import main
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code or 0
+else:
+    code = 0
+print("@@MODULES@@", " ".join(sorted(sys.modules)))
+sys.exit(code)
+"""
+
+
+def _heavy_in(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["run", "--help"], ["resume", "--help"], ["receipts", "inspect", "--help"]],
+    ids=" ".join,
+)
+def test_help_does_not_import_the_runtime(cli_env, argv: list[str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, *argv],
+        capture_output=True, text=True, env=cli_env, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    help_text, _, modules = proc.stdout.rpartition("@@MODULES@@")
+    loaded = set(modules.split())
+    assert "deepline_cli.cli" in loaded  # the probe really ran the CLI
+    assert _heavy_in(loaded) == []
+    assert "Usage:" in help_text
+
+
+def test_python_m_help_lists_the_commands_without_heavy_imports(cli_env) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "deepline_cli", "--help"],
+        capture_output=True, text=True, env=cli_env, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    commands = set()
+    for line in proc.stdout.splitlines():
+        words = line.split()
+        if line.startswith("  ") and words:
+            commands.add(words[0])
+    assert {"run", "resume", "receipts", "runs"} <= commands, proc.stdout
+    imported = {
+        line.rsplit("|", 1)[1].strip()
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:") and line.count("|") == 2
+    }
+    assert "deepline_cli.cli.app" in imported  # importtime output was parsed
+    assert _heavy_in(imported) == []
+
+
+EXPECTED_ALL = [
+    "BudgetExceededError",
+    "Column",
+    "Context",
+    "Dataset",
+    "DeeplineError",
+    "GovernanceError",
+    "InputError",
+    "MapAccountingError",
+    "PlayLoadError",
+    "ProviderTransientError",
+    "ReceiptLeaseLostError",
+    "SheetVisibilityError",
+    "StoreError",
+    "ToolCall",
+    "ToolExecutionError",
+    "ToolResult",
+    "play",
+    "tool",
+]
+
+
+def test_public_names_are_the_documented_ones_and_resolve() -> None:
+    assert sorted(deepline_cli.__all__) == EXPECTED_ALL
+    module = importlib.import_module("deepline_cli")
+    for name in deepline_cli.__all__:
+        assert getattr(module, name) is not None, name
+    namespace: dict[str, object] = {}
+    exec("from deepline_cli import *", namespace)
+    assert set(EXPECTED_ALL) <= namespace.keys()
+    errors = importlib.import_module("deepline_cli.errors")
+    for name in EXPECTED_ALL:
+        if name.endswith("Error"):
+            assert issubclass(getattr(module, name), errors.DeeplineError), name
+    with pytest.raises(AttributeError):
+        _ = module.NoSuchName
