@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from deepline_cli import _json
 from deepline_cli.errors import DeeplineError, GovernanceError, PlayLoadError
+from deepline_cli.runtime.holders import holder_id
 from deepline_cli.runtime.play import PlayDef, find_play_by_name, load_play
 from deepline_cli.runtime.receipts import DurableCall, receipt_key
 from deepline_cli.runtime.suspension import Suspended
@@ -84,6 +85,8 @@ async def _execute_child(
             options={**s.options, "description": description},
             parent_run_id=s.scope.run_id,
             root_run_id=s.root_run_id or s.scope.run_id,
+            holder=holder_id(),  # the root's process runs its children
+            lease_expires_at=now + s.scope.lease_ttl,
             created_at=now,
             updated_at=now,
         )
@@ -92,7 +95,14 @@ async def _execute_child(
         return record.output
     else:
         record.attempt += 1
-        await s.io.call(store.update_run, child_id, status="running", attempt=record.attempt)
+        await s.io.call(
+            store.update_run,
+            child_id,
+            status="running",
+            attempt=record.attempt,
+            holder=holder_id(),
+            lease_expires_at=now + s.scope.lease_ttl,
+        )
     journal = await s.io.call(store.journal, child_id)
     child = s.for_child(child_id, record.attempt, play.name, play.file, journal)
     s.bus.emit("child.started", s.scope.run_id, child_run_id=child_id, play=play.name, attempt=record.attempt)
@@ -103,6 +113,8 @@ async def _execute_child(
         status=outcome.status,
         output=outcome.output,
         error=outcome.error,
+        holder=None,
+        lease_expires_at=0.0,
         finished_at=s.io.now() if outcome.status in ("completed", "failed") else None,
     )
     s.bus.emit("child.finished", s.scope.run_id, child_run_id=child_id, status=outcome.status)

@@ -131,10 +131,12 @@ class Tools:
             batcher = self._batcher(definition, timeout_s)
 
             async def invoke(info: ToolCall) -> Any:
+                self._s.caps.count_tool_call()
                 return await batcher.submit(info.receipt_key, input)
         else:
 
             async def invoke(info: ToolCall) -> Any:
+                self._s.caps.count_tool_call()  # --max-tool-calls counts calls actually made
                 return await self._invoke(definition, input, info, timeout_s)
 
         outcome = await self._s.book.execute(call, invoke)

@@ -360,7 +360,7 @@ class ReceiptBook:
         if call.kind == "step":
             self._stats.steps["live" if execution == "live" else "reused"] += 1
         else:
-            counts = self._stats.tool(call.tool or call.kind)
+            counts = self._stats.tool(call.tool or f"ctx.{call.kind}")  # fetch, run_play: not tools
             if execution == "failed":
                 counts.failed += 1
             elif execution == "live":

@@ -1,0 +1,513 @@
+"""Suspension through the real CLI (SPEC §4, §5): durable sleeps, events, waiting runs,
+SIGKILL while waiting inline, run lifecycle and the determinism guard.
+
+Every `deepline` invocation is a subprocess with a private SQLite store. Waits are
+computed from stored due times or polled with deadlines, never guessed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# `t.work` appends its label to a log file when invoked, so a test can count how often a
+# tool really ran (a replay from a receipt does not invoke it).
+TOOL = """
+from deepline_cli import play, tool
+
+
+@tool("t.work")
+def work(input):
+    with open(input["log"], "a") as f:
+        f.write(input["label"] + "\\n")
+    return input["label"].upper()
+"""
+
+SLEEP_PLAY = (
+    TOOL
+    + """
+
+@play("sleepy")
+async def sleepy(ctx, input):
+    before = await ctx.tools.execute("before", "t.work", {"label": "before", "log": input["log"]})
+    await ctx.sleep("nap", input["seconds"])
+    after = await ctx.tools.execute("after", "t.work", {"label": "after", "log": input["log"]})
+    return {"before": before.output, "after": after.output, "attempt": ctx.run.attempt}
+"""
+)
+
+EVENT_PLAY = (
+    TOOL
+    + """
+
+@play("approval")
+async def approval(ctx, input):
+    before = await ctx.tools.execute("before", "t.work", {"label": "before", "log": input["log"]})
+    payload = await ctx.wait_for_event("approve", timeout_s=input.get("timeout"))
+    return {"before": before.output, "payload": payload, "attempt": ctx.run.attempt}
+"""
+)
+
+# The determinism guard: STEP_ID / TOOL_LABEL / TOOL_INPUT are replaced per test.
+DET_PLAY = (
+    TOOL
+    + """
+
+@play("det")
+async def det(ctx, input):
+    first = await ctx.step("STEP_ID", lambda: "one")
+    done = await ctx.tools.execute("TOOL_LABEL", "t.work", {"label": "TOOL_INPUT", "log": input["log"]})
+    payload = await ctx.wait_for_event("go")
+    return {"first": first, "tool": done.output, "payload": payload}
+"""
+)
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def as_json(value: Any) -> str:
+    return json.dumps(value)
+
+
+def logged(path: Path) -> list[str]:
+    """The labels the tools appended, in order (each one a real invocation)."""
+    try:
+        return path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def wait_until(predicate: Callable[[], Any], *, what: str, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def show(deepline: Callable[..., Any], run_id: str) -> dict[str, Any]:
+    result = deepline("runs", "show", run_id, "--json")
+    assert result.code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def runs(deepline: Callable[..., Any]) -> dict[str, dict[str, Any]]:
+    result = deepline("runs", "list", "--json")
+    assert result.code == 0, result.stderr
+    return {row["run_id"]: row for row in result.json_lines()}
+
+
+def boundary(shown: dict[str, Any], boundary_id: str) -> dict[str, Any]:
+    found = [b for b in shown["boundaries"] if b["id"] == boundary_id]
+    assert len(found) == 1, shown["boundaries"]
+    return found[0]
+
+
+def finished(result: Any) -> dict[str, Any]:
+    events = result.json_lines()
+    assert events, result.stderr
+    assert events[-1]["event"] == "run.finished", events[-1]
+    return events[-1]
+
+
+def no_traceback(stderr: str) -> None:
+    assert "Traceback" not in stderr, stderr
+
+
+def rewrite(path: Path, text: str) -> None:
+    """Change a play file; drop cached bytecode so the next process compiles the new code."""
+    path.write_text(text)
+    shutil.rmtree(path.parent / "__pycache__", ignore_errors=True)
+
+
+@pytest.fixture
+def spawn(tmp_path: Path, cli_env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start `deepline` in the background; whatever a test leaves running is killed."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*args: str, **env: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deepline_cli", *args],
+            cwd=tmp_path,
+            env={**cli_env, **env},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+
+
+# --- ctx.sleep ----------------------------------------------------------------------------
+
+
+def test_short_sleep_is_slept_inline_and_completes(deepline, write_play, tmp_path):
+    write_play(SLEEP_PLAY)
+    log = tmp_path / "tools.log"
+    started = time.monotonic()
+    result = deepline("run", "play.py", "--run-id", "r-short", "--input", as_json({"log": str(log), "seconds": 1.0}))
+    elapsed = time.monotonic() - started
+    assert result.code == 0, result.stderr
+    assert json.loads(result.stdout) == {"before": "BEFORE", "after": "AFTER", "attempt": 1}
+    assert elapsed >= 1.0  # it really slept (default --max-inline-wait is 30 s)
+    shown = show(deepline, "r-short")
+    assert shown["status"] == "completed"
+    assert shown["attempt"] == 1
+    nap = boundary(shown, "sleep:nap")
+    assert nap["kind"] == "sleep"
+    assert nap["status"] == "resolved"
+    assert logged(log) == ["before", "after"]
+
+
+def test_long_sleep_suspends_and_early_resume_stays_waiting(deepline, write_play, tmp_path):
+    write_play(SLEEP_PLAY)
+    log = tmp_path / "tools.log"
+    before = time.time()
+    result = deepline("run", "play.py", "--run-id", "r-long", "--input", as_json({"log": str(log), "seconds": 3600}))
+    after = time.time()
+    assert result.code == 3, result.stderr
+    assert "waiting" in result.stderr and "nap" in result.stderr
+    assert "deepline resume r-long" in result.stderr
+    no_traceback(result.stderr)
+
+    shown = show(deepline, "r-long")
+    assert shown["status"] == "waiting"
+    assert shown["attempt"] == 1
+    nap = boundary(shown, "sleep:nap")
+    assert nap["kind"] == "sleep"
+    assert nap["status"] == "waiting"
+    due = nap["due_at"]
+    assert before + 3600 <= due <= after + 3600
+    due_text = dt.datetime.fromtimestamp(due).strftime("%Y-%m-%d %H:%M:%S")
+    assert due_text in result.stderr
+    human = deepline("runs", "show", "r-long")
+    assert human.code == 0, human.stderr
+    line = next(ln for ln in human.stdout.splitlines() if "sleep:nap" in ln)
+    assert "sleep" in line and "waiting" in line and due_text[:16] in line
+
+    # Not due: resume reports the run as waiting (exit 3) and says when it is due,
+    # without starting a new attempt.
+    early = deepline("resume", "r-long")
+    assert early.code == 3, early.stderr
+    assert "due at" in early.stderr and due_text in early.stderr
+    no_traceback(early.stderr)
+    early_json = deepline("resume", "r-long", "--json")
+    assert early_json.code == 3, early_json.stderr
+    event = finished(early_json)
+    assert event["status"] == "waiting"
+    assert [b["due_at"] for b in event["waiting"] if b["kind"] == "sleep"] == [due]
+
+    again = show(deepline, "r-long")
+    assert again["attempt"] == 1
+    assert again["status"] == "waiting"
+    assert boundary(again, "sleep:nap")["due_at"] == due  # stored once, not pushed back
+    assert logged(log) == ["before"]
+
+
+def test_sleep_resumed_after_due_time_continues_past_it(deepline, write_play, tmp_path):
+    write_play(SLEEP_PLAY)
+    log = tmp_path / "tools.log"
+    result = deepline(
+        "run",
+        "play.py",
+        "--run-id",
+        "r-due",
+        "--max-inline-wait",
+        "0",
+        "--input",
+        as_json({"log": str(log), "seconds": 1.5}),
+    )
+    assert result.code == 3, result.stderr
+    due = boundary(show(deepline, "r-due"), "sleep:nap")["due_at"]
+    assert logged(log) == ["before"]
+
+    time.sleep(max(0.0, due - time.time()) + 0.05)  # computed from the stored due time
+    assert time.time() > due
+    # --max-inline-wait 0 is persisted: a due time recomputed on resume would suspend again.
+    resumed = deepline("resume", "r-due", "--json")
+    assert resumed.code == 0, resumed.stderr
+    event = finished(resumed)
+    assert event["status"] == "completed"
+    assert event["output"] == {"before": "BEFORE", "after": "AFTER", "attempt": 2}
+    assert logged(log) == ["before", "after"]  # the work before the sleep was not redone
+    shown = show(deepline, "r-due")
+    assert shown["status"] == "completed"
+    assert shown["attempt"] == 2
+    nap = boundary(shown, "sleep:nap")
+    assert nap["status"] == "resolved"
+    assert nap["due_at"] == due
+
+
+def test_sigkill_while_sleeping_inline_then_resume_takes_over(deepline, write_play, tmp_path, spawn):
+    """A run killed while it sleeps inline is `running` with a dead holder: `runs list`
+    marks it stale, and `resume` takes it over at once (no lease wait) and sleeps only
+    what is left of the stored wake-up time."""
+    write_play(SLEEP_PLAY)
+    log = tmp_path / "tools.log"
+    seconds = 7.0
+    proc = spawn(
+        "run",
+        "play.py",
+        "--run-id",
+        "r-kill",
+        "--max-inline-wait",
+        "60",
+        "--json",
+        "--input",
+        as_json({"log": str(log), "seconds": seconds}),
+    )
+
+    def sleeping() -> float | None:
+        result = deepline("runs", "show", "r-kill", "--json")
+        if result.code != 0:
+            return None
+        found = [b for b in json.loads(result.stdout)["boundaries"] if b["id"] == "sleep:nap"]
+        return found[0]["due_at"] if found else None
+
+    due = wait_until(sleeping, what="the sleep boundary to be stored")
+    # While its holder lives, a resume refuses the run.
+    busy = deepline("resume", "r-kill")
+    assert busy.code == 4, busy.stderr
+    assert "held by a live process" in busy.stderr
+    # Kill it three seconds into the sleep, so a due time recomputed on resume would show.
+    time.sleep(max(0.0, due - seconds + 3.0 - time.time()))
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    assert logged(log) == ["before"]
+
+    listed = runs(deepline)["r-kill"]
+    assert listed["status"] == "running"
+    assert listed["stale"] is True
+    table = deepline("runs", "list")
+    assert table.code == 0, table.stderr
+    assert "stale" in table.stdout
+
+    resume_started = time.time()
+    resumed = deepline("resume", "r-kill", "--json")
+    ended = time.time()
+    assert resumed.code == 0, resumed.stderr  # not 4: the holder is gone, no lease wait
+    event = finished(resumed)
+    assert event["output"] == {"before": "BEFORE", "after": "AFTER", "attempt": 2}
+    assert logged(log) == ["before", "after"]
+    # Woke at the stored time: not earlier, and not after a full new sleep from the resume
+    # (which started at least 3 s into the original sleep).
+    assert due <= ended < resume_started + seconds - 1.0, (due, resume_started, ended)
+    shown = show(deepline, "r-kill")
+    assert shown["status"] == "completed"
+    assert boundary(shown, "sleep:nap")["due_at"] == due
+
+
+# --- run lifecycle ------------------------------------------------------------------------
+
+
+def test_resume_of_a_completed_run_reports_it(deepline, write_play, tmp_path):
+    write_play(SLEEP_PLAY)
+    log = tmp_path / "tools.log"
+    result = deepline("run", "play.py", "--run-id", "r-done", "--input", as_json({"log": str(log), "seconds": 0}))
+    assert result.code == 0, result.stderr
+
+    again = deepline("resume", "r-done")
+    assert again.code == 0, again.stderr
+    assert "already completed" in again.stderr
+    assert json.loads(again.stdout) == {"before": "BEFORE", "after": "AFTER", "attempt": 1}
+    as_events = deepline("resume", "r-done", "--json")
+    assert as_events.code == 0, as_events.stderr
+    event = finished(as_events)
+    assert event["status"] == "completed"
+    assert event.get("reported") is True
+    assert event["attempt"] == 1
+    assert logged(log) == ["before", "after"]
+
+    unknown = deepline("resume", "r-nope")
+    assert unknown.code == 2
+    assert "r-nope" in unknown.stderr
+    no_traceback(unknown.stderr)
+
+
+# --- ctx.wait_for_event -------------------------------------------------------------------
+
+
+def test_wait_for_event_suspends_send_then_resume_returns_payload(deepline, write_play, tmp_path):
+    write_play(EVENT_PLAY)
+    log = tmp_path / "tools.log"
+    result = deepline("run", "play.py", "--run-id", "r-ev", "--json", "--input", as_json({"log": str(log)}))
+    assert result.code == 3, result.stderr
+    events = result.json_lines()
+    waiting = [e for e in events if e["event"] == "run.waiting"]
+    assert len(waiting) == 1
+    assert [(b["kind"], b["event_id"]) for b in waiting[0]["boundaries"]] == [("event", "approve")]
+    assert finished(result)["status"] == "waiting"
+    shown = show(deepline, "r-ev")
+    assert shown["status"] == "waiting"
+    assert boundary(shown, "event:approve")["event_id"] == "approve"
+
+    # Nothing delivered yet: a resume stays waiting and starts no attempt.
+    early = deepline("resume", "r-ev")
+    assert early.code == 3, early.stderr
+    assert "deepline events send r-ev approve" in early.stderr
+
+    sent = deepline("events", "send", "r-ev", "approve", "--payload", '{"a":1}')
+    assert sent.code == 0, sent.stderr
+    assert "Delivered 'approve'" in sent.stderr
+    twice = deepline("events", "send", "r-ev", "approve", "--payload", '{"a":2}')
+    assert twice.code == 0, twice.stderr
+    assert "already delivered" in twice.stderr
+
+    resumed = deepline("resume", "r-ev")
+    assert resumed.code == 0, resumed.stderr
+    # attempt 2: the early resume started no attempt of its own.
+    assert json.loads(resumed.stdout) == {"before": "BEFORE", "payload": {"a": 1}, "attempt": 2}
+    assert logged(log) == ["before"]
+
+    # Past the wait: the run no longer waits for it.
+    late = deepline("events", "send", "r-ev", "approve")
+    assert late.code == 2
+    assert "not waiting for event 'approve'" in late.stderr
+
+
+def test_events_send_errors_are_usage_errors(deepline, write_play, tmp_path):
+    write_play(EVENT_PLAY)
+    result = deepline("run", "play.py", "--run-id", "r-ev2", "-q", "--input", as_json({"log": str(tmp_path / "l")}))
+    assert result.code == 3, result.stderr
+
+    unknown = deepline("events", "send", "r-missing", "approve")
+    assert unknown.code == 2
+    assert "No run 'r-missing'" in unknown.stderr
+    no_traceback(unknown.stderr)
+
+    other = deepline("events", "send", "r-ev2", "other-event", "--payload", "{}")
+    assert other.code == 2
+    assert "not waiting for event 'other-event'" in other.stderr
+    no_traceback(other.stderr)
+
+    bad = deepline("events", "send", "r-ev2", "approve", "--payload", "{not json")
+    assert bad.code == 2
+    no_traceback(bad.stderr)
+    # Neither of those delivered anything.
+    assert deepline("resume", "r-ev2").code == 3
+
+
+def test_event_timeout_while_waiting_inline_fails_the_run(deepline, write_play, tmp_path):
+    write_play(EVENT_PLAY)
+    started = time.monotonic()
+    result = deepline(
+        "run",
+        "play.py",
+        "--run-id",
+        "r-timeout",
+        "--max-inline-wait",
+        "10",
+        "--input",
+        as_json({"log": str(tmp_path / "l"), "timeout": 1}),
+    )
+    assert result.code == 1, result.stderr
+    assert time.monotonic() - started >= 1.0
+    assert "'approve'" in result.stderr and "did not arrive" in result.stderr
+    no_traceback(result.stderr)
+    shown = show(deepline, "r-timeout")
+    assert shown["status"] == "failed"
+    assert "'approve'" in shown["error"]["message"]
+
+
+def test_event_sent_while_the_run_waits_inline_completes_it(deepline, write_play, tmp_path, spawn):
+    write_play(EVENT_PLAY)
+    proc = spawn(
+        "run",
+        "play.py",
+        "--run-id",
+        "r-inline",
+        "--max-inline-wait",
+        "120",
+        "--json",
+        "--input",
+        as_json({"log": str(tmp_path / "l"), "timeout": 60}),
+    )
+
+    def waiting_for_event() -> bool:
+        result = deepline("runs", "show", "r-inline", "--json")
+        if result.code != 0:
+            return False
+        return any(
+            b["id"] == "event:approve" and b["status"] == "waiting" for b in json.loads(result.stdout)["boundaries"]
+        )
+
+    wait_until(waiting_for_event, what="the run to wait for 'approve'")
+    assert proc.poll() is None
+    sent = deepline("events", "send", "r-inline", "approve", "--payload", '{"ok":true}')
+    assert sent.code == 0, sent.stderr
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    last = json.loads(stdout.splitlines()[-1])
+    assert last["event"] == "run.finished"
+    assert last["status"] == "completed"
+    assert last["output"] == {"before": "BEFORE", "payload": {"ok": True}, "attempt": 1}
+    assert show(deepline, "r-inline")["attempt"] == 1  # no resume was needed
+
+
+# --- determinism guard --------------------------------------------------------------------
+
+
+def det_source(step_id: str, tool_label: str = "tool", tool_input: str = "tool") -> str:
+    return DET_PLAY.replace("STEP_ID", step_id).replace("TOOL_LABEL", tool_label).replace("TOOL_INPUT", tool_input)
+
+
+def test_changed_durable_id_at_the_same_position_fails_the_resume(deepline, write_play, tmp_path):
+    path = write_play(det_source("a"))
+    log = tmp_path / "tools.log"
+    result = deepline("run", "play.py", "--run-id", "r-det", "-q", "--input", as_json({"log": str(log)}))
+    assert result.code == 3, result.stderr
+    assert deepline("events", "send", "r-det", "go", "--payload", "1").code == 0
+
+    rewrite(path, det_source("b"))
+    resumed = deepline("resume", "r-det")
+    assert resumed.code == 1, resumed.stderr
+    assert "'step:b'" in resumed.stderr and "'step:a'" in resumed.stderr
+    no_traceback(resumed.stderr)
+    shown = show(deepline, "r-det")
+    assert shown["status"] == "failed"
+    assert shown["error"]["type"] == "DeterminismError"
+    assert "'step:a'" in shown["error"]["message"] and "'step:b'" in shown["error"]["message"]
+
+    # The old code resumes the run.
+    rewrite(path, det_source("a"))
+    restored = deepline("resume", "r-det")
+    assert restored.code == 0, restored.stderr
+    assert json.loads(restored.stdout) == {"first": "one", "tool": "TOOL", "payload": 1}
+    assert logged(log) == ["tool"]
+
+
+def test_changed_tool_calls_do_not_trip_the_determinism_guard(deepline, write_play, tmp_path):
+    path = write_play(det_source("a", tool_label="tool", tool_input="old"))
+    log = tmp_path / "tools.log"
+    result = deepline("run", "play.py", "--run-id", "r-det2", "-q", "--input", as_json({"log": str(log)}))
+    assert result.code == 3, result.stderr
+    assert deepline("events", "send", "r-det2", "go", "--payload", '"yes"').code == 0
+
+    # Tool calls are content-addressed: another label and input is simply another call.
+    rewrite(path, det_source("a", tool_label="renamed", tool_input="new"))
+    resumed = deepline("resume", "r-det2")
+    assert resumed.code == 0, resumed.stderr
+    assert json.loads(resumed.stdout) == {"first": "one", "tool": "NEW", "payload": "yes"}
+    assert logged(log) == ["old", "new"]
