@@ -15,9 +15,10 @@ from functools import lru_cache
 from typing import Any
 
 import psycopg
+import psycopg.errors
 
 from deepline_cli.errors import StoreError
-from deepline_cli.store.sql import SqlStore
+from deepline_cli.store.sql import SqlStore, StoreConflict
 
 _MIGRATIONS: list[tuple[str, str]] = [
     (
@@ -32,7 +33,7 @@ _MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX runs_status ON runs (status);
         CREATE INDEX runs_root ON runs (root_run_id);
         CREATE TABLE receipts (
-            key TEXT PRIMARY KEY, kind TEXT NOT NULL, label TEXT, tool TEXT, status TEXT NOT NULL,
+            key TEXT COLLATE "C" PRIMARY KEY, kind TEXT NOT NULL, label TEXT, tool TEXT, status TEXT NOT NULL,
             run_id TEXT NOT NULL, attempt INTEGER NOT NULL, lease_id TEXT,
             lease_expires_at DOUBLE PRECISION, idempotency_key TEXT, output TEXT, error TEXT,
             failure_kind TEXT, retryable INTEGER, credits DOUBLE PRECISION,
@@ -99,11 +100,18 @@ class _Tx:
         self._conn = conn
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
-        return self._conn.execute(_pg(sql), params)
+        return self._conn.execute(_pg(sql), _no_nul(params))
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         with self._conn.cursor() as cur:
-            cur.executemany(_pg(sql), rows)
+            cur.executemany(_pg(sql), [_no_nul(row) for row in rows])
+
+
+def _no_nul(params: Sequence[Any]) -> Sequence[Any]:
+    """PostgreSQL text cannot hold NUL; one in a log line must not sink a whole batch."""
+    if any(isinstance(p, str) and "\x00" in p for p in params):
+        return [p.replace("\x00", "\ufffd") if isinstance(p, str) else p for p in params]
+    return params
 
 
 CHANNEL = "deepline_work"  # NOTIFY channel: new queued runs, delivered events
@@ -121,7 +129,11 @@ class PostgresStore(SqlStore):
             raise StoreError(f"Cannot connect to the store {self.url}: {str(exc).strip()}.") from None
         # One connection, used from the runtime's store thread and the main thread.
         self._lock = threading.RLock()
-        self._migrate()
+        try:
+            self._migrate()
+        except BaseException:
+            self._conn.close()
+            raise
 
     def _migrate(self) -> None:
         known = [name for name, _ in _MIGRATIONS]
@@ -169,6 +181,8 @@ class PostgresStore(SqlStore):
             try:
                 with self._conn.transaction():
                     yield _Tx(self._conn)
+            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
+                raise StoreConflict(f"The store {self.url} aborted a transaction: {str(exc).strip()}.") from exc
             except psycopg.Error as exc:
                 raise StoreError(f"The store {self.url} could not be written: {str(exc).strip()}.") from exc
 

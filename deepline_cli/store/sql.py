@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from deepline_cli import _json
+from deepline_cli.errors import StoreError
 from deepline_cli.store.base import (
     Applied,
     Boundary,
@@ -44,6 +45,11 @@ _RECEIPT_COLUMNS = (
 )
 _BOUNDARY_COLUMNS = "run_id, id, kind, status, due_at, event_id, child_run_id, payload, created_at, resolved_at"
 _CHUNK = 400  # bound parameters per statement stay well under every backend's limit
+CONFLICT_RETRIES = 5
+
+
+class StoreConflict(StoreError):
+    """The database aborted a transaction to break a deadlock; it can be run again."""
 
 
 class SqlStore:
@@ -154,8 +160,23 @@ class SqlStore:
     # --- receipts ---------------------------------------------------------------------
 
     def apply(self, writes: Writes, now: float) -> Applied:
+        # A transaction the database aborted to break a deadlock with another process rolled
+        # back whole (nothing of it is kept), so running it again is safe.
+        for attempt in range(CONFLICT_RETRIES):
+            try:
+                return self._apply(writes, now)
+            except StoreConflict:
+                if attempt == CONFLICT_RETRIES - 1:
+                    raise
+                time.sleep(0.005 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _apply(self, writes: Writes, now: float) -> Applied:
         with self._write() as c:
-            settled = [_settle(c, s, now) for s in writes.settlements]
+            # Rows are locked in key order, so two processes' batches rarely deadlock.
+            order = sorted(range(len(writes.settlements)), key=lambda i: writes.settlements[i].key)
+            done = {i: _settle(c, writes.settlements[i], now) for i in order}
+            settled = [done[i] for i in range(len(writes.settlements))]
             outcomes = self._claim(c, writes.claims, now) if writes.claims else []
             if writes.sheet_rows:
                 self._many(
@@ -454,7 +475,9 @@ class SqlStore:
         # Receipts a run owns are found by their owner column; only receipts it used but
         # another run owns (reuse, or one taken over from it) need a usage row.
         usage = [
-            (cl.run_id, o.receipt.key) for cl, o in zip(claims, ordered, strict=True) if o.receipt.run_id != cl.run_id
+            (cl.run_id, o.receipt.key)
+            for cl, o in zip(claims, ordered, strict=True)
+            if o.verdict in ("reused", "failed") and o.receipt.run_id != cl.run_id
         ]
         usage += [(before.run_id, before.key) for before in replaced if before.run_id]
         self._many(c, "INSERT INTO run_receipts (run_id, key) VALUES (?, ?) ON CONFLICT DO NOTHING", usage)
@@ -463,6 +486,7 @@ class SqlStore:
     def _insert_claims(self, c: Any, inserts: list[tuple[int, Claim]], now: float) -> list[tuple[int, Claim]]:
         """Insert new receipts; return the ones that lost a race to another process."""
         lost: list[tuple[int, Claim]] = []
+        inserts = sorted(inserts, key=lambda item: item[1].key)
         step = _CHUNK // 16
         for start in range(0, len(inserts), step):
             chunk = inserts[start : start + step]
@@ -480,7 +504,7 @@ class SqlStore:
         found: dict[str, Receipt] = {}
         for chunk in _chunks(list(dict.fromkeys(keys))):
             marks = ", ".join("?" * len(chunk))
-            sql = f"SELECT {_RECEIPT_COLUMNS} FROM receipts WHERE key IN ({marks}){self.row_lock}"
+            sql = f"SELECT {_RECEIPT_COLUMNS} FROM receipts WHERE key IN ({marks}) ORDER BY key{self.row_lock}"
             for row in c.execute(sql, chunk).fetchall():
                 found[row[0]] = _receipt_from_row(row)
         return found

@@ -28,11 +28,24 @@ def configure(conn: sqlite3.Connection) -> None:
       SIGKILL of the process; only an OS crash or power loss can drop the last commits.
     - busy_timeout: several processes may share one file; wait for the writer lock.
     """
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA busy_timeout=30000")
+    _enable_wal(conn)
+    conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA temp_store=MEMORY")
     conn.execute("PRAGMA cache_size=-65536")
+
+
+def _enable_wal(conn: sqlite3.Connection) -> None:
+    # Switching a brand-new file to WAL can fail at once with "database is locked" when
+    # several processes open it together (the busy timeout does not cover it): retry.
+    for attempt in range(50):
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == 49:
+                raise
+            time.sleep(0.02)
 
 
 class SQLiteStore(SqlStore):
@@ -42,12 +55,16 @@ class SQLiteStore(SqlStore):
         try:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"Cannot open the store {self.path}: {exc}.") from exc
+        try:
             configure(self._conn)
             migrate(self._conn, self.path)
-        except sqlite3.Error as exc:
-            raise StoreError(f"Cannot open the store {self.path}: {exc}.") from exc
-        except OSError as exc:
-            raise StoreError(f"Cannot create the store {self.path}: {exc.strerror}.") from exc
+        except BaseException as exc:
+            self._conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(f"Cannot open the store {self.path}: {exc}.") from exc
+            raise
         # One connection, used from the runtime's store thread and the main thread.
         self._lock = threading.RLock()
 
