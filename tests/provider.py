@@ -102,6 +102,15 @@ class ProviderServer:
         self.provider.port = self._server.sockets[0].getsockname()[1]
 
     async def _stop(self) -> None:
+        # Let connection handlers end (a `slow` answer may outlive the run that gave up on
+        # it): a handler destroyed mid-sleep would leak its socket.
+        current = asyncio.current_task()
+        handlers = [t for t in asyncio.all_tasks() if t is not current]
+        if handlers:
+            _, pending = await asyncio.wait(handlers, timeout=8)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()

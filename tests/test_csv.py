@@ -14,9 +14,7 @@ from deepline_cli.runtime.runner import Runner, RunOptions, RunResult
 # Tool invocations of the current test (the in-process plays import this list).
 CALLS: list[str] = []
 
-LEADS = (
-    "First Name,Last Name,Domain\nAda,Lovelace,acme.com\nGrace,Hopper,globex.io\nAlan,Turing,initech.dev\n"
-)
+LEADS = "First Name,Last Name,Domain\nAda,Lovelace,acme.com\nGrace,Hopper,globex.io\nAlan,Turing,initech.dev\n"
 
 # The play of the in-process tests: reads input["csv"] with the given rename/required,
 # looks every row up through a tool, and returns the rows.
@@ -124,9 +122,7 @@ def test_blank_lines_are_skipped(csv_play: Path, store_path: Path, tmp_path: Pat
 # --- input errors ------------------------------------------------------------------------------
 
 
-def test_a_missing_required_column_fails_before_any_tool_call(
-    csv_play: Path, store_path: Path, tmp_path: Path
-) -> None:
+def test_a_missing_required_column_fails_before_any_tool_call(csv_play: Path, store_path: Path, tmp_path: Path) -> None:
     (tmp_path / "leads.csv").write_text(LEADS)
 
     result = run(
@@ -145,9 +141,7 @@ def test_a_missing_required_column_fails_before_any_tool_call(
     assert CALLS == []
 
 
-def test_required_refers_to_the_renamed_column_names(
-    csv_play: Path, store_path: Path, tmp_path: Path
-) -> None:
+def test_required_refers_to_the_renamed_column_names(csv_play: Path, store_path: Path, tmp_path: Path) -> None:
     (tmp_path / "leads.csv").write_text(LEADS)
 
     # `first_name` exists only once "First Name" is renamed
@@ -236,9 +230,7 @@ def test_input_errors_exit_2_through_the_cli(deepline, tmp_path: Path, content: 
     assert "Traceback" not in result.stderr
 
 
-def test_relative_csv_paths_resolve_against_the_run_directory_even_on_resume(
-    deepline, tmp_path: Path
-) -> None:
+def test_relative_csv_paths_resolve_against_the_run_directory_even_on_resume(deepline, tmp_path: Path) -> None:
     start_dir = tmp_path / "project"
     start_dir.mkdir()
     (start_dir / "play.py").write_text(CLI_PLAY)

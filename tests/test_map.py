@@ -151,8 +151,7 @@ def stored_logs(store_path: Path, run_id: str) -> list[str]:
 
 def summary(total: int, succeeded: int, failed: int, duplicate: int) -> str:
     return (
-        f"Map completed: {total} results ({succeeded} succeeded, {failed} failed, "
-        f"{duplicate} duplicate keys skipped)"
+        f"Map completed: {total} results ({succeeded} succeeded, {failed} failed, {duplicate} duplicate keys skipped)"
     )
 
 
@@ -316,9 +315,7 @@ def test_a_missing_key_field_fails_the_run_as_an_input_error(make_play, store_pa
 # --- resolvers ------------------------------------------------------------------------------------
 
 
-def test_resolver_kinds_see_earlier_columns_and_know_their_row(
-    make_play, store_path: Path, prefix: str
-) -> None:
+def test_resolver_kinds_see_earlier_columns_and_know_their_row(make_play, store_path: Path, prefix: str) -> None:
     play_file = make_play(
         """
         @tool(P + ".company")
@@ -603,17 +600,12 @@ async def reuse(ctx, input):
 
 # Column `b` as first written, and two edits of it: one that keeps its value (another
 # label for the same call) and one that changes it.
-COLUMN_B = (
-    'lambda row, rc: (CALLS.append("col_b:" + row["id"]),'
-    ' rc.tools.execute("b", P + ".b", {"id": row["id"]}))[1]'
-)
+COLUMN_B = 'lambda row, rc: (CALLS.append("col_b:" + row["id"]), rc.tools.execute("b", P + ".b", {"id": row["id"]}))[1]'
 COLUMN_B_RELABELLED = (
-    'lambda row, rc: (CALLS.append("col_b:" + row["id"]),'
-    ' rc.tools.execute("b-lookup", P + ".b", {"id": row["id"]}))[1]'
+    'lambda row, rc: (CALLS.append("col_b:" + row["id"]), rc.tools.execute("b-lookup", P + ".b", {"id": row["id"]}))[1]'
 )
 COLUMN_B_WRAPPED = (
-    'lambda row, rc: (CALLS.append("col_b:" + row["id"]),'
-    ' wrap(rc.tools.execute("b", P + ".b", {"id": row["id"]})))[1]'
+    'lambda row, rc: (CALLS.append("col_b:" + row["id"]), wrap(rc.tools.execute("b", P + ".b", {"id": row["id"]})))[1]'
 )
 
 
@@ -763,9 +755,7 @@ async def errors(ctx, input):
 
 
 @pytest.mark.parametrize("how", ["kept", "recompute_on_error", "refresh_failed"])
-def test_error_cell_is_kept_unless_asked_to_recompute(
-    make_play, store_path: Path, tmp_path: Path, how: str
-) -> None:
+def test_error_cell_is_kept_unless_asked_to_recompute(make_play, store_path: Path, tmp_path: Path, how: str) -> None:
     flag = tmp_path / "flag"
     flag.touch()
     play_file = make_play(ERROR_CELL, FLAG=str(flag), RECOMPUTE=how == "recompute_on_error")
@@ -987,9 +977,7 @@ async def strict(ctx, input):
 """
 
 
-def test_fail_mode_fails_on_an_error_cell_kept_from_an_earlier_run(
-    make_play, store_path: Path, tmp_path: Path
-) -> None:
+def test_fail_mode_fails_on_an_error_cell_kept_from_an_earlier_run(make_play, store_path: Path, tmp_path: Path) -> None:
     """Regression: a failed cell reused from the sheet did not stop an `on_row_error="fail"`
     map, so the second run completed (exit 0) with a failed row."""
     flag = tmp_path / "flag"
@@ -1176,9 +1164,7 @@ def test_visibility_barrier_retries_until_rows_are_visible(
     assert (visibility["passed"], visibility["reads"], visibility["visible"]) == (True, 3, 5)
 
 
-def test_an_unaccounted_row_raises_map_accounting_error_naming_its_input_index(
-    make_play, store_path: Path
-) -> None:
+def test_an_unaccounted_row_raises_map_accounting_error_naming_its_input_index(make_play, store_path: Path) -> None:
     play_file = make_play(BARRIER_PLAY)
     # distinct row 3 ("d") is input row 5 (two duplicates come before it)
     double = HidingStore(store_path, hidden=3)

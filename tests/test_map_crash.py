@@ -94,9 +94,7 @@ def count_finished(store: Path, run_id: str) -> int:
 def logs(store: Path, run_id: str) -> list[str]:
     conn = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
     try:
-        return [
-            m for (m,) in conn.execute("SELECT message FROM logs WHERE run_id = ? ORDER BY id", (run_id,))
-        ]
+        return [m for (m,) in conn.execute("SELECT message FROM logs WHERE run_id = ? ORDER BY id", (run_id,))]
     finally:
         conn.close()
 
@@ -139,10 +137,7 @@ def test_sigkill_mid_map_then_resume(deepline, tmp_path: Path, store_path: Path,
 
     # every input row is accounted for
     assert finished_rows(store_path, "crash-1") == {str(i) for i in range(DISTINCT)}
-    summary = (
-        f"Map completed: {DISTINCT} results ({DISTINCT} succeeded, 0 failed, "
-        f"{DUPLICATES} duplicate keys skipped)"
-    )
+    summary = f"Map completed: {DISTINCT} results ({DISTINCT} succeeded, 0 failed, {DUPLICATES} duplicate keys skipped)"
     assert summary in logs(store_path, "crash-1")
 
     # rows finished before the kill were not executed again

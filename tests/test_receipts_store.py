@@ -172,9 +172,7 @@ def test_a_later_attempt_of_the_same_run_takes_over_at_once(store: SQLiteStore) 
     assert one(store, mk_claim("k", attempt=1, lease="L3"), T0 + 3)[0] == "busy"
 
 
-def test_completed_receipt_is_reused_with_its_output_and_credits(
-    store: SQLiteStore, other: SQLiteStore
-) -> None:
+def test_completed_receipt_is_reused_with_its_output_and_credits(store: SQLiteStore, other: SQLiteStore) -> None:
     one(store, mk_claim("k"), T0)
     assert settle(store, [completed("k", output={"email": "a@b.c"}, credits=2.5)], T0 + 5) == [True]
 
@@ -346,9 +344,7 @@ def test_a_batch_of_500_claims_gives_500_outcomes_in_order(store: SQLiteStore, o
 
 
 def test_two_claims_for_one_new_key_in_one_batch(store: SQLiteStore) -> None:
-    applied = store.apply(
-        Writes(claims=[mk_claim("k"), mk_claim("k", run_id="r2", lease="L2", expires=T0 + 99)]), T0
-    )
+    applied = store.apply(Writes(claims=[mk_claim("k"), mk_claim("k", run_id="r2", lease="L2", expires=T0 + 99)]), T0)
 
     assert [o.verdict for o in applied.outcomes] == ["claimed", "busy"]
     assert applied.outcomes[1].receipt.lease_id == "L1"
@@ -575,9 +571,7 @@ def receipts_of(store_file: Path, **query: Any) -> list[Receipt]:
         opened.close()
 
 
-def test_identical_concurrent_calls_share_one_invocation_and_a_rerun_pays_nothing(
-    tmp_path: Path, db: Path
-) -> None:
+def test_identical_concurrent_calls_share_one_invocation_and_a_rerun_pays_nothing(tmp_path: Path, db: Path) -> None:
     tool_id = "rb.gather.lookup"
     play_file = write_play(
         tmp_path,
@@ -796,9 +790,7 @@ def test_step_runs_once_per_run_and_a_resume_replays_its_value(tmp_path: Path, d
     assert CALLS.count(marker) == 4
 
 
-def test_a_local_tool_error_reaches_the_play_as_the_same_tool_error_live_and_replayed(
-    tmp_path: Path, db: Path
-) -> None:
+def test_a_local_tool_error_reaches_the_play_as_the_same_tool_error_live_and_replayed(tmp_path: Path, db: Path) -> None:
     """The play sees one error type for a failed call, whether it just ran or was replayed."""
     tool_id = "rb.value.typed"
     play_file = write_play(

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from deepline_cli.errors import ToolExecutionError
+from deepline_cli.errors import ProviderTransientError
 from deepline_cli.runtime.receipts import DurableCall, ReceiptBook, receipt_key
 from deepline_cli.runtime.tools import ToolCall, ToolDef
 
@@ -61,16 +61,22 @@ class Batcher:
             label=f"{self.tool} batch of {len(members)}",
             tool=f"{self.tool}#batch",
         )
-        try:
-            outcome = await self._book.execute(call, lambda info: self._send(inputs, info))
-            results = outcome.value
+
+        async def send(info: ToolCall) -> Any:
+            results = await self._send(inputs, info)
+            # Checked before the aggregate receipt completes: a short answer is a (retryable)
+            # failure, never a stored result that every later run would trip on.
             if not isinstance(results, list) or len(results) != len(members):
                 got = len(results) if isinstance(results, list) else type(results).__name__
-                raise ToolExecutionError(
+                raise ProviderTransientError(
                     f"{self.tool}: a batch of {len(members)} calls got {got} results back",
                     category="upstream",
                     tool=self.tool,
                 )
+            return results
+
+        try:
+            results = (await self._book.execute(call, send)).value
         except BaseException as exc:
             for _, _, future in members:
                 if not future.done():

@@ -32,8 +32,15 @@ async def execute_body(play: PlayDef, s: RunServices, input: Any) -> BodyOutcome
         return BodyOutcome("waiting", suspended=exc)
     except Exception as exc:
         await _flush_journal(s)
-        stop = exc if isinstance(exc, RunInterrupted) or (isinstance(exc, DeeplineError) and exc.fatal) else None
-        return BodyOutcome("failed", error=describe(exc, s, play.file), raised=stop)
+        # When the circuit breaker tripped, its reason is the run's error, not the next
+        # claim that failed after it.
+        failure = s.book.tripped or exc
+        stop = (
+            failure
+            if isinstance(failure, RunInterrupted) or (isinstance(failure, DeeplineError) and failure.fatal)
+            else None
+        )
+        return BodyOutcome("failed", error=describe(failure, s, play.file), raised=stop)
     await _flush_journal(s)
     tripped = s.book.tripped
     if tripped is not None:

@@ -104,7 +104,7 @@ async def _execute_child(
             lease_expires_at=now + s.scope.lease_ttl,
         )
     journal = await s.io.call(store.journal, child_id)
-    child = s.for_child(child_id, record.attempt, play.name, play.file, journal)
+    child = s.for_child(child_id, record.attempt, play.name, play.file, journal, play.tools())
     s.bus.emit("child.started", s.scope.run_id, child_run_id=child_id, play=play.name, attempt=record.attempt)
     outcome = await execute_body(play, child, input)
     await s.io.call(

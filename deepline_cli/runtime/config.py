@@ -29,7 +29,7 @@ from deepline_cli.runtime.governor import parse_rate
 CONFIG_NAME = "deepline.toml"
 METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
 SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-FIELD_REF = re.compile(r"(?<!\{)\{([A-Za-z_][\w.-]*)\}(?!\})")
+FIELD_REF = re.compile(r"(?<![{$])\{([A-Za-z_][\w.-]*)\}(?!\})")
 
 _TOOL_KEYS = {
     "method": str,
@@ -143,10 +143,14 @@ def _tool(path: Path, tool_id: str, spec: Any) -> HttpToolSpec:
     method = str(spec.get("method", "POST" if "json" in spec else "GET")).upper()
     if method not in METHODS:
         raise UsageError(f"{path}: {owner} method {method!r} is not one of {', '.join(sorted(METHODS))}.")
-    if not str(spec["url"]).startswith(("http://", "https://", "{")):
+    if not str(spec["url"]).startswith(("http://", "https://", "{", "${")):
         raise UsageError(f"{path}: {owner} url must start with http:// or https://.")
     if "rate_limit" in spec:
         parse_rate(spec["rate_limit"], owner=f"{path}: {owner}")
+    if "timeout_s" in spec and spec["timeout_s"] <= 0:
+        raise UsageError(f"{path}: {owner} timeout_s must be more than 0 seconds.")
+    if "credits" in spec and spec["credits"] < 0:
+        raise UsageError(f"{path}: {owner} credits must not be negative.")
     for name in ("concurrency", "retries"):
         if name in spec and spec[name] < (1 if name == "concurrency" else 0):
             raise UsageError(f"{path}: {owner} {name} must be at least {1 if name == 'concurrency' else 0}.")

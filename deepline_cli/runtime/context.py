@@ -43,7 +43,7 @@ class Tools:
         self._batchers: dict[str, Batcher] = {}
 
     def _resolve(self, tool_id: str) -> ToolDef:
-        definition = find_tool(tool_id) or self._s.http_tools.definition(tool_id)
+        definition = self._s.local_tools.get(tool_id) or find_tool(tool_id) or self._s.http_tools.definition(tool_id)
         if definition is None:
             raise UsageError(f"Unknown tool {tool_id!r}: declare it with @tool or in deepline.toml.")
         if tool_id not in self._configured:

@@ -323,9 +323,9 @@ class MapRun:
             except DeeplineError as exc:
                 if exc.fatal or exc.exit_code != 1:
                     raise  # budget, lease, store, usage…: fail the run, record nothing
-                error = _describe(exc)
+                error = self.s.secrets.redact(_describe(exc))
             except Exception as exc:
-                error = _describe(exc)
+                error = self.s.secrets.redact(_describe(exc))
             if error is not None:
                 cells[column.name] = [None, error, self.s.io.now(), column.fingerprint]
                 for later in self.columns[position + 1 :]:  # not computed on a failed row

@@ -33,6 +33,19 @@ class PlayDef:
         """`/abs/path.py:function`: how a resume finds the play again."""
         return f"{self.file}:{self.function}"
 
+    def tools(self) -> dict[str, Any]:
+        """The @tools in the play's own module (defined or imported there), by id.
+
+        A run calls these before the process-wide registry, so two versions of a play
+        run by one worker each call their own version of a tool.
+        """
+        found = {}
+        for value in list(self.fn.__globals__.values()):
+            definition = getattr(value, "__deepline_tool__", None)
+            if definition is not None:
+                found[definition.id] = definition
+        return found
+
 
 _ALL_PLAYS: dict[str, PlayDef] = {}
 

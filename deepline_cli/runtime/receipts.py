@@ -222,7 +222,7 @@ class ReceiptBook:
                 self.check_open()
                 self._budget.reserve(call.credits, call.label)
             except BaseException:
-                self._writes.settle(Settlement(call.key, lease_id, "released")).add_done_callback(_retrieve)
+                self._writes.settle(Settlement(call.key, lease_id, "skipped")).add_done_callback(_retrieve)
                 raise
             info = ToolCall(
                 idempotency_key=receipt.idempotency_key or "",
@@ -280,11 +280,13 @@ class ReceiptBook:
             settlement = Settlement(call.key, lease_id, "released")
         else:
             error = tool_error(exc, call.tool)
+            recorded = error.to_dict()
+            recorded["message"] = self._secrets.redact(recorded["message"])  # never a secret in clear
             settlement = Settlement(
                 call.key,
                 lease_id,
                 "failed",
-                error=error.to_dict(),
+                error=recorded,
                 failure_kind=error.category,
                 retryable=error.retryable,
             )

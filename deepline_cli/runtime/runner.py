@@ -161,7 +161,7 @@ class Runner:
         if self.options.run_id:
             existing = self.store.get_run(self.options.run_id)
             if existing is not None:
-                return self.resume(existing.run_id)
+                return self._requeue(existing) if enqueue else self.resume(existing.run_id)
         play = load_play(play_ref)
         config_path = find_config(Path(play.file), self.options.config)
         load_config(config_path)  # a broken deepline.toml fails now, before the run exists
@@ -183,6 +183,17 @@ class Runner:
             self.store.notify()
             return RunResult(run_id, "queued", 0, reported=True)
         return self._execute(play, record)
+
+    def _requeue(self, record: RunRecord) -> RunResult:
+        """`run --enqueue --run-id` of an existing run: report it, or queue it again for a
+        worker (never run it here)."""
+        if record.status in ("queued", "completed"):
+            return _result_of(record, reported=True)
+        if holder_alive(record, self.store.now()):
+            raise RunBusyError(f"Run {record.run_id} is held by a live process ({record.holder}).")
+        self.store.update_run(record.run_id, status="queued", holder=None, lease_expires_at=0.0)
+        self.store.notify()
+        return RunResult(record.run_id, "queued", record.attempt, reported=True)
 
     def resume(self, run_id: str) -> RunResult:
         """`deepline resume`: the next attempt of a run, replaying what it already did."""
@@ -326,6 +337,7 @@ class _Attempt:
             ancestors=(self.play.name,),
             journal=Journal(journal),
             books=[book],
+            local_tools=self.play.tools(),
             caps=Caps(
                 max_depth=options.max_depth,
                 max_child_plays=options.max_child_plays,

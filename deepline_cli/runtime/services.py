@@ -90,6 +90,7 @@ class RunServices:
     caps: Caps = field(default_factory=Caps)
     journal: Journal = field(default_factory=lambda: Journal([]))
     books: list[ReceiptBook] = field(default_factory=list)  # every book whose leases need heartbeats
+    local_tools: dict[str, Any] = field(default_factory=dict)  # the play module's own @tools
 
     def log(self, message: str, *, level: str = "info") -> None:
         text = self.secrets.redact(str(message))
@@ -106,7 +107,9 @@ class RunServices:
         value = self.options.get("max_inline_wait")
         return 30.0 if value is None else float(value)
 
-    def for_child(self, run_id: str, attempt: int, play_name: str, play_file: str, journal: list[str]) -> RunServices:
+    def for_child(
+        self, run_id: str, attempt: int, play_name: str, play_file: str, journal: list[str], tools: dict[str, Any]
+    ) -> RunServices:
         """The services of a child run: its own identity and receipts, the rest shared."""
         scope = replace(self.scope, run_id=run_id, attempt=attempt, play=play_name)
         book = self.book.for_scope(scope)
@@ -119,4 +122,5 @@ class RunServices:
             play_name=play_name,
             ancestors=(*self.ancestors, play_name),
             journal=Journal(journal),
+            local_tools=tools,
         )

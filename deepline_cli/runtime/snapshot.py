@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +31,23 @@ def materialize_snapshot(snapshot: dict[str, Any]) -> tuple[str, str | None]:
     folder = Path(platformdirs.user_cache_dir("deepline", appauthor=False)) / "snapshots" / digest
     folder.mkdir(parents=True, exist_ok=True)
     play_file = folder / snapshot["file"]
-    if not play_file.exists():
-        play_file.write_text(snapshot["source"], encoding="utf-8")
+    _write_once(play_file, snapshot["source"])
     config = None
     if snapshot.get("config") is not None:
         config_file = folder / "deepline.toml"
-        if not config_file.exists():
-            config_file.write_text(snapshot["config"], encoding="utf-8")
+        _write_once(config_file, snapshot["config"])
         config = str(config_file)
     return f"{play_file}:{snapshot['function']}", config
+
+
+def _write_once(path: Path, text: str) -> None:
+    """Write atomically, and trust an existing file only if it holds exactly `text`
+    (another worker may be writing it, or one may have died half way)."""
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return
+    except (OSError, UnicodeDecodeError):
+        pass
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)

@@ -92,7 +92,7 @@ class WriteQueue:
         """Nobody waits for this claim any more (its caller was cancelled): give it back."""
         receipt = outcome.receipt
         self._settlements.append(
-            (Settlement(receipt.key, receipt.lease_id or "", "released"), self._loop().create_future())
+            (Settlement(receipt.key, receipt.lease_id or "", "skipped"), self._loop().create_future())
         )
 
     async def flushed(self) -> None:

@@ -102,7 +102,9 @@ class Settlement:
 
     key: str
     lease_id: str
-    status: Literal["completed", "failed", "released"]
+    # released: given back, the call may have reached the provider (stays `running`, lease
+    # expired); skipped: given back before the provider was called.
+    status: Literal["completed", "failed", "released", "skipped"]
     output: Any = None
     error: dict[str, Any] | None = None
     failure_kind: str | None = None
@@ -217,7 +219,8 @@ def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVer
     """The receipt state machine: may `claim` own the receipt, or what else happens.
 
     - no receipt, a skipped one, or a transient (or explicitly refreshed) failure: claim
-    - completed: reuse, unless forced or older than `stale_after_s`
+    - completed: reuse, unless older than `stale_after_s`, or forced by a run that did
+      not complete it itself
     - failed for good (not transient, no --refresh-failed): report the stored failure
     - running: take over when its lease expired or it belongs to an earlier attempt of
       the same run (that attempt is dead: we hold the run's lease); else it is busy
@@ -225,7 +228,9 @@ def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVer
     if existing is None or existing.status == "skipped":
         return "claimed"
     if existing.status == "completed":
-        if claim.force or _is_stale(existing, claim.stale_after_s, now):
+        # A forced call is made once per run: a resume reuses what this run already paid for.
+        forced = claim.force and existing.run_id != claim.run_id
+        if forced or _is_stale(existing, claim.stale_after_s, now):
             return "claimed"
         return "reused"
     if existing.status == "failed":

@@ -532,7 +532,7 @@ def _settle(c: Any, s: Settlement, now: float) -> bool:
                 s.failure_kind,
                 int(s.retryable),
                 s.credits,
-                now,
+                None if s.status == "skipped" else now,
                 s.key,
                 s.lease_id,
             ),

@@ -1,0 +1,1398 @@
+"""The provider layer (SPEC §3): HTTP tools from deepline.toml, retries, idempotency,
+secrets, remote tools, batch tools, the governor, budgets and the circuit breaker.
+
+Every test talks to a REAL loopback HTTP provider (tests/provider.py, an asyncio server
+in a thread) and checks what the provider received: paths, query strings, headers,
+bodies, idempotency keys, arrival times and what it billed. Plays run in-process through
+the real `Runner` against a private SQLite file, or through the real `deepline` command
+in a subprocess where the command line itself is what is tested.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import math
+import sqlite3
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deepline_cli.errors import StoreError
+from deepline_cli.runtime.events import Event, EventBus
+from deepline_cli.runtime.receipts import idempotency_key
+from deepline_cli.runtime.runner import Runner, RunOptions, RunResult
+from deepline_cli.store.base import Applied, Receipt, ReceiptQuery, Writes
+from deepline_cli.store.sqlite import SQLiteStore
+from tests.provider import Provider, ProviderServer, Seen
+
+SECRET = "sk-live-7f3c9a1e5b2d4c6e"  # well over 8 characters: treated as a secret
+ROTATED = "sk-live-NEW-0a9b8c7d6e5f"
+
+
+# --- the provider, with arrival times, hooks and batch answers -----------------------------
+
+
+@dataclass
+class LoopbackProvider(Provider):
+    """tests/provider.py's provider, plus what these tests need to observe.
+
+    - `arrivals`: (monotonic time, path) of every request as the provider saw it, and
+      `wall_times` the same instants on the wall clock;
+    - `hooks[path]`: called when a request for `path` arrives, before it is answered;
+    - in-flight accounting for "ok"/"slow" answers (`max_inflight`);
+    - paths ending in `/batch` answer `{"results": [...]}`, one result per item sent,
+      still billing each idempotency key once and replaying its first answer.
+    """
+
+    arrivals: list[tuple[float, str]] = field(default_factory=list)
+    wall_times: list[float] = field(default_factory=list)
+    hooks: dict[str, Callable[[str], None]] = field(default_factory=dict)
+    inflight: int = 0
+    max_inflight: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _fault_for(self, path: str) -> str:
+        with self._lock:
+            self.arrivals.append((time.monotonic(), path))
+            self.wall_times.append(time.time())
+            self.inflight += 1
+            self.max_inflight = max(self.max_inflight, self.inflight)
+        hook = self.hooks.get(path)
+        if hook is not None:
+            hook(path)
+        fault = super()._fault_for(path)
+        if fault.partition(":")[0] not in ("ok", "slow"):
+            with self._lock:
+                self.inflight -= 1
+        return fault
+
+    def answer(self, seen: Seen) -> tuple[int, dict[str, str], bytes]:
+        with self._lock:
+            self.inflight -= 1
+        if seen.path.endswith("/batch") and isinstance(seen.body, dict):
+            key = seen.headers.get("idempotency-key", "")
+            if key in self.answers:
+                payload = self.answers[key]
+            else:
+                payload = {"results": [{"echo": item, "n": len(self.answers)} for item in seen.body["items"]]}
+                self.answers[key] = payload
+                self.billed[key] += 1
+            return 200, {"content-type": "application/json"}, json.dumps(payload).encode()
+        return super().answer(seen)
+
+    def on(self, path: str) -> list[Seen]:
+        return [r for r in self.requests if r.path == path]
+
+    def times(self, path: str | None = None) -> list[float]:
+        return [t for t, p in self.arrivals if path is None or p == path]
+
+
+class DrainingServer(ProviderServer):
+    """Stops only once every connection handler has ended: a `slow` answer may outlive
+    the run that gave up on it, and a handler task destroyed mid-sleep leaks its socket."""
+
+    async def _stop(self) -> None:
+        current = asyncio.current_task()
+        handlers = [t for t in asyncio.all_tasks() if t is not current]
+        if handlers:
+            _, pending = await asyncio.wait(handlers, timeout=8)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        await super()._stop()
+
+
+@pytest.fixture
+def provider() -> Iterator[LoopbackProvider]:
+    with DrainingServer(LoopbackProvider()) as running:
+        assert isinstance(running, LoopbackProvider)
+        yield running
+
+
+@pytest.fixture(autouse=True)
+def _fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEEPLINE_RETRY_BASE_S", "0.01")
+    monkeypatch.setenv("HT_TOKEN", SECRET)
+
+
+@pytest.fixture
+def cli(deepline: Callable[..., Any]) -> Callable[..., Any]:
+    """The real `deepline` command (conftest's fixture), with fast retries as well."""
+
+    def run(*args: str, **env: str) -> Any:
+        return deepline(*args, **{"DEEPLINE_RETRY_BASE_S": "0.01", **env})
+
+    return run
+
+
+def assert_billed_once(provider: Provider) -> None:
+    """The provider never billed one idempotency key twice (and billed something)."""
+    assert provider.billed, "the provider billed nothing"
+    assert set(provider.billed.values()) == {1}, provider.billed
+
+
+# --- plays, configs and runs ---------------------------------------------------------------
+
+CALLS_PLAY = """\
+import asyncio
+
+from deepline_cli import ToolExecutionError, play
+
+
+@play("calls")
+async def calls(ctx, input):
+    async def one(c):
+        try:
+            r = await ctx.tools.execute(
+                c.get("id", "call"), c["tool"], c["input"],
+                force=c.get("force", False), timeout_s=c.get("timeout_s"),
+            )
+        except ToolExecutionError as exc:
+            if not input.get("catch"):
+                raise
+            return {"error": exc.to_dict(), "type": type(exc).__name__}
+        return {
+            "output": r.output, "execution": r.execution, "key": r.receipt_key,
+            "credits": r.credits, "get": {n: r.get(n) for n in c.get("get", [])},
+        }
+
+    if input.get("gather"):
+        return await asyncio.gather(*(one(c) for c in input["calls"]))
+    return [await one(c) for c in input["calls"]]
+"""
+
+
+@dataclass
+class Outcome:
+    result: RunResult
+    events: list[Event]
+
+    @property
+    def output(self) -> Any:
+        assert self.result.status == "completed", self.result.error
+        return self.result.output
+
+    def logs(self) -> list[str]:
+        return [e.data["message"] for e in self.events if e.event == "log"]
+
+
+@dataclass
+class Project:
+    """A play directory: play.py, deepline.toml (with @URL@ → the provider) and .env."""
+
+    dir: Path
+    store: Path
+    provider: LoopbackProvider
+
+    def config(self, text: str) -> Path:
+        path = self.dir / "deepline.toml"
+        path.write_text(textwrap.dedent(text).replace("@URL@", self.provider.url))
+        return path
+
+    def dotenv(self, **values: str) -> None:
+        (self.dir / ".env").write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+
+    def play(self, source: str = CALLS_PLAY, name: str = "play.py") -> Path:
+        path = self.dir / name
+        path.write_text(textwrap.dedent(source))
+        return path
+
+    def run(self, input: Any, *, play: str = "play.py", store: SQLiteStore | None = None, **options: Any) -> Outcome:
+        events: list[Event] = []
+        runner = Runner(RunOptions(store=str(self.store), **options), EventBus([events.append]), store=store)
+        try:
+            result = runner.start(str(self.dir / play), input)
+        finally:
+            runner.close()
+        return Outcome(result, events)
+
+    def resume(self, run_id: str, **options: Any) -> Outcome:
+        events: list[Event] = []
+        runner = Runner(RunOptions(store=str(self.store), **options), EventBus([events.append]))
+        try:
+            result = runner.resume(run_id)
+        finally:
+            runner.close()
+        return Outcome(result, events)
+
+    def receipts(self, *, tool: str | None = None, status: str | None = None) -> list[Receipt]:
+        store = SQLiteStore(self.store)
+        try:
+            return store.query_receipts(ReceiptQuery(tool=tool, status=status))
+        finally:
+            store.close()
+
+
+@pytest.fixture
+def project(tmp_path: Path, store_path: Path, provider: LoopbackProvider) -> Project:
+    proj = Project(tmp_path, store_path, provider)
+    proj.play()
+    return proj
+
+
+def calls(*specs: dict[str, Any], catch: bool = False, gather: bool = False) -> dict[str, Any]:
+    return {"calls": list(specs), "catch": catch, "gather": gather}
+
+
+def call(tool: str, input: Any, **extra: Any) -> dict[str, Any]:
+    return {"tool": tool, "input": input, **extra}
+
+
+ECHO_TOOL = """\
+[tools."ht.echo"]
+method = "POST"
+url = "@URL@/v1/echo"
+json = { value = "{value}" }
+retries = {retries}
+"""
+
+
+def echo_tool(retries: int = 5, extra: str = "") -> str:
+    return ECHO_TOOL.replace("{retries}", str(retries)) + extra
+
+
+# --- templates ------------------------------------------------------------------------------
+
+
+def test_templates_fill_url_query_headers_and_body_as_the_provider_receives_them(
+    project: Project, provider: LoopbackProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HT_REGION", "eu-1")  # a short value: not a secret
+    project.dotenv(HT_FROM_DOTENV="dotenv-value-1234", HT_PORT=str(provider.port))
+    project.config(
+        """\
+        [tools."ht.people"]
+        method = "POST"
+        url = "http://127.0.0.1:${HT_PORT}/v1/{company.slug}/people"
+        query = { domain = "{company.domain}", q = "{first} {last}", n = "{count}" }
+
+        [tools."ht.people".headers]
+        Authorization = "Bearer ${HT_TOKEN}"
+        X-From-Dotenv = "${HT_FROM_DOTENV}"
+        X-Region = "${HT_REGION}"
+        X-Literal = "{{not-a-field}}"
+        X-Count = "{count}"
+
+        [tools."ht.people".json]
+        name = "{first}"
+        count = "{count}"
+        company = "{company}"
+        tags = "{tags}"
+        missing_ok = "{nothing}"
+        greeting = "Hi {first}, you are #{count}"
+        literal = "{{first}}"
+        nested = { deep = "{company.domain}" }
+        list = ["{count}", "x{count}", "{tags.1}"]
+        raw = "{raw}"
+        """
+    )
+    person = {
+        "first": "Ada",
+        "last": "Lovelace",
+        "count": 3,
+        "company": {"slug": "acme", "domain": "acme.com"},
+        "tags": ["a", "b"],
+        "nothing": None,
+        "raw": "${HT_TOKEN}",  # an input value never expands into a secret
+    }
+    out = project.run(calls(call("ht.people", person))).output
+
+    (seen,) = provider.requests
+    assert seen.method == "POST"
+    assert seen.path == "/v1/acme/people"
+    assert seen.query == "domain=acme.com&q=Ada+Lovelace&n=3"
+    assert seen.headers["authorization"] == f"Bearer {SECRET}"
+    assert seen.headers["x-from-dotenv"] == "dotenv-value-1234"
+    assert seen.headers["x-region"] == "eu-1"
+    assert seen.headers["x-literal"] == "{not-a-field}"
+    assert seen.headers["x-count"] == "3"
+    assert seen.body == {
+        "name": "Ada",
+        "count": 3,  # exactly "{field}": the raw JSON value, type kept
+        "company": {"slug": "acme", "domain": "acme.com"},
+        "tags": ["a", "b"],
+        "missing_ok": None,
+        "greeting": "Hi Ada, you are #3",
+        "literal": "{first}",
+        "nested": {"deep": "acme.com"},
+        "list": [3, "x3", "b"],
+        "raw": "${HT_TOKEN}",
+    }
+    assert out[0]["output"]["echo"] == seen.body
+
+
+def test_environment_wins_over_dotenv_and_dotenv_is_read_next_to_the_play(
+    project: Project, provider: LoopbackProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HT_BOTH", "from-the-environment")
+    project.dotenv(HT_BOTH="from-the-dotenv-file", HT_ONLY_FILE="only-in-the-file")
+    project.config(
+        """\
+        [tools."ht.env"]
+        url = "@URL@/env"
+        headers = { X-Both = "${HT_BOTH}", X-File = "${HT_ONLY_FILE}" }
+        """
+    )
+    project.run(calls(call("ht.env", {})))
+    (seen,) = provider.requests
+    assert seen.method == "GET"  # no json: GET by default
+    assert seen.headers["x-both"] == "from-the-environment"
+    assert seen.headers["x-file"] == "only-in-the-file"
+
+
+def test_extract_declares_what_tool_result_get_returns(project: Project) -> None:
+    project.config(
+        """\
+        [tools."ht.extract"]
+        url = "@URL@/extract"
+        json = { person = { name = "{name}" }, tags = "{tags}" }
+
+        [tools."ht.extract".extract]
+        name = "echo.person.name"
+        first_tag = "echo.tags.0"
+        last_tag = "$.echo.tags.-1"
+        nope = "echo.missing.deep"
+        """
+    )
+    out = project.run(
+        calls(
+            call(
+                "ht.extract",
+                {"name": "Grace", "tags": ["x", "y", "z"]},
+                get=["name", "first_tag", "last_tag", "nope", "ok"],
+            )
+        )
+    ).output
+    assert out[0]["get"] == {"name": "Grace", "first_tag": "x", "last_tag": "z", "nope": None, "ok": True}
+
+
+def test_a_template_field_missing_from_the_input_fails_the_run_naming_tool_and_field(
+    project: Project, provider: LoopbackProvider
+) -> None:
+    project.config(
+        """\
+        [tools."ht.needs_domain"]
+        url = "@URL@/d"
+        query = { domain = "{company.domain}" }
+        """
+    )
+    outcome = project.run(calls(call("ht.needs_domain", {"company": {"name": "Acme"}})))
+    assert outcome.result.status == "failed"
+    assert outcome.result.exit_code == 2
+    message = outcome.result.error["message"]
+    assert "ht.needs_domain" in message and "company.domain" in message
+    assert provider.requests == []
+    assert project.receipts(status="failed") == []  # a usage error is not the call's failure
+
+    # Inside a map it is not isolated as a row failure: the run fails the same way.
+    project.play(MAP_PLAY.replace('"ht.echo", {"value": row["id"]}', '"ht.needs_domain", {"id": row["id"]}'), "m.py")
+    in_map = project.run({"n": 3}, play="m.py")
+    assert in_map.result.status == "failed"
+    assert in_map.result.exit_code == 2
+    assert "company.domain" in in_map.result.error["message"]
+    assert provider.requests == []
+
+
+# --- idempotency keys -----------------------------------------------------------------------
+
+
+def test_idempotency_key_header_is_the_calls_key_and_is_stable_across_runs(
+    project: Project, provider: LoopbackProvider
+) -> None:
+    project.config(echo_tool())
+    first = project.run(calls(call("ht.echo", {"value": 1}))).output
+    (receipt,) = project.receipts(tool="ht.echo")
+    (seen,) = provider.requests
+    assert seen.headers["idempotency-key"] == receipt.idempotency_key
+    assert receipt.idempotency_key == idempotency_key(first[0]["key"])
+    assert first[0]["output"]["key"] == receipt.idempotency_key  # what the provider billed under
+
+    second = project.run(calls(call("ht.echo", {"value": 1}))).output
+    assert second[0]["execution"] == "receipt"
+    assert len(provider.requests) == 1  # reused: no second call at all
+    assert_billed_once(provider)
+
+
+def test_idempotency_key_is_the_same_across_retries_and_a_resume_after_a_failure(
+    project: Project, provider: LoopbackProvider
+) -> None:
+    project.config(echo_tool(retries=1))
+    provider.script("/v1/echo", ["500", "503"])
+    failed = project.run(calls(call("ht.echo", {"value": 7})))
+    assert failed.result.status == "failed"
+    assert failed.result.error["category"] == "upstream"
+    resumed = project.resume(failed.result.run_id)
+    assert resumed.output[0]["execution"] == "live"
+    keys = [r.headers["idempotency-key"] for r in provider.requests]
+    assert len(keys) == 3
+    assert len(set(keys)) == 1
+    assert_billed_once(provider)
+
+
+def test_force_sends_a_new_idempotency_key_and_is_a_new_paid_call(project: Project, provider: LoopbackProvider) -> None:
+    project.config(echo_tool())
+    project.run(calls(call("ht.echo", {"value": 1})))
+    forced = project.run(calls(call("ht.echo", {"value": 1}, force=True))).output
+    assert forced[0]["execution"] == "live"
+    first_key, forced_key = (r.headers["idempotency-key"] for r in provider.requests)
+    assert first_key != forced_key
+    (receipt,) = project.receipts(tool="ht.echo")
+    assert receipt.idempotency_key == forced_key
+    assert dict(provider.billed) == {first_key: 1, forced_key: 1}
+
+
+def test_a_forced_call_completed_before_a_failure_is_not_paid_again_on_resume(
+    project: Project, provider: LoopbackProvider
+) -> None:
+    """SPEC: `deepline resume` continues exactly where the run stopped and a call that
+    was paid for is never paid for again. A play with `force=True` re-executes on resume;
+    the forced call this very run already paid for must not be paid a second time."""
+    project.config(
+        echo_tool(retries=0)
+        + """
+        [tools."ht.flaky"]
+        url = "@URL@/flaky"
+        retries = 0
+        """
+    )
+    provider.script("/flaky", ["500"])
+    first = project.run(calls(call("ht.echo", {"value": 1}, force=True), call("ht.flaky", {})))
+    assert first.result.status == "failed"
+    resumed = project.resume(first.result.run_id)
+    assert resumed.result.status == "completed", resumed.result.error
+    echo_keys = [r.headers["idempotency-key"] for r in provider.on("/v1/echo")]
+    assert len(echo_keys) == 1, f"the forced call was paid again on resume under new keys {echo_keys}"
+
+
+def test_the_idempotency_header_name_is_configurable(project: Project, provider: LoopbackProvider) -> None:
+    project.config(echo_tool(extra='idempotency_header = "X-Dedupe-Token"\n'))
+    out = project.run(calls(call("ht.echo", {"value": 1}))).output
+    (seen,) = provider.requests
+    assert seen.headers["x-dedupe-token"] == idempotency_key(out[0]["key"])
+    assert "idempotency-key" not in seen.headers
+
+
+# --- retries, failure categories, transient vs permanent ------------------------------------
+
+
+def test_5xx_then_ok_is_retried_with_the_same_key_and_billed_once(project: Project, provider: LoopbackProvider) -> None:
+    project.config(echo_tool())
+    provider.script("/v1/echo", ["500", "502", "503", "ok"])
+    outcome = project.run(calls(call("ht.echo", {"value": 1})))
+    assert outcome.output[0]["output"]["echo"] == {"value": 1}
+    assert len(provider.requests) == 4
+    assert len({r.headers["idempotency-key"] for r in provider.requests}) == 1
+    assert_billed_once(provider)
+    assert outcome.result.stats["tools"]["ht.echo"] == {"live": 1, "reused": 0, "failed": 0, "credits": 0.0}
+    (receipt,) = project.receipts(tool="ht.echo")
+    assert receipt.status == "completed"
+
+
+def test_retries_is_honoured_then_the_receipt_fails_as_upstream(project: Project, provider: LoopbackProvider) -> None:
+    project.config(echo_tool(retries=2))
+    provider.default_fault = "500"
+    out = project.run(calls(call("ht.echo", {"value": 1}), catch=True)).output
+    assert len(provider.requests) == 3  # N + 1
+    error = out[0]["error"]
+    assert out[0]["type"] == "ProviderTransientError"
+    assert error["category"] == "upstream"
+    assert error["status_code"] == 500
+    assert error["retryable"] is True
+    assert error["message"].endswith("(retried 2x)")
+    (receipt,) = project.receipts(tool="ht.echo")
+    assert receipt.status == "failed"
+    assert receipt.failure_kind == "upstream"
+    assert receipt.error["message"].endswith("(retried 2x)")
+
+
+def test_429_waits_at_least_retry_after_and_slows_the_tool(project: Project, provider: LoopbackProvider) -> None:
+    project.config(echo_tool())
+    provider.script("/v1/echo", ["429:0.6", "ok"])
+    out = project.run(calls(call("ht.echo", {"value": 1}))).output
+    assert out[0]["execution"] == "live"
+    first, second = provider.times("/v1/echo")
+    assert second - first >= 0.6  # measured where it matters: at the provider
+    assert_billed_once(provider)
+
+
+def test_an_http_date_retry_after_is_honoured(project: Project, provider: LoopbackProvider) -> None:
+    project.config(echo_tool())
+    target = math.floor(time.time()) + 2  # an HTTP date has whole seconds: 1 to 2 s from now
+    provider.script("/v1/echo", [f"429:{email.utils.formatdate(target, usegmt=True)}", "ok"])
+    out = project.run(calls(call("ht.echo", {"value": 1}))).output
+    assert out[0]["execution"] == "live"
+    assert len(provider.requests) == 2
+    assert provider.wall_times[1] >= target - 0.02, "retried before the date the provider gave"
+    assert_billed_once(provider)
+
+
+def test_a_429_with_an_unreadable_retry_after_is_still_retried(project: Project, provider: LoopbackProvider) -> None:
+    """A provider's odd Retry-After value must not turn a 429 into a permanent failure."""
+    project.config(echo_tool())
+    provider.script("/v1/echo", ["429:soon", "ok"])
+    out = project.run(calls(call("ht.echo", {"value": 1}), catch=True)).output
+    assert "error" not in out[0], out[0]
+    assert len(provider.requests) == 2
+    assert project.receipts(status="failed") == []
+
+
+BACKOFF_PLAY = """\
+import asyncio
+
+from deepline_cli import play
+
+
+@play("backoff")
+async def backoff(ctx, input):
+    first = asyncio.create_task(ctx.tools.execute("a", "ht.paced", {"p": "a"}))
+    # Wait (on a condition, not a guess) until the 429 put the tool on hold, then call it
+    # with another input: that call must wait for the hold as well.
+    while "ht.paced" not in ctx._s.governor.paced():
+        await asyncio.sleep(0.005)
+    second = await ctx.tools.execute("b", "ht.paced", {"p": "b"})
+    return [(await first).execution, second.execution]
+"""
+
+
+def test_a_429_holds_back_every_call_of_the_tool_in_the_run(project: Project, provider: LoopbackProvider) -> None:
+    project.config(
+        """\
+        [tools."ht.paced"]
+        url = "@URL@/paced/{p}"
+        """
+    )
+    project.play(BACKOFF_PLAY, "backoff.py")
+    provider.script("/paced/a", ["429:0.8", "ok"])
+    assert project.run({}, play="backoff.py").output == ["live", "live"]
+    (rejected, retried), (other,) = provider.times("/paced/a"), provider.times("/paced/b")
+    assert retried - rejected >= 0.8
+    assert other - rejected >= 0.8 * 0.95, "a call of the same tool went out during the 429 back-off"
+
+
+FOUR_XX = {
+    "400": "validation",
+    "401": "authentication",
+    "402": "billing",
+    "403": "authorization",
+    "404": "validation",
+    "409": "conflict",
+    "422": "validation",
+}
+
+
+def test_other_4xx_are_not_retried_and_fail_for_good(project: Project, provider: LoopbackProvider) -> None:
+    project.config('[tools."ht.status"]\nurl = "@URL@/status/{code}"\n')
+    for code in FOUR_XX:
+        provider.script(f"/status/{code}", [code])
+    specs = [call("ht.status", {"code": code}, id=code) for code in FOUR_XX]
+    out = project.run(calls(*specs, catch=True)).output
+    assert len(provider.requests) == len(FOUR_XX)  # one request each: no retry
+    for (code, category), answer in zip(FOUR_XX.items(), out, strict=True):
+        assert answer.get("type") == "ToolExecutionError", (code, answer)
+        assert answer["error"]["category"] == category, code
+        assert answer["error"]["status_code"] == int(code)
+        assert answer["error"]["retryable"] is False
+    stored = {r.label: (r.status, r.failure_kind) for r in project.receipts(tool="ht.status")}
+    assert stored == {code: ("failed", category) for code, category in FOUR_XX.items()}
+
+    # A permanent failure is not retried on the next run: the stored failure comes back...
+    again = project.run(calls(*specs, catch=True)).output
+    assert len(provider.requests) == len(FOUR_XX)
+    assert [a["error"]["category"] for a in again] == list(FOUR_XX.values())
+    # ... only with --refresh-failed, and the provider now answers.
+    refreshed = project.run(calls(*specs), refresh_failed=True).output
+    assert [a["execution"] for a in refreshed] == ["live"] * len(FOUR_XX)
+    assert len(provider.requests) == 2 * len(FOUR_XX)
+    assert_billed_once(provider)
+
+
+def test_transient_failures_have_their_category_and_are_retried_on_the_next_run(
+    project: Project, provider: LoopbackProvider
+) -> None:
+    project.config(
+        """\
+        [tools."ht.fault"]
+        url = "@URL@/fault/{name}"
+        retries = 0
+        timeout_s = 0.3
+        """
+    )
+    faults = {
+        "e500": ("500", "upstream"),
+        "e503": ("503", "upstream"),
+        "e429": ("429:0", "rate_limit"),
+        "slow": ("slow:1.5", "network"),
+        "malformed": ("malformed", "upstream"),
+        "reset": ("reset", "network"),
+    }
+    for name, (fault, _) in faults.items():
+        provider.script(f"/fault/{name}", [fault])
+    specs = [call("ht.fault", {"name": name}, id=name) for name in faults]
+    out = project.run(calls(*specs, catch=True)).output
+    for (name, (_, category)), answer in zip(faults.items(), out, strict=True):
+        assert answer.get("type") == "ProviderTransientError", (name, answer)
+        assert answer["error"]["category"] == category, name
+    failed = {r.label: r for r in project.receipts(tool="ht.fault")}
+    assert {label: r.failure_kind for label, r in failed.items()} == {n: c for n, (_, c) in faults.items()}
+    assert all(r.status == "failed" and r.retryable for r in failed.values())
+    assert "malformed JSON" in failed["malformed"].error["message"]
+    assert "timed out" in failed["slow"].error["message"]
+
+    # Transient: the next run (no flag) calls again, and now the provider answers.
+    again = project.run(calls(*specs)).output
+    assert [a["execution"] for a in again] == ["live"] * len(faults)
+    assert [r.status for r in project.receipts(tool="ht.fault")] == ["completed"] * len(faults)
+    assert len(provider.requests) == 2 * len(faults)
+    assert_billed_once(provider)
+
+
+def test_a_timeout_or_a_reset_is_retried_within_the_call(project: Project, provider: LoopbackProvider) -> None:
+    project.config(
+        """\
+        [tools."ht.fault"]
+        url = "@URL@/fault/{name}"
+        retries = 2
+        timeout_s = 0.3
+        """
+    )
+    provider.script("/fault/slow", ["slow:1", "ok"])
+    provider.script("/fault/reset", ["reset", "ok"])
+    out = project.run(calls(call("ht.fault", {"name": "slow"}), call("ht.fault", {"name": "reset"}))).output
+    assert [a["execution"] for a in out] == ["live", "live"]
+    assert len(provider.on("/fault/slow")) == 2
+    assert len(provider.on("/fault/reset")) == 2
+    slow_first, slow_retry = provider.times("/fault/slow")
+    assert slow_retry - slow_first >= 0.3  # the timeout passed before it was retried
+    assert_billed_once(provider)
+
+
+def test_nothing_is_billed_twice_across_retries_resumes_and_reruns(
+    project: Project, provider: LoopbackProvider
+) -> None:
+    project.config(
+        echo_tool(retries=1)
+        + """
+        [tools."ht.last"]
+        url = "@URL@/last"
+        retries = 0
+        """
+    )
+    provider.script("/v1/echo", ["500", "ok", "503", "ok"])
+    provider.script("/last", ["502"])
+    specs = [call("ht.echo", {"value": i}) for i in range(6)] + [call("ht.last", {})]
+    first = project.run(calls(*specs))
+    assert first.result.status == "failed"
+    resumed = project.resume(first.result.run_id)
+    assert resumed.result.status == "completed"
+    rerun = project.run(calls(*specs))
+    assert [a["execution"] for a in rerun.output] == ["receipt"] * 7
+    assert len(provider.requests) == 2 + 6 + 2  # 2 retries, 6 echo calls, /last twice
+    assert len(provider.billed) == 7
+    assert_billed_once(provider)
+
+
+# --- the circuit breaker ----------------------------------------------------------------------
+
+
+class UnrecordableStore(SQLiteStore):
+    """A real SQLite store whose writes carrying a completed call fail after `ok` of them."""
+
+    def __init__(self, path: Path, ok: int, provider: LoopbackProvider) -> None:
+        super().__init__(path)
+        self.ok = ok
+        self.provider = provider
+        self.batches = 0
+        self.requests_at_failure: int | None = None
+
+    def apply(self, writes: Writes, now: float) -> Applied:
+        if any(s.status == "completed" for s in writes.settlements):
+            self.batches += 1
+            if self.batches > self.ok:
+                if self.requests_at_failure is None:
+                    self.requests_at_failure = len(self.provider.requests)
+                raise StoreError("disk I/O error (test double)")
+        return super().apply(writes, now)
+
+
+def test_a_completed_call_that_cannot_be_recorded_stops_all_provider_calls(
+    project: Project, provider: LoopbackProvider
+) -> None:
+    project.config(echo_tool())
+    store = UnrecordableStore(project.store, ok=3, provider=provider)
+    specs = [call("ht.echo", {"value": i}) for i in range(20)]
+    outcome = project.run(calls(*specs), store=store)
+    assert outcome.result.status == "failed"
+    assert outcome.result.error["type"] == "StoreError"
+    assert store.requests_at_failure is not None
+    assert len(provider.requests) == store.requests_at_failure  # not one call more
+    assert len(provider.requests) < 20
+    assert project.receipts(status="failed") == []  # no false failures
+
+    # The store works again: a resume pays only for what the provider never billed.
+    resumed = project.resume(outcome.result.run_id)
+    assert resumed.result.status == "completed", resumed.result.error
+    assert len(provider.billed) == 20
+    assert_billed_once(provider)
+
+
+MAP_PLAY = """\
+from deepline_cli import play
+
+
+@play("rows")
+async def rows(ctx, input):
+    data = [{"id": i} for i in range(input["n"])]
+    result = await ctx.map(
+        "rows", data, key="id", concurrency=input.get("concurrency", 4),
+        columns={"answer": lambda row, rc: rc.tools.execute("echo", "ht.echo", {"value": row["id"]})},
+    )
+    return {"rows": len(result), "failed": result.failed_count}
+"""
+
+
+def test_the_circuit_breaker_in_a_map_rejects_waiting_rows_without_false_failures(
+    project: Project, provider: LoopbackProvider, store_path: Path
+) -> None:
+    project.config(echo_tool())
+    project.play(MAP_PLAY, "rows.py")
+    provider.default_fault = "slow:0.02"
+    store = UnrecordableStore(project.store, ok=2, provider=provider)
+    outcome = project.run({"n": 40, "concurrency": 4}, play="rows.py", store=store)
+    assert outcome.result.status == "failed"
+    assert outcome.result.error["type"] == "StoreError"
+    assert store.requests_at_failure is not None
+    # Calls already on the wire may finish; nothing new is dispatched once it tripped.
+    assert len(provider.requests) <= store.requests_at_failure + 4
+    assert project.receipts(status="failed") == []
+    conn = sqlite3.connect(store_path)
+    try:
+        failed_rows = conn.execute("SELECT COUNT(*) FROM map_rows WHERE outcome = 'failed'").fetchone()[0]
+    finally:
+        conn.close()
+    assert failed_rows == 0
+
+    resumed = project.resume(outcome.result.run_id)
+    assert resumed.output == {"rows": 40, "failed": 0}
+    assert len(provider.billed) == 40
+    assert_billed_once(provider)
+
+
+# --- budgets ----------------------------------------------------------------------------------
+
+CREDIT_TOOL = echo_tool(extra="credits = 1\n")
+
+
+def test_max_credits_stops_before_exceeding_and_a_higher_budget_resumes_without_repaying(
+    project: Project, provider: LoopbackProvider
+) -> None:
+    project.config(CREDIT_TOOL)
+    specs = [call("ht.echo", {"value": i}) for i in range(5)]
+    stopped = project.run(calls(*specs), max_credits=3)
+    assert stopped.result.status == "failed"
+    assert stopped.result.error["type"] == "BudgetExceededError"
+    assert "raise --max-credits" in stopped.result.error["message"]
+    assert len(provider.requests) == 3
+    assert stopped.result.stats["tools"]["ht.echo"]["credits"] == 3
+    assert project.receipts(status="failed") == []
+
+    # Resuming with the same budget makes no further call.
+    still = project.resume(stopped.result.run_id)
+    assert still.result.status == "failed"
+    assert still.result.error["type"] == "BudgetExceededError"
+    assert len(provider.requests) == 3
+
+    raised = project.resume(stopped.result.run_id, max_credits=10)
+    assert [a["execution"] for a in raised.output] == ["receipt"] * 3 + ["live"] * 2
+    assert len(provider.requests) == 5
+    assert_billed_once(provider)
+    assert raised.result.stats["tools"]["ht.echo"]["credits"] == 5
+    assert raised.result.stats["credits"] == 5
+
+
+def test_max_credits_reserves_credits_of_calls_in_flight(project: Project, provider: LoopbackProvider) -> None:
+    project.config(CREDIT_TOOL)
+    provider.default_fault = "slow:0.2"
+    specs = [call("ht.echo", {"value": i}) for i in range(10)]
+    outcome = project.run(calls(*specs, gather=True), max_credits=4)
+    assert outcome.result.status == "failed"
+    assert outcome.result.error["type"] == "BudgetExceededError"
+    assert len(provider.requests) == 4
+    assert outcome.result.stats["credits"] <= 4
+
+
+def test_credits_per_tool_appear_in_the_stats_and_runs_show(project: Project, cli: Callable[..., Any]) -> None:
+    project.config(
+        CREDIT_TOOL
+        + """
+        [tools."ht.pricey"]
+        url = "@URL@/pricey"
+        credits = 2.5
+        """
+    )
+    first = project.run(calls(call("ht.echo", {"value": 1}), call("ht.echo", {"value": 2}), call("ht.pricey", {})))
+    assert [a["credits"] for a in first.output] == [1, 1, 2.5]
+    assert first.result.stats["tools"]["ht.echo"]["credits"] == 2
+    assert first.result.stats["tools"]["ht.pricey"]["credits"] == 2.5
+    assert first.result.stats["credits"] == 4.5
+    shown = cli("runs", "show", first.result.run_id, "--json")
+    assert shown.code == 0, shown.stderr
+    stats = json.loads(shown.stdout)["stats"]
+    assert (stats["tools"]["ht.echo"]["credits"], stats["tools"]["ht.pricey"]["credits"]) == (2, 2.5)
+    human = cli("runs", "show", first.result.run_id)
+    assert any("ht.pricey" in line and "credits 2.5" in line for line in human.stdout.splitlines()), human.stdout
+    again = project.run(calls(call("ht.echo", {"value": 1})))
+    assert again.result.stats["tools"]["ht.echo"] == {"live": 0, "reused": 1, "failed": 0, "credits": 0}
+
+
+# --- batch tools --------------------------------------------------------------------------------
+
+BATCH_TOOL = """\
+[tools."ht.batch"]
+method = "POST"
+url = "@URL@/people/batch"
+json = { domain = "{domain}" }
+batch = { max_size = 5, max_wait_ms = 50 }
+credits = 1
+"""
+
+
+def test_batch_tools_send_members_together_and_keep_a_receipt_per_member(
+    project: Project, provider: LoopbackProvider
+) -> None:
+    project.config(BATCH_TOOL)
+    specs = [call("ht.batch", {"domain": f"d{i}.com"}) for i in range(12)]
+    out = project.run(calls(*specs, gather=True)).output
+    sent = provider.on("/people/batch")
+    assert sorted(len(r.body["items"]) for r in sent) == [2, 5, 5]
+    assert sorted(item["domain"] for r in sent for item in r.body["items"]) == sorted(f"d{i}.com" for i in range(12))
+    assert [a["output"]["echo"] for a in out] == [{"domain": f"d{i}.com"} for i in range(12)]
+    keys = [r.headers["idempotency-key"] for r in sent]
+    assert len(set(keys)) == 3
+    assert_billed_once(provider)
+    members = project.receipts(tool="ht.batch")
+    assert len(members) == 12 and {m.status for m in members} == {"completed"}
+    aggregates = project.receipts(tool="ht.batch#batch")
+    assert sorted(a.idempotency_key for a in aggregates) == sorted(keys)
+
+    # Members are reused one by one: only the new ones go out, in one request.
+    more = [call("ht.batch", {"domain": f"d{i}.com"}) for i in range(15)]
+    again = project.run(calls(*more, gather=True)).output
+    assert [a["execution"] for a in again] == ["receipt"] * 12 + ["live"] * 3
+    assert len(provider.on("/people/batch")) == 4
+    assert len(provider.on("/people/batch")[-1].body["items"]) == 3
+    assert_billed_once(provider)
+
+
+# --- remote tools ---------------------------------------------------------------------------------
+
+
+def test_remote_tools_post_to_the_execution_api_with_key_and_metadata(
+    project: Project, provider: LoopbackProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HT_REMOTE_KEY", "dl-api-key-0123456789")
+    project.config(
+        """\
+        [remote]
+        base_url = "@URL@/"
+        api_key_env = "HT_REMOTE_KEY"
+        """
+    )
+    outcome = project.run(calls(call("acme.people_search", {"domain": "acme.com"})))
+    out = outcome.output
+    (seen,) = provider.requests
+    assert seen.method == "POST"
+    assert seen.path == "/v1/tools/acme.people_search/execute"
+    assert seen.headers["authorization"] == "Bearer dl-api-key-0123456789"
+    assert seen.headers["x-deepline-idempotency-key"] == idempotency_key(out[0]["key"])
+    assert seen.headers["x-request-id"]
+    assert seen.body["tool"] == "acme.people_search"
+    assert seen.body["payload"] == {"domain": "acme.com"}
+    assert seen.body["metadata"] == {
+        "parent_run_id": outcome.result.run_id,
+        "receipt_key": out[0]["key"],
+        "idempotency_key": seen.headers["x-deepline-idempotency-key"],
+    }
+    assert out[0]["output"]["echo"]["payload"] == {"domain": "acme.com"}
+    again = project.run(calls(call("acme.people_search", {"domain": "acme.com"}))).output
+    assert again[0]["execution"] == "receipt"
+    assert len(provider.requests) == 1
+    assert_billed_once(provider)
+
+
+def test_echoed_credentials_are_redacted_before_they_reach_the_store(
+    project: Project, provider: LoopbackProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The provider echoes the request headers (Authorization included) back: neither
+    the HTTP tool's token nor the remote API key may land in the store, WAL included."""
+    monkeypatch.setenv("HT_REMOTE_KEY", "dl-api-key-0123456789")
+    project.config(
+        """\
+        [tools."ht.echo"]
+        url = "@URL@/echo"
+        headers = { Authorization = "Bearer ${HT_TOKEN}" }
+
+        [remote]
+        base_url = "@URL@"
+        api_key_env = "HT_REMOTE_KEY"
+        """
+    )
+    provider.default_fault = "echo"
+    runner = Runner(RunOptions(store=str(project.store)), EventBus())
+    try:
+        result = runner.start(str(project.dir / "play.py"), calls(call("ht.echo", {}), call("acme.echo", {})))
+        assert result.status == "completed", result.error
+        assert [a["output"]["authorization"] for a in result.output] == ["Bearer [redacted]"] * 2
+        assert provider.requests[0].headers["authorization"] == f"Bearer {SECRET}"
+        assert Path(f"{project.store}-wal").exists()  # the store is still open: scan its WAL too
+        assert_no_secret(project.store, SECRET.encode())
+        assert_no_secret(project.store, b"dl-api-key-0123456789")
+    finally:
+        runner.close()
+    assert_no_secret(project.store, SECRET.encode())
+    assert_no_secret(project.store, b"dl-api-key-0123456789")
+
+
+# --- credentials changed mid-run --------------------------------------------------------------------
+
+
+def test_a_401_after_the_credential_changed_rekeys_once_and_records_no_failure(
+    project: Project, provider: LoopbackProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HT_TOKEN")
+    project.dotenv(HT_TOKEN=SECRET)
+    project.config(
+        """\
+        [tools."ht.auth"]
+        url = "@URL@/auth"
+        headers = { Authorization = "Bearer ${HT_TOKEN}" }
+        """
+    )
+    # The account is switched while the first request is at the provider, which then
+    # rejects the old credential.
+    provider.hooks["/auth"] = lambda _: project.dotenv(HT_TOKEN=ROTATED)
+    provider.script("/auth", ["401", "ok"])
+    outcome = project.run(calls(call("ht.auth", {"q": 1})))
+    assert outcome.output[0]["execution"] == "live"
+    old, new = provider.on("/auth")
+    assert old.headers["authorization"] == f"Bearer {SECRET}"
+    assert new.headers["authorization"] == f"Bearer {ROTATED}"
+    assert old.headers["idempotency-key"] != new.headers["idempotency-key"]  # another account, another key
+    assert any("credentials of tool 'ht.auth' changed" in line for line in outcome.logs())
+    assert project.receipts(status="failed") == []
+    assert [r.status for r in project.receipts(tool="ht.auth", status="completed")] == ["completed"]
+    assert outcome.result.stats["tools"]["ht.auth"]["failed"] == 0
+
+
+def test_credentials_changing_again_after_the_rekey_is_not_retried_forever(
+    project: Project, provider: LoopbackProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HT_TOKEN")
+    project.dotenv(HT_TOKEN=SECRET)
+    project.config('[tools."ht.auth"]\nurl = "@URL@/auth"\nheaders = { Authorization = "Bearer ${HT_TOKEN}" }\n')
+    tokens = iter([ROTATED, ROTATED + "-again", ROTATED + "-third", ROTATED + "-fourth"])
+    provider.hooks["/auth"] = lambda _: project.dotenv(HT_TOKEN=next(tokens))
+    provider.default_fault = "401"
+    outcome = project.run(calls(call("ht.auth", {"q": 1})))
+    assert outcome.result.status == "failed"
+    assert len(provider.on("/auth")) == 2  # the call, and one re-keyed call
+
+
+def test_a_401_with_unchanged_credentials_fails_as_authentication(project: Project, provider: LoopbackProvider) -> None:
+    project.config('[tools."ht.auth"]\nurl = "@URL@/auth"\nheaders = { Authorization = "Bearer ${HT_TOKEN}" }\n')
+    provider.script("/auth", ["401"])
+    out = project.run(calls(call("ht.auth", {}), catch=True)).output
+    assert out[0]["error"]["category"] == "authentication"
+    assert len(provider.requests) == 1
+    (receipt,) = project.receipts(tool="ht.auth")
+    assert receipt.failure_kind == "authentication"
+
+
+def test_switching_accounts_never_reuses_another_accounts_results(
+    project: Project, provider: LoopbackProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project.config('[tools."ht.auth"]\nurl = "@URL@/auth"\nheaders = { Authorization = "Bearer ${HT_TOKEN}" }\n')
+    project.run(calls(call("ht.auth", {"q": 1})))
+    monkeypatch.setenv("HT_TOKEN", ROTATED)
+    out = project.run(calls(call("ht.auth", {"q": 1}))).output
+    assert out[0]["execution"] == "live"
+    assert len(provider.requests) == 2
+    monkeypatch.setenv("HT_TOKEN", SECRET)
+    back = project.run(calls(call("ht.auth", {"q": 1}))).output
+    assert back[0]["execution"] == "receipt"
+
+
+# --- the governor ---------------------------------------------------------------------------------
+
+
+def test_tool_and_run_concurrency_bound_calls_in_flight_at_the_provider(
+    project: Project, provider: LoopbackProvider
+) -> None:
+    project.config(
+        """\
+        [tools."ht.two"]
+        url = "@URL@/two/{i}"
+        concurrency = 2
+
+        [tools."ht.free"]
+        url = "@URL@/free/{i}"
+        """
+    )
+    provider.default_fault = "slow:0.1"
+    project.run(calls(*[call("ht.two", {"i": i}) for i in range(8)], gather=True))
+    assert len(provider.requests) == 8
+    assert provider.max_inflight == 2
+
+    provider.max_inflight = 0
+    project.run(calls(*[call("ht.free", {"i": i}) for i in range(9)], gather=True), concurrency=3)
+    assert len(provider.requests) == 17
+    assert provider.max_inflight == 3
+
+
+@pytest.mark.slow
+def test_rate_limit_is_accurate_at_the_provider(
+    project: Project, provider: LoopbackProvider, cli: Callable[..., Any]
+) -> None:
+    """60 calls under "10/s", run the way a user runs them (a fresh `deepline` process):
+    at least 5.4 s, and never more than 11 requests in any 1 s window at the provider."""
+    project.config(
+        """\
+        [tools."ht.rate"]
+        url = "@URL@/rate/{i}"
+        rate_limit = "10/s"
+        """
+    )
+    payload = json.dumps(calls(*[call("ht.rate", {"i": i}) for i in range(60)], gather=True))
+    started = time.monotonic()
+    result = cli("run", "play.py", "--json", "--input", payload)
+    elapsed = time.monotonic() - started
+    assert result.code == 0, result.stderr
+    assert elapsed >= 5.4
+    times = sorted(provider.times())
+    assert len(times) == 60
+    offsets = [round(t - times[0], 3) for t in times]
+    worst = max(sum(1 for t in times if start <= t < start + 1.0) for start in times)
+    paced = [e["paced"] for e in result.json_lines() if e["event"] == "run.progress"]
+    assert any(p.get("ht.rate") == 10.0 for p in paced), "the live view never showed the tool being paced"
+    assert worst <= 11, f"{worst} requests within one second under a 10/s limit; arrivals (s): {offsets[:14]}"
+
+
+# --- ctx.fetch ------------------------------------------------------------------------------------
+
+FETCH_PLAY = """\
+from deepline_cli import play
+
+
+@play("fetches")
+async def fetches(ctx, input):
+    url = input["url"]
+    auth = {"Authorization": "Bearer " + ctx.secrets.get("HT_TOKEN")}
+    echo = await ctx.fetch("echo", url + "/f/echo", headers=auth)
+    missing = await ctx.fetch("missing", url + "/f/missing")
+    flaky = await ctx.fetch("flaky", url + "/f/flaky", method="POST", json={"a": 1})
+    if ctx.run.attempt == 1:
+        raise RuntimeError("the play fails after its fetches on the first attempt")
+    return {
+        "echo": [echo.ok, echo.status, echo.json],
+        "missing": [missing.ok, missing.status],
+        "flaky": [flaky.ok, flaky.status, flaky.json["echo"]],
+    }
+"""
+
+
+def test_ctx_fetch_is_durable_retries_5xx_and_redacts_secrets(project: Project, provider: LoopbackProvider) -> None:
+    project.play(FETCH_PLAY, "fetch.py")
+    provider.script("/f/echo", ["echo"])
+    provider.script("/f/missing", ["404"])
+    provider.script("/f/flaky", ["500", "ok"])
+    first = project.run({"url": provider.url}, play="fetch.py")
+    assert first.result.status == "failed"
+    assert len(provider.requests) == 4
+    # Fetches are durable per run: the resumed body replays them, no new requests.
+    out = project.resume(first.result.run_id).output
+    assert len(provider.requests) == 4
+    assert provider.on("/f/echo")[0].headers["authorization"] == f"Bearer {SECRET}"
+    assert out["echo"][:2] == [True, 200]
+    assert out["echo"][2]["authorization"] == "Bearer [redacted]"
+    assert out["missing"] == [False, 404]
+    assert out["flaky"] == [True, 200, {"a": 1}]
+    assert len(provider.on("/f/flaky")) == 2
+    assert_no_secret(project.store, SECRET.encode())
+
+
+FETCH_4XX_PLAY = """\
+from deepline_cli import play
+
+
+@play("fetch4xx")
+async def fetch4xx(ctx, input):
+    missing = await ctx.fetch("missing", input["url"] + "/f/missing")
+    return {"ok": missing.ok, "status": missing.status, "text": missing.text, "json": missing.json}
+"""
+
+
+def test_ctx_fetch_of_a_4xx_keeps_the_providers_body(project: Project, provider: LoopbackProvider) -> None:
+    """`FetchResult.text`/`.json` of a 404 are the provider's answer, not an error message."""
+    project.play(FETCH_4XX_PLAY, "fetch4xx.py")
+    provider.script("/f/missing", ["404"])
+    out = project.run({"url": provider.url}, play="fetch4xx.py").output
+    assert out == {"ok": False, "status": 404, "text": '{"error": "fault"}', "json": {"error": "fault"}}
+
+
+# --- secrets never stored or printed ----------------------------------------------------------------
+
+
+def assert_no_secret(store_path: Path, secret: bytes, *texts: str) -> None:
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        path = Path(str(store_path) + suffix)
+        if path.exists():
+            assert secret not in path.read_bytes(), f"the secret is stored in {path.name}"
+    for text in texts:
+        assert secret.decode() not in text
+
+
+SECRET_PLAY = """\
+from deepline_cli import play
+
+
+@play("leaky")
+async def leaky(ctx, input):
+    rows = [{"id": i} for i in range(input["n"])]
+    async def answer(row, rc):
+        r = await rc.tools.execute("echo", "ht.echo", {"id": row["id"]})
+        rc.log(f"row {row['id']} got {r.output}")
+        return r
+    data = await ctx.map("rows", rows, key="id", columns={
+        "answer": answer,
+        "query": lambda row, rc: rc.tools.execute("q", "ht.query", {"id": row["id"]}),
+    })
+    fetched = await ctx.fetch("f", input["url"] + "/echo", headers={"X-Key": ctx.secrets.get("HT_TOKEN")})
+    ctx.log("secret is " + ctx.secrets.get("HT_TOKEN"))
+    return {"rows": len(data), "fetched": fetched.text, "secret": ctx.secrets.get("HT_TOKEN")}
+"""
+
+
+def test_secrets_are_never_stored_logged_exported_or_printed(
+    project: Project, provider: LoopbackProvider, cli: Callable[..., Any], tmp_path: Path, store_path: Path
+) -> None:
+    project.dotenv(HT_DOTENV_TOKEN=SECRET)
+    project.config(
+        """\
+        [tools."ht.echo"]
+        url = "@URL@/echo"
+        headers = { Authorization = "Bearer ${HT_DOTENV_TOKEN}" }
+
+        [tools."ht.query"]
+        url = "@URL@/query"
+        query = { api_key = "${HT_DOTENV_TOKEN}", id = "{id}" }
+        """
+    )
+    project.play(SECRET_PLAY.replace('"HT_TOKEN"', '"HT_DOTENV_TOKEN"'), "leaky.py")
+    provider.script("/echo", ["echo"] * 50)
+
+    as_json = cli("run", "leaky.py", "--json", "--input", json.dumps({"n": 3, "url": provider.url}))
+    assert as_json.code == 0, as_json.stderr
+    finished = as_json.json_lines()[-1]
+    run_id = finished["run_id"]
+    human = cli("run", "leaky.py", "--input", json.dumps({"n": 4, "url": provider.url}))
+    assert human.code == 0, human.stderr
+    # The secret did reach the provider, in a header and in a query string.
+    assert provider.on("/echo")[0].headers["authorization"] == f"Bearer {SECRET}"
+    assert SECRET in provider.on("/query")[0].query
+    assert "[redacted]" in as_json.stdout
+
+    outputs = [as_json.stdout, as_json.stderr, human.stdout, human.stderr]
+    for args in (
+        ("runs", "logs", run_id),
+        ("runs", "show", run_id, "--json"),
+        ("runs", "show", run_id),
+        ("runs", "list", "--json"),
+        ("receipts", "inspect", "--json"),
+        ("receipts", "inspect"),
+        ("export", run_id, "--format", "jsonl"),
+        ("export", run_id, "--format", "csv"),
+    ):
+        shown = cli(*args)
+        assert shown.code == 0, (args, shown.stderr)
+        outputs += [shown.stdout, shown.stderr]
+    assert any("[redacted]" in text for text in outputs[4:])
+    assert_no_secret(store_path, SECRET.encode(), *outputs)
+
+
+LEAKY_TOOL_PLAY = """\
+from deepline_cli import play, tool
+
+
+@tool("ht.leaky_local")
+def leaky(input):
+    raise RuntimeError("the provider rejected key " + input["key"])
+
+
+@play("leaky_errors")
+async def leaky_errors(ctx, input):
+    key = ctx.secrets.get("HT_TOKEN")
+    rows = await ctx.map("rows", [{"id": 1}], key="id", columns={
+        "a": lambda row, rc: rc.tools.execute("leak", "ht.leaky_local", {"key": key}),
+    })
+    return {"failed": rows.failed_count}
+"""
+
+
+def test_a_failed_calls_error_never_stores_a_secret_in_clear(
+    project: Project, cli: Callable[..., Any], store_path: Path
+) -> None:
+    """ctx.secrets values are redacted everywhere they would be stored or printed,
+    including the error of a failed receipt and a failed row's `_error`."""
+    project.play(LEAKY_TOOL_PLAY, "leaky_errors.py")
+    outcome = project.run({}, play="leaky_errors.py")
+    assert outcome.output == {"failed": 1}
+    (receipt,) = project.receipts(tool="ht.leaky_local")
+    assert "[redacted]" in receipt.error["message"]
+    exported = cli("export", outcome.result.run_id, "--format", "jsonl")
+    assert exported.code == 0, exported.stderr
+    assert_no_secret(store_path, SECRET.encode(), exported.stdout)
+
+
+# --- the command line: configuration errors, check, tools list ---------------------------------------
+
+BAD_CONFIGS = {
+    "invalid-toml": ('[tools."ht.x"]\nurl = "@URL@/x\n', ["deepline.toml", "TOML"]),
+    "unknown-key": ('[tools."ht.x"]\nurl = "@URL@/x"\nretry = 3\n', ["ht.x", "'retry'"]),
+    "unknown-table": ('[tool."ht.x"]\nurl = "@URL@/x"\n', ["deepline.toml", "'tool'"]),
+    "bad-rate-limit": ('[tools."ht.x"]\nurl = "@URL@/x"\nrate_limit = "fast"\n', ["ht.x", "rate_limit"]),
+    "zero-rate-limit": ('[tools."ht.x"]\nurl = "@URL@/x"\nrate_limit = "0/s"\n', ["ht.x", "rate_limit"]),
+    "wrong-type": ('[tools."ht.x"]\nurl = "@URL@/x"\nretries = "three"\n', ["ht.x", "'retries'"]),
+    "bad-method": ('[tools."ht.x"]\nurl = "@URL@/x"\nmethod = "FETCH"\n', ["ht.x", "FETCH"]),
+    "bad-batch": ('[tools."ht.x"]\nurl = "@URL@/x"\nbatch = { size = 3 }\n', ["ht.x", "'size'"]),
+    "remote-no-url": ('[remote]\napi_key_env = "X"\n', ["[remote]", "base_url"]),
+    "zero-timeout": ('[tools."ht.x"]\nurl = "@URL@/x"\ntimeout_s = 0\n', ["ht.x", "timeout_s"]),
+    "negative-credits": ('[tools."ht.x"]\nurl = "@URL@/x"\ncredits = -1\n', ["ht.x", "credits"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+def test_an_invalid_config_is_exit_2_with_one_sentence_naming_tool_and_field(
+    project: Project, provider: LoopbackProvider, cli: Callable[..., Any], case: str
+) -> None:
+    text, named = BAD_CONFIGS[case]
+    project.config(text)
+    result = cli("run", "play.py", "--input", json.dumps(calls(call("ht.x", {}))))
+    assert result.code == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error: ")
+    for word in named:
+        assert word in lines[0], (word, lines[0])
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+    assert provider.requests == []
+    checked = cli("check", "play.py")
+    assert checked.code == 2 and checked.stderr.strip().splitlines() == lines
+
+
+@pytest.mark.parametrize(
+    ("config", "input", "named"),
+    [
+        (
+            '[tools."ht.x"]\nurl = "@URL@/x"\nheaders = { Authorization = "Bearer ${HT_NOT_SET_ANYWHERE}" }\n',
+            {},
+            ["ht.x", "HT_NOT_SET_ANYWHERE"],
+        ),
+        ('[tools."ht.x"]\nurl = "@URL@/x"\njson = { d = "{domain}" }\n', {"name": "n"}, ["ht.x", "'domain'"]),
+    ],
+    ids=["missing-secret", "missing-input-field"],
+)
+def test_a_missing_secret_or_input_field_is_exit_2_naming_tool_and_field(
+    project: Project,
+    provider: LoopbackProvider,
+    cli: Callable[..., Any],
+    config: str,
+    input: dict[str, Any],
+    named: list[str],
+) -> None:
+    project.config(config)
+    result = cli("run", "play.py", "--quiet", "--input", json.dumps(calls(call("ht.x", input))))
+    assert result.code == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert len([x for x in result.stderr.splitlines() if all(word in x for word in named)]) == 1, result.stderr
+    assert provider.requests == []
+    as_json = cli("run", "play.py", "--json", "--input", json.dumps(calls(call("ht.x", input))))
+    assert as_json.code == 2
+    message = as_json.json_lines()[-1]["error"]["message"]
+    assert "\n" not in message and all(word in message for word in named)
+
+
+TWO_TOOLS = """\
+[tools."ht.people"]
+method = "POST"
+url = "@URL@/people"
+headers = { Authorization = "Bearer ${HT_CHECK_TOKEN}" }
+json = { domain = "{company.domain}" }
+credits = 2
+rate_limit = "5/s"
+concurrency = 3
+
+[tools."ht.plain"]
+url = "@URL@/plain/{id}"
+
+[remote]
+base_url = "@URL@"
+api_key_env = "HT_CHECK_REMOTE"
+"""
+
+
+def test_check_loads_play_and_config_and_makes_no_call(
+    project: Project, provider: LoopbackProvider, cli: Callable[..., Any]
+) -> None:
+    project.config(TWO_TOOLS)
+    project.dotenv(HT_CHECK_TOKEN="check-token-123456", HT_CHECK_REMOTE="remote-key-123456")
+    ok = cli("check", "play.py")
+    assert ok.code == 0, ok.stderr
+    assert "ht.people" in ok.stdout and "ht.plain" in ok.stdout and "calls" in ok.stdout
+    assert "ok:" in ok.stdout
+    assert "check-token-123456" not in ok.stdout + ok.stderr
+    report = cli("check", "play.py", "--json")
+    assert report.code == 0, report.stderr
+    data = json.loads(report.stdout)
+    assert [p["name"] for p in data["plays"]] == ["calls"]
+    assert data["missing_secrets"] == []
+    assert {t["id"] for t in data["tools"]} >= {"ht.people", "ht.plain", "*"}
+    assert provider.requests == []
+
+    project.dotenv(HT_CHECK_REMOTE="remote-key-123456")  # the tool's token is gone
+    missing = cli("check", "play.py")
+    assert missing.code == 2
+    (line,) = missing.stderr.strip().splitlines()
+    assert "ht.people" in line and "HT_CHECK_TOKEN" in line
+    assert provider.requests == []
+
+
+def test_tools_list_json_describes_every_tool(
+    project: Project, provider: LoopbackProvider, cli: Callable[..., Any]
+) -> None:
+    project.config(TWO_TOOLS)
+    listed = cli("tools", "list", "--json")
+    assert listed.code == 0, listed.stderr
+    rows = {row["id"]: row for row in listed.json_lines()}
+    assert rows["ht.people"] == {
+        "id": "ht.people",
+        "kind": "http",
+        "credits": 2.0,
+        "rate_limit": "5/s",
+        "concurrency": 3,
+        "target": f"POST {provider.url}/people",
+        "secrets": ["HT_CHECK_TOKEN"],
+        "fields": ["company.domain"],
+    }
+    assert rows["ht.plain"]["kind"] == "http" and rows["ht.plain"]["fields"] == ["id"]
+    assert rows["*"]["kind"] == "remote" and rows["*"]["secrets"] == ["HT_CHECK_REMOTE"]
+    human = cli("tools", "list")
+    assert human.code == 0 and "ht.people" in human.stdout
+    assert provider.requests == []

@@ -1,0 +1,831 @@
+"""Scale-out through the real CLI (SPEC §6, issue 6): `deepline run --enqueue`,
+`deepline worker [--once] [--concurrency N]`, SIGKILL and SIGTERM of workers, receipts
+shared between processes, rate limits shared between workers, NOTIFY wake-ups.
+
+Every `deepline` invocation is a subprocess (`python -m deepline_cli`) against the
+test's store (`store_url`: a SQLite file, then PostgreSQL when
+DEEPLINE_TEST_POSTGRES_URL is set). Tools append to log files, so a test counts how
+often a call was really paid for. Waits poll the store with deadlines; a wait for a
+timer is computed from the stored due time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deepline_cli.store import open_store
+from deepline_cli.store.base import ReceiptQuery, RunRecord, Store
+
+RUN_ID = re.compile(r"^r-[0-9a-f]{12}$")
+LEASE_TTL = "3"
+
+# --- plays --------------------------------------------------------------------------------
+
+# VERSION is replaced per test: the snapshot test enqueues two versions of one file.
+BASIC_PLAY = """
+from deepline_cli import play, tool
+
+
+@tool("w.echo")
+def echo(input):
+    with open(input["log"], "a") as f:
+        f.write(input["label"] + "\\n")
+    return input["label"].upper()
+
+
+@play("basic")
+async def basic(ctx, input):
+    greeting = await ctx.tools.execute("greet", "w.echo", {"label": "VERSION-" + input["name"], "log": input["log"]})
+    return {"version": "VERSION", "greeting": greeting.output, "attempt": ctx.run.attempt}
+"""
+
+# Five 0.1 s calls one after another; the body's wall-clock span goes in the output so a
+# test can see which runs overlapped.
+SEQUENCE_PLAY = """
+import asyncio
+import time
+
+from deepline_cli import play, tool
+
+
+@tool("w.step")
+async def step(input):
+    await asyncio.sleep(0.1)
+    with open(input["log"], "a") as f:
+        f.write(input["label"] + "\\n")
+    return input["label"]
+
+
+@play("sequence")
+async def sequence(ctx, input):
+    started = time.time()
+    done = []
+    for i in range(5):
+        result = await ctx.tools.execute(f"s{i}", "w.step", {"label": f"{input['name']}-{i}", "log": input["log"]})
+        done.append(result.output)
+    return {"done": done, "span": [started, time.time()]}
+"""
+
+TOOL = """
+from deepline_cli import play, tool
+
+
+@tool("w.work")
+def work(input):
+    with open(input["log"], "a") as f:
+        f.write(input["label"] + "\\n")
+    return input["label"].upper()
+"""
+
+SLEEP_PLAY = (
+    TOOL
+    + """
+
+@play("sleepy")
+async def sleepy(ctx, input):
+    before = await ctx.tools.execute("before", "w.work", {"label": "before", "log": input["log"]})
+    await ctx.sleep("nap", input["seconds"])
+    after = await ctx.tools.execute("after", "w.work", {"label": "after", "log": input["log"]})
+    return {"before": before.output, "after": after.output, "attempt": ctx.run.attempt}
+"""
+)
+
+EVENT_PLAY = (
+    TOOL
+    + """
+
+@play("approval")
+async def approval(ctx, input):
+    before = await ctx.tools.execute("before", "w.work", {"label": "before", "log": input["log"]})
+    payload = await ctx.wait_for_event("approve")
+    return {"before": before.output, "payload": payload, "attempt": ctx.run.attempt}
+"""
+)
+
+# N slow-ish calls, at most 4 claimed at a time (the gate sits before the claim, so the
+# receipts `running` at any moment are the calls really in flight). Each call appends its
+# id to the log when it is paid for.
+MANY_PLAY = """
+import asyncio
+
+from deepline_cli import play, tool
+
+
+@tool("w.slow")
+async def slow(input):
+    await asyncio.sleep(0.03)
+    with open(input["log"], "a") as f:
+        f.write(str(input["i"]) + "\\n")
+    return input["i"] * 2
+
+
+@play("many")
+async def many(ctx, input):
+    gate = asyncio.Semaphore(4)
+
+    async def one(i):
+        async with gate:
+            result = await ctx.tools.execute(f"c{i}", "w.slow", {"i": i, "log": input["log"]})
+        return result.output
+
+    outputs = await asyncio.gather(*(one(i) for i in range(input["n"])))
+    return {"n": len(outputs), "sum": sum(outputs)}
+"""
+
+# Two processes, same calls: each waits for the `go` file (so both are running before
+# either claims), then makes the N calls in its own shuffled order, 16 at a time.
+SHARED_PLAY = """
+import asyncio
+import random
+from pathlib import Path
+
+from deepline_cli import play, tool
+
+
+@tool("w.pay")
+async def pay(input):
+    await asyncio.sleep(0.02)
+    with open(input["log"], "a") as f:
+        f.write(str(input["i"]) + "\\n")
+    return input["i"] * input["i"]
+
+
+@play("shared")
+async def shared(ctx, input):
+    go = Path(input["go"])
+    while not go.exists():
+        await asyncio.sleep(0.01)
+    order = list(range(input["n"]))
+    random.Random(input["seed"]).shuffle(order)
+    gate = asyncio.Semaphore(16)
+
+    async def one(i):
+        async with gate:
+            result = await ctx.tools.execute(f"p{i}", "w.pay", {"i": i, "log": input["log"]})
+        return result.output
+
+    outputs = await asyncio.gather(*(one(i) for i in order))
+    return {"n": len(outputs), "sum": sum(outputs)}
+"""
+
+# A local tool limited to 10 calls/s, shared by every process on the store. Each call
+# appends its own start time; the body notes when it started.
+RATED_PLAY = """
+import asyncio
+import time
+
+from deepline_cli import play, tool
+
+
+@tool("w.rated", rate_limit="10/s")
+def rated(input):
+    with open(input["log"], "a") as f:
+        f.write(f"call {input['run']} {input['i']} {time.time()!r}\\n")
+    return input["i"]
+
+
+@play("rated")
+async def rated_play(ctx, input):
+    with open(input["log"], "a") as f:
+        f.write(f"start {input['run']} - {time.time()!r}\\n")
+    calls = [{"run": input["run"], "i": i, "log": input["log"]} for i in range(input["n"])]
+    outputs = await asyncio.gather(*(ctx.tools.execute(f"r{c['i']}", "w.rated", c) for c in calls))
+    return {"n": len(outputs)}
+"""
+
+# The body notes (outside any receipt) when it began, for wake-up latency.
+STAMP_PLAY = """
+import time
+
+from deepline_cli import play
+
+
+@play("stamp")
+async def stamp(ctx, input):
+    with open(input["log"], "a") as f:
+        f.write(f"{ctx.run.id} {time.time()!r}\\n")
+    return {"name": input["name"]}
+"""
+
+# The tool's *code* differs between versions (same id and version string): a worker must
+# call the version each run was enqueued with. Both runs wait until both are loaded.
+VERSIONED_TOOL_PLAY = """
+import asyncio
+import time
+from pathlib import Path
+
+from deepline_cli import play, tool
+
+
+@tool("w.versioned")
+def versioned(input):
+    return "TOOLVERSION:" + input["name"]
+
+
+@play("versioned")
+async def versioned_play(ctx, input):
+    marks = Path(input["marks"])
+    (marks / ctx.run.id).write_text("loaded")
+    deadline = time.monotonic() + 15
+    while len(list(marks.iterdir())) < 2 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    result = await ctx.tools.execute("v", "w.versioned", {"name": input["name"]})
+    return {"tool": result.output}
+"""
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+@dataclass
+class Done:
+    code: int
+    stdout: str
+    stderr: str
+
+
+class CLI:
+    """`deepline …` subprocesses against one store, from one working directory."""
+
+    def __init__(self, store: str, cwd: Path) -> None:
+        self.store = store
+        self.cwd = cwd
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("DEEPLINE_")}
+        self.env.update(
+            DEEPLINE_LEASE_TTL=LEASE_TTL,
+            DEEPLINE_STORE=store,
+            PYTHONUNBUFFERED="1",
+            XDG_CACHE_HOME=str(cwd / "cache"),  # snapshots land in the test's directory
+        )
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._files: dict[int, tuple[str, Path, Path]] = {}  # pid -> (command, stdout file, stderr file)
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "deepline_cli", *args, "--store", self.store]
+
+    def __call__(self, *args: str, timeout: float = 60) -> Done:
+        proc = subprocess.run(
+            self.argv(*args),
+            cwd=self.cwd,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+        return Done(proc.returncode, proc.stdout, proc.stderr)
+
+    def spawn(self, *args: str) -> subprocess.Popen[bytes]:
+        """A background process; its output goes to files (read with `output`)."""
+        n = len(self.procs) + 1
+        out, err = self.cwd / f"proc-{n}.out", self.cwd / f"proc-{n}.err"
+        with out.open("w") as stdout, err.open("w") as stderr:
+            proc = subprocess.Popen(
+                self.argv(*args), cwd=self.cwd, env=self.env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL
+            )
+        self.procs.append(proc)
+        self._files[proc.pid] = (" ".join(args), out, err)
+        return proc
+
+    def output(self, proc: subprocess.Popen[bytes]) -> Done:
+        _, out, err = self._files[proc.pid]
+        return Done(proc.returncode if proc.returncode is not None else -1, out.read_text(), err.read_text())
+
+    def finish(self, proc: subprocess.Popen[bytes], timeout: float = 60) -> Done:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+            command = self._files[proc.pid][0]
+            pytest.fail(f"deepline {command} did not finish within {timeout:g}s:\n{self.output(proc).stderr}")
+        return self.output(proc)
+
+    def enqueue(self, play: str, **input: Any) -> str:
+        done = self("run", play, "--enqueue", "--input", json.dumps(input))
+        assert done.code == 0, done.stderr
+        run_id = done.stdout.strip()
+        assert RUN_ID.match(run_id), done.stdout
+        return run_id
+
+    def worker_once(self, *args: str, timeout: float = 60) -> Done:
+        done = self("worker", "--once", *args, timeout=timeout)
+        assert done.code == 0, done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
+        return done
+
+    def runs(self) -> dict[str, dict[str, Any]]:
+        done = self("runs", "list", "--json")
+        assert done.code == 0, done.stderr
+        return {row["run_id"]: row for row in map(json.loads, done.stdout.splitlines())}
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.fixture
+def cli(store_url: str, tmp_path: Path) -> Iterator[CLI]:
+    runner = CLI(store_url, tmp_path)
+    yield runner
+    runner.close()
+
+
+@pytest.fixture
+def pg_cli(pg_url: str, tmp_path: Path) -> Iterator[CLI]:
+    runner = CLI(pg_url, tmp_path)
+    yield runner
+    runner.close()
+
+
+@contextmanager
+def opened(url: str) -> Iterator[Store]:
+    """The test's own connection to the store, to watch runs and receipts."""
+    store = open_store(url)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def write(path: Path, source: str) -> Path:
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def logged(path: Path) -> list[str]:
+    try:
+        return path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def wait_until(predicate: Callable[[], Any], *, what: str, timeout: float = 30.0, every: float = 0.02) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(every)
+
+
+def run_of(store: Store, run_id: str) -> RunRecord:
+    record = store.get_run(run_id)
+    assert record is not None, run_id
+    return record
+
+
+def receipt_labels(store: Store, run_id: str, status: str) -> set[str]:
+    return {r.label for r in store.query_receipts(ReceiptQuery(run_id=run_id, status=status))}
+
+
+def ids_of(labels: set[str]) -> set[int]:
+    return {int(label.removeprefix("c")) for label in labels}
+
+
+# --- enqueue and worker --once ---------------------------------------------------------------
+
+
+def test_enqueue_records_a_queued_run_that_worker_once_completes(cli: CLI, tmp_path: Path) -> None:
+    play = write(tmp_path / "play.py", BASIC_PLAY.replace("VERSION", "v1"))
+    log = tmp_path / "tools.log"
+
+    done = cli("run", "play.py", "--enqueue", "--input", json.dumps({"name": "a", "log": str(log)}))
+    assert done.code == 0, done.stderr
+    run_id = done.stdout.strip()
+    assert RUN_ID.match(run_id), f"stdout should be just the run id: {done.stdout!r}"
+    assert "Traceback" not in done.stderr
+
+    queued = cli.runs()[run_id]
+    assert (queued["status"], queued["attempt"], queued["play"]) == ("queued", 0, "basic")
+    assert queued["output"] is None
+    assert logged(log) == [], "enqueueing must not execute anything"
+
+    # The play changes after enqueueing: a second run is enqueued with the new version,
+    # then the file is deleted. Each run executes the source it was enqueued with.
+    write(play, BASIC_PLAY.replace("VERSION", "v2"))
+    second = cli.enqueue("play.py", name="b", log=str(log))
+    play.unlink()
+
+    worker = cli.worker_once()
+    assert "2 started, 2 completed" in worker.stderr, worker.stderr
+
+    with opened(cli.store) as store:
+        first_run, second_run = run_of(store, run_id), run_of(store, second)
+    assert (first_run.status, first_run.attempt) == ("completed", 1), first_run.error
+    assert first_run.output == {"version": "v1", "greeting": "V1-A", "attempt": 1}
+    assert (second_run.status, second_run.attempt) == ("completed", 1), second_run.error
+    assert second_run.output == {"version": "v2", "greeting": "V2-B", "attempt": 1}
+    assert sorted(logged(log)) == ["v1-a", "v2-b"]
+
+
+def test_worker_once_with_concurrency_drains_every_queued_run_once(cli: CLI, tmp_path: Path) -> None:
+    write(tmp_path / "play.py", SEQUENCE_PLAY)
+    log = tmp_path / "tools.log"
+    names = ["a", "b", "c"]
+    # Enqueue all three at once (three processes), then drain them with two threads.
+    procs = [
+        cli.spawn("run", "play.py", "--enqueue", "--input", json.dumps({"name": n, "log": str(log)})) for n in names
+    ]
+    run_ids = []
+    for proc in procs:
+        done = cli.finish(proc)
+        assert done.code == 0, done.stderr
+        run_ids.append(done.stdout.strip())
+    assert len(set(run_ids)) == len(names)
+    with opened(cli.store) as store:
+        assert {run_of(store, r).status for r in run_ids} == {"queued"}
+
+        worker = cli.worker_once("--concurrency", "2")
+        assert "3 started, 3 completed, 0 failed" in worker.stderr, worker.stderr
+
+        spans = []
+        for run_id, name in zip(run_ids, names, strict=True):
+            run = run_of(store, run_id)
+            assert (run.status, run.attempt) == ("completed", 1), run.error
+            assert run.output["done"] == [f"{name}-{i}" for i in range(5)]
+            spans.append(run.output["span"])
+    counts = Counter(logged(log))
+    assert counts == Counter(f"{n}-{i}" for n in names for i in range(5)), "every call exactly once"
+
+    # Two runs at a time, never more: the bodies' wall-clock spans overlap two by two.
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans], key=lambda e: (e[0], e[1]))
+    at_once = peak = 0
+    for _, step in edges:
+        at_once += step
+        peak = max(peak, at_once)
+    assert peak == 2, f"runs at once peaked at {peak} with --concurrency 2: {spans}"
+
+
+# --- timers and events ----------------------------------------------------------------------
+
+
+def test_worker_continues_a_sleeping_run_after_its_stored_due_time(cli: CLI, tmp_path: Path) -> None:
+    write(tmp_path / "play.py", SLEEP_PLAY)
+    log = tmp_path / "tools.log"
+    done = cli("run", "play.py", "--enqueue", "--max-inline-wait", "0", "--input",
+               json.dumps({"log": str(log), "seconds": 2}))  # fmt: skip
+    assert done.code == 0, done.stderr
+    run_id = done.stdout.strip()
+
+    # The first worker runs it up to the timer, where it suspends.
+    first = cli.worker_once()
+    assert "1 started, 0 completed, 0 failed, 1 waiting" in first.stderr, first.stderr
+    with opened(cli.store) as store:
+        run = run_of(store, run_id)
+        assert (run.status, run.attempt) == ("waiting", 1)
+        [nap] = [b for b in store.boundaries(run_id) if b.id == "sleep:nap"]
+        assert (nap.kind, nap.status) == ("sleep", "waiting")
+        due = nap.due_at
+        assert due is not None
+        assert logged(log) == ["before"]
+
+        # Wait for the stored due time by the store's own clock.
+        wait_until(lambda: store.now() >= due, what="the timer's due time", timeout=10, every=0.05)
+
+    second = cli.worker_once()
+    assert "1 started, 1 completed" in second.stderr, second.stderr
+    with opened(cli.store) as store:
+        run = run_of(store, run_id)
+        assert (run.status, run.attempt) == ("completed", 2), run.error
+        assert run.output == {"before": "BEFORE", "after": "AFTER", "attempt": 2}
+        assert [b.status for b in store.boundaries(run_id) if b.id == "sleep:nap"] == ["resolved"]
+    assert logged(log) == ["before", "after"], "the first call replays from its receipt"
+
+
+def test_worker_continues_a_run_once_its_event_is_sent(cli: CLI, tmp_path: Path) -> None:
+    write(tmp_path / "play.py", EVENT_PLAY)
+    log = tmp_path / "tools.log"
+    started = cli("run", "play.py", "--run-id", "ev-1", "--quiet", "--input", json.dumps({"log": str(log)}))
+    assert started.code == 3, started.stderr  # waiting
+
+    with opened(cli.store) as store:
+        # Nothing delivered yet: a worker leaves it alone.
+        idle = cli.worker_once()
+        assert "0 started" in idle.stderr, idle.stderr
+        run = run_of(store, "ev-1")
+        assert (run.status, run.attempt) == ("waiting", 1)
+
+        sent = cli("events", "send", "ev-1", "approve", "--payload", json.dumps({"by": "ana"}))
+        assert sent.code == 0, sent.stderr
+
+        worker = cli.worker_once()
+        assert "1 started, 1 completed" in worker.stderr, worker.stderr
+        run = run_of(store, "ev-1")
+        assert (run.status, run.attempt) == ("completed", 2), run.error
+        assert run.output == {"before": "BEFORE", "payload": {"by": "ana"}, "attempt": 2}
+    assert logged(log) == ["before"]
+
+
+# --- killed and stopped workers ---------------------------------------------------------------
+
+CALLS = 200
+
+
+def start_many(cli: CLI, tmp_path: Path) -> tuple[str, Path]:
+    write(tmp_path / "play.py", MANY_PLAY)
+    log = tmp_path / "calls.log"
+    return cli.enqueue("play.py", n=CALLS, log=str(log)), log
+
+
+def wait_for_some_completed(store: Store, run_id: str, proc: subprocess.Popen[bytes], least: int = 20) -> None:
+    def enough() -> bool:
+        assert proc.poll() is None, "the worker ended before the test could stop it"
+        return len(receipt_labels(store, run_id, "completed")) >= least
+
+    wait_until(enough, what=f"{least} completed receipts", timeout=30, every=0.01)
+
+
+@pytest.mark.slow
+def test_sigkilled_worker_is_taken_over_and_nothing_is_paid_twice(cli: CLI, tmp_path: Path) -> None:
+    run_id, log = start_many(cli, tmp_path)
+    with opened(cli.store) as store:
+        worker = cli.spawn("worker")
+        wait_for_some_completed(store, run_id, worker)
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=10)
+        assert worker.returncode == -signal.SIGKILL
+
+        # The store as the dead worker left it: what was paid and recorded, what was in flight.
+        completed_at_kill = ids_of(receipt_labels(store, run_id, "completed"))
+        in_flight = ids_of(receipt_labels(store, run_id, "running"))
+        assert 20 <= len(completed_at_kill) < CALLS, "the kill did not land mid-run"
+        assert len(in_flight) <= 4, f"at most 4 calls are claimed at a time: {sorted(in_flight)}"
+        assert run_of(store, run_id).status == "running"  # its holder is gone
+
+        # Another worker takes it over and finishes it.
+        taken = cli.worker_once()
+        assert "1 started, 1 completed" in taken.stderr, taken.stderr
+        run = run_of(store, run_id)
+        assert (run.status, run.attempt) == ("completed", 2), run.error
+        assert run.output == {"n": CALLS, "sum": sum(2 * i for i in range(CALLS))}
+        assert ids_of(receipt_labels(store, run_id, "completed")) == set(range(CALLS))
+
+    counts = Counter(int(line) for line in logged(log))
+    assert set(counts) == set(range(CALLS)), "every call was paid for"
+    repeated = {i for i, n in counts.items() if n > 1}
+    assert repeated <= in_flight, (
+        f"calls paid twice that were not in flight at the kill: {sorted(repeated - in_flight)}"
+    )
+    assert not repeated & completed_at_kill
+    assert max(counts.values()) <= 2
+
+
+@pytest.mark.slow
+def test_sigterm_drains_the_worker_and_requeues_the_run(cli: CLI, tmp_path: Path) -> None:
+    run_id, log = start_many(cli, tmp_path)
+    with opened(cli.store) as store:
+        worker = cli.spawn("worker")
+        wait_for_some_completed(store, run_id, worker)
+        worker.send_signal(signal.SIGTERM)
+        stopped = cli.finish(worker, timeout=20)
+        assert stopped.code == 0, stopped.stderr
+        assert "draining" in stopped.stderr and "1 re-queued" in stopped.stderr, stopped.stderr
+        assert "Traceback" not in stopped.stderr
+
+        run = run_of(store, run_id)
+        assert run.status == "queued", f"a drained run goes back to the queue, not {run.status!r}"
+        assert run.holder is None
+        # Calls in flight finished and were recorded; claims not yet invoked were released
+        # (their lease ended): nothing is left held.
+        left = store.query_receipts(ReceiptQuery(run_id=run_id, status="running"))
+        assert [r.label for r in left if r.lease_expires_at] == [], "a drained run holds no receipt lease"
+        completed_at_stop = ids_of(receipt_labels(store, run_id, "completed"))
+        assert 20 <= len(completed_at_stop) < CALLS, "the drain did not land mid-run"
+        assert Counter(int(line) for line in logged(log)) == Counter(completed_at_stop)
+
+        second = cli.worker_once()
+        assert "1 started, 1 completed" in second.stderr, second.stderr
+        run = run_of(store, run_id)
+        assert (run.status, run.attempt) == ("completed", 2), run.error
+        assert run.output == {"n": CALLS, "sum": sum(2 * i for i in range(CALLS))}
+
+    counts = Counter(int(line) for line in logged(log))
+    assert set(counts) == set(range(CALLS))
+    assert [i for i, n in counts.items() if n > 1] == [], "a drained worker leaves nothing to pay twice"
+
+
+# --- snapshots under a concurrent worker --------------------------------------------------------
+
+
+def test_concurrent_worker_runs_each_run_with_the_tool_code_it_was_enqueued_with(
+    tmp_path: Path, store_path: Path
+) -> None:
+    """Two versions of one play file, enqueued one after the other, where the tool's code
+    changed (same tool id): a `--concurrency 2` worker runs both at once, and each must
+    call its own version of the tool."""
+    cli = CLI(str(store_path), tmp_path)
+    try:
+        play = tmp_path / "play.py"
+        marks = tmp_path / "marks"
+        marks.mkdir()
+        write(play, VERSIONED_TOOL_PLAY.replace("TOOLVERSION", "v1"))
+        old = cli.enqueue("play.py", name="old", marks=str(marks))
+        write(play, VERSIONED_TOOL_PLAY.replace("TOOLVERSION", "v2"))
+        new = cli.enqueue("play.py", name="new", marks=str(marks))
+
+        worker = cli.worker_once("--concurrency", "2")
+        assert "2 started, 2 completed" in worker.stderr, worker.stderr
+        with opened(cli.store) as store:
+            outputs = {run_id: run_of(store, run_id).output for run_id in (old, new)}
+        assert outputs == {old: {"tool": "v1:old"}, new: {"tool": "v2:new"}}, "a run called another version's tool"
+    finally:
+        cli.close()
+
+
+def test_a_partly_written_snapshot_file_is_not_trusted(
+    tmp_path: Path, store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker materializes a snapshot into its cache directory; a file left half
+    written there (a worker killed mid-write, or a second worker thread reading while
+    the first still writes) must not be loaded as the play."""
+    from deepline_cli.runtime.snapshot import materialize_snapshot
+
+    cli = CLI(str(store_path), tmp_path)
+    try:
+        source = textwrap.dedent(BASIC_PLAY.replace("VERSION", "v1"))
+        write(tmp_path / "play.py", source)
+        log = tmp_path / "tools.log"
+        run_id = cli.enqueue("play.py", name="a", log=str(log))
+
+        # Where the worker will materialize this snapshot; leave half of it there.
+        monkeypatch.setenv("XDG_CACHE_HOME", cli.env["XDG_CACHE_HOME"])
+        ref, _ = materialize_snapshot({"file": "play.py", "function": "basic", "source": source, "config": None})
+        cached = Path(ref.rpartition(":")[0])
+        assert cached.read_text() == source
+        cached.write_text(source[: len(source) // 2])
+
+        cli.worker_once()
+        with opened(cli.store) as store:
+            run = run_of(store, run_id)
+        assert run.status == "completed", f"the run failed on a partial snapshot file: {run.error}"
+        assert run.output == {"version": "v1", "greeting": "V1-A", "attempt": 1}
+    finally:
+        cli.close()
+
+
+def test_enqueue_with_the_run_id_of_a_queued_run_does_not_execute_it(tmp_path: Path, store_path: Path) -> None:
+    """`run --enqueue --run-id X` twice (an idempotent CI step): the second invocation
+    reports X as queued; it must not execute the run in the enqueuing process."""
+    cli = CLI(str(store_path), tmp_path)
+    try:
+        write(tmp_path / "play.py", BASIC_PLAY.replace("VERSION", "v1"))
+        log = tmp_path / "tools.log"
+        args = (
+            "run",
+            "play.py",
+            "--enqueue",
+            "--run-id",
+            "nightly-1",
+            "--input",
+            json.dumps({"name": "a", "log": str(log)}),
+        )
+        first = cli(*args)
+        assert (first.code, first.stdout.strip()) == (0, "nightly-1"), first.stderr
+        again = cli(*args)
+        assert again.code == 0, again.stderr
+        assert logged(log) == [], "--enqueue executed the queued run in the enqueuing process"
+        assert again.stdout.strip() == "nightly-1", again.stdout
+        with opened(cli.store) as store:
+            run = run_of(store, "nightly-1")
+        assert (run.status, run.attempt) == ("queued", 0)
+    finally:
+        cli.close()
+
+
+# --- PostgreSQL: several processes on one database ----------------------------------------------
+
+
+@pytest.mark.postgres
+def test_two_runs_at_once_pay_each_distinct_call_once(pg_cli: CLI, tmp_path: Path) -> None:
+    n = 300
+    write(tmp_path / "play.py", SHARED_PLAY)
+    log, go = tmp_path / "pay.log", tmp_path / "go"
+    procs = {
+        run_id: pg_cli.spawn("run", "play.py", "--run-id", run_id, "--quiet", "--input",
+                             json.dumps({"n": n, "seed": seed, "log": str(log), "go": str(go)}))
+        for run_id, seed in (("shared-a", 1), ("shared-b", 2))
+    }  # fmt: skip
+    with opened(pg_cli.store) as store:
+        # Both are running (waiting at the `go` file) before either makes a call.
+        wait_until(lambda: {r.run_id for r in store.list_runs(status="running")} == set(procs),
+                   what="both runs to start")  # fmt: skip
+        go.touch()
+        results = {run_id: pg_cli.finish(proc) for run_id, proc in procs.items()}
+        for run_id, done in results.items():
+            assert done.code == 0, f"{run_id}: {done.stderr}"
+            assert json.loads(done.stdout) == {"n": n, "sum": sum(i * i for i in range(n))}
+
+        counts = Counter(int(line) for line in logged(log))
+        assert set(counts) == set(range(n))
+        assert [i for i, c in counts.items() if c > 1] == [], "a call was paid twice"
+
+        stats = {run_id: run_of(store, run_id).stats["tools"]["w.pay"] for run_id in procs}
+        live = {run_id: s["live"] for run_id, s in stats.items()}
+        assert sum(live.values()) == n, stats
+        for s in stats.values():
+            assert s["live"] + s["reused"] == n, stats
+        # Both really ran at once: each paid for part of the calls and reused the rest.
+        assert all(v > 0 for v in live.values()), stats
+        owners = Counter(r.run_id for r in store.query_receipts(ReceiptQuery(tool="w.pay", status="completed")))
+        assert owners == Counter(live), (owners, live)
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_two_workers_share_one_rate_limit(pg_cli: CLI, tmp_path: Path) -> None:
+    per_run = 60
+    write(tmp_path / "play.py", RATED_PLAY)
+    log = tmp_path / "rated.log"
+    enqueues = [
+        pg_cli.spawn("run", "play.py", "--enqueue", "--input", json.dumps({"n": per_run, "run": name, "log": str(log)}))
+        for name in ("a", "b")
+    ]
+    for proc in enqueues:
+        assert pg_cli.finish(proc).code == 0, pg_cli.output(proc).stderr
+
+    workers = [pg_cli.spawn("worker", "--once") for _ in range(2)]
+    for proc in workers:
+        done = pg_cli.finish(proc, timeout=60)
+        assert done.code == 0, done.stderr
+        # Each worker ran one of the two runs: they ran side by side.
+        assert "1 started, 1 completed" in done.stderr, done.stderr
+
+    lines = [line.split() for line in logged(log)]
+    starts = {run: float(ts) for kind, run, _, ts in lines if kind == "start"}
+    calls = [(float(ts), run) for kind, run, _, ts in lines if kind == "call"]
+    assert len(calls) == 2 * per_run
+    assert Counter(run for _, run in calls) == {"a": per_run, "b": per_run}
+    times = sorted(t for t, _ in calls)
+    # Both bodies were running before the first run's calls were done (so without a shared
+    # limit the combined rate would have been 20/s).
+    assert max(starts.values()) < min(max(t for t, r in calls if r == run) for run in ("a", "b"))
+
+    rate = (len(times) - 1) / (times[-1] - times[0])
+    assert 9.0 <= rate <= 11.0, f"combined rate {rate:.2f}/s, limit 10/s"
+    # No burst anywhere: any 2 s window holds at most 20 calls (+10%).
+    for i, start in enumerate(times):
+        within = sum(1 for t in times[i:] if t < start + 2.0)
+        assert within <= 22, f"{within} calls in the 2 s after {start - times[0]:.2f}s"
+
+
+@pytest.mark.postgres
+def test_worker_wakes_on_notify(pg_cli: CLI, pg_url: str, tmp_path: Path) -> None:
+    import psycopg
+
+    write(tmp_path / "play.py", STAMP_PLAY)
+    log = tmp_path / "stamp.log"
+    worker = pg_cli.spawn("worker")
+
+    def listening() -> bool:
+        assert worker.poll() is None, pg_cli.output(worker).stderr
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND query = 'LISTEN deepline_work' AND pid <> pg_backend_pid()"
+            ).fetchone()
+        return bool(row and row[0])
+
+    wait_until(listening, what="the worker to LISTEN", timeout=20, every=0.05)
+
+    with opened(pg_cli.store) as store:
+        latencies = []
+        for name in ("a", "b", "c"):
+            run_id = pg_cli.enqueue("play.py", name=name, log=str(log))
+            enqueued = time.monotonic()
+
+            def completed(run_id: str = run_id) -> bool:
+                return run_of(store, run_id).status == "completed"
+
+            wait_until(completed, what=f"run {name} to complete", timeout=5)
+            assert time.monotonic() - enqueued < 2.0
+            assert run_of(store, run_id).output == {"name": name}
+            created = run_of(store, run_id).created_at
+            [began] = [float(line.split()[1]) for line in logged(log) if line.startswith(run_id)]
+            latencies.append(began - created)
+    # Polling falls back to once a second; a NOTIFY starts the run at once, every time.
+    assert max(latencies) < 0.5, f"enqueue-to-start latencies {latencies}"
+
+    worker.send_signal(signal.SIGTERM)
+    stopped = pg_cli.finish(worker, timeout=15)
+    assert stopped.code == 0, stopped.stderr
+    assert "3 started, 3 completed" in stopped.stderr, stopped.stderr
