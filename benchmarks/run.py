@@ -19,11 +19,13 @@ FULL = [
     ["cold_start.py", "--runs", "10"],
     ["durable_calls.py", "--calls", "100000", "--in-flight", "64"],
     ["map_rows.py", "--rows", "1000000", "--rerun-rows", "100000"],
+    ["headline.py", "--rows", "10000"],
 ]
 QUICK = [
     ["cold_start.py", "--runs", "5"],
     ["durable_calls.py", "--calls", "10000"],
     ["map_rows.py", "--rows", "20000", "--rerun-rows", "20000"],
+    ["headline.py", "--rows", "1000", "--skip-dbos"],
 ]
 
 

@@ -423,29 +423,13 @@ class MapRun:
         persisted = sum(counts.values())
         in_memory = sum(self.finished[:distinct])
         accounted = persisted + self.tally.duplicate
+        facts = {"map": self.name, "rows": self.tally.read, "distinct": distinct, "duplicate": self.tally.duplicate}
         if persisted == distinct and in_memory == distinct and accounted == self.tally.read:
-            s.bus.emit(
-                "barrier.finalization",
-                self.run_id,
-                map=self.name,
-                rows=self.tally.read,
-                distinct=distinct,
-                duplicate=self.tally.duplicate,
-                passed=True,
-            )
+            s.bus.emit("barrier.finalization", self.run_id, passed=True, **facts)
             return
         stored = set(await s.io.call(s.io.store.finished_map_rows, self.run_id, self.name))
         missing = [self.input_index_of[i] for i in range(distinct) if i not in stored or not self.finished[i]]
-        s.bus.emit(
-            "barrier.finalization",
-            self.run_id,
-            map=self.name,
-            rows=self.tally.read,
-            distinct=distinct,
-            duplicate=self.tally.duplicate,
-            passed=False,
-            missing=missing[:10],
-        )
+        s.bus.emit("barrier.finalization", self.run_id, passed=False, missing=missing[:10], **facts)
         shown = ", ".join(str(i) for i in missing[:10]) or "none"
         raise MapAccountingError(
             f"Map {self.name!r} of run {self.run_id}: {self.tally.read} input rows but only {persisted} "
