@@ -404,7 +404,10 @@ class _Attempt:
     async def _finish(self, outcome: BodyOutcome) -> RunResult:
         record, status = self.record, outcome.status
         stats = self.stats.to_dict(
-            attempts=record.attempt, duration_s=time.monotonic() - self.started, previous=record.stats
+            attempts=record.attempt,
+            duration_s=time.monotonic() - self.started,
+            previous=record.stats,
+            store_s=self.io.busy_s,
         )
         await self.io.call(
             self.io.store.update_run,

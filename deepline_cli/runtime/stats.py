@@ -33,7 +33,9 @@ class RunStats:
     def credits(self) -> float:
         return sum(c.credits for c in self.tools.values())
 
-    def to_dict(self, *, attempts: int, duration_s: float, previous: dict[str, Any]) -> dict[str, Any]:
+    def to_dict(
+        self, *, attempts: int, duration_s: float, previous: dict[str, Any], store_s: float = 0.0
+    ) -> dict[str, Any]:
         """The stats of the whole run: paid work (live, failed, credits) adds up over
         attempts; reuse and rows describe the latest attempt, which saw every row."""
         tools: dict[str, dict[str, Any]] = {}
@@ -57,4 +59,5 @@ class RunStats:
             "credits": sum(t["credits"] for t in tools.values()),
             "attempts": attempts,
             "duration_s": round(previous.get("duration_s", 0.0) + duration_s, 3),
+            "store_s": round(previous.get("store_s", 0.0) + store_s, 3),  # the store thread's busy time
         }

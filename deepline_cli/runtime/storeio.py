@@ -35,13 +35,22 @@ class StoreIO:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="deepline-store")
         # Leases use the store's clock; measure its offset once instead of asking per call.
         self._offset = store.now() - time.time()
+        self.busy_s = 0.0
 
     def now(self) -> float:
         return time.time() + self._offset
 
     async def call(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, partial(fn, *args, **kwargs))
+        return await loop.run_in_executor(self._executor, partial(self._timed, fn, *args, **kwargs))
+
+    def _timed(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """Runs on the store thread; `busy_s` is how long the store kept it busy (run stats)."""
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.busy_s += time.perf_counter() - start
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
