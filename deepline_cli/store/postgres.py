@@ -18,7 +18,8 @@ import psycopg
 import psycopg.errors
 
 from deepline_cli.errors import StoreError
-from deepline_cli.store.sql import SqlStore, StoreConflict
+from deepline_cli.store.base import Settlement
+from deepline_cli.store.sql import SqlStore, StoreConflict, settle_statement
 
 _MIGRATIONS: list[tuple[str, str]] = [
     (
@@ -106,6 +107,12 @@ class _Tx:
         with self._conn.cursor() as cur:
             cur.executemany(_pg(sql), [_no_nul(row) for row in rows])
 
+    def changed_each(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[bool]:
+        """Run UPDATEs in one pipeline (one round trip, not one each); which changed a row."""
+        with self._conn.pipeline():
+            cursors = [self._conn.execute(_pg(sql), _no_nul(params)) for sql, params in statements]
+        return [cursor.rowcount == 1 for cursor in cursors]
+
 
 def _no_nul(params: Sequence[Any]) -> Sequence[Any]:
     """PostgreSQL text cannot hold NUL; one in a log line must not sink a whole batch."""
@@ -166,6 +173,9 @@ class PostgresStore(SqlStore):
             for _ in self._conn.notifies(timeout=timeout_s, stop_after=1):
                 return True
             return False
+
+    def _settle_all(self, c: Any, settlements: Sequence[Settlement], now: float) -> list[bool]:
+        return list(c.changed_each([settle_statement(s, now) for s in settlements]))
 
     def close(self) -> None:
         with self._lock:

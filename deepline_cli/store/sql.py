@@ -175,7 +175,8 @@ class SqlStore:
         with self._write() as c:
             # Rows are locked in key order, so two processes' batches rarely deadlock.
             order = sorted(range(len(writes.settlements)), key=lambda i: writes.settlements[i].key)
-            done = {i: _settle(c, writes.settlements[i], now) for i in order}
+            results = self._settle_all(c, [writes.settlements[i] for i in order], now)
+            done = dict(zip(order, results, strict=True))
             settled = [done[i] for i in range(len(writes.settlements))]
             outcomes = self._claim(c, writes.claims, now) if writes.claims else []
             if writes.sheet_rows:
@@ -441,6 +442,10 @@ class SqlStore:
         )
         return [LogLine(*r) for r in rows]
 
+    def _settle_all(self, c: Any, settlements: Sequence[Settlement], now: float) -> list[bool]:
+        """Apply each settlement if its lease is still current (one statement each)."""
+        return [bool(c.execute(*settle_statement(s, now)).rowcount == 1) for s in settlements]
+
     # --- claims ---------------------------------------------------------------------------
 
     def _claim(self, c: Any, claims: Sequence[Claim], now: float) -> list[ClaimOutcome]:
@@ -487,7 +492,7 @@ class SqlStore:
         """Insert new receipts; return the ones that lost a race to another process."""
         lost: list[tuple[int, Claim]] = []
         inserts = sorted(inserts, key=lambda item: item[1].key)
-        step = _CHUNK // 16
+        step = 200  # rows per INSERT: 13 parameters each stays under every backend's limit
         for start in range(0, len(inserts), step):
             chunk = inserts[start : start + step]
             rows = ", ".join([CLAIM_ROW] * len(chunk))
@@ -513,31 +518,21 @@ class SqlStore:
 # --- receipts: the write path ------------------------------------------------------------
 
 
-def _settle(c: Any, s: Settlement, now: float) -> bool:
+_SETTLE_RELEASE = "UPDATE receipts SET lease_expires_at = 0 WHERE key = ? AND lease_id = ? AND status = 'running'"
+_SETTLE_END = (
+    "UPDATE receipts SET status = ?, output = ?, error = ?, failure_kind = ?, retryable = ?, credits = ?,"
+    " completed_at = ?, lease_expires_at = NULL WHERE key = ? AND lease_id = ? AND status = 'running'"
+)
+
+
+def settle_statement(s: Settlement, now: float) -> tuple[str, tuple[Any, ...]]:
+    """The UPDATE that ends (or gives back) a claim — only while its lease is current."""
     if s.status == "released":
-        cur = c.execute(
-            "UPDATE receipts SET lease_expires_at = 0 WHERE key = ? AND lease_id = ? AND status = 'running'",
-            (s.key, s.lease_id),
-        )
-    else:
-        output = _json_or_none(s.output) if s.status == "completed" else None
-        cur = c.execute(
-            "UPDATE receipts SET status = ?, output = ?, error = ?, failure_kind = ?,"
-            " retryable = ?, credits = ?, completed_at = ?, lease_expires_at = NULL"
-            " WHERE key = ? AND lease_id = ? AND status = 'running'",
-            (
-                s.status,
-                output,
-                _json_or_none(s.error),
-                s.failure_kind,
-                int(s.retryable),
-                s.credits,
-                None if s.status == "skipped" else now,
-                s.key,
-                s.lease_id,
-            ),
-        )
-    return bool(cur.rowcount == 1)
+        return _SETTLE_RELEASE, (s.key, s.lease_id)
+    output = _json_or_none(s.output) if s.status == "completed" else None
+    finished = None if s.status == "skipped" else now
+    values = (s.status, output, _json_or_none(s.error), s.failure_kind, int(s.retryable), s.credits, finished)
+    return _SETTLE_END, (*values, s.key, s.lease_id)
 
 
 # --- row mapping ------------------------------------------------------------------------
