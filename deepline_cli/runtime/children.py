@@ -16,6 +16,7 @@ from deepline_cli.errors import DeeplineError, GovernanceError, PlayLoadError
 from deepline_cli.runtime.holders import holder_id
 from deepline_cli.runtime.play import PlayDef, find_play_by_name, load_play
 from deepline_cli.runtime.receipts import DurableCall, receipt_key
+from deepline_cli.runtime.snapshot import take_snapshot
 from deepline_cli.runtime.suspension import Suspended
 from deepline_cli.store.base import Boundary, RunRecord
 
@@ -60,9 +61,57 @@ async def run_play(
 
     async def invoke(_: Any) -> Any:
         s.caps.count_child_play()
+        if s.schedule_children:
+            return await _schedule_child(s, id, play, child_id, input, description)
         return await _execute_child(s, id, play, child_id, input, description)
 
     return (await s.book.execute(call, invoke)).value
+
+
+async def _schedule_child(
+    s: RunServices, call_id: str, play: PlayDef, child_id: str, input: Any, description: str
+) -> Any:
+    """Under workers: the child is its own queued run (any worker may take it); the parent
+    waits at a child boundary until it has finished, then reads its result."""
+    store, now = s.io.store, s.io.now()
+    record = await s.io.call(store.get_run, child_id)
+    if record is None:
+        options = {
+            **s.options,
+            "description": description,
+            "scheduled": True,
+            "ancestors": list(s.ancestors),
+            "snapshot": take_snapshot(play, Path(s.options["config"]) if s.options.get("config") else None),
+        }
+        record = RunRecord(
+            run_id=child_id,
+            play=play.name,
+            play_ref=play.ref,
+            input=input,
+            status="queued",
+            attempt=0,
+            workspace=s.scope.workspace,
+            cwd=s.cwd,
+            options=options,
+            parent_run_id=s.scope.run_id,
+            root_run_id=s.root_run_id or s.scope.run_id,
+            created_at=now,
+            updated_at=now,
+        )
+        await s.io.call(store.insert_run, record)
+        await s.io.call(store.notify)
+    boundary_id = f"child:{call_id}"
+    if record.status == "completed":
+        await s.io.call(store.resolve_boundary, s.scope.run_id, boundary_id, None, s.io.now())
+        return record.output
+    if record.status == "failed":
+        message = (record.error or {}).get("message", "unknown error")
+        raise ChildPlayError(f"Child play {play.name!r} (run {child_id}) failed: {message}")
+    boundary = await s.io.call(
+        store.put_boundary,
+        Boundary(s.scope.run_id, boundary_id, "child", child_run_id=child_id, created_at=s.io.now()),
+    )
+    raise Suspended(boundary)
 
 
 async def _execute_child(

@@ -79,6 +79,7 @@ class RunOptions:
     max_depth: int = DEFAULT_MAX_DEPTH
     max_child_plays: int | None = None
     max_tool_calls: int | None = None
+    schedule_children: bool = False  # set by workers, not persisted: how this process runs children
 
     PERSISTED = (  # snapshot: see take_snapshot
         "concurrency",
@@ -333,8 +334,9 @@ class _Attempt:
             play_name=self.play.name,
             cwd=record.cwd,
             options=options.persisted(),
-            root_run_id=record.run_id,
-            ancestors=(self.play.name,),
+            root_run_id=record.root_run_id or record.run_id,
+            ancestors=(*record.options.get("ancestors", []), self.play.name),
+            schedule_children=options.schedule_children,
             journal=Journal(journal),
             books=[book],
             local_tools=self.play.tools(),
@@ -347,7 +349,7 @@ class _Attempt:
 
     async def run(self) -> RunResult:
         store, record = self.io.store, self.record
-        spent = await self.io.call(store.credits_spent, record.run_id)
+        spent = await self.io.call(store.credits_spent, record.root_run_id or record.run_id)
         journal = await self.io.call(store.journal, record.run_id)
         services = self._services(spent, journal)
         self.bus.emit(
@@ -429,6 +431,8 @@ class _Attempt:
             stats,
             fail_on_row_errors=self.options.fail_on_row_errors,
         )
+        if record.parent_run_id:
+            await self.io.call(self.io.store.notify)  # a scheduled child ended: its parent may be due
         if status == "waiting":
             result.waiting = await self.io.call(waiting_on, self.io.store, record.run_id)
             self.bus.emit("run.waiting", record.run_id, boundaries=result.waiting)

@@ -91,6 +91,7 @@ class RunServices:
     journal: Journal = field(default_factory=lambda: Journal([]))
     books: list[ReceiptBook] = field(default_factory=list)  # every book whose leases need heartbeats
     local_tools: dict[str, Any] = field(default_factory=dict)  # the play module's own @tools
+    schedule_children: bool = False  # under workers: child plays become queued runs of their own
 
     def log(self, message: str, *, level: str = "info") -> None:
         text = self.secrets.redact(str(message))

@@ -115,7 +115,11 @@ def ready_to_resume(store: Store, run_id: str, now: float, max_inline_wait: floa
         return True
     for b in pending:
         if b.kind == "child" and b.child_run_id:
-            if ready_to_resume(store, b.child_run_id, now, max_inline_wait):
+            child = store.get_run(b.child_run_id)
+            if child is not None and child.options.get("scheduled"):
+                if child.status in ("completed", "failed"):  # run by a worker of its own
+                    return True
+            elif ready_to_resume(store, b.child_run_id, now, max_inline_wait):
                 return True
         elif is_ready(b, now, max_inline_wait, store.get_event(run_id, b.event_id or "")[0]):
             return True

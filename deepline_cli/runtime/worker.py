@@ -162,7 +162,7 @@ class Worker:
         return ready_to_resume(store, record.run_id, now, 30.0 if wait is None else float(wait))
 
     def _execute(self, run_id: str, action: Callable[[Runner], RunResult]) -> None:
-        runner = Runner(RunOptions(store=self.store_url), self._bus())
+        runner = Runner(RunOptions(store=self.store_url, schedule_children=True), self._bus())
         with self._lock:
             self._runners.add(runner)
         self.stats.started += 1

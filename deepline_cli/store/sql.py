@@ -106,9 +106,12 @@ class SqlStore:
     def due_runs(self, limit: int) -> list[RunRecord]:
         rows = self._read(
             f"SELECT {_RUN_COLUMNS} FROM runs WHERE status IN ('waiting', 'running')"
-            f" AND parent_run_id IS NULL ORDER BY updated_at LIMIT {int(limit)}"
+            f" ORDER BY updated_at LIMIT {int(limit)}"
         )
-        return [_run_from_row(r) for r in rows]
+        # Children run inside their parent's process are not a worker's to continue;
+        # scheduled children (queued runs of their own) are.
+        runs = [_run_from_row(r) for r in rows]
+        return [r for r in runs if r.parent_run_id is None or r.options.get("scheduled")]
 
     def notify(self) -> None:
         return None

@@ -1,0 +1,68 @@
+"""Under workers, child plays are queued runs of their own; the parent waits for them."""
+
+from __future__ import annotations
+
+import json
+
+SCHEDULED = """
+import asyncio
+from pathlib import Path
+from deepline_cli import play, tool
+
+@tool("sched.t")
+async def t(input):
+    if input["x"] == 3 and not Path(input["flag"]).exists():
+        raise ValueError("child three is not ready")
+    return {"v": input["x"] * 10}
+
+@play("kid")
+async def kid(ctx, input):
+    return (await ctx.tools.execute("t", "sched.t", input)).output
+
+@play("mom")
+async def mom(ctx, input):
+    xs = input["xs"]
+    got = await asyncio.gather(*(ctx.run_play(f"kid-{x}", "kid", {"x": x, "flag": input["flag"]}) for x in xs))
+    return {"values": [g["v"] for g in got]}
+"""
+
+
+def _runs(deepline) -> dict[str, dict]:
+    listed = deepline("runs", "list", "--json")
+    return {row["run_id"]: row for row in listed.json_lines()}
+
+
+def test_children_run_as_queued_runs_and_the_parent_resumes_with_their_results(deepline, write_play, tmp_path) -> None:
+    play = write_play(SCHEDULED, "family.py")
+    payload = json.dumps({"xs": [1, 2], "flag": str(tmp_path / "flag")})
+    assert deepline("run", f"{play}:mom", "--enqueue", "--run-id", "fam-1", "--input", payload).code == 0
+
+    worker = deepline("worker", "--once", "--concurrency", "2")
+    assert worker.code == 0, worker.stderr
+
+    runs = _runs(deepline)
+    assert runs["fam-1"]["status"] == "completed"
+    assert runs["fam-1"]["output"] == {"values": [10, 20]}
+    assert runs["fam-1"]["attempt"] == 2  # suspended once for its children, then resumed
+    children = [r for r in runs.values() if r["parent_run_id"] == "fam-1"]
+    assert len(children) == 2
+    assert all(c["status"] == "completed" and c["attempt"] == 1 for c in children)
+    assert "fam-1 waiting" in worker.stderr  # the parent waited at a batch of child boundaries
+
+
+def test_a_failed_scheduled_child_raises_in_its_parent_and_a_resume_retries_it(deepline, write_play, tmp_path) -> None:
+    play = write_play(SCHEDULED, "family.py")
+    flag = tmp_path / "flag"
+    payload = json.dumps({"xs": [1, 3], "flag": str(flag)})
+    deepline("run", f"{play}:mom", "--enqueue", "--run-id", "fam-2", "--input", payload)
+    deepline("worker", "--once", "--concurrency", "2")
+    runs = _runs(deepline)
+    assert runs["fam-2"]["status"] == "failed"
+    assert "child three is not ready" in runs["fam-2"]["error"]["message"]
+
+    flag.write_text("ready")
+    # The failed child's receipt failed for good (a plain ValueError): refresh it.
+    again = deepline("run", f"{play}:mom", "--run-id", "fam-2", "--refresh-failed", "--input", payload)
+    assert again.code in (0, 3), again.stderr
+    deepline("worker", "--once", "--concurrency", "2")
+    assert _runs(deepline)["fam-2"]["output"] == {"values": [10, 30]}
