@@ -7,12 +7,12 @@ import json
 SCHEDULED = """
 import asyncio
 from pathlib import Path
-from deepline_cli import play, tool
+from deepline_cli import ProviderTransientError, play, tool
 
 @tool("sched.t")
 async def t(input):
     if input["x"] == 3 and not Path(input["flag"]).exists():
-        raise ValueError("child three is not ready")
+        raise ProviderTransientError("child three is not ready")
     return {"v": input["x"] * 10}
 
 @play("kid")
@@ -61,8 +61,14 @@ def test_a_failed_scheduled_child_raises_in_its_parent_and_a_resume_retries_it(d
     assert "child three is not ready" in runs["fam-2"]["error"]["message"]
 
     flag.write_text("ready")
-    # The failed child's receipt failed for good (a plain ValueError): refresh it.
-    again = deepline("run", f"{play}:mom", "--run-id", "fam-2", "--refresh-failed", "--input", payload)
-    assert again.code in (0, 3), again.stderr
-    deepline("worker", "--once", "--concurrency", "2")
-    assert _runs(deepline)["fam-2"]["output"] == {"values": [10, 30]}
+    # Queue the failed parent again: under the worker it re-queues its failed child once.
+    again = deepline("run", f"{play}:mom", "--enqueue", "--run-id", "fam-2", "--input", payload)
+    assert again.code == 0, again.stderr
+    assert _runs(deepline)["fam-2"]["status"] == "queued"
+    worker = deepline("worker", "--once", "--concurrency", "2")
+    runs = _runs(deepline)
+    assert runs["fam-2"]["status"] == "completed", worker.stderr
+    assert runs["fam-2"]["output"] == {"values": [10, 30]}
+    children = {r["input"]["x"]: r for r in runs.values() if r["parent_run_id"] == "fam-2"}
+    assert children[1]["attempt"] == 1  # the child that had succeeded was not run again
+    assert children[3]["attempt"] == 2  # the failed one ran once more, under a worker

@@ -105,8 +105,17 @@ async def _schedule_child(
         await s.io.call(store.resolve_boundary, s.scope.run_id, boundary_id, None, s.io.now())
         return record.output
     if record.status == "failed":
-        message = (record.error or {}).get("message", "unknown error")
-        raise ChildPlayError(f"Child play {play.name!r} (run {child_id}) failed: {message}")
+        seen = record.options.get("failure_seen_by")
+        if seen is None or seen >= s.scope.attempt:
+            # Report it (the parent fails, unless it catches this); remember which attempt saw it.
+            options = {**record.options, "failure_seen_by": s.scope.attempt}
+            await s.io.call(store.update_run, child_id, options=options)
+            message = (record.error or {}).get("message", "unknown error")
+            raise ChildPlayError(f"Child play {play.name!r} (run {child_id}) failed: {message}")
+        # A later attempt of the parent (someone retried it): the failed child gets one more go.
+        options = {k: v for k, v in record.options.items() if k != "failure_seen_by"}
+        await s.io.call(store.update_run, child_id, status="queued", options=options, holder=None)
+        await s.io.call(store.notify)
     boundary = await s.io.call(
         store.put_boundary,
         Boundary(s.scope.run_id, boundary_id, "child", child_run_id=child_id, created_at=s.io.now()),
