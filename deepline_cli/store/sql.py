@@ -104,14 +104,15 @@ class SqlStore:
         return record if record.holder == holder else None
 
     def due_runs(self, limit: int) -> list[RunRecord]:
-        rows = self._read(
-            f"SELECT {_RUN_COLUMNS} FROM runs WHERE status IN ('waiting', 'running')"
-            f" ORDER BY updated_at LIMIT {int(limit)}"
-        )
         # Children run inside their parent's process are not a worker's to continue;
         # scheduled children (queued runs of their own) are.
-        runs = [_run_from_row(r) for r in rows]
-        return [r for r in runs if r.parent_run_id is None or r.options.get("scheduled")]
+        rows = self._read(
+            f"SELECT {_RUN_COLUMNS} FROM runs WHERE status IN ('waiting', 'running')"
+            " AND (parent_run_id IS NULL OR options LIKE ?)"
+            f" ORDER BY updated_at LIMIT {int(limit)}",
+            ('%"scheduled":true%',),
+        )
+        return [_run_from_row(r) for r in rows]
 
     def notify(self) -> None:
         return None
