@@ -164,7 +164,8 @@ def execute(options: RunOptions, action: Callable[[Runner], RunResult], json_mod
     from deepline_cli.runtime.runner import Runner
 
     view = _view(json_mode, quiet)
-    bus = EventBus([view.handle] if view is not None else [])
+    # Under --json, one `tool.call` event per durable call, as the NDJSON contract lists.
+    bus = EventBus([view.handle] if view is not None else [], per_call=json_mode)
     runner = Runner(options, bus)
     try:
         if view is None:
