@@ -147,6 +147,7 @@ class Runner:
         self.bus = bus
         self.store = store or open_store(options.store)
         self.attempt: _Attempt | None = None
+        self.stop_pending = False
 
     def close(self) -> None:
         self.store.close()
@@ -266,7 +267,9 @@ class Runner:
             io.close()
 
     def request_stop(self) -> None:
-        """From any thread: interrupt the attempt running now (a worker draining)."""
+        """From any thread: interrupt the attempt running now (a worker draining), or the
+        next one as soon as it starts."""
+        self.stop_pending = True
         attempt = self.attempt
         if attempt is not None and attempt.loop is not None:
             attempt.loop.call_soon_threadsafe(attempt.request_stop)
@@ -288,6 +291,7 @@ class _Attempt:
         self.task: asyncio.Task[BodyOutcome] | None = None
         self.services: RunServices | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.lease_lost = False  # another process owns the run now: leave its record alone
 
     def _services(self, spent: float, journal: list[str]) -> RunServices:
         options, record, io = self.options, self.record, self.io
@@ -369,6 +373,10 @@ class _Attempt:
         keeper.cancel()
         ticker.cancel()
         await self._settle(services)
+        tripped = next((b.tripped for b in services.books if b.tripped is not None), None)
+        if tripped is not None and outcome.status != "failed":
+            # A completion could not be recorded after the body returned: fail loudly.
+            outcome = BodyOutcome("failed", error=describe(tripped, services, self.play.file))
         return await self._finish(outcome)
 
     async def _outcome(self, services: RunServices) -> BodyOutcome:
@@ -395,7 +403,9 @@ class _Attempt:
         """Let calls in flight finish briefly, record them, and stop the stragglers."""
         await services.book.settle_all(self.options.interrupt_grace_s)
         current = asyncio.current_task()
-        stragglers = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+        stragglers = [
+            t for t in asyncio.all_tasks() if t is not current and not t.done() and not services.writes.owns(t)
+        ]
         for task in stragglers:
             task.cancel()
         await asyncio.gather(*stragglers, return_exceptions=True)
@@ -411,6 +421,10 @@ class _Attempt:
             previous=record.stats,
             store_s=self.io.busy_s,
         )
+        if self.lease_lost:
+            result = RunResult(record.run_id, "failed", record.attempt, None, outcome.error, {})
+            self.bus.emit("run.finished", record.run_id, **result.finished_event())
+            return result
         await self.io.call(
             self.io.store.update_run,
             record.run_id,
@@ -466,6 +480,7 @@ class _Attempt:
                 )
                 if not held:
                     lost = ReceiptLeaseLostError(f"Run {record.run_id} was taken over by another process; stopping.")
+                    self.lease_lost = True
                     services.book.close(lost)
                     if self.task is not None:
                         self.task.cancel()
@@ -498,6 +513,8 @@ class _Attempt:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, self.request_stop)
                 installed.append(sig)
+        if self.runner.stop_pending:  # a drain asked before this attempt could hear it
+            self.request_stop()
 
         def restore() -> None:
             for sig in installed:

@@ -113,8 +113,12 @@ class WriteQueue:
         return asyncio.get_running_loop()
 
     def _wake(self) -> None:
-        if self._task is None:
+        if self._task is None or self._task.done():
             self._task = self._loop().create_task(self._drain())
+
+    def owns(self, task: asyncio.Task[Any]) -> bool:
+        """Is `task` this queue's writer (never to be cancelled: it holds paid results)?"""
+        return task is self._task
 
     async def _drain(self) -> None:
         try:

@@ -165,6 +165,8 @@ class Worker:
         runner = Runner(RunOptions(store=self.store_url, schedule_children=True), self._bus())
         with self._lock:
             self._runners.add(runner)
+        if self._draining.is_set():
+            runner.request_stop()
         self.stats.started += 1
         started = time.monotonic()
         self.report(f"worker: running {run_id}")
@@ -179,6 +181,15 @@ class Worker:
         except DeeplineError as exc:
             self.stats.failed += 1
             self.report(f"worker: {run_id} could not run: {exc}")
+            return
+        except BaseException as exc:
+            # Never leave the run held by this (live) process: it would look busy forever.
+            self.stats.failed += 1
+            self.report(f"worker: {run_id} crashed: {type(exc).__name__}: {exc}")
+            with contextlib.suppress(DeeplineError):
+                runner.store.update_run(run_id, status="interrupted", holder=None, lease_expires_at=0.0)
+            if not isinstance(exc, Exception):
+                raise
             return
         finally:
             with self._lock:

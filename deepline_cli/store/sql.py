@@ -523,6 +523,12 @@ class SqlStore:
 
 
 _SETTLE_RELEASE = "UPDATE receipts SET lease_expires_at = 0 WHERE key = ? AND lease_id = ? AND status = 'running'"
+# Never called: a receipt that still holds an earlier paid result (a forced or stale
+# refresh given back before the call) is completed again with it, not emptied.
+_SETTLE_SKIP = (
+    "UPDATE receipts SET status = CASE WHEN output IS NOT NULL THEN 'completed' ELSE 'skipped' END,"
+    " lease_expires_at = NULL WHERE key = ? AND lease_id = ? AND status = 'running'"
+)
 _SETTLE_END = (
     "UPDATE receipts SET status = ?, output = ?, error = ?, failure_kind = ?, retryable = ?, credits = ?,"
     " completed_at = ?, lease_expires_at = NULL WHERE key = ? AND lease_id = ? AND status = 'running'"
@@ -533,9 +539,10 @@ def settle_statement(s: Settlement, now: float) -> tuple[str, tuple[Any, ...]]:
     """The UPDATE that ends (or gives back) a claim — only while its lease is current."""
     if s.status == "released":
         return _SETTLE_RELEASE, (s.key, s.lease_id)
+    if s.status == "skipped":
+        return _SETTLE_SKIP, (s.key, s.lease_id)
     output = _json_or_none(s.output) if s.status == "completed" else None
-    finished = None if s.status == "skipped" else now
-    values = (s.status, output, _json_or_none(s.error), s.failure_kind, int(s.retryable), s.credits, finished)
+    values = (s.status, output, _json_or_none(s.error), s.failure_kind, int(s.retryable), s.credits, now)
     return _SETTLE_END, (*values, s.key, s.lease_id)
 
 
