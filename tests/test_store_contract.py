@@ -375,6 +375,27 @@ def test_released_receipt_stays_running_with_an_expired_lease(store: Store, othe
     assert receipt.lease_id == "L2"
 
 
+def test_a_refresh_given_back_before_its_call_keeps_the_earlier_paid_result(store: Store, other: Store) -> None:
+    one(store, mk_claim("k"), T0)
+    settle(store, [completed("k", output={"paid": 1}, credits=2)], T0 + 1)
+    # Another run forces a refresh, then gives the claim back before calling the provider.
+    verdict, _ = one(other, mk_claim("k", run_id="r2", lease="L2", expires=T0 + 100, force=True), T0 + 2)
+    assert verdict == "claimed"
+    assert settle(other, [Settlement("k", "L2", "skipped")], T0 + 3) == [True]
+
+    row = stored(store, "k")
+    assert row.status == "completed"
+    assert row.output == {"paid": 1}
+    assert one(store, mk_claim("k", run_id="r3", lease="L3"), T0 + 4)[0] == "reused"
+
+
+def test_a_claim_given_back_before_any_call_is_skipped(store: Store) -> None:
+    one(store, mk_claim("k"), T0)
+    assert settle(store, [Settlement("k", "L1", "skipped")], T0 + 1) == [True]
+    assert stored(store, "k").status == "skipped"
+    assert one(store, mk_claim("k", run_id="r2", lease="L2"), T0 + 2)[0] == "claimed"
+
+
 def test_heartbeat_extends_live_leases_and_reports_lost_ones(store: Store, other: Store) -> None:
     claim(store, [mk_claim("a"), mk_claim("b", lease="L2"), mk_claim("c", lease="L3")], T0)
     settle(store, [completed("c", "L3")], T0 + 1)
