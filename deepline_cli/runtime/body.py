@@ -21,15 +21,14 @@ class BodyOutcome:
     output: Any = None
     error: dict[str, Any] | None = None
     raised: BaseException | None = None  # what must stop the whole run, not just this play
-    suspended: Suspended | None = None
 
 
 async def execute_body(play: PlayDef, s: RunServices, input: Any) -> BodyOutcome:
     try:
         value = await play.fn(Context(s, play.name), input)
-    except Suspended as exc:
+    except Suspended:
         await _flush_journal(s)
-        return BodyOutcome("waiting", suspended=exc)
+        return BodyOutcome("waiting")
     except Exception as exc:
         await _flush_journal(s)
         # When the circuit breaker tripped, its reason is the run's error, not the next

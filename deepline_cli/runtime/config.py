@@ -17,7 +17,6 @@ Every mistake is one sentence naming the file, the tool and the field.
 
 from __future__ import annotations
 
-import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,11 +24,10 @@ from typing import Any
 
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.governor import parse_rate
+from deepline_cli.runtime.templates import references
 
 CONFIG_NAME = "deepline.toml"
 METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
-SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-FIELD_REF = re.compile(r"(?<![{$])\{([A-Za-z_][\w.-]*)\}(?!\})")
 
 _TOOL_KEYS = {
     "method": str,
@@ -71,14 +69,11 @@ class HttpToolSpec:
 
     def secret_names(self) -> list[str]:
         """Every `${NAME}` the request templates use (the tool's credentials)."""
-        found: set[str] = set()
-        _walk_strings([self.url, self.headers, self.query, self.json], lambda s: found.update(SECRET_REF.findall(s)))
-        return sorted(found)
+        return sorted(references([self.url, self.headers, self.query, self.json])[0])
 
     def field_names(self) -> list[str]:
-        found: set[str] = set()
-        _walk_strings([self.url, self.headers, self.query, self.json], lambda s: found.update(FIELD_REF.findall(s)))
-        return sorted(found)
+        """Every `{field}` of the call's input the request templates use."""
+        return sorted(references([self.url, self.headers, self.query, self.json])[1])
 
 
 @dataclass(frozen=True)
@@ -188,15 +183,3 @@ def _remote(path: Path, spec: Any) -> RemoteSpec:
         timeout_s=float(spec.get("timeout_s", 60.0)),
         retries=int(spec.get("retries", 5)),
     )
-
-
-def _walk_strings(value: Any, visit: Any) -> None:
-    if isinstance(value, str):
-        visit(value)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            visit(key)
-            _walk_strings(item, visit)
-    elif isinstance(value, list):
-        for item in value:
-            _walk_strings(item, visit)

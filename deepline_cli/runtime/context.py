@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -98,13 +98,16 @@ class Tools:
         timeout_s: float | None = None,
         receipt_wait_s: float | None = None,
     ) -> ToolResult:
+        def attempt() -> Awaitable[ToolResult]:
+            return self._execute(id, tool, input, force, stale_after_seconds, timeout_s, receipt_wait_s)
+
         try:
-            return await self._execute(id, tool, input, force, stale_after_seconds, timeout_s, receipt_wait_s)
+            return await attempt()
         except CredentialChanged:
             # Keyed under the old account: release (nothing recorded), re-key, claim once more.
             self._s.log(f"credentials of tool {tool!r} changed during the run; calling it again under the new ones")
             self._s.http_tools.forget(tool)
-            return await self._execute(id, tool, input, force, stale_after_seconds, timeout_s, receipt_wait_s)
+            return await attempt()
 
     async def _execute(
         self,

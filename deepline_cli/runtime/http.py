@@ -61,9 +61,7 @@ class ClientPool:
     """
 
     def __init__(self, size: int = 64) -> None:
-        self._size = size
         self._idle: list[httpx.AsyncClient] = []
-        self._created = 0
         self._tls: ssl.SSLContext | None = None
         self._available = asyncio.Semaphore(size)
 
@@ -78,7 +76,6 @@ class ClientPool:
             self._available.release()
 
     def _new(self) -> httpx.AsyncClient:
-        self._created += 1
         if self._tls is None:
             # One TLS context for every client: building one costs ~45 ms of event loop.
             self._tls = ssl.create_default_context()

@@ -32,7 +32,6 @@ from deepline_cli.errors import (
     ReceiptLeaseLostError,
     StoreError,
     ToolExecutionError,
-    error_dict,
 )
 from deepline_cli.runtime.budget import Budget
 from deepline_cli.runtime.events import EventBus
@@ -432,4 +431,4 @@ def stored_failure(receipt: Receipt) -> ToolExecutionError:
     )
 
 
-__all__ = ["DurableCall", "Outcome", "ReceiptBook", "RunScope", "error_dict", "idempotency_key"]
+__all__ = ["DurableCall", "Outcome", "ReceiptBook", "RunScope", "idempotency_key", "receipt_key"]

@@ -72,7 +72,6 @@ class WriteQueue:
         self._sheet_rows: list[SheetRow] = []
         self._map_rows: list[MapRow] = []
         self._task: asyncio.Task[None] | None = None
-        self.batches = 0
 
     def claim(self, claim: Claim) -> asyncio.Future[ClaimOutcome]:
         future: asyncio.Future[ClaimOutcome] = self._loop().create_future()
@@ -142,7 +141,6 @@ class WriteQueue:
                         if not future.done():
                             future.set_exception(exc)
                     continue
-                self.batches += 1
                 for future, result in zip(futures, [*applied.settled, *applied.outcomes], strict=True):
                     if not future.done():
                         future.set_result(result)

@@ -20,6 +20,25 @@ _EXACT_FIELD = re.compile(r"\{([A-Za-z_][\w.-]*)\}")
 _MISSING = object()
 
 
+def references(template: Any) -> tuple[set[str], set[str]]:
+    """The `${NAME}` secrets and `{field}` input fields a template (str, dict, list) uses."""
+    secrets: set[str] = set()
+    fields: set[str] = set()
+    if isinstance(template, str):
+        for match in _TOKEN.finditer(template):
+            if match.group(1):
+                secrets.add(match.group(1))
+            elif match.group(2):
+                fields.add(match.group(2))
+    elif isinstance(template, dict | list):
+        items = [*template.keys(), *template.values()] if isinstance(template, dict) else template
+        for item in items:
+            more_secrets, more_fields = references(item)
+            secrets |= more_secrets
+            fields |= more_fields
+    return secrets, fields
+
+
 def lookup(value: Any, path: str) -> Any:
     current = value
     for part in path.split("."):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -145,6 +145,3 @@ def json_path(value: Any, path: str, default: Any = None) -> Any:
         else:
             return default
     return current
-
-
-Invoke = Callable[[ToolCall], Awaitable[Any]]

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-RunStatus = Literal["queued", "running", "waiting", "completed", "failed", "interrupted"]
 RUN_STATUSES: tuple[str, ...] = (
     "queued",
     "running",
@@ -20,9 +19,7 @@ RUN_STATUSES: tuple[str, ...] = (
     "failed",
     "interrupted",
 )
-ReceiptStatus = Literal["running", "completed", "failed", "skipped"]
 RECEIPT_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "skipped")
-ReceiptKind = Literal["tool", "step", "fetch", "run_play"]
 
 
 @dataclass(slots=True)
