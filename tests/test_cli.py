@@ -510,7 +510,7 @@ def test_receipts_inspect_run_lists_receipts_reused_from_an_earlier_run(deepline
     assert deepline("run", str(play), "--input", payload, "--run-id", "first").code == 0
     second = run_json(deepline, "run", str(play), "--input", payload, "--run-id", "second")
     assert second[-1]["stats"]["tools"]["t.double"] == {"live": 0, "reused": 3, "failed": 0,
-                                                        "credits": 0.0}  # fmt: skip
+                                                        "credits": 0.0, "retries": 0}  # fmt: skip
     assert len(read_lines(log)) == 3
 
     of_first = {r["key"]: r for r in run_json(deepline, "receipts", "inspect", "--run", "first")}

@@ -491,7 +491,7 @@ def test_5xx_then_ok_is_retried_with_the_same_key_and_billed_once(project: Proje
     assert len(provider.requests) == 4
     assert len({r.headers["idempotency-key"] for r in provider.requests}) == 1
     assert_billed_once(provider)
-    assert outcome.result.stats["tools"]["ht.echo"] == {"live": 1, "reused": 0, "failed": 0, "credits": 0.0}
+    assert outcome.result.stats["tools"]["ht.echo"] == {"live": 1, "reused": 0, "failed": 0, "credits": 0.0, "retries": 0}
     (receipt,) = project.receipts(tool="ht.echo")
     assert receipt.status == "completed"
 
@@ -849,7 +849,7 @@ def test_credits_per_tool_appear_in_the_stats_and_runs_show(project: Project, cl
     human = cli("runs", "show", first.result.run_id)
     assert any("ht.pricey" in line and "credits 2.5" in line for line in human.stdout.splitlines()), human.stdout
     again = project.run(calls(call("ht.echo", {"value": 1})))
-    assert again.result.stats["tools"]["ht.echo"] == {"live": 0, "reused": 1, "failed": 0, "credits": 0}
+    assert again.result.stats["tools"]["ht.echo"] == {"live": 0, "reused": 1, "failed": 0, "credits": 0, "retries": 0}
 
 
 # --- batch tools --------------------------------------------------------------------------------

@@ -183,10 +183,6 @@ class MapRun:
         record.finished_at = s.io.now()
         await s.io.call(s.io.store.save_map, record)
         await self._log_summary(record)
-        for name in ("duplicate", "reused"):
-            s.stats.rows[name] += getattr(self.tally, name)
-        s.stats.rows["succeeded"] += record.succeeded
-        s.stats.rows["failed"] += record.failed
         s.bus.emit(
             "map.completed",
             self.run_id,

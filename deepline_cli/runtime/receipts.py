@@ -39,7 +39,7 @@ from deepline_cli.runtime.secrets import Secrets
 from deepline_cli.runtime.stats import RunStats
 from deepline_cli.runtime.storeio import StoreIO, WriteQueue
 from deepline_cli.runtime.tools import Execution, ToolCall
-from deepline_cli.store.base import Claim, ClaimOutcome, Receipt, Settlement
+from deepline_cli.store.base import CallRecord, Claim, ClaimOutcome, Receipt, Settlement
 
 BUSY_POLL_S = 0.25
 
@@ -67,6 +67,13 @@ class DurableCall:
     stale_after_s: float | None = None
     credits: float = 0.0
     receipt_wait_s: float | None = None
+    # A batch aggregate: its members (key, lease id) and the request it sends.
+    members: list[tuple[str, str]] | None = None
+    request: Any = None
+
+
+class LeaseLost(ReceiptLeaseLostError):
+    """The lease was lost before the call went out: claim the receipt again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +92,11 @@ def receipt_key(*parts: str | bytes) -> str:
 
 def idempotency_key(receipt_key: str, lease_id: str | None = None) -> str:
     """The provider idempotency key: the receipt key itself (so every retry, resume or
-    other process sends the same one), or a digest of it and the lease when forced."""
+    other process sends the same one), or, for a new paid call of a receipt that has an
+    answer already (forced or stale), a digest of it and the claim's lease."""
     if lease_id is None:
         return "dl-" + receipt_key
-    return "dl-" + _json.digest("forced", receipt_key, lease_id)[:32]
+    return "dl-" + _json.digest("refresh", receipt_key, lease_id)[:32]
 
 
 class LeaseIds:
@@ -175,17 +183,22 @@ class ReceiptBook:
             self.check_open()
             outcome = await self._claim(call)
             receipt = outcome.receipt
+            # A receipt this run paid for in an earlier attempt is already in its counts.
+            own = receipt.run_id == self._scope.run_id
             if outcome.verdict == "reused":
-                self._count(call, "reused", receipt.credits)
+                self._count(call, "reused", receipt.credits, counted=own)
                 kind: Execution = "checkpoint" if call.kind == "step" else "receipt"
                 return Outcome(receipt.output, kind, call.key, receipt.credits)
             if outcome.verdict == "failed":
-                self._count(call, "failed", 0.0)
+                self._count(call, "failed", 0.0, counted=own)
                 raise stored_failure(receipt)
             if outcome.verdict == "busy":
                 waited = await self._wait_busy(call, receipt, waited)
                 continue
-            return await self._invoke(call, receipt, invoke)
+            try:
+                return await self._invoke(call, outcome, invoke)
+            except LeaseLost:
+                continue  # taken over before it went out: wait for the new owner's answer
 
     async def _claim(self, call: DurableCall) -> ClaimOutcome:
         scope = self._scope
@@ -200,40 +213,49 @@ class ReceiptBook:
             attempt=scope.attempt,
             lease_id=lease_id,
             lease_expires_at=self._io.now() + scope.lease_ttl,
-            idempotency_key=idempotency_key(call.key, lease_id if force else None),
+            idempotency_key=idempotency_key(call.key),
+            fresh_idempotency_key=idempotency_key(call.key, lease_id),
             force=force,
             stale_after_s=call.stale_after_s,
             refresh_failed=scope.refresh_failed,
+            members=call.members,
+            request=call.request,
         )
         # If this waiter is cancelled, the write queue releases the claim once written.
         return await self._writes.claim(claim)
 
     async def _invoke(
-        self, call: DurableCall, receipt: Receipt, invoke: Callable[[ToolCall], Awaitable[Any]]
+        self, call: DurableCall, claimed: ClaimOutcome, invoke: Callable[[ToolCall], Awaitable[Any]]
     ) -> Outcome:
+        receipt = claimed.receipt
         lease_id = receipt.lease_id or ""
         self._held[lease_id] = (call.key, receipt.lease_expires_at or 0.0)
         self._invoking += 1
         self._idle.clear()
+        info = ToolCall(
+            idempotency_key=receipt.idempotency_key or "",
+            run_id=self._scope.run_id,
+            attempt=self._scope.attempt,
+            receipt_key=call.key,
+            resumed=claimed.resumed,
+            lease_id=lease_id,
+            batch_key=receipt.batch_key,
+            _guard=lambda: self._ensure_owned(call, lease_id),
+            _on_retry=lambda reason: self._stats.tool(call.tool or f"ctx.{call.kind}").note_retry(reason),
+        )
+        started = self._io.now()
         try:
             try:
-                self._check_lease(call, lease_id)
-                self.check_open()
+                info.ensure_lease()
                 self._budget.reserve(call.credits, call.label)
             except BaseException:
                 self._writes.settle(Settlement(call.key, lease_id, "skipped")).add_done_callback(_retrieve)
                 raise
-            info = ToolCall(
-                idempotency_key=receipt.idempotency_key or "",
-                run_id=self._scope.run_id,
-                attempt=self._scope.attempt,
-                receipt_key=call.key,
-            )
             try:
                 value = self._secrets.redact_json(await invoke(info))
             except BaseException as exc:
                 self._budget.settle(call.credits, spent=False)
-                self._settle_failure(call, lease_id, exc)
+                self._settle_failure(call, lease_id, exc, self._record(call, started, info))
                 if _is_call_failure(call, exc) and not isinstance(exc, ToolExecutionError):
                     # The same error type live as when replayed from the failed receipt.
                     raise tool_error(exc, call.tool) from exc
@@ -247,10 +269,16 @@ class ReceiptBook:
         # later claim of this run; a crash before that commit makes this call one of
         # those "in flight", repeated on resume under the same idempotency key.
         self._budget.settle(call.credits, spent=True)
-        settlement = Settlement(call.key, lease_id, "completed", output=value, credits=call.credits)
+        settlement = Settlement(
+            call.key, lease_id, "completed", output=value, credits=call.credits, call=self._record(call, started, info)
+        )
         self._writes.settle(settlement).add_done_callback(lambda done: self._check_recorded(call, done))
         self._count(call, "live", call.credits)
         return Outcome(value, "live", call.key, call.credits)
+
+    def _record(self, call: DurableCall, started: float, info: ToolCall) -> CallRecord:
+        scope = self._scope
+        return CallRecord(scope.run_id, scope.attempt, call.kind, call.tool, started, info.retries)
 
     def _check_recorded(self, call: DurableCall, done: asyncio.Future[bool]) -> None:
         """The circuit breaker: a billed call that was not recorded stops the run."""
@@ -272,7 +300,7 @@ class ReceiptBook:
                 )
             )
 
-    def _settle_failure(self, call: DurableCall, lease_id: str, exc: BaseException) -> None:
+    def _settle_failure(self, call: DurableCall, lease_id: str, exc: BaseException, record: CallRecord) -> None:
         if not _is_call_failure(call, exc):
             # Not the call's own failure (interrupt, lost lease, budget…): record nothing,
             # so a resume runs the call again.
@@ -288,6 +316,7 @@ class ReceiptBook:
                 error=recorded,
                 failure_kind=error.category,
                 retryable=error.retryable,
+                call=record,
             )
             self._count(call, "failed", 0.0)
         # If this write fails the lease simply expires: the call's own error is what matters.
@@ -310,10 +339,13 @@ class ReceiptBook:
 
     # --- leases ---------------------------------------------------------------------------
 
-    def _check_lease(self, call: DurableCall, lease_id: str) -> None:
-        """Right before the provider is called: is the lease still ours and unexpired?"""
+    def _ensure_owned(self, call: DurableCall, lease_id: str) -> None:
+        """At the moment of dispatch and before every retry: is the run still dispatching,
+        and the lease still ours? The lease counts as ours until the expiry the store last
+        confirmed: a process paused past it (SIGSTOP, a laptop lid) sends nothing."""
+        self.check_open()
         if lease_id in self._lost or self._held.get(lease_id, ("", 0.0))[1] <= self._io.now():
-            raise ReceiptLeaseLostError(f"The lease on {call.kind} {call.label!r} was lost before the call was made.")
+            raise LeaseLost(f"The lease on {call.kind} {call.label!r} was lost before the call was made.")
 
     async def heartbeat(self) -> None:
         """Extend every lease of a call in flight; remember the ones another owner took."""
@@ -357,18 +389,9 @@ class ReceiptBook:
         await self._writes.flushed()
         return idle
 
-    def _count(self, call: DurableCall, execution: str, credits: float) -> None:
-        if call.kind == "step":
-            self._stats.steps["live" if execution == "live" else "reused"] += 1
-        else:
-            counts = self._stats.tool(call.tool or f"ctx.{call.kind}")  # fetch, run_play: not tools
-            if execution == "failed":
-                counts.failed += 1
-            elif execution == "live":
-                counts.live += 1
-                counts.credits += credits
-            else:
-                counts.reused += 1
+    def _count(self, call: DurableCall, execution: str, credits: float, *, counted: bool = False) -> None:
+        if not counted:
+            self._tally(call, execution, credits)
         if self._bus.per_call:
             self._bus.emit(
                 "tool.call",
@@ -379,6 +402,19 @@ class ReceiptBook:
                 key=call.key,
                 execution=execution,
             )
+
+    def _tally(self, call: DurableCall, execution: str, credits: float) -> None:
+        if call.kind == "step":
+            self._stats.steps["live" if execution == "live" else "reused"] += 1
+            return
+        counts = self._stats.tool(call.tool or f"ctx.{call.kind}")  # fetch, run_play: not tools
+        if execution == "failed":
+            counts.failed += 1
+        elif execution == "live":
+            counts.live += 1
+            counts.credits += credits
+        else:
+            counts.reused += 1
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

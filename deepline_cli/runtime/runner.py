@@ -12,7 +12,6 @@ import contextlib
 import os
 import secrets as _secrets
 import signal
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,9 @@ from deepline_cli.store import open_store
 from deepline_cli.store.base import RunRecord, Store
 
 PROGRESS_EVERY_S = 0.5
-EXIT_CODES = {"completed": 0, "queued": 0, "failed": 1, "waiting": 3, "interrupted": 130}
+# taken_over: another process took the run's lease while this one ran it (this process
+# stopped without recording anything); the run's own status is whatever the new owner makes it.
+EXIT_CODES = {"completed": 0, "queued": 0, "failed": 1, "waiting": 3, "taken_over": 4, "interrupted": 130}
 
 
 def lease_ttl_from_env() -> float:
@@ -180,7 +181,10 @@ class Runner:
             holder=None if enqueue else holder_id(), lease_expires_at=0.0 if enqueue else now + self.options.lease_ttl,
             created_at=now, updated_at=now,
         )  # fmt: skip
-        self.store.insert_run(record)
+        if not self.store.insert_run(record):
+            # Another process created this --run-id a moment ago: report it, or resume it
+            # (which refuses while that process holds it: busy).
+            return self._requeue(self.store.get_run(run_id) or record) if enqueue else self.resume(run_id)
         if enqueue:
             self.store.notify()
             return RunResult(run_id, "queued", 0, reported=True)
@@ -286,14 +290,13 @@ class _Attempt:
         self.record = record
         self.io = io
         self.stats = RunStats()
-        self.started = time.monotonic()
         self.stop_requested = False
         self.task: asyncio.Task[BodyOutcome] | None = None
         self.services: RunServices | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.lease_lost = False  # another process owns the run now: leave its record alone
 
-    def _services(self, spent: float, journal: list[str]) -> RunServices:
+    def _services(self, history: _History) -> RunServices:
         options, record, io = self.options, self.record, self.io
         config = load_config(Path(options.config) if options.config else None)
         scope = RunScope(
@@ -320,7 +323,7 @@ class _Attempt:
             scope,
             self.bus,
             self.stats,
-            budget=Budget(options.max_credits, spent),
+            budget=Budget(options.max_credits, history.spent),
             secrets=secrets,
         )
         return RunServices(
@@ -341,21 +344,23 @@ class _Attempt:
             root_run_id=record.root_run_id or record.run_id,
             ancestors=(*record.options.get("ancestors", []), self.play.name),
             schedule_children=options.schedule_children,
-            journal=Journal(journal),
+            journal=Journal(history.journal),
             books=[book],
             local_tools=self.play.tools(),
-            caps=Caps(
+            caps=Caps(  # counted per run: what earlier attempts did counts too
                 max_depth=options.max_depth,
                 max_child_plays=options.max_child_plays,
                 max_tool_calls=options.max_tool_calls,
+                tool_calls=history.tool_calls,
+                child_plays=history.child_plays,
             ),
         )
 
     async def run(self) -> RunResult:
         store, record = self.io.store, self.record
-        spent = await self.io.call(store.credits_spent, record.root_run_id or record.run_id)
-        journal = await self.io.call(store.journal, record.run_id)
-        services = self._services(spent, journal)
+        history = await self.io.call(_History.read, store, record, self.io.now())
+        self.stats = RunStats.since(history.stats)
+        services = self._services(history)
         self.bus.emit(
             "run.started",
             record.run_id,
@@ -368,16 +373,18 @@ class _Attempt:
         ticker = asyncio.create_task(self._tick(services))
         self.task = asyncio.create_task(execute_body(self.play, services, record.input))
         restore = self._install_signals(services)
-        outcome = await self._outcome(services)
-        restore()
-        keeper.cancel()
-        ticker.cancel()
-        await self._settle(services)
-        tripped = next((b.tripped for b in services.books if b.tripped is not None), None)
-        if tripped is not None and outcome.status != "failed":
-            # A completion could not be recorded after the body returned: fail loudly.
-            outcome = BodyOutcome("failed", error=describe(tripped, services, self.play.file))
-        return await self._finish(outcome)
+        try:
+            outcome = await self._outcome(services)
+            keeper.cancel()
+            ticker.cancel()
+            await self._settle(services)
+            tripped = next((b.tripped for b in services.books if b.tripped is not None), None)
+            if tripped is not None and outcome.status != "failed":
+                # A completion could not be recorded after the body returned: fail loudly.
+                outcome = BodyOutcome("failed", error=describe(tripped, services, self.play.file))
+            return await self._finish(outcome)
+        finally:
+            restore()
 
     async def _outcome(self, services: RunServices) -> BodyOutcome:
         assert self.task is not None
@@ -415,16 +422,16 @@ class _Attempt:
 
     async def _finish(self, outcome: BodyOutcome) -> RunResult:
         record, status = self.record, outcome.status
-        stats = self.stats.to_dict(
-            attempts=record.attempt,
-            duration_s=time.monotonic() - self.started,
-            previous=record.stats,
-            store_s=self.io.busy_s,
-        )
         if self.lease_lost:
-            result = RunResult(record.run_id, "failed", record.attempt, None, outcome.error, {})
+            error = error_dict(
+                RunBusyError(f"Run {record.run_id} was taken over by another process; this one stopped.")
+            )
+            result = RunResult(record.run_id, "taken_over", record.attempt, None, {**error, "exit_code": 4}, {})
             self.bus.emit("run.finished", record.run_id, **result.finished_event())
             return result
+        await self.io.call(self.io.store.end_attempt, record.run_id, record.attempt, status, self.io.now())
+        stats = await self.io.call(self.io.store.run_stats, record.run_id)
+        stats["store_s"] = round(record.stats.get("store_s", 0.0) + self.io.busy_s, 3)  # the store thread's busy time
         await self.io.call(
             self.io.store.update_run,
             record.run_id,
@@ -506,21 +513,50 @@ class _Attempt:
             asyncio.get_running_loop().call_later(self.options.interrupt_grace_s, self.task.cancel)
 
     def _install_signals(self, services: RunServices) -> Any:
+        """Ctrl-C and SIGTERM stop the attempt gracefully until it has finished; then the
+        handlers the process had before come back (asyncio would put the defaults back)."""
         loop = asyncio.get_running_loop()
         self.services, self.loop = services, loop
-        installed = []
+        installed: dict[int, Any] = {}
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                before = signal.getsignal(sig)
                 loop.add_signal_handler(sig, self.request_stop)
-                installed.append(sig)
+                installed[sig] = before
         if self.runner.stop_pending:  # a drain asked before this attempt could hear it
             self.request_stop()
 
         def restore() -> None:
-            for sig in installed:
+            for sig, before in installed.items():
                 loop.remove_signal_handler(sig)
+                signal.signal(sig, before)
 
         return restore
+
+
+@dataclass
+class _History:
+    """What earlier attempts of a run did, read when an attempt starts."""
+
+    spent: float
+    journal: list[str]
+    stats: dict[str, Any]
+    tool_calls: int
+    child_plays: int
+
+    @staticmethod
+    def read(store: Store, record: RunRecord, now: float) -> _History:
+        """On the store thread: record the attempt's start, then read its history."""
+        store.begin_attempt(record.run_id, record.attempt, record.holder or holder_id(), now)
+        root = record.root_run_id or record.run_id
+        tool_calls, child_plays = store.run_usage(root)
+        return _History(
+            spent=store.credits_spent(root),
+            journal=store.journal(record.run_id),
+            stats=store.run_stats(record.run_id),
+            tool_calls=tool_calls,
+            child_plays=child_plays,
+        )
 
 
 def _result_of(record: RunRecord, *, reported: bool) -> RunResult:

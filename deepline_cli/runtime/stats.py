@@ -1,7 +1,15 @@
-"""Run statistics: tool calls live / reused / failed per tool, credits, rows."""
+"""Run statistics: tool calls live / reused / failed per tool, retries, credits.
+
+While a run goes on these are counted in memory, on top of what earlier attempts did
+(read from the store when the attempt starts), for the live view and `run.progress`.
+When the attempt ends, the run's stats are read back from the store (`Store.run_stats`):
+the calls ledger, the receipts it reused, its map rows and attempts, so an attempt that
+was killed is counted too.
+"""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,16 +20,39 @@ class ToolCounts:
     reused: int = 0
     failed: int = 0
     credits: float = 0.0
+    retries: int = 0
+    retry_reasons: Counter[str] = field(default_factory=Counter)  # "429", "5xx", "network"
+
+    def note_retry(self, reason: str) -> None:
+        self.retries += 1
+        self.retry_reasons[reason] += 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"live": self.live, "reused": self.reused, "failed": self.failed, "credits": self.credits}
+        return {
+            "live": self.live,
+            "reused": self.reused,
+            "failed": self.failed,
+            "credits": self.credits,
+            "retries": self.retries,
+            "retry_reasons": dict(self.retry_reasons),
+        }
 
 
 @dataclass(slots=True)
 class RunStats:
     tools: dict[str, ToolCounts] = field(default_factory=dict)
-    rows: dict[str, int] = field(default_factory=lambda: {"succeeded": 0, "failed": 0, "duplicate": 0, "reused": 0})
     steps: dict[str, int] = field(default_factory=lambda: {"live": 0, "reused": 0})
+
+    @classmethod
+    def since(cls, before: dict[str, Any]) -> RunStats:
+        """Counts that start from what earlier attempts did (`Store.run_stats`)."""
+        stats = cls()
+        for tool_id, c in (before.get("tools") or {}).items():
+            stats.tools[tool_id] = ToolCounts(
+                c.get("live", 0), c.get("reused", 0), c.get("failed", 0), c.get("credits", 0.0), c.get("retries", 0)
+            )
+        stats.steps.update(before.get("steps") or {})
+        return stats
 
     def tool(self, tool_id: str) -> ToolCounts:
         counts = self.tools.get(tool_id)
@@ -32,32 +63,3 @@ class RunStats:
     @property
     def credits(self) -> float:
         return sum(c.credits for c in self.tools.values())
-
-    def to_dict(
-        self, *, attempts: int, duration_s: float, previous: dict[str, Any], store_s: float = 0.0
-    ) -> dict[str, Any]:
-        """The stats of the whole run: paid work (live, failed, credits) adds up over
-        attempts; reuse and rows describe the latest attempt, which saw every row."""
-        tools: dict[str, dict[str, Any]] = {}
-        for tool_id, before in (previous.get("tools") or {}).items():
-            tools[tool_id] = {
-                "live": before.get("live", 0),
-                "reused": 0,
-                "failed": before.get("failed", 0),
-                "credits": before.get("credits", 0.0),
-            }
-        for tool_id, counts in self.tools.items():
-            merged = tools.setdefault(tool_id, {"live": 0, "reused": 0, "failed": 0, "credits": 0.0})
-            merged["live"] += counts.live
-            merged["failed"] += counts.failed
-            merged["credits"] += counts.credits
-            merged["reused"] = counts.reused
-        return {
-            "rows": dict(self.rows),
-            "tools": tools,
-            "steps": dict(self.steps),
-            "credits": sum(t["credits"] for t in tools.values()),
-            "attempts": attempts,
-            "duration_s": round(previous.get("duration_s", 0.0) + duration_s, 3),
-            "store_s": round(previous.get("store_s", 0.0) + store_s, 3),  # the store thread's busy time
-        }

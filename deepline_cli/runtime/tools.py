@@ -19,14 +19,44 @@ Execution = Literal["live", "receipt", "checkpoint", "in_flight"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@dataclass(frozen=True, slots=True)
+def _owned() -> None:
+    return None
+
+
+def _ignore(reason: str) -> None:
+    return None
+
+
+@dataclass(slots=True)
 class ToolCall:
-    """What a running tool knows about its own call."""
+    """What a running tool knows about its own call.
+
+    A tool that calls a provider itself passes `idempotency_key` on, and one that retries
+    by itself calls `ensure_lease()` before every attempt: it raises
+    `ReceiptLeaseLostError` once another process has taken the call over.
+    """
 
     idempotency_key: str
     run_id: str
     attempt: int
     receipt_key: str
+    # True when the call may have been sent before (by an attempt that crashed or was
+    # stopped): it goes out again under the same idempotency key.
+    resumed: bool = False
+    lease_id: str = ""
+    batch_key: str | None = None  # the batch this member was sent in before a crash
+    retries: int = 0
+    _guard: Callable[[], None] = field(default=_owned, repr=False, compare=False)
+    _on_retry: Callable[[str], None] = field(default=_ignore, repr=False, compare=False)
+
+    def ensure_lease(self) -> None:
+        """Raise ReceiptLeaseLostError if this process no longer owns the call."""
+        self._guard()
+
+    def note_retry(self, reason: str) -> None:
+        """One more attempt of the call (`reason`: "429", "5xx", "network"…), for the stats."""
+        self.retries += 1
+        self._on_retry(reason)
 
 
 @dataclass(slots=True)

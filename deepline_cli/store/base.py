@@ -19,7 +19,9 @@ RUN_STATUSES: tuple[str, ...] = (
     "failed",
     "interrupted",
 )
-RECEIPT_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "skipped")
+# released: given back after the provider may have been called (a crash, an interrupt, a
+# lost lease); the next claim repeats the call under the same idempotency key.
+RECEIPT_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "skipped", "released")
 
 
 @dataclass(slots=True)
@@ -64,11 +66,19 @@ class Receipt:
     credits: float = 0.0
     created_at: float = 0.0
     completed_at: float | None = None
+    batch_key: str | None = None  # a batch member: the aggregate receipt it was sent in
+    request: Any = None  # a batch aggregate: [[member key, input], ...] in the order sent
 
 
 @dataclass(slots=True)
 class Claim:
-    """A request to own a receipt for one execution."""
+    """A request to own a receipt for one execution.
+
+    `idempotency_key` is the call's own key; `fresh_idempotency_key` (derived from the
+    lease) is used instead when the claim makes a new paid call of a receipt that has
+    an answer already (a forced or stale refresh), so a provider honouring keys does not
+    replay its old answer.
+    """
 
     key: str
     kind: str
@@ -79,9 +89,13 @@ class Claim:
     lease_id: str
     lease_expires_at: float
     idempotency_key: str
+    fresh_idempotency_key: str = ""
     force: bool = False
     stale_after_s: float | None = None
     refresh_failed: bool = False
+    # A batch aggregate: the member receipts (key, lease id) it is sent for, and what is sent.
+    members: list[tuple[str, str]] | None = None
+    request: Any = None
 
 
 ClaimVerdict = Literal["claimed", "reused", "failed", "busy"]
@@ -91,6 +105,14 @@ ClaimVerdict = Literal["claimed", "reused", "failed", "busy"]
 class ClaimOutcome:
     verdict: ClaimVerdict
     receipt: Receipt
+    # The receipt as it was before this claim took it (None: a new receipt).
+    prior_status: str | None = None
+    prior_run_id: str | None = None
+
+    @property
+    def resumed(self) -> bool:
+        """A takeover of a call that may have been sent already (same idempotency key)."""
+        return self.verdict == "claimed" and self.prior_status in ("running", "released")
 
 
 @dataclass(slots=True)
@@ -99,14 +121,27 @@ class Settlement:
 
     key: str
     lease_id: str
-    # released: given back, the call may have reached the provider (stays `running`, lease
-    # expired); skipped: given back before the provider was called.
+    # released: given back, the call may have reached the provider; skipped: given back
+    # before the provider was called.
     status: Literal["completed", "failed", "released", "skipped"]
     output: Any = None
     error: dict[str, Any] | None = None
     failure_kind: str | None = None
     retryable: bool = False
     credits: float = 0.0
+    call: CallRecord | None = None  # an execution that ended (completed or failed): the ledger row
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """One execution a run made: written to the calls ledger with its settlement."""
+
+    run_id: str
+    attempt: int
+    kind: str
+    tool: str | None
+    started_at: float
+    retries: int = 0
 
 
 @dataclass(slots=True)
@@ -215,14 +250,15 @@ class Applied:
 def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVerdict:
     """The receipt state machine: may `claim` own the receipt, or what else happens.
 
-    - no receipt, a skipped one, or a transient (or explicitly refreshed) failure: claim
+    - no receipt, a skipped or released one, or a transient (or explicitly refreshed)
+      failure: claim
     - completed: reuse, unless older than `stale_after_s`, or forced by a run that did
       not complete it itself
     - failed for good (not transient, no --refresh-failed): report the stored failure
     - running: take over when its lease expired or it belongs to an earlier attempt of
       the same run (that attempt is dead: we hold the run's lease); else it is busy
     """
-    if existing is None or existing.status == "skipped":
+    if existing is None or existing.status in ("skipped", "released"):
         return "claimed"
     if existing.status == "completed":
         # A forced call is made once per run: a resume reuses what this run already paid for.
@@ -235,6 +271,22 @@ def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVer
     expired = (existing.lease_expires_at or 0.0) <= now
     dead_attempt = existing.run_id == claim.run_id and existing.attempt < claim.attempt
     return "claimed" if (expired or dead_attempt) else "busy"
+
+
+def claim_idempotency_key(existing: Receipt | None, claim: Claim) -> str:
+    """The provider idempotency key a claim that won the receipt sends.
+
+    - a takeover of a call that may have been sent (running, released), or the retry of
+      a transient failure: the key it was sent with, so the provider bills it once;
+    - a new paid call of a receipt that has an answer (forced or stale refresh), or of a
+      failure the user asked to refresh: a fresh key, so the provider does not replay;
+    - otherwise: the call's own key.
+    """
+    if existing is None or existing.status == "skipped":
+        return claim.idempotency_key
+    if existing.status in ("running", "released") or (existing.status == "failed" and existing.retryable):
+        return existing.idempotency_key or claim.idempotency_key
+    return claim.fresh_idempotency_key or claim.idempotency_key
 
 
 def _is_stale(receipt: Receipt, stale_after_s: float | None, now: float) -> bool:
@@ -266,7 +318,10 @@ class Store(Protocol):
         ...
 
     # runs
-    def insert_run(self, run: RunRecord) -> None: ...
+    def insert_run(self, run: RunRecord) -> bool:
+        """Insert a new run; False (and nothing written) when its id exists already."""
+        ...
+
     def get_run(self, run_id: str) -> RunRecord | None: ...
     def claim_queued_run(self, *, holder: str, expires_at: float) -> RunRecord | None:
         """Take the oldest queued run (attempt becomes 1), skipping runs others are taking."""
@@ -289,7 +344,21 @@ class Store(Protocol):
         """Take the run's lease for `attempt` if its attempt is still `expect_attempt`."""
         ...
 
-    def heartbeat_run(self, run_id: str, *, holder: str, attempt: int, expires_at: float) -> bool: ...
+    def heartbeat_run(self, run_id: str, *, holder: str, attempt: int, expires_at: float) -> bool:
+        """Extend the run's lease if `holder` still holds `attempt` (and note the attempt seen)."""
+        ...
+
+    def begin_attempt(self, run_id: str, attempt: int, holder: str, now: float) -> None: ...
+    def end_attempt(self, run_id: str, attempt: int, status: str, now: float) -> None: ...
+    def run_stats(self, run_id: str) -> dict[str, Any]:
+        """What the run (and its child runs) did over every attempt, from the calls ledger,
+        the receipts it reused, its map rows and its attempts."""
+        ...
+
+    def run_usage(self, run_id: str) -> tuple[int, int]:
+        """(tool calls made, child plays started) by the run and its child runs, every attempt."""
+        ...
+
     def update_run(self, run_id: str, **fields: Any) -> None: ...
     def list_runs(
         self, *, status: str | None = None, play: str | None = None, limit: int | None = None
@@ -310,7 +379,7 @@ class Store(Protocol):
 
     def get_receipt(self, key: str) -> Receipt | None: ...
     def credits_spent(self, run_id: str) -> float:
-        """Credits of the completed receipts of a run and its child runs (every attempt)."""
+        """Credits of the calls a run and its child runs completed (every attempt)."""
         ...
 
     def query_receipts(self, query: ReceiptQuery) -> list[Receipt]: ...

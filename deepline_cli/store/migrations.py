@@ -1,157 +1,157 @@
-"""Named, append-only schema migrations for the SQLite store.
+"""Named, append-only schema migrations, one list for SQLite and PostgreSQL.
 
 Never edit or reorder a migration that has shipped: add a new one at the end. A store
 that has applied a migration this version does not know was written by a newer
 deepline, and opening it fails instead of guessing.
+
+The DDL is written once. Where the two databases differ, a `{token}` stands in:
+
+    {float}          REAL (SQLite) / DOUBLE PRECISION (PostgreSQL's REAL is 4 bytes)
+    {serial}         an auto-numbered primary key
+    {key}            the receipt key: PostgreSQL compares it bytewise (COLLATE "C")
+    {without_rowid}  SQLite stores a table keyed by its primary key alone
 """
 
 from __future__ import annotations
 
-import sqlite3
 import time
-from collections.abc import Callable
-
-import sqlite_utils
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from deepline_cli.errors import StoreError
 
-Migration = Callable[[sqlite_utils.Database], None]
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str
+    tokens: dict[str, str]
+
+    def ddl(self, text: str) -> list[str]:
+        """The statements of a migration, tokens filled in."""
+        lines = [line for line in text.splitlines() if not line.strip().startswith("--")]
+        filled = "\n".join(lines).format(**self.tokens)
+        return [part.strip() for part in filled.split(";") if part.strip()]
 
 
-def _runs_receipts_logs(db: sqlite_utils.Database) -> None:
-    db.table("runs").create(
-        {
-            "run_id": str,
-            "play": str,
-            "play_ref": str,
-            "input": str,
-            "status": str,
-            "attempt": int,
-            "workspace": str,
-            "cwd": str,
-            "options": str,
-            "parent_run_id": str,
-            "root_run_id": str,
-            "holder": str,
-            "lease_expires_at": float,
-            "output": str,
-            "error": str,
-            "stats": str,
-            "created_at": float,
-            "updated_at": float,
-            "finished_at": float,
-        },
-        pk="run_id",
-        not_null={"play", "status", "attempt"},
-    )
-    db.table("runs").create_index(["status"])
-    db.table("runs").create_index(["root_run_id"])
-    db.table("receipts").create(
-        {
-            "key": str,
-            "kind": str,
-            "label": str,
-            "tool": str,
-            "status": str,
-            "run_id": str,
-            "attempt": int,
-            "lease_id": str,
-            "lease_expires_at": float,
-            "idempotency_key": str,
-            "output": str,
-            "error": str,
-            "failure_kind": str,
-            "retryable": int,
-            "credits": float,
-            "created_at": float,
-            "completed_at": float,
-        },
-        pk="key",
-        not_null={"kind", "status", "run_id", "attempt"},
-    )
-    # run_id only: status changes on every settlement and would rewrite a wider index.
-    db.table("receipts").create_index(["run_id"])
-    # Which runs used which receipts (reused ones included): `receipts inspect --run`.
-    db.execute(
-        "CREATE TABLE run_receipts (run_id TEXT NOT NULL, key TEXT NOT NULL, PRIMARY KEY (run_id, key)) WITHOUT ROWID"
-    )
-    db.table("logs").create(
-        {"id": int, "run_id": str, "attempt": int, "ts": float, "level": str, "message": str},
-        pk="id",
-    )
-    db.table("logs").create_index(["run_id", "id"])
+SQLITE = Dialect(
+    "sqlite",
+    {"float": "REAL", "serial": "INTEGER PRIMARY KEY", "key": "TEXT", "without_rowid": " WITHOUT ROWID"},
+)
+POSTGRES = Dialect(
+    "postgres",
+    {"float": "DOUBLE PRECISION", "serial": "BIGSERIAL PRIMARY KEY", "key": 'TEXT COLLATE "C"', "without_rowid": ""},
+)
 
 
-def _sheets_and_maps(db: sqlite_utils.Database) -> None:
-    # Sheets: one row per (sheet, row key), shared by every run of the play.
-    db.execute(
-        "CREATE TABLE sheet_rows (sheet TEXT NOT NULL, row_key TEXT NOT NULL, input TEXT,"
-        " input_digest TEXT, cells TEXT, status TEXT, run_id TEXT, updated_at REAL,"
-        " PRIMARY KEY (sheet, row_key))"
-    )
-    # Which distinct rows a run's map finished, in input order: datasets, exports, barriers.
-    db.execute(
-        "CREATE TABLE map_rows (run_id TEXT NOT NULL, map TEXT NOT NULL, idx INTEGER NOT NULL,"
-        " input_index INTEGER, row_key TEXT, outcome TEXT, error TEXT,"
-        " PRIMARY KEY (run_id, map, idx)) WITHOUT ROWID"
-    )
-    db.execute(
-        "CREATE TABLE maps (run_id TEXT NOT NULL, map TEXT NOT NULL, sheet TEXT,"
-        " input_columns TEXT, columns TEXT, status TEXT, total INTEGER, succeeded INTEGER,"
-        " failed INTEGER, duplicate INTEGER, reused INTEGER, started_at REAL, finished_at REAL,"
-        " PRIMARY KEY (run_id, map))"
-    )
+class Cursor(Protocol):
+    def execute(self, sql: str, params: Sequence[Any] = ...) -> Any: ...
 
 
-def _boundaries_events_journal(db: sqlite_utils.Database) -> None:
-    db.execute(
-        "CREATE TABLE boundaries (run_id TEXT NOT NULL, id TEXT NOT NULL, kind TEXT NOT NULL,"
-        " status TEXT NOT NULL, due_at REAL, event_id TEXT, child_run_id TEXT, payload TEXT,"
-        " created_at REAL, resolved_at REAL, PRIMARY KEY (run_id, id))"
-    )
-    db.execute(
-        "CREATE TABLE events (run_id TEXT NOT NULL, event_id TEXT NOT NULL, payload TEXT,"
-        " created_at REAL, PRIMARY KEY (run_id, event_id))"
-    )
-    # The order in which a run first reached its id-addressed durable calls (determinism guard).
-    db.execute(
-        "CREATE TABLE journal (run_id TEXT NOT NULL, position INTEGER NOT NULL, id TEXT NOT NULL,"
-        " PRIMARY KEY (run_id, position)) WITHOUT ROWID"
-    )
-    db.execute("CREATE INDEX runs_parent ON runs (parent_run_id)")
+Step = Callable[[Cursor, Dialect], None]
 
-
-def _rate_slots(db: sqlite_utils.Database) -> None:
-    # Per-tool pacing shared by every process on the store (rate limits across workers).
-    db.execute("CREATE TABLE rate_slots (tool TEXT PRIMARY KEY, next_at REAL NOT NULL)")
-
-
-MIGRATIONS: list[tuple[str, Migration]] = [
-    ("0001_runs_receipts_logs", _runs_receipts_logs),
-    ("0002_sheets_and_maps", _sheets_and_maps),
-    ("0003_boundaries_events_journal", _boundaries_events_journal),
-    ("0004_rate_slots", _rate_slots),
+MIGRATIONS: list[tuple[str, str | Step]] = [
+    (
+        "0001_runs_receipts_logs",
+        """
+        CREATE TABLE runs (
+            run_id TEXT PRIMARY KEY, play TEXT NOT NULL, play_ref TEXT, input TEXT, status TEXT NOT NULL,
+            attempt INTEGER NOT NULL, workspace TEXT, cwd TEXT, options TEXT, parent_run_id TEXT,
+            root_run_id TEXT, holder TEXT, lease_expires_at {float}, output TEXT, error TEXT, stats TEXT,
+            created_at {float}, updated_at {float}, finished_at {float});
+        CREATE INDEX runs_status ON runs (status);
+        CREATE INDEX runs_root ON runs (root_run_id);
+        CREATE TABLE receipts (
+            key {key} PRIMARY KEY, kind TEXT NOT NULL, label TEXT, tool TEXT, status TEXT NOT NULL,
+            run_id TEXT NOT NULL, attempt INTEGER NOT NULL, lease_id TEXT, lease_expires_at {float},
+            idempotency_key TEXT, output TEXT, error TEXT, failure_kind TEXT, retryable INTEGER,
+            credits {float}, created_at {float}, completed_at {float});
+        -- run_id only: status changes on every settlement and would rewrite a wider index.
+        CREATE INDEX receipts_run ON receipts (run_id);
+        -- Which runs used which receipts (reused ones included): `receipts inspect --run`.
+        CREATE TABLE run_receipts (run_id TEXT NOT NULL, key TEXT NOT NULL, PRIMARY KEY (run_id, key)){without_rowid};
+        CREATE TABLE logs (id {serial}, run_id TEXT, attempt INTEGER, ts {float}, level TEXT, message TEXT);
+        CREATE INDEX logs_run ON logs (run_id, id)
+        """,
+    ),
+    (
+        "0002_sheets_and_maps",
+        """
+        -- Sheets: one row per (sheet, row key), shared by every run of the play.
+        CREATE TABLE sheet_rows (
+            sheet TEXT NOT NULL, row_key TEXT NOT NULL, input TEXT, input_digest TEXT, cells TEXT,
+            status TEXT, run_id TEXT, updated_at {float}, PRIMARY KEY (sheet, row_key));
+        -- Which distinct rows a run's map finished, in input order: datasets, exports, barriers.
+        CREATE TABLE map_rows (
+            run_id TEXT NOT NULL, map TEXT NOT NULL, idx INTEGER NOT NULL, input_index INTEGER,
+            row_key TEXT, outcome TEXT, error TEXT, PRIMARY KEY (run_id, map, idx)){without_rowid};
+        CREATE TABLE maps (
+            run_id TEXT NOT NULL, map TEXT NOT NULL, sheet TEXT, input_columns TEXT, columns TEXT,
+            status TEXT, total INTEGER, succeeded INTEGER, failed INTEGER, duplicate INTEGER,
+            reused INTEGER, started_at {float}, finished_at {float}, PRIMARY KEY (run_id, map))
+        """,
+    ),
+    (
+        "0003_boundaries_events_journal",
+        """
+        CREATE TABLE boundaries (
+            run_id TEXT NOT NULL, id TEXT NOT NULL, kind TEXT NOT NULL, status TEXT NOT NULL,
+            due_at {float}, event_id TEXT, child_run_id TEXT, payload TEXT, created_at {float},
+            resolved_at {float}, PRIMARY KEY (run_id, id));
+        CREATE TABLE events (
+            run_id TEXT NOT NULL, event_id TEXT NOT NULL, payload TEXT, created_at {float},
+            PRIMARY KEY (run_id, event_id));
+        -- The order in which a run first reached its id-addressed durable calls (determinism guard).
+        CREATE TABLE journal (
+            run_id TEXT NOT NULL, position INTEGER NOT NULL, id TEXT NOT NULL,
+            PRIMARY KEY (run_id, position)){without_rowid};
+        CREATE INDEX runs_parent ON runs (parent_run_id)
+        """,
+    ),
+    (
+        "0004_rate_slots",
+        # Per-tool pacing shared by every process on the store (rate limits across workers).
+        "CREATE TABLE rate_slots (tool TEXT PRIMARY KEY, next_at {float} NOT NULL)",
+    ),
+    (
+        "0005_batches_calls_attempts",
+        """
+        -- A batch member points at the aggregate receipt it was sent in; the aggregate keeps
+        -- its members and inputs, so after a crash the same batch is sent again, same key.
+        ALTER TABLE receipts ADD COLUMN batch_key TEXT;
+        ALTER TABLE receipts ADD COLUMN request TEXT;
+        -- Every execution a run paid for (or that failed), written with its settlement: what
+        -- a run spent, across every attempt, killed ones included.
+        CREATE TABLE calls (
+            id {serial}, run_id TEXT NOT NULL, attempt INTEGER NOT NULL, key TEXT NOT NULL, kind TEXT,
+            tool TEXT, status TEXT NOT NULL, credits {float}, started_at {float}, ended_at {float},
+            retries INTEGER, category TEXT);
+        CREATE INDEX calls_run ON calls (run_id);
+        -- One row per attempt of a run: who ran it, from when to when (last heartbeat).
+        CREATE TABLE attempts (
+            run_id TEXT NOT NULL, attempt INTEGER NOT NULL, holder TEXT, started_at {float},
+            seen_at {float}, ended_at {float}, status TEXT, PRIMARY KEY (run_id, attempt));
+        ALTER TABLE run_receipts ADD COLUMN used_at {float}
+        """,
+    ),
 ]
 
 
-def migrate(conn: sqlite3.Connection, path: str) -> None:
-    """Apply pending migrations in one write transaction; refuse a newer schema."""
-    known = [name for name, _ in MIGRATIONS]
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        conn.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL)")
-        applied = [r[0] for r in conn.execute("SELECT name FROM _migrations ORDER BY name")]
-        unknown = sorted(set(applied) - set(known))
-        if unknown:
-            raise StoreError(
-                f"The store {path} was written by a newer deepline (schema {unknown[-1]}); upgrade deepline to open it."
-            )
-        db = sqlite_utils.Database(conn)
-        for name, apply in MIGRATIONS:
-            if name not in applied:
-                apply(db)
-                conn.execute("INSERT INTO _migrations (name, applied_at) VALUES (?, ?)", (name, time.time()))
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
+def migrate(c: Cursor, dialect: Dialect, where: str) -> None:
+    """Apply pending migrations (the caller holds one write transaction); refuse a newer schema."""
+    c.execute(f"CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at {dialect.tokens['float']})")
+    applied = {row[0] for row in c.execute("SELECT name FROM _migrations").fetchall()}
+    unknown = sorted(applied - {name for name, _ in MIGRATIONS})
+    if unknown:
+        raise StoreError(
+            f"The store {where} was written by a newer deepline (schema {unknown[-1]}); upgrade deepline to open it."
+        )
+    for name, step in MIGRATIONS:
+        if name in applied:
+            continue
+        if callable(step):
+            step(c, dialect)
+        else:
+            for statement in dialect.ddl(step):
+                c.execute(statement)
+        c.execute("INSERT INTO _migrations (name, applied_at) VALUES (?, ?)", (name, time.time()))

@@ -19,67 +19,9 @@ import psycopg.errors
 
 from deepline_cli.errors import StoreError
 from deepline_cli.store.base import Settlement
+from deepline_cli.store.migrations import POSTGRES, migrate
 from deepline_cli.store.sql import SqlStore, StoreConflict, settle_statement
 
-_MIGRATIONS: list[tuple[str, str]] = [
-    (
-        "0001_runs_receipts_logs",
-        """
-        CREATE TABLE runs (
-            run_id TEXT PRIMARY KEY, play TEXT NOT NULL, play_ref TEXT, input TEXT, status TEXT NOT NULL,
-            attempt INTEGER NOT NULL, workspace TEXT, cwd TEXT, options TEXT, parent_run_id TEXT,
-            root_run_id TEXT, holder TEXT, lease_expires_at DOUBLE PRECISION, output TEXT, error TEXT,
-            stats TEXT, created_at DOUBLE PRECISION, updated_at DOUBLE PRECISION,
-            finished_at DOUBLE PRECISION);
-        CREATE INDEX runs_status ON runs (status);
-        CREATE INDEX runs_root ON runs (root_run_id);
-        CREATE TABLE receipts (
-            key TEXT COLLATE "C" PRIMARY KEY, kind TEXT NOT NULL, label TEXT, tool TEXT, status TEXT NOT NULL,
-            run_id TEXT NOT NULL, attempt INTEGER NOT NULL, lease_id TEXT,
-            lease_expires_at DOUBLE PRECISION, idempotency_key TEXT, output TEXT, error TEXT,
-            failure_kind TEXT, retryable INTEGER, credits DOUBLE PRECISION,
-            created_at DOUBLE PRECISION, completed_at DOUBLE PRECISION);
-        CREATE INDEX receipts_run ON receipts (run_id);
-        CREATE TABLE run_receipts (run_id TEXT NOT NULL, key TEXT NOT NULL, PRIMARY KEY (run_id, key));
-        CREATE TABLE logs (
-            id BIGSERIAL PRIMARY KEY, run_id TEXT, attempt INTEGER, ts DOUBLE PRECISION, level TEXT,
-            message TEXT);
-        CREATE INDEX logs_run ON logs (run_id, id);
-        """,
-    ),
-    (
-        "0002_sheets_and_maps",
-        """
-        CREATE TABLE sheet_rows (
-            sheet TEXT NOT NULL, row_key TEXT NOT NULL, input TEXT, input_digest TEXT, cells TEXT,
-            status TEXT, run_id TEXT, updated_at DOUBLE PRECISION, PRIMARY KEY (sheet, row_key));
-        CREATE TABLE map_rows (
-            run_id TEXT NOT NULL, map TEXT NOT NULL, idx INTEGER NOT NULL, input_index INTEGER,
-            row_key TEXT, outcome TEXT, error TEXT, PRIMARY KEY (run_id, map, idx));
-        CREATE TABLE maps (
-            run_id TEXT NOT NULL, map TEXT NOT NULL, sheet TEXT, input_columns TEXT, columns TEXT,
-            status TEXT, total INTEGER, succeeded INTEGER, failed INTEGER, duplicate INTEGER,
-            reused INTEGER, started_at DOUBLE PRECISION, finished_at DOUBLE PRECISION,
-            PRIMARY KEY (run_id, map));
-        """,
-    ),
-    (
-        "0003_boundaries_events_journal",
-        """
-        CREATE TABLE boundaries (
-            run_id TEXT NOT NULL, id TEXT NOT NULL, kind TEXT NOT NULL, status TEXT NOT NULL,
-            due_at DOUBLE PRECISION, event_id TEXT, child_run_id TEXT, payload TEXT,
-            created_at DOUBLE PRECISION, resolved_at DOUBLE PRECISION, PRIMARY KEY (run_id, id));
-        CREATE TABLE events (
-            run_id TEXT NOT NULL, event_id TEXT NOT NULL, payload TEXT, created_at DOUBLE PRECISION,
-            PRIMARY KEY (run_id, event_id));
-        CREATE TABLE journal (
-            run_id TEXT NOT NULL, position INTEGER NOT NULL, id TEXT NOT NULL, PRIMARY KEY (run_id, position));
-        CREATE INDEX runs_parent ON runs (parent_run_id);
-        """,
-    ),
-    ("0004_rate_slots", "CREATE TABLE rate_slots (tool TEXT PRIMARY KEY, next_at DOUBLE PRECISION NOT NULL);"),
-]
 _MIGRATION_LOCK = 7_283_551  # pg_advisory_xact_lock key: one migrating process at a time
 
 
@@ -143,24 +85,9 @@ class PostgresStore(SqlStore):
             raise
 
     def _migrate(self) -> None:
-        known = [name for name, _ in _MIGRATIONS]
         with self._write() as c:
             c.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
-            c.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION)")
-            applied = {r[0] for r in c.execute("SELECT name FROM _migrations").fetchall()}
-            unknown = sorted(applied - set(known))
-            if unknown:
-                raise StoreError(
-                    f"The store {self.url} was written by a newer deepline (schema {unknown[-1]}); "
-                    "upgrade deepline to open it."
-                )
-            for name, ddl in _MIGRATIONS:
-                if name not in applied:
-                    c.execute(ddl)
-                    c.execute(
-                        "INSERT INTO _migrations (name, applied_at) VALUES (?, extract(epoch from now()))",
-                        (name,),
-                    )
+            migrate(c, POSTGRES, self.url)
 
     def notify(self) -> None:
         with self._lock:

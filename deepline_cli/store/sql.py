@@ -30,6 +30,7 @@ from deepline_cli.store.base import (
     Settlement,
     SheetRow,
     Writes,
+    claim_idempotency_key,
     decide_claim,
 )
 
@@ -41,9 +42,11 @@ _RUN_COLUMNS = (
 _RUN_JSON = frozenset({"input", "options", "output", "error", "stats"})
 _RECEIPT_COLUMNS = (
     "key, kind, label, tool, status, run_id, attempt, lease_id, lease_expires_at,"
-    " idempotency_key, output, error, failure_kind, retryable, credits, created_at, completed_at"
+    " idempotency_key, output, error, failure_kind, retryable, credits, created_at, completed_at,"
+    " batch_key, request"
 )
 _BOUNDARY_COLUMNS = "run_id, id, kind, status, due_at, event_id, child_run_id, payload, created_at, resolved_at"
+_TREE = "(SELECT run_id FROM runs WHERE run_id = ? OR root_run_id = ?)"  # a run and its child runs
 _CHUNK = 400  # bound parameters per statement stay well under every backend's limit
 CONFLICT_RETRIES = 5
 
@@ -77,11 +80,14 @@ class SqlStore:
 
     # --- runs -------------------------------------------------------------------------
 
-    def insert_run(self, run: RunRecord) -> None:
+    def insert_run(self, run: RunRecord) -> bool:
         values = [_encode_run_field(name, getattr(run, name)) for name in _run_fields()]
         marks = ", ".join("?" * len(values))
         with self._write() as c:
-            c.execute(f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ({marks})", values)
+            cur = c.execute(
+                f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ({marks}) ON CONFLICT (run_id) DO NOTHING", values
+            )
+            return bool(cur.rowcount == 1)
 
     def get_run(self, run_id: str) -> RunRecord | None:
         rows = self._read(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
@@ -137,12 +143,32 @@ class SqlStore:
             return bool(cur.rowcount == 1)
 
     def heartbeat_run(self, run_id: str, *, holder: str, attempt: int, expires_at: float) -> bool:
+        now = time.time()
         with self._write() as c:
             cur = c.execute(
                 "UPDATE runs SET lease_expires_at = ?, updated_at = ? WHERE run_id = ? AND holder = ? AND attempt = ?",
-                (expires_at, time.time(), run_id, holder, attempt),
+                (expires_at, now, run_id, holder, attempt),
             )
-            return bool(cur.rowcount == 1)
+            held = bool(cur.rowcount == 1)
+            if held:
+                c.execute("UPDATE attempts SET seen_at = ? WHERE run_id = ? AND attempt = ?", (now, run_id, attempt))
+            return held
+
+    def begin_attempt(self, run_id: str, attempt: int, holder: str, now: float) -> None:
+        with self._write() as c:
+            c.execute(
+                "INSERT INTO attempts (run_id, attempt, holder, started_at, seen_at, status) VALUES (?, ?, ?, ?, ?,"
+                " 'running') ON CONFLICT (run_id, attempt) DO UPDATE SET holder = excluded.holder,"
+                " started_at = excluded.started_at, seen_at = excluded.seen_at, ended_at = NULL, status = 'running'",
+                (run_id, attempt, holder, now, now),
+            )
+
+    def end_attempt(self, run_id: str, attempt: int, status: str, now: float) -> None:
+        with self._write() as c:
+            c.execute(
+                "UPDATE attempts SET ended_at = ?, seen_at = ?, status = ? WHERE run_id = ? AND attempt = ?",
+                (now, now, status, run_id, attempt),
+            )
 
     def update_run(self, run_id: str, **fields: Any) -> None:
         fields["updated_at"] = time.time()
@@ -177,11 +203,7 @@ class SqlStore:
 
     def _apply(self, writes: Writes, now: float) -> Applied:
         with self._write() as c:
-            # Rows are locked in key order, so two processes' batches rarely deadlock.
-            order = sorted(range(len(writes.settlements)), key=lambda i: writes.settlements[i].key)
-            results = self._settle_all(c, [writes.settlements[i] for i in order], now)
-            done = dict(zip(order, results, strict=True))
-            settled = [done[i] for i in range(len(writes.settlements))]
+            settled = self._settle(c, writes.settlements, now)
             outcomes = self._claim(c, writes.claims, now) if writes.claims else []
             if writes.sheet_rows:
                 self._many(
@@ -234,9 +256,11 @@ class SqlStore:
         return lost
 
     def expire_run_receipts(self, run_id: str) -> int:
+        # The attempt that held them is dead: its calls may have been sent (released).
         with self._write() as c:
             cur = c.execute(
-                "UPDATE receipts SET lease_expires_at = 0 WHERE run_id = ? AND status = 'running'",
+                "UPDATE receipts SET status = 'released', lease_expires_at = NULL"
+                " WHERE run_id = ? AND status = 'running'",
                 (run_id,),
             )
             return int(cur.rowcount)
@@ -247,11 +271,73 @@ class SqlStore:
 
     def credits_spent(self, run_id: str) -> float:
         rows = self._read(
-            "SELECT coalesce(sum(credits), 0) FROM receipts WHERE status = 'completed' AND run_id IN"
-            " (SELECT run_id FROM runs WHERE run_id = ? OR root_run_id = ?)",
+            f"SELECT coalesce(sum(credits), 0) FROM calls WHERE status = 'completed' AND run_id IN {_TREE}",
             (run_id, run_id),
         )
         return float(rows[0][0])
+
+    def run_usage(self, run_id: str) -> tuple[int, int]:
+        calls = self._read(
+            f"SELECT count(*) FROM calls WHERE kind = 'tool' AND run_id IN {_TREE}",
+            (run_id, run_id),
+        )
+        children = self._read("SELECT count(*) FROM runs WHERE root_run_id = ? AND run_id <> ?", (run_id, run_id))
+        return int(calls[0][0]), int(children[0][0])
+
+    def run_stats(self, run_id: str) -> dict[str, Any]:
+        tools: dict[str, dict[str, Any]] = {}
+        steps = {"live": 0, "reused": 0}
+
+        def count(kind: str, tool: str | None) -> dict[str, Any]:
+            return tools.setdefault(
+                tool or f"ctx.{kind}", {"live": 0, "reused": 0, "failed": 0, "credits": 0.0, "retries": 0}
+            )
+
+        executed = self._read(
+            "SELECT kind, tool, status, count(*), coalesce(sum(credits), 0), coalesce(sum(retries), 0)"
+            f" FROM calls WHERE run_id IN {_TREE} GROUP BY kind, tool, status",
+            (run_id, run_id),
+        )
+        for kind, tool, status, n, credits, retries in executed:
+            if kind == "step":
+                steps["live"] += n
+                continue
+            counts = count(kind, tool)
+            counts["live" if status == "completed" else "failed"] += n
+            counts["credits"] += float(credits)
+            counts["retries"] += int(retries)
+        used = self._read(
+            "SELECT r.kind, r.tool, r.status, count(*) FROM run_receipts u JOIN receipts r ON r.key = u.key"
+            f" WHERE u.used_at IS NOT NULL AND u.run_id IN {_TREE} GROUP BY r.kind, r.tool, r.status",
+            (run_id, run_id),
+        )
+        for kind, tool, status, n in used:
+            if kind == "step":
+                steps["reused"] += n
+            elif status in ("completed", "failed"):
+                count(kind, tool)["reused" if status == "completed" else "failed"] += n
+        rows = dict(self._read("SELECT outcome, count(*) FROM map_rows WHERE run_id = ? GROUP BY outcome", (run_id,)))
+        extra = self._read(
+            "SELECT coalesce(sum(duplicate), 0), coalesce(sum(reused), 0) FROM maps WHERE run_id = ?", (run_id,)
+        )[0]
+        attempts = self._read(
+            "SELECT count(*), coalesce(sum(coalesce(ended_at, seen_at) - started_at), 0) FROM attempts"
+            " WHERE run_id = ?",
+            (run_id,),
+        )[0]
+        return {
+            "rows": {
+                "succeeded": int(rows.get("succeeded", 0)),
+                "failed": int(rows.get("failed", 0)),
+                "duplicate": int(extra[0]),
+                "reused": int(extra[1]),
+            },
+            "tools": tools,
+            "steps": steps,
+            "credits": sum(c["credits"] for c in tools.values()),
+            "attempts": int(attempts[0]),
+            "duration_s": round(float(attempts[1]), 3),
+        }
 
     def query_receipts(self, query: ReceiptQuery) -> list[Receipt]:
         clauses: list[str] = []
@@ -450,6 +536,38 @@ class SqlStore:
         """Apply each settlement if its lease is still current (one statement each)."""
         return [bool(c.execute(*settle_statement(s, now)).rowcount == 1) for s in settlements]
 
+    def _settle(self, c: Any, settlements: Sequence[Settlement], now: float) -> list[bool]:
+        """Settle in key order (rows lock in one order, so two processes rarely deadlock),
+        and add the executions that ended to the calls ledger."""
+        order = sorted(range(len(settlements)), key=lambda i: settlements[i].key)
+        results = self._settle_all(c, [settlements[i] for i in order], now)
+        done = dict(zip(order, results, strict=True))
+        settled = [done[i] for i in range(len(settlements))]
+        ledger = [
+            (
+                st.call.run_id,
+                st.call.attempt,
+                st.key,
+                st.call.kind,
+                st.call.tool,
+                st.status,
+                st.credits,
+                st.call.started_at,
+                now,
+                st.call.retries,
+                st.failure_kind,
+            )
+            for st, applied in zip(settlements, settled, strict=True)
+            if applied and st.call is not None and st.status in ("completed", "failed")
+        ]
+        self._many(
+            c,
+            "INSERT INTO calls (run_id, attempt, key, kind, tool, status, credits, started_at, ended_at, retries,"
+            " category) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            ledger,
+        )
+        return settled
+
     # --- claims ---------------------------------------------------------------------------
 
     def _claim(self, c: Any, claims: Sequence[Claim], now: float) -> list[ClaimOutcome]:
@@ -460,53 +578,71 @@ class SqlStore:
         replaced: list[Receipt] = []
         pending = list(enumerate(claims))
         while pending:
-            inserts: list[tuple[int, Claim]] = []
+            inserts: list[tuple[int, Claim, Receipt]] = []
             for position, cl in pending:
                 current = existing.get(cl.key)
                 verdict = decide_claim(current, cl, now)
+                prior = (current.status, current.run_id) if current is not None else (None, None)
                 if verdict == "claimed":
                     if current is not None and current.run_id != cl.run_id:
                         replaced.append(current)
                     claimed = _claimed(current, cl, now)
                     if current is None:
-                        inserts.append((position, cl))
+                        inserts.append((position, cl, claimed))
                     else:
-                        c.execute(_CLAIM_UPDATE, (*claim_values(cl, claimed.created_at), cl.key))
+                        c.execute(_CLAIM_UPDATE, claim_row(claimed))
                     existing[cl.key] = current = claimed
                 assert current is not None
-                outcomes[position] = ClaimOutcome(verdict, current)
+                outcomes[position] = ClaimOutcome(verdict, current, *prior)
             lost = self._insert_claims(c, inserts, now)
-            for _, cl in lost:  # another process inserted it since we looked: decide again
+            for _, cl, _ in lost:  # another process inserted it since we looked: decide again
                 existing.pop(cl.key, None)
-            existing.update(self._load_for_update(c, [cl.key for _, cl in lost]))
-            pending = lost
+            existing.update(self._load_for_update(c, [cl.key for _, cl, _ in lost]))
+            pending = [(position, cl) for position, cl, _ in lost]
         ordered = [outcomes[i] for i in range(len(claims))]
+        self._point_members(c, claims, ordered)
         # Receipts a run owns are found by their owner column; only receipts it used but
         # another run owns (reuse, or one taken over from it) need a usage row.
-        usage = [
-            (cl.run_id, o.receipt.key)
+        usage: list[tuple[str, str, float | None]] = [
+            (cl.run_id, o.receipt.key, now)
             for cl, o in zip(claims, ordered, strict=True)
             if o.verdict in ("reused", "failed") and o.receipt.run_id != cl.run_id
         ]
-        usage += [(before.run_id, before.key) for before in replaced if before.run_id]
-        self._many(c, "INSERT INTO run_receipts (run_id, key) VALUES (?, ?) ON CONFLICT DO NOTHING", usage)
+        usage += [(before.run_id, before.key, None) for before in replaced if before.run_id]
+        self._many(c, "INSERT INTO run_receipts (run_id, key, used_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING", usage)
         return ordered
 
-    def _insert_claims(self, c: Any, inserts: list[tuple[int, Claim]], now: float) -> list[tuple[int, Claim]]:
+    def _point_members(self, c: Any, claims: Sequence[Claim], outcomes: Sequence[ClaimOutcome]) -> None:
+        """A batch about to be sent: each member receipt records the aggregate it goes in."""
+        pointers = [
+            (cl.key, member, lease_id)
+            for cl, o in zip(claims, outcomes, strict=True)
+            if cl.members and o.verdict == "claimed"
+            for member, lease_id in cl.members
+        ]
+        self._many(
+            c,
+            "UPDATE receipts SET batch_key = ? WHERE key = ? AND lease_id = ? AND status = 'running'",
+            pointers,
+        )
+
+    def _insert_claims(
+        self, c: Any, inserts: list[tuple[int, Claim, Receipt]], now: float
+    ) -> list[tuple[int, Claim, Receipt]]:
         """Insert new receipts; return the ones that lost a race to another process."""
-        lost: list[tuple[int, Claim]] = []
+        lost: list[tuple[int, Claim, Receipt]] = []
         inserts = sorted(inserts, key=lambda item: item[1].key)
         step = 200  # rows per INSERT: 13 parameters each stays under every backend's limit
         for start in range(0, len(inserts), step):
             chunk = inserts[start : start + step]
             rows = ", ".join([CLAIM_ROW] * len(chunk))
-            params = [v for _, cl in chunk for v in (*claim_values(cl, now), cl.key)]
+            params = [v for _, _, claimed in chunk for v in claim_row(claimed)]
             sql = (
                 f"INSERT INTO receipts ({CLAIM_INSERT_COLUMNS}) VALUES {rows}"
                 " ON CONFLICT (key) DO NOTHING RETURNING key"
             )
             inserted = {r[0] for r in c.execute(sql, params).fetchall()}
-            lost += [(p, cl) for p, cl in chunk if cl.key not in inserted]
+            lost += [item for item in chunk if item[1].key not in inserted]
         return lost
 
     def _load_for_update(self, c: Any, keys: Sequence[str]) -> dict[str, Receipt]:
@@ -522,7 +658,10 @@ class SqlStore:
 # --- receipts: the write path ------------------------------------------------------------
 
 
-_SETTLE_RELEASE = "UPDATE receipts SET lease_expires_at = 0 WHERE key = ? AND lease_id = ? AND status = 'running'"
+_SETTLE_RELEASE = (
+    "UPDATE receipts SET status = 'released', lease_expires_at = NULL WHERE key = ? AND lease_id = ?"
+    " AND status = 'running'"
+)
 # Never called: a receipt that still holds an earlier paid result (a forced or stale
 # refresh given back before the call) is completed again with it, not emptied.
 _SETTLE_SKIP = (
@@ -598,6 +737,8 @@ def _receipt_from_row(row: Sequence[Any]) -> Receipt:
         credits,
         created_at,
         completed_at,
+        batch_key,
+        request,
     ) = row
     return Receipt(
         key=key,
@@ -617,36 +758,46 @@ def _receipt_from_row(row: Sequence[Any]) -> Receipt:
         credits=credits or 0.0,
         created_at=created_at,
         completed_at=completed_at,
+        batch_key=batch_key,
+        request=_json.loads(request),
     )
 
 
-CLAIM_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', 0, 0)"
+CLAIM_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', 0, 0)"
 CLAIM_INSERT_COLUMNS = (
-    "kind, label, tool, run_id, attempt, lease_id, lease_expires_at, idempotency_key, created_at, key,"
-    " status, retryable, credits"
+    "kind, label, tool, run_id, attempt, lease_id, lease_expires_at, idempotency_key, created_at, batch_key,"
+    " request, key, status, retryable, credits"
 )
 _CLAIM_UPDATE = (
     "UPDATE receipts SET kind = ?, label = ?, tool = ?, run_id = ?, attempt = ?, lease_id = ?,"
-    " lease_expires_at = ?, idempotency_key = ?, created_at = ?, status = 'running', error = NULL,"
-    " failure_kind = NULL, retryable = 0 WHERE key = ?"
+    " lease_expires_at = ?, idempotency_key = ?, created_at = ?, batch_key = ?, request = ?, status = 'running',"
+    " error = NULL, failure_kind = NULL, retryable = 0 WHERE key = ?"
 )
 
 
-def claim_values(cl: Claim, created_at: float) -> tuple[Any, ...]:
+def claim_row(r: Receipt) -> tuple[Any, ...]:
+    """A claimed receipt's values, in the order of CLAIM_INSERT_COLUMNS and _CLAIM_UPDATE."""
     return (
-        cl.kind,
-        cl.label,
-        cl.tool,
-        cl.run_id,
-        cl.attempt,
-        cl.lease_id,
-        cl.lease_expires_at,
-        cl.idempotency_key,
-        created_at,
+        r.kind,
+        r.label,
+        r.tool,
+        r.run_id,
+        r.attempt,
+        r.lease_id,
+        r.lease_expires_at,
+        r.idempotency_key,
+        r.created_at,
+        r.batch_key,
+        _json_or_none(r.request),
+        r.key,
     )
 
 
 def _claimed(current: Receipt | None, cl: Claim, now: float) -> Receipt:
+    """The receipt `cl` owns now. A call taken over from an owner that may have sent it
+    keeps its batch (and its idempotency key, see claim_idempotency_key)."""
+    resumed = current is not None and current.status in ("running", "released")
+    request = cl.request if cl.request is not None else current.request if resumed and current else None
     return Receipt(
         key=cl.key,
         kind=cl.kind,
@@ -657,8 +808,10 @@ def _claimed(current: Receipt | None, cl: Claim, now: float) -> Receipt:
         attempt=cl.attempt,
         lease_id=cl.lease_id,
         lease_expires_at=cl.lease_expires_at,
-        idempotency_key=cl.idempotency_key,
+        idempotency_key=claim_idempotency_key(current, cl),
         created_at=current.created_at if current else now,
+        batch_key=current.batch_key if resumed and current else None,
+        request=request,
     )
 
 

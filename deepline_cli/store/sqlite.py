@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from deepline_cli.errors import StoreError
-from deepline_cli.store.base import Claim
-from deepline_cli.store.migrations import migrate
-from deepline_cli.store.sql import CLAIM_INSERT_COLUMNS, CLAIM_ROW, SqlStore, claim_values
+from deepline_cli.store.base import Claim, Receipt
+from deepline_cli.store.migrations import SQLITE, migrate
+from deepline_cli.store.sql import CLAIM_INSERT_COLUMNS, CLAIM_ROW, SqlStore, claim_row
 
 
 def configure(conn: sqlite3.Connection) -> None:
@@ -59,7 +59,7 @@ class SQLiteStore(SqlStore):
             raise StoreError(f"Cannot open the store {self.path}: {exc}.") from exc
         try:
             configure(self._conn)
-            migrate(self._conn, self.path)
+            self._migrate()
         except BaseException as exc:
             self._conn.close()
             if isinstance(exc, sqlite3.Error):
@@ -68,13 +68,25 @@ class SQLiteStore(SqlStore):
         # One connection, used from the runtime's store thread and the main thread.
         self._lock = threading.RLock()
 
-    def _insert_claims(self, c: Any, inserts: list[tuple[int, Claim]], now: float) -> list[tuple[int, Claim]]:
+    def _migrate(self) -> None:
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            migrate(conn, SQLITE, self.path)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def _insert_claims(
+        self, c: Any, inserts: list[tuple[int, Claim, Receipt]], now: float
+    ) -> list[tuple[int, Claim, Receipt]]:
         # BEGIN IMMEDIATE holds the only write lock: no other process can have inserted
         # these keys since we read them, so a plain batch insert is enough (and faster).
         self._many(
             c,
             f"INSERT INTO receipts ({CLAIM_INSERT_COLUMNS}) VALUES {CLAIM_ROW}",
-            [(*claim_values(cl, now), cl.key) for _, cl in inserts],
+            [claim_row(claimed) for _, _, claimed in inserts],
         )
         return []
 
