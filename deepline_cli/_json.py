@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Any
 
 import orjson
@@ -35,8 +36,44 @@ def loads(data: bytes | str | None) -> Any:
 
 
 def canonical(value: Any) -> bytes:
-    """Sorted keys, no whitespace: equal inputs give equal bytes (the receipt key)."""
-    return orjson.dumps(value, default=_default, option=_OPTS | orjson.OPT_SORT_KEYS)
+    """Sorted keys, no whitespace: equal inputs give equal bytes (receipt and row keys).
+
+    JSON only, so a key never depends on memory (an object's repr holds its address) and
+    two different inputs never meet: a value with no JSON form, a key that is not a
+    string ({1: …} would meet {"1": …}) or NaN/Infinity (written as null) raise TypeError.
+    """
+    try:
+        data = orjson.dumps(value, default=_to_json, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError as exc:
+        raise TypeError(_plain(str(exc))) from None
+    if b"null" in data and not _finite(value):
+        raise TypeError("NaN and Infinity are not JSON")
+    return data
+
+
+def _plain(message: str) -> str:
+    """orjson's reason in the words of the error deepline shows."""
+    if message.startswith("Type is not JSON serializable: "):
+        return f"a value of type {message.rpartition(': ')[2]} is not JSON"
+    if message == "Dict key must be str":
+        return "a key that is not a string is not JSON"
+    return message
+
+
+def _to_json(value: Any) -> Any:
+    if hasattr(value, "to_json"):  # a ToolResult, a Dataset…
+        return value.to_json()
+    raise TypeError(f"a value of type {type(value).__name__} is not JSON")
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(_finite(v) for v in value)
+    return True
 
 
 def digest(*parts: str | bytes) -> str:

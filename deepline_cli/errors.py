@@ -14,6 +14,7 @@
     ├── MapAccountingError             a map input row is not accounted for
     ├── SheetVisibilityError           written sheet rows are not visible in the store
     └── StoreError                     the store cannot be opened, migrated or written
+        └── StoreLostError             the store file was deleted or replaced under a run
 
 Each class docstring is the user-facing meaning. The message of an instance is one
 sentence a user can act on; the CLI prints it without a traceback (unless --debug).
@@ -169,6 +170,10 @@ class StoreError(DeeplineError):
     """The store cannot be opened, migrated, read or written."""
 
     fatal = True
+
+
+class StoreLostError(StoreError):
+    """The store was deleted or replaced while a run was using it; what it held is gone."""
 
 
 def error_dict(exc: BaseException) -> dict[str, Any]:

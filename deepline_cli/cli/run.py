@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +36,13 @@ MaxInlineWaitOption = Annotated[
 ]
 FailOnRowErrorsOption = Annotated[
     bool, typer.Option("--fail-on-row-errors", help="Exit 1 when a map isolated failed rows (for CI).")
+]
+MaxDepthOption = Annotated[int, typer.Option("--max-depth", min=1, help="Deepest chain of child plays.")]
+MaxChildPlaysOption = Annotated[
+    int | None, typer.Option("--max-child-plays", min=0, help="Most child plays one run may start (all attempts).")
+]
+MaxToolCallsOption = Annotated[
+    int | None, typer.Option("--max-tool-calls", min=0, help="Most tool calls one run may make (all attempts).")
 ]
 WorkspaceOption = Annotated[
     str,
@@ -85,13 +94,9 @@ def run(
     refresh_failed: RefreshFailedOption = False,
     max_credits: MaxCreditsOption = None,
     max_inline_wait: MaxInlineWaitOption = 30.0,
-    max_depth: Annotated[int, typer.Option("--max-depth", min=1, help="Deepest chain of child plays.")] = 8,
-    max_child_plays: Annotated[
-        int | None, typer.Option("--max-child-plays", min=0, help="Most child plays one run may start.")
-    ] = None,
-    max_tool_calls: Annotated[
-        int | None, typer.Option("--max-tool-calls", min=0, help="Most tool calls one run may make.")
-    ] = None,
+    max_depth: MaxDepthOption = 8,
+    max_child_plays: MaxChildPlaysOption = None,
+    max_tool_calls: MaxToolCallsOption = None,
     fail_on_row_errors: FailOnRowErrorsOption = False,
     enqueue: Annotated[
         bool, typer.Option("--enqueue", help="Only record the run (with its play's source) for `deepline worker`.")
@@ -133,6 +138,9 @@ def resume(
     refresh_failed: RefreshFailedOption = False,
     max_credits: MaxCreditsOption = None,
     max_inline_wait: MaxInlineWaitOption = 30.0,
+    max_depth: MaxDepthOption = 8,
+    max_child_plays: MaxChildPlaysOption = None,
+    max_tool_calls: MaxToolCallsOption = None,
     fail_on_row_errors: FailOnRowErrorsOption = False,
     json: JsonOption = False,
     quiet: QuietOption = False,
@@ -154,6 +162,9 @@ def resume(
         fail_on_row_errors=fail_on_row_errors,
         max_credits=max_credits,
         max_inline_wait=max_inline_wait,
+        max_depth=max_depth,
+        max_child_plays=max_child_plays,
+        max_tool_calls=max_tool_calls,
     )
     execute(options, lambda runner: runner.resume(run_id), json, quiet)
 
@@ -166,6 +177,7 @@ def execute(options: RunOptions, action: Callable[[Runner], RunResult], json_mod
     view = _view(json_mode, quiet)
     # Under --json, one `tool.call` event per durable call, as the NDJSON contract lists.
     bus = EventBus([view.handle] if view is not None else [], per_call=json_mode)
+    finished = _interrupt_until_finished(bus)
     runner = Runner(options, bus)
     try:
         if view is None:
@@ -175,8 +187,29 @@ def execute(options: RunOptions, action: Callable[[Runner], RunResult], json_mod
                 result = action(runner)
     finally:
         runner.close()
+        finished.set()
     _report(result, json_mode, view)
     raise typer.Exit(result.exit_code)
+
+
+def _interrupt_until_finished(bus: Any) -> threading.Event:
+    """Ctrl-C or SIGTERM before the run has an outcome interrupts it (while the play runs,
+    the runtime handles them itself); once `run.finished` is out, the outcome is decided
+    and a late signal changes nothing (the process ends with the run's exit code)."""
+    finished = threading.Event()
+
+    def on_event(event: Any) -> None:
+        if event.event == "run.finished":
+            finished.set()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if not finished.is_set():
+            raise KeyboardInterrupt
+
+    bus.subscribe(on_event)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    return finished
 
 
 def _view(json_mode: bool, quiet: bool) -> Any:

@@ -107,6 +107,8 @@ def show(
         boundaries = db.boundaries(run_id)
         children = db.child_runs(run_id)
         maps = db.get_maps(run_id)
+        # Counted from the store, so a run killed mid-way shows what it really did.
+        r.stats = {**r.stats, **db.run_stats(run_id)}
     finally:
         db.close()
     if json:

@@ -15,6 +15,14 @@ def worker(
     store: StoreOption = None,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs executed at once.")] = 1,
     once: Annotated[bool, typer.Option("--once", help="Run what is due now, then exit.")] = False,
+    fetch_public_only: Annotated[
+        bool,
+        typer.Option(
+            "--fetch-public-only",
+            envvar="DEEPLINE_FETCH_PUBLIC_ONLY",
+            help="ctx.fetch may reach public addresses only (no cloud metadata, private network or loopback).",
+        ),
+    ] = False,
 ) -> None:
     """Take queued runs (deepline run --enqueue), due timers, delivered events and runs whose
     holder died, and run them. SIGTERM drains: runs in progress are interrupted and re-queued.
@@ -30,7 +38,7 @@ def worker(
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
 
-    stats = Worker(store, concurrency=concurrency, once=once, report=report).run()
+    stats = Worker(store, concurrency=concurrency, once=once, report=report, fetch_public_only=fetch_public_only).run()
     report(
         f"worker: done — {stats.started} started, {stats.completed} completed, {stats.failed} failed, "
         f"{stats.waiting} waiting, {stats.requeued} re-queued"

@@ -4,6 +4,13 @@ Every member keeps its own receipt (claimed, reused and billed one by one). The 
 waiting at the same time — up to `max_size`, or whatever arrived within `max_wait_ms` —
 become one provider request under an aggregate receipt, whose key (and so the provider
 idempotency key) is derived from the members' receipt keys.
+
+The aggregate's claim records what it sends (each member's key and input) and points
+every member receipt at it, in the same transaction, before the request goes out. A
+member taken over after a crash finds its batch that way: if the batch was answered it
+takes its result from it, otherwise the same batch is sent again with the same key — so
+a provider never bills a member in two different batches, however a resumed run would
+have grouped its rows.
 """
 
 from __future__ import annotations
@@ -12,11 +19,12 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from deepline_cli.errors import ProviderTransientError
+from deepline_cli.errors import DeeplineError, ProviderTransientError
 from deepline_cli.runtime.receipts import DurableCall, ReceiptBook, receipt_key
 from deepline_cli.runtime.tools import ToolCall, ToolDef
 
 Send = Callable[[list[Any], ToolCall], Awaitable[Any]]
+Member = tuple[ToolCall, Any, asyncio.Future[Any]]
 
 
 class Batcher:
@@ -27,20 +35,35 @@ class Batcher:
         self.max_wait_s = float(batch.get("max_wait_ms", 20)) / 1000
         self._book = book
         self._send = send
-        self._pending: list[tuple[str, Any, asyncio.Future[Any]]] = []
+        self._pending: list[Member] = []
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def submit(self, member_key: str, input: Any) -> Any:
+    async def submit(self, member: ToolCall, input: Any) -> Any:
         """Queue one member call; its answer arrives when its batch has been answered."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._pending.append((member_key, input, future))
+        self._pending.append((member, input, future))
         if len(self._pending) >= self.max_size:
             self._flush()
         elif self._timer is None:
             self._timer = loop.call_later(self.max_wait_s, self._flush)
         return await future
+
+    async def recover(self, member: ToolCall) -> Any:
+        """A member sent in a batch by an attempt that died: that batch's answer (sent
+        again as it was, same key, if it never arrived)."""
+        assert member.batch_key is not None
+        stored = await self._book.stored(member.batch_key)
+        sent = (stored.request if stored is not None else None) or []
+        keys = [key for key, _ in sent]
+        if member.receipt_key not in keys:
+            raise DeeplineError(f"{self.tool}: the batch a call was sent in ({member.batch_key}) is not in the store.")
+        call = DurableCall(
+            key=member.batch_key, kind="batch", label=f"{self.tool} batch of {len(keys)}", tool=f"{self.tool}#batch"
+        )
+        results = await self._execute(call, [input for _, input in sent])
+        return results[keys.index(member.receipt_key)]
 
     def _flush(self) -> None:
         if self._timer is not None:
@@ -52,31 +75,20 @@ class Batcher:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, members: list[tuple[str, Any, asyncio.Future[Any]]]) -> None:
-        keys = sorted(key for key, _, _ in members)
-        inputs = [input for _, input, _ in members]
+    async def _run(self, members: list[Member]) -> None:
+        members = [m for m in members if _still_owned(m)]
+        if not members:
+            return
         call = DurableCall(
-            key=receipt_key("batch", self.tool, *keys),
-            kind="tool",
+            key=receipt_key("batch", self.tool, *sorted(info.receipt_key for info, _, _ in members)),
+            kind="batch",
             label=f"{self.tool} batch of {len(members)}",
             tool=f"{self.tool}#batch",
+            members=[(info.receipt_key, info.lease_id) for info, _, _ in members],
+            request=[[info.receipt_key, input] for info, input, _ in members],
         )
-
-        async def send(info: ToolCall) -> Any:
-            results = await self._send(inputs, info)
-            # Checked before the aggregate receipt completes: a short answer is a (retryable)
-            # failure, never a stored result that every later run would trip on.
-            if not isinstance(results, list) or len(results) != len(members):
-                got = len(results) if isinstance(results, list) else type(results).__name__
-                raise ProviderTransientError(
-                    f"{self.tool}: a batch of {len(members)} calls got {got} results back",
-                    category="upstream",
-                    tool=self.tool,
-                )
-            return results
-
         try:
-            results = (await self._book.execute(call, send)).value
+            results = await self._execute(call, [input for _, input, _ in members])
         except BaseException as exc:
             for _, _, future in members:
                 if not future.done():
@@ -85,3 +97,33 @@ class Batcher:
         for (_, _, future), result in zip(members, results, strict=True):
             if not future.done():
                 future.set_result(result)
+
+    async def _execute(self, call: DurableCall, inputs: list[Any]) -> list[Any]:
+        async def send(info: ToolCall) -> Any:
+            results = await self._send(inputs, info)
+            # Checked before the aggregate receipt completes: a short answer is a (retryable)
+            # failure, never a stored result that every later run would trip on.
+            if not isinstance(results, list) or len(results) != len(inputs):
+                got = len(results) if isinstance(results, list) else type(results).__name__
+                raise ProviderTransientError(
+                    f"{self.tool}: a batch of {len(inputs)} calls got {got} results back",
+                    category="upstream",
+                    tool=self.tool,
+                )
+            return results
+
+        value: list[Any] = (await self._book.execute(call, send)).value
+        return value
+
+
+def _still_owned(member: Member) -> bool:
+    """A member whose lease was lost while it waited for its batch is not sent: it is
+    claimed again (and finds the new owner's answer)."""
+    info, _, future = member
+    try:
+        info.ensure_lease()
+    except BaseException as exc:
+        if not future.done():
+            future.set_exception(exc)
+        return False
+    return True

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deepline_cli import _json
-from deepline_cli.errors import DeeplineError, GovernanceError, PlayLoadError
+from deepline_cli.errors import DeeplineError, GovernanceError, InputError, PlayLoadError
 from deepline_cli.runtime.holders import holder_id
 from deepline_cli.runtime.play import PlayDef, find_play_by_name, load_play
 from deepline_cli.runtime.receipts import DurableCall, receipt_key
@@ -40,7 +40,11 @@ def resolve_play_ref(play_ref: str, parent_file: str) -> PlayDef:
 
 
 def child_run_id(parent_run_id: str, call_id: str, play: PlayDef, input: Any) -> str:
-    return "r-" + _json.digest("child", parent_run_id, call_id, play.name, _json.canonical(input))[:12]
+    try:
+        content = _json.canonical(input)
+    except TypeError as exc:
+        raise InputError(f"The input of child play {play.name!r} has no run id: {exc}.") from None
+    return "r-" + _json.digest("child", parent_run_id, call_id, play.name, content)[:12]
 
 
 async def run_play(
@@ -60,7 +64,6 @@ async def run_play(
     child_id = child_run_id(s.scope.run_id, id, play, input)
 
     async def invoke(_: Any) -> Any:
-        s.caps.count_child_play()
         if s.schedule_children:
             return await _schedule_child(s, id, play, child_id, input, description)
         return await _execute_child(s, id, play, child_id, input, description)
@@ -76,6 +79,7 @@ async def _schedule_child(
     store, now = s.io.store, s.io.now()
     record = await s.io.call(store.get_run, child_id)
     if record is None:
+        s.caps.count_child_play()  # per run: children started by earlier attempts count too
         options = {
             **s.options,
             "description": description,
@@ -131,6 +135,7 @@ async def _execute_child(
     store, now = s.io.store, s.io.now()
     record = await s.io.call(store.get_run, child_id)
     if record is None:
+        s.caps.count_child_play()
         record = RunRecord(
             run_id=child_id,
             play=play.name,
@@ -164,7 +169,10 @@ async def _execute_child(
     journal = await s.io.call(store.journal, child_id)
     child = s.for_child(child_id, record.attempt, play.name, play.file, journal, play.tools())
     s.bus.emit("child.started", s.scope.run_id, child_run_id=child_id, play=play.name, attempt=record.attempt)
-    outcome = await execute_body(play, child, input)
+    try:
+        outcome = await execute_body(play, child, input)
+    finally:
+        s.books.remove(child.book)  # its calls are over: no more heartbeats for it
     await s.io.call(
         store.update_run,
         child_id,

@@ -44,6 +44,7 @@ _TOOL_KEYS = {
     "idempotency_header": str,
     "batch": dict,
     "version": (str, int),
+    "allow_hosts": list,
 }
 _REMOTE_KEYS = {"base_url": str, "api_key_env": str, "timeout_s": (int, float), "retries": int}
 _BATCH_KEYS = {"max_size": int, "max_wait_ms": (int, float), "items_field": str, "results_field": str}
@@ -66,6 +67,8 @@ class HttpToolSpec:
     idempotency_header: str = "Idempotency-Key"
     batch: dict[str, Any] | None = None
     version: str = "1"
+    # Hosts (`host` or `host:port`) a templated URL may reach; empty: the URL's own host.
+    allow_hosts: tuple[str, ...] = ()
 
     def secret_names(self) -> list[str]:
         """Every `${NAME}` the request templates use (the tool's credentials)."""
@@ -140,6 +143,14 @@ def _tool(path: Path, tool_id: str, spec: Any) -> HttpToolSpec:
         raise UsageError(f"{path}: {owner} method {method!r} is not one of {', '.join(sorted(METHODS))}.")
     if not str(spec["url"]).startswith(("http://", "https://", "{", "${")):
         raise UsageError(f"{path}: {owner} url must start with http:// or https://.")
+    allow_hosts = spec.get("allow_hosts") or []
+    if not all(isinstance(h, str) and h and "/" not in h for h in allow_hosts):
+        raise UsageError(f'{path}: {owner} allow_hosts must list host names, like ["api.example.com"].')
+    if references(_authority(spec["url"]))[1] and not allow_hosts:
+        raise UsageError(
+            f"{path}: {owner} url takes its host from the call's input, which would let a row choose where the "
+            "tool's credentials go; fix the host in the url, or list the hosts it may reach in allow_hosts."
+        )
     if "rate_limit" in spec:
         parse_rate(spec["rate_limit"], owner=f"{path}: {owner}")
     if "timeout_s" in spec and spec["timeout_s"] <= 0:
@@ -170,7 +181,18 @@ def _tool(path: Path, tool_id: str, spec: Any) -> HttpToolSpec:
         idempotency_header=spec.get("idempotency_header", "Idempotency-Key"),
         batch=spec.get("batch"),
         version=str(spec.get("version", "1")),
+        allow_hosts=tuple(h.lower() for h in allow_hosts),
     )
+
+
+def _authority(url: str) -> str:
+    """The scheme and host part of a URL template: everything before its path."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url  # the whole URL is a template: its host too
+    for end in "/?#":
+        rest = rest.split(end, 1)[0]
+    return f"{scheme}://{rest}"
 
 
 def _remote(path: Path, spec: Any) -> RemoteSpec:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from deepline_cli import _json
-from deepline_cli.errors import UsageError
+from deepline_cli.errors import InputError, UsageError
 from deepline_cli.runtime.batch import Batcher
 from deepline_cli.runtime.columns import Column
 from deepline_cli.runtime.dataset import Dataset
@@ -55,15 +55,12 @@ class Tools:
 
     def receipt_key(self, definition: ToolDef, input: Any) -> str:
         scope = self._s.scope
-        return receipt_key(
-            "tool",
-            scope.workspace,
-            scope.play,
-            definition.id,
-            _json.canonical(input),
-            definition.auth_digest,
-            definition.version,
-        )
+        try:
+            content = _json.canonical(input)
+        except TypeError as exc:
+            raise InputError(f"The input of tool {definition.id!r} has no receipt key: {exc}.") from None
+        return receipt_key("tool", scope.workspace, scope.play, definition.id, content, definition.auth_digest,
+                           definition.version)  # fmt: skip
 
     async def _invoke(self, definition: ToolDef, input: Any, info: ToolCall, timeout_s: float | None) -> Any:
         """Call the tool under its limits: run-wide and per-tool concurrency, rate, timeout."""
@@ -71,7 +68,9 @@ class Tools:
         if governor.unlimited(tool) and timeout_s is None:
             return await definition.invoke(input, info)
         async with governor.slot(tool):
-            self._s.book.check_open()
+            # The wait for a slot may have outlasted the lease (a paused process): the call
+            # goes out only if it is still ours.
+            info.ensure_lease()
             if timeout_s is None:
                 return await definition.invoke(input, info)
             async with asyncio.timeout(timeout_s):
@@ -135,7 +134,9 @@ class Tools:
 
             async def invoke(info: ToolCall) -> Any:
                 self._s.caps.count_tool_call()
-                return await batcher.submit(info.receipt_key, input)
+                if info.batch_key:  # sent in a batch before a crash: that batch again, same key
+                    return await batcher.recover(info)
+                return await batcher.submit(info, input)
         else:
 
             async def invoke(info: ToolCall) -> Any:
@@ -219,8 +220,8 @@ class Context:
         )
         request = Request(method.upper(), url, dict(headers or {}), {}, json)
 
-        async def invoke(_: ToolCall) -> Any:
-            return await fetch_once(self._s.http, request, label=id, timeout_s=timeout_s, retries=3)
+        async def invoke(info: ToolCall) -> Any:
+            return await fetch_once(self._s.http, request, label=id, timeout_s=timeout_s, retries=3, call=info)
 
         stored = (await self._s.book.execute(call, invoke)).value
         return FetchResult(stored["ok"], stored["status"], stored["headers"], stored["text"])

@@ -1,7 +1,15 @@
-"""Who holds a run: its holder (host and pid) and whether that process still lives."""
+"""Who holds a run: its holder (host, pid and process start) and whether it still holds it.
+
+A holder holds a run while its lease is current: one that stopped heartbeating (killed,
+paused past its lease, a machine gone) holds nothing, and a process that wakes to find
+its run taken over stops without writing. On this machine we can also ask the OS, so a
+killed run is taken over at once — and the process start time recorded in the holder
+tells a live holder from another process that got its PID later (after a reboot).
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 
@@ -9,36 +17,73 @@ from deepline_cli.store.base import RunRecord
 
 
 def holder_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """`host:pid`, and `:boot-start` where the OS tells when the process started."""
+    token = _start_token(os.getpid())
+    base = f"{socket.gethostname()}:{os.getpid()}"
+    return f"{base}:{token}" if token else base
 
 
 def holder_alive(record: RunRecord, now: float) -> bool:
-    """Is the process holding this run still alive?
-
-    On this machine we can ask the OS (a killed run is taken over at once); a holder
-    elsewhere is alive as long as its lease has not expired.
-    """
+    """Does a live process still hold this run?"""
     if not record.holder or record.status not in ("running", "queued"):
         return False
-    host, _, pid_text = record.holder.rpartition(":")
-    if host == socket.gethostname() and pid_text.isdigit():
-        pid = int(pid_text)
-        if pid == os.getpid():
-            return True
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return (record.lease_expires_at or 0.0) > now or _process_exists(pid)
-    return (record.lease_expires_at or 0.0) > now
+    if (record.lease_expires_at or 0.0) <= now:
+        return False
+    host, pid, token = _parse(record.holder)
+    if host != socket.gethostname() or pid is None:
+        return True  # elsewhere: held while the lease is current
+    if token is not None and token != _start_token(pid):
+        return False  # the PID belongs to another process now
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return _process_exists(pid)
+
+
+def _parse(holder: str) -> tuple[str, int | None, str | None]:
+    """`host:pid` or `host:pid:token` → (host, pid, token)."""
+    head, _, last = holder.rpartition(":")
+    if last.isdigit():
+        return head, int(last), None
+    host, _, pid = head.rpartition(":")
+    if pid.isdigit():
+        return host, int(pid), last
+    return holder, None, None
+
+
+@functools.cache
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            return handle.read().strip()[:8]
+    except OSError:
+        return ""
+
+
+def _start_token(pid: int) -> str | None:
+    """`boot-starttime` for a process (Linux), None where the OS does not say."""
+    stat = _stat(pid)
+    boot = _boot_id()
+    if stat is None or not boot:
+        return None
+    return f"{boot}-{stat[19]}"  # field 22 of /proc/PID/stat: start time, in clock ticks since boot
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            # The command name (field 2) may hold spaces and parentheses: split after it.
+            return handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
 def _process_exists(pid: int) -> bool:
     # A zombie (killed, not yet reaped by its parent) still answers kill(0); it holds nothing.
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
+    stat = _stat(pid)
+    return stat is None or stat[0] != "Z"

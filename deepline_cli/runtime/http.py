@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import ipaddress
 import os
 import random
+import socket
 import ssl
 import time
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -99,18 +102,30 @@ class Request:
 class Http:
     """Sends requests with retries; shared by HTTP tools, remote tools and `ctx.fetch`."""
 
-    def __init__(self, pool: ClientPool, secrets: Secrets, governor: Governor) -> None:
+    def __init__(self, pool: ClientPool, secrets: Secrets, governor: Governor, *, public_only: bool = False) -> None:
         self.pool = pool
         self.secrets = secrets
         self.governor = governor
+        self.public_only = public_only  # ctx.fetch: public addresses only (shared workers)
 
     async def send(
-        self, request: Request, *, tool: str, timeout_s: float, retries: int, client_errors: bool = False
+        self,
+        request: Request,
+        *,
+        tool: str,
+        timeout_s: float,
+        retries: int,
+        client_errors: bool = False,
+        call: ToolCall | None = None,
     ) -> httpx.Response:
         """The provider's answer (2xx, and 4xx other than 429 with `client_errors`), or a
-        ToolExecutionError after the retries allowed."""
+        ToolExecutionError after the retries allowed. Before every attempt the call's lease
+        is checked: a call another process took over is not sent again."""
+        validate(request, tool)
         attempt = 0
         while True:
+            if call is not None:
+                call.ensure_lease()
             try:
                 response = await self._once(request, timeout_s)
                 failure = self._failure(response, tool)
@@ -123,6 +138,8 @@ class Http:
                 delay = _delay(attempt, exc.retry_after_s)
                 if exc.category == "rate_limit":
                     self.governor.back_off(tool, delay)  # slow the tool down for everyone
+                if call is not None:
+                    call.note_retry(_retry_reason(exc))
                 attempt += 1
                 await asyncio.sleep(delay)
 
@@ -185,6 +202,57 @@ class Http:
                 ) from None
             value = response.text
         return self.secrets.redact_json(value)
+
+
+def invalid(message: str, tool: str) -> ToolExecutionError:
+    """A request the caller built wrong: never sent, never retried."""
+    return ToolExecutionError(message, origin="caller", category="validation", retryable=False, tool=tool)
+
+
+def validate(request: Request, tool: str) -> None:
+    """Refuse what a row could smuggle into a request: another scheme (`file://`), or a
+    line break or NUL in a header (a second header, or a second request)."""
+    scheme = request.url.partition("://")[0].lower() if "://" in request.url else ""
+    if scheme not in ("http", "https"):
+        raise invalid(f"{tool}: only http:// and https:// URLs can be requested, not {request.url[:60]!r}", tool)
+    if any(c in request.url for c in "\r\n\0 "):
+        raise invalid(f"{tool}: the URL has a space, line break or NUL in it: {request.url[:60]!r}", tool)
+    for name, value in request.headers.items():
+        if any(c in f"{name}{value}" for c in "\r\n\0"):
+            raise invalid(f"{tool}: header {name!r} has a line break or NUL in it", tool)
+
+
+def check_host(url: str, allowed: tuple[str, ...], tool: str) -> None:
+    """A URL whose host comes from the input may only reach the hosts listed for it."""
+    parts = urllib.parse.urlsplit(url)
+    host = (parts.hostname or "").lower()
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    if parts.username is not None or (host not in allowed and netloc not in allowed):
+        raise invalid(f"{tool}: host {netloc or url[:60]!r} is not in the tool's allow_hosts", tool)
+
+
+async def check_public(url: str, tool: str) -> None:
+    """`ctx.fetch` limited to public addresses (DEEPLINE_FETCH_PUBLIC_ONLY): no cloud
+    metadata (169.254.169.254), no private network (RFC 1918), no loopback."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    try:
+        found = await asyncio.get_running_loop().getaddrinfo(host, parts.port or 80, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ProviderTransientError(f"{tool}: cannot resolve {host!r}: {exc}", category="network", tool=tool) from None
+    for *_, address in found:
+        ip = ipaddress.ip_address(address[0])
+        ip = getattr(ip, "ipv4_mapped", None) or ip
+        if not ip.is_global:
+            raise invalid(f"{tool}: {host} is a private address ({ip}); fetches are limited to public ones", tool)
+
+
+def _retry_reason(exc: ToolExecutionError) -> str:
+    if exc.status_code == 429:
+        return "429"
+    if exc.status_code and exc.status_code >= 500:
+        return "5xx"
+    return exc.category
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -251,10 +319,18 @@ class HttpTools:
         self._defs.pop(tool_id, None)
 
     async def _send_checking_auth(
-        self, request: Request, *, tool: str, names: list[str], digest: str, timeout_s: float, retries: int
+        self,
+        request: Request,
+        *,
+        tool: str,
+        names: list[str],
+        digest: str,
+        timeout_s: float,
+        retries: int,
+        call: ToolCall,
     ) -> httpx.Response:
         try:
-            return await self.http.send(request, tool=tool, timeout_s=timeout_s, retries=retries)
+            return await self.http.send(request, tool=tool, timeout_s=timeout_s, retries=retries, call=call)
         except ToolExecutionError as exc:
             if exc.category == "authentication" and names:
                 self.http.secrets.reload()
@@ -284,9 +360,12 @@ class HttpTools:
             # A batch tool gets the members' inputs: one request carries all their bodies.
             first = input[0] if spec.batch else input
             items_field = (spec.batch or {}).get("items_field", "items")
+            url = render(spec.url, first, http.secrets, tool=spec.id)
+            if spec.allow_hosts:
+                check_host(url, spec.allow_hosts, spec.id)
             request = Request(
                 method=spec.method,
-                url=render(spec.url, first, http.secrets, tool=spec.id),
+                url=url,
                 headers={
                     **_strings(render(spec.headers, first, http.secrets, tool=spec.id)),
                     spec.idempotency_header: call.idempotency_key,
@@ -301,6 +380,7 @@ class HttpTools:
                 digest=digest,
                 timeout_s=spec.timeout_s,
                 retries=spec.retries,
+                call=call,
             )
             answer = http.decode(response, spec.id)
             if spec.batch and isinstance(answer, dict):
@@ -345,7 +425,9 @@ class HttpTools:
                     },
                 },
             )
-            response = await http.send(request, tool=tool_id, timeout_s=remote.timeout_s, retries=remote.retries)
+            response = await http.send(
+                request, tool=tool_id, timeout_s=remote.timeout_s, retries=remote.retries, call=call
+            )
             body = http.decode(response, tool_id)
             return body.get("output", body) if isinstance(body, dict) else body
 
@@ -376,10 +458,17 @@ class FetchResult:
 _KEPT_HEADERS = ("content-type", "etag", "last-modified", "location", "retry-after")
 
 
-async def fetch_once(http: Http, request: Request, *, label: str, timeout_s: float, retries: int) -> dict[str, Any]:
+async def fetch_once(
+    http: Http, request: Request, *, label: str, timeout_s: float, retries: int, call: ToolCall
+) -> dict[str, Any]:
     """One durable fetch: any final HTTP status is a result (ok=False for 4xx); network
     failures, 5xx and 429 are retried and then raised."""
-    response = await http.send(request, tool=f"fetch:{label}", timeout_s=timeout_s, retries=retries, client_errors=True)
+    if http.public_only:
+        validate(request, f"fetch:{label}")
+        await check_public(request.url, f"fetch:{label}")
+    response = await http.send(
+        request, tool=f"fetch:{label}", timeout_s=timeout_s, retries=retries, client_errors=True, call=call
+    )
     headers = {k: http.secrets.redact(v) for k, v in response.headers.items() if k.lower() in _KEPT_HEADERS}
     return {
         "ok": response.status_code < 400,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +40,7 @@ from deepline_cli.runtime.secrets import Secrets
 from deepline_cli.runtime.stats import RunStats
 from deepline_cli.runtime.storeio import StoreIO, WriteQueue
 from deepline_cli.runtime.tools import Execution, ToolCall
-from deepline_cli.store.base import CallRecord, Claim, ClaimOutcome, Receipt, Settlement
+from deepline_cli.store.base import CallRecord, Claim, ClaimOutcome, LogLine, Receipt, Settlement
 
 BUSY_POLL_S = 0.25
 
@@ -140,6 +141,10 @@ class ReceiptBook:
         # Why dispatching stopped (interrupt, breaker…); one list shared by a run and its
         # child runs, so stopping one stops them all.
         self._stopped: list[BaseException] = []
+
+    @property
+    def scope(self) -> RunScope:
+        return self._scope
 
     def for_scope(self, scope: RunScope) -> ReceiptBook:
         """A book for a child run: its own claims, the same writes, budget and secrets."""
@@ -292,13 +297,25 @@ class ReceiptBook:
                     f"store ({exc}); stopping this run so nothing is paid twice."
                 )
             )
-        elif exc is not None or not done.result():
-            self._trip(
-                ReceiptLeaseLostError(
-                    f"The {call.kind} {call.label!r} completed, but its receipt was taken over by "
-                    "another owner before it could be recorded; stopping this run."
-                )
+        elif exc is not None:
+            self._trip(StoreError(f"A completed call ({call.label}) could not be recorded: {exc}."))
+        elif not done.result():
+            # Our lease lapsed while the call was out (a paused process) and another owner
+            # took the receipt: it sends the call under the same idempotency key and records
+            # the answer, so nothing is paid twice and nothing is lost.
+            self._log(
+                f"{call.label}: answered after another process took the call over; its record is kept",
+                level="warning",
             )
+
+    def _log(self, message: str, *, level: str = "info") -> None:
+        scope = self._scope
+        self._writes.log(LogLine(scope.run_id, scope.attempt, time.time(), level, message))
+        self._bus.emit("log", scope.run_id, level=level, message=message)
+
+    async def stored(self, key: str) -> Receipt | None:
+        """The receipt as the store has it now."""
+        return await self._io.call(self._io.store.get_receipt, key)
 
     def _settle_failure(self, call: DurableCall, lease_id: str, exc: BaseException, record: CallRecord) -> None:
         if not _is_call_failure(call, exc):

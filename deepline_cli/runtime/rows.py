@@ -97,7 +97,7 @@ def input_columns(rows: Any) -> list[str]:
 def key_function(key: RowKey) -> Callable[[Mapping[str, Any]], str]:
     """Turn `ctx.map(key=...)` into a function row → key string."""
     if key is None:
-        return lambda row: hashlib.blake2b(_json.canonical(row), digest_size=16).hexdigest()
+        return row_digest
     if isinstance(key, str):
         name = key
 
@@ -128,4 +128,13 @@ def _scalar(value: Any) -> str:
 
 def row_digest(row: Mapping[str, Any]) -> str:
     """Identity of a row's input: a cell is reused only while this stays the same."""
-    return hashlib.blake2b(_json.canonical(row), digest_size=16).hexdigest()
+    try:
+        content = _json.canonical(row)
+    except TypeError as exc:
+        raise InputError(f"A map row has no key or digest ({exc}): {_preview(row)}.") from None
+    return hashlib.blake2b(content, digest_size=16).hexdigest()
+
+
+def _preview(row: Mapping[str, Any]) -> str:
+    text = repr(dict(row))
+    return text if len(text) <= 120 else text[:117] + "..."

@@ -21,6 +21,8 @@ from deepline_cli.errors import (
     ReceiptLeaseLostError,
     RunBusyError,
     RunInterrupted,
+    StoreError,
+    StoreLostError,
     UsageError,
     error_dict,
 )
@@ -81,6 +83,9 @@ class RunOptions:
     max_child_plays: int | None = None
     max_tool_calls: int | None = None
     schedule_children: bool = False  # set by workers, not persisted: how this process runs children
+    # ctx.fetch may reach public addresses only (no cloud metadata, private network or
+    # loopback): for workers running plays others wrote. Not persisted: the process decides.
+    fetch_public_only: bool = field(default_factory=lambda: os.environ.get("DEEPLINE_FETCH_PUBLIC_ONLY") == "1")
 
     PERSISTED = (  # snapshot: see take_snapshot
         "concurrency",
@@ -316,7 +321,9 @@ class _Attempt:
             return start - io.now()
 
         governor = Governor(options.concurrency, shared_slot=shared_slot)
-        http = Http(ClientPool(max(64, options.concurrency or 0)), secrets, governor)
+        http = Http(
+            ClientPool(max(64, options.concurrency or 0)), secrets, governor, public_only=options.fetch_public_only
+        )
         book = ReceiptBook(
             io,
             writes,
@@ -429,20 +436,15 @@ class _Attempt:
             result = RunResult(record.run_id, "taken_over", record.attempt, None, {**error, "exit_code": 4}, {})
             self.bus.emit("run.finished", record.run_id, **result.finished_event())
             return result
-        await self.io.call(self.io.store.end_attempt, record.run_id, record.attempt, status, self.io.now())
-        stats = await self.io.call(self.io.store.run_stats, record.run_id)
-        stats["store_s"] = round(record.stats.get("store_s", 0.0) + self.io.busy_s, 3)  # the store thread's busy time
-        await self.io.call(
-            self.io.store.update_run,
-            record.run_id,
-            status=status,
-            output=outcome.output,
-            error=outcome.error,
-            stats=stats,
-            holder=None,
-            lease_expires_at=0.0,
-            finished_at=self.io.now() if status in ("completed", "failed") else None,
-        )
+        try:
+            stats = await self.io.call(self._record_end, outcome)
+        except StoreError as exc:
+            # The outcome cannot be recorded (the store is gone or unreachable): say so,
+            # and never report a run the store does not know finished as completed.
+            error = {**error_dict(exc), "exit_code": 1}
+            result = RunResult(record.run_id, "failed", record.attempt, None, error, {})
+            self.bus.emit("run.finished", record.run_id, **result.finished_event())
+            return result
         result = RunResult(
             record.run_id,
             status,
@@ -459,6 +461,24 @@ class _Attempt:
             self.bus.emit("run.waiting", record.run_id, boundaries=result.waiting)
         self.bus.emit("run.finished", record.run_id, **result.finished_event())
         return result
+
+    def _record_end(self, outcome: BodyOutcome) -> dict[str, Any]:
+        """On the store thread: end the attempt, count the run's stats, record the outcome."""
+        record, store, now, status = self.record, self.io.store, self.io.now(), outcome.status
+        store.end_attempt(record.run_id, record.attempt, status, now)
+        stats = store.run_stats(record.run_id)
+        stats["store_s"] = round(record.stats.get("store_s", 0.0) + self.io.busy_s, 3)  # the store thread's busy time
+        store.update_run(
+            record.run_id,
+            status=status,
+            output=outcome.output,
+            error=outcome.error,
+            stats=stats,
+            holder=None,
+            lease_expires_at=0.0,
+            finished_at=now if status in ("completed", "failed") else None,
+        )
+        return stats
 
     async def _tick(self, services: RunServices) -> None:
         """Progress for the views: counters a few times a second, never per call."""
@@ -493,7 +513,21 @@ class _Attempt:
                         self.task.cancel()
                     return
                 for book in list(services.books):
+                    if book is not services.book:  # a child run in this process: its lease too
+                        scope = book.scope
+                        await self.io.call(
+                            store.heartbeat_run,
+                            scope.run_id,
+                            holder=record.holder or holder_id(),
+                            attempt=scope.attempt,
+                            expires_at=self.io.now() + self.options.lease_ttl,
+                        )
                     await book.heartbeat()
+            except StoreLostError as exc:
+                services.book.close(exc)  # nothing this run does can be recorded any more
+                if self.task is not None:
+                    self.task.cancel()
+                return
             except DeeplineError as exc:
                 # A store hiccup: keep trying; the lease is long enough to ride it out.
                 services.log(f"lease heartbeat failed: {exc}", level="warning")

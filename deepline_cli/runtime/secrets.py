@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import re
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +33,28 @@ def read_dotenv(path: Path) -> dict[str, str]:
     return values
 
 
+def encoded_forms(secret: str) -> set[str]:
+    """The ways a provider may echo a secret back: as is, URL-encoded, base64 (at any
+    alignment in the encoded stream, and inside `user:secret`), and each of those as it
+    reads inside a JSON string (`\\"`, `\\/`)."""
+    raw = secret.encode()
+    forms = {secret, urllib.parse.quote(secret, safe=""), urllib.parse.quote_plus(secret), urllib.parse.quote(secret)}
+    for skip in range(3):  # the secret's bytes that share a base64 group with what precedes it
+        whole = raw[skip : skip + 3 * ((len(raw) - skip) // 3)]
+        forms.add(base64.b64encode(whole).decode())
+        forms.add(base64.urlsafe_b64encode(whole).decode())
+    escaped = set()
+    for form in forms:
+        inside_json = json.dumps(form)[1:-1]
+        escaped |= {inside_json, inside_json.replace("/", "\\/")}
+    return {form for form in forms | escaped if len(form) >= MIN_SECRET_LENGTH}
+
+
 class Secrets:
     def __init__(self, dotenv_dir: Path | None = None) -> None:
         self._dotenv_dir = dotenv_dir
         self._known: set[str] = set()
+        self._pattern: re.Pattern[str] | None = None
         self.reload()
 
     def reload(self) -> None:
@@ -41,8 +63,11 @@ class Secrets:
 
     def lookup(self, name: str) -> str | None:
         value = os.environ.get(name, self._dotenv.get(name))
-        if value is not None and len(value) >= MIN_SECRET_LENGTH:
+        if value is not None and len(value) >= MIN_SECRET_LENGTH and value not in self._known:
             self._known.add(value)
+            forms = set().union(*(encoded_forms(known) for known in self._known))
+            # One pass over a text for every form; the longest first, so none is half replaced.
+            self._pattern = re.compile("|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True)))
         return value
 
     def get(self, name: str) -> str:
@@ -52,13 +77,12 @@ class Secrets:
         return value
 
     def redact(self, text: str) -> str:
-        for value in self._known:
-            if value in text:
-                text = text.replace(value, REDACTED)
-        return text
+        if self._pattern is None:
+            return text
+        return self._pattern.sub(REDACTED, text)
 
     def redact_json(self, value: Any) -> Any:
-        if not self._known:
+        if self._pattern is None:
             return value
         if isinstance(value, str):
             return self.redact(value)

@@ -44,9 +44,16 @@ class WorkerStats:
 
 class Worker:
     def __init__(
-        self, store_url: str | None, *, concurrency: int = 1, once: bool = False, report: Report = print
+        self,
+        store_url: str | None,
+        *,
+        concurrency: int = 1,
+        once: bool = False,
+        report: Report = print,
+        fetch_public_only: bool = False,
     ) -> None:
         self.store_url = store_url
+        self.fetch_public_only = fetch_public_only
         self.concurrency = max(1, concurrency)
         self.once = once
         self.report = report
@@ -162,7 +169,9 @@ class Worker:
         return ready_to_resume(store, record.run_id, now, 30.0 if wait is None else float(wait))
 
     def _execute(self, run_id: str, action: Callable[[Runner], RunResult]) -> None:
-        runner = Runner(RunOptions(store=self.store_url, schedule_children=True), self._bus())
+        options = RunOptions(store=self.store_url, schedule_children=True)
+        options.fetch_public_only = options.fetch_public_only or self.fetch_public_only
+        runner = Runner(options, self._bus())
         with self._lock:
             self._runners.add(runner)
         if self._draining.is_set():

@@ -126,7 +126,7 @@ MIGRATIONS: list[tuple[str, str | Step]] = [
             id {serial}, run_id TEXT NOT NULL, attempt INTEGER NOT NULL, key TEXT NOT NULL, kind TEXT,
             tool TEXT, status TEXT NOT NULL, credits {float}, started_at {float}, ended_at {float},
             retries INTEGER, category TEXT);
-        CREATE INDEX calls_run ON calls (run_id);
+        CREATE INDEX calls_run ON calls (run_id, attempt);
         -- One row per attempt of a run: who ran it, from when to when (last heartbeat).
         CREATE TABLE attempts (
             run_id TEXT NOT NULL, attempt INTEGER NOT NULL, holder TEXT, started_at {float},

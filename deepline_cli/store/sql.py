@@ -320,11 +320,13 @@ class SqlStore:
         extra = self._read(
             "SELECT coalesce(sum(duplicate), 0), coalesce(sum(reused), 0) FROM maps WHERE run_id = ?", (run_id,)
         )[0]
-        attempts = self._read(
-            "SELECT count(*), coalesce(sum(coalesce(ended_at, seen_at) - started_at), 0) FROM attempts"
-            " WHERE run_id = ?",
+        # A killed attempt ended some time after its last heartbeat: at its last call, if later.
+        spans = self._read(
+            "SELECT a.started_at, a.seen_at, a.ended_at, (SELECT max(c.ended_at) FROM calls c"
+            " WHERE c.run_id = a.run_id AND c.attempt = a.attempt) FROM attempts a WHERE a.run_id = ?",
             (run_id,),
-        )[0]
+        )
+        attempts = (len(spans), sum((ended or max(seen, last or 0.0)) - began for began, seen, ended, last in spans))
         return {
             "rows": {
                 "succeeded": int(rows.get("succeeded", 0)),

@@ -6,6 +6,7 @@ settlements so a transaction carries many calls (group commit).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -14,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from deepline_cli.errors import StoreError
+from deepline_cli.errors import StoreError, StoreLostError
 from deepline_cli.store.base import Claim, Receipt
 from deepline_cli.store.migrations import SQLITE, migrate
 from deepline_cli.store.sql import CLAIM_INSERT_COLUMNS, CLAIM_ROW, SqlStore, claim_row
@@ -48,6 +49,14 @@ def _enable_wal(conn: sqlite3.Connection) -> None:
             time.sleep(0.02)
 
 
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
 class SQLiteStore(SqlStore):
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
@@ -67,6 +76,7 @@ class SQLiteStore(SqlStore):
             raise
         # One connection, used from the runtime's store thread and the main thread.
         self._lock = threading.RLock()
+        self._identity = _identity(self.path)
 
     def _migrate(self) -> None:
         conn = self._conn
@@ -97,9 +107,19 @@ class SQLiteStore(SqlStore):
     def now(self) -> float:
         return time.time()
 
+    def _check_file(self) -> None:
+        """A store file deleted (or replaced) under an open connection still takes writes,
+        into a file nobody will ever read again: refuse them, loudly."""
+        if _identity(self.path) != self._identity:
+            raise StoreLostError(
+                f"The store {self.path} was deleted or replaced while this process was using it; "
+                "what was recorded in it is gone."
+            )
+
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
+            self._check_file()
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
                 try:

@@ -1,0 +1,284 @@
+"""Billed once under every fault (leases): a paused process never sends a call another
+process took over, refreshes get fresh idempotency keys, a crashed batch is sent again
+as the same batch, a run taken over exits 4, and a reused PID never holds a run.
+
+Real parts throughout: `deepline` subprocesses paused with SIGSTOP and killed with
+SIGKILL, the loopback provider counting every request and its idempotency key.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from deepline_cli import _json
+from deepline_cli.store import open_store
+from deepline_cli.store.base import ReceiptQuery, RunRecord
+from tests.conftest import Result
+from tests.faults import MAP_PLAY, TimedProvider, ensure_alive, finish, kill, start, tool_config, wait_until
+from tests.provider import ProviderServer
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def provider() -> Iterator[TimedProvider]:
+    with ProviderServer(TimedProvider(latency_s=0.3)) as p:
+        yield p  # type: ignore[misc]
+
+
+@pytest.fixture
+def env(cli_env: dict[str, str], store_url: str) -> dict[str, str]:
+    return {**cli_env, "DEEPLINE_STORE": store_url, "DEEPLINE_LEASE_TTL": "1"}
+
+
+def test_a_paused_process_never_sends_a_call_another_process_took_over(
+    tmp_path: Path, provider: TimedProvider, env: dict[str, str]
+) -> None:
+    """Process A claims 24 calls and sends two (concurrency 2); it is paused past its
+    leases; B takes the calls over and completes them all. When A wakes, the 22 calls
+    still waiting for a slot must not go out: their receipts are B's now."""
+    (tmp_path / "play.py").write_text(MAP_PLAY)
+    (tmp_path / "deepline.toml").write_text(tool_config(provider.port, concurrency=2))
+    payload = '{"n": 24}'
+    a = start(["run", "play.py", "--input", payload, "--run-id", "run-a", "--quiet"], env, tmp_path)
+    try:
+        wait_until(lambda: provider.count() >= 2, what="A's first calls")
+        ensure_alive(a)
+        os.kill(a.pid, signal.SIGSTOP)
+        stopped_with = provider.count()
+        b = subprocess.run(
+            [sys.executable, "-m", "deepline_cli", "run", "play.py", "--input", payload, "--run-id", "run-b", "--json"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert b.returncode == 0, b.stderr
+        woke = time.monotonic()
+        os.kill(a.pid, signal.SIGCONT)
+        code, _, err = finish(a)
+    finally:
+        kill(a)
+    late = [key for when, key in provider.answered if when > woke]
+    assert late == [], f"A sent {len(late)} calls after waking, though B had taken them over"
+    sends = provider.sends()
+    assert len(sends) == 24  # billed == distinct calls
+    repeated = {key for key, n in sends.items() if n > 1}
+    assert len(repeated) <= stopped_with  # only calls A had in flight when paused went out twice
+    assert all(n <= 2 for n in sends.values())
+    assert code == 0, err  # A finds B's answers and completes without paying again
+
+
+def test_refreshes_send_fresh_idempotency_keys(tmp_path: Path, provider: TimedProvider, env: dict[str, str]) -> None:
+    """A stale or forced refresh is a new paid call: a provider that honours keys would
+    otherwise replay its old answer while deepline counts new credits."""
+    provider.latency_s = 0.0
+    (tmp_path / "deepline.toml").write_text(tool_config(provider.port))
+    (tmp_path / "play.py").write_text(
+        """
+from deepline_cli import play
+
+@play("refresh")
+async def refresh(ctx, input):
+    kw = {"force": True} if input["how"] == "force" else {"stale_after_seconds": 0}
+    r = await ctx.tools.execute("lookup", "p.lookup", {"domain": "acme.com"}, **kw)
+    return {"execution": r.execution, "key": r.output["key"]}
+"""
+    )
+    outputs = []
+    for how in ("stale", "stale", "force", "force"):
+        done = subprocess.run(
+            [sys.executable, "-m", "deepline_cli", "run", "play.py", "--set", f"how={how}"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        outputs.append(_json.loads(done.stdout))
+    assert [o["execution"] for o in outputs] == ["live"] * 4
+    keys = [o["key"] for o in outputs]
+    assert len(set(keys)) == 4, keys  # each refresh was billed as the new call it is
+    assert len(provider.billed) == 4
+
+
+BATCH_PLAY = """
+from deepline_cli import play
+
+
+@play("batched")
+async def batched(ctx, input):
+    rows = [{"domain": f"d{i}.com"} for i in range(input["n"])]
+    done = await ctx.map(
+        "rows", rows, key="domain",
+        columns={"info": lambda row, rc: rc.tools.execute("b", "p.batch", {"domain": row["domain"]})},
+    )
+    return {"rows": len(done), "failed": done.failed_count}
+"""
+
+
+def test_a_batch_in_flight_at_a_crash_is_sent_again_as_the_same_batch(
+    tmp_path: Path, provider: TimedProvider, env: dict[str, str]
+) -> None:
+    """Members of a batch that was in flight when the process died go out again in that
+    same batch, under its key, even when the resumed run would group rows otherwise."""
+    provider.latency_s = 0.0
+    provider.script("/v1/batch", ["ok", *["slow:4"] * 10])  # one batch answers, the rest hang past the kill
+    (tmp_path / "play.py").write_text(BATCH_PLAY)
+    (tmp_path / "deepline.toml").write_text(
+        f"""
+[tools."p.batch"]
+method = "POST"
+url = "http://127.0.0.1:{provider.port}/v1/batch"
+json = {{ domain = "{{domain}}" }}
+credits = 1
+retries = 0
+timeout_s = 60
+batch = {{ max_size = 5, max_wait_ms = 50 }}
+"""
+    )
+    a = start(["run", "play.py", "--set", "n=20", "--run-id", "batch-run", "--quiet"], env, tmp_path)
+    try:
+        wait_until(lambda: provider.count("/v1/batch") >= 4, what="four batches sent")
+        wait_until(lambda: len(_completed(env, "p.batch")) >= 5, what="the first batch recorded")
+        ensure_alive(a)
+    finally:
+        kill(a)
+    provider.script("/v1/batch", [])
+    resumed = subprocess.run(
+        [sys.executable, "-m", "deepline_cli", "resume", "batch-run", "--concurrency", "3", "--json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    # A provider honouring idempotency keys bills each key it receives once.
+    members: dict[str, set[str]] = {}
+    for seen in provider.requests:
+        members.setdefault(seen.headers["idempotency-key"], set()).update(i["domain"] for i in seen.body["items"])
+    billed = [domain for key in members for domain in members[key]]
+    assert sorted(billed) == sorted(f"d{i}.com" for i in range(20)), "a member was billed in two batches"
+    finished = _json.loads(resumed.stdout.splitlines()[-1])
+    assert finished["output"] == {"rows": 20, "failed": 0}
+
+
+SLOW_PLAY = """
+import asyncio
+from deepline_cli import play, tool
+
+
+@tool("slow.work", credits=1)
+async def work(input):
+    await asyncio.sleep(input["s"])
+    return input["i"]
+
+
+@play("slow")
+async def slow(ctx, input):
+    total = 0
+    for i in range(input["n"]):
+        total += (await ctx.tools.execute(f"w{i}", "slow.work", {"i": i, "s": input["s"]})).output
+    return {"total": total}
+"""
+
+
+def test_a_run_taken_over_while_paused_exits_4_and_leaves_the_new_owners_record(
+    tmp_path: Path, deepline: Callable[..., Result], env: dict[str, str]
+) -> None:
+    """A holder that stopped heartbeating (paused past its lease) loses the run to a
+    resume; when it wakes it stops without recording anything, and exits 4 (busy)."""
+    (tmp_path / "play.py").write_text(SLOW_PLAY)
+    a = start(["run", "play.py", "--input", '{"n": 6, "s": 0.2}', "--run-id", "held", "--quiet"], env, tmp_path)
+    try:
+        wait_until(lambda: _status(env, "held") == "running", what="the run to start")
+        time.sleep(0.3)  # a call or two done
+        os.kill(a.pid, signal.SIGSTOP)
+        resumed = wait_until(lambda: _resume_when_expired(deepline, env), timeout=20, what="the lease to expire")
+        assert resumed.code == 0, resumed.stderr
+        os.kill(a.pid, signal.SIGCONT)
+        code, _, err = finish(a)
+    finally:
+        kill(a)
+    assert code == 4, err
+    assert "taken over" in err
+    db = open_store(env["DEEPLINE_STORE"])
+    try:
+        record = db.get_run("held")
+        assert record is not None and record.status == "completed"
+        assert record.output == {"total": 15}
+    finally:
+        db.close()
+
+
+def _completed(env: dict[str, str], tool: str) -> list[object]:
+    db = open_store(env["DEEPLINE_STORE"])
+    try:
+        return list(db.query_receipts(ReceiptQuery(tool=tool, status="completed")))
+    finally:
+        db.close()
+
+
+def _status(env: dict[str, str], run_id: str) -> str | None:
+    db = open_store(env["DEEPLINE_STORE"])
+    try:
+        record = db.get_run(run_id)
+        return record.status if record else None
+    finally:
+        db.close()
+
+
+def _resume_when_expired(deepline: Callable[..., Result], env: dict[str, str]) -> Result | None:
+    result: Result = deepline("resume", "held", "--quiet", DEEPLINE_STORE=env["DEEPLINE_STORE"], DEEPLINE_LEASE_TTL="1")
+    if result.code == 4:
+        time.sleep(0.2)
+        return None
+    return result
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["start-time", "legacy-holder"])
+def test_a_reused_pid_does_not_hold_a_run(
+    tmp_path: Path, deepline: Callable[..., Result], env: dict[str, str], legacy: bool
+) -> None:
+    """After a reboot the holder's PID may belong to another process. A holder records its
+    process start time; an old-style holder (host:pid) counts as gone once its lease expired."""
+    (tmp_path / "play.py").write_text(SLOW_PLAY)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        host = socket.gethostname()
+        now = time.time()
+        holder, expires = (f"{host}:{other.pid}", now - 5) if legacy else (f"{host}:{other.pid}:bootx-123", now + 600)
+        db = open_store(env["DEEPLINE_STORE"])
+        try:
+            db.insert_run(
+                RunRecord(
+                    run_id="orphan", play="slow", play_ref=f"{tmp_path / 'play.py'}:slow", input={"n": 2, "s": 0.0},
+                    status="running", attempt=1, cwd=str(tmp_path), root_run_id="orphan", holder=holder,
+                    lease_expires_at=expires, created_at=now, updated_at=now,
+                )
+            )  # fmt: skip
+        finally:
+            db.close()
+        resumed = deepline("resume", "orphan", "--quiet", DEEPLINE_STORE=env["DEEPLINE_STORE"])
+    finally:
+        other.kill()
+        other.wait()
+    assert resumed.code == 0, resumed.stderr
+    assert _json.loads(resumed.stdout) == {"total": 1}
+
+
+def test_the_same_run_id_started_twice_at_once_runs_once(tmp_path: Path, env: dict[str, str], store_url: str) -> None:
+    """Two `run --run-id X` at the same moment: one runs it, the other exits 4 (busy) or
+    reports it finished; never a database error."""
+    (tmp_path / "play.py").write_text(SLOW_PLAY)
+    for attempt in range(6):
+        run_id = f"twice-{attempt}"
+        args = ["run", "play.py", "--input", '{"n": 3, "s": 0.15}', "--run-id", run_id, "--quiet"]
+        both = [start(args, env, tmp_path) for _ in range(2)]
+        results = [finish(p) for p in both]
+        codes = sorted(code for code, _, _ in results)
+        assert codes in ([0, 0], [0, 4]), results
+        for code, _, err in results:
+            assert "Traceback" not in err and "UNIQUE" not in err and "duplicate key" not in err, err
+            if code == 4:
+                assert err.count("\n") == 1 and "held by a live process" in err, err

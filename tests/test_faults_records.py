@@ -1,0 +1,204 @@
+"""Honest records under faults: stats and caps count every attempt (killed ones too),
+receipts say what happened to them, a deleted store fails loudly, a receipt key never
+depends on memory, and a signal after the end does not change the outcome."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from deepline_cli import _json
+from deepline_cli.store import open_store
+from deepline_cli.store.base import ReceiptQuery
+from tests.conftest import Result
+from tests.faults import ensure_alive, finish, kill, start, wait_until
+
+pytestmark = pytest.mark.slow
+
+COUNTING_PLAY = """
+import asyncio
+from deepline_cli import play, tool
+
+
+@tool("count.work", credits=1)
+async def work(input):
+    with open(input["log"], "a") as f:
+        f.write(f"{input['i']}\\n")
+    await asyncio.sleep(input["s"])
+    return input["i"]
+
+
+@play("counting")
+async def counting(ctx, input):
+    rows = [{"i": i} for i in range(input["n"])]
+    done = await ctx.map(
+        "rows", rows, key="i", concurrency=input.get("c", 10),
+        columns={"v": lambda row, rc: rc.tools.execute("w", "count.work",
+                                                      {"i": row["i"], "s": input["s"], "log": input["log"]})},
+    )
+    return {"rows": len(done)}
+"""
+
+
+def completed(store: str, tool: str) -> int:
+    db = open_store(store)
+    try:
+        return len(db.query_receipts(ReceiptQuery(tool=tool, status="completed")))
+    finally:
+        db.close()
+
+
+def show(deepline: Callable[..., Result], run_id: str) -> dict:
+    shown = deepline("runs", "show", run_id, "--json")
+    assert shown.code == 0, shown.stderr
+    return _json.loads(shown.stdout)
+
+
+def test_stats_count_every_attempt_a_killed_one_included(
+    tmp_path: Path, deepline: Callable[..., Result], cli_env: dict[str, str]
+) -> None:
+    (tmp_path / "play.py").write_text(COUNTING_PLAY)
+    env = {**cli_env, "DEEPLINE_LEASE_TTL": "1"}
+    log = tmp_path / "calls.log"
+    payload = _json.dumps_str({"n": 200, "s": 0.1, "log": str(log)})
+    first = start(["run", "play.py", "--input", payload, "--run-id", "counted", "--quiet"], env, tmp_path)
+    try:
+        wait_until(lambda: completed(env["DEEPLINE_STORE"], "count.work") >= 1, what="a call recorded")
+        calling = time.monotonic()
+        wait_until(lambda: completed(env["DEEPLINE_STORE"], "count.work") >= 80, what="80 calls recorded")
+        ensure_alive(first)
+    finally:
+        kill(first)
+    killed_attempt = time.monotonic() - calling
+    paid_before = completed(env["DEEPLINE_STORE"], "count.work")
+
+    during = show(deepline, "counted")["stats"]  # a killed run: counted from the store
+    assert during["credits"] == paid_before
+    assert during["tools"]["count.work"]["live"] == paid_before
+
+    resumed = deepline("resume", "counted", "--json", timeout=120)
+    assert resumed.code == 0, resumed.stderr
+    stats = resumed.json_lines()[-1]["stats"]
+    assert stats["credits"] == 200  # every call paid once, whichever attempt paid it
+    assert stats["tools"]["count.work"]["live"] == 200
+    assert stats["attempts"] == 2
+    # The killed attempt's time counts (the rest of the work takes over a second more).
+    assert stats["duration_s"] >= 0.8 * killed_attempt + 1.0
+    assert stats["rows"]["succeeded"] == 200
+    assert show(deepline, "counted")["stats"]["credits"] == 200
+
+
+def test_tool_call_caps_hold_per_run_across_resumes(
+    tmp_path: Path, deepline: Callable[..., Result], write_play: Callable[..., Path]
+) -> None:
+    write_play(COUNTING_PLAY)
+    log = tmp_path / "calls.log"
+    payload = _json.dumps_str({"n": 10, "s": 0.0, "log": str(log), "c": 1})
+
+    first = deepline("run", "play.py", "--input", payload, "--run-id", "capped", "--max-tool-calls", "4")
+    assert first.code == 1 and "4 tool calls" in first.stderr, first.stderr
+    assert len(log.read_text().splitlines()) == 4
+
+    again = deepline("resume", "capped")  # the cap is the run's, not the attempt's
+    assert again.code == 1 and "4 tool calls" in again.stderr, again.stderr
+    assert len(log.read_text().splitlines()) == 4
+
+    raised = deepline("resume", "capped", "--max-tool-calls", "20")
+    assert raised.code == 0, raised.stderr
+    assert len(log.read_text().splitlines()) == 10
+
+
+def test_calls_given_back_after_they_may_have_been_sent_are_released(
+    tmp_path: Path, deepline: Callable[..., Result], cli_env: dict[str, str]
+) -> None:
+    (tmp_path / "play.py").write_text(COUNTING_PLAY)
+    log = tmp_path / "calls.log"
+    payload = _json.dumps_str({"n": 6, "s": 30, "log": str(log), "c": 3})
+    proc = start(["run", "play.py", "--input", payload, "--run-id", "stopped", "--quiet"], cli_env, tmp_path)
+    try:
+        wait_until(lambda: log.exists() and len(log.read_text().splitlines()) >= 3, what="three calls in flight")
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)  # a second Ctrl-C stops at once
+        code, _, err = finish(proc)
+    finally:
+        kill(proc)
+    assert code == 130, err
+    listed = deepline("receipts", "inspect", "--run", "stopped", "--json")
+    statuses = sorted(r["status"] for r in listed.json_lines())
+    assert statuses == ["released"] * 3  # not `running` with an expired lease forever
+
+
+def test_a_store_deleted_mid_run_fails_the_run_loudly(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    (tmp_path / "play.py").write_text(COUNTING_PLAY)
+    env = {**cli_env, "DEEPLINE_LEASE_TTL": "1"}
+    store = Path(env["DEEPLINE_STORE"])
+    payload = _json.dumps_str({"n": 400, "s": 0.02, "log": str(tmp_path / "calls.log"), "c": 4})
+    proc = start(["run", "play.py", "--input", payload], env, tmp_path)
+    try:
+        wait_until(lambda: completed(str(store), "count.work") >= 10, what="calls recorded")
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{store}{suffix}").unlink(missing_ok=True)
+        code, out, err = finish(proc, timeout=60)
+    finally:
+        kill(proc)
+    assert code == 1, err
+    assert out == ""  # no output: the run did not complete
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert any("deleted" in line and str(store) in line for line in lines), err
+    assert "Traceback" not in err
+
+
+def test_a_signal_after_the_run_finished_does_not_change_its_exit_code(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    (tmp_path / "play.py").write_text(COUNTING_PLAY)
+    payload = _json.dumps_str({"n": 3, "s": 0.0, "log": str(tmp_path / "calls.log")})
+    for _ in range(5):
+        proc = start(["run", "play.py", "--input", payload, "--json"], cli_env, tmp_path)
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if '"run.finished"' in line:
+                    os.kill(proc.pid, signal.SIGINT)
+                    break
+            code, _, err = finish(proc)
+        finally:
+            kill(proc)
+        assert code == 0, err
+
+
+@pytest.mark.parametrize(
+    "expression",
+    ["{'obj': object()}", "{1: 'a', '1': 'b'}", "{'x': float('nan')}", "{'x': {float('inf'): 1}}"],
+    ids=["object", "int-and-str-keys", "nan", "non-str-key"],
+)
+def test_a_tool_input_that_is_not_json_is_refused_before_any_call(
+    tmp_path: Path, deepline: Callable[..., Result], write_play: Callable[..., Path], expression: str
+) -> None:
+    """A receipt key must not depend on memory (an object's repr) or collide ({1:…} and
+    {"1":…}): such an input is a usage error, exit 2, and nothing is called."""
+    log = tmp_path / "called"
+    write_play(
+        f"""
+        from deepline_cli import play, tool
+
+        @tool("t.any")
+        def any_(input):
+            open({str(log)!r}, "a").write("x")
+            return 1
+
+        @play("bad")
+        async def bad(ctx, input):
+            return (await ctx.tools.execute("x", "t.any", {expression})).output
+        """
+    )
+    result = deepline("run", "play.py")
+    assert result.code == 2, result.stderr
+    [reason] = [line for line in result.stderr.splitlines() if "failed:" in line]
+    assert "input of tool 't.any' has no receipt key" in reason and "JSON" in reason
+    assert "Traceback" not in result.stderr
+    assert not log.exists()
