@@ -77,6 +77,10 @@ class LeaseLost(ReceiptLeaseLostError):
     """The lease was lost before the call went out: claim the receipt again."""
 
 
+class RunTakenOver(ReceiptLeaseLostError):
+    """Another process took this run over (a later attempt): this one may claim nothing more."""
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     value: Any
@@ -200,6 +204,10 @@ class ReceiptBook:
             if outcome.verdict == "busy":
                 waited = await self._wait_busy(call, receipt, waited)
                 continue
+            if outcome.verdict == "superseded":
+                raise self._trip(
+                    RunTakenOver(f"Run {self._scope.run_id} was taken over by another process; this one stopped.")
+                )
             try:
                 return await self._invoke(call, outcome, invoke)
             except LeaseLost:

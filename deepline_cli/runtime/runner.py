@@ -34,7 +34,7 @@ from deepline_cli.runtime.governor import Governor
 from deepline_cli.runtime.holders import holder_alive, holder_id
 from deepline_cli.runtime.http import ClientPool, Http, HttpTools
 from deepline_cli.runtime.play import PlayDef, load_play
-from deepline_cli.runtime.receipts import ReceiptBook, RunScope
+from deepline_cli.runtime.receipts import ReceiptBook, RunScope, RunTakenOver
 from deepline_cli.runtime.secrets import Secrets
 from deepline_cli.runtime.services import DEFAULT_MAX_DEPTH, Caps, Journal, RunServices
 from deepline_cli.runtime.snapshot import materialize_snapshot, take_snapshot
@@ -229,7 +229,8 @@ class Runner:
         attempt = record.attempt + 1
         holder, expires = holder_id(), self.store.now() + self.options.lease_ttl
         taken = self.store.lease_run(run_id, holder=holder, expires_at=expires, attempt=attempt,
-                                     expect_attempt=record.attempt)  # fmt: skip
+                                     expect_attempt=record.attempt,
+                                     expect_expires=record.lease_expires_at or 0.0)  # fmt: skip
         if not taken:
             raise RunBusyError(f"Run {run_id} was just taken by another process.")
         record.holder, record.lease_expires_at = holder, expires  # this process holds it now
@@ -386,6 +387,8 @@ class _Attempt:
             ticker.cancel()
             await self._settle(services)
             tripped = next((b.tripped for b in services.books if b.tripped is not None), None)
+            if isinstance(tripped, RunTakenOver):  # found out at a claim, before the heartbeat did
+                self.lease_lost = True
             if tripped is not None and outcome.status != "failed":
                 # A completion could not be recorded after the body returned: fail loudly.
                 outcome = BodyOutcome("failed", error=describe(tripped, services, self.play.file))

@@ -98,7 +98,8 @@ class Claim:
     request: Any = None
 
 
-ClaimVerdict = Literal["claimed", "reused", "failed", "busy"]
+# superseded: the claiming attempt's run was taken over by a later attempt (fencing).
+ClaimVerdict = Literal["claimed", "reused", "failed", "busy", "superseded"]
 
 
 @dataclass(slots=True)
@@ -340,8 +341,18 @@ class Store(Protocol):
         process using this store."""
         ...
 
-    def lease_run(self, run_id: str, *, holder: str, expires_at: float, attempt: int, expect_attempt: int) -> bool:
-        """Take the run's lease for `attempt` if its attempt is still `expect_attempt`."""
+    def lease_run(
+        self,
+        run_id: str,
+        *,
+        holder: str,
+        expires_at: float,
+        attempt: int,
+        expect_attempt: int,
+        expect_expires: float | None = None,
+    ) -> bool:
+        """Take the run's lease for `attempt` if its attempt is still `expect_attempt` (and,
+        given `expect_expires`, its lease was not extended since it was read)."""
         ...
 
     def heartbeat_run(self, run_id: str, *, holder: str, attempt: int, expires_at: float) -> bool:

@@ -133,12 +133,24 @@ class SqlStore:
             ).fetchone()
         return float(row[0]) - interval_s
 
-    def lease_run(self, run_id: str, *, holder: str, expires_at: float, attempt: int, expect_attempt: int) -> bool:
+    def lease_run(
+        self,
+        run_id: str,
+        *,
+        holder: str,
+        expires_at: float,
+        attempt: int,
+        expect_attempt: int,
+        expect_expires: float | None = None,
+    ) -> bool:
+        # With expect_expires: only if the holder has not heartbeated since it was seen gone.
+        fence = " AND coalesce(lease_expires_at, 0) = ?" if expect_expires is not None else ""
+        params = [holder, expires_at, attempt, time.time(), run_id, expect_attempt]
         with self._write() as c:
             cur = c.execute(
                 "UPDATE runs SET holder = ?, lease_expires_at = ?, attempt = ?,"
-                " status = 'running', updated_at = ? WHERE run_id = ? AND attempt = ?",
-                (holder, expires_at, attempt, time.time(), run_id, expect_attempt),
+                f" status = 'running', updated_at = ? WHERE run_id = ? AND attempt = ?{fence}",
+                params + ([expect_expires] if expect_expires is not None else []),
             )
             return bool(cur.rowcount == 1)
 
@@ -578,7 +590,13 @@ class SqlStore:
         existing = self._load_for_update(c, [cl.key for cl in claims])
         outcomes: dict[int, ClaimOutcome] = {}
         replaced: list[Receipt] = []
-        pending = list(enumerate(claims))
+        superseded = self._superseded(c, claims)
+        pending = []
+        for position, cl in enumerate(claims):
+            if (cl.run_id, cl.attempt) in superseded:
+                outcomes[position] = ClaimOutcome("superseded", _claimed(None, cl, now))
+            else:
+                pending.append((position, cl))
         while pending:
             inserts: list[tuple[int, Claim, Receipt]] = []
             for position, cl in pending:
@@ -613,6 +631,15 @@ class SqlStore:
         usage += [(before.run_id, before.key, None) for before in replaced if before.run_id]
         self._many(c, "INSERT INTO run_receipts (run_id, key, used_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING", usage)
         return ordered
+
+    def _superseded(self, c: Any, claims: Sequence[Claim]) -> set[tuple[str, int]]:
+        """The (run, attempt) pairs among `claims` whose run has moved on to a later attempt:
+        another process took the run over, so this attempt may claim nothing more (fencing)."""
+        attempts = {(cl.run_id, cl.attempt) for cl in claims}
+        run_ids = sorted({run_id for run_id, _ in attempts})
+        marks = ", ".join("?" * len(run_ids))
+        current = dict(c.execute(f"SELECT run_id, attempt FROM runs WHERE run_id IN ({marks})", run_ids).fetchall())
+        return {(run_id, attempt) for run_id, attempt in attempts if current.get(run_id, attempt) > attempt}
 
     def _point_members(self, c: Any, claims: Sequence[Claim], outcomes: Sequence[ClaimOutcome]) -> None:
         """A batch about to be sent: each member receipt records the aggregate it goes in."""
