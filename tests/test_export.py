@@ -61,7 +61,7 @@ def parse_csv(text: str) -> list[list[str]]:
 EXPECTED_HEADER = ["Zeta", "Alpha", "Mid", "score", "info", "tags", "note", "_error"]
 EXPECTED_ROWS = [
     ["z1", "a1", "m1", "3.0", '{"alpha":"a1","n":[1,2]}', '["x","z1"]', 'say "hi", m1', ""],
-    ["z2", "bad", "m2", "4.5", '{"alpha":"bad","n":[1,2]}', "", "", "ValueError: bad alpha"],
+    ["z2", "bad", "m2", "4.5", '{"alpha":"bad","n":[1,2]}', "", "", "ValueError: bad alpha (export_play.py line 5)"],
     ["z3", "a3", "", "3.0", '{"alpha":"a3","n":[1,2]}', '["x","z3"]', "", ""],
 ]
 
@@ -87,7 +87,7 @@ def test_export_jsonl(deepline, tmp_path: Path, store_path: Path) -> None:
     assert result.code == 0, result.stderr
     lines = [_json.loads(line) for line in result.stdout.splitlines()]
     assert len(lines) == 3
-    assert [row.get("_error") for row in lines] == [None, "ValueError: bad alpha", None]
+    assert [row.get("_error") for row in lines] == [None, "ValueError: bad alpha (export_play.py line 5)", None]
     assert [{k: v for k, v in row.items() if k != "_error"} for row in lines] == [
         {"Zeta": "z1", "Alpha": "a1", "Mid": "m1", "score": 3.0, "info": {"alpha": "a1", "n": [1, 2]},
          "tags": ["x", "z1"], "note": 'say "hi", m1'},

@@ -470,17 +470,17 @@ def test_isolated_failures_are_recorded_and_the_run_completes(make_play, store_p
     assert out.output["len"] == 20
     assert out.output["failed"] == 5
     assert out.output["failed_rows"] == [
-        {"n": n, "check": None, "after": None, "_error": f"ValueError: bad row {n}"}
+        {"n": n, "check": None, "after": None, "_error": f"ValueError: bad row {n} (play.py line 17)"}
         for n in ["3", "5", "8", "11", "17"]
     ]
     rows = out.output["rows"]
     assert [r["n"] for r in rows] == [str(i) for i in range(20)]
-    assert rows[3]["_error"] == "ValueError: bad row 3"
+    assert rows[3]["_error"] == "ValueError: bad row 3 (play.py line 17)"
     assert rows[4] == {"n": "4", "check": "ok", "after": "after"}
     assert out.map_logs() == [
-        "row 3 failed: ValueError: bad row 3",
-        "row 5 failed: ValueError: bad row 5",
-        "row 8 failed: ValueError: bad row 8",
+        "row 3 failed: ValueError: bad row 3 (play.py line 17)",
+        "row 5 failed: ValueError: bad row 5 (play.py line 17)",
+        "row 8 failed: ValueError: bad row 8 (play.py line 17)",
         "2 additional row failure(s) omitted from map log",
         summary(20, 15, 5, 2),
     ]
@@ -499,16 +499,16 @@ def test_isolated_failures_are_recorded_and_the_run_completes(make_play, store_p
     ("failing", "expected"),
     [
         ([], []),
-        (["9"], ["row 9 failed: ValueError: bad row 9"]),
+        (["9"], ["row 9 failed: ValueError: bad row 9 (play.py line 17)"]),
         (
             ["9", "2", "4"],
-            ["row 2 failed: ValueError: bad row 2", "row 4 failed: ValueError: bad row 4",
-             "row 9 failed: ValueError: bad row 9"],
+            ["row 2 failed: ValueError: bad row 2 (play.py line 17)", "row 4 failed: ValueError: bad row 4 (play.py line 17)",
+             "row 9 failed: ValueError: bad row 9 (play.py line 17)"],
         ),
         (
             ["9", "2", "4", "0"],
-            ["row 0 failed: ValueError: bad row 0", "row 2 failed: ValueError: bad row 2",
-             "row 4 failed: ValueError: bad row 4", "1 additional row failure(s) omitted from map log"],
+            ["row 0 failed: ValueError: bad row 0 (play.py line 17)", "row 2 failed: ValueError: bad row 2 (play.py line 17)",
+             "row 4 failed: ValueError: bad row 4 (play.py line 17)", "1 additional row failure(s) omitted from map log"],
         ),
     ],
 )  # fmt: skip
@@ -761,7 +761,7 @@ def test_error_cell_is_kept_unless_asked_to_recompute(make_play, store_path: Pat
     play_file = make_play(ERROR_CELL, FLAG=str(flag), RECOMPUTE=how == "recompute_on_error")
     first = run(play_file, store_path)
     assert first.output["failed"] == 1
-    assert first.output["rows"][2]["_error"] == "ValueError: provider said no"
+    assert first.output["rows"][2]["_error"] == "ValueError: provider said no (play.py line 15)"
     flag.unlink()  # the cause is gone
     CALLS.clear()
 
@@ -774,9 +774,9 @@ def test_error_cell_is_kept_unless_asked_to_recompute(make_play, store_path: Pat
             "id": "2",
             "flaky": None,
             "after": None,
-            "_error": "ValueError: provider said no",
+            "_error": "ValueError: provider said no (play.py line 15)",
         }
-        assert second.map_logs() == ["row 2 failed: ValueError: provider said no", summary(4, 3, 1, 0)]
+        assert second.map_logs() == ["row 2 failed: ValueError: provider said no (play.py line 15)", summary(4, 3, 1, 0)]
     else:
         assert CALLS == ["flaky:2"]
         assert second.output["failed"] == 0

@@ -963,7 +963,30 @@ def test_a_sheet_row_written_again_replaces_the_old_one(store: Store, other: Sto
     newer = sheet_row("a", value="fixed@x.io", run_id="r2", at=T0 + 10)
     store.apply(Writes(sheet_rows=[newer]), T0 + 10)
 
+    newer.rev = 2  # every write is a new revision
     assert other.load_sheet_rows("play/leads", ["a"]) == {"a": newer}
+
+
+def test_a_runs_rows_keep_the_revision_it_finished_with(store: Store, other: Store) -> None:
+    """A later run recomputing a row does not change what an earlier run's dataset reads."""
+    first = sheet_row("a", value="old@x.io", run_id="r1")
+    store.apply(
+        Writes(sheet_rows=[first], map_rows=[MapRow("r1", "leads", 0, 0, "a", "succeeded", sheet="play/leads")]), T0
+    )
+    second = sheet_row("a", value="new@x.io", run_id="r2", at=T0 + 5)
+    second.replaces = True
+    store.apply(
+        Writes(sheet_rows=[second], map_rows=[MapRow("r2", "leads", 0, 0, "a", "succeeded", sheet="play/leads")]),
+        T0 + 5,
+    )
+    reuse = MapRow("r3", "leads", 0, 0, "a", "succeeded", sheet="play/leads", rev=2)  # reused whole, no write
+    store.apply(Writes(map_rows=[reuse]), T0 + 6)
+
+    def email(run_id: str) -> Any:
+        [row] = other.map_rows_page(run_id, "leads", "play/leads", -1, 10)
+        return row.cells["email"][0]
+
+    assert (email("r1"), email("r2"), email("r3")) == ("old@x.io", "new@x.io", "new@x.io")
 
 
 def test_load_sheet_rows_handles_more_keys_than_one_statement_binds(store: Store) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from deepline_cli.cli.common import JsonOption, StoreOption, cli_errors
+from deepline_cli.cli.common import JsonOption, Settings, StoreOption, cli_errors
 
 if TYPE_CHECKING:
     from deepline_cli.runtime.runner import Runner, RunOptions, RunResult
@@ -264,6 +264,8 @@ def _report(result: RunResult, json_mode: bool, view: Any) -> None:
         )
     else:
         error = result.error or {}
+        if Settings.debug and error.get("traceback"):
+            err.write(error["traceback"])
         where = f" ({error['where']})" if error.get("where") else ""
         err.write(
             f"Run {result.run_id} failed: {error.get('message', 'unknown error')}{where}\n"

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import traceback
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from deepline_cli import _json
 from deepline_cli.errors import DeeplineError, RunInterrupted, error_dict
+from deepline_cli.runtime import failures
 from deepline_cli.runtime.context import Context
 from deepline_cli.runtime.play import PlayDef
 from deepline_cli.runtime.services import RunServices
@@ -54,13 +53,17 @@ async def _flush_journal(s: RunServices) -> None:
 
 
 def describe(exc: BaseException, s: RunServices, play_file: str) -> dict[str, Any]:
-    """The error kept on the run: one sentence, secrets redacted, where in the play."""
+    """The error kept on the run: one sentence, secrets redacted, where in the play, and
+    (for --debug) the traceback of an error the play's own code raised."""
     error = error_dict(exc)
     error["message"] = s.secrets.redact(error["message"])
     if isinstance(exc, DeeplineError):
         error["exit_code"] = exc.exit_code
     else:
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == play_file]
-        if frames:
-            error["where"] = f"{Path(play_file).name} line {frames[-1].lineno}"
+        place = failures.where(exc)
+        if place:
+            error["where"] = place
+    origin = exc.__cause__ if isinstance(exc, failures.PlayCodeError) and exc.__cause__ else exc
+    if not isinstance(origin, DeeplineError):
+        error["traceback"] = s.secrets.redact(failures.formatted(origin))
     return error

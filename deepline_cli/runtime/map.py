@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import contextlib
 import inspect
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -24,10 +25,11 @@ from deepline_cli import _json
 from deepline_cli.errors import (
     DeeplineError,
     MapAccountingError,
+    RunInterrupted,
     SheetVisibilityError,
-    ToolExecutionError,
     UsageError,
 )
+from deepline_cli.runtime import failures
 from deepline_cli.runtime.columns import Column, ResolvedColumn, resolve_columns
 from deepline_cli.runtime.dataset import Dataset
 from deepline_cli.runtime.rows import CsvSource, RowKey, input_columns, key_function, row_digest
@@ -43,6 +45,7 @@ CHUNK = 256  # rows looked up in the sheet per store read
 VISIBILITY_TRIES = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0)
 PROGRESS_EVERY_S = 0.5
 FAILURES_LOGGED = 3
+SAME_ERROR_STOP = 20  # the first rows of a map all failing the same way: a systemic failure
 
 
 class RowContext:
@@ -136,6 +139,7 @@ class MapRun:
         self.seen: set[str] = set()
         self.input_columns: dict[str, None] = {c: None for c in input_columns(rows)}
         self.stop: BaseException | None = None
+        self.first_failures: list[tuple[object, ...]] = []  # signatures, while no row succeeded
         self.started = time.monotonic()
         self.total_estimate = _estimate_total(rows, self.limit)
         self._resolver_arity = {c.name: _arity(c.column.fn) for c in self.columns}
@@ -170,6 +174,9 @@ class MapRun:
         ticker = asyncio.create_task(self._tick())
         try:
             await self._execute()
+        except BaseException as exc:
+            await self._save_unfinished(record, exc)
+            raise
         finally:
             ticker.cancel()
         self._progress()
@@ -195,6 +202,15 @@ class MapRun:
             elapsed_s=round(time.monotonic() - self.started, 3),
         )
         return Dataset(s.io.store, record)
+
+    async def _save_unfinished(self, record: MapRecord, exc: BaseException) -> None:
+        """A map that did not finish says so, with what it did (`runs show`, `export`)."""
+        interrupted = isinstance(exc, asyncio.CancelledError | RunInterrupted)
+        record.status = "interrupted" if interrupted else "failed"
+        record.succeeded = self.tally.succeeded + self.tally.seeded
+        record.failed, record.duplicate, record.reused = self.tally.failed, self.tally.duplicate, self.tally.reused
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await self.s.io.call(self.s.io.store.save_map, record)
 
     async def _execute(self) -> None:
         queue: asyncio.Queue[_Job | None] = asyncio.Queue(maxsize=self.concurrency * 2)
@@ -306,6 +322,7 @@ class MapRun:
         rc = RowContext(self.ctx, self.name, job.key, job.idx)
         changed = False
         error: str | None = None
+        failure: BaseException | None = None
         for position, column in enumerate(self.columns):
             cell = self._reusable(job, column, changed)
             if cell is not None:
@@ -319,10 +336,13 @@ class MapRun:
             except DeeplineError as exc:
                 if exc.fatal or exc.exit_code != 1:
                     raise  # budget, lease, store, usage…: fail the run, record nothing
-                error = self.s.secrets.redact(_describe(exc))
+                failure = exc
             except Exception as exc:
-                error = self.s.secrets.redact(_describe(exc))
-            if error is not None:
+                if failures.is_play_bug(exc):  # it would fail every row: stop, record nothing
+                    raise self._play_bug(job, column.name, exc) from exc
+                failure = exc
+            if failure is not None:
+                error = self.s.secrets.redact(failures.describe(failure))
                 cells[column.name] = [None, error, self.s.io.now(), column.fingerprint]
                 for later in self.columns[position + 1 :]:  # not computed on a failed row
                     cells.pop(later.name, None)
@@ -332,6 +352,29 @@ class MapRun:
             cells[column.name] = [value, None, self.s.io.now(), column.fingerprint]
             row[column.name] = value
         self._record(job, cells, error)
+        if failure is not None:
+            self._watch_for_systemic(failure, error or "")
+
+    def _play_bug(self, job: _Job, column: str, exc: BaseException) -> failures.PlayCodeError:
+        place = failures.where(exc)
+        return failures.PlayCodeError(
+            self.s.secrets.redact(
+                f"Map {self.name!r} stopped at row {job.key}, column {column!r}: {type(exc).__name__}: {exc} "
+                f"({place}); an error in the play's code fails every row, so nothing more was called"
+            )
+        )
+
+    def _watch_for_systemic(self, failure: BaseException, error: str) -> None:
+        """The map's first rows all failing the same way (a revoked API key, a provider
+        down) stop it, instead of paying for the whole list to fail."""
+        if self.tally.succeeded or len(self.first_failures) >= SAME_ERROR_STOP:
+            return
+        self.first_failures.append(failures.signature(failure))
+        if len(self.first_failures) == SAME_ERROR_STOP and len(set(self.first_failures)) == 1:
+            self.stop = self.stop or SystemicFailure(
+                f"Map {self.name!r} stopped: its first {SAME_ERROR_STOP} rows all failed the same way ({error}). "
+                f"Fix the cause, then: deepline resume {self.run_id} --refresh-failed"
+            )
 
     async def _resolve(self, column: ResolvedColumn, row: dict[str, Any], rc: RowContext) -> Any:
         spec = column.column
@@ -350,7 +393,7 @@ class MapRun:
             self.tally.failed += 1
         else:
             self.tally.succeeded += 1
-        sheet_row = None
+        sheet_row, previous = None, job.previous
         if cells is not None:
             sheet_row = SheetRow(
                 self.sheet,
@@ -361,11 +404,16 @@ class MapRun:
                 outcome,
                 self.run_id,
                 self.s.io.now(),
+                replaces=previous is not None and previous.run_id != self.run_id,
             )
         if error is not None and self.on_row_error == "fail" and self.stop is None:
             self.stop = DeeplineError(f"Map {self.name!r} stopped: row {job.key} failed: {error}")
+        # A row reused whole finished with the revision it was read at; a written one with
+        # the revision its write makes.
+        rev = previous.rev if sheet_row is None and previous is not None else None
         self.s.writes.sheet(
-            sheet_row, MapRow(self.run_id, self.name, job.idx, job.input_index, job.key, outcome, error)
+            sheet_row,
+            MapRow(self.run_id, self.name, job.idx, job.input_index, job.key, outcome, error, self.sheet, rev),
         )
         self._mark(job.idx)
 
@@ -475,10 +523,10 @@ class MapRun:
         )
 
 
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, ToolExecutionError):
-        return f"{exc.category}: {exc}"
-    return f"{type(exc).__name__}: {exc}"
+class SystemicFailure(DeeplineError):
+    """A map's first rows all failed the same way; it stopped."""
+
+    fatal = True
 
 
 def _input_only(row: dict[str, Any], columns: list[ResolvedColumn]) -> dict[str, Any]:

@@ -169,6 +169,8 @@ class SheetRow:
     status: str  # succeeded | failed
     run_id: str
     updated_at: float
+    rev: int = 1  # the revision: each write of the row makes a new one
+    replaces: bool = False  # another run's revision is being recomputed: keep it in the history
 
 
 @dataclass(slots=True)
@@ -182,6 +184,8 @@ class MapRow:
     row_key: str
     outcome: str  # succeeded | failed
     error: str | None = None
+    sheet: str = ""
+    rev: int | None = None  # the sheet row revision it finished with (None: the one written with it)
 
 
 @dataclass(slots=True)

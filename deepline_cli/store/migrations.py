@@ -134,6 +134,19 @@ MIGRATIONS: list[tuple[str, str | Step]] = [
         ALTER TABLE run_receipts ADD COLUMN used_at {float}
         """,
     ),
+    (
+        "0006_sheet_revisions",
+        """
+        -- Each write of a sheet row is a new revision; a run's map rows name the revision
+        -- they finished with, and a revision another run recomputed moves to the history,
+        -- so a finished run's export stays what that run produced.
+        ALTER TABLE sheet_rows ADD COLUMN rev INTEGER NOT NULL DEFAULT 1;
+        ALTER TABLE map_rows ADD COLUMN rev INTEGER;
+        CREATE TABLE sheet_history (
+            sheet TEXT NOT NULL, row_key TEXT NOT NULL, rev INTEGER NOT NULL, input TEXT, cells TEXT,
+            run_id TEXT, updated_at {float}, PRIMARY KEY (sheet, row_key, rev)){without_rowid}
+        """,
+    ),
 ]
 
 

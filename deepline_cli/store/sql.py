@@ -218,35 +218,9 @@ class SqlStore:
             settled = self._settle(c, writes.settlements, now)
             outcomes = self._claim(c, writes.claims, now) if writes.claims else []
             if writes.sheet_rows:
-                self._many(
-                    c,
-                    "INSERT INTO sheet_rows (sheet, row_key, input, input_digest, cells, status, run_id,"
-                    " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (sheet, row_key) DO UPDATE SET"
-                    " input = excluded.input, input_digest = excluded.input_digest, cells = excluded.cells,"
-                    " status = excluded.status, run_id = excluded.run_id, updated_at = excluded.updated_at",
-                    [
-                        (
-                            r.sheet,
-                            r.row_key,
-                            _json.dumps_str(r.input),
-                            r.input_digest,
-                            _json.dumps_str(r.cells),
-                            r.status,
-                            r.run_id,
-                            r.updated_at,
-                        )
-                        for r in writes.sheet_rows
-                    ],
-                )
+                self._write_sheet_rows(c, writes.sheet_rows)
             if writes.map_rows:
-                self._many(
-                    c,
-                    "INSERT INTO map_rows (run_id, map, idx, input_index, row_key, outcome, error)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, map, idx) DO UPDATE SET"
-                    " input_index = excluded.input_index, row_key = excluded.row_key,"
-                    " outcome = excluded.outcome, error = excluded.error",
-                    [(r.run_id, r.map, r.idx, r.input_index, r.row_key, r.outcome, r.error) for r in writes.map_rows],
-                )
+                self._write_map_rows(c, writes.map_rows)
             if writes.logs:
                 self._many(
                     c,
@@ -254,6 +228,61 @@ class SqlStore:
                     [(ln.run_id, ln.attempt, ln.ts, ln.level, ln.message) for ln in writes.logs],
                 )
         return Applied(settled, outcomes)
+
+    def _write_sheet_rows(self, c: Any, rows: Sequence[SheetRow]) -> None:
+        """A new revision of each row; one another run finished with goes to the history."""
+        self._many(
+            c,
+            "INSERT INTO sheet_history (sheet, row_key, rev, input, cells, run_id, updated_at)"
+            " SELECT sheet, row_key, rev, input, cells, run_id, updated_at FROM sheet_rows"
+            " WHERE sheet = ? AND row_key = ? AND run_id <> ? ON CONFLICT DO NOTHING",
+            [(r.sheet, r.row_key, r.run_id) for r in rows if r.replaces],
+        )
+        self._many(
+            c,
+            "INSERT INTO sheet_rows (sheet, row_key, input, input_digest, cells, status, run_id, updated_at, rev)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1) ON CONFLICT (sheet, row_key) DO UPDATE SET"
+            " input = excluded.input, input_digest = excluded.input_digest, cells = excluded.cells,"
+            " status = excluded.status, run_id = excluded.run_id, updated_at = excluded.updated_at,"
+            " rev = sheet_rows.rev + 1",
+            [
+                (
+                    r.sheet,
+                    r.row_key,
+                    _json.dumps_str(r.input),
+                    r.input_digest,
+                    _json.dumps_str(r.cells),
+                    r.status,
+                    r.run_id,
+                    r.updated_at,
+                )
+                for r in rows
+            ],
+        )
+
+    def _write_map_rows(self, c: Any, rows: Sequence[MapRow]) -> None:
+        upsert = (
+            " ON CONFLICT (run_id, map, idx) DO UPDATE SET input_index = excluded.input_index,"
+            " row_key = excluded.row_key, outcome = excluded.outcome, error = excluded.error, rev = excluded.rev"
+        )
+        columns = "INSERT INTO map_rows (run_id, map, idx, input_index, row_key, outcome, error, rev)"
+        known = [r for r in rows if r.rev is not None]
+        self._many(
+            c,
+            f"{columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?){upsert}",
+            [(r.run_id, r.map, r.idx, r.input_index, r.row_key, r.outcome, r.error, r.rev) for r in known],
+        )
+        # Written with their sheet row in this transaction: the revision it just got.
+        self._many(
+            c,
+            f"{columns} VALUES (?, ?, ?, ?, ?, ?, ?, (SELECT rev FROM sheet_rows WHERE sheet = ? AND row_key = ?))"
+            + upsert,
+            [
+                (r.run_id, r.map, r.idx, r.input_index, r.row_key, r.outcome, r.error, r.sheet, r.row_key)
+                for r in rows
+                if r.rev is None
+            ],
+        )
 
     def heartbeat_receipts(self, leases: Sequence[tuple[str, str]], expires_at: float) -> set[str]:
         lost: set[str] = set()
@@ -384,12 +413,14 @@ class SqlStore:
         for chunk in _chunks(row_keys):
             marks = ", ".join("?" * len(chunk))
             rows = self._read(
-                "SELECT row_key, input, input_digest, cells, status, run_id, updated_at"
+                "SELECT row_key, input, input_digest, cells, status, run_id, updated_at, rev"
                 f" FROM sheet_rows WHERE sheet = ? AND row_key IN ({marks})",
                 [sheet, *chunk],
             )
-            for key, inp, digest, cells, status, run_id, updated in rows:
-                found[key] = SheetRow(sheet, key, _json.loads(inp), digest, _json.loads(cells), status, run_id, updated)
+            for key, inp, digest, cells, status, run_id, updated, rev in rows:
+                found[key] = SheetRow(
+                    sheet, key, _json.loads(inp), digest, _json.loads(cells), status, run_id, updated, rev
+                )
         return found
 
     def finished_map_rows(self, run_id: str, map: str) -> list[int]:
@@ -411,7 +442,7 @@ class SqlStore:
 
     def failed_map_rows(self, run_id: str, map: str, limit: int) -> list[MapRow]:
         rows = self._read(
-            "SELECT run_id, map, idx, input_index, row_key, outcome, error FROM map_rows"
+            "SELECT run_id, map, idx, input_index, row_key, outcome, error, '', rev FROM map_rows"
             " WHERE run_id = ? AND map = ? AND outcome = 'failed' ORDER BY idx LIMIT ?",
             (run_id, map, limit),
         )
@@ -421,11 +452,16 @@ class SqlStore:
         self, run_id: str, map: str, sheet: str, after_idx: int, limit: int, *, failed_only: bool = False
     ) -> list[DatasetRow]:
         failed = " AND m.outcome = 'failed'" if failed_only else ""
+        # The revision the run finished with: current, or in the history if a later run
+        # recomputed the row (map rows older than revisions have none: the current one).
         rows = self._read(
-            "SELECT m.idx, m.row_key, m.outcome, m.error, s.input, s.cells FROM map_rows m"
+            "SELECT m.idx, m.row_key, m.outcome, m.error,"
+            " CASE WHEN h.rev IS NULL THEN s.input ELSE h.input END,"
+            " CASE WHEN h.rev IS NULL THEN s.cells ELSE h.cells END FROM map_rows m"
             " LEFT JOIN sheet_rows s ON s.sheet = ? AND s.row_key = m.row_key"
+            " LEFT JOIN sheet_history h ON h.sheet = ? AND h.row_key = m.row_key AND h.rev = m.rev AND s.rev <> m.rev"
             f" WHERE m.run_id = ? AND m.map = ? AND m.idx > ?{failed} ORDER BY m.idx LIMIT ?",
-            (sheet, run_id, map, after_idx, limit),
+            (sheet, sheet, run_id, map, after_idx, limit),
         )
         return [
             DatasetRow(idx, key, outcome, error, _json.loads(inp), _json.loads(cells) or {})

@@ -1,0 +1,340 @@
+"""What a user sees (data and failures), through the real command line: a run's results
+stay its own, errors in the play's code stop the map loudly, partial exports say so,
+bad stores and CSVs are one sentence, a closed pipe interrupts, early events are kept,
+log lines are not repeated by resumes, and `check` lists every play of a file."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from deepline_cli import _json
+from tests.conftest import Result
+from tests.faults import finish, kill, start, wait_until
+
+pytestmark = pytest.mark.slow
+
+Run = Callable[..., Result]
+
+
+def one_sentence(stderr: str) -> str:
+    """The single `Error: …` line of a usage error, after checking nothing else was printed."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+# --- a run's results are its own ---------------------------------------------------------------
+
+VERSIONED = """
+from deepline_cli import play
+
+@play("versioned")
+async def versioned(ctx, input):
+    rows = await ctx.map("rows", [{"id": i} for i in range(3)], key="id",
+                         columns={"label": lambda row: f"VERSION-{row['id']}"})
+    return len(rows)
+"""
+
+
+def test_a_finished_runs_export_does_not_change_when_a_later_run_recomputes(
+    deepline: Run, write_play: Callable[..., Path]
+) -> None:
+    write_play(VERSIONED.replace("VERSION", "v1"))
+    assert deepline("run", "play.py", "--run-id", "first").code == 0
+    write_play(VERSIONED.replace("VERSION", "v2"))  # the column's code changed: cells recompute
+    assert deepline("run", "play.py", "--run-id", "second").code == 0
+
+    first = deepline("export", "first", "--format", "jsonl").json_lines()
+    second = deepline("export", "second", "--format", "jsonl").json_lines()
+
+    assert [r["label"] for r in first] == ["v1-0", "v1-1", "v1-2"]
+    assert [r["label"] for r in second] == ["v2-0", "v2-1", "v2-2"]
+
+
+# --- errors in the play's own code ----------------------------------------------------------------
+
+TYPO = """
+from deepline_cli import play, tool
+
+@tool("t.count")
+def count(input):
+    open(input["log"], "a").write("x")
+    return 1
+
+@play("typo")
+async def typo(ctx, input):
+    rows = [{"website": f"s{i}.com", "log": input["log"]} for i in range(200)]
+    done = await ctx.map("sites", rows, key="website", concurrency=4, columns={
+        "n": lambda row, rc: rc.tools.execute("c", "t.count", {"log": row["log"], "site": row["website"]}),
+        "domain": lambda row: row["websiet"].split(".")[0],
+    })
+    return done.failed_count
+"""
+
+
+def test_an_error_in_the_plays_code_stops_the_map_at_the_first_row(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    write_play(TYPO)
+    log = tmp_path / "calls"
+    result = deepline("run", "play.py", "--set", f"log={log}")
+
+    assert result.code == 1, result.stderr
+    assert "KeyError: 'websiet'" in result.stderr
+    assert "play.py line 14" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(log.read_text()) <= 8  # stopped at once: not 200 paid calls for nothing
+
+    debug = deepline("--debug", "run", "play.py", "--set", f"log={log}")
+    assert "Traceback" in debug.stderr and 'row["websiet"]' in debug.stderr
+
+
+SAME_ERROR = """
+from deepline_cli import ToolExecutionError, play, tool
+
+@tool("t.auth")
+def auth(input):
+    open(input["log"], "a").write("x")
+    raise ToolExecutionError("401 from t.auth: invalid API key", category="authentication", status_code=401)
+
+@play("unauthorised")
+async def unauthorised(ctx, input):
+    rows = [{"id": i, "log": input["log"]} for i in range(300)]
+    done = await ctx.map("rows", rows, key="id", concurrency=4, columns={
+        "x": lambda row, rc: rc.tools.execute("a", "t.auth", {"id": row["id"], "log": row["log"]}),
+    })
+    return done.failed_count
+"""
+
+
+def test_a_map_whose_first_rows_all_fail_the_same_way_stops(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    write_play(SAME_ERROR)
+    log = tmp_path / "calls"
+    result = deepline("run", "play.py", "--set", f"log={log}")
+
+    assert result.code == 1, result.stderr
+    assert "first 20 rows all failed" in result.stderr and "401" in result.stderr
+    assert "--refresh-failed" in result.stderr
+    assert len(log.read_text()) < 40
+
+
+ISOLATED = """
+from deepline_cli import ProviderTransientError, play, tool
+
+@tool("t.flaky")
+def flaky(input):
+    if input["id"] % 3 == 0:
+        raise ProviderTransientError("503 from t.flaky", status_code=503)
+    return input["id"]
+
+def check(row):
+    if row["id"] == 4:
+        raise ValueError("no such lead")
+    return True
+
+@play("isolated")
+async def isolated(ctx, input):
+    done = await ctx.map("rows", [{"id": i} for i in range(12)], key="id", columns={
+        "v": lambda row, rc: rc.tools.execute("f", "t.flaky", {"id": row["id"]}),
+        "ok": check,
+    })
+    return done.failed_count
+"""
+
+
+def test_tool_and_data_errors_stay_isolated_and_name_where_they_came_from(
+    deepline: Run, write_play: Callable[..., Path]
+) -> None:
+    write_play(ISOLATED)
+    result = deepline("run", "play.py", "--run-id", "iso")
+    assert result.code == 0, result.stderr
+    assert _json.loads(result.stdout) == 5
+    logs = deepline("runs", "logs", "iso").stdout
+    assert "row 4 failed: ValueError: no such lead (play.py line 12)" in logs
+    assert "row 0 failed: upstream: 503 from t.flaky" in logs
+
+
+# --- partial exports, map counts --------------------------------------------------------------------
+
+SLOW_MAP = """
+import asyncio
+from deepline_cli import play
+
+async def slow(row):
+    await asyncio.sleep(0.05 if row["id"] < 40 else 30)
+    return row["id"]
+
+@play("slowmap")
+async def slowmap(ctx, input):
+    done = await ctx.map("rows", [{"id": i} for i in range(100)], key="id", concurrency=5, columns={"v": slow})
+    return len(done)
+"""
+
+
+def test_exporting_an_interrupted_run_says_it_is_partial(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    write_play(SLOW_MAP)
+    proc = start(["run", "play.py", "--run-id", "part", "--quiet"], cli_env, tmp_path)
+    try:
+        wait_until(lambda: _map_rows(Path(cli_env["DEEPLINE_STORE"])) >= 40, what="40 rows done")
+        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)
+        code, _, _ = finish(proc)
+    finally:
+        kill(proc)
+    assert code == 130
+
+    exported = deepline("export", "part", "--out", "part.csv")
+    assert exported.code == 0, exported.stderr
+    assert "partial" in exported.stderr and "40 of 100 rows" in exported.stderr
+    assert "deepline resume part" in exported.stderr
+    [shown] = _json.loads(deepline("runs", "show", "part", "--json").stdout)["maps"]
+    assert (shown["succeeded"], shown["status"]) == (40, "interrupted")
+
+
+def _map_rows(store: Path) -> int:
+    try:
+        with sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=1) as conn:
+            return int(conn.execute("SELECT count(*) FROM map_rows").fetchone()[0])
+    except sqlite3.OperationalError:
+        return 0
+
+
+# --- bad input and bad stores -------------------------------------------------------------------------
+
+
+def test_a_csv_with_a_column_twice_is_refused(deepline: Run, write_play: Callable[..., Path], tmp_path: Path) -> None:
+    (tmp_path / "dup.csv").write_text("name,domain,Domain ,domain\na,b.com,c,d.com\n")
+    write_play(
+        """
+        from deepline_cli import play
+
+        @play("dups")
+        async def dups(ctx, input):
+            return len(await ctx.map("rows", ctx.csv(input["csv"]), columns={"x": lambda row: 1}))
+        """
+    )
+    result = deepline("run", "play.py", "--csv", "dup.csv")
+    assert result.code == 2
+    assert "'domain'" in one_sentence(result.stderr) and "columns 2 and 4" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("store", "words"),
+    [
+        ("postgressql://db/x", "unknown store scheme"),
+        ("mysql://root@localhost/x", "unknown store scheme"),
+        ("@dir", "directory"),
+        ("@text", "not a deepline store"),
+        ("@truncated", "not a deepline store"),
+        ("postgresql://postgres@127.0.0.1:1/nothing", "Cannot connect"),
+    ],
+)
+def test_store_problems_are_usage_errors(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path, store: str, words: str
+) -> None:
+    write_play(VERSIONED)
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "text").write_text("hello, I am not a database\n" * 100)
+    real = tmp_path / "real.db"
+    assert deepline("run", "play.py", DEEPLINE_STORE=str(real)).code == 0
+    (tmp_path / "truncated").write_bytes(real.read_bytes()[:3000])
+    target = str(tmp_path / store[1:]) if store.startswith("@") else store
+    result = deepline("run", "play.py", "--store", target)
+    assert result.code == 2, result.stderr
+    assert words in one_sentence(result.stderr)
+
+
+def test_a_closed_output_pipe_interrupts_the_run_resumably(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    write_play(SLOW_MAP.replace("30 if", "0.05 if"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deepline_cli", "run", "play.py", "--run-id", "piped", "--json"],
+        cwd=tmp_path, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    proc.stdout.readline()  # `| head -1`
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    shown = _json.loads(deepline("runs", "show", "piped", "--json").stdout)
+    assert shown["status"] == "interrupted"
+    assert all(m["status"] != "running" for m in shown["maps"])
+    resumed = deepline("resume", "piped")
+    assert resumed.code == 0 and resumed.stdout.strip() == "100"
+
+
+def test_export_into_a_missing_directory_is_a_usage_error(deepline: Run, write_play: Callable[..., Path]) -> None:
+    write_play(VERSIONED)
+    assert deepline("run", "play.py", "--run-id", "v").code == 0
+    result = deepline("export", "v", "--out", "no/such/dir/out.csv")
+    assert result.code == 2
+    assert "no/such/dir" in one_sentence(result.stderr)
+
+
+# --- events, logs, check ------------------------------------------------------------------------------
+
+EARLY = """
+import asyncio
+from deepline_cli import play
+
+@play("early")
+async def early(ctx, input):
+    ctx.log("started once")
+    await ctx.step("wait-a-bit", lambda: asyncio.sleep(1.0))
+    got = await ctx.wait_for_event("go")
+    await ctx.sleep("nap", 1.5)
+    return got
+"""
+
+
+def test_an_event_sent_before_the_run_waits_is_kept_and_logs_are_not_repeated(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    write_play(EARLY)
+    proc = start(["run", "play.py", "--run-id", "early", "--quiet", "--max-inline-wait", "0"], cli_env, tmp_path)
+    try:
+        wait_until(lambda: deepline("runs", "show", "early").code == 0, what="the run to exist")
+        sent = deepline("events", "send", "early", "go", "--payload", '{"ok": true}')
+        assert sent.code == 0, sent.stderr
+        assert "kept" in sent.stderr
+        code, _, err = finish(proc)
+    finally:
+        kill(proc)
+    assert code == 3, err  # it got the event without waiting for it, then suspended at the nap
+    done = wait_until(lambda: (r := deepline("resume", "early")).code == 0 and r, timeout=20, what="the nap to end")
+    assert _json.loads(done.stdout) == {"ok": True}
+    logs = deepline("runs", "logs", "early").stdout
+    assert logs.count("started once") == 1
+
+
+def test_check_lists_every_play_of_a_file(deepline: Run, write_play: Callable[..., Path]) -> None:
+    write_play(
+        """
+        from deepline_cli import play
+
+        @play("first", description="one")
+        async def first(ctx, input):
+            return 1
+
+        @play("second", description="two")
+        async def second(ctx, input):
+            return 2
+        """
+    )
+    result = deepline("check", "play.py")
+    assert result.code == 0, result.stderr
+    assert "first" in result.stdout and "second" in result.stdout
+    assert "ok:" in result.stdout
