@@ -13,7 +13,8 @@
     ├── ReceiptLeaseLostError          another owner took a receipt or run this process held
     ├── MapAccountingError             a map input row is not accounted for
     ├── SheetVisibilityError           written sheet rows are not visible in the store
-    └── StoreError                     the store cannot be opened, migrated or written
+    └── StoreError                     the store cannot be read or written
+        ├── StoreOpenError             exit 2: the store cannot be opened (path, URL, server)
         └── StoreLostError             the store file was deleted or replaced under a run
 
 Each class docstring is the user-facing meaning. The message of an instance is one
@@ -170,6 +171,12 @@ class StoreError(DeeplineError):
     """The store cannot be opened, migrated, read or written."""
 
     fatal = True
+
+
+class StoreOpenError(StoreError):
+    """The store cannot be opened: a directory, not a deepline store, a server that refuses."""
+
+    exit_code = 2
 
 
 class StoreLostError(StoreError):

@@ -93,7 +93,7 @@ class Soak:
     rows: int = 2000
     events: int = 50
     ttl: float = 2.0
-    latency_s: float = 0.25  # long enough that the run outlasts the faults
+    latency_s: float = 1.0  # slow enough that the run outlasts the faults
     seed: int = 1
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="deepline-soak-")))
     faults: list[tuple[float, str]] = field(default_factory=list)  # (when, what)
@@ -215,7 +215,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--store", default=None, help="a store URL; default: a SQLite file in a temp folder")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--latency-ms", type=float, default=250.0)
+    parser.add_argument("--latency-ms", type=float, default=1000.0)
     args = parser.parse_args()
     soak = Soak(store="", rows=args.rows, events=args.events, seed=args.seed, latency_s=args.latency_ms / 1000)
     soak.store = args.store or str(soak.work / "soak.db")

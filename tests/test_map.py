@@ -495,23 +495,22 @@ def test_isolated_failures_are_recorded_and_the_run_completes(make_play, store_p
     assert out.result.stats["rows"]["failed"] == 5
 
 
+def failed(n: str) -> str:
+    return f"row {n} failed: ValueError: bad row {n} (play.py line 17)"
+
+
 @pytest.mark.parametrize(
     ("failing", "expected"),
     [
         ([], []),
-        (["9"], ["row 9 failed: ValueError: bad row 9 (play.py line 17)"]),
-        (
-            ["9", "2", "4"],
-            ["row 2 failed: ValueError: bad row 2 (play.py line 17)", "row 4 failed: ValueError: bad row 4 (play.py line 17)",
-             "row 9 failed: ValueError: bad row 9 (play.py line 17)"],
-        ),
+        (["9"], [failed("9")]),
+        (["9", "2", "4"], [failed("2"), failed("4"), failed("9")]),
         (
             ["9", "2", "4", "0"],
-            ["row 0 failed: ValueError: bad row 0 (play.py line 17)", "row 2 failed: ValueError: bad row 2 (play.py line 17)",
-             "row 4 failed: ValueError: bad row 4 (play.py line 17)", "1 additional row failure(s) omitted from map log"],
+            [failed("0"), failed("2"), failed("4"), "1 additional row failure(s) omitted from map log"],
         ),
     ],
-)  # fmt: skip
+)
 def test_map_log_lines(make_play, store_path: Path, failing: list[str], expected: list[str]) -> None:
     play_file = make_play(FAILING, FAIL=failing)
 
@@ -776,7 +775,8 @@ def test_error_cell_is_kept_unless_asked_to_recompute(make_play, store_path: Pat
             "after": None,
             "_error": "ValueError: provider said no (play.py line 15)",
         }
-        assert second.map_logs() == ["row 2 failed: ValueError: provider said no (play.py line 15)", summary(4, 3, 1, 0)]
+        said_no = "row 2 failed: ValueError: provider said no (play.py line 15)"
+        assert second.map_logs() == [said_no, summary(4, 3, 1, 0)]
     else:
         assert CALLS == ["flaky:2"]
         assert second.output["failed"] == 0

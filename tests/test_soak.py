@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_run_under_random_faults_bills_every_call_once(tmp_path: Path, store_url: str) -> None:
-    result = Soak(store=store_url, rows=300, events=8, seed=7, work=tmp_path).run()
+    result = Soak(store=store_url, rows=300, events=8, seed=7, latency_s=0.25, work=tmp_path).run()
 
     assert result["faults"] >= 4, result  # the run outlasted several faults
     assert result["exit"] == 0, result

@@ -384,7 +384,7 @@ def test_wait_for_event_suspends_send_then_resume_returns_payload(deepline, writ
     # Past the wait: the run no longer waits for it.
     late = deepline("events", "send", "r-ev", "approve")
     assert late.code == 2
-    assert "not waiting for event 'approve'" in late.stderr
+    assert "has completed; nothing in it waits for events" in late.stderr
 
 
 def test_events_send_errors_are_usage_errors(deepline, write_play, tmp_path):
@@ -398,14 +398,14 @@ def test_events_send_errors_are_usage_errors(deepline, write_play, tmp_path):
     no_traceback(unknown.stderr)
 
     other = deepline("events", "send", "r-ev2", "other-event", "--payload", "{}")
-    assert other.code == 2
-    assert "not waiting for event 'other-event'" in other.stderr
+    assert other.code == 0  # kept for when the run waits for it, not an error
+    assert "not waiting for 'other-event' yet; the event is kept" in other.stderr
     no_traceback(other.stderr)
 
     bad = deepline("events", "send", "r-ev2", "approve", "--payload", "{not json")
     assert bad.code == 2
     no_traceback(bad.stderr)
-    # Neither of those delivered anything.
+    # Neither of those delivered what it waits for.
     assert deepline("resume", "r-ev2").code == 3
 
 

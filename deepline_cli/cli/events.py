@@ -34,16 +34,22 @@ def send(
     value = parse_json_flag(payload, flag="--payload") if payload is not None else None
     db = open_store(store)
     try:
-        if db.get_run(run_id) is None:
+        record = db.get_run(run_id)
+        if record is None:
             raise UsageError(f"No run {run_id!r} in the store {db.url}.")
         targets = event_targets(db, run_id, event_id)
-        if not targets:
-            raise UsageError(f"Run {run_id} is not waiting for event {event_id!r}.")
-        delivered = [t for t in targets if db.send_event(t, event_id, value, db.now())]
-        if delivered:
+        if not targets and record.status in ("completed", "failed"):
+            raise UsageError(f"Run {run_id} has {record.status}; nothing in it waits for events any more.")
+        # Not waiting for it yet: kept for the run, and found when it (or a child) waits for it.
+        delivered = [t for t in targets or [run_id] if db.send_event(t, event_id, value, db.now())]
+        if targets and delivered:
             db.notify()  # wake workers: the waiting run is due
     finally:
         db.close()
+    if not targets:
+        kept = "the event is kept for when it does" if delivered else "an earlier one is kept (the first wins)"
+        typer.echo(f"Run {run_id} is not waiting for {event_id!r} yet; {kept}.", err=True)
+        return
     for target in targets:
         where = "" if target == run_id else f" to child run {target}"
         if target in delivered:

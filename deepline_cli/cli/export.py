@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 
@@ -48,6 +48,8 @@ def export(
             record = maps[map]
         else:
             raise UsageError(f"Run {run_id} has no map {map!r}; it has: {', '.join(maps)}.")
+        if out is not None and not out.parent.is_dir():
+            raise UsageError(f"Cannot write {out}: the directory {out.parent} does not exist.")
         handle = open_output(str(out) if out else None)
         try:
             writer = write_csv if format == "csv" else write_jsonl
@@ -56,7 +58,23 @@ def export(
             handle.flush()
             if out:
                 handle.close()
+        partial = _partial(db, run_id, record)
     finally:
         db.close()
     if out:
         sys.stderr.write(f"Exported {count} rows of map {record.map!r} to {out}.\n")
+    if partial:
+        sys.stderr.write(partial + "\n")
+
+
+def _partial(db: Any, run_id: str, record: Any) -> str | None:
+    """A warning when the map did not finish: the export holds only what was done."""
+    run = db.get_run(run_id)
+    if record.status == "completed" and run.status == "completed":
+        return None
+    done = sum(db.count_map_rows(run_id, record.map).values())
+    of = f" of {record.total:,}" if record.total >= done else ""
+    return (
+        f"Warning: run {run_id} is {run.status} and map {record.map!r} has {done:,}{of} rows: this export is "
+        f"partial. Continue the run with: deepline resume {run_id}"
+    )

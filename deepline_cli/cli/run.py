@@ -179,6 +179,8 @@ def execute(options: RunOptions, action: Callable[[Runner], RunResult], json_mod
     bus = EventBus([view.handle] if view is not None else [], per_call=json_mode)
     finished = _interrupt_until_finished(bus)
     runner = Runner(options, bus)
+    if json_mode:
+        view.on_closed = runner.request_stop  # `--json | head -1`: interrupt, resumable
     try:
         if view is None:
             result = action(runner)

@@ -42,14 +42,15 @@ def list_tools(
 
 
 def _tool_rows(play: str | None, config: Path | None) -> list[dict[str, object]]:
+    """The tools of deepline.toml, and the local @tools of the play file (every play in it)."""
     from deepline_cli.runtime.config import find_config, load_config
-    from deepline_cli.runtime.play import load_play
+    from deepline_cli.runtime.play import load_module, split_ref
     from deepline_cli.runtime.tools import registered_tools
 
     base = Path.cwd() / "play.py"
     if play:
-        definition = load_play(play)
-        base = Path(definition.file)
+        base = Path(split_ref(play)[0]).resolve()
+        load_module(base)
     cfg = load_config(find_config(base, config))
     rows: list[dict[str, object]] = []
     for tool_id, spec in sorted(cfg.tools.items()):

@@ -16,6 +16,7 @@ from deepline_cli.errors import DeeplineError, GovernanceError, InputError, Play
 from deepline_cli.runtime.holders import holder_id
 from deepline_cli.runtime.play import PlayDef, find_play_by_name, load_play
 from deepline_cli.runtime.receipts import DurableCall, receipt_key
+from deepline_cli.runtime.services import Journal
 from deepline_cli.runtime.snapshot import take_snapshot
 from deepline_cli.runtime.suspension import Suspended
 from deepline_cli.store.base import Boundary, RunRecord
@@ -166,7 +167,7 @@ async def _execute_child(
             holder=holder_id(),
             lease_expires_at=now + s.scope.lease_ttl,
         )
-    journal = await s.io.call(store.journal, child_id)
+    journal = Journal(await s.io.call(store.journal, child_id), logged=await s.io.call(store.logged, child_id))
     child = s.for_child(child_id, record.attempt, play.name, play.file, journal, play.tools())
     s.bus.emit("child.started", s.scope.run_id, child_run_id=child_id, play=play.name, attempt=record.attempt)
     try:

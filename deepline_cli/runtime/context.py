@@ -166,7 +166,8 @@ class Context:
         self.secrets = services.secrets
 
     def log(self, message: str) -> None:
-        self._s.log(message)
+        """A run log line; a resume replaying the play body does not write it again."""
+        self._s.log(message, key=self._s.journal.log_key())
 
     async def step(
         self,

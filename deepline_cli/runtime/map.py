@@ -51,15 +51,16 @@ SAME_ERROR_STOP = 20  # the first rows of a map all failing the same way: a syst
 class RowContext:
     """`rc`: what a column resolver can do for its row."""
 
-    def __init__(self, ctx: Context, map_name: str, row_key: str, index: int) -> None:
+    def __init__(self, ctx: Context, services: RunServices, map_name: str, row_key: str, index: int) -> None:
         self._ctx = ctx
+        self._s = services
         self.tools = ctx.tools
         self.row_key = row_key
         self.index = index
         self._map = map_name
 
     def log(self, message: str) -> None:
-        self._ctx.log(message)
+        self._s.log(message)  # rows run in no fixed order: every line of every attempt is kept
 
     def _scoped(self, id: str) -> str:
         # Row-level durable ids: unique per map and row, and outside the run's journal,
@@ -154,6 +155,7 @@ class MapRun:
             self.sheet,
             list(self.input_columns),
             [c.name for c in self.columns],
+            total=self.total_estimate or 0,  # the input's size until the map has counted its rows
             started_at=s.io.now(),
         )
         await s.io.call(s.io.store.save_map, record)
@@ -312,6 +314,7 @@ class MapRun:
             if self.stop is not None:
                 continue  # stopping: drain the queue without work, so the producer never blocks
             try:
+                self.s.book.check_open()  # interrupted (Ctrl-C, a closed pipe…): start no new row
                 await self._process(job)
             except Exception as exc:  # fatal for the run (budget, lease, store…): stop the map
                 self.stop = exc
@@ -319,7 +322,7 @@ class MapRun:
     async def _process(self, job: _Job) -> None:
         row = job.row
         cells: dict[str, list[Any]] = dict(job.previous.cells) if job.previous else {}
-        rc = RowContext(self.ctx, self.name, job.key, job.idx)
+        rc = RowContext(self.ctx, self.s, self.name, job.key, job.idx)
         changed = False
         error: str | None = None
         failure: BaseException | None = None

@@ -28,9 +28,21 @@ class CsvSource:
         self._rename = dict(rename or {})
         header = self._header()
         self.columns = [self._rename.get(name, name) for name in header]
+        self._refuse_duplicates()
         missing = [name for name in (required or []) if name not in self.columns]
         if missing:
             raise InputError(f"{path}: required column {missing[0]!r} is missing (columns: {', '.join(self.columns)}).")
+
+    def _refuse_duplicates(self) -> None:
+        """Two columns of one name would become one key of each row: one would be lost."""
+        first: dict[str, int] = {}
+        for number, name in enumerate(self.columns, start=1):
+            if name in first:
+                raise InputError(
+                    f"{self.path}: the column {name!r} appears twice (columns {first[name]} and {number}); "
+                    "rename one of them in the file."
+                )
+            first[name] = number
 
     def _open(self) -> Any:
         try:

@@ -352,7 +352,7 @@ class _Attempt:
             root_run_id=record.root_run_id or record.run_id,
             ancestors=(*record.options.get("ancestors", []), self.play.name),
             schedule_children=options.schedule_children,
-            journal=Journal(history.journal),
+            journal=Journal(history.journal, logged=history.logged),
             books=[book],
             local_tools=self.play.tools(),
             caps=Caps(  # counted per run: what earlier attempts did counts too
@@ -577,6 +577,7 @@ class _History:
 
     spent: float
     journal: list[str]
+    logged: set[str]
     stats: dict[str, Any]
     tool_calls: int
     child_plays: int
@@ -590,6 +591,7 @@ class _History:
         return _History(
             spent=store.credits_spent(root),
             journal=store.journal(record.run_id),
+            logged=store.logged(record.run_id),
             stats=store.run_stats(record.run_id),
             tool_calls=tool_calls,
             child_plays=child_plays,

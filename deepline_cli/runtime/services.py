@@ -52,10 +52,20 @@ class Journal:
     recorded: list[str]
     position: int = 0
     pending: list[tuple[int, str]] = field(default_factory=list)
+    logged: set[str] = field(default_factory=set)  # the play body's log lines earlier attempts wrote
+    logs_here: int = 0  # log lines since the last durable call
+
+    def log_key(self) -> str:
+        """Where a log line of the play body is: after which durable call, and which line
+        after it. A resume replaying the body reaches the same places: a line it already
+        wrote is not written (or shown) again."""
+        self.logs_here += 1
+        return f"{self.position}.{self.logs_here}"
 
     def reach(self, durable_id: str, run_id: str) -> None:
         position = self.position
         self.position += 1
+        self.logs_here = 0
         if position >= len(self.recorded):
             self.recorded.append(durable_id)
             self.pending.append((position, durable_id))
@@ -93,9 +103,11 @@ class RunServices:
     local_tools: dict[str, Any] = field(default_factory=dict)  # the play module's own @tools
     schedule_children: bool = False  # under workers: child plays become queued runs of their own
 
-    def log(self, message: str, *, level: str = "info") -> None:
+    def log(self, message: str, *, level: str = "info", key: str | None = None) -> None:
+        if key is not None and key in self.journal.logged:
+            return  # written by an earlier attempt
         text = self.secrets.redact(str(message))
-        line = LogLine(self.scope.run_id, self.scope.attempt, time.time(), level, text)
+        line = LogLine(self.scope.run_id, self.scope.attempt, time.time(), level, text, key)
         self.writes.log(line)
         self.bus.emit("log", self.scope.run_id, level=level, message=text)
 
@@ -109,7 +121,7 @@ class RunServices:
         return 30.0 if value is None else float(value)
 
     def for_child(
-        self, run_id: str, attempt: int, play_name: str, play_file: str, journal: list[str], tools: dict[str, Any]
+        self, run_id: str, attempt: int, play_name: str, play_file: str, journal: Journal, tools: dict[str, Any]
     ) -> RunServices:
         """The services of a child run: its own identity and receipts, the rest shared."""
         scope = replace(self.scope, run_id=run_id, attempt=attempt, play=play_name)
@@ -122,6 +134,6 @@ class RunServices:
             play_file=play_file,
             play_name=play_name,
             ancestors=(*self.ancestors, play_name),
-            journal=Journal(journal),
+            journal=journal,
             local_tools=tools,
         )

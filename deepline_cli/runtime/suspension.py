@@ -63,7 +63,7 @@ async def wait_for_event(s: RunServices, id: str, timeout_s: float | None) -> An
     if boundary.status == "resolved":
         return boundary.payload
     while True:
-        delivered, payload = await s.io.call(s.io.store.get_event, run_id, id)
+        delivered, payload = await s.io.call(_event_for, s.io.store, run_id, s.root_run_id, id)
         if delivered:
             await s.io.call(s.io.store.resolve_boundary, run_id, boundary_id, payload, s.io.now())
             return payload
@@ -73,6 +73,14 @@ async def wait_for_event(s: RunServices, id: str, timeout_s: float | None) -> An
         if boundary.due_at is None or boundary.due_at - now > s.max_inline_wait:
             raise Suspended(boundary)
         await asyncio.sleep(min(EVENT_POLL_S, boundary.due_at - now))
+
+
+def _event_for(store: Store, run_id: str, root_run_id: str, event_id: str) -> tuple[bool, Any]:
+    """An event delivered to this run, or sent to its root before anything waited for it."""
+    delivered, payload = store.get_event(run_id, event_id)
+    if not delivered and root_run_id and root_run_id != run_id:
+        return store.get_event(root_run_id, event_id)
+    return delivered, payload
 
 
 def is_ready(boundary: Boundary, now: float, max_inline_wait: float, delivered: bool) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from deepline_cli.errors import UsageError
@@ -23,6 +24,11 @@ def resolve_store_url(url: str | None) -> str:
 def open_store(url: str | None = None) -> Store:
     """Open the store at a path, `sqlite:///path` or `postgresql://…` URL."""
     target = resolve_store_url(url)
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", target)
+    if scheme and scheme.group(1).lower() not in ("sqlite", "postgresql", "postgres"):
+        raise UsageError(
+            f"Unknown store scheme {scheme.group(1)!r} in {target!r}; use a path, sqlite:///path or postgresql://…"
+        )
     if target.startswith(("postgresql://", "postgres://")):
         try:
             from deepline_cli.store.postgres import PostgresStore

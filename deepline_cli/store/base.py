@@ -152,6 +152,7 @@ class LogLine:
     ts: float
     level: str
     message: str
+    key: str | None = None  # a play body's line: where in the body (written once per run)
 
 
 @dataclass(slots=True)
@@ -434,6 +435,10 @@ class Store(Protocol):
 
     def get_event(self, run_id: str, event_id: str) -> tuple[bool, Any]: ...
     def journal(self, run_id: str) -> list[str]: ...
+    def logged(self, run_id: str) -> set[str]:
+        """The keys of the play body's log lines the run wrote (ctx.log, once per run)."""
+        ...
+
     def append_journal(self, run_id: str, position: int, id: str) -> None: ...
     def child_runs(self, run_id: str) -> list[RunRecord]: ...
 

@@ -147,6 +147,14 @@ MIGRATIONS: list[tuple[str, str | Step]] = [
             run_id TEXT, updated_at {float}, PRIMARY KEY (sheet, row_key, rev)){without_rowid}
         """,
     ),
+    (
+        "0007_log_keys",
+        """
+        -- A play body's log line is written once per run, however many resumes replay it.
+        ALTER TABLE logs ADD COLUMN key TEXT;
+        CREATE UNIQUE INDEX logs_key ON logs (run_id, key)
+        """,
+    ),
 ]
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import psycopg.errors
 
-from deepline_cli.errors import StoreError
+from deepline_cli.errors import StoreError, StoreOpenError
 from deepline_cli.store.base import Settlement
 from deepline_cli.store.migrations import POSTGRES, migrate
 from deepline_cli.store.sql import SqlStore, StoreConflict, settle_statement
@@ -75,7 +75,8 @@ class PostgresStore(SqlStore):
         try:
             self._conn: psycopg.Connection[Any] = psycopg.connect(url, autocommit=True)
         except psycopg.Error as exc:
-            raise StoreError(f"Cannot connect to the store {self.url}: {str(exc).strip()}.") from None
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StoreOpenError(f"Cannot connect to the store {self.url}: {reason}.") from None
         # One connection, used from the runtime's store thread and the main thread.
         self._lock = threading.RLock()
         try:

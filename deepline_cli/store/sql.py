@@ -224,8 +224,9 @@ class SqlStore:
             if writes.logs:
                 self._many(
                     c,
-                    "INSERT INTO logs (run_id, attempt, ts, level, message) VALUES (?, ?, ?, ?, ?)",
-                    [(ln.run_id, ln.attempt, ln.ts, ln.level, ln.message) for ln in writes.logs],
+                    "INSERT INTO logs (run_id, attempt, ts, level, message, key) VALUES (?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT DO NOTHING",
+                    [(ln.run_id, ln.attempt, ln.ts, ln.level, ln.message, ln.key) for ln in writes.logs],
                 )
         return Applied(settled, outcomes)
 
@@ -564,6 +565,9 @@ class SqlStore:
     def journal(self, run_id: str) -> list[str]:
         return [r[0] for r in self._read("SELECT id FROM journal WHERE run_id = ? ORDER BY position", (run_id,))]
 
+    def logged(self, run_id: str) -> set[str]:
+        return {r[0] for r in self._read("SELECT key FROM logs WHERE run_id = ? AND key IS NOT NULL", (run_id,))}
+
     def append_journal(self, run_id: str, position: int, id: str) -> None:
         with self._write() as c:
             c.execute(
@@ -577,7 +581,7 @@ class SqlStore:
 
     def get_logs(self, run_id: str) -> list[LogLine]:
         rows = self._read(
-            "SELECT run_id, attempt, ts, level, message FROM logs WHERE run_id = ? ORDER BY id",
+            "SELECT run_id, attempt, ts, level, message, key FROM logs WHERE run_id = ? ORDER BY id",
             (run_id,),
         )
         return [LogLine(*r) for r in rows]

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from deepline_cli.errors import StoreError, StoreLostError
+from deepline_cli.errors import StoreError, StoreLostError, StoreOpenError
 from deepline_cli.store.base import Claim, Receipt
 from deepline_cli.store.migrations import SQLITE, migrate
 from deepline_cli.store.sql import CLAIM_INSERT_COLUMNS, CLAIM_ROW, SqlStore, claim_row
@@ -61,18 +61,24 @@ class SQLiteStore(SqlStore):
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self.url = f"sqlite:///{self.path}"
+        if Path(self.path).is_dir():
+            raise StoreOpenError(f"Cannot open the store {self.path}: it is a directory; give a file path.")
         try:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         except (sqlite3.Error, OSError) as exc:
-            raise StoreError(f"Cannot open the store {self.path}: {exc}.") from exc
+            raise StoreOpenError(f"Cannot open the store {self.path}: {exc}.") from exc
         try:
             configure(self._conn)
             self._migrate()
         except BaseException as exc:
             self._conn.close()
+            if (isinstance(exc, sqlite3.DatabaseError) and "not a database" in str(exc)) or "malformed" in str(exc):
+                raise StoreOpenError(
+                    f"The store {self.path} is not a deepline store: not a SQLite database, or a damaged one."
+                ) from exc
             if isinstance(exc, sqlite3.Error):
-                raise StoreError(f"Cannot open the store {self.path}: {exc}.") from exc
+                raise StoreOpenError(f"Cannot open the store {self.path}: {exc}.") from exc
             raise
         # One connection, used from the runtime's store thread and the main thread.
         self._lock = threading.RLock()

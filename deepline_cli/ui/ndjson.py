@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Callable
 from typing import IO, Any
 
 from deepline_cli import _json
@@ -10,18 +12,40 @@ from deepline_cli.runtime.events import Event
 
 
 class NdjsonView:
-    def __init__(self, stream: IO[str] | None = None) -> None:
+    """Writes events; when the reader goes away (`--json | head -1`), it stops writing and
+    calls `on_closed` once, so the run is interrupted (resumable) rather than failed."""
+
+    def __init__(self, stream: IO[str] | None = None, on_closed: Callable[[], None] | None = None) -> None:
         self._stream = stream or sys.stdout
+        self.on_closed = on_closed
+        self.closed = False
 
     def handle(self, event: Event) -> None:
         self.write(event.to_dict())
 
     def write(self, payload: dict[str, Any]) -> None:
-        self._stream.write(_json.dumps_str(payload) + "\n")
-        self._stream.flush()
+        if self.closed:
+            return
+        try:
+            self._stream.write(_json.dumps_str(payload) + "\n")
+            self._stream.flush()
+        except BrokenPipeError:
+            self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        self.closed = True
+        # What is still buffered would fail again when the interpreter exits: send it nowhere.
+        if self._stream is sys.stdout:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if self.on_closed is not None:
+            self.on_closed()
 
     def __enter__(self) -> NdjsonView:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stream.flush()
+        if not self.closed:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._reader_gone()
