@@ -27,6 +27,14 @@ class Result:
         return [_json.loads(line) for line in self.stdout.splitlines() if line.strip()]
 
 
+COUNTED = ("live", "reused", "failed", "credits", "retries")
+
+
+def counts(tool_stats: dict) -> dict:
+    """A tool's call counts from a run's stats (what it paid, reused, failed, retried)."""
+    return {name: tool_stats.get(name) for name in COUNTED}
+
+
 @pytest.fixture
 def store_path(tmp_path: Path) -> Path:
     return tmp_path / "deepline.db"

@@ -152,15 +152,31 @@ class Soak:
         # Paused past its lease: another process takes the run over; the paused one, woken,
         # must stop without sending (exit 4) — or, if it finished its last call before the
         # pause, report the run as it left it.
+        before = self._attempt()
         proc.send_signal(signal.SIGSTOP)
         time.sleep(self.ttl + random.uniform(0.3, 1.0))
         successor = self.start()
-        time.sleep(random.uniform(0.5, 1.5))
+        deadline = time.monotonic() + 60
+        while self._attempt() == before and successor.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the successor has taken the run (a loaded machine starts slowly)
+        time.sleep(random.uniform(0.2, 1.0))
         proc.send_signal(signal.SIGCONT)
+        if successor.poll() not in (None, 0):  # it found the paused process's lease still current
+            return proc
         code = proc.wait(timeout=60)
         self.takeovers += 1
         self.woke_busy += code == 4
         return successor
+
+    def _attempt(self) -> int:
+        from deepline_cli.store import open_store
+
+        db = open_store(self.store)
+        try:
+            record = db.get_run("soak-run")
+            return record.attempt if record else 0
+        finally:
+            db.close()
 
     def _finish(self, proc: subprocess.Popen[bytes]) -> int:
         while True:

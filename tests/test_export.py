@@ -234,7 +234,7 @@ def test_lead_enrichment_example_runs_and_exports(deepline) -> None:
 
     run = deepline(
         "run", "examples/lead_enrichment/play.py", "--csv", "examples/lead_enrichment/leads.csv",
-        "--run-id", "leads-e2e", "--json", cwd=ROOT,
+        "--run-id", "leads-e2e", "--set", "latency=0", "--json", cwd=ROOT,
     )  # fmt: skip
 
     assert run.code == 0, run.stderr

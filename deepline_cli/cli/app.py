@@ -22,8 +22,16 @@ app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
     context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="""\b
+Examples:
+  deepline run examples/hello/play.py                     # a first play, offline
+  deepline run play.py --csv leads.csv --limit 20         # a pilot on 20 rows
+  deepline resume r-8f2c1a9b3e4d                          # continue where it stopped
+  deepline export r-8f2c1a9b3e4d --out enriched.csv       # the rows, failures in _error
+  deepline runs list --status failed                      # what went wrong lately
+  deepline run play.py --run-id nightly --json            # in CI: idempotent, NDJSON""",
 )
 
 

@@ -17,6 +17,7 @@ StoreOption = Annotated[
     str | None,
     typer.Option(
         "--store",
+        metavar="URL",
         envvar="DEEPLINE_STORE",
         show_envvar=True,
         help="Store: a path, sqlite:///path or postgresql://… [default: deepline.db in the user data dir]",

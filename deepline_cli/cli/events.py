@@ -14,9 +14,11 @@ app = typer.Typer(help="Deliver events to waiting runs.", no_args_is_help=True)
 @app.command("send")
 @cli_errors
 def send(
-    run_id: Annotated[str, typer.Argument(help="The waiting run, or its root run.")],
-    event_id: Annotated[str, typer.Argument(help="The id the play waits for (ctx.wait_for_event).")],
-    payload: Annotated[str | None, typer.Option("--payload", help="The event's JSON payload.")] = None,
+    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The waiting run, or its root run.")],
+    event_id: Annotated[
+        str, typer.Argument(metavar="EVENT_ID", help="The id the play waits for (ctx.wait_for_event).")
+    ],
+    payload: Annotated[str | None, typer.Option("--payload", metavar="JSON", help="The event's JSON payload.")] = None,
     store: StoreOption = None,
 ) -> None:
     """Deliver EVENT_ID to RUN_ID; `deepline resume RUN_ID` then continues it.

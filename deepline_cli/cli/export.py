@@ -12,12 +12,14 @@ from deepline_cli.cli.common import StoreOption, cli_errors
 
 @cli_errors
 def export(
-    run_id: Annotated[str, typer.Argument(help="The run whose map to export.")],
+    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run whose map to export.")],
     map: Annotated[
-        str | None, typer.Option("--map", help="The map to export (needed when the run has several).")
+        str | None, typer.Option("--map", metavar="NAME", help="The map to export (needed when the run has several).")
     ] = None,
-    format: Annotated[Literal["csv", "jsonl"], typer.Option("--format", help="csv or jsonl.")] = "csv",
-    out: Annotated[Path | None, typer.Option("--out", help="Write here instead of stdout.")] = None,
+    format: Annotated[
+        Literal["csv", "jsonl"], typer.Option("--format", metavar="csv|jsonl", help="csv or jsonl.")
+    ] = "csv",
+    out: Annotated[Path | None, typer.Option("--out", metavar="FILE", help="Write here instead of stdout.")] = None,
     store: StoreOption = None,
 ) -> None:
     """Export every distinct row of a run's map, failed ones with their `_error`.

@@ -34,11 +34,15 @@ def receipt_dict(r: Any) -> dict[str, Any]:
 @app.command("inspect")
 @cli_errors
 def inspect(
-    key_prefix: Annotated[str | None, typer.Argument(help="Only keys starting with this.")] = None,
-    run: Annotated[str | None, typer.Option("--run", help="Receipts this run used.")] = None,
-    status: Annotated[str | None, typer.Option("--status", help="running, completed, failed or skipped.")] = None,
-    tool: Annotated[str | None, typer.Option("--tool", help="Only this tool id.")] = None,
-    limit: Annotated[int | None, typer.Option("--limit", min=1, help="At most N receipts.")] = None,
+    key_prefix: Annotated[
+        str | None, typer.Argument(metavar="KEY_PREFIX", help="Only keys starting with this.")
+    ] = None,
+    run: Annotated[str | None, typer.Option("--run", metavar="RUN_ID", help="Receipts this run used.")] = None,
+    status: Annotated[
+        str | None, typer.Option("--status", metavar="STATUS", help="running, completed, failed or skipped.")
+    ] = None,
+    tool: Annotated[str | None, typer.Option("--tool", metavar="TOOL", help="Only this tool id.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", metavar="N", min=1, help="At most N receipts.")] = None,
     store: StoreOption = None,
     json: JsonOption = False,
 ) -> None:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
 ConcurrencyOption = Annotated[
-    int | None, typer.Option("--concurrency", min=1, help="Most tool calls in flight at once.")
+    int | None, typer.Option("--concurrency", metavar="N", min=1, help="Most tool calls in flight at once.")
 ]
 RefreshFailedOption = Annotated[
     bool, typer.Option("--refresh-failed", help="Retry calls whose receipts failed for good.")
@@ -29,25 +29,34 @@ ForceRefreshOption = Annotated[
 ]
 MaxCreditsOption = Annotated[
     float | None,
-    typer.Option("--max-credits", min=0, help="Stop before the run's credits would exceed N (resume with more)."),
+    typer.Option(
+        "--max-credits",
+        metavar="CREDITS",
+        min=0,
+        help="Stop before the run's credits would exceed N (resume with more).",
+    ),
 ]
 MaxInlineWaitOption = Annotated[
-    float, typer.Option("--max-inline-wait", min=0, help="Longer waits suspend the run (exit 3) instead.")
+    float,
+    typer.Option("--max-inline-wait", metavar="SECONDS", min=0, help="Longer waits suspend the run (exit 3) instead."),
 ]
 FailOnRowErrorsOption = Annotated[
     bool, typer.Option("--fail-on-row-errors", help="Exit 1 when a map isolated failed rows (for CI).")
 ]
-MaxDepthOption = Annotated[int, typer.Option("--max-depth", min=1, help="Deepest chain of child plays.")]
+MaxDepthOption = Annotated[int, typer.Option("--max-depth", metavar="N", min=1, help="Deepest chain of child plays.")]
 MaxChildPlaysOption = Annotated[
-    int | None, typer.Option("--max-child-plays", min=0, help="Most child plays one run may start (all attempts).")
+    int | None,
+    typer.Option("--max-child-plays", metavar="N", min=0, help="Most child plays one run may start (all attempts)."),
 ]
 MaxToolCallsOption = Annotated[
-    int | None, typer.Option("--max-tool-calls", min=0, help="Most tool calls one run may make (all attempts).")
+    int | None,
+    typer.Option("--max-tool-calls", metavar="N", min=0, help="Most tool calls one run may make (all attempts)."),
 ]
 WorkspaceOption = Annotated[
     str,
     typer.Option(
         "--workspace",
+        metavar="NAME",
         envvar="DEEPLINE_WORKSPACE",
         show_envvar=True,
         help="Workspace: part of every receipt key.",
@@ -66,28 +75,30 @@ Examples:
 @cli_errors
 def run(
     play: Annotated[str, typer.Argument(metavar="PLAY", help="The play: PATH.py or PATH.py:FUNCTION.")],
-    input: Annotated[str | None, typer.Option("--input", help="Input JSON, or @file.json.")] = None,
+    input: Annotated[
+        str | None, typer.Option("--input", metavar="JSON|@FILE", help="Input JSON, or @file.json.")
+    ] = None,
     csv: Annotated[
         Path | None,
-        typer.Option("--csv", help="A CSV file; the play gets its path as input['csv']."),
+        typer.Option("--csv", metavar="FILE", help="A CSV file; the play gets its path as input['csv']."),
     ] = None,
     set_: Annotated[
         list[str] | None,
-        typer.Option("--set", help="Set an input key: a.b=value (JSON values parse)."),
+        typer.Option("--set", metavar="KEY=VALUE", help="Set an input key: a.b=value (JSON values parse)."),
     ] = None,
     run_id: Annotated[
         str | None,
-        typer.Option("--run-id", help="Run id; an existing run is reported or resumed, not re-run."),
+        typer.Option("--run-id", metavar="RUN_ID", help="Run id; an existing run is reported or resumed, not re-run."),
     ] = None,
     store: StoreOption = None,
     config: Annotated[
         Path | None,
-        typer.Option("--config", help="deepline.toml to use [default: the one next to the play]."),
+        typer.Option("--config", metavar="FILE", help="deepline.toml to use [default: the one next to the play]."),
     ] = None,
     workspace: WorkspaceOption = "default",
     limit: Annotated[
         int | None,
-        typer.Option("--limit", min=1, help="Pilot run: only the first N distinct rows of each map."),
+        typer.Option("--limit", metavar="N", min=1, help="Pilot run: only the first N distinct rows of each map."),
     ] = None,
     concurrency: ConcurrencyOption = None,
     force_refresh: ForceRefreshOption = False,
@@ -131,7 +142,7 @@ def run(
 
 @cli_errors
 def resume(
-    run_id: Annotated[str, typer.Argument(help="The run to continue.")],
+    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run to continue.")],
     store: StoreOption = None,
     concurrency: ConcurrencyOption = None,
     force_refresh: ForceRefreshOption = False,
@@ -227,7 +238,10 @@ def _view(json_mode: bool, quiet: bool) -> Any:
 
 
 def _report(result: RunResult, json_mode: bool, view: Any) -> None:
+    """After the run: the output on stdout; for a person, how it ended (the live view
+    says it itself when it ran the attempt)."""
     from deepline_cli import _json
+    from deepline_cli.ui.verdict import verdict
 
     err = sys.stderr
     if result.status == "queued":
@@ -249,41 +263,14 @@ def _report(result: RunResult, json_mode: bool, view: Any) -> None:
                 }
             )
         return
-    if result.reported and result.status == "completed":
-        err.write(f"Run {result.run_id} already completed (attempt {result.attempt}); not running it again.\n")
     if result.status == "completed":
         sys.stdout.write(_json.dumps_str(result.output) + "\n")
-        if result.exit_code == 1:
-            err.write(
-                f"Run {result.run_id} completed with {result.failed_rows} failed row(s) (--fail-on-row-errors).\n"
-            )
-    elif result.status == "interrupted":
-        err.write(f"Run {result.run_id} interrupted; continue it with: deepline resume {result.run_id}\n")
-    elif result.status == "waiting":
-        err.write(
-            f"Run {result.run_id} is waiting: {describe_waiting(result.waiting)}.\n"
-            f"Continue it then with: deepline resume {result.run_id}\n"
-        )
-    else:
-        error = result.error or {}
-        if Settings.debug and error.get("traceback"):
-            err.write(error["traceback"])
-        where = f" ({error['where']})" if error.get("where") else ""
-        err.write(
-            f"Run {result.run_id} failed: {error.get('message', 'unknown error')}{where}\n"
-            f"Fix the cause, then: deepline resume {result.run_id}\n"
-        )
-
-
-def describe_waiting(boundaries: list[dict[str, Any]]) -> str:
-    """One phrase a person can act on: until when, or for which event."""
-    import datetime as dt
-
-    parts = []
-    for b in boundaries:
-        if b["kind"] == "sleep" and b.get("due_at"):
-            due = dt.datetime.fromtimestamp(b["due_at"]).strftime("%Y-%m-%d %H:%M:%S")
-            parts.append(f"timer {b['id'].removeprefix('sleep:')!r} is due at {due}")
-        elif b["kind"] == "event":
-            parts.append(f"for event {b['event_id']!r} (deepline events send {b['run_id']} {b['event_id']})")
-    return "; ".join(parts) or "for its child plays"
+    if result.status == "failed" and Settings.debug and (result.error or {}).get("traceback"):
+        err.write(result.error["traceback"])  # type: ignore[index]
+    if result.reported and result.status == "completed":
+        err.write(f"Run {result.run_id} already completed (attempt {result.attempt}); not running it again.\n")
+    if view is None or result.reported:  # --quiet, or nothing ran: no live view said how it ended
+        lines = verdict(result.run_id, result.status, {**result.stats, "waiting": result.waiting}, result.error)
+        err.write("\n".join(lines[:1] if view is None and result.status == "completed" else lines) + "\n")
+    if result.status == "completed" and result.exit_code == 1:
+        err.write(f"Run {result.run_id} completed with {result.failed_rows} failed row(s) (--fail-on-row-errors).\n")

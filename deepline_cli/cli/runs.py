@@ -49,9 +49,9 @@ def _load(store: str | None, run_id: str) -> Any:
 @app.command("list")
 @cli_errors
 def list_runs(
-    status: Annotated[str | None, typer.Option("--status", help="Only runs in this status.")] = None,
-    play: Annotated[str | None, typer.Option("--play", help="Only runs of this play.")] = None,
-    limit: Annotated[int | None, typer.Option("--limit", min=1, help="At most N runs.")] = None,
+    status: Annotated[str | None, typer.Option("--status", metavar="STATUS", help="Only runs in this status.")] = None,
+    play: Annotated[str | None, typer.Option("--play", metavar="NAME", help="Only runs of this play.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", metavar="N", min=1, help="At most N runs.")] = None,
     store: StoreOption = None,
     json: JsonOption = False,
 ) -> None:
@@ -95,7 +95,7 @@ def list_runs(
 @app.command("show")
 @cli_errors
 def show(
-    run_id: Annotated[str, typer.Argument(help="The run.")],
+    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run.")],
     store: StoreOption = None,
     json: JsonOption = False,
 ) -> None:
@@ -184,7 +184,7 @@ def show(
 @app.command("logs")
 @cli_errors
 def logs(
-    run_id: Annotated[str, typer.Argument(help="The run.")],
+    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run.")],
     store: StoreOption = None,
     json: JsonOption = False,
 ) -> None:

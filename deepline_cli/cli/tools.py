@@ -13,14 +13,17 @@ from deepline_cli.cli.tables import print_json_lines, print_table
 app = typer.Typer(help="List the tools a play can call.", no_args_is_help=True)
 
 ConfigOption = Annotated[
-    Path | None, typer.Option("--config", help="deepline.toml [default: ./deepline.toml or next to PLAY].")
+    Path | None,
+    typer.Option("--config", metavar="FILE", help="deepline.toml [default: ./deepline.toml or next to PLAY]."),
 ]
 
 
 @app.command("list")
 @cli_errors
 def list_tools(
-    play: Annotated[str | None, typer.Option("--play", help="Also load this play's local @tools.")] = None,
+    play: Annotated[
+        str | None, typer.Option("--play", metavar="FILE", help="Also load this play's local @tools.")
+    ] = None,
     config: ConfigOption = None,
     json: JsonOption = False,
 ) -> None:

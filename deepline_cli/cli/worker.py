@@ -13,7 +13,7 @@ from deepline_cli.cli.common import StoreOption, cli_errors
 @cli_errors
 def worker(
     store: StoreOption = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Runs executed at once.")] = 1,
+    concurrency: Annotated[int, typer.Option("--concurrency", metavar="N", min=1, help="Runs executed at once.")] = 1,
     once: Annotated[bool, typer.Option("--once", help="Run what is due now, then exit.")] = False,
     fetch_public_only: Annotated[
         bool,

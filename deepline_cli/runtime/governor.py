@@ -84,11 +84,13 @@ class Governor:
             self._pacers[tool_id] = Pacer(tool_id, parse_rate(rate_limit, owner=f"Tool {tool_id!r}"), self._shared_slot)
 
     def paced(self) -> dict[str, float]:
-        """Tools held back now → their rate limit (calls/s), or 0 while backing off a 429."""
-        paced = {t: 1.0 / p.interval for t, p in self._pacers.items() if p.waiting}
+        """Tools whose calls wait for their rate limit now → the limit (calls/s)."""
+        return {t: 1.0 / p.interval for t, p in self._pacers.items() if p.waiting}
+
+    def paused(self) -> dict[str, float]:
+        """Tools held back after a 429 → seconds until they go again."""
         now = time.monotonic()
-        paced.update({t: 0.0 for t, until in self._paused_until.items() if until > now})
-        return paced
+        return {t: round(until - now, 1) for t, until in self._paused_until.items() if until > now}
 
     @asynccontextmanager
     async def slot(self, tool_id: str) -> AsyncIterator[None]:

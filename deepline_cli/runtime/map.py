@@ -27,6 +27,7 @@ from deepline_cli.errors import (
     MapAccountingError,
     RunInterrupted,
     SheetVisibilityError,
+    ToolExecutionError,
     UsageError,
 )
 from deepline_cli.runtime import failures
@@ -37,7 +38,7 @@ from deepline_cli.runtime.tools import ToolResult
 from deepline_cli.store.base import MapRecord, MapRow, SheetRow
 
 if TYPE_CHECKING:
-    from deepline_cli.runtime.context import Context
+    from deepline_cli.runtime.context import Context, Tools
     from deepline_cli.runtime.services import RunServices
 
 DEFAULT_CONCURRENCY = 50
@@ -54,7 +55,7 @@ class RowContext:
     def __init__(self, ctx: Context, services: RunServices, map_name: str, row_key: str, index: int) -> None:
         self._ctx = ctx
         self._s = services
-        self.tools = ctx.tools
+        self.tools = RowTools(ctx.tools)
         self.row_key = row_key
         self.index = index
         self._map = map_name
@@ -75,6 +76,22 @@ class RowContext:
 
     async def run_play(self, id: str, play_ref: str, input: Any = None, *, description: str = "") -> Any:
         return await self._ctx.run_play(self._scoped(id), play_ref, input, description=description, _journal=False)
+
+
+class RowTools:
+    """`rc.tools`: the run's durable tool calls, noting which of them failed in this row,
+    so a failure the row got past (a waterfall falling through) is told from a final one."""
+
+    def __init__(self, tools: Tools) -> None:
+        self._tools = tools
+        self.failed: list[str] = []
+
+    async def execute(self, id: str, tool: str, input: Any, **options: Any) -> ToolResult:
+        try:
+            return await self._tools.execute(id, tool, input, **options)
+        except ToolExecutionError:
+            self.failed.append(tool)
+            raise
 
 
 @dataclass(slots=True)
@@ -357,6 +374,9 @@ class MapRun:
         self._record(job, cells, error)
         if failure is not None:
             self._watch_for_systemic(failure, error or "")
+        elif rc.tools.failed:
+            for tool in rc.tools.failed:  # the row succeeded all the same: fallen through, not final
+                self.s.stats.tool(tool).recovered += 1
 
     def _play_bug(self, job: _Job, column: str, exc: BaseException) -> failures.PlayCodeError:
         place = failures.where(exc)
@@ -430,8 +450,10 @@ class MapRun:
     async def _visibility_barrier(self) -> dict[str, int]:
         """Read back, through the store, that every finished row of this run is visible."""
         s = self.s
-        await s.writes.flushed()
         expected = len(self.input_index_of)
+        s.bus.emit("barrier.visibility", self.run_id, map=self.name, expected=expected, visible=0, reads=0,
+                   passed=None)  # fmt: skip
+        await s.writes.flushed()
         counts: dict[str, int] = {}
         seen = 0
         for reads, delay in enumerate(VISIBILITY_TRIES, start=1):
@@ -471,6 +493,7 @@ class MapRun:
         in_memory = sum(self.finished[:distinct])
         accounted = persisted + self.tally.duplicate
         facts = {"map": self.name, "rows": self.tally.read, "distinct": distinct, "duplicate": self.tally.duplicate}
+        s.bus.emit("barrier.finalization", self.run_id, passed=None, **facts)
         if persisted == distinct and in_memory == distinct and accounted == self.tally.read:
             s.bus.emit("barrier.finalization", self.run_id, passed=True, **facts)
             return

@@ -367,7 +367,7 @@ class _Attempt:
     async def run(self) -> RunResult:
         store, record = self.io.store, self.record
         history = await self.io.call(_History.read, store, record, self.io.now())
-        self.stats = RunStats.since(history.stats)
+        self.stats = RunStats.since(history.stats, recovered=record.stats.get("tools") or {})
         services = self._services(history)
         self.bus.emit(
             "run.started",
@@ -471,6 +471,10 @@ class _Attempt:
         store.end_attempt(record.run_id, record.attempt, status, now)
         stats = store.run_stats(record.run_id)
         stats["store_s"] = round(record.stats.get("store_s", 0.0) + self.io.busy_s, 3)  # the store thread's busy time
+        for tool_id, counts in stats["tools"].items():  # counted in memory only
+            known = self.stats.tool(tool_id)
+            counts["recovered"] = known.recovered  # failures a waterfall got past
+            counts["retry_reasons"] = dict(known.retry_reasons)  # this attempt's
         store.update_run(
             record.run_id,
             status=status,
@@ -492,6 +496,7 @@ class _Attempt:
                 self.record.run_id,
                 tools={t: c.to_dict() for t, c in self.stats.tools.items()},
                 paced=services.governor.paced(),
+                paused=services.governor.paused(),
             )
 
     async def _keep_leases(self, services: RunServices) -> None:

@@ -22,6 +22,7 @@ class ToolCounts:
     credits: float = 0.0
     retries: int = 0
     retry_reasons: Counter[str] = field(default_factory=Counter)  # "429", "5xx", "network"
+    recovered: int = 0  # failures of rows that still succeeded (a waterfall fell through)
 
     def note_retry(self, reason: str) -> None:
         self.retries += 1
@@ -35,6 +36,7 @@ class ToolCounts:
             "credits": self.credits,
             "retries": self.retries,
             "retry_reasons": dict(self.retry_reasons),
+            "recovered": self.recovered,
         }
 
 
@@ -44,13 +46,16 @@ class RunStats:
     steps: dict[str, int] = field(default_factory=lambda: {"live": 0, "reused": 0})
 
     @classmethod
-    def since(cls, before: dict[str, Any]) -> RunStats:
-        """Counts that start from what earlier attempts did (`Store.run_stats`)."""
+    def since(cls, before: dict[str, Any], recovered: dict[str, Any]) -> RunStats:
+        """Counts that start from what earlier attempts did (`Store.run_stats`, and the
+        recovered failures the run's last stats kept)."""
         stats = cls()
         for tool_id, c in (before.get("tools") or {}).items():
             stats.tools[tool_id] = ToolCounts(
                 c.get("live", 0), c.get("reused", 0), c.get("failed", 0), c.get("credits", 0.0), c.get("retries", 0)
             )
+        for tool_id, c in recovered.items():
+            stats.tool(tool_id).recovered = int(c.get("recovered", 0))
         stats.steps.update(before.get("steps") or {})
         return stats
 

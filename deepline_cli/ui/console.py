@@ -1,4 +1,14 @@
-"""The human view on stderr: a Rich live view on a terminal, plain lines otherwise."""
+"""The human view on stderr: a Rich live view on a terminal, plain lines otherwise.
+
+    deepline  lead-enrichment  run r-8f2c  attempt 2                credits 714  00:42
+    leads  ━━━━━━━━━━━━━━━━╸━━━━━━  214/302 71%  ✓ 200  ✗ 3  dup 11  reused 120
+           148 rows/s  ETA 0:25
+    tools  demo.finder_a  live 236  failed 2  fell back 37  retries 12 (429 9, 5xx 3)  credits 236
+
+Every line is built from pieces in order of importance and fitted to the terminal's
+width: on a narrow one the least important pieces go first, so failures and credits
+stay in view and nothing wraps into the next line.
+"""
 
 from __future__ import annotations
 
@@ -8,57 +18,78 @@ from typing import IO, Any
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress_bar import ProgressBar
-from rich.table import Table
 from rich.text import Text
 
 from deepline_cli.runtime.events import Event
 from deepline_cli.ui.state import MapView, RunView
+from deepline_cli.ui.verdict import clock, verdict
 
 PLAIN_PROGRESS_EVERY_S = 5.0
+BAR_WIDTH = 24
+Piece = tuple[str, int]  # text, importance (0: always shown; higher goes first when space is short)
 
 
-def _clock(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
+def fit(pieces: list[Piece], width: int, sep: str = "  ") -> str:
+    """Join the pieces that fit in `width`, dropping the least important first."""
+    kept = [p for p in pieces if p[0]]
+    while kept and len(sep.join(t for t, _ in kept)) > width:
+        least = max(range(len(kept)), key=lambda i: (kept[i][1], i))
+        if kept[least][1] == 0:
+            break
+        kept.pop(least)
+    line = sep.join(t for t, _ in kept)
+    return line if len(line) <= width else line[: max(0, width - 1)] + "…"
 
 
 def _eta(seconds: float | None) -> str:
-    if seconds is None:
-        return "ETA -"
-    minutes, secs = divmod(int(seconds), 60)
-    return f"ETA {minutes // 60}:{minutes % 60:02d}:{secs:02d}" if minutes >= 60 else f"ETA {minutes}:{secs:02d}"
+    return "ETA -" if seconds is None else f"ETA {clock(seconds)}"
 
 
-def map_counts(m: MapView) -> str:
-    total = f"/{m.total:,}" if m.total else ""
-    text = (
-        f"{m.done + m.duplicate:,}{total}  ✓ {m.succeeded:,}  ✗ {m.failed:,}  dup {m.duplicate:,}  reused {m.reused:,}"
-    )
-    if m.seeded and not m.completed:
-        text += f"  from earlier attempt {m.seeded:,}"
-    return text
+def map_pieces(m: MapView) -> list[Piece]:
+    total = m.total or 0
+    counted = f"{m.seen:,}/{total:,}" if total else f"{m.seen:,}"
+    percent = f"{min(100, m.seen * 100 // total)}%" if total and not m.completed else ""
+    return [
+        (m.name, 0),
+        (counted, 0),
+        (percent, 3),
+        (f"✓ {m.succeeded + m.seeded if not m.completed else m.succeeded:,}", 1),
+        (f"✗ {m.failed:,}", 0),
+        (f"dup {m.duplicate:,}", 4),
+        (f"reused {m.reused:,}", 4),
+        (f"from earlier attempts {m.seeded:,}" if m.seeded and not m.completed else "", 5),
+    ]
 
 
-def barrier_line(m: MapView) -> str | None:
-    parts = []
-    if m.visibility:
-        parts.append(f"visibility {m.visibility}")
-    if m.finalization:
-        parts.append(f"finalization {m.finalization}")
-    return "  ".join(parts) or None
+def tool_pieces(tool_id: str, c: dict[str, Any], paced: dict[str, float], paused: dict[str, float]) -> list[Piece]:
+    recovered = int(c.get("recovered", 0))
+    final = int(c.get("failed", 0)) - recovered
+    retries = int(c.get("retries", 0))
+    reasons = ", ".join(f"{k} {v:,}" for k, v in sorted((c.get("retry_reasons") or {}).items()))
+    state = ""
+    if tool_id in paused:
+        state = f"paused (429) {paused[tool_id]:.0f}s"
+    elif tool_id in paced:
+        state = f"paced {paced[tool_id]:g}/s"
+    return [
+        (tool_id, 0),
+        (f"live {c.get('live', 0):,}", 1),
+        (f"reused {c.get('reused', 0):,}", 3),
+        (f"failed {final:,}", 0),
+        (f"fell back {recovered:,}" if recovered else "", 2),
+        (f"retries {retries:,}" + (f" ({reasons})" if reasons else "") if retries else "", 2),
+        (state, 1),
+        (f"credits {c['credits']:,.6g}" if c.get("credits") else "", 0),
+    ]
 
 
-def tool_lines(tools: dict[str, dict[str, Any]], paced: dict[str, float]) -> list[str]:
+def tool_lines(s: RunView, width: int, lead: str = "tools  ") -> list[str]:
+    names = max((len(t) for t in s.tools), default=0)
     lines = []
-    for tool_id, c in sorted(tools.items()):
-        line = f"{tool_id:<16} live {c.get('live', 0):,}  reused {c.get('reused', 0):,}  failed {c.get('failed', 0):,}"
-        if tool_id in paced:
-            line += f"  paced {paced[tool_id]:g}/s"
-        if c.get("credits"):
-            line += f"  credits {c['credits']:,.6g}"
-        lines.append(line)
+    for index, (tool_id, c) in enumerate(sorted(s.tools.items())):
+        pieces = tool_pieces(tool_id.ljust(names), c, s.paced, s.paused)
+        prefix = lead if index == 0 else " " * len(lead)
+        lines.append(prefix + fit(pieces, width - len(prefix)))
     return lines
 
 
@@ -71,7 +102,7 @@ class ConsoleView:
         self.live_mode = self.console.is_terminal if live is None else live
         self.state = RunView()
         self._live: Live | None = None
-        self._last_plain = 0.0
+        self._printed: dict[str, float] = {}  # plain mode: when each progress line was last printed
 
     def __enter__(self) -> ConsoleView:
         if self.live_mode:
@@ -83,11 +114,15 @@ class ConsoleView:
         if self._live is not None:
             self._live.stop()
             self._live = None
+        finished = self.state.finished
+        if finished is not None:
+            for line in verdict(finished["run_id"], finished["status"], _with_waiting(finished),
+                                finished.get("error"), self.state.play):  # fmt: skip
+                self.console.print(Text(line, style=_style(line)))
 
     def handle(self, event: Event) -> None:
         self.state.apply(event)
-        name = event.event
-        if name == "log":
+        if event.event == "log":
             self._print_log(event)
         elif not self.live_mode:
             self._plain(event)
@@ -97,72 +132,80 @@ class ConsoleView:
         text = Text(event.data.get("message", ""))
         if level != "info":
             text.stylize("yellow")
-        if self.live_mode:
-            self.console.print(text)
-        else:
-            stamp = time.strftime("%H:%M:%S", time.localtime(event.ts))
-            self.console.print(Text(f"{stamp} ") + text)
+        if not self.live_mode:
+            text = Text(time.strftime("%H:%M:%S ", time.localtime(event.ts))) + text
+        self.console.print(text)
+
+    # --- plain lines (CI logs, pipes) -----------------------------------------------------------
+
+    def _due(self, what: str) -> bool:
+        now = time.monotonic()
+        if now - self._printed.get(what, -PLAIN_PROGRESS_EVERY_S) < PLAIN_PROGRESS_EVERY_S:
+            return False
+        self._printed[what] = now
+        return True
 
     def _plain(self, event: Event) -> None:
-        s = self.state
-        if event.event == "run.started":
+        s, name, width = self.state, event.event, max(self.console.width, 100)
+        if name == "run.started":
             self.console.print(f"deepline  {s.play}  run {s.run_id}  attempt {s.attempt}")
-        elif event.event == "run.progress":
-            now = time.monotonic()
-            if now - self._last_plain >= PLAIN_PROGRESS_EVERY_S:
-                self._last_plain = now
-                for line in tool_lines(s.tools, s.paced):
-                    self.console.print(f"{_clock(s.elapsed)} tools {line}")
-        elif event.event == "map.progress":
-            now = time.monotonic()
-            if now - self._last_plain >= PLAIN_PROGRESS_EVERY_S:
-                self._last_plain = now
-                m = s.maps[event.data["map"]]
-                self.console.print(
-                    f"{_clock(s.elapsed)} {m.name}  {map_counts(m)}  {m.rows_per_s:,.0f} rows/s  {_eta(m.eta_s)}"
-                )
-        elif event.event.startswith("barrier."):
+        elif name == "run.progress" and s.tools and self._due("tools"):
+            for line in tool_lines(s, width - 6, lead="tools  "):
+                self.console.print(f"{clock(s.elapsed)} {line}")
+        elif name == "map.progress" and self._due(f"map:{event.data['map']}"):
             m = s.maps[event.data["map"]]
-            kind = event.event.split(".", 1)[1]
-            self.console.print(
-                f"{_clock(s.elapsed)} {m.name}  barrier {kind} "
-                f"{m.visibility if kind == 'visibility' else m.finalization}"
-            )
-        elif event.event == "run.finished":
-            for line in tool_lines(s.tools, {}):
-                self.console.print(f"tools  {line}")
+            rate = f"{m.rows_per_s:,.0f} rows/s  {_eta(m.eta_s)}"
+            self.console.print(f"{clock(s.elapsed)} {fit([*map_pieces(m), (rate, 1)], width)}")
+        elif name.startswith("barrier."):
+            m = s.maps[event.data["map"]]
+            words = m.visibility if name == "barrier.visibility" else m.finalization
+            self.console.print(f"{clock(s.elapsed)} {m.name}  {words}")
+        elif name == "run.finished":
+            for line in tool_lines(s, width):
+                self.console.print(line)
+
+    # --- the live view --------------------------------------------------------------------------
 
     def render(self) -> Group:
-        s = self.state
-        header = Table.grid(expand=True)
-        header.add_column()
-        header.add_column(justify="right")
-        header.add_row(
-            Text.assemble(("deepline  ", "bold"), (s.play, "cyan"), f"  run {s.run_id}", f"  attempt {s.attempt}"),
-            _clock(s.elapsed),
-        )
+        s, width = self.state, self.console.width
+        right = fit([(f"credits {s.credits:,.6g}" if s.credits else "", 0), (clock(s.elapsed), 0)], width)
+        left = fit([("deepline", 3), (s.play, 2), (f"run {s.run_id}", 0), (f"attempt {s.attempt}", 1)],
+                   max(0, width - len(right) - 2))  # fmt: skip
+        header = Text(left.ljust(max(0, width - len(right))) + right, no_wrap=True, overflow="ellipsis")
+        header.stylize("bold", 0, len("deepline") if left.startswith("deepline") else 0)
         parts: list[Any] = [header]
         for m in list(s.maps.values()):
-            parts.extend(self._render_map(m))
-        for index, line in enumerate(tool_lines(s.tools, s.paced)):
-            parts.append(Text(("tools  " if index == 0 else "       ") + line))
+            parts.extend(self._render_map(m, width))
+        parts.extend(Text(line, no_wrap=True, overflow="ellipsis") for line in tool_lines(s, width))
         return Group(*parts)
 
-    def _render_map(self, m: MapView) -> list[Any]:
-        grid = Table.grid(padding=(0, 1))
-        grid.add_column(no_wrap=True)
-        grid.add_column(width=24)
-        grid.add_column(no_wrap=True)
-        total = m.total or 0
-        done = m.done + m.duplicate
-        bar = ProgressBar(total=float(total) if total else None, completed=float(done), width=24)
-        if m.completed:
-            bar = ProgressBar(total=1.0, completed=1.0, width=24)
-        grid.add_row(Text(m.name, style="bold"), bar, Text(map_counts(m)))
-        lines: list[Any] = [grid]
-        if not m.completed:
-            lines.append(Text(f"{' ' * len(m.name)}  {m.rows_per_s:,.0f} rows/s  {_eta(m.eta_s)}", style="dim"))
-        barriers = barrier_line(m)
-        if barriers:
-            lines.append(Text(f"barriers  {barriers}"))
+    def _render_map(self, m: MapView, width: int) -> list[Text]:
+        counts = fit(map_pieces(m)[1:], width)
+        room = width - len(m.name) - len(counts) - 4
+        bar = _bar(m, min(BAR_WIDTH, room)) if room >= 8 else Text("")
+        line = Text.assemble((m.name, "bold"), "  ", bar, "  " if bar.plain else "", counts)
+        line.no_wrap, line.overflow = True, "ellipsis"
+        lines = [line]
+        indent = " " * min(len(m.name) + 2, 8)
+        if not m.completed and self.state.finished is None:
+            lines.append(Text(indent + fit([(f"{m.rows_per_s:,.0f} rows/s", 0), (_eta(m.eta_s), 0)], width), "dim"))
+        for words in (m.visibility, m.finalization):
+            if words:
+                lines.append(Text(indent + fit([(words, 0)], width - len(indent)), no_wrap=True))
         return lines
+
+
+def _bar(m: MapView, width: int) -> Text:
+    total = m.total or 0
+    share = 1.0 if m.completed else (min(1.0, m.seen / total) if total else 0.0)
+    filled = int(share * width)
+    return Text.assemble(("━" * filled, "green" if m.completed else "magenta"), ("━" * (width - filled), "grey23"))
+
+
+def _with_waiting(finished: dict[str, Any]) -> dict[str, Any]:
+    """The verdict reads the waiting boundaries with the stats."""
+    return {**(finished.get("stats") or {}), "waiting": finished.get("waiting") or []}
+
+
+def _style(line: str) -> str:
+    return {"✓": "green", "✗": "red", "■": "yellow", "…": "cyan"}.get(line[:1], "")

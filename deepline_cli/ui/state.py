@@ -22,8 +22,13 @@ class MapView:
     rows_per_s: float = 0.0
     eta_s: float | None = None
     completed: bool = False
-    visibility: str | None = None
+    visibility: str | None = None  # in words, pending or passed
     finalization: str | None = None
+
+    @property
+    def seen(self) -> int:
+        """Input rows dealt with so far: finished distinct rows and skipped duplicates."""
+        return self.done + self.duplicate
 
 
 @dataclass
@@ -34,8 +39,9 @@ class RunView:
     started: float = field(default_factory=time.monotonic)
     tools: dict[str, dict[str, Any]] = field(default_factory=dict)
     paced: dict[str, float] = field(default_factory=dict)
-    status: str | None = None
+    paused: dict[str, float] = field(default_factory=dict)
     maps: dict[str, MapView] = field(default_factory=dict)
+    finished: dict[str, Any] | None = None  # the run.finished event
 
     def apply(self, event: Event) -> None:
         data = event.data
@@ -47,42 +53,57 @@ class RunView:
         elif event.event == "run.progress":
             self.tools = data.get("tools", {})
             self.paced = data.get("paced", {})
-        elif event.event == "run.finished":
-            self.status = data["status"]
-            self.tools = data.get("stats", {}).get("tools", self.tools)
+            self.paused = data.get("paused", {})
+        elif event.event == "run.finished" and event.run_id == (self.run_id or event.run_id):
+            self.finished = {"run_id": event.run_id, **data}
+            self.tools = data.get("stats", {}).get("tools") or self.tools
+            self.paced, self.paused = {}, {}
 
     @property
     def elapsed(self) -> float:
         return time.monotonic() - self.started
+
+    @property
+    def credits(self) -> float:
+        return float(sum(c.get("credits", 0) for c in self.tools.values()))
 
     def _apply_map(self, name: str, data: dict[str, Any]) -> None:
         view = self.maps.setdefault(data["map"], MapView(data["map"]))
         if name == "map.started":
             view.total = data.get("total")
         elif name == "map.progress":
-            for attr in (
-                "total",
-                "done",
-                "succeeded",
-                "failed",
-                "duplicate",
-                "reused",
-                "seeded",
-                "rows_per_s",
-                "eta_s",
-            ):
+            for attr in _PROGRESS:
                 setattr(view, attr, data.get(attr, getattr(view, attr)))
         elif name == "barrier.visibility":
-            mark = "✓" if data["passed"] else "✗"
-            reads = data["reads"]
-            view.visibility = (
-                f"{mark} {data['visible']:,}/{data['expected']:,} visible ({reads} read{'s' if reads != 1 else ''})"
-            )
+            view.visibility = visibility_words(data)
         elif name == "barrier.finalization":
-            view.finalization = "✓ reconciled" if data["passed"] else f"✗ missing {data.get('missing')}"
+            view.finalization = finalization_words(data)
         elif name == "map.completed":
             view.completed = True
             view.succeeded, view.failed = data["succeeded"], data["failed"]
             view.duplicate, view.reused = data["duplicate"], data["reused"]
             view.done = view.succeeded + view.failed
             view.total = view.done + view.duplicate
+
+
+_PROGRESS = ("total", "done", "succeeded", "failed", "duplicate", "reused", "seeded", "rows_per_s", "eta_s")
+
+
+def visibility_words(data: dict[str, Any]) -> str:
+    """The visibility barrier in a data engineer's words."""
+    expected, visible, reads = data["expected"], data["visible"], data["reads"]
+    if data["passed"] is None:
+        return f"checking {expected:,} rows are stored…"
+    if data["passed"]:
+        return f"✓ {visible:,}/{expected:,} rows stored and read back ({reads} read{'s' if reads != 1 else ''})"
+    return f"✗ only {visible:,} of {expected:,} rows visible in the store after {reads} reads"
+
+
+def finalization_words(data: dict[str, Any]) -> str:
+    rows, distinct, duplicate = data["rows"], data["distinct"], data["duplicate"]
+    if data["passed"] is None:
+        return f"checking all {rows:,} input rows are accounted for…"
+    if data["passed"]:
+        dup = f" + {duplicate:,} duplicate" if duplicate else ""
+        return f"✓ all {rows:,} input rows accounted for ({distinct:,} distinct{dup})"
+    return f"✗ input rows not accounted for: {', '.join(str(i) for i in data.get('missing') or [])}"

@@ -2,6 +2,7 @@
 
     deepline run examples/lead_enrichment/play.py --csv examples/lead_enrichment/leads.csv
     deepline run examples/lead_enrichment/play.py --csv examples/lead_enrichment/leads.csv --limit 20
+    deepline run examples/lead_enrichment/play.py --csv examples/lead_enrichment/leads.csv --set latency=0
     deepline export RUN_ID --out enriched.csv
 
 The providers are offline stand-ins with realistic latency and failures:
@@ -10,8 +11,10 @@ The providers are offline stand-ins with realistic latency and failures:
 - `demo.finder_b` is the fallback, used only when A fails transiently (2 credits);
 - `demo.validate` checks the email found (0.5 credit), only for rows that have one.
 
-Kill it with Ctrl-C half way and `deepline resume RUN_ID`: finished rows are not redone and
-no finished call is paid for again.
+The providers answer about as slowly as real ones (a run takes some 20 seconds), so there
+is time to Ctrl-C it half way and `deepline resume RUN_ID`: finished rows are not redone and
+no finished call is paid for again. `--set latency=0` makes them answer at once (`latency`
+scales their delay; it is not part of any call's input, so it changes no receipt).
 """
 
 from __future__ import annotations
@@ -21,6 +24,12 @@ import hashlib
 
 from deepline_cli import Column, ProviderTransientError, ToolExecutionError, play, tool
 
+LATENCY = [8.0]  # the providers' delay factor, set by the play's input (not part of any call)
+
+
+async def _answer_in(seconds: float) -> None:
+    await asyncio.sleep(seconds * LATENCY[0])
+
 
 def _roll(*parts: str) -> int:
     """A stable pseudo-random number 0..99 for the same inputs (so reruns agree)."""
@@ -29,7 +38,7 @@ def _roll(*parts: str) -> int:
 
 @tool("demo.company", credits=1, concurrency=16)
 async def company(input: dict) -> dict | None:
-    await asyncio.sleep(0.03)
+    await _answer_in(0.03)
     domain = input["domain"]
     if _roll("company", domain) < 5:
         return None  # unknown company: no result
@@ -38,7 +47,7 @@ async def company(input: dict) -> dict | None:
 
 @tool("demo.finder_a", credits=1, rate_limit="200/s")
 async def finder_a(input: dict, call) -> dict:
-    await asyncio.sleep(0.04)
+    await _answer_in(0.04)
     if _roll("a-flaky", input["first_name"], input["domain"]) < 12:
         raise ProviderTransientError("503 from demo.finder_a", category="upstream", status_code=503)
     first = input["first_name"].lower()
@@ -47,7 +56,7 @@ async def finder_a(input: dict, call) -> dict:
 
 @tool("demo.finder_b", credits=2)
 async def finder_b(input: dict) -> dict:
-    await asyncio.sleep(0.06)
+    await _answer_in(0.06)
     if _roll("b-miss", input["first_name"], input["domain"]) < 20:
         raise ToolExecutionError("404: no email known", category="validation", status_code=404)
     first, last = input["first_name"].lower(), input["last_name"].lower()
@@ -71,6 +80,7 @@ async def find_email(row: dict, rc) -> dict:
 
 @play("lead-enrichment", description="Company lookup, email waterfall and validation for a CSV of leads")
 async def lead_enrichment(ctx, input):
+    LATENCY[0] = float(input.get("latency", LATENCY[0]))
     leads = ctx.csv(
         input["csv"],
         rename={

@@ -1,0 +1,111 @@
+"""The last word on a run, for a person: how it ended, what it did, and the next command.
+
+    ✓ Run r-8f2c completed in 0:42: 290 rows (281 succeeded, 9 failed, 12 duplicate), 714 credits.
+      Next: deepline export r-8f2c --out lead-enrichment.csv · every failed row: deepline runs logs r-8f2c
+
+Plain text (no rich): `--quiet` and the plain view print it too.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+
+def verdict(run_id: str, status: str, stats: dict[str, Any], error: dict[str, Any] | None, play: str = "") -> list[str]:
+    """One line saying how the run ended, then one with what to do next."""
+    said = _SAYS.get(status, _failed)
+    return said(run_id, stats, error or {}, play)
+
+
+def _completed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str) -> list[str]:
+    rows = stats.get("rows") or {}
+    lines = [f"✓ Run {run_id} completed in {clock(stats.get('duration_s', 0))}{_rows(rows)}, {_credits(stats)}."]
+    tools = stats.get("tools") or {}
+    live = sum(c.get("live", 0) + c.get("failed", 0) for c in tools.values())
+    reused = sum(c.get("reused", 0) for c in tools.values())
+    if live == 0 and (reused or rows.get("reused")):
+        came = [f"{n:,} {what}" for n, what in ((rows.get("reused", 0), "rows"), (reused, "calls")) if n]
+        lines.append(f"  Nothing was paid: {' and '.join(came)} came from earlier runs.")
+    steps = []
+    if rows.get("succeeded") or rows.get("failed"):
+        steps.append(f"deepline export {run_id} --out {play or 'rows'}.csv")
+    if rows.get("failed"):
+        steps.append(f"every failed row: deepline runs logs {run_id}")
+    if steps:
+        lines.append("  Next: " + " · ".join(steps))
+    return lines
+
+
+def _failed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str) -> list[str]:
+    where = f" ({error['where']})" if error.get("where") else ""
+    lines = [f"✗ Run {run_id} failed: {error.get('message', 'unknown error')}{where}"]
+    if error.get("type") == "StoreLostError":
+        lines.append("  Next: start the run again on a store that stays.")
+    elif "deepline resume" not in error.get("message", ""):
+        lines.append(f"  Next: fix the cause, then: deepline resume {run_id}")
+    return lines
+
+
+def _interrupted(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str) -> list[str]:
+    rows = stats.get("rows") or {}
+    done = f", {rows['succeeded'] + rows.get('failed', 0):,} rows done" if rows.get("succeeded") is not None else ""
+    return [
+        f"■ Run {run_id} interrupted after {clock(stats.get('duration_s', 0))}{done}, {_credits(stats)}; "
+        "nothing finished is lost.",
+        f"  Next: deepline resume {run_id}",
+    ]
+
+
+def _waiting(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str) -> list[str]:
+    return [
+        f"… Run {run_id} is waiting: {describe_waiting(stats.get('waiting') or [])}.",
+        f"  Next: deepline resume {run_id} once it is due (a worker does it by itself)",
+    ]
+
+
+def _taken_over(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str) -> list[str]:
+    return [f"✗ Run {run_id} was taken over by another process; this one stopped without recording anything."]
+
+
+_SAYS = {
+    "completed": _completed,
+    "failed": _failed,
+    "interrupted": _interrupted,
+    "waiting": _waiting,
+    "taken_over": _taken_over,
+}
+
+
+def _rows(rows: dict[str, Any]) -> str:
+    total = rows.get("succeeded", 0) + rows.get("failed", 0)
+    if not total and not rows.get("duplicate"):
+        return ""
+    parts = [f"{rows.get('succeeded', 0):,} succeeded", f"{rows.get('failed', 0):,} failed"]
+    if rows.get("duplicate"):
+        parts.append(f"{rows['duplicate']:,} duplicate")
+    return f": {total:,} rows ({', '.join(parts)})"
+
+
+def _credits(stats: dict[str, Any]) -> str:
+    attempts = stats.get("attempts") or 1
+    over = f" over {attempts} attempts" if attempts > 1 else ""
+    return f"{stats.get('credits', 0):,.6g} credits{over}"
+
+
+def clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def describe_waiting(boundaries: list[dict[str, Any]]) -> str:
+    """One phrase a person can act on: until when, or for which event."""
+    parts = []
+    for b in boundaries:
+        if b["kind"] == "sleep" and b.get("due_at"):
+            due = dt.datetime.fromtimestamp(b["due_at"]).strftime("%Y-%m-%d %H:%M:%S")
+            parts.append(f"timer {b['id'].removeprefix('sleep:')!r} is due at {due}")
+        elif b["kind"] == "event":
+            parts.append(f"for event {b['event_id']!r} (deepline events send {b['run_id']} {b['event_id']})")
+    return "; ".join(parts) or "for its child plays"

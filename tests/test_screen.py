@@ -1,0 +1,200 @@
+"""The screen tells the truth, through the real command line: the verdict at the end,
+retries and 429 pauses per tool, failures a waterfall recovered from told apart, barriers
+in words while they run, steady progress lines in CI logs, counts that add up across a
+resume, a live view that fits 80 and 50 columns, and help a newcomer can read."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from deepline_cli import _json
+from tests.conftest import ROOT, Result
+from tests.faults import finish, kill, start, wait_until
+from tests.provider import Provider, ProviderServer
+
+pytestmark = pytest.mark.slow
+
+Run = Callable[..., Result]
+LEADS = ROOT / "examples/lead_enrichment/play.py"
+LEADS_CSV = ROOT / "examples/lead_enrichment/leads.csv"
+
+
+def test_the_verdict_says_how_it_ended_what_it_cost_and_what_to_do_next(deepline: Run) -> None:
+    done = deepline("run", str(LEADS), "--csv", str(LEADS_CSV), "--set", "latency=0", "--run-id", "v1")
+    assert done.code == 0, done.stderr
+    lines = done.stderr.splitlines()
+    verdict = next(line for line in lines if line.startswith("✓ Run v1 completed in "))
+    assert "290 rows (281 succeeded, 9 failed, 12 duplicate), 714 credits." in verdict
+    assert "Next: deepline export v1 --out lead-enrichment.csv · every failed row: deepline runs logs v1" in done.stderr
+    # The waterfall's fallbacks are not final failures; the tools line tells them apart.
+    finder_a = [line for line in lines if "demo.finder_a" in line][-1]  # the last word: the final counts
+    assert re.search(r"failed 9 +fell back 28", finder_a), finder_a  # 9 rows failed at B too
+
+    again = deepline("run", str(LEADS), "--csv", str(LEADS_CSV), "--set", "latency=0", "--run-id", "v2")
+    assert "Nothing was paid: 290 rows came from earlier runs." in again.stderr
+    assert "0 credits." in again.stderr
+
+    quiet = deepline("run", str(LEADS), "--csv", str(LEADS_CSV), "--set", "latency=0", "--run-id", "v3", "-q")
+    assert quiet.stderr.splitlines() == [next(ln for ln in quiet.stderr.splitlines() if ln.startswith("✓ Run v3"))]
+
+
+FLAKY_PLAY = """
+from deepline_cli import play
+
+@play("flaky")
+async def flaky(ctx, input):
+    rows = await ctx.map("calls", [{"n": i} for i in range(input["n"])], key="n", concurrency=2, columns={
+        "got": lambda row, rc: rc.tools.execute("c", "flaky.tool", {"n": row["n"]}),
+    })
+    return len(rows)
+"""
+
+
+@pytest.fixture
+def flaky(tmp_path: Path) -> Iterator[Provider]:
+    with ProviderServer(Provider()) as provider:
+        (tmp_path / "play.py").write_text(FLAKY_PLAY)
+        (tmp_path / "deepline.toml").write_text(
+            f'[tools."flaky.tool"]\nurl = "http://127.0.0.1:{provider.port}/v1/flaky"\ncredits = 1\n'
+        )
+        yield provider
+
+
+def test_retries_and_429_pauses_are_shown_per_tool(
+    deepline: Run, flaky: Provider, tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    flaky.script("/v1/flaky", ["503", "502", "429:6", "ok"])
+    result = deepline("run", "play.py", "--set", "n=4", DEEPLINE_RETRY_BASE_S="0.01")
+    assert result.code == 0, result.stderr
+    plain = result.stderr
+    assert re.search(r"paused \(429\) \d+s", plain), plain  # printed while the tool waited out the 429
+    final = [line for line in plain.splitlines() if line.startswith("tools ") and "flaky.tool" in line][-1]
+    assert "retries 3 (429 1, 5xx 2)" in final, final
+    assert "paced 0/s" not in plain
+
+
+SLOW_PLAY = """
+import asyncio
+from deepline_cli import play, tool
+
+@tool("slow.work", credits=1)
+async def work(input):
+    await asyncio.sleep(0.05)
+    return input["i"]
+
+@play("slow")
+async def slow(ctx, input):
+    rows = await ctx.map("leads", [{"i": i} for i in range(input["n"])], key="i", concurrency=4, columns={
+        "v": lambda row, rc: rc.tools.execute("w", "slow.work", {"i": row["i"]}),
+    })
+    return len(rows)
+"""
+
+
+def test_ci_logs_get_steady_progress_lines_and_barriers_in_words(
+    deepline: Run, write_play: Callable[..., Path]
+) -> None:
+    write_play(SLOW_PLAY)
+    result = deepline("run", "play.py", "--set", "n=600")  # about 8 s at 4 rows of 50 ms at a time
+    assert result.code == 0, result.stderr
+    progress = [line for line in result.stderr.splitlines() if re.match(r"\d+:\d\d leads +[\d,]+/600 +\d+%", line)]
+    assert len(progress) >= 2, result.stderr  # one every few seconds, not one per row
+    assert all("rows/s" in line and "ETA" in line for line in progress)
+    assert "leads  checking 600 rows are stored…" in result.stderr
+    assert "leads  ✓ 600/600 rows stored and read back" in result.stderr
+    assert "leads  ✓ all 600 input rows accounted for (600 distinct)" in result.stderr
+    assert len(result.stderr.splitlines()) < 40  # progress people can read, not log spam
+
+
+def test_counts_after_a_resume_are_the_whole_runs(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    write_play(SLOW_PLAY.replace("0.05", "0.2"))
+    proc = start(["run", "play.py", "--set", "n=60", "--run-id", "twice", "--quiet"], cli_env, tmp_path)
+    try:
+        wait_until(lambda: _live_calls(deepline) >= 12, what="12 calls")
+        proc.send_signal(signal.SIGINT)
+        code, _, _ = finish(proc)
+    finally:
+        kill(proc)
+    assert code == 130
+    before = _live_calls(deepline)
+    resumed = deepline("resume", "twice", "--json")
+    assert resumed.code == 0, resumed.stderr
+    events = resumed.json_lines()
+    first_progress = next(e for e in events if e["event"] == "map.progress")
+    first_tools = next(e for e in events if e["event"] == "run.progress")
+    assert first_progress["done"] >= before  # the rows an earlier attempt finished count
+    assert first_tools["tools"]["slow.work"]["live"] >= before  # so do the calls it paid for
+    assert events[-1]["stats"]["tools"]["slow.work"]["live"] == 60
+
+
+def _live_calls(deepline: Run) -> int:
+    shown = deepline("runs", "show", "twice", "--json")
+    if shown.code != 0:
+        return 0  # not started yet
+    return int(((_json.loads(shown.stdout)["stats"].get("tools") or {}).get("slow.work") or {}).get("live", 0))
+
+
+@pytest.mark.parametrize("columns", [120, 80, 50])
+def test_the_live_view_fits_the_terminal(tmp_path: Path, cli_env: dict[str, str], columns: int) -> None:
+    screen = _in_terminal(
+        [sys.executable, "-m", "deepline_cli", "run", str(LEADS), "--csv", str(LEADS_CSV), "--set", "latency=1"],
+        columns, cli_env, tmp_path,
+    )  # fmt: skip
+    live = [line for line in screen if line and not line.startswith(("✓", "  Next", "{", "row ", "Map ", "6 add"))]
+    assert live, screen
+    assert max(len(line) for line in live) <= columns, [line for line in live if len(line) > columns]
+    tools = [line for line in screen if "demo.finder_b" in line]
+    assert tools and all("failed" in line and "credits" in line for line in tools), tools
+    assert any("✓" in line and "✗" in line for line in screen if "leads" in line)
+
+
+def _in_terminal(command: list[str], columns: int, env: dict[str, str], cwd: Path) -> list[str]:
+    """Run `command` in a pseudo-terminal `columns` wide; the lines it drew, escapes removed."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    proc = subprocess.Popen(
+        command, cwd=cwd, env={**env, "TERM": "xterm-256color"}, stdin=slave, stdout=slave, stderr=slave,
+        close_fds=True,
+    )  # fmt: skip
+    os.close(slave)
+    chunks = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # the terminal closed: the process ended
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=30)
+    os.close(master)
+    assert proc.returncode == 0
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", b"".join(chunks).decode("utf-8", "replace"))
+    return [line.rstrip() for line in re.split(r"\r\n|\r|\n", text)]
+
+
+def test_help_reads_well(deepline: Run) -> None:
+    top = deepline("--help")
+    assert "Examples:" in top.stdout and "deepline run examples/hello/play.py" in top.stdout
+    assert "--install-completion" in top.stdout
+    run = deepline("run", "--help").stdout
+    assert "--set KEY=VALUE" in run and "--input JSON|@FILE" in run and "--limit N" in run
+    assert "<list" not in run and "<int" not in run and "<float" not in run
+    completion = deepline("--show-completion", "bash", SHELL="/bin/bash")
+    assert completion.code == 0 and "COMPREPLY" in completion.stdout
