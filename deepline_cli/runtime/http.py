@@ -1,6 +1,6 @@
 """Provider calls over HTTP: HTTP tools from `deepline.toml`, remote tools, `ctx.fetch`.
 
-One client pool per run (keep-alive connections reused by every call), retries with
+One connection pool per run (transport.py: keep-alive connections per origin), retries with
 exponential backoff and jitter that honour `Retry-After`, errors sorted into the
 categories of `ToolExecutionError`, and secrets redacted from everything kept.
 """
@@ -11,15 +11,10 @@ import asyncio
 import email.utils
 import os
 import random
-import ssl
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
-
-import httpx
 
 from deepline_cli import _json
 from deepline_cli.errors import (
@@ -34,6 +29,15 @@ from deepline_cli.runtime.governor import Governor
 from deepline_cli.runtime.secrets import MIN_SECRET_LENGTH, Secrets
 from deepline_cli.runtime.templates import render
 from deepline_cli.runtime.tools import ToolCall, ToolDef
+from deepline_cli.runtime.transport import (
+    InvalidRequest,
+    InvalidResponse,
+    Response,
+    Transport,
+    TransportError,
+    TransportTimeout,
+    tls_context,
+)
 
 MAX_BACKOFF_S = 30.0
 _STATUS_CATEGORY: dict[int, Category] = {
@@ -52,41 +56,6 @@ def backoff_base_s() -> float:
     return float(os.environ.get("DEEPLINE_RETRY_BASE_S", "0.5"))
 
 
-class ClientPool:
-    """HTTP clients for one run.
-
-    Several single-connection clients, handed out one per request, were measurably
-    faster on loopback than one client sharing a large connection pool (see
-    BENCHMARKS.md); every client keeps its connection alive between requests.
-    """
-
-    def __init__(self, size: int = 64) -> None:
-        self._idle: list[httpx.AsyncClient] = []
-        self._tls: ssl.SSLContext | None = None
-        self._available = asyncio.Semaphore(size)
-
-    @asynccontextmanager
-    async def client(self) -> AsyncIterator[httpx.AsyncClient]:
-        await self._available.acquire()
-        client = self._idle.pop() if self._idle else self._new()
-        try:
-            yield client
-        finally:
-            self._idle.append(client)
-            self._available.release()
-
-    def _new(self) -> httpx.AsyncClient:
-        if self._tls is None:
-            # One TLS context for every client: building one costs ~45 ms of event loop.
-            self._tls = ssl.create_default_context()
-        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=30)
-        return httpx.AsyncClient(limits=limits, follow_redirects=True, trust_env=False, verify=self._tls)
-
-    async def aclose(self) -> None:
-        idle, self._idle = self._idle, []
-        await asyncio.gather(*(c.aclose() for c in idle), return_exceptions=True)
-
-
 @dataclass(frozen=True)
 class Request:
     method: str
@@ -99,14 +68,14 @@ class Request:
 class Http:
     """Sends requests with retries; shared by HTTP tools, remote tools and `ctx.fetch`."""
 
-    def __init__(self, pool: ClientPool, secrets: Secrets, governor: Governor) -> None:
+    def __init__(self, pool: Transport, secrets: Secrets, governor: Governor) -> None:
         self.pool = pool
         self.secrets = secrets
         self.governor = governor
 
     async def send(
         self, request: Request, *, tool: str, timeout_s: float, retries: int, client_errors: bool = False
-    ) -> httpx.Response:
+    ) -> Response:
         """The provider's answer (2xx, and 4xx other than 429 with `client_errors`), or a
         ToolExecutionError after the retries allowed."""
         attempt = 0
@@ -126,24 +95,31 @@ class Http:
                 attempt += 1
                 await asyncio.sleep(delay)
 
-    async def _once(self, request: Request, timeout_s: float) -> httpx.Response:
+    async def _once(self, request: Request, timeout_s: float) -> Response:
         try:
-            async with self.pool.client() as client:
-                return await client.request(
-                    request.method,
-                    request.url,
-                    headers=request.headers,
-                    params=request.params or None,
-                    json=request.json,
-                    timeout=timeout_s,
-                )
-        except httpx.TimeoutException:
+            return await self.pool.request(
+                request.method,
+                request.url,
+                headers=request.headers,
+                params=request.params,
+                json=request.json,
+                timeout_s=timeout_s,
+            )
+        except InvalidRequest as exc:
+            reason = self.secrets.redact(str(exc))
+            raise ToolExecutionError(
+                f"cannot send the request: {reason}", origin="caller", category="validation", retryable=False
+            ) from None
+        except InvalidResponse as exc:
+            reason = self.secrets.redact(str(exc))
+            raise ToolExecutionError(f"unusable answer: {reason}", category="upstream", retryable=False) from None
+        except TransportTimeout:
             raise ProviderTransientError(f"timed out after {timeout_s:g}s", category="network") from None
-        except httpx.TransportError as exc:
+        except TransportError as exc:
             reason = self.secrets.redact(str(exc) or type(exc).__name__)
             raise ProviderTransientError(f"network error: {reason}", category="network") from None
 
-    def _failure(self, response: httpx.Response, tool: str) -> ToolExecutionError | None:
+    def _failure(self, response: Response, tool: str) -> ToolExecutionError | None:
         status = response.status_code
         if status < 400:
             return None
@@ -169,7 +145,7 @@ class Http:
             exc.args = (f"{exc.args[0]} (retried {attempts}x)",)
         return exc
 
-    def decode(self, response: httpx.Response, tool: str) -> Any:
+    def decode(self, response: Response, tool: str) -> Any:
         """The JSON body (secrets redacted), the text for non-JSON bodies, None when empty."""
         if not response.content:
             return None
@@ -187,7 +163,7 @@ class Http:
         return self.secrets.redact_json(value)
 
 
-def _retry_after(response: httpx.Response) -> float | None:
+def _retry_after(response: Response) -> float | None:
     raw = response.headers.get("retry-after")
     if not raw:
         return None
@@ -214,14 +190,9 @@ class CredentialChanged(DeeplineError):
 
 
 def warm_up() -> None:
-    """Import what httpx loads on its first request (~40 ms): done before the run, so the
-    first paced call is not sent late — and then together with the second."""
-    import contextlib
-    import importlib
-
-    for name in ("anyio._backends._asyncio", "h11", "httpcore._async.http11", "httpcore._async.connection"):
-        with contextlib.suppress(ImportError):  # a different httpx stack: nothing to warm
-            importlib.import_module(name)
+    """Build the shared TLS context (~20-45 ms) before the run, so the first paced call is
+    not sent late — and then together with the second."""
+    tls_context()
 
 
 class HttpTools:
@@ -252,7 +223,7 @@ class HttpTools:
 
     async def _send_checking_auth(
         self, request: Request, *, tool: str, names: list[str], digest: str, timeout_s: float, retries: int
-    ) -> httpx.Response:
+    ) -> Response:
         try:
             return await self.http.send(request, tool=tool, timeout_s=timeout_s, retries=retries)
         except ToolExecutionError as exc:
