@@ -407,19 +407,15 @@ def test_a_refused_connection_is_a_transient_network_error() -> None:
 # --- the address check ----------------------------------------------------------------------
 
 
-class Vetoed(Exception):
-    pass
-
-
 def test_an_address_check_sees_resolved_addresses_and_can_veto_the_connection(provider: Provider) -> None:
     checked: list[Any] = []
 
     def veto(address: Any) -> None:
         checked.append(address)
         if address.is_loopback:
-            raise Vetoed(f"{address} is private")
+            raise PermissionError(f"{address} is private")  # an OSError, yet not a failed connection
 
-    with pytest.raises(Vetoed):
+    with pytest.raises(PermissionError):
         call(f"http://localhost:{provider.port}/x", address_check=veto)
     assert provider.connections == 0
 

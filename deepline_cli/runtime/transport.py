@@ -406,6 +406,21 @@ class Connection(asyncio.Protocol):
             self._waiter = None
 
 
+@contextlib.contextmanager
+def _connect_errors(host: str, port: int, timeout_s: float) -> Iterator[None]:
+    try:
+        yield
+    except TimeoutError:  # before OSError: asyncio's timeout is one
+        raise TransportTimeout(f"connecting to {host}:{port} took over {timeout_s:g}s") from None
+    except OSError as exc:
+        raise TransportError(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
+
+
+async def _resolved(host: str, port: int) -> list[str]:
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]
+
+
 async def _first_to_connect(addresses: list[str], port: int, tls_host: str | None) -> Connection:
     """A connection to the first address that accepts one; TLS checks `tls_host`'s certificate."""
     loop = asyncio.get_running_loop()
@@ -523,22 +538,17 @@ class Transport:
 
     async def _connect(self, origin: Origin, timeout_s: float) -> Connection:
         scheme, host, port = origin
-        try:
-            async with asyncio.timeout(timeout_s):
-                addresses = await self._checked_addresses(host, port) if self._address_check else [host]
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        addresses = [host]
+        if self._address_check is not None:
+            with _connect_errors(host, port, timeout_s):
+                async with asyncio.timeout_at(deadline):
+                    addresses = await _resolved(host, port)
+            for address in addresses:  # outside the error mapping: a veto is raised as it is
+                self._address_check(ipaddress.ip_address(address.partition("%")[0]))
+        with _connect_errors(host, port, timeout_s):
+            async with asyncio.timeout_at(deadline):
                 return await _first_to_connect(addresses, port, host if scheme == "https" else None)
-        except TimeoutError:  # before OSError: asyncio's timeout is one
-            raise TransportTimeout(f"connecting to {host}:{port} took over {timeout_s:g}s") from None
-        except OSError as exc:
-            raise TransportError(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
-
-    async def _checked_addresses(self, host: str, port: int) -> list[str]:
-        assert self._address_check is not None
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        addresses = [str(info[4][0]) for info in infos]
-        for address in addresses:
-            self._address_check(ipaddress.ip_address(address.partition("%")[0]))
-        return addresses
 
     async def aclose(self) -> None:
         self._closed = True
