@@ -66,7 +66,8 @@ class TransportError(Exception):
 
 
 class TransportTimeout(TransportError):
-    """Connecting, waiting for a free connection, or reading took longer than allowed."""
+    """Connecting, waiting for a free connection, or waiting for the answer took longer than
+    allowed (a request is written in one go, so a stalled upload shows as a late answer)."""
 
 
 @functools.cache
