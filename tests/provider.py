@@ -9,7 +9,11 @@ a provider that honours `Idempotency-Key` would), and can be told to misbehave:
 
 Faults: `500` (any 5xx/4xx status), `429:SECONDS` (Retry-After), `slow:SECONDS`,
 `malformed` (invalid JSON with a JSON content type), `reset` (close without answer),
-`echo` (answer with the request headers, to test redaction), `ok`.
+`echo` (answer with the request headers, to test redaction), `302:LOCATION` (any 3xx
+status, redirecting to LOCATION), `ok`.
+
+`connections` counts the connections it accepted; `GET /_stats` answers
+`{"connections": N, "requests": M}` (that request's own connection included).
 
     python tests/provider.py --port 8765 --latency-ms 20     # standalone, for benchmarks
 """
@@ -44,6 +48,8 @@ class Provider:
     _scripts: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     port: int = 0
     record: bool = True
+    connections: int = 0
+    served: int = 0
 
     def script(self, path: str, faults: list[str]) -> None:
         self._scripts[path] = list(faults)
@@ -116,6 +122,7 @@ class ProviderServer:
             await self._server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.provider.connections += 1
         try:
             while True:
                 seen = await _read_request(reader)
@@ -130,6 +137,10 @@ class ProviderServer:
 
     async def _respond(self, seen: Seen, writer: asyncio.StreamWriter) -> bool:
         provider = self.provider
+        if seen.path == "/_stats":
+            stats = {"connections": provider.connections, "requests": provider.served}
+            return await _write(writer, 200, {"content-type": "application/json"}, json.dumps(stats).encode())
+        provider.served += 1
         if provider.record:
             provider.requests.append(seen)
         if provider.latency_s:
@@ -154,13 +165,19 @@ class ProviderServer:
             )
         elif kind == "429":
             status, headers, body = 429, {"retry-after": arg or "1"}, b'{"error": "slow down"}'
+        elif kind.startswith("3"):
+            status, headers, body = int(kind), {"location": arg}, b""
         else:
             status, headers, body = int(kind), {"content-type": "application/json"}, b'{"error": "fault"}'
-        head = f"HTTP/1.1 {status} X\r\ncontent-length: {len(body)}\r\n"
-        head += "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        writer.write(head.encode() + b"\r\n" + body)
-        await writer.drain()
-        return True
+        return await _write(writer, status, headers, body)
+
+
+async def _write(writer: asyncio.StreamWriter, status: int, headers: dict[str, str], body: bytes) -> bool:
+    head = f"HTTP/1.1 {status} X\r\ncontent-length: {len(body)}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    writer.write(head.encode() + b"\r\n" + body)
+    await writer.drain()
+    return True
 
 
 async def _read_request(reader: asyncio.StreamReader) -> Seen | None:

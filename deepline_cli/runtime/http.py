@@ -1,6 +1,6 @@
 """Provider calls over HTTP: HTTP tools from `deepline.toml`, remote tools, `ctx.fetch`.
 
-One client pool per run (keep-alive connections reused by every call), retries with
+One connection pool per run (transport.py: keep-alive connections per origin), retries with
 exponential backoff and jitter that honour `Retry-After`, errors sorted into the
 categories of `ToolExecutionError`, and secrets redacted from everything kept.
 """
@@ -12,17 +12,11 @@ import email.utils
 import ipaddress
 import os
 import random
-import socket
-import ssl
 import time
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
-
-import httpx
 
 from deepline_cli import _json
 from deepline_cli.errors import (
@@ -37,6 +31,15 @@ from deepline_cli.runtime.governor import Governor
 from deepline_cli.runtime.secrets import MIN_SECRET_LENGTH, Secrets
 from deepline_cli.runtime.templates import render
 from deepline_cli.runtime.tools import ToolCall, ToolDef
+from deepline_cli.runtime.transport import (
+    InvalidRequest,
+    InvalidResponse,
+    Response,
+    Transport,
+    TransportError,
+    TransportTimeout,
+    tls_context,
+)
 
 MAX_BACKOFF_S = 30.0
 _STATUS_CATEGORY: dict[int, Category] = {
@@ -55,41 +58,6 @@ def backoff_base_s() -> float:
     return float(os.environ.get("DEEPLINE_RETRY_BASE_S", "0.5"))
 
 
-class ClientPool:
-    """HTTP clients for one run.
-
-    Several single-connection clients, handed out one per request, were measurably
-    faster on loopback than one client sharing a large connection pool (see
-    BENCHMARKS.md); every client keeps its connection alive between requests.
-    """
-
-    def __init__(self, size: int = 64) -> None:
-        self._idle: list[httpx.AsyncClient] = []
-        self._tls: ssl.SSLContext | None = None
-        self._available = asyncio.Semaphore(size)
-
-    @asynccontextmanager
-    async def client(self) -> AsyncIterator[httpx.AsyncClient]:
-        await self._available.acquire()
-        client = self._idle.pop() if self._idle else self._new()
-        try:
-            yield client
-        finally:
-            self._idle.append(client)
-            self._available.release()
-
-    def _new(self) -> httpx.AsyncClient:
-        if self._tls is None:
-            # One TLS context for every client: building one costs ~45 ms of event loop.
-            self._tls = ssl.create_default_context()
-        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=30)
-        return httpx.AsyncClient(limits=limits, follow_redirects=True, trust_env=False, verify=self._tls)
-
-    async def aclose(self) -> None:
-        idle, self._idle = self._idle, []
-        await asyncio.gather(*(c.aclose() for c in idle), return_exceptions=True)
-
-
 @dataclass(frozen=True)
 class Request:
     method: str
@@ -102,11 +70,12 @@ class Request:
 class Http:
     """Sends requests with retries; shared by HTTP tools, remote tools and `ctx.fetch`."""
 
-    def __init__(self, pool: ClientPool, secrets: Secrets, governor: Governor, *, public_only: bool = False) -> None:
+    def __init__(self, pool: Transport, secrets: Secrets, governor: Governor, *, public_only: bool = False) -> None:
         self.pool = pool
         self.secrets = secrets
         self.governor = governor
-        self.public_only = public_only  # ctx.fetch: public addresses only (shared workers)
+        # ctx.fetch on shared workers: a transport of its own that connects to public addresses only.
+        self.fetch_pool = Transport(8, address_check=public_address) if public_only else pool
 
     async def send(
         self,
@@ -117,17 +86,17 @@ class Http:
         retries: int,
         client_errors: bool = False,
         call: ToolCall | None = None,
-    ) -> httpx.Response:
+        pool: Transport | None = None,
+    ) -> Response:
         """The provider's answer (2xx, and 4xx other than 429 with `client_errors`), or a
         ToolExecutionError after the retries allowed. Before every attempt the call's lease
         is checked: a call another process took over is not sent again."""
-        validate(request, tool)
         attempt = 0
         while True:
             if call is not None:
                 call.ensure_lease()
             try:
-                response = await self._once(request, timeout_s)
+                response = await self._once(pool or self.pool, request, timeout_s)
                 failure = self._failure(response, tool)
                 if failure is None or (client_errors and not failure.retryable):
                     return response
@@ -143,24 +112,36 @@ class Http:
                 attempt += 1
                 await asyncio.sleep(delay)
 
-    async def _once(self, request: Request, timeout_s: float) -> httpx.Response:
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+        if self.fetch_pool is not self.pool:
+            await self.fetch_pool.aclose()
+
+    async def _once(self, pool: Transport, request: Request, timeout_s: float) -> Response:
         try:
-            async with self.pool.client() as client:
-                return await client.request(
-                    request.method,
-                    request.url,
-                    headers=request.headers,
-                    params=request.params or None,
-                    json=request.json,
-                    timeout=timeout_s,
-                )
-        except httpx.TimeoutException:
+            return await pool.request(
+                request.method,
+                request.url,
+                headers=request.headers,
+                params=request.params,
+                json=request.json,
+                timeout_s=timeout_s,
+            )
+        except InvalidRequest as exc:
+            reason = self.secrets.redact(str(exc))
+            raise ToolExecutionError(
+                f"cannot send the request: {reason}", origin="caller", category="validation", retryable=False
+            ) from None
+        except InvalidResponse as exc:
+            reason = self.secrets.redact(str(exc))
+            raise ToolExecutionError(f"unusable answer: {reason}", category="upstream", retryable=False) from None
+        except TransportTimeout:
             raise ProviderTransientError(f"timed out after {timeout_s:g}s", category="network") from None
-        except httpx.TransportError as exc:
+        except TransportError as exc:
             reason = self.secrets.redact(str(exc) or type(exc).__name__)
             raise ProviderTransientError(f"network error: {reason}", category="network") from None
 
-    def _failure(self, response: httpx.Response, tool: str) -> ToolExecutionError | None:
+    def _failure(self, response: Response, tool: str) -> ToolExecutionError | None:
         status = response.status_code
         if status < 400:
             return None
@@ -186,7 +167,7 @@ class Http:
             exc.args = (f"{exc.args[0]} (retried {attempts}x)",)
         return exc
 
-    def decode(self, response: httpx.Response, tool: str) -> Any:
+    def decode(self, response: Response, tool: str) -> Any:
         """The JSON body (secrets redacted), the text for non-JSON bodies, None when empty."""
         if not response.content:
             return None
@@ -209,19 +190,6 @@ def invalid(message: str, tool: str) -> ToolExecutionError:
     return ToolExecutionError(message, origin="caller", category="validation", retryable=False, tool=tool)
 
 
-def validate(request: Request, tool: str) -> None:
-    """Refuse what a row could smuggle into a request: another scheme (`file://`), or a
-    line break or NUL in a header (a second header, or a second request)."""
-    scheme = request.url.partition("://")[0].lower() if "://" in request.url else ""
-    if scheme not in ("http", "https"):
-        raise invalid(f"{tool}: only http:// and https:// URLs can be requested, not {request.url[:60]!r}", tool)
-    if any(c in request.url for c in "\r\n\0 "):
-        raise invalid(f"{tool}: the URL has a space, line break or NUL in it: {request.url[:60]!r}", tool)
-    for name, value in request.headers.items():
-        if any(c in f"{name}{value}" for c in "\r\n\0"):
-            raise invalid(f"{tool}: header {name!r} has a line break or NUL in it", tool)
-
-
 def check_host(url: str, allowed: tuple[str, ...], tool: str) -> None:
     """A URL whose host comes from the input may only reach the hosts listed for it."""
     parts = urllib.parse.urlsplit(url)
@@ -231,20 +199,19 @@ def check_host(url: str, allowed: tuple[str, ...], tool: str) -> None:
         raise invalid(f"{tool}: host {netloc or url[:60]!r} is not in the tool's allow_hosts", tool)
 
 
-async def check_public(url: str, tool: str) -> None:
-    """`ctx.fetch` limited to public addresses (DEEPLINE_FETCH_PUBLIC_ONLY): no cloud
-    metadata (169.254.169.254), no private network (RFC 1918), no loopback."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
-    try:
-        found = await asyncio.get_running_loop().getaddrinfo(host, parts.port or 80, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        raise ProviderTransientError(f"{tool}: cannot resolve {host!r}: {exc}", category="network", tool=tool) from None
-    for *_, address in found:
-        ip = ipaddress.ip_address(address[0])
-        ip = getattr(ip, "ipv4_mapped", None) or ip
-        if not ip.is_global:
-            raise invalid(f"{tool}: {host} is a private address ({ip}); fetches are limited to public ones", tool)
+def public_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> None:
+    """The transport's veto for `ctx.fetch` limited to public addresses
+    (DEEPLINE_FETCH_PUBLIC_ONLY): no cloud metadata (169.254.169.254), no private network
+    (RFC 1918), no loopback. It sees the addresses the host resolves to, which are the ones
+    connected to: a name cannot resolve one way for the check and another for the call."""
+    mapped = getattr(address, "ipv4_mapped", None) or address
+    if not mapped.is_global:
+        raise ToolExecutionError(
+            f"{mapped} is a private address; fetches are limited to public ones",
+            origin="caller",
+            category="validation",
+            retryable=False,
+        )
 
 
 def _retry_reason(exc: ToolExecutionError) -> str:
@@ -255,7 +222,7 @@ def _retry_reason(exc: ToolExecutionError) -> str:
     return exc.category
 
 
-def _retry_after(response: httpx.Response) -> float | None:
+def _retry_after(response: Response) -> float | None:
     raw = response.headers.get("retry-after")
     if not raw:
         return None
@@ -282,14 +249,9 @@ class CredentialChanged(DeeplineError):
 
 
 def warm_up() -> None:
-    """Import what httpx loads on its first request (~40 ms): done before the run, so the
-    first paced call is not sent late — and then together with the second."""
-    import contextlib
-    import importlib
-
-    for name in ("anyio._backends._asyncio", "h11", "httpcore._async.http11", "httpcore._async.connection"):
-        with contextlib.suppress(ImportError):  # a different httpx stack: nothing to warm
-            importlib.import_module(name)
+    """Build the shared TLS context (~20-45 ms) before the run, so the first paced call is
+    not sent late — and then together with the second."""
+    tls_context()
 
 
 class HttpTools:
@@ -328,7 +290,7 @@ class HttpTools:
         timeout_s: float,
         retries: int,
         call: ToolCall,
-    ) -> httpx.Response:
+    ) -> Response:
         try:
             return await self.http.send(request, tool=tool, timeout_s=timeout_s, retries=retries, call=call)
         except ToolExecutionError as exc:
@@ -463,11 +425,14 @@ async def fetch_once(
 ) -> dict[str, Any]:
     """One durable fetch: any final HTTP status is a result (ok=False for 4xx); network
     failures, 5xx and 429 are retried and then raised."""
-    if http.public_only:
-        validate(request, f"fetch:{label}")
-        await check_public(request.url, f"fetch:{label}")
     response = await http.send(
-        request, tool=f"fetch:{label}", timeout_s=timeout_s, retries=retries, client_errors=True, call=call
+        request,
+        tool=f"fetch:{label}",
+        timeout_s=timeout_s,
+        retries=retries,
+        client_errors=True,
+        call=call,
+        pool=http.fetch_pool,
     )
     headers = {k: http.secrets.redact(v) for k, v in response.headers.items() if k.lower() in _KEPT_HEADERS}
     return {

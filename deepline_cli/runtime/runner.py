@@ -32,7 +32,7 @@ from deepline_cli.runtime.config import find_config, load_config
 from deepline_cli.runtime.events import EventBus
 from deepline_cli.runtime.governor import Governor
 from deepline_cli.runtime.holders import holder_alive, holder_id
-from deepline_cli.runtime.http import ClientPool, Http, HttpTools
+from deepline_cli.runtime.http import Http, HttpTools
 from deepline_cli.runtime.play import PlayDef, load_play
 from deepline_cli.runtime.receipts import ReceiptBook, RunScope, RunTakenOver
 from deepline_cli.runtime.secrets import Secrets
@@ -41,6 +41,7 @@ from deepline_cli.runtime.snapshot import materialize_snapshot, take_snapshot
 from deepline_cli.runtime.stats import RunStats
 from deepline_cli.runtime.storeio import StoreIO, WriteQueue
 from deepline_cli.runtime.suspension import ready_to_resume, waiting_on
+from deepline_cli.runtime.transport import Transport
 from deepline_cli.store import open_store
 from deepline_cli.store.base import RunRecord, Store
 
@@ -323,7 +324,7 @@ class _Attempt:
 
         governor = Governor(options.concurrency, shared_slot=shared_slot)
         http = Http(
-            ClientPool(max(64, options.concurrency or 0)), secrets, governor, public_only=options.fetch_public_only
+            Transport(max(64, options.concurrency or 0)), secrets, governor, public_only=options.fetch_public_only
         )
         book = ReceiptBook(
             io,
@@ -428,7 +429,7 @@ class _Attempt:
         await asyncio.gather(*stragglers, return_exceptions=True)
         await services.book.settle_all(0)
         await services.writes.flushed()
-        await services.http.pool.aclose()
+        await services.http.aclose()
 
     async def _finish(self, outcome: BodyOutcome) -> RunResult:
         record, status = self.record, outcome.status

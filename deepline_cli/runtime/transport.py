@@ -1,0 +1,559 @@
+"""HTTP/1.1 for provider calls: keep-alive connections pooled per origin, one request at a time.
+
+`Http` (http.py) decides what to retry and how to classify a failure; this module only
+builds a request, sends it over a connection to its origin (scheme, host, port) and
+reads the answer. It drives h11, the HTTP/1.1 state machine under httpx and httpcore,
+straight from an asyncio protocol: httpx's client layer was most of a run's CPU, and
+httpcore's connection layer (its locks yield to the event loop) still cost 1.75x the
+CPU per request of this one (BENCHMARKS.md).
+
+Errors: `InvalidRequest` (the request cannot be sent as given: nothing reached the
+network), `InvalidResponse` (the provider's answer cannot be used), `TransportTimeout`
+and `TransportError` (the connection failed: worth another attempt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import codecs
+import contextlib
+import functools
+import ipaddress
+import socket
+import ssl
+import time
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import SplitResult, parse_qsl, quote, unquote, urlencode, urljoin, urlsplit
+
+import h11
+
+from deepline_cli import __version__, _json
+
+Origin = tuple[str, str, int]  # scheme, host, port
+AddressCheck = Callable[[ipaddress.IPv4Address | ipaddress.IPv6Address], None]
+
+KEEPALIVE_S = 30.0
+MAX_REDIRECTS = 20
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+# What httpx percent-encodes in a path and in a query (the WHATWG URL sets); '%' is kept,
+# so an escape already in a template stays as written.
+_PATH_SAFE = "".join(chr(i) for i in range(0x21, 0x7F) if chr(i) not in '"#<>?`{}')
+_QUERY_SAFE = "".join(chr(i) for i in range(0x21, 0x7F) if chr(i) not in '"#<>')
+_DEFAULT_HEADERS = {
+    "Accept": "*/*",
+    "Accept-Encoding": "gzip, deflate",
+    "Connection": "keep-alive",
+    "User-Agent": f"deepline/{__version__}",
+}
+
+
+class InvalidRequest(ValueError):
+    """The request cannot be sent as given (bad URL, header or query value)."""
+
+
+class InvalidResponse(Exception):
+    """The provider's answer cannot be used (a redirect loop, an undecodable body)."""
+
+
+class TransportError(Exception):
+    """The connection failed before a whole answer arrived."""
+
+
+class TransportTimeout(TransportError):
+    """Connecting, waiting for a free connection, or waiting for the answer took longer than
+    allowed (a request is written in one go, so a stalled upload shows as a late answer)."""
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """One TLS context for every connection of the process: building one costs ~20-45 ms."""
+    context = ssl.create_default_context()
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+# --- building a request ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """A request ready for the wire, with what a redirect needs to build the next one."""
+
+    method: str
+    url: str
+    origin: Origin
+    event: h11.Request
+    body: bytes
+    headers: Mapping[str, str]
+
+    def redirected(self, status: int, location: str) -> Outgoing:
+        """The request a redirect asks for, as httpx builds it."""
+        method = self.method
+        if (status in (302, 303) and method != "HEAD") or (status == 301 and method == "POST"):
+            method = "GET"
+        url = urljoin(self.url, location)
+        headers = {k: v for k, v in self.headers.items() if k.lower() != "cookie"}
+        if _origin_of(url) != self.origin and not _is_https_upgrade(self.origin, url):
+            headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+        body = b"" if method == "GET" and method != self.method else self.body
+        try:
+            return build(method, url, headers, None, body)
+        except InvalidRequest as exc:
+            raise InvalidResponse(f"redirected to a URL that cannot be requested: {exc}") from None
+
+
+def build(method: str, url: str, headers: Mapping[str, str], params: Mapping[str, Any] | None, body: bytes) -> Outgoing:
+    """Check and encode a request; nothing here touches the network."""
+    method = method.upper()
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise InvalidRequest(f"the URL is not valid ({exc})") from None
+    origin = _origin(parts)
+    target = _target(parts, params)
+    wire = _headers(parts, origin, headers, method, body)
+    try:
+        event = h11.Request(method=method, target=target, headers=wire)
+    except h11.LocalProtocolError:
+        raise InvalidRequest(_what_is_invalid(method, headers)) from None
+    return Outgoing(method, url, origin, event, body, headers)
+
+
+def _origin(parts: SplitResult) -> Origin:
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS:
+        raise InvalidRequest(
+            f"unsupported URL scheme {scheme!r}: only http and https can be requested"
+            if scheme
+            else "the URL has no http:// or https:// scheme"
+        )
+    if not parts.hostname:
+        raise InvalidRequest("the URL has no host")
+    try:
+        port = parts.port or _DEFAULT_PORTS[scheme]
+        host = parts.hostname if parts.hostname.isascii() else parts.hostname.encode("idna").decode("ascii")
+    except (ValueError, UnicodeError) as exc:
+        raise InvalidRequest(f"the URL's host or port is not valid ({exc})") from None
+    return scheme, host, port
+
+
+def _origin_of(url: str) -> Origin | None:
+    try:
+        return _origin(urlsplit(url))
+    except InvalidRequest:
+        return None
+
+
+def _is_https_upgrade(origin: Origin, url: str) -> bool:
+    new = _origin_of(url)
+    return new is not None and origin[0] == "http" and new == ("https", origin[1], 443) and origin[2] == 80
+
+
+def _target(parts: SplitResult, params: Mapping[str, Any] | None) -> bytes:
+    path = quote(_without_dot_segments(parts.path) or "/", safe=_PATH_SAFE)
+    query = _merged_query(parts.query, params) if params else quote(parts.query, safe=_QUERY_SAFE)
+    return (path + "?" + query if query else path).encode("ascii")
+
+
+def _without_dot_segments(path: str) -> str:
+    """'/a/./b/../c' -> '/a/c' (RFC 3986 5.2.4), so a template value cannot climb the path."""
+    if "." not in path:
+        return path
+    kept: list[str] = []
+    for segment in path.split("/"):
+        if segment == "..":
+            if len(kept) > 1:
+                kept.pop()
+        elif segment != ".":
+            kept.append(segment)
+    return "/".join(kept) if kept != [""] else "/"
+
+
+def _merged_query(query: str, params: Mapping[str, Any]) -> str:
+    """The URL's own query, then `params` (a name in both takes the value from `params`)."""
+    kept = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k not in params]
+    added = [(str(k), _query_value(k, item)) for k, v in params.items() for item in _as_list(v)]
+    return urlencode(kept + added)
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
+def _query_value(name: Any, value: Any) -> str:
+    # JSON-style booleans and an empty null, as httpx sends them.
+    if value is True or value is False:
+        return "true" if value else "false"
+    if value is None:
+        return ""
+    if isinstance(value, str | int | float):
+        return str(value)
+    raise InvalidRequest(f"query parameter {name!r} is a {type(value).__name__}, not a string, number or list")
+
+
+def _headers(
+    parts: SplitResult, origin: Origin, headers: Mapping[str, str], method: str, body: bytes
+) -> list[tuple[bytes, bytes]]:
+    scheme, host, port = origin
+    netloc = f"[{host}]" if ":" in host else host
+    merged = {"host": ("Host", netloc if parts.port in (None, _DEFAULT_PORTS[scheme]) else f"{netloc}:{port}")}
+    merged |= {k.lower(): (k, v) for k, v in _DEFAULT_HEADERS.items()}
+    merged |= {str(k).lower(): (str(k), _header_value(k, v)) for k, v in headers.items()}
+    if parts.username is not None:
+        credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        merged["authorization"] = ("Authorization", "Basic " + base64.b64encode(credentials).decode())
+    if body:
+        merged.setdefault("content-type", ("Content-Type", "application/json"))
+    if body or method in _BODY_METHODS:
+        merged.setdefault("content-length", ("Content-Length", str(len(body))))
+    try:
+        return [(name.encode("ascii"), value.encode("ascii")) for name, value in merged.values()]
+    except UnicodeEncodeError:
+        raise InvalidRequest(_what_is_invalid(method, headers)) from None
+
+
+def _header_value(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequest(f"header {name!r} is a {type(value).__name__}, not a string")
+    return value.strip(" \t")  # surrounding whitespace is not part of a value in HTTP
+
+
+def _what_is_invalid(method: str, headers: Mapping[str, str]) -> str:
+    """Which part h11 refused, named without its value (a header may carry a secret)."""
+    for name, value in headers.items():
+        if not name.isascii() or not name or any(c in name for c in ' \t\r\n\0:()<>@,;"/[]?={}\\'):
+            return f"header name {name!r} is not valid"
+        if not value.isascii():
+            return f"header {name!r} has a non-ASCII value"
+        if any(c in value for c in "\r\n\0"):
+            return f"header {name!r} has a line break or NUL byte in its value"
+    return f"method {method!r} or a header is not valid HTTP"
+
+
+# --- the response ------------------------------------------------------------------------------
+
+
+class Headers(Mapping[str, str]):
+    """Response headers, case-insensitive; a repeated header's values joined with ', '."""
+
+    def __init__(self, raw: Sequence[tuple[bytes, bytes]]) -> None:
+        self._raw = raw
+        self._values: dict[str, str] | None = None
+
+    def _by_name(self) -> dict[str, str]:
+        if self._values is None:
+            values: dict[str, str] = {}
+            for name, value in self._raw:
+                key, text = name.decode("latin-1").lower(), _header_text(value)
+                values[key] = f"{values[key]}, {text}" if key in values else text
+            self._values = values
+        return self._values
+
+    def __getitem__(self, name: str) -> str:
+        return self._by_name()[name.lower()]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_name())
+
+    def __len__(self) -> int:
+        return len(self._by_name())
+
+
+def _header_text(value: bytes) -> str:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value.decode("latin-1")
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status_code: int
+    headers: Headers
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        """The body decoded with the charset of its content type (UTF-8 when none or unknown)."""
+        return self.content.decode(_charset(self.headers.get("content-type", "")), errors="replace")
+
+
+def _charset(content_type: str) -> str:
+    for param in content_type.split(";")[1:]:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset":
+            try:
+                return codecs.lookup(value.strip().strip("\"'")).name
+            except LookupError:
+                break
+    return "utf-8"
+
+
+def _decoded(content: bytes, encoding: str) -> bytes:
+    """The body without its content encodings (gzip, deflate; others are left as sent)."""
+    for coding in reversed([c.strip().lower() for c in encoding.split(",")]):
+        try:
+            if coding in ("gzip", "x-gzip"):
+                content = zlib.decompress(content, zlib.MAX_WBITS | 16)
+            elif coding == "deflate":
+                content = _inflate(content)
+        except zlib.error as exc:
+            raise InvalidResponse(f"the {coding} body cannot be decoded ({exc})") from None
+    return content
+
+
+def _inflate(content: bytes) -> bytes:
+    try:
+        return zlib.decompress(content)
+    except zlib.error:  # some servers send raw deflate without the zlib header
+        return zlib.decompress(content, -zlib.MAX_WBITS)
+
+
+# --- one connection ----------------------------------------------------------------------------
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection: bytes from the socket go straight into h11."""
+
+    def __init__(self) -> None:
+        self.h11 = h11.Connection(h11.CLIENT)
+        self.transport: asyncio.Transport | None = None
+        self.idle_since = 0.0
+        self.closed = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.h11.our_state is h11.IDLE:  # unasked-for bytes on an idle connection: never reuse it
+            self.closed = True
+        self.h11.receive_data(data)
+        self._wake()
+
+    def eof_received(self) -> None:
+        self._lost()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost()
+
+    def _lost(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.h11.receive_data(b"")
+            self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def reusable(self, now: float) -> bool:
+        return not self.closed and self.h11.our_state is h11.IDLE and now - self.idle_since < KEEPALIVE_S
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    async def exchange(self, request: Outgoing, timeout_s: float) -> Response:
+        """Send the request in one write and read the whole answer; the connection is idle
+        again after, unless the server or an error ended it."""
+        conn = self.h11
+        wire = [conn.send(request.event), conn.send(h11.Data(data=request.body)) if request.body else b""]
+        wire.append(conn.send(h11.EndOfMessage()))
+        assert self.transport is not None
+        self.transport.write(b"".join(part for part in wire if part))
+        event = await self._next(timeout_s)
+        while isinstance(event, h11.InformationalResponse):  # a 1xx comes before the answer
+            event = await self._next(timeout_s)
+        if not isinstance(event, h11.Response):
+            raise TransportError("the server closed the connection before answering")
+        head, chunks = event, []
+        while isinstance(event := await self._next(timeout_s), h11.Data):
+            chunks.append(event.data)
+        if not isinstance(event, h11.EndOfMessage):
+            raise TransportError("the server closed the connection in the middle of its answer")
+        if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
+            conn.start_next_cycle()
+            self.idle_since = time.monotonic()
+        content = _decoded(b"".join(chunks), _header(head, b"content-encoding")) if chunks else b""
+        return Response(head.status_code, Headers(head.headers), content)
+
+    async def _next(self, timeout_s: float) -> object:
+        while (event := self.h11.next_event()) is h11.NEED_DATA:
+            await self._readable(timeout_s)
+        return event
+
+    async def _readable(self, timeout_s: float) -> None:
+        if self.closed:
+            raise TransportError("the server closed the connection before answering")
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        # The timer fails the waiter rather than cancelling the task: cheaper than
+        # asyncio.timeout, and a cancellation from outside stays a cancellation.
+        timer = loop.call_later(timeout_s, _expire, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+
+@contextlib.contextmanager
+def _connect_errors(host: str, port: int, timeout_s: float) -> Iterator[None]:
+    try:
+        yield
+    except TimeoutError:  # before OSError: asyncio's timeout is one
+        raise TransportTimeout(f"connecting to {host}:{port} took over {timeout_s:g}s") from None
+    except OSError as exc:
+        raise TransportError(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
+
+
+async def _resolved(host: str, port: int) -> list[str]:
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]
+
+
+async def _first_to_connect(addresses: list[str], port: int, tls_host: str | None) -> Connection:
+    """A connection to the first address that accepts one; TLS checks `tls_host`'s certificate."""
+    loop = asyncio.get_running_loop()
+    tls = tls_context() if tls_host else None
+    for address in addresses[:-1]:
+        with contextlib.suppress(OSError):
+            return (await loop.create_connection(Connection, address, port, ssl=tls, server_hostname=tls_host))[1]
+    return (await loop.create_connection(Connection, addresses[-1], port, ssl=tls, server_hostname=tls_host))[1]
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TransportTimeout("the server did not answer in time"))
+
+
+def _header(head: h11.Response, name: bytes) -> str:
+    return ", ".join(value.decode("latin-1") for key, value in head.headers if key == name)
+
+
+# --- the pool ----------------------------------------------------------------------------------
+
+
+class Transport:
+    """Keep-alive connections for one run, kept per origin.
+
+    At most `size` requests are in flight at once (a request waits for a slot at most its
+    timeout). An idle connection is reused for its own origin only, while it is younger
+    than KEEPALIVE_S and the server kept it open; at most `max_idle` stay open (4 x size
+    by default: room for a waterfall's few providers, a bound on the sockets of a run that
+    fetches from thousands of sites), the least recently used closed first.
+
+    `address_check`, if given, sees every address a host name resolves to before a
+    connection is made and may veto it by raising; the connection then goes to the checked
+    address, with the host name still used for TLS and the Host header.
+    """
+
+    def __init__(
+        self, size: int = 64, *, max_idle: int | None = None, address_check: AddressCheck | None = None
+    ) -> None:
+        self._slots = asyncio.Semaphore(size)
+        self._max_idle = 4 * size if max_idle is None else max_idle
+        self._idle: dict[Origin, dict[Connection, None]] = {}
+        self._oldest_idle: dict[Connection, Origin] = {}  # insertion order: least recently used first
+        self._address_check = address_check
+        self._closed = False
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Mapping[str, str],
+        params: Mapping[str, Any] | None,
+        json: Any,
+        timeout_s: float,
+    ) -> Response:
+        """The answer, after following up to MAX_REDIRECTS redirects (as httpx does); `json`
+        (when not None) is the body."""
+        outgoing = build(method, url, headers, params, b"" if json is None else _json.dumps(json))
+        for _ in range(MAX_REDIRECTS + 1):
+            response = await self._exchange(outgoing, timeout_s)
+            location = response.headers.get("location") if response.status_code in _REDIRECTS else None
+            if location is None:
+                return response
+            outgoing = outgoing.redirected(response.status_code, location)
+        raise InvalidResponse(f"more than {MAX_REDIRECTS} redirects")
+
+    async def _exchange(self, request: Outgoing, timeout_s: float) -> Response:
+        await self._slot(timeout_s)
+        try:
+            connection = self._reused(request.origin) or await self._connect(request.origin, timeout_s)
+            try:
+                response = await connection.exchange(request, timeout_s)
+            except h11.ProtocolError as exc:
+                raise TransportError(f"the server broke HTTP/1.1 ({exc})") from None
+            finally:
+                self._keep(request.origin, connection)
+        finally:
+            self._slots.release()
+        return response
+
+    async def _slot(self, timeout_s: float) -> None:
+        if not self._slots.locked():
+            await self._slots.acquire()  # free: returns without yielding
+            return
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise TransportTimeout(f"no free connection within {timeout_s:g}s") from None
+
+    def _reused(self, origin: Origin) -> Connection | None:
+        idle = self._idle.get(origin)
+        now = time.monotonic()
+        while idle:
+            connection, _ = idle.popitem()  # the most recently used: least likely closed by the server
+            del self._oldest_idle[connection]
+            if connection.reusable(now):
+                return connection
+            connection.close()
+        return None
+
+    def _keep(self, origin: Origin, connection: Connection) -> None:
+        if self._closed or not connection.reusable(time.monotonic()):
+            connection.close()
+            return
+        self._idle.setdefault(origin, {})[connection] = None
+        self._oldest_idle[connection] = origin
+        if len(self._oldest_idle) > self._max_idle:
+            oldest, its_origin = next(iter(self._oldest_idle.items()))
+            del self._oldest_idle[oldest], self._idle[its_origin][oldest]
+            if not self._idle[its_origin]:
+                del self._idle[its_origin]
+            oldest.close()
+
+    async def _connect(self, origin: Origin, timeout_s: float) -> Connection:
+        scheme, host, port = origin
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        addresses = [host]
+        if self._address_check is not None:
+            with _connect_errors(host, port, timeout_s):
+                async with asyncio.timeout_at(deadline):
+                    addresses = await _resolved(host, port)
+            for address in addresses:  # outside the error mapping: a veto is raised as it is
+                self._address_check(ipaddress.ip_address(address.partition("%")[0]))
+        with _connect_errors(host, port, timeout_s):
+            async with asyncio.timeout_at(deadline):
+                return await _first_to_connect(addresses, port, host if scheme == "https" else None)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for connection in self._oldest_idle:
+            connection.close()
+        self._idle.clear()
+        self._oldest_idle.clear()

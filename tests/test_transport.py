@@ -1,0 +1,462 @@
+"""The connection layer (runtime/transport.py) under `Http`: connections kept per origin,
+redirects, timeouts, request checks, query encoding, response bodies and retries.
+
+Every test talks to a real loopback server: tests/provider.py (which counts the
+connections it accepted), or a scripted raw HTTP/1.1 server started in the test's own
+event loop for answers the provider cannot give (chunked, gzip, odd charsets, a closed
+keep-alive connection), or a TLS server with a certificate made for the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import ipaddress
+import shutil
+import ssl
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deepline_cli.errors import ProviderTransientError, ToolExecutionError
+from deepline_cli.runtime.governor import Governor
+from deepline_cli.runtime.http import Http, Request
+from deepline_cli.runtime.secrets import Secrets
+from deepline_cli.runtime.transport import Response, Transport, tls_context
+from tests.provider import Provider, ProviderServer
+
+SECRET = "sk-live-7f3c9a1e5b2d4c6e"
+
+
+@pytest.fixture(autouse=True)
+def _fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEEPLINE_RETRY_BASE_S", "0.01")
+
+
+@pytest.fixture
+def provider() -> Iterator[Provider]:
+    with ProviderServer() as running:
+        yield running
+
+
+@pytest.fixture
+def hosts() -> Iterator[list[Provider]]:
+    """Three providers, each on its own port: three origins."""
+    with ProviderServer() as a, ProviderServer() as b, ProviderServer() as c:
+        yield [a, b, c]
+
+
+@asynccontextmanager
+async def client(size: int = 64, **transport: Any) -> AsyncIterator[Http]:
+    http = Http(Transport(size, **transport), Secrets(), Governor())
+    try:
+        yield http
+    finally:
+        await http.pool.aclose()
+
+
+async def send(
+    http: Http,
+    url: str,
+    *,
+    method: str = "GET",
+    headers: dict[str, str] | None = None,
+    params: dict[str, Any] | None = None,
+    json: Any = None,
+    timeout_s: float = 5.0,
+    retries: int = 0,
+) -> Response:
+    request = Request(method, url, headers or {}, params or {}, json)
+    return await http.send(request, tool="test.tool", timeout_s=timeout_s, retries=retries)
+
+
+def call(url: str, *, size: int = 64, address_check: Any = None, **request: Any) -> Response:
+    """One request through a fresh pool."""
+
+    async def once() -> Response:
+        async with client(size, address_check=address_check) as http:
+            return await send(http, url, **request)
+
+    return asyncio.run(once())
+
+
+def run(coroutine: Any) -> Any:
+    return asyncio.run(coroutine)
+
+
+# --- connections per origin ------------------------------------------------------------------
+
+
+def test_each_origin_keeps_its_own_connections(hosts: list[Provider]) -> None:
+    async def waterfall() -> None:
+        # Rows in flight, each calling A, then B, then C: connections to one host are
+        # never handed to another, so each host sees at most the pool size.
+        async with client(size=10) as http:
+
+            async def row(i: int) -> None:
+                for host in hosts:
+                    answer = await send(http, f"{host.url}/v1/row", method="POST", json={"i": i})
+                    assert answer.status_code == 200
+
+            await asyncio.gather(*(row(i) for i in range(150)))
+
+    run(waterfall())
+    assert [h.served for h in hosts] == [150, 150, 150]
+    assert all(1 <= h.connections <= 10 for h in hosts), [h.connections for h in hosts]
+
+
+def test_alternating_hosts_one_request_at_a_time_reuse_one_connection_each(hosts: list[Provider]) -> None:
+    async def alternate() -> None:
+        async with client() as http:
+            for i in range(30):
+                await send(http, f"{hosts[i % 3].url}/v1/ping")
+
+    run(alternate())
+    assert [h.connections for h in hosts] == [1, 1, 1]
+
+
+def test_idle_connections_are_bounded_and_the_least_recently_used_is_closed(hosts: list[Provider]) -> None:
+    async def visit() -> None:
+        async with client(max_idle=2) as http:
+            for host in [*hosts, hosts[2], hosts[0]]:  # A B C C A with room for two idle connections
+                await send(http, f"{host.url}/v1/ping")
+
+    run(visit())
+    # A's connection was the oldest when C's became idle: it was closed, and A reconnected.
+    assert [h.connections for h in hosts] == [2, 1, 1]
+
+
+# --- redirects ------------------------------------------------------------------------------
+
+
+def test_redirects_are_followed_as_httpx_follows_them(provider: Provider) -> None:
+    provider.script("/temporary", ["307:/kept"])
+    provider.script("/found", ["302:/as-get"])
+    provider.script("/dir/relative", ["303:next"])
+
+    async def follow() -> list[Response]:
+        async with client() as http:
+            return [
+                await send(http, f"{provider.url}/temporary", method="POST", json={"a": 1}),
+                await send(http, f"{provider.url}/found", method="POST", json={"b": 2}),
+                await send(http, f"{provider.url}/dir/relative"),
+            ]
+
+    answers = run(follow())
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    seen = [(r.method, r.path, r.body) for r in provider.requests]
+    assert seen == [
+        ("POST", "/temporary", {"a": 1}),
+        ("POST", "/kept", {"a": 1}),  # 307 keeps the method and the body
+        ("POST", "/found", {"b": 2}),
+        ("GET", "/as-get", None),  # 302 turns a POST into a GET without a body
+        ("GET", "/dir/relative", None),
+        ("GET", "/dir/next", None),
+    ]
+    assert provider.requests[3].headers.get("content-length") is None
+
+
+def test_a_redirect_to_another_origin_drops_the_authorization_header(hosts: list[Provider]) -> None:
+    first, other = hosts[0], hosts[1]
+    first.script("/start", [f"302:{other.url}/landed"])
+    headers = {"Authorization": f"Bearer {SECRET}", "X-Trace": "t1"}
+    call(f"{first.url}/start", headers=headers)
+    landed = other.requests[0]
+    assert landed.path == "/landed"
+    assert "authorization" not in landed.headers
+    assert landed.headers["x-trace"] == "t1"
+    assert landed.headers["host"] == f"127.0.0.1:{other.port}"
+
+
+def test_a_redirect_loop_fails_as_a_provider_error_without_retries(provider: Provider) -> None:
+    provider.default_fault = "302:/again"
+    with pytest.raises(ToolExecutionError) as failure:
+        call(f"{provider.url}/again", retries=3)
+    error = failure.value
+    assert (error.origin, error.category, error.retryable) == ("provider", "upstream", False)
+    assert "more than 20 redirects" in str(error)
+    assert provider.served == 21
+
+
+# --- timeouts -------------------------------------------------------------------------------
+
+
+def test_a_slow_answer_times_out_as_a_transient_network_error(provider: Provider) -> None:
+    provider.script("/slow", ["slow:1"])
+    with pytest.raises(ProviderTransientError) as failure:
+        call(f"{provider.url}/slow", timeout_s=0.2)
+    assert failure.value.category == "network"
+    assert str(failure.value) == "timed out after 0.2s"
+
+
+def test_waiting_for_a_free_connection_counts_against_the_timeout(provider: Provider) -> None:
+    provider.script("/busy", ["slow:1"])
+
+    async def crowd() -> BaseException | Response:
+        async with client(size=1) as http:
+            busy = asyncio.create_task(send(http, f"{provider.url}/busy", timeout_s=5))
+            await asyncio.sleep(0.05)
+            waiting = await asyncio.gather(send(http, f"{provider.url}/next", timeout_s=0.2), return_exceptions=True)
+            await busy
+            return waiting[0]
+
+    outcome = run(crowd())
+    assert isinstance(outcome, ProviderTransientError) and outcome.category == "network"
+    assert [r.path for r in provider.requests] == ["/busy"]
+
+
+# --- request checks -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "headers", "params", "reason"),
+    [
+        ("file:///etc/passwd", {}, {}, "unsupported URL scheme 'file'"),
+        ("gopher://{host}/x", {}, {}, "unsupported URL scheme 'gopher'"),
+        ("{host}/no-scheme", {}, {}, "no http:// or https:// scheme"),
+        ("http:///no-host", {}, {}, "has no host"),
+        ("{url}/x", {"X-Api-Key": SECRET + "\r\nX-Injected: 1"}, {}, "header 'X-Api-Key' has a line break or NUL"),
+        ("{url}/x", {"X-Api-Key": SECRET + "\0"}, {}, "header 'X-Api-Key' has a line break or NUL"),
+        ("{url}/x", {"Bad Name": "v"}, {}, "header name 'Bad Name' is not valid"),
+        ("{url}/x", {"X-Name": "Müller"}, {}, "header 'X-Name' has a non-ASCII value"),
+        ("{url}/x", {}, {"filter": {"a": 1}}, "query parameter 'filter' is a dict"),
+    ],
+)
+def test_a_request_that_cannot_be_built_is_a_validation_error_and_reaches_no_server(
+    provider: Provider, url: str, headers: dict[str, str], params: dict[str, Any], reason: str
+) -> None:
+    target = url.format(url=provider.url, host=f"127.0.0.1:{provider.port}")
+    with pytest.raises(ToolExecutionError) as failure:
+        call(target, headers=headers, params=params, retries=3)
+    error = failure.value
+    assert (error.origin, error.category, error.retryable) == ("caller", "validation", False)
+    assert reason in str(error)
+    assert "retried" not in str(error)
+    assert SECRET not in str(error)
+    assert provider.connections == 0
+
+
+# --- query encoding -------------------------------------------------------------------------
+
+
+def test_query_parameters_are_encoded_and_merged_with_the_urls_own_query(provider: Provider) -> None:
+    params = {"over": "new", "text": "a b&c/d=é", "many": [1, 2], "yes": True, "no": False, "none": None, "n": 1.5}
+
+    async def both() -> None:
+        async with client() as http:
+            await send(http, f"{provider.url}/q path/é?keep=1&over=old&sp=a%20b", params=params)
+            await send(http, f"{provider.url}/as-written?a=b c&d=%2F&e")
+
+    run(both())
+    merged, written = provider.requests
+    assert merged.path == "/q%20path/%C3%A9"
+    assert merged.query == (
+        "keep=1&sp=a+b&over=new&text=a+b%26c%2Fd%3D%C3%A9&many=1&many=2&yes=true&no=false&none=&n=1.5"
+    )
+    assert written.query == "a=b%20c&d=%2F&e"
+
+
+def test_dot_segments_of_a_path_are_resolved_before_sending(provider: Provider) -> None:
+    call(f"{provider.url}/v1/users/../../admin/./x")
+    assert provider.requests[0].path == "/admin/x"
+
+
+# --- answers from a scripted server ---------------------------------------------------------
+
+
+@dataclass
+class Scripted:
+    """A raw HTTP/1.1 server answering each request with the next scripted bytes."""
+
+    answers: list[tuple[bytes, bool]]  # (raw answer, close the connection after it)
+    connections: int = 0
+    requests: list[bytes] = field(default_factory=list)
+    port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while self.answers:
+                head = await reader.readuntil(b"\r\n\r\n")
+                self.requests.append(head + await reader.readexactly(_content_length(head)))
+                answer, close = self.answers.pop(0)
+                writer.write(answer)
+                await writer.drain()
+                if close:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+
+def _content_length(head: bytes) -> int:
+    lines = head.lower().split(b"\r\n")
+    return next((int(line[15:]) for line in lines if line.startswith(b"content-length:")), 0)
+
+
+@asynccontextmanager
+async def scripted(*answers: bytes | tuple[bytes, bool]) -> AsyncIterator[Scripted]:
+    script = Scripted([a if isinstance(a, tuple) else (a, False) for a in answers])
+    server = await asyncio.start_server(script.handle, "127.0.0.1", 0)
+    script.port = server.sockets[0].getsockname()[1]
+    async with server:
+        yield script
+
+
+def answer(body: bytes, *headers: str, status: str = "200 OK") -> bytes:
+    head = "".join(f"{h}\r\n" for h in headers)
+    return f"HTTP/1.1 {status}\r\ncontent-length: {len(body)}\r\n{head}\r\n".encode() + body
+
+
+def test_text_is_decoded_with_the_charset_of_the_content_type() -> None:
+    async def texts() -> list[str]:
+        async with (
+            scripted(
+                answer("café".encode("latin-1"), 'Content-Type: text/plain; charset="ISO-8859-1"'),
+                answer("café".encode(), "Content-Type: text/plain"),
+                answer("café".encode("latin-1"), "Content-Type: text/plain; charset=no-such-charset"),
+                answer(
+                    "żółw".encode("cp1250"), "content-type: text/html; charset=windows-1250", "X-Two: 1", "x-two: 2"
+                ),
+            ) as server,
+            client() as http,
+        ):
+            answers = [await send(http, server.url) for _ in range(4)]
+        assert answers[3].headers["X-TWO"] == "1, 2"
+        assert answers[3].headers["Content-Type"] == "text/html; charset=windows-1250"
+        return [a.text for a in answers]
+
+    assert run(texts()) == ["café", "café", "caf\ufffd", "żółw"]
+
+
+def test_chunked_gzip_informational_and_close_delimited_bodies() -> None:
+    chunked = b'HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\n{"a"\r\n3\r\n: 1\r\n1\r\n}\r\n0\r\n\r\n'
+    informational = b"HTTP/1.1 100 Continue\r\n\r\n" + answer(b"after 100")
+    zipped = answer(gzip.compress(b'{"zipped": true}'), "Content-Encoding: gzip")
+    until_close = b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nto the end"
+
+    async def bodies() -> tuple[list[bytes], int]:
+        script = (chunked, informational, zipped, (until_close, True), answer(b"new"))
+        async with scripted(*script) as server, client() as http:
+            answers = [await send(http, server.url) for _ in range(5)]
+        return [a.content for a in answers], server.connections
+
+    contents, connections = run(bodies())
+    assert contents == [b'{"a": 1}', b"after 100", b'{"zipped": true}', b"to the end", b"new"]
+    assert connections == 2  # kept alive until the server closed it
+
+
+def test_an_idle_connection_the_server_closed_is_not_reused() -> None:
+    async def two() -> tuple[list[int], int]:
+        async with scripted((answer(b"first"), True), answer(b"second")) as server, client() as http:
+            first = await send(http, server.url)
+            await asyncio.sleep(0.05)  # the server's close arrives while the connection is idle
+            second = await send(http, server.url)
+        return [first.status_code, second.status_code], server.connections
+
+    assert run(two()) == ([200, 200], 2)
+
+
+def test_an_undecodable_gzip_body_is_a_provider_error() -> None:
+    async def broken() -> None:
+        async with scripted(answer(b"not gzip at all", "Content-Encoding: gzip")) as server, client() as http:
+            await send(http, server.url)
+
+    with pytest.raises(ToolExecutionError) as failure:
+        run(broken())
+    assert (failure.value.category, failure.value.retryable) == ("upstream", False)
+
+
+# --- resets and retries ---------------------------------------------------------------------
+
+
+def test_a_reset_connection_is_retried_with_a_new_connection(provider: Provider) -> None:
+    provider.script("/flaky", ["reset", "ok"])
+    response = call(f"{provider.url}/flaky", method="POST", json={"x": 1}, retries=2)
+    assert response.status_code == 200
+    assert [r.path for r in provider.requests] == ["/flaky", "/flaky"]
+    assert provider.connections == 2
+
+
+def test_a_reset_without_retries_left_is_a_transient_network_error(provider: Provider) -> None:
+    provider.script("/flaky", ["reset"])
+    with pytest.raises(ProviderTransientError) as failure:
+        call(f"{provider.url}/flaky")
+    assert failure.value.category == "network"
+    assert str(failure.value).startswith("network error: ")
+
+
+def test_a_refused_connection_is_a_transient_network_error() -> None:
+    with ProviderServer() as gone:
+        port = gone.port
+    with pytest.raises(ProviderTransientError) as failure:
+        call(f"http://127.0.0.1:{port}/x")
+    assert failure.value.category == "network"
+    assert f"cannot connect to 127.0.0.1:{port}" in str(failure.value)
+
+
+# --- the address check ----------------------------------------------------------------------
+
+
+def test_an_address_check_sees_resolved_addresses_and_can_veto_the_connection(provider: Provider) -> None:
+    checked: list[Any] = []
+
+    def veto(address: Any) -> None:
+        checked.append(address)
+        if address.is_loopback:
+            raise PermissionError(f"{address} is private")  # an OSError, yet not a failed connection
+
+    with pytest.raises(PermissionError):
+        call(f"http://localhost:{provider.port}/x", address_check=veto)
+    assert provider.connections == 0
+
+    call(f"http://localhost:{provider.port}/x", address_check=checked.append)
+    assert ipaddress.ip_address("127.0.0.1") in checked
+    assert provider.requests[0].headers["host"] == f"localhost:{provider.port}"
+
+
+# --- TLS ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def certificate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, Path]]:
+    """A self-signed certificate for localhost, trusted by the shared TLS context."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    request = ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost"]
+    subprocess.run(
+        ["openssl", *request, "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    tls_context.cache_clear()
+    yield cert, key
+    tls_context.cache_clear()
+
+
+def test_https_verifies_the_host_name_and_keeps_the_connection(certificate: tuple[Path, Path]) -> None:
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(*certificate)
+
+    async def secure() -> tuple[list[bytes], int]:
+        script = Scripted([(answer(b"one"), False), (answer(b"two"), False)])
+        server = await asyncio.start_server(script.handle, "127.0.0.1", 0, ssl=server_tls)
+        port = server.sockets[0].getsockname()[1]
+        async with server, client() as http:
+            answers = [await send(http, f"https://localhost:{port}/") for _ in range(2)]
+            with pytest.raises(ProviderTransientError, match="certificate"):
+                await send(http, f"https://127.0.0.1:{port}/")  # the certificate names localhost only
+        return [a.content for a in answers], script.connections
+
+    assert run(secure()) == ([b"one", b"two"], 1)  # one handshake for both requests
