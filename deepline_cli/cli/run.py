@@ -251,6 +251,7 @@ def _report(result: RunResult, json_mode: bool, view: Any) -> None:
         err.write(f"Run {result.run_id} already completed (attempt {result.attempt}); not running it again.\n")
     if result.status == "completed":
         sys.stdout.write(_json.dumps_str(result.output) + "\n")
+        _report_projection(result.stats)
         if result.exit_code == 1:
             err.write(
                 f"Run {result.run_id} completed with {result.failed_rows} failed row(s) (--fail-on-row-errors).\n"
@@ -269,6 +270,14 @@ def _report(result: RunResult, json_mode: bool, view: Any) -> None:
             f"Run {result.run_id} failed: {error.get('message', 'unknown error')}{where}\n"
             f"Fix the cause, then: deepline resume {result.run_id}\n"
         )
+
+
+def _report_projection(stats: dict[str, Any]) -> None:
+    """A pilot run (--limit) ends with what the full list would cost and take."""
+    if stats.get("projection"):
+        from deepline_cli.runtime.projection import describe
+
+        sys.stderr.write("".join(line + "\n" for line in describe(stats["projection"])))
 
 
 def describe_waiting(boundaries: list[dict[str, Any]]) -> str:

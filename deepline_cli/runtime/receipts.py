@@ -36,6 +36,7 @@ from deepline_cli.errors import (
 )
 from deepline_cli.runtime.budget import Budget
 from deepline_cli.runtime.events import EventBus
+from deepline_cli.runtime.ledger import current_row
 from deepline_cli.runtime.secrets import Secrets
 from deepline_cli.runtime.stats import RunStats
 from deepline_cli.runtime.storeio import StoreIO, WriteQueue
@@ -291,7 +292,7 @@ class ReceiptBook:
 
     def _record(self, call: DurableCall, started: float, info: ToolCall) -> CallRecord:
         scope = self._scope
-        return CallRecord(scope.run_id, scope.attempt, call.kind, call.tool, started, info.retries)
+        return CallRecord(scope.run_id, scope.attempt, call.kind, call.tool, started, info.retries, *current_row())
 
     def _check_recorded(self, call: DurableCall, done: asyncio.Future[bool]) -> None:
         """The circuit breaker: a billed call that was not recorded stops the run."""
