@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 _TREE = "(SELECT run_id FROM runs WHERE run_id = ? OR root_run_id = ?)"  # a run and its child runs
+_EMPTY = "(r.output IS NULL OR r.output IN ('null', '{}', '[]', '\"\"'))"  # an answer that found nothing
 
 
 @dataclass(slots=True)
@@ -30,6 +31,7 @@ class CallRow:
     category: str | None
     map: str | None
     row_key: str | None
+    found: bool = False  # completed with a non-empty output
 
 
 @dataclass(slots=True)
@@ -57,6 +59,14 @@ class AttemptRow:
     status: str | None
 
 
+def _call_row(r: Sequence[Any]) -> CallRow:
+    run_id, attempt, key, kind, tool, status, credits, started, ended, retries, category, map, row_key, found = r
+    return CallRow(
+        run_id, attempt, key, kind, tool, status, float(credits), started, ended, int(retries), category, map,
+        row_key, bool(found),
+    )  # fmt: skip
+
+
 class LedgerQueries:
     """Mixed into SqlStore, which supplies `_read`."""
 
@@ -66,17 +76,19 @@ class LedgerQueries:
     def call_rows(self, run_id: str) -> list[CallRow]:
         """Every execution of the run and its child runs, in the order they ended."""
         rows = self._read(
-            "SELECT run_id, attempt, key, kind, tool, status, coalesce(credits, 0), started_at, ended_at,"
-            f" coalesce(retries, 0), category, map, row_key FROM calls WHERE run_id IN {_TREE} ORDER BY id",
+            "SELECT c.run_id, c.attempt, c.key, c.kind, c.tool, c.status, coalesce(c.credits, 0), c.started_at,"
+            " c.ended_at, coalesce(c.retries, 0), c.category, c.map, c.row_key, CASE WHEN c.status = 'completed'"
+            f" AND NOT {_EMPTY} THEN 1 ELSE 0 END FROM calls c LEFT JOIN receipts r ON r.key = c.key"
+            f" WHERE c.run_id IN {_TREE} ORDER BY c.id",
             (run_id, run_id),
         )
-        return [CallRow(*r) for r in rows]
+        return [_call_row(r) for r in rows]
 
     def reuse_rows(self, run_id: str) -> list[ReuseRow]:
         """Receipts of other runs the run (and its child runs) reused."""
         rows = self._read(
             "SELECT u.run_id, u.used_at, r.key, r.kind, r.tool, r.label, r.status,"
-            " CASE WHEN r.output IS NULL OR r.output IN ('null', '{}', '[]') THEN 1 ELSE 0 END"
+            f" CASE WHEN {_EMPTY} THEN 1 ELSE 0 END"
             " FROM run_receipts u JOIN receipts r ON r.key = u.key"
             f" WHERE u.used_at IS NOT NULL AND u.run_id IN {_TREE} ORDER BY u.used_at",
             (run_id, run_id),
