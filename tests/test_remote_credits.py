@@ -124,3 +124,30 @@ def test_remote_credits_must_be_numbers(deepline, project) -> None:
     result = deepline("run", play, METERED_KEY=KEY)
     assert result.code == 2
     assert "[remote] credits for 'vendor.lookup' must be a number of credits" in result.stderr
+
+
+MAPPED = """
+from deepline_cli import play
+
+@play("mapped")
+async def mapped(ctx, input):
+    rows = await ctx.map("rows", [{"n": n} for n in range(4)], key="n", columns={
+        "hit": lambda row, rc: rc.tools.execute("lookup", "vendor.lookup", {"n": row["n"]}),
+    })
+    return {"rows": len(rows)}
+"""
+
+
+def test_plan_counts_declared_remote_credits_and_then_what_was_paid(deepline, project, remote, write_play) -> None:
+    project('credits = { "vendor.lookup" = 3 }')
+    play = str(write_play(MAPPED))
+    before = deepline("plan", play, "--json", METERED_KEY=KEY)
+    assert before.code == 0, before.stderr
+    (column,) = before.json_lines()[-1]["maps"][0]["columns"]
+    assert column["tools"] == {"vendor.lookup": 3.0} and column["new_calls"] == 4
+    assert before.json_lines()[-1]["totals"]["credits"]["max"] == 12
+    assert remote.requests == []  # planning called nothing
+    run = deepline("run", play, "--json", METERED_KEY=KEY)
+    assert run.code == 0 and _finished(run)["stats"]["credits"] == 1 + 2 + 3 + 1  # what the answers said
+    after = deepline("plan", play, "--json", METERED_KEY=KEY).json_lines()[-1]
+    assert after["totals"]["new_calls"] == 0 and after["totals"]["paid_rows"] == 4

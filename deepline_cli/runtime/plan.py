@@ -24,6 +24,7 @@ without one, planning stops there ("not planned") and reports what it learned.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ from deepline_cli.store.base import Claim, Store, decide_claim
 from deepline_cli.store.ledger import LedgerQueries
 
 PLAN_RUN_ID = "plan"
+_TOOL_ID = re.compile(r"^[a-z0-9_-]+(\.[a-z0-9_-]+)+$")
 
 
 class NotPlanned(BaseException):
@@ -251,11 +253,18 @@ class PlanTools(Tools):
         return await self._planner.tool_call(tracker, definition, key, force, stale_after_seconds)
 
     def declared(self, tool_id: str) -> ToolDef | None:
-        """The tool's definition if `tool_id` names one this run could call."""
+        """The tool's definition if `tool_id` names one this run could call. Any id could be
+        a remote tool: only ids `[remote] credits` names, or shaped like one (`vendor.tool`)."""
         s = self._s
+        local = s.local_tools.get(tool_id) or find_tool(tool_id)
+        config = s.http_tools.config
+        if local is not None or tool_id in config.tools:
+            return local or s.http_tools.definition(tool_id)
+        if config.remote is None or not (tool_id in config.remote.credits or _TOOL_ID.match(tool_id)):
+            return None
         try:
-            return s.local_tools.get(tool_id) or find_tool(tool_id) or s.http_tools.definition(tool_id)
-        except DeeplineError:
+            return s.http_tools.definition(tool_id)
+        except DeeplineError:  # its API key is not set: a real call says so
             return None
 
 
