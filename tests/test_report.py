@@ -95,3 +95,24 @@ def test_report_errors_are_one_sentence(deepline, example_run) -> None:
     assert unknown.code == 2 and unknown.stderr.startswith("Error: No run 'r-nope'")
     no_format = deepline("runs", "report", example_run["run_id"])
     assert no_format.code == 2 and "--html" in no_format.stderr
+
+
+def test_ledger_queries_on_both_backends(deepline, write_play, tmp_path, store_url) -> None:
+    """The pilot projection, plan's observed hit rates and the report read the calls
+    ledger the same way on SQLite and PostgreSQL."""
+    from tests.test_projection import PLAY, _leads
+
+    play, leads = str(write_play(PLAY)), str(_leads(tmp_path / "leads.csv", 300))
+    env = {"DEEPLINE_STORE": store_url}
+    pilot = deepline("run", play, "--csv", leads, "--limit", "50", "--json", **env)
+    assert pilot.code == 0, pilot.stderr
+    finished = pilot.json_lines()[-1]
+    (m,) = finished["stats"]["projection"]["maps"]
+    assert (m["pilot_rows"], m["new_rows"]) == (50, 250) and m["credits_per_row"]["sample"] == 50
+    plan = deepline("plan", play, "--csv", leads, "--json", **env)
+    assert plan.code == 0, plan.stderr
+    assert plan.json_lines()[-1]["maps"][0]["expected_from"] == "hit rates of 50 rows of earlier runs"
+    out = tmp_path / "r.html"
+    assert deepline("runs", "report", finished["run_id"], "--html", "--out", str(out), **env).code == 0
+    credits = finished["stats"]["credits"]
+    assert f'id="card-credits"><span>credits</span><b>{credits:,.6g}</b>' in out.read_text()
