@@ -14,6 +14,7 @@ from typing import TypeVar
 from deepline_cli import __version__
 from deepline_cli.runtime.projection import CellCounts, describe
 from deepline_cli.store.base import MapRecord
+from deepline_cli.store.ledger import CallRow
 from deepline_cli.ui.report_data import MapFigures, Report, ToolFigures
 
 _T = TypeVar("_T")
@@ -22,6 +23,7 @@ TIMELINE_WIDTH = 1040
 LANE = 22
 LABEL = 170
 MAX_MARKS = 6000  # calls drawn on the timeline; more are sampled evenly (the tables count all)
+MAX_STACK = 16  # rows a lane stacks calls in flight together in
 COLORS = {"live": "#2e7d32", "retried": "#ef6c00", "failed": "#c62828", "reused": "#78909c"}
 
 CSS = """
@@ -101,62 +103,88 @@ def _header(report: Report) -> str:
 
 
 def _timeline(report: Report) -> str:
-    lanes = list(dict.fromkeys([c.tool or f"ctx.{c.kind}" for c in report.calls if c.kind != "step"]))
-    lanes += [
-        t for t in dict.fromkeys(r.tool or f"ctx.{r.kind}" for r in report.reuses if r.kind != "step") if t not in lanes
-    ]
+    """One lane per tool; calls in flight together stack in rows inside it (concurrency)."""
+    calls = _sample([c for c in report.calls if c.kind != "step"], MAX_MARKS)
+    reuses = _sample([r for r in report.reuses if r.kind != "step"], MAX_MARKS)
+    lanes = list(dict.fromkeys([_lane(c.tool, c.kind) for c in calls] + [_lane(r.tool, r.kind) for r in reuses]))
     if not lanes:
         return '<p class="muted">No tool calls.</p>'
-    start, end = report.start, report.end
-    span = max(end - start, 1e-3)
+    start, span = report.start, max(report.end - report.start, 1e-3)
     plot = TIMELINE_WIDTH - LABEL - 20
-    height = 30 + LANE * len(lanes) + 24
 
     def x(t: float) -> float:
         return LABEL + (t - start) / span * plot
 
-    marks: list[str] = []
-    for a in report.attempts:  # attempts as shaded bands behind the calls
-        a_end = a.ended_at or a.seen_at or end
-        left = x(a.started_at or start)
-        marks.append(
-            f'<rect x="{left:.1f}" y="20" width="{max(1.0, x(a_end) - left):.1f}" height="{LANE * len(lanes)}"'
-            f' fill="{"#eef2f7" if a.attempt % 2 else "#f7f3ea"}"/><text x="{left + 3:.1f}" y="15"'
-            f' font-size="10" fill="#5b6475">attempt {a.attempt}</text>'
-        )
-    calls = [c for c in report.calls if c.kind != "step"]
-    for c in _sample(calls, MAX_MARKS):
-        lane = lanes.index(c.tool or f"ctx.{c.kind}")
+    rows = {lane: _pack([c for c in calls if _lane(c.tool, c.kind) == lane]) for lane in lanes}
+    tops, y = {}, 24
+    for lane in lanes:
+        tops[lane] = y
+        y += max(LANE - 6, 4 * (max(rows[lane].values(), default=0) + 1)) + 8
+    bottom = y
+    marks = [_attempt_band(a.attempt, x(a.started_at or start), x(a.ended_at or a.seen_at or report.end), bottom)
+             for a in report.attempts]  # fmt: skip
+    for c in calls:
+        lane = _lane(c.tool, c.kind)
         kind = "failed" if c.status != "completed" else "retried" if c.retries else "live"
         left = x(c.started_at)
-        width = max(1.0, x(c.ended_at) - left)
         marks.append(
-            f'<rect class="call {kind}" x="{left:.1f}" y="{24 + lane * LANE}" width="{width:.1f}" height="{LANE - 8}"'
-            f' fill="{COLORS[kind]}" fill-opacity="0.55"/>'
+            f'<rect class="call {kind}" x="{left:.1f}" y="{tops[lane] + 4 * rows[lane][id(c)]}"'
+            f' width="{max(1.0, x(c.ended_at) - left):.1f}" height="3" fill="{COLORS[kind]}"/>'
         )
-    for r in _sample([r for r in report.reuses if r.kind != "step"], MAX_MARKS):
-        lane = lanes.index(r.tool or f"ctx.{r.kind}")
+    for r in reuses:
+        lane = _lane(r.tool, r.kind)
+        height = max(LANE - 6, 4 * (max(rows[lane].values(), default=0) + 1))
         marks.append(
-            f'<rect class="call reused" x="{x(r.used_at):.1f}" y="{22 + lane * LANE}" width="1.5"'
-            f' height="{LANE - 4}" fill="{COLORS["reused"]}"/>'
+            f'<rect class="call reused" x="{x(r.used_at):.1f}" y="{tops[lane]}" width="1.5" height="{height}"'
+            f' fill="{COLORS["reused"]}" fill-opacity="0.7"/>'
         )
     labels = [
-        f'<text x="8" y="{36 + i * LANE}" font-size="12" fill="#1d2330">{_e(_short(tool, 24))}</text>'
-        for i, tool in enumerate(lanes)
+        f'<text x="8" y="{tops[lane] + 11}" font-size="12" fill="#1d2330">{_e(_short(lane, 24))}</text>'
+        for lane in lanes
     ]
-    axis_y = 24 + LANE * len(lanes) + 4
     ticks = [
-        f'<line x1="{x(start + span * f):.1f}" y1="20" x2="{x(start + span * f):.1f}" y2="{axis_y}" stroke="#e3e6eb"/>'
-        f'<text x="{x(start + span * f):.1f}" y="{axis_y + 14}" font-size="11" text-anchor="middle"'
+        f'<line x1="{x(start + span * f):.1f}" y1="20" x2="{x(start + span * f):.1f}" y2="{bottom}" stroke="#e3e6eb"/>'
+        f'<text x="{x(start + span * f):.1f}" y="{bottom + 14}" font-size="11" text-anchor="middle"'
         f' fill="#5b6475">{span * f:,.1f} s</text>'
         for f in (0, 0.25, 0.5, 0.75, 1)
     ]
-    shown = "" if len(calls) <= MAX_MARKS else f" (showing {MAX_MARKS:,} of {len(calls):,} calls, evenly sampled)"
+    total = sum(1 for c in report.calls if c.kind != "step")
+    shown = "" if total <= MAX_MARKS else f" (showing {MAX_MARKS:,} of {total:,} calls, evenly sampled)"
     legend = "".join(f'<span><i style="background:{color}"></i>{kind}</span>' for kind, color in COLORS.items())
+    height = bottom + 24
     return (
-        f'<div class="legend">{legend}<span class="muted">x: seconds since the run started{shown}</span></div>'
+        f'<div class="legend">{legend}<span class="muted">x: seconds since the run started; calls in flight'
+        f" together stack{shown}</span></div>"
         f'<svg width="{TIMELINE_WIDTH}" height="{height}" viewBox="0 0 {TIMELINE_WIDTH} {height}"'
         f' role="img" aria-label="tool calls over time">{"".join(ticks)}{"".join(marks)}{"".join(labels)}</svg>'
+    )
+
+
+def _lane(tool: str | None, kind: str) -> str:
+    return tool or f"ctx.{kind}"
+
+
+def _pack(calls: list[CallRow]) -> dict[int, int]:
+    """A row for each call (by id) so calls in flight at once do not overlap, at most
+    MAX_STACK rows (busier moments share the last)."""
+    ends: list[float] = []
+    placed: dict[int, int] = {}
+    for c in sorted(calls, key=lambda c: c.started_at):
+        row = next((i for i, end in enumerate(ends) if end <= c.started_at), None)
+        if row is None:
+            row = len(ends) if len(ends) < MAX_STACK else min(range(len(ends)), key=ends.__getitem__)
+            if row == len(ends):
+                ends.append(0.0)
+        ends[row] = max(ends[row], c.ended_at)
+        placed[id(c)] = row
+    return placed
+
+
+def _attempt_band(attempt: int, left: float, right: float, bottom: float) -> str:
+    return (
+        f'<rect x="{left:.1f}" y="20" width="{max(1.0, right - left):.1f}" height="{bottom - 20}"'
+        f' fill="{"#eef2f7" if attempt % 2 else "#f7f3ea"}"/><text x="{left + 3:.1f}" y="15"'
+        f' font-size="10" fill="#5b6475">attempt {attempt}</text>'
     )
 
 
