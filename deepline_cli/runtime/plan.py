@@ -181,7 +181,9 @@ class MapPlan:
             "dependent_calls": sum(c.dependent_rows for c in self.columns),
             "credits": total.as_dict(),
             "expected_from": (
-                f"hit rates of {self.history_rows:,} rows of earlier runs" if self.history_rows else "no earlier runs"
+                f"hit rates of {self.history_rows:,} rows of earlier runs"
+                if self.history_rows
+                else "no earlier runs: each column's first tool answers"
             ),
             "columns": [c.as_dict() for c in self.columns],
         }
