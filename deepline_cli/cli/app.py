@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from deepline_cli import __version__
-from deepline_cli.cli import events, export, receipts, runs, tools, worker
+from deepline_cli.cli import events, export, plan, receipts, runs, tools, worker
 from deepline_cli.cli import run as run_cmd
 from deepline_cli.cli.common import Settings
 
@@ -55,6 +55,7 @@ def main_options(
 
 app.command("run", epilog=run_cmd.RUN_EPILOG)(run_cmd.run)
 app.command("resume")(run_cmd.resume)
+app.command("plan", epilog=plan.PLAN_EPILOG)(plan.plan)
 app.command("export")(export.export)
 app.command("check")(tools.check)
 app.command("worker")(worker.worker)

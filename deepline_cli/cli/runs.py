@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -210,3 +211,45 @@ def logs(
         return
     for ln in lines:
         typer.echo(f"{when(ln.ts)}  #{ln.attempt}  {ln.level:<7} {ln.message}")
+
+
+@app.command("report")
+@cli_errors
+def report(
+    run_id: Annotated[str, typer.Argument(help="The run.")],
+    html: Annotated[bool, typer.Option("--html", help="Write the report as one self-contained HTML file.")] = False,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Where to write it [default: deepline-report-RUN.html here].")
+    ] = None,
+    store: StoreOption = None,
+) -> None:
+    """Report on a run: timeline, latency, credits and hit rates, rows, barriers, attempts.
+
+    \b
+    Examples:
+      deepline runs report r-8f2c1a9b3e4d --html
+      deepline runs report r-8f2c1a9b3e4d --html --out report.html
+    """
+    from deepline_cli.errors import UsageError
+    from deepline_cli.ui.report_data import read_report
+    from deepline_cli.ui.report_html import render
+
+    if not html:
+        raise UsageError("Choose the report's format: --html (a self-contained file to open in a browser).")
+    db = open_store_for(store)
+    try:
+        page = render(read_report(db, run_id))
+    finally:
+        db.close()
+    path = (out or Path(f"deepline-report-{run_id}.html")).expanduser().resolve()
+    try:
+        path.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"Cannot write the report to {path}: {exc.strerror}.") from None
+    typer.echo(str(path))
+
+
+def open_store_for(store: str | None) -> Any:
+    from deepline_cli.store import open_store
+
+    return open_store(store)

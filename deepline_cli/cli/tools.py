@@ -87,7 +87,7 @@ def _tool_rows(play: str | None, config: Path | None) -> list[dict[str, object]]
             {
                 "id": "*",
                 "kind": "remote",
-                "credits": 0,
+                "credits": cfg.remote.credits.get("*", 0),
                 "rate_limit": None,
                 "concurrency": None,
                 "target": cfg.remote.base_url,

@@ -11,6 +11,7 @@
     [remote]
     base_url = "https://tools.example.com"
     api_key_env = "DEEPLINE_API_KEY"
+    credits = { "apollo.people" = 2, "*" = 1 }   # or one number for every remote tool
 
 Every mistake is one sentence naming the file, the tool and the field.
 """
@@ -46,7 +47,13 @@ _TOOL_KEYS = {
     "version": (str, int),
     "allow_hosts": list,
 }
-_REMOTE_KEYS = {"base_url": str, "api_key_env": str, "timeout_s": (int, float), "retries": int}
+_REMOTE_KEYS = {
+    "base_url": str,
+    "api_key_env": str,
+    "timeout_s": (int, float),
+    "retries": int,
+    "credits": (int, float, dict),
+}
 _BATCH_KEYS = {"max_size": int, "max_wait_ms": (int, float), "items_field": str, "results_field": str}
 
 
@@ -85,6 +92,14 @@ class RemoteSpec:
     api_key_env: str = "DEEPLINE_API_KEY"
     timeout_s: float = 60.0
     retries: int = 5
+    # Declared credits per call: by tool id, "*" for every other remote tool. A remote
+    # answer that carries its own `credits` is billed at that; the declaration is what
+    # the budget reserves before the call.
+    credits: dict[str, float] = field(default_factory=dict)
+
+    def credits_for(self, tool_id: str) -> float | None:
+        """The declared credits of a call to `tool_id`, None when nothing is declared."""
+        return self.credits.get(tool_id, self.credits.get("*"))
 
 
 @dataclass(frozen=True)
@@ -204,4 +219,14 @@ def _remote(path: Path, spec: Any) -> RemoteSpec:
         api_key_env=spec.get("api_key_env", "DEEPLINE_API_KEY"),
         timeout_s=float(spec.get("timeout_s", 60.0)),
         retries=int(spec.get("retries", 5)),
+        credits=_remote_credits(path, spec.get("credits", {})),
     )
+
+
+def _remote_credits(path: Path, declared: Any) -> dict[str, float]:
+    """`credits = 2` (every remote tool) or `credits = { "tool.id" = 2, "*" = 1 }`."""
+    table = declared if isinstance(declared, dict) else {"*": declared}
+    for tool_id, value in table.items():
+        if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+            raise UsageError(f"{path}: [remote] credits for {tool_id!r} must be a number of credits (0 or more).")
+    return {tool_id: float(value) for tool_id, value in table.items()}

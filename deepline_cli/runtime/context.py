@@ -127,6 +127,7 @@ class Tools:
             force=force,
             stale_after_s=stale_after_seconds,
             credits=definition.credits,
+            metered=definition.metered,
             receipt_wait_s=receipt_wait_s,
         )
         if definition.batch:

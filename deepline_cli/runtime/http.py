@@ -391,9 +391,29 @@ class HttpTools:
                 request, tool=tool_id, timeout_s=remote.timeout_s, retries=remote.retries, call=call
             )
             body = http.decode(response, tool_id)
-            return body.get("output", body) if isinstance(body, dict) else body
+            if not isinstance(body, dict):
+                return body
+            call.credits = reported_credits(body, tool_id)
+            return body.get("output", body)
 
-        return ToolDef(id=tool_id, fn=call_remote, auth_digest=self._auth_digest([key_name], tool_id), wants_call=True)
+        return ToolDef(
+            id=tool_id,
+            fn=call_remote,
+            credits=remote.credits_for(tool_id) or 0.0,
+            auth_digest=self._auth_digest([key_name], tool_id),
+            wants_call=True,
+            metered=True,
+        )
+
+
+def reported_credits(body: dict[str, Any], tool: str) -> float | None:
+    """The `credits` a remote answer's envelope carries next to `output` (None: not said)."""
+    value = body.get("credits")
+    if value is None or "output" not in body:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ProviderTransientError(f"{tool}: the answer's credits {value!r} is not a number", category="upstream")
+    return float(value)
 
 
 def _strings(headers: Any) -> dict[str, str]:

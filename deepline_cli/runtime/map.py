@@ -33,6 +33,8 @@ from deepline_cli.errors import (
 from deepline_cli.runtime import failures
 from deepline_cli.runtime.columns import Column, ResolvedColumn, resolve_columns
 from deepline_cli.runtime.dataset import Dataset
+from deepline_cli.runtime.ledger import set_row
+from deepline_cli.runtime.pilot import scan_rest
 from deepline_cli.runtime.rows import CsvSource, RowKey, input_columns, key_function, row_digest
 from deepline_cli.runtime.tools import ToolResult
 from deepline_cli.store.base import MapRecord, MapRow, SheetRow
@@ -207,6 +209,7 @@ class MapRun:
         record.duplicate, record.reused = self.tally.duplicate, self.tally.reused
         record.total = record.succeeded + record.failed
         record.finished_at = s.io.now()
+        record.pilot = await scan_rest(self)  # a limit cut the input: what the rest holds (projection)
         await s.io.call(s.io.store.save_map, record)
         await self._log_summary(record)
         s.bus.emit(
@@ -337,6 +340,7 @@ class MapRun:
                 self.stop = exc
 
     async def _process(self, job: _Job) -> None:
+        set_row(self.name, job.key)  # the calls ledger records which row each call was for
         row = job.row
         cells: dict[str, list[Any]] = dict(job.previous.cells) if job.previous else {}
         rc = RowContext(self.ctx, self.s, self.name, job.key, job.idx)

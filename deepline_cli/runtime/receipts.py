@@ -36,6 +36,7 @@ from deepline_cli.errors import (
 )
 from deepline_cli.runtime.budget import Budget
 from deepline_cli.runtime.events import EventBus
+from deepline_cli.runtime.ledger import current_row
 from deepline_cli.runtime.secrets import Secrets
 from deepline_cli.runtime.stats import RunStats
 from deepline_cli.runtime.storeio import StoreIO, WriteQueue
@@ -67,6 +68,7 @@ class DurableCall:
     force: bool = False
     stale_after_s: float | None = None
     credits: float = 0.0
+    metered: bool = False  # the answer says what the call cost (remote tools)
     receipt_wait_s: float | None = None
     # A batch aggregate: its members (key, lease id) and the request it sends.
     members: list[tuple[str, str]] | None = None
@@ -257,17 +259,18 @@ class ReceiptBook:
             _on_retry=lambda reason: self._stats.tool(call.tool or f"ctx.{call.kind}").note_retry(reason),
         )
         started = self._io.now()
+        reserved = self._budget.expected(call.tool, call.credits, metered=call.metered)
         try:
             try:
                 info.ensure_lease()
-                self._budget.reserve(call.credits, call.label)
+                self._budget.reserve(reserved, call.label, metered=call.metered)
             except BaseException:
                 self._writes.settle(Settlement(call.key, lease_id, "skipped")).add_done_callback(_retrieve)
                 raise
             try:
                 value = self._secrets.redact_json(await invoke(info))
             except BaseException as exc:
-                self._budget.settle(call.credits, spent=False)
+                self._budget.settle(reserved, spent=False)
                 self._settle_failure(call, lease_id, exc, self._record(call, started, info))
                 if _is_call_failure(call, exc) and not isinstance(exc, ToolExecutionError):
                     # The same error type live as when replayed from the failed receipt.
@@ -281,17 +284,18 @@ class ReceiptBook:
         # Write-behind: the completion commits with the next batch, in order, before any
         # later claim of this run; a crash before that commit makes this call one of
         # those "in flight", repeated on resume under the same idempotency key.
-        self._budget.settle(call.credits, spent=True)
+        credits = call.credits if info.credits is None else info.credits  # what the provider said it cost
+        self._budget.settle(reserved, spent=True, actual=credits, tool=call.tool if info.credits is not None else None)
         settlement = Settlement(
-            call.key, lease_id, "completed", output=value, credits=call.credits, call=self._record(call, started, info)
+            call.key, lease_id, "completed", output=value, credits=credits, call=self._record(call, started, info)
         )
         self._writes.settle(settlement).add_done_callback(lambda done: self._check_recorded(call, done))
-        self._count(call, "live", call.credits)
-        return Outcome(value, "live", call.key, call.credits)
+        self._count(call, "live", credits)
+        return Outcome(value, "live", call.key, credits)
 
     def _record(self, call: DurableCall, started: float, info: ToolCall) -> CallRecord:
         scope = self._scope
-        return CallRecord(scope.run_id, scope.attempt, call.kind, call.tool, started, info.retries)
+        return CallRecord(scope.run_id, scope.attempt, call.kind, call.tool, started, info.retries, *current_row())
 
     def _check_recorded(self, call: DurableCall, done: asyncio.Future[bool]) -> None:
         """The circuit breaker: a billed call that was not recorded stops the run."""

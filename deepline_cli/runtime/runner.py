@@ -34,6 +34,7 @@ from deepline_cli.runtime.governor import Governor
 from deepline_cli.runtime.holders import holder_alive, holder_id
 from deepline_cli.runtime.http import Http, HttpTools
 from deepline_cli.runtime.play import PlayDef, load_play
+from deepline_cli.runtime.projection import projection_stats
 from deepline_cli.runtime.receipts import ReceiptBook, RunScope, RunTakenOver
 from deepline_cli.runtime.secrets import Secrets
 from deepline_cli.runtime.services import DEFAULT_MAX_DEPTH, Caps, Journal, RunServices
@@ -471,6 +472,7 @@ class _Attempt:
         record, store, now, status = self.record, self.io.store, self.io.now(), outcome.status
         store.end_attempt(record.run_id, record.attempt, status, now)
         stats = store.run_stats(record.run_id)
+        stats.update(projection_stats(store, record.run_id))  # a pilot (--limit): the full list projected
         stats["store_s"] = round(record.stats.get("store_s", 0.0) + self.io.busy_s, 3)  # the store thread's busy time
         for tool_id, counts in stats["tools"].items():  # counted in memory only
             known = self.stats.tool(tool_id)

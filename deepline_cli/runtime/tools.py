@@ -46,6 +46,9 @@ class ToolCall:
     lease_id: str = ""
     batch_key: str | None = None  # the batch this member was sent in before a crash
     retries: int = 0
+    # What the provider said this call cost (a remote answer's `credits`); None: the
+    # tool's declared credits.
+    credits: float | None = None
     _guard: Callable[[], None] = field(default=_owned, repr=False, compare=False)
     _on_retry: Callable[[str], None] = field(default=_ignore, repr=False, compare=False)
 
@@ -71,6 +74,7 @@ class ToolDef:
     extract: dict[str, str] = field(default_factory=dict)
     auth_digest: str = ""
     wants_call: bool = False
+    metered: bool = False  # its answers say what they cost (remote tools): the budget counts those
 
     async def invoke(self, input: Any, call: ToolCall) -> Any:
         args = (input, call) if self.wants_call else (input,)

@@ -143,6 +143,8 @@ class CallRecord:
     tool: str | None
     started_at: float
     retries: int = 0
+    map: str | None = None  # the map row the call was made for (see runtime/ledger.py)
+    row_key: str | None = None
 
 
 @dataclass(slots=True)
@@ -204,6 +206,7 @@ class MapRecord:
     reused: int = 0
     started_at: float = 0.0
     finished_at: float | None = None
+    pilot: dict[str, Any] | None = None  # cut short by a limit: the rest of its input (runtime/pilot.py)
 
 
 @dataclass(slots=True)

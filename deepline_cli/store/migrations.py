@@ -155,6 +155,18 @@ MIGRATIONS: list[tuple[str, str | Step]] = [
         CREATE UNIQUE INDEX logs_key ON logs (run_id, key)
         """,
     ),
+    (
+        "0008_call_rows_map_pilot",
+        """
+        -- The map row a call was made for (NULL outside maps): per-row credits for the pilot
+        -- projection, and hit rates per tool for `deepline plan`.
+        ALTER TABLE calls ADD COLUMN map TEXT;
+        ALTER TABLE calls ADD COLUMN row_key TEXT;
+        -- A map cut short by a limit: what the rest of its input holds (rows, distinct keys,
+        -- rows already paid), measured when the map finished, for the projection.
+        ALTER TABLE maps ADD COLUMN pilot TEXT
+        """,
+    ),
 ]
 
 

@@ -33,6 +33,7 @@ from deepline_cli.store.base import (
     claim_idempotency_key,
     decide_claim,
 )
+from deepline_cli.store.ledger import LedgerQueries
 
 _RUN_COLUMNS = (
     "run_id, play, play_ref, input, status, attempt, workspace, cwd, options, parent_run_id,"
@@ -55,7 +56,7 @@ class StoreConflict(StoreError):
     """The database aborted a transaction to break a deadlock; it can be run again."""
 
 
-class SqlStore:
+class SqlStore(LedgerQueries):
     """Everything a store does, over a DB-API connection; see SQLiteStore and PostgresStore."""
 
     url: str
@@ -473,12 +474,12 @@ class SqlStore:
         with self._write() as c:
             c.execute(
                 "INSERT INTO maps (run_id, map, sheet, input_columns, columns, status, total, succeeded,"
-                " failed, duplicate, reused, started_at, finished_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, map) DO UPDATE SET"
+                " failed, duplicate, reused, started_at, finished_at, pilot)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, map) DO UPDATE SET"
                 " sheet = excluded.sheet, input_columns = excluded.input_columns, columns = excluded.columns,"
                 " status = excluded.status, total = excluded.total, succeeded = excluded.succeeded,"
                 " failed = excluded.failed, duplicate = excluded.duplicate, reused = excluded.reused,"
-                " finished_at = excluded.finished_at",
+                " finished_at = excluded.finished_at, pilot = excluded.pilot",
                 (
                     record.run_id,
                     record.map,
@@ -493,17 +494,18 @@ class SqlStore:
                     record.reused,
                     record.started_at,
                     record.finished_at,
+                    _json_or_none(record.pilot),
                 ),
             )
 
     def get_maps(self, run_id: str) -> list[MapRecord]:
         rows = self._read(
             "SELECT run_id, map, sheet, input_columns, columns, status, total, succeeded, failed,"
-            " duplicate, reused, started_at, finished_at FROM maps WHERE run_id = ?"
+            " duplicate, reused, started_at, finished_at, pilot FROM maps WHERE run_id = ?"
             " ORDER BY started_at",
             (run_id,),
         )
-        return [MapRecord(r[0], r[1], r[2], _json.loads(r[3]) or [], _json.loads(r[4]) or [], *r[5:]) for r in rows]
+        return [_map_from_row(r) for r in rows]
 
     # --- suspension -----------------------------------------------------------------------
 
@@ -610,6 +612,8 @@ class SqlStore:
                 now,
                 st.call.retries,
                 st.failure_kind,
+                st.call.map,
+                st.call.row_key,
             )
             for st, applied in zip(settlements, settled, strict=True)
             if applied and st.call is not None and st.status in ("completed", "failed")
@@ -617,7 +621,7 @@ class SqlStore:
         self._many(
             c,
             "INSERT INTO calls (run_id, attempt, key, kind, tool, status, credits, started_at, ended_at, retries,"
-            " category) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " category, map, row_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             ledger,
         )
         return settled
@@ -755,6 +759,14 @@ def settle_statement(s: Settlement, now: float) -> tuple[str, tuple[Any, ...]]:
 
 
 # --- row mapping ------------------------------------------------------------------------
+
+
+def _map_from_row(r: Sequence[Any]) -> MapRecord:
+    return MapRecord(
+        run_id=r[0], map=r[1], sheet=r[2], input_columns=_json.loads(r[3]) or [], columns=_json.loads(r[4]) or [],
+        status=r[5], total=r[6], succeeded=r[7], failed=r[8], duplicate=r[9], reused=r[10], started_at=r[11],
+        finished_at=r[12], pilot=_json.loads(r[13]),
+    )  # fmt: skip
 
 
 def _boundary_from_row(row: Sequence[Any]) -> Boundary:

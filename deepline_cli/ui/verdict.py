@@ -27,6 +27,10 @@ def _completed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: 
     if live == 0 and (reused or rows.get("reused")):
         came = [f"{n:,} {what}" for n, what in ((rows.get("reused", 0), "rows"), (reused, "calls")) if n]
         lines.append(f"  Nothing was paid: {' and '.join(came)} came from earlier runs.")
+    if stats.get("projection"):  # a pilot (--limit): what the full list would cost and take
+        from deepline_cli.runtime.projection import describe
+
+        lines.extend(f"  {line}" for line in describe(stats["projection"]))
     steps = []
     if rows.get("succeeded") or rows.get("failed"):
         steps.append(f"deepline export {run_id} --out {play or 'rows'}.csv")

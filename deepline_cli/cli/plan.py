@@ -1,0 +1,114 @@
+"""`deepline plan`: what a run would call and spend, before anything is paid."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from deepline_cli.cli.common import JsonOption, StoreOption, cli_errors
+from deepline_cli.cli.run import WorkspaceOption
+
+PLAN_EPILOG = """\b
+Examples:
+  deepline plan play.py --csv leads.csv
+  deepline plan play.py --csv leads.csv --limit 100 --json
+"""
+
+
+@cli_errors
+def plan(
+    play: Annotated[str, typer.Argument(metavar="PLAY", help="The play: PATH.py or PATH.py:FUNCTION.")],
+    input: Annotated[str | None, typer.Option("--input", help="Input JSON, or @file.json.")] = None,
+    csv: Annotated[
+        Path | None, typer.Option("--csv", help="A CSV file; the play gets its path as input['csv'].")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Set an input key: a.b=value (JSON values parse).")
+    ] = None,
+    store: StoreOption = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="deepline.toml to use [default: the one next to the play].")
+    ] = None,
+    workspace: WorkspaceOption = "default",
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="Plan a pilot: only the first N distinct rows of each map.")
+    ] = None,
+    json: JsonOption = False,
+) -> None:
+    """Plan a run without calling any provider: rows, calls already paid, new calls, credits."""
+    from deepline_cli.cli.inputs import build_input
+    from deepline_cli.runtime.config import find_config
+    from deepline_cli.runtime.plan import PlanOptions, plan_play
+    from deepline_cli.runtime.play import load_play
+    from deepline_cli.store import open_store
+
+    payload = build_input(input, csv, set_ or [], cwd=Path.cwd())
+    play_def = load_play(play)
+    config_path = find_config(Path(play_def.file), str(config) if config else None)
+    db = open_store(store)
+    try:
+        result = plan_play(play_def, payload, config_path, db, PlanOptions(workspace=workspace, limit=limit)).as_dict()
+    finally:
+        db.close()
+    if json:
+        from deepline_cli.cli.tables import print_json
+
+        print_json(result)
+        return
+    _print_plan(result)
+
+
+def _print_plan(plan: dict[str, Any]) -> None:
+    from deepline_cli.cli.tables import print_table
+
+    for m in plan["maps"]:
+        typer.echo(
+            f"map {m['map']}: {m['input_rows']:,} rows · {m['distinct']:,} distinct keys · "
+            f"{m['duplicate']:,} duplicate · {m['paid_rows']:,} already paid"
+            + (f" · limit {m['limit']:,}" if m["limit"] else "")
+        )
+        rows = [
+            (
+                c["column"],
+                ", ".join(f"{t} ({credits:g})" for t, credits in c["tools"].items()) or "-",
+                f"{c['reused_cells']:,}",
+                f"{c['paid_calls']:,}",
+                f"{c['new_calls']:,}",
+                f"{c['dependent_rows']:,}",
+                _credits(c["credits"]),
+            )
+            for c in m["columns"]
+        ]
+        print_table(
+            ["column", "tools (credits)", "cells reused", "paid calls", "new calls", "depends on data", "credits"],
+            rows,
+            empty="",
+        )
+        for c in m["columns"]:
+            for note in c["notes"]:
+                typer.echo(f"  {c['column']}: {note}")
+        typer.echo(f"  expected from {m['expected_from']}")
+    body = plan["body"]
+    for call in body["new_calls"]:
+        typer.echo(f"play body: new call to {call['tool']} ({call['credits']:g} credits)")
+    if plan["stopped"]:
+        typer.echo(f"not planned beyond: {plan['stopped']}")
+        for tool, credits in body["may_also_call"].items():
+            typer.echo(f"  the play may also call {tool} ({credits:g} credits each, how often is not known)")
+    t = plan["totals"]
+    dependent = f" (+ up to {t['dependent_calls']:,} that depend on data)" if t["dependent_calls"] else ""
+    typer.echo(
+        f"rows {t['rows']:,} · {t['paid_rows']:,} already paid · {t['paid_calls']:,} paid calls reused · "
+        f"{t['new_calls']:,} new calls{dependent} · max {t['credits']['max']:,.6g} credits "
+        f"(expected ≈ {t['credits']['expected']:,.6g}, at least {t['credits']['min']:,.6g})"
+    )
+    sys.stdout.flush()
+
+
+def _credits(c: dict[str, float]) -> str:
+    if c["min"] == c["max"]:
+        return f"{c['max']:,.6g}"
+    return f"{c['min']:,.6g} – {c['max']:,.6g} (≈ {c['expected']:,.6g})"

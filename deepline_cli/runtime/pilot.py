@@ -1,0 +1,91 @@
+"""A pilot: a map cut short by `--limit N` (or `ctx.map(limit=N)`).
+
+When such a map finishes, the rest of its input is read once (no call is made): how many
+rows and distinct keys it holds, and how many of those rows are already paid for (every
+cell reusable from the sheet, as the map engine decides). `runtime/projection.py` turns
+that and the pilot's own figures into a projection of the full list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from deepline_cli.runtime.rows import row_digest
+
+if TYPE_CHECKING:
+    from deepline_cli.runtime.map import MapRun, _Job
+
+CHUNK = 256
+
+
+@dataclass
+class RestCounts:
+    rows: int = 0  # input rows after the pilot's, duplicates included
+    distinct: int = 0  # of those, keys not seen before
+    paid: int = 0  # of those distinct rows, rows whose every cell is reusable from the sheet
+
+    def as_dict(self) -> dict[str, int]:
+        return {"rest_rows": self.rows, "rest_distinct": self.distinct, "rest_paid": self.paid}
+
+
+async def scan_rest(engine: MapRun) -> dict[str, Any] | None:
+    """The rest of a map's input beyond its limit, or None when the limit cut nothing
+    (or the rows can be read only once, like a generator)."""
+    rows: Any = engine.rows
+    if engine.limit is None or len(engine.input_index_of) < engine.limit or iter(rows) is rows:
+        return None
+    counts = RestCounts()
+    for chunk in rest_jobs(engine, counts):
+        counts.paid += await count_paid(engine, chunk)
+    return counts.as_dict() if counts.rows else None
+
+
+def rest_jobs(engine: MapRun, counts: RestCounts) -> Iterator[list[_Job]]:
+    """The distinct rows after the ones the map read, in chunks (keys seen by the map skipped)."""
+    from deepline_cli.runtime.map import _Job
+
+    seen = set(engine.seen)
+    chunk: list[_Job] = []
+    for input_index, raw in enumerate(engine.rows):
+        if input_index < engine.tally.read:
+            continue
+        counts.rows += 1
+        row = dict(raw)
+        key = engine.key_of(row)
+        if key in seen:
+            continue
+        seen.add(key)
+        counts.distinct += 1
+        chunk.append(_Job(-1, input_index, key, row, row_digest(row), None))
+        if len(chunk) >= CHUNK:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+async def count_paid(engine: MapRun, chunk: list[_Job]) -> int:
+    """How many of these rows the map engine would take whole from the sheet (no call)."""
+    io = engine.s.io
+    previous = await io.call(io.store.load_sheet_rows, engine.sheet, [job.key for job in chunk])
+    paid = 0
+    for job in chunk:
+        job.previous = previous.get(job.key)
+        if whole_row_reusable(engine, job):
+            paid += 1
+    return paid
+
+
+def whole_row_reusable(engine: MapRun, job: _Job) -> bool:
+    """The map engine's fast path, decided without recording anything."""
+    if job.previous is None:
+        return False
+    for column in engine.columns:
+        cell = engine._reusable(job, column, False)
+        if cell is None:
+            return False
+        if cell[1] is not None:
+            return True  # a kept error: the row is failed, later cells are not needed
+    return True

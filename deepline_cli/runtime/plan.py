@@ -1,0 +1,641 @@
+"""`deepline plan`: what a run would call and spend, found without calling anything.
+
+The play body runs with a planning context. In a map, each row goes through the map
+engine's own logic (keys, duplicates, limit, which cells the sheet can give back); a
+cell that would be computed runs its resolver with a planning `rc`, whose
+`tools.execute` computes the receipt key exactly as a real call does (`Tools.receipt_key`)
+and decides it with the receipt state machine (`decide_claim`):
+
+    a completed receipt that would be reused → its stored output: the resolver goes on
+    a failure that would be replayed         → the stored failure is raised, as in a run
+    anything else                            → a new call to TOOL: the resolver stops here
+
+What a stopped resolver might still call, and what columns after it (which need its
+answer) might call, is bounded by the tools their code names (runtime/toolscan.py):
+the worst case calls each of them once. The expected case weighs those tools by how
+often earlier runs of the play called them per row of this map (the calls ledger), or,
+with no earlier runs, counts only the first tool each column names.
+
+Outside maps, `ctx.step`, `ctx.fetch`, `ctx.run_play`, `ctx.sleep` and
+`ctx.wait_for_event` return what the play's latest run with the same input stored;
+without one, planning stops there ("not planned") and reports what it learned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from deepline_cli.errors import DeeplineError
+from deepline_cli.runtime.budget import Budget
+from deepline_cli.runtime.columns import Column, ResolvedColumn
+from deepline_cli.runtime.config import Config, load_config
+from deepline_cli.runtime.context import Context, Tools
+from deepline_cli.runtime.events import EventBus
+from deepline_cli.runtime.governor import Governor
+from deepline_cli.runtime.http import FetchResult, Http, HttpTools
+from deepline_cli.runtime.map import MapRun, RowContext, _Job
+from deepline_cli.runtime.pilot import whole_row_reusable
+from deepline_cli.runtime.play import PlayDef
+from deepline_cli.runtime.receipts import ReceiptBook, RunScope, receipt_key, stored_failure
+from deepline_cli.runtime.rows import RowKey
+from deepline_cli.runtime.secrets import Secrets
+from deepline_cli.runtime.services import RunServices
+from deepline_cli.runtime.stats import RunStats
+from deepline_cli.runtime.storeio import StoreIO, WriteQueue
+from deepline_cli.runtime.tools import ToolDef, ToolResult, find_tool
+from deepline_cli.runtime.toolscan import tool_ids
+from deepline_cli.runtime.transport import Transport
+from deepline_cli.store.base import Claim, Store, decide_claim
+from deepline_cli.store.ledger import LedgerQueries
+
+PLAN_RUN_ID = "plan"
+_TOOL_ID = re.compile(r"^[a-z0-9_-]+(\.[a-z0-9_-]+)+$")
+
+
+class NotPlanned(BaseException):
+    """What follows depends on something only a real run can tell: planning stops here.
+
+    A BaseException, so a play's or resolver's `except Exception` cannot swallow it.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class NewCall(NotPlanned):
+    """A resolver reached a call that would be made (and billed) for real."""
+
+    def __init__(self, tool: str, credits: float, shared: bool) -> None:
+        super().__init__(f"new call to {tool}")
+        self.tool, self.credits, self.shared = tool, credits, shared
+
+
+@dataclass
+class Tracker:
+    """The calls one resolver (or the play body) reached while planning."""
+
+    called: set[str] = field(default_factory=set)  # tools answered from receipts
+    paid: int = 0
+    new: list[tuple[str, float, bool]] = field(default_factory=list)  # (tool, credits, shared)
+
+
+_TRACKER: ContextVar[Tracker | None] = ContextVar("deepline_plan_tracker", default=None)
+
+
+@dataclass
+class Credits:
+    min: float = 0.0
+    expected: float = 0.0
+    max: float = 0.0
+
+    def add(self, low: float, expected: float, high: float) -> None:
+        self.min += low
+        self.expected += expected
+        self.max += high
+
+    def as_dict(self) -> dict[str, float]:
+        return {"min": round(self.min, 4), "expected": round(self.expected, 4), "max": round(self.max, 4)}
+
+
+@dataclass
+class ColumnPlan:
+    column: str
+    tools: list[str]
+    credits_each: dict[str, float]
+    run_if: bool
+    reused_cells: int = 0  # cells the sheet gives back (same row input and column code)
+    paid_calls: int = 0  # calls answered by receipts that exist (no new bill)
+    new_calls: int = 0  # calls that would be made for sure
+    shared_calls: int = 0  # calls another row of this plan makes already (billed once)
+    dependent_rows: int = 0  # rows whose calls here depend on answers known only after running
+    failed_rows: int = 0
+    credits: Credits = field(default_factory=Credits)
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    def note(self, reason: str) -> None:
+        self.reasons[reason] = self.reasons.get(reason, 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "column": self.column,
+            "tools": {t: self.credits_each.get(t, 0.0) for t in self.tools},
+            "run_if": self.run_if,
+            "reused_cells": self.reused_cells,
+            "paid_calls": self.paid_calls,
+            "new_calls": self.new_calls,
+            "shared_calls": self.shared_calls,
+            "dependent_rows": self.dependent_rows,
+            "failed_rows": self.failed_rows,
+            "credits": self.credits.as_dict(),
+            "notes": [f"{reason} ({n:,} row{'s' if n != 1 else ''})" for reason, n in self.reasons.items()],
+        }
+
+
+@dataclass
+class History:
+    """How often earlier runs called each tool per row of a map (the calls ledger)."""
+
+    rows: int = 0
+    per_tool: dict[str, int] = field(default_factory=dict)
+
+    def rate(self, tool: str) -> float:
+        return self.per_tool.get(tool, 0) / self.rows if self.rows else 0.0
+
+    def after(self, tool: str, first: str) -> float:
+        """How often `tool` was called in rows where `first` was called (capped at 1)."""
+        base = self.per_tool.get(first, 0)
+        return min(1.0, self.per_tool.get(tool, 0) / base) if base else self.rate(tool)
+
+
+@dataclass
+class MapPlan:
+    map: str
+    input_rows: int = 0
+    distinct: int = 0
+    duplicate: int = 0
+    limit: int | None = None
+    paid_rows: int = 0  # rows the sheet gives back whole: nothing to call
+    columns: list[ColumnPlan] = field(default_factory=list)
+    history_rows: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        total = Credits()
+        for c in self.columns:
+            total.add(c.credits.min, c.credits.expected, c.credits.max)
+        return {
+            "map": self.map,
+            "input_rows": self.input_rows,
+            "distinct": self.distinct,
+            "duplicate": self.duplicate,
+            "limit": self.limit,
+            "paid_rows": self.paid_rows,
+            "reused_cells": sum(c.reused_cells for c in self.columns),
+            "paid_calls": sum(c.paid_calls for c in self.columns),
+            "new_calls": sum(c.new_calls for c in self.columns),
+            "dependent_calls": sum(c.dependent_rows for c in self.columns),
+            "credits": total.as_dict(),
+            "expected_from": (
+                f"hit rates of {self.history_rows:,} rows of earlier runs"
+                if self.history_rows
+                else "no earlier runs: each column's first tool answers"
+            ),
+            "columns": [c.as_dict() for c in self.columns],
+        }
+
+
+@dataclass
+class Plan:
+    play: str
+    maps: list[MapPlan] = field(default_factory=list)
+    body: Tracker = field(default_factory=Tracker)
+    body_tools: dict[str, float] = field(default_factory=dict)  # tools the body itself names
+    stopped: str | None = None  # why planning stopped before the play's end
+    reference_run: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        maps = [m.as_dict() for m in self.maps]
+        body_new = [(t, c) for t, c, shared in self.body.new if not shared]
+        credits = Credits()
+        for m in maps:
+            credits.add(m["credits"]["min"], m["credits"]["expected"], m["credits"]["max"])
+        body_credits = sum(c for _, c in body_new)
+        credits.add(body_credits, body_credits, body_credits)
+        # Tools the body names beyond its maps' columns and the calls it reached.
+        seen = {t for m in self.maps for c in m.columns for t in c.tools} | {t for t, _, _ in self.body.new}
+        unplanned = {t: c for t, c in self.body_tools.items() if t not in seen}
+        return {
+            "play": self.play,
+            "reference_run": self.reference_run,
+            "maps": maps,
+            "body": {
+                "paid_calls": self.body.paid,
+                "new_calls": [{"tool": t, "credits": c} for t, c in body_new],
+                "may_also_call": unplanned if self.stopped else {},
+            },
+            "stopped": self.stopped,
+            "complete": self.stopped is None,
+            "totals": {
+                "rows": sum(m["distinct"] for m in maps),
+                "paid_rows": sum(m["paid_rows"] for m in maps),
+                "paid_calls": sum(m["paid_calls"] for m in maps) + self.body.paid,
+                "new_calls": sum(m["new_calls"] for m in maps) + len(body_new),
+                "dependent_calls": sum(m["dependent_calls"] for m in maps),
+                "credits": credits.as_dict(),
+            },
+        }
+
+
+class PlanTools(Tools):
+    """`ctx.tools` / `rc.tools` while planning: receipts are looked up, never claimed."""
+
+    def __init__(self, services: RunServices, planner: Planner) -> None:
+        super().__init__(services)
+        self._planner = planner
+
+    async def execute(
+        self,
+        id: str,
+        tool: str,
+        input: Any,
+        *,
+        force: bool = False,
+        stale_after_seconds: float | None = None,
+        timeout_s: float | None = None,
+        receipt_wait_s: float | None = None,
+    ) -> ToolResult:
+        tracker = _TRACKER.get() or self._planner.plan.body
+        definition = self._resolve(tool)
+        key = self.receipt_key(definition, input)  # exactly the key a real call claims
+        return await self._planner.tool_call(tracker, definition, key, force, stale_after_seconds)
+
+    def declared(self, tool_id: str) -> ToolDef | None:
+        """The tool's definition if `tool_id` names one this run could call. Any id could be
+        a remote tool: only ids `[remote] credits` names, or shaped like one (`vendor.tool`)."""
+        s = self._s
+        local = s.local_tools.get(tool_id) or find_tool(tool_id)
+        config = s.http_tools.config
+        if local is not None or tool_id in config.tools:
+            return local or s.http_tools.definition(tool_id)
+        if config.remote is None or not (tool_id in config.remote.credits or _TOOL_ID.match(tool_id)):
+            return None
+        try:
+            return s.http_tools.definition(tool_id)
+        except DeeplineError:  # its API key is not set: a real call says so
+            return None
+
+
+class PlanDataset:
+    """A map's rows, when planning could tell every cell without running."""
+
+    def __init__(self, name: str, rows: list[dict[str, Any]], failed: int) -> None:
+        self.name, self._rows, self.failed_count = name, rows, failed
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self._rows)
+
+    def failed_rows(self) -> Iterator[dict[str, Any]]:
+        return (row for row in self._rows if "_error" in row)
+
+    def to_csv(self, path: Any) -> int:
+        raise NotPlanned(f"map {self.name!r} is written to {path} only by a real run")
+
+    def to_jsonl(self, path: Any) -> int:
+        raise NotPlanned(f"map {self.name!r} is written to {path} only by a real run")
+
+
+class PlanContext(Context):
+    """`ctx` while planning: nothing with an effect happens."""
+
+    def __init__(self, services: RunServices, play_name: str, planner: Planner) -> None:
+        super().__init__(services, play_name)
+        self.tools: PlanTools = PlanTools(services, planner)
+        self._planner = planner
+
+    def log(self, message: str) -> None:
+        return None
+
+    async def step(
+        self, id: str, fn: Callable[[], Any], *, stale_after_seconds: float | None = None, _journal: bool = True
+    ) -> Any:
+        return await self._planner.stored("step", id)
+
+    async def fetch(
+        self,
+        id: str,
+        url: str,
+        *,
+        method: str = "GET",
+        headers: Mapping[str, str] | None = None,
+        json: Any = None,
+        stale_after_seconds: float | None = None,
+        timeout_s: float = 30.0,
+        _journal: bool = True,
+    ) -> FetchResult:
+        stored = await self._planner.stored("fetch", id)
+        return FetchResult(stored["ok"], stored["status"], stored["headers"], stored["text"])
+
+    async def run_play(
+        self, id: str, play_ref: str, input: Any = None, *, description: str = "", _journal: bool = True
+    ) -> Any:
+        return await self._planner.stored("run_play", id)
+
+    async def sleep(self, id: str, seconds: float) -> None:
+        await self._planner.boundary(f"sleep:{id}")
+
+    async def wait_for_event(self, id: str, *, timeout_s: float | None = None) -> Any:
+        return await self._planner.boundary(f"event:{id}")
+
+    async def map(  # type: ignore[override]
+        self,
+        name: str,
+        rows: Iterable[Mapping[str, Any]],
+        columns: Mapping[str, Callable[..., Any] | Column],
+        *,
+        key: RowKey = None,
+        on_row_error: Literal["isolate", "fail"] = "isolate",
+        concurrency: int | None = None,
+        limit: int | None = None,
+    ) -> PlanDataset:
+        engine = MapRun(
+            self, self._s, name, rows, columns, key=key, on_row_error=on_row_error, concurrency=1, limit=limit
+        )
+        return await self._planner.plan_map(engine, RowPlanner(self._planner, engine))
+
+
+class RowPlanner:
+    """Plans one map's rows, one at a time, with the map engine's own decisions."""
+
+    def __init__(self, planner: Planner, engine: MapRun) -> None:
+        self.planner, self.engine = planner, engine
+        self.history = planner.history(engine.name)
+        self.columns = [planner.column_plan(c) for c in engine.columns]
+        self.rows: list[dict[str, Any]] | None = []  # None once a row's values are unknown
+        self.failed = 0
+
+    async def row(self, job: _Job) -> None:
+        engine = self.engine
+        row, changed, unknown = job.row, False, None
+        rc = RowContext(engine.ctx, engine.s, engine.name, job.key, job.idx)
+        for column, plan in zip(engine.columns, self.columns, strict=True):
+            if unknown is not None:
+                self._dependent(plan, f"depends on {unknown!r}, known only after running", None)
+                continue
+            cell = engine._reusable(job, column, changed)
+            if cell is not None:
+                plan.reused_cells += 1
+                row[column.name] = cell[0]
+                if cell[1] is not None:
+                    return self._keep(row, cell[1])
+                continue
+            outcome = await self._resolve(column, plan, row, rc)
+            if isinstance(outcome, _Failed):
+                return self._keep(row, outcome.error)
+            if isinstance(outcome, _Stopped):
+                unknown = column.name
+                continue
+            before = job.previous.cells.get(column.name) if job.previous else None
+            changed = changed or before is None or before[0] != outcome.value
+            row[column.name] = outcome.value
+        if unknown is not None:
+            self.rows = None
+        self._keep(row, None)
+
+    async def _resolve(self, column: ResolvedColumn, plan: ColumnPlan, row: dict[str, Any], rc: RowContext) -> Any:
+        tracker = Tracker()
+        token = _TRACKER.set(tracker)
+        try:
+            return _Value(await self.engine._resolve(column, row, rc))
+        except NewCall as stop:
+            self._stopped_at(plan, stop, tracker)
+            return _Stopped()
+        except NotPlanned as stop:
+            self._dependent(plan, stop.reason, tracker)
+            return _Stopped()
+        except DeeplineError as exc:
+            if exc.fatal or exc.exit_code != 1:
+                raise
+            plan.failed_rows += 1
+            return _Failed(str(exc))
+        except Exception as exc:
+            plan.failed_rows += 1
+            return _Failed(f"{type(exc).__name__}: {exc}")
+        finally:
+            _TRACKER.reset(token)
+            plan.paid_calls += tracker.paid
+
+    def _stopped_at(self, plan: ColumnPlan, stop: NewCall, tracker: Tracker) -> None:
+        """A resolver reached a new call: it is certain; what it may call after depends on
+        the answer (each remaining tool at most once, in the worst case)."""
+        for tool, credits in [(stop.tool, stop.credits), *((t, 0.0) for t in tracker.called)]:
+            if tool not in plan.tools:  # an id the code scan could not see (built at run time)
+                plan.tools.append(tool)
+                plan.credits_each.setdefault(tool, credits)
+        if stop.shared:
+            plan.shared_calls += 1
+        else:
+            plan.new_calls += 1
+            plan.credits.add(stop.credits, stop.credits, stop.credits)
+        rest = [t for t in plan.tools if t != stop.tool and t not in tracker.called]
+        if rest:
+            plan.note(f"after {stop.tool}, may call {', '.join(rest)} depending on its answer")
+            high = sum(plan.credits_each.get(t, 0.0) for t in rest)
+            expected = sum(plan.credits_each.get(t, 0.0) * self.history.after(t, stop.tool) for t in rest)
+            plan.credits.add(0.0, expected, high)
+
+    def _dependent(self, plan: ColumnPlan, reason: str, tracker: Tracker | None) -> None:
+        """A cell whose calls cannot be known before running: bounded by the tools it names."""
+        plan.dependent_rows += 1
+        plan.note(reason + (" (then its run_if decides)" if plan.run_if and reason.startswith("depends on") else ""))
+        called = tracker.called if tracker is not None else set()
+        rest = [t for t in plan.tools if t not in called]
+        high = sum(plan.credits_each.get(t, 0.0) for t in rest)
+        if self.history.rows:
+            expected = sum(plan.credits_each.get(t, 0.0) * self.history.rate(t) for t in rest)
+        else:  # no earlier runs: the first tool the column names answers
+            expected = plan.credits_each.get(rest[0], 0.0) if rest else 0.0
+        plan.credits.add(0.0, expected, high)
+
+    def _keep(self, row: dict[str, Any], error: str | None) -> None:
+        if error is not None:
+            self.failed += 1
+            row = {**row, "_error": error}
+        if self.rows is not None:
+            self.rows.append(row)
+
+
+@dataclass
+class _Value:
+    value: Any
+
+
+@dataclass
+class _Failed:
+    error: str
+
+
+class _Stopped:
+    pass
+
+
+@dataclass
+class PlanOptions:
+    workspace: str = "default"
+    limit: int | None = None
+    refresh_failed: bool = False
+    force_refresh: bool = False
+
+
+class Planner:
+    def __init__(self, play: PlayDef, config_path: Path | None, store: Store, options: PlanOptions) -> None:
+        self.play, self.store, self.options = play, store, options
+        self.config = load_config(config_path)
+        self.plan = Plan(play.name)
+        self.reference: str | None = None
+        self._planned: set[str] = set()  # receipt keys this plan counts as new calls already
+        self.io = StoreIO(store)
+        self.services = self._services(self.config, config_path)
+
+    def close(self) -> None:
+        self.io.close()
+
+    def _services(self, config: Config, config_path: Path | None) -> RunServices:
+        options = self.options
+        scope = RunScope(
+            run_id=PLAN_RUN_ID,
+            attempt=1,
+            play=self.play.name,
+            workspace=options.workspace,
+            lease_ttl=30.0,
+            force_refresh=options.force_refresh,
+            refresh_failed=options.refresh_failed,
+        )
+        bus, stats, writes = EventBus(), RunStats(), WriteQueue(self.io)
+        secrets = Secrets(Path(self.play.file).parent)
+        governor = Governor(None)
+        http = Http(Transport(1), secrets, governor)
+        return RunServices(
+            io=self.io, scope=scope, bus=bus, governor=governor, secrets=secrets, writes=writes, stats=stats,
+            book=ReceiptBook(self.io, writes, scope, bus, stats, budget=Budget(None), secrets=secrets),
+            http=http, http_tools=HttpTools(config, http), play_file=self.play.file, play_name=self.play.name,
+            cwd=str(Path.cwd()), options={"limit": options.limit, "config": str(config_path or "") or None},
+            local_tools=self.play.tools(),
+        )  # fmt: skip
+
+    async def run(self, input: Any) -> Plan:
+        self.reference = await self.io.call(self._reference_run, input)
+        self.plan.reference_run = self.reference
+        ctx = PlanContext(self.services, self.play.name, self)
+        self.plan.body_tools = self._credits_of(tool_ids([self.play.fn], lambda t: ctx.tools.declared(t) is not None))
+        try:
+            await self.play.fn(ctx, input)
+        except NotPlanned as stop:
+            self.plan.stopped = stop.reason
+        except DeeplineError:
+            raise
+        except Exception as exc:
+            raise DeeplineError(f"The play failed while planning: {type(exc).__name__}: {exc}.") from exc
+        return self.plan
+
+    def _reference_run(self, input: Any) -> str | None:
+        """The play's latest run with the same input: stored steps, fetches and child plays."""
+        for run in self.store.list_runs(play=self.play.name):
+            if run.parent_run_id is None and run.workspace == self.options.workspace and run.input == input:
+                return run.run_id
+        return None
+
+    # --- what the planning context asks ------------------------------------------------
+
+    async def tool_call(
+        self, tracker: Tracker, definition: ToolDef, key: str, force: bool, stale_after_s: float | None
+    ) -> ToolResult:
+        receipt = await self.io.call(self.store.get_receipt, key)
+        verdict = "claimed"
+        if receipt is not None:
+            scope = self.services.scope
+            claim = Claim(
+                key=key, kind="tool", label="", tool=definition.id, run_id=PLAN_RUN_ID, attempt=1, lease_id="",
+                lease_expires_at=0.0, idempotency_key="", force=force or scope.force_refresh,
+                stale_after_s=stale_after_s, refresh_failed=scope.refresh_failed,
+            )  # fmt: skip
+            verdict = decide_claim(receipt, claim, self.io.now())
+        if receipt is not None and verdict == "reused":
+            tracker.paid += 1
+            tracker.called.add(definition.id)
+            return ToolResult(receipt.output, "receipt", key, receipt.credits, definition.id, definition.extract)
+        if receipt is not None and verdict == "failed":
+            tracker.paid += 1
+            tracker.called.add(definition.id)
+            raise stored_failure(receipt)
+        # busy: another live run makes this call now, and pays for it.
+        shared = key in self._planned or verdict == "busy"
+        self._planned.add(key)
+        tracker.new.append((definition.id, definition.credits, shared))
+        raise NewCall(definition.id, definition.credits, shared)
+
+    async def stored(self, kind: str, id: str) -> Any:
+        what = {"run_play": "child play"}.get(kind, kind)
+        if self.reference is None:
+            raise NotPlanned(f"{what} {id!r} runs only in a real run (no earlier run with this input)")
+        scope = self.services.scope
+        receipt = await self.io.call(self.store.get_receipt, receipt_key(kind, scope.workspace, self.reference, id))
+        if receipt is None or receipt.status != "completed":
+            raise NotPlanned(f"{what} {id!r} has no stored result in run {self.reference}")
+        (_TRACKER.get() or self.plan.body).paid += 1
+        return receipt.output
+
+    async def boundary(self, boundary_id: str) -> Any:
+        if self.reference is None:
+            raise NotPlanned(f"{boundary_id} waits only in a real run")
+        found = await self.io.call(self.store.get_boundary, self.reference, boundary_id)
+        if found is None or found.status != "resolved":
+            raise NotPlanned(f"{boundary_id} has not passed in run {self.reference}")
+        return found.payload
+
+    # --- maps ---------------------------------------------------------------------------
+
+    def history(self, map_name: str) -> History:
+        if not isinstance(self.store, LedgerQueries):
+            return History()
+        rows, per_tool = self.store.tool_rows(self.play.name, self.options.workspace, map_name)
+        return History(rows, per_tool)
+
+    def column_plan(self, column: ResolvedColumn) -> ColumnPlan:
+        tools: PlanTools = PlanTools(self.services, self)
+        fns = [column.column.fn] + ([column.column.run_if] if column.column.run_if else [])
+        found = tool_ids(fns, lambda t: tools.declared(t) is not None)
+        return ColumnPlan(column.name, found, self._credits_of(found), column.column.run_if is not None)
+
+    def _credits_of(self, tool_ids: list[str]) -> dict[str, float]:
+        tools = PlanTools(self.services, self)
+        return {t: d.credits for t in tool_ids if (d := tools.declared(t)) is not None}
+
+    async def plan_map(self, engine: MapRun, rows: RowPlanner) -> PlanDataset:
+        plan = MapPlan(engine.name, limit=engine.limit, columns=rows.columns, history_rows=rows.history.rows)
+        self.plan.maps.append(plan)
+        for chunk in engine._chunks():
+            previous = await self.io.call(self.store.load_sheet_rows, engine.sheet, [job.key for job in chunk])
+            for job in chunk:
+                job.previous = previous.get(job.key)
+                if whole_row_reusable(engine, job):
+                    plan.paid_rows += 1
+                    for column in rows.columns:
+                        column.reused_cells += column.column in job.previous.cells  # type: ignore[union-attr]
+                    rows._keep(_sheet_values(job), _first_error(job))
+                else:
+                    await rows.row(job)
+        plan.input_rows, plan.duplicate = engine.tally.read, engine.tally.duplicate
+        plan.distinct = len(engine.input_index_of)
+        if rows.rows is None:
+            raise NotPlanned(f"what follows map {engine.name!r} uses its results, known only after running")
+        return PlanDataset(engine.name, rows.rows, rows.failed)
+
+
+def _sheet_values(job: _Job) -> dict[str, Any]:
+    values = dict(job.row)
+    for name, cell in (job.previous.cells if job.previous else {}).items():
+        values[name] = cell[0]
+    return values
+
+
+def _first_error(job: _Job) -> str | None:
+    cells = job.previous.cells if job.previous else {}
+    return next((cell[1] for cell in cells.values() if cell[1] is not None), None)
+
+
+def plan_play(play: PlayDef, input: Any, config_path: Path | None, store: Store, options: PlanOptions) -> Plan:
+    """Plan a run of `play` on `input` against what `store` holds; no provider is called."""
+    planner = Planner(play, config_path, store, options)
+    try:
+        return asyncio.run(planner.run(input))
+    finally:
+        planner.close()

@@ -1,0 +1,190 @@
+"""Pilot projection: from a `--limit N` run, what the full list would cost and take.
+
+For every map a limit cut short (see runtime/pilot.py), the pilot's own rows give:
+- per column, how often a cell was found (a non-empty value), not found, or failed;
+- credits per row (from the calls ledger, which records the row of every call) and
+  their spread, and seconds per row at the pilot's pace;
+and the rest of the list (rows not yet processed, less those already paid for) is
+projected from them. The ± is a 95% prediction interval under a normal approximation:
+the pilot's rows are treated as a random sample of the list, so the error of the
+projected total of `m` new rows is `1.96·s·√(m²/n + m)` (the uncertainty of the mean
+over n pilot rows, plus the rows' own spread). A pilot of the first N rows of a list
+sorted by something that matters (size, region) is not a random sample: shuffle first.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from deepline_cli.store.base import MapRecord, Store
+from deepline_cli.store.ledger import LedgerQueries
+
+Z95 = 1.96
+PAGE = 1000
+
+
+@dataclass
+class CellCounts:
+    found: int = 0
+    not_found: int = 0
+    failed: int = 0
+    not_run: int = 0  # an earlier column of the row failed
+
+    def add(self, cell: list[Any] | None) -> None:
+        if cell is None:
+            self.not_run += 1
+        elif cell[1] is not None:
+            self.failed += 1
+        elif is_found(cell[0]):
+            self.found += 1
+        else:
+            self.not_found += 1
+
+    def rates(self) -> dict[str, float]:
+        total = self.found + self.not_found + self.failed + self.not_run
+        if not total:
+            return {"found": 0.0, "not_found": 0.0, "failed": 0.0, "not_run": 0.0}
+        return {
+            "found": round(self.found / total, 4),
+            "not_found": round(self.not_found / total, 4),
+            "failed": round(self.failed / total, 4),
+            "not_run": round(self.not_run / total, 4),
+        }
+
+
+@dataclass
+class PilotSample:
+    """What a pilot map's rows did: credits per row, cells per column, time."""
+
+    map: str
+    columns: dict[str, CellCounts] = field(default_factory=dict)
+    row_credits: list[float] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    reused_rows: int = 0  # rows taken whole from the sheet (nothing paid in this run)
+
+
+def is_found(value: Any) -> bool:
+    """A cell "found" something: a value that is not empty."""
+    return value not in (None, "", {}, [])
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    n = len(values)
+    if n == 0:
+        return 0.0, 0.0
+    mean = sum(values) / n
+    if n == 1:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+
+
+def project_map(sample: PilotSample, record: MapRecord, pilot: dict[str, Any]) -> dict[str, Any]:
+    """The projection of one map's full list (a pure function of the pilot's figures)."""
+    credits = list(sample.row_credits)
+    # Rows taken whole from the sheet cost nothing here and would bias the mean down:
+    # they stand for rows paid earlier, which the rest's "already paid" count covers.
+    zeros = set(sorted(range(len(credits)), key=lambda i: credits[i])[: sample.reused_rows])
+    paid_here = [c for i, c in enumerate(credits) if i not in zeros]
+    n = len(paid_here)
+    mean, sd = mean_sd(paid_here)
+    new_rows = max(0, int(pilot.get("rest_distinct", 0)) - int(pilot.get("rest_paid", 0)))
+    rest = new_rows * mean
+    margin = Z95 * sd * math.sqrt(new_rows**2 / n + new_rows) if n else 0.0
+    live_rows = record.total - sample.reused_rows
+    seconds_per_row = sample.elapsed_s / live_rows if live_rows > 0 else 0.0
+    pilot_rows = record.total
+    return {
+        "map": record.map,
+        "pilot_rows": pilot_rows,
+        "full_rows": pilot_rows + int(pilot.get("rest_distinct", 0)),
+        "input_rows": pilot_rows + record.duplicate + int(pilot.get("rest_rows", 0)),
+        "already_paid": int(pilot.get("rest_paid", 0)),
+        "new_rows": new_rows,
+        "columns": {name: counts.rates() for name, counts in sample.columns.items()},
+        "credits_per_row": {"mean": round(mean, 4), "sd": round(sd, 4), "sample": n},
+        "pilot_credits": round(sum(credits), 4),
+        "rest_credits": round(rest, 2),
+        "rest_margin": round(margin, 2),
+        "seconds_per_row": round(seconds_per_row, 4),
+        "rest_s": round(new_rows * seconds_per_row, 1),
+        "note": None if n else "every pilot row was paid before: nothing to learn credits per row from",
+    }
+
+
+def combine(maps: list[dict[str, Any]], spent: float) -> dict[str, Any]:
+    """The whole run's full-list figures: what was spent plus every map's projected rest
+    (margins combined as independent errors)."""
+    rest = sum(m["rest_credits"] for m in maps)
+    margin = math.sqrt(sum(m["rest_margin"] ** 2 for m in maps))
+    return {
+        "maps": maps,
+        "credits": round(spent + rest, 2),
+        "margin": round(margin, 2),
+        "low": round(max(spent, spent + rest - margin), 2),
+        "high": round(spent + rest + margin, 2),
+        "spent": round(spent, 4),
+        "rest_s": round(sum(m["rest_s"] for m in maps), 1),
+        "confidence": 0.95,
+    }
+
+
+def read_sample(store: LedgerQueries, st: Store, run_id: str, record: MapRecord) -> PilotSample:
+    """A pilot map's rows, cells and per-row credits, read back from the store."""
+    per_row = store.row_credits(run_id, record.map)
+    sample = PilotSample(record.map, {c: CellCounts() for c in record.columns})
+    sample.elapsed_s = max(0.0, (record.finished_at or record.started_at) - record.started_at)
+    sample.reused_rows = record.reused
+    after = -1
+    while True:
+        page = st.map_rows_page(run_id, record.map, record.sheet, after, PAGE)
+        for row in page:
+            for name, counts in sample.columns.items():
+                counts.add(row.cells.get(name))
+            sample.row_credits.append(per_row.get(row.row_key, 0.0))
+        if len(page) < PAGE:
+            return sample
+        after = page[-1].idx
+
+
+def projection_stats(store: Store, run_id: str) -> dict[str, Any]:
+    """`{"projection": …}` for a run whose maps a limit cut short, else `{}` (run stats)."""
+    if not isinstance(store, LedgerQueries):
+        return {}
+    pilots = [m for m in store.get_maps(run_id) if m.pilot and m.status == "completed"]
+    if not pilots:
+        return {}
+    maps = [project_map(read_sample(store, store, run_id, m), m, m.pilot or {}) for m in pilots]
+    return {"projection": combine(maps, store.credits_spent(run_id))}
+
+
+def describe(projection: dict[str, Any]) -> list[str]:
+    """The projection in a few lines for people (the run's final summary)."""
+    lines = []
+    for m in projection["maps"]:
+        found = ", ".join(
+            f"{name} {rates['found']:.0%}" + (f" (failed {rates['failed']:.0%})" if rates["failed"] else "")
+            for name, rates in m["columns"].items()
+        )
+        lines.append(
+            f"pilot {m['map']}: {m['pilot_rows']:,} of {m['full_rows']:,} rows · found: {found} · "
+            f"{m['credits_per_row']['mean']:.3g} credits/row · {m['seconds_per_row']:.3g} s/row"
+        )
+        if m.get("note"):
+            lines.append(f"pilot {m['map']}: {m['note']}")
+    full = sum(m["full_rows"] for m in projection["maps"])
+    paid = sum(m["already_paid"] for m in projection["maps"])
+    lines.append(
+        f"full list of {full:,} rows ≈ {projection['credits']:,.0f} credits (±{projection['margin']:,.0f}, 95%), "
+        f"≈ {_duration(projection['rest_s'])} more at the current rate; {paid:,} rows already paid"
+    )
+    return lines
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

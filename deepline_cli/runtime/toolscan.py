@@ -1,0 +1,73 @@
+"""Which tools a column resolver may call, read from its code without running it.
+
+The tool ids a resolver names appear as string constants in its bytecode, or in the
+bytecode of the play's own functions it calls (followed through globals of the same
+module and closures, however deep). What the scan cannot see: a tool id built at run
+time (`f"finder.{name}"`), and how many times a loop calls a tool; `deepline plan`
+says its bound assumes each tool at most once per row and column.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+def string_constants(fn: Any) -> list[str]:
+    """Every string constant of `fn` and the play functions it reaches, in code order."""
+    seen: set[int] = set()
+    found: dict[str, None] = {}
+    for text in _walk(fn, seen):
+        found.setdefault(text, None)
+    return list(found)
+
+
+def tool_ids(fns: list[Any], is_tool: Callable[[str], bool]) -> list[str]:
+    """The tool ids `fns` name, in the order they appear (the first is a waterfall's first)."""
+    found: dict[str, None] = {}
+    for fn in fns:
+        for text in string_constants(fn):
+            if is_tool(text):
+                found.setdefault(text, None)
+    return list(found)
+
+
+def _walk(fn: Any, seen: set[int]) -> Iterator[str]:
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        code = getattr(getattr(fn, "__call__", None), "__code__", None)  # noqa: B004 - a callable object
+    if not isinstance(code, types.CodeType) or id(fn) in seen:
+        return
+    seen.add(id(fn))
+    module = getattr(fn, "__module__", None)
+    namespace = getattr(fn, "__globals__", {})
+    yield from _code_strings(code)
+    for name in _names(code):
+        value = namespace.get(name)
+        if callable(value) and getattr(value, "__module__", None) == module:
+            yield from _walk(value, seen)
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if callable(value):
+            yield from _walk(value, seen)
+
+
+def _code_strings(code: types.CodeType) -> Iterator[str]:
+    for const in code.co_consts:
+        if isinstance(const, str):
+            yield const
+        elif isinstance(const, types.CodeType):
+            yield from _code_strings(const)
+        elif isinstance(const, tuple | frozenset):
+            yield from (c for c in const if isinstance(c, str))
+
+
+def _names(code: types.CodeType) -> Iterator[str]:
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _names(const)

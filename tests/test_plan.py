@@ -1,0 +1,175 @@
+"""`deepline plan`: rows, reusable cells, paid and new calls, credit bounds — no call made."""
+
+from __future__ import annotations
+
+from tests.conftest import ROOT
+
+EXAMPLE = ROOT / "examples" / "lead_enrichment"
+
+
+def _plan(deepline, *args: str) -> dict:
+    result = deepline("plan", *args, "--json")
+    assert result.code == 0, result.stderr
+    return result.json_lines()[-1]
+
+
+def test_plan_bounds_the_real_run_and_then_everything_is_paid(deepline) -> None:
+    args = (str(EXAMPLE / "play.py"), "--csv", str(EXAMPLE / "leads.csv"))
+    before = _plan(deepline, *args)
+    (m,) = before["maps"]
+    assert (m["input_rows"], m["distinct"], m["duplicate"], m["paid_rows"]) == (302, 290, 12, 0)
+    company, email, valid = m["columns"]
+    assert company["tools"] == {"demo.company": 1.0} and company["new_calls"] == 290
+    assert email["tools"] == {"demo.finder_a": 1.0, "demo.finder_b": 2.0}
+    assert email["dependent_rows"] == 290 and "depends on 'company'" in email["notes"][0]
+    assert valid["tools"] == {"demo.validate": 0.5}
+    credits = before["totals"]["credits"]
+    assert credits == {"min": 290.0, "expected": 725.0, "max": 1305.0}
+    assert deepline("receipts", "inspect", "--json").stdout == ""  # planning called nothing
+
+    run = deepline("run", *args, "--json")
+    assert run.code == 0, run.stderr
+    actual = run.json_lines()[-1]["stats"]["credits"]
+    assert credits["min"] <= actual <= credits["max"]
+    assert abs(credits["expected"] - actual) <= 0.1 * actual
+
+    after = _plan(deepline, *args)
+    assert after["complete"] and after["stopped"] is None
+    totals = after["totals"]
+    assert (totals["paid_rows"], totals["new_calls"], totals["dependent_calls"]) == (290, 0, 0)
+    assert totals["credits"] == {"min": 0.0, "expected": 0.0, "max": 0.0}
+
+    human = deepline("plan", *args)
+    assert human.code == 0, human.stderr
+    assert "rows 290 · 290 already paid" in human.stdout
+    assert "0 new calls · max 0 credits" in human.stdout
+
+
+def test_a_pilot_teaches_the_expected_case(deepline) -> None:
+    args = (str(EXAMPLE / "play.py"), "--csv", str(EXAMPLE / "leads.csv"))
+    assert deepline("run", *args, "--limit", "60", "--quiet").code == 0
+    plan = _plan(deepline, *args)
+    (m,) = plan["maps"]
+    assert m["paid_rows"] == 60 and m["expected_from"] == "hit rates of 60 rows of earlier runs"
+    assert _plan(deepline, *args, "--limit", "60")["totals"]["credits"]["max"] == 0
+    run = deepline("run", *args, "--json")
+    spent = run.json_lines()[-1]["stats"]["credits"]
+    pilot_spent = 0.0
+    for line in deepline("runs", "list", "--json").json_lines():
+        if line["run_id"] != run.json_lines()[-1]["run_id"]:
+            pilot_spent = line["stats"]["credits"]
+    assert spent > 0 and pilot_spent > 0
+    credits = plan["totals"]["credits"]
+    assert credits["min"] <= spent <= credits["max"]
+    assert abs(credits["expected"] - spent) <= 0.15 * spent
+
+
+WATERFALL = """
+from deepline_cli import play, tool
+
+@tool("w.first", credits=1)
+def first(input):
+    return None if input["n"] % 2 else {"hit": "first"}
+
+@tool("w.second", credits=3)
+def second(input):
+    return {"hit": "second"}
+
+async def waterfall(row, rc):
+    found = await rc.tools.execute("first", "w.first", {"n": row["n"]})
+    if found.output:
+        return found.output
+    return (await rc.tools.execute("second", "w.second", {"n": row["n"]})).output{suffix}
+
+@play("waterfall")
+async def waterfall_play(ctx, input):
+    rows = await ctx.map("rows", [{"n": n} for n in range(10)], key="n", columns={"hit": waterfall})
+    return {"rows": len(rows)}
+"""
+
+
+def test_receipts_are_followed_through_a_waterfall_when_cells_cannot_be_reused(deepline, write_play) -> None:
+    play = write_play(WATERFALL.replace("{suffix}", ""))
+    first = _plan(deepline, str(play))
+    (column,) = first["maps"][0]["columns"]
+    assert column["new_calls"] == 10 and column["credits"] == {"min": 10.0, "expected": 10.0, "max": 40.0}
+    assert any("after w.first, may call w.second" in note for note in column["notes"])
+    assert deepline("run", str(play), "--quiet").code == 0
+    # The column's code changes: its cells are recomputed, but every call hits a receipt.
+    play = write_play(WATERFALL.replace("{suffix}", " or {'hit': None}"))
+    again = _plan(deepline, str(play))
+    (column,) = again["maps"][0]["columns"]
+    assert (column["reused_cells"], column["paid_calls"], column["new_calls"]) == (0, 15, 0)
+    assert again["complete"] and again["totals"]["credits"]["max"] == 0
+
+
+STEPS = """
+from deepline_cli import play, tool
+
+@tool("s.lookup", credits=2)
+def lookup(input):
+    return {"v": input["x"] * 2}
+
+@play("steps")
+async def steps(ctx, input):
+    size = await ctx.step("size", lambda: input.get("size", 3))
+    rows = await ctx.map("rows", [{"x": x} for x in range(size)], key="x",
+                         columns={"v": lambda row, rc: rc.tools.execute("lookup", "s.lookup", {"x": row["x"]})})
+    return {"rows": len(rows)}
+"""
+
+
+def test_steps_outside_maps_use_the_latest_run_with_the_same_input(deepline, write_play) -> None:
+    play = write_play(STEPS)
+    first = _plan(deepline, str(play))
+    assert first["maps"] == [] and not first["complete"]
+    assert first["stopped"] == "step 'size' runs only in a real run (no earlier run with this input)"
+    assert first["body"]["may_also_call"] == {"s.lookup": 2.0}
+    human = deepline("plan", str(play))
+    assert "not planned beyond: step 'size'" in human.stdout
+    assert deepline("run", str(play), "--quiet").code == 0
+    second = _plan(deepline, str(play))
+    assert second["complete"] and second["reference_run"] and second["body"]["paid_calls"] == 1
+    assert second["totals"]["rows"] == 3 and second["totals"]["new_calls"] == 0
+    other = _plan(deepline, str(play), "--set", "size=5")  # another input: no stored step
+    assert other["stopped"].startswith("step 'size' runs only in a real run")
+
+
+def test_body_calls_outside_maps(deepline) -> None:
+    plan = _plan(deepline, str(ROOT / "examples" / "hello" / "play.py"))
+    assert {c["tool"] for c in plan["body"]["new_calls"]} == {"hello.company"}
+    assert plan["stopped"] == "new call to hello.company"
+    assert plan["body"]["may_also_call"] == {"hello.email": 2.0}
+
+
+def test_bad_input_is_one_sentence_and_exit_2(deepline, write_play, tmp_path) -> None:
+    missing = deepline("plan", str(EXAMPLE / "play.py"), "--csv", str(tmp_path / "nope.csv"))
+    assert missing.code == 2 and missing.stderr.startswith("Error: --csv file") and "Traceback" not in missing.stderr
+    bad = tmp_path / "bad.csv"
+    bad.write_text("Name,Email\nAda,a@b.c\n")
+    column = deepline("plan", str(EXAMPLE / "play.py"), "--csv", str(bad))
+    assert column.code == 2 and "required column 'first_name' is missing" in column.stderr
+    assert deepline("plan", str(tmp_path / "nope.py")).code == 2
+    source = STEPS.replace('"s.lookup", {"x"', '"s.nowhere", {"x"')
+    unknown = write_play(source.replace('await ctx.step("size", lambda: input.get("size", 3))', "3"))
+    result = deepline("plan", str(unknown))
+    assert result.code == 2 and result.stderr == (
+        "Error: Unknown tool 's.nowhere': declare it with @tool or in deepline.toml.\n"
+    )
+    asleep = write_play(
+        STEPS.replace('await ctx.step("size", lambda: input.get("size", 3))', 'await ctx.sleep("nap", 1) or 3')
+    )
+    assert _plan(deepline, str(asleep))["stopped"] == "sleep:nap waits only in a real run"
+
+
+def test_plan_help_does_not_import_the_runtime(cli_env) -> None:
+    import subprocess
+    import sys
+
+    from tests.test_help import PROBE, _heavy_in
+
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, "plan", "--help"], capture_output=True, text=True, env=cli_env, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "--csv" in proc.stdout and _heavy_in(set(proc.stdout.rpartition("@@MODULES@@")[2].split())) == []

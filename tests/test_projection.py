@@ -1,0 +1,117 @@
+"""Pilot projection: a `--limit N` run projects the full list's credits and time."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from deepline_cli.runtime.projection import PilotSample, describe, mean_sd, project_map
+from deepline_cli.store.base import MapRecord
+
+# A waterfall with a realistic hit rate: finder A finds ~60% of rows, B half of the rest;
+# a found email is validated. Deterministic per domain, so runs agree.
+PLAY = """
+import hashlib
+from deepline_cli import Column, play, tool
+
+def roll(*parts):
+    return int(hashlib.sha256("|".join(parts).encode()).hexdigest()[:4], 16) % 100
+
+@tool("pilot.finder_a", credits=1)
+def finder_a(input):
+    return {"email": f"a@{input['domain']}"} if roll("a", input["domain"]) < 60 else None
+
+@tool("pilot.finder_b", credits=2)
+def finder_b(input):
+    return {"email": f"b@{input['domain']}"} if roll("b", input["domain"]) < 50 else None
+
+@tool("pilot.validate", credits=0.5)
+def validate(input):
+    return {"ok": roll("v", input["email"]) < 90}
+
+async def waterfall(row, rc):
+    found = await rc.tools.execute("a", "pilot.finder_a", {"domain": row["domain"]})
+    if found.output:
+        return found.output
+    return (await rc.tools.execute("b", "pilot.finder_b", {"domain": row["domain"]})).output
+
+@play("pilot")
+async def pilot(ctx, input):
+    rows = await ctx.map("leads", ctx.csv(input["csv"]), key="domain", columns={
+        "email": waterfall,
+        "valid": Column(lambda row, rc: rc.tools.execute("v", "pilot.validate", {"email": row["email"]["email"]}),
+                        run_if=lambda row: row["email"] is not None),
+    })
+    return {"rows": len(rows)}
+"""
+
+
+def _leads(path: Path, n: int, duplicates: int = 0) -> Path:
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["domain"])
+        for i in range(n):
+            writer.writerow([f"c{i}.com"])
+        for i in range(duplicates):
+            writer.writerow([f"c{i}.com"])
+    return path
+
+
+def _finished(result) -> dict:
+    assert result.code == 0, result.stderr
+    return result.json_lines()[-1]
+
+
+def test_pilot_of_100_rows_projects_the_full_list_within_20_percent(deepline, write_play, tmp_path) -> None:
+    play = write_play(PLAY)
+    leads = _leads(tmp_path / "leads.csv", 3000)
+    pilot = _finished(deepline("run", str(play), "--csv", str(leads), "--limit", "100", "--json"))
+    projection = pilot["stats"]["projection"]
+    (m,) = projection["maps"]
+    assert (m["pilot_rows"], m["full_rows"], m["new_rows"], m["already_paid"]) == (100, 3000, 2900, 0)
+    assert m["columns"]["email"]["found"] > 0.5
+    assert projection["spent"] == pilot["stats"]["credits"]
+
+    full = _finished(deepline("run", str(play), "--csv", str(leads), "--json", DEEPLINE_STORE=str(tmp_path / "f.db")))
+    actual = full["stats"]["credits"]
+    assert "projection" not in full["stats"]  # no limit: nothing to project
+    assert abs(projection["credits"] - actual) <= 0.2 * actual, (projection, actual)
+    assert projection["low"] <= actual <= projection["high"], (projection, actual)
+
+
+def test_human_summary_and_rows_already_paid(deepline, write_play, tmp_path) -> None:
+    play = write_play(PLAY)
+    leads = _leads(tmp_path / "leads.csv", 400, duplicates=50)
+    assert deepline("run", str(play), "--csv", str(leads), "--limit", "300", "--quiet").code == 0
+    # A new pilot of 100 rows: of the 300 distinct rows after it, 200 are in the sheet already.
+    result = deepline("run", str(play), "--csv", str(leads), "--limit", "100")
+    assert result.code == 0, result.stderr
+    assert "pilot leads: 100 of 400 rows" in result.stderr
+    assert "full list of 400 rows ≈" in result.stderr
+    assert "200 rows already paid" in result.stderr
+    # The pilot's rows were paid by the first run: taken whole from the sheet, zero credits.
+    finished = _finished(deepline("run", str(play), "--csv", str(leads), "--limit", "100", "--json"))
+    (m,) = finished["stats"]["projection"]["maps"]
+    assert (m["already_paid"], m["new_rows"], m["input_rows"]) == (200, 100, 450)
+
+
+def test_no_projection_when_the_limit_covers_the_list(deepline, write_play, tmp_path) -> None:
+    play = write_play(PLAY)
+    leads = _leads(tmp_path / "leads.csv", 20)
+    finished = _finished(deepline("run", str(play), "--csv", str(leads), "--limit", "50", "--json"))
+    assert "projection" not in finished["stats"]
+
+
+def test_projection_math_is_a_prediction_interval() -> None:
+    sample = PilotSample("leads", row_credits=[1.0, 3.0] * 50, elapsed_s=10.0)
+    record = MapRecord("r", "leads", "s", total=100, succeeded=100)
+    m = project_map(sample, record, {"rest_rows": 900, "rest_distinct": 900, "rest_paid": 100})
+    mean, sd = mean_sd(sample.row_credits)
+    assert mean == 2.0 and sd == pytest.approx(1.005, abs=1e-3)
+    assert m["new_rows"] == 800 and m["rest_credits"] == 1600
+    assert m["rest_margin"] == pytest.approx(1.96 * sd * (800**2 / 100 + 800) ** 0.5, abs=0.01)
+    assert m["seconds_per_row"] == 0.1 and m["rest_s"] == 80
+    lines = describe({"maps": [m], "credits": 1800, "margin": m["rest_margin"], "rest_s": 80})
+    assert lines[-1].startswith("full list of 1,000 rows ≈ 1,800 credits (±")

@@ -1,0 +1,153 @@
+"""`--max-credits` counts remote tools: answers carry their credits, the config declares them.
+
+The remote execution API is the real loopback provider (tests/provider.py) answering in
+the remote envelope, `{"output": ..., "credits": N}`; plays run through the real command.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Iterator
+
+import pytest
+
+from tests.provider import Provider, ProviderServer, Seen
+
+KEY = "dl-remote-key-0123456789"
+
+
+class MeteredProvider(Provider):
+    """A remote tool API that bills `n % 3 + 1` credits for payload `{"n": n}` (once per
+    idempotency key) and says so in its answer; `silent` leaves credits out."""
+
+    silent: bool = False
+
+    def answer(self, seen: Seen) -> tuple[int, dict[str, str], bytes]:
+        key = seen.headers.get("x-deepline-idempotency-key", "")
+        n = seen.body["payload"]["n"]
+        self.billed[key] += 0 if key in self.answers else 1
+        envelope = self.answers.setdefault(key, {"output": {"n": n, "found": True}, "credits": n % 3 + 1})
+        body = {"output": envelope["output"]} if self.silent else envelope
+        return 200, {"content-type": "application/json"}, json.dumps(body).encode()
+
+
+@pytest.fixture
+def remote() -> Iterator[MeteredProvider]:
+    with ProviderServer(MeteredProvider()) as running:
+        assert isinstance(running, MeteredProvider)
+        yield running
+
+
+PLAY = """
+from deepline_cli import play
+
+@play("metered")
+async def metered(ctx, input):
+    out = []
+    for n in range(input.get("calls", 6)):
+        out.append((await ctx.tools.execute(f"c{n}", "vendor.lookup", {"n": n})).credits)
+    return out
+"""
+
+
+@pytest.fixture
+def project(tmp_path, write_play, remote):
+    def make(credits: str = "") -> str:
+        (tmp_path / "deepline.toml").write_text(
+            textwrap.dedent(
+                f"""\
+                [remote]
+                base_url = "{remote.url}"
+                api_key_env = "METERED_KEY"
+                {credits}
+                """
+            )
+        )
+        return str(write_play(PLAY))
+
+    return make
+
+
+def _finished(result) -> dict:
+    return result.json_lines()[-1]
+
+
+def test_remote_answers_carry_their_credits(deepline, project, remote) -> None:
+    play = project()
+    run = deepline("run", play, "--json", METERED_KEY=KEY)
+    assert run.code == 0, run.stderr
+    finished = _finished(run)
+    assert finished["output"] == [1, 2, 3, 1, 2, 3]
+    assert finished["stats"]["credits"] == 12
+    assert finished["stats"]["tools"]["vendor.lookup"]["credits"] == 12
+    receipts = deepline("receipts", "inspect", "--run", finished["run_id"], "--json").json_lines()
+    assert sorted(r["credits"] for r in receipts) == [1, 1, 2, 2, 3, 3]
+
+
+def test_max_credits_stops_undeclared_remote_tools_at_what_they_reported(deepline, project, remote) -> None:
+    play = project()
+    run = deepline("run", play, "--max-credits", "5", "--json", METERED_KEY=KEY)
+    finished = _finished(run)
+    assert run.code == 1 and finished["status"] == "failed"
+    assert "--max-credits 5 would be exceeded" in finished["error"]["message"]
+    # 1 + 2 = 3 spent; the next call is reserved at the mean reported so far (1.5): 4.5 fits,
+    # so it goes (3 credits, 6 spent); the fourth is refused.
+    assert len(remote.requests) == 3 and finished["stats"]["credits"] == 6
+    resumed = deepline("resume", finished["run_id"], "--max-credits", "100", "--json", METERED_KEY=KEY)
+    assert resumed.code == 0, resumed.stderr
+    assert _finished(resumed)["stats"]["credits"] == 12
+    assert len(remote.requests) == 6 and set(remote.billed.values()) == {1}  # nothing paid twice
+
+
+def test_declared_remote_credits_are_reserved_before_the_call(deepline, project, remote) -> None:
+    play = project('credits = { "vendor.lookup" = 3, "*" = 1 }')
+    run = deepline("run", play, "--max-credits", "5", "--json", METERED_KEY=KEY)
+    finished = _finished(run)
+    # Reserved 3 each: after the first two calls (1 + 2 = 3 spent) a third would reach 6 > 5.
+    assert run.code == 1 and len(remote.requests) == 2
+    assert finished["stats"]["credits"] == 3
+    listed = {r["id"]: r for r in deepline("tools", "list", "--json").json_lines()}
+    assert listed["*"]["credits"] == 1
+
+
+def test_silent_remote_answers_are_billed_at_the_declared_credits(deepline, project, remote) -> None:
+    remote.silent = True
+    play = project("credits = 2")
+    run = deepline("run", play, "--max-credits", "7", "--json", METERED_KEY=KEY)
+    assert run.code == 1 and len(remote.requests) == 3
+    assert _finished(run)["stats"]["credits"] == 6
+
+
+def test_remote_credits_must_be_numbers(deepline, project) -> None:
+    play = project('credits = { "vendor.lookup" = "two" }')
+    result = deepline("run", play, METERED_KEY=KEY)
+    assert result.code == 2
+    assert "[remote] credits for 'vendor.lookup' must be a number of credits" in result.stderr
+
+
+MAPPED = """
+from deepline_cli import play
+
+@play("mapped")
+async def mapped(ctx, input):
+    rows = await ctx.map("rows", [{"n": n} for n in range(4)], key="n", columns={
+        "hit": lambda row, rc: rc.tools.execute("lookup", "vendor.lookup", {"n": row["n"]}),
+    })
+    return {"rows": len(rows)}
+"""
+
+
+def test_plan_counts_declared_remote_credits_and_then_what_was_paid(deepline, project, remote, write_play) -> None:
+    project('credits = { "vendor.lookup" = 3 }')
+    play = str(write_play(MAPPED))
+    before = deepline("plan", play, "--json", METERED_KEY=KEY)
+    assert before.code == 0, before.stderr
+    (column,) = before.json_lines()[-1]["maps"][0]["columns"]
+    assert column["tools"] == {"vendor.lookup": 3.0} and column["new_calls"] == 4
+    assert before.json_lines()[-1]["totals"]["credits"]["max"] == 12
+    assert remote.requests == []  # planning called nothing
+    run = deepline("run", play, "--json", METERED_KEY=KEY)
+    assert run.code == 0 and _finished(run)["stats"]["credits"] == 1 + 2 + 3 + 1  # what the answers said
+    after = deepline("plan", play, "--json", METERED_KEY=KEY).json_lines()[-1]
+    assert after["totals"]["new_calls"] == 0 and after["totals"]["paid_rows"] == 4
