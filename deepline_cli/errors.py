@@ -15,6 +15,8 @@
     ├── SheetVisibilityError           written sheet rows are not visible in the store
     └── StoreError                     the store cannot be read or written
         ├── StoreOpenError             exit 2: the store cannot be opened (path, URL, server)
+        ├── StoreConnectionLost        the connection dropped: reconnect and try again
+        ├── StoreUnreachable           ... and did not come back in time
         └── StoreLostError             the store file was deleted or replaced under a run
 
 Each class docstring is the user-facing meaning. The message of an instance is one
@@ -177,6 +179,14 @@ class StoreOpenError(StoreError):
     """The store cannot be opened: a directory, not a deepline store, a server that refuses."""
 
     exit_code = 2
+
+
+class StoreConnectionLost(StoreError):
+    """The connection to the store dropped (a failover, a network blip); reconnecting may help."""
+
+
+class StoreUnreachable(StoreError):
+    """The store's connection dropped and could not be made again in time."""
 
 
 class StoreLostError(StoreError):

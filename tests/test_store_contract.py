@@ -355,8 +355,9 @@ def test_only_the_lease_owner_can_settle(store: Store, other: Store, status: str
     right = Settlement("k", "L1", status, output={"x": 1}, credits=9)  # type: ignore[arg-type]
     assert settle(store, [right], T0 + 2) == [True]
     if status != "released":
-        # Settled receipts are no longer running: the same lease cannot settle twice.
-        assert settle(store, [right], T0 + 3) == [False]
+        # Settling again with the same lease (a transaction run again after its connection
+        # dropped) is the same settlement: reported applied, and nothing changes.
+        assert settle(store, [right], T0 + 3) == [True]
         row = stored(other, "k")
         assert row.status == status
         assert row.completed_at == T0 + 2
@@ -838,17 +839,22 @@ def test_two_workers_claiming_queued_runs_at_once_never_share_one(store_url: str
             assert record is not None and (record.holder, record.attempt) == (f"{name}:1", 1)
 
 
-def test_due_runs_lists_waiting_and_running_root_runs_least_recently_updated_first(store: Store) -> None:
-    store.insert_run(make_run("w", status="waiting", updated_at=T0 + 3))
-    store.insert_run(make_run("r", status="running", updated_at=T0 + 1))
-    store.insert_run(make_run("child", status="running", parent_run_id="r", updated_at=T0))
-    store.insert_run(make_run("done", status="completed", updated_at=T0))
-    store.insert_run(make_run("q", status="queued", updated_at=T0))
-    store.insert_run(make_run("f", status="failed", updated_at=T0))
-    store.insert_run(make_run("w2", status="waiting", updated_at=T0 + 2))
+def test_due_runs_are_waiting_runs_whose_wake_up_came_and_running_ones_whose_lease_expired(store: Store) -> None:
+    store.insert_run(make_run("w", status="waiting", wake_at=T0 + 3))
+    store.insert_run(make_run("w-later", status="waiting", wake_at=T0 + 50))
+    store.insert_run(make_run("w-event", status="waiting", wake_at=None))  # woken only by an event or child
+    store.insert_run(make_run("r", status="running", lease_expires_at=T0 + 1))
+    store.insert_run(make_run("r-held", status="running", lease_expires_at=T0 + 60))
+    store.insert_run(make_run("child", status="waiting", parent_run_id="r", wake_at=T0))
+    store.insert_run(make_run("scheduled", status="waiting", parent_run_id="r", scheduled=True, wake_at=T0 + 1))
+    store.insert_run(make_run("done", status="completed", wake_at=T0))
+    store.insert_run(make_run("q", status="queued"))
+    store.insert_run(make_run("w2", status="waiting", wake_at=T0 + 2))
 
-    assert [r.run_id for r in store.due_runs(10)] == ["r", "w2", "w"]
-    assert [r.run_id for r in store.due_runs(2)] == ["r", "w2"]
+    assert [r.run_id for r in store.due_runs(10, T0 + 10)] == ["scheduled", "w2", "w", "r"]
+    assert [r.run_id for r in store.due_runs(2, T0 + 10)] == ["scheduled", "w2", "r"]  # each kind, by limit
+    store.set_wake("w-event", T0 + 4)  # an event came
+    assert "w-event" in [r.run_id for r in store.due_runs(10, T0 + 10)]
 
 
 def test_rate_slots_are_paced_and_shared_by_every_store(store: Store, other: Store) -> None:

@@ -669,7 +669,12 @@ def test_a_partly_written_snapshot_file_is_not_trusted(
 
         # Where the worker will materialize this snapshot; leave half of it there.
         monkeypatch.setenv("XDG_CACHE_HOME", cli.env["XDG_CACHE_HOME"])
-        ref, _ = materialize_snapshot({"file": "play.py", "function": "basic", "source": source, "config": None})
+        with opened(cli.store) as store:
+            digest = run_of(store, run_id).snapshot
+            assert digest is not None
+            snapshot = store.get_snapshot(digest)
+        assert snapshot is not None
+        ref, _ = materialize_snapshot(digest, snapshot)
         cached = Path(ref.rpartition(":")[0])
         assert cached.read_text() == source
         cached.write_text(source[: len(source) // 2])

@@ -45,6 +45,8 @@ def send(
         # Not waiting for it yet: kept for the run, and found when it (or a child) waits for it.
         delivered = [t for t in targets or [run_id] if db.send_event(t, event_id, value, db.now())]
         if targets and delivered:
+            for woken in {*delivered, run_id}:  # the run that waits, and the root a worker resumes
+                db.set_wake(woken, db.now())
             db.notify()  # wake workers: the waiting run is due
     finally:
         db.close()

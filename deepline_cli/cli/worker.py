@@ -38,8 +38,13 @@ def worker(
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
 
-    stats = Worker(store, concurrency=concurrency, once=once, report=report, fetch_public_only=fetch_public_only).run()
+    from deepline_cli.cli.common import fail
+
+    running = Worker(store, concurrency=concurrency, once=once, report=report, fetch_public_only=fetch_public_only)
+    stats = running.run()
     report(
         f"worker: done — {stats.started} started, {stats.completed} completed, {stats.failed} failed, "
         f"{stats.waiting} waiting, {stats.requeued} re-queued"
     )
+    if running.failure is not None:
+        raise fail(f"the worker stopped: {running.failure}", 1)

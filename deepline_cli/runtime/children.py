@@ -81,13 +81,7 @@ async def _schedule_child(
     record = await s.io.call(store.get_run, child_id)
     if record is None:
         s.caps.count_child_play()  # per run: children started by earlier attempts count too
-        options = {
-            **s.options,
-            "description": description,
-            "scheduled": True,
-            "ancestors": list(s.ancestors),
-            "snapshot": take_snapshot(play, Path(s.options["config"]) if s.options.get("config") else None),
-        }
+        digest, snapshot = take_snapshot(play, Path(s.options["config"]) if s.options.get("config") else None)
         record = RunRecord(
             run_id=child_id,
             play=play.name,
@@ -97,12 +91,17 @@ async def _schedule_child(
             attempt=0,
             workspace=s.scope.workspace,
             cwd=s.cwd,
-            options=options,
+            options=dict(s.options),
             parent_run_id=s.scope.run_id,
             root_run_id=s.root_run_id or s.scope.run_id,
             created_at=now,
             updated_at=now,
+            scheduled=True,
+            ancestors=list(s.ancestors),
+            description=description,
+            snapshot=digest,
         )
+        await s.io.call(store.put_snapshot, digest, snapshot)
         await s.io.call(store.insert_run, record)
         await s.io.call(store.notify)
     boundary_id = f"child:{call_id}"
@@ -110,16 +109,14 @@ async def _schedule_child(
         await s.io.call(store.resolve_boundary, s.scope.run_id, boundary_id, None, s.io.now())
         return record.output
     if record.status == "failed":
-        seen = record.options.get("failure_seen_by")
+        seen = record.failure_seen_by
         if seen is None or seen >= s.scope.attempt:
             # Report it (the parent fails, unless it catches this); remember which attempt saw it.
-            options = {**record.options, "failure_seen_by": s.scope.attempt}
-            await s.io.call(store.update_run, child_id, options=options)
+            await s.io.call(store.update_run, child_id, failure_seen_by=s.scope.attempt)
             message = (record.error or {}).get("message", "unknown error")
             raise ChildPlayError(f"Child play {play.name!r} (run {child_id}) failed: {message}")
         # A later attempt of the parent (someone retried it): the failed child gets one more go.
-        options = {k: v for k, v in record.options.items() if k != "failure_seen_by"}
-        await s.io.call(store.update_run, child_id, status="queued", options=options, holder=None)
+        await s.io.call(store.update_run, child_id, status="queued", failure_seen_by=None, holder=None)
         await s.io.call(store.notify)
     boundary = await s.io.call(
         store.put_boundary,
@@ -146,7 +143,8 @@ async def _execute_child(
             attempt=1,
             workspace=s.scope.workspace,
             cwd=s.cwd,
-            options={**s.options, "description": description},
+            options=dict(s.options),
+            description=description,
             parent_run_id=s.scope.run_id,
             root_run_id=s.root_run_id or s.scope.run_id,
             holder=holder_id(),  # the root's process runs its children

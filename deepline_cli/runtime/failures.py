@@ -44,12 +44,14 @@ def where(exc: BaseException) -> str | None:
         if error is None:
             continue
         for frame in reversed(traceback.extract_tb(error.__traceback__)):
-            if _is_play_code(frame.filename):
+            if is_play_file(frame.filename):
                 return f"{Path(frame.filename).name} line {frame.lineno}"
     return None
 
 
-def _is_play_code(filename: str) -> bool:
+def is_play_file(filename: str) -> bool:
+    """Is this source file the play's own (not deepline's, not the standard library's or a
+    package's)?"""
     if filename.startswith("<"):
         return False
     path = str(Path(filename).resolve())

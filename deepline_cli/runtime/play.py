@@ -92,10 +92,12 @@ def load_module(path: Path) -> Any:
         raise PlayLoadError(f"Play file {path} cannot be imported (is it a .py file?).")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    # Let a play import helper modules that sit next to it.
+    # Let a play import helper modules that sit next to it — its own versions of them: a
+    # worker runs plays from several folders (several snapshots of one play, say).
     parent = str(path.parent)
     if parent not in sys.path:
         sys.path.insert(0, parent)
+    _forget_other_versions(path.parent)
     try:
         # Compile from source every time: a cached .pyc is trusted by file size and
         # modification second, and a play edited within that second would run stale code.
@@ -113,6 +115,17 @@ def load_module(path: Path) -> Any:
         where = f"{path} line {line}" if line else str(path)
         raise PlayLoadError(f"Importing {where} failed: {type(exc).__name__}: {exc}".rstrip(".") + ".") from exc
     return module
+
+
+def _forget_other_versions(folder: Path) -> None:
+    """Modules named like ones in `folder` but loaded from elsewhere are imported again."""
+    names = {p.stem for p in folder.glob("*.py")} | {p.parent.name for p in folder.glob("*/__init__.py")}
+    for name in names:
+        module = sys.modules.get(name)
+        file = getattr(module, "__file__", None)
+        if module is not None and file and not Path(file).resolve().is_relative_to(folder.resolve()):
+            for loaded in [n for n in sys.modules if n == name or n.startswith(name + ".")]:
+                del sys.modules[loaded]
 
 
 def _line_in(path: Path, exc: BaseException) -> int | None:

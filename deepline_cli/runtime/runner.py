@@ -13,16 +13,19 @@ import os
 import secrets as _secrets
 import signal
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from deepline_cli.errors import (
     DeeplineError,
+    PlayLoadError,
     ReceiptLeaseLostError,
     RunBusyError,
     RunInterrupted,
     StoreError,
     StoreLostError,
+    StoreUnreachable,
     UsageError,
     error_dict,
 )
@@ -41,7 +44,7 @@ from deepline_cli.runtime.services import DEFAULT_MAX_DEPTH, Caps, Journal, RunS
 from deepline_cli.runtime.snapshot import materialize_snapshot, take_snapshot
 from deepline_cli.runtime.stats import RunStats
 from deepline_cli.runtime.storeio import StoreIO, WriteQueue
-from deepline_cli.runtime.suspension import ready_to_resume, waiting_on
+from deepline_cli.runtime.suspension import next_wake, ready_to_resume, waiting_on
 from deepline_cli.runtime.transport import Transport
 from deepline_cli.store import open_store
 from deepline_cli.store.base import RunRecord, Store
@@ -179,14 +182,16 @@ class Runner:
         now = self.store.now()
         run_id = self.options.run_id or new_run_id()
         options = self.options.persisted()
+        digest = None
         if enqueue:
-            options["snapshot"] = take_snapshot(play, config_path)
+            digest, snapshot = take_snapshot(play, config_path)
+            self.store.put_snapshot(digest, snapshot)
         record = RunRecord(
             run_id=run_id, play=play.name, play_ref=play.ref, input=input,
             status="queued" if enqueue else "running", attempt=0 if enqueue else 1,
             workspace=self.options.workspace, cwd=cwd or os.getcwd(), options=options, root_run_id=run_id,
             holder=None if enqueue else holder_id(), lease_expires_at=0.0 if enqueue else now + self.options.lease_ttl,
-            created_at=now, updated_at=now,
+            created_at=now, updated_at=now, snapshot=digest,
         )  # fmt: skip
         if not self.store.insert_run(record):
             # Another process created this --run-id a moment ago: report it, or resume it
@@ -252,10 +257,12 @@ class Runner:
         return self._execute(play, record)
 
     def _load(self, record: RunRecord) -> PlayDef:
-        snapshot = record.options.get("snapshot")
-        if not snapshot:
+        if not record.snapshot:
             return load_play(record.play_ref)
-        play_ref, config = materialize_snapshot(snapshot)
+        snapshot = self.store.get_snapshot(record.snapshot)
+        if snapshot is None:
+            raise PlayLoadError(f"Run {record.run_id}'s play source ({record.snapshot}) is not in the store.")
+        play_ref, config = materialize_snapshot(record.snapshot, snapshot)
         self.options.config = config
         return load_play(play_ref)
 
@@ -352,7 +359,7 @@ class _Attempt:
             cwd=record.cwd,
             options=options.persisted(),
             root_run_id=record.root_run_id or record.run_id,
-            ancestors=(*record.options.get("ancestors", []), self.play.name),
+            ancestors=(*record.ancestors, self.play.name),
             schedule_children=options.schedule_children,
             journal=Journal(history.journal, logged=history.logged),
             books=[book],
@@ -368,6 +375,12 @@ class _Attempt:
 
     async def run(self) -> RunResult:
         store, record = self.io.store, self.record
+        loop = asyncio.get_running_loop()
+
+        def report(message: str) -> None:  # from the store thread
+            loop.call_soon_threadsafe(partial(self._warn, message))
+
+        self.io.report = report
         history = await self.io.call(_History.read, store, record, self.io.now())
         self.stats = RunStats.since(history.stats, recovered=record.stats.get("tools") or {})
         services = self._services(history)
@@ -467,6 +480,10 @@ class _Attempt:
         self.bus.emit("run.finished", record.run_id, **result.finished_event())
         return result
 
+    def _warn(self, message: str) -> None:
+        if self.services is not None:
+            self.services.log(message, level="warning")
+
     def _record_end(self, outcome: BodyOutcome) -> dict[str, Any]:
         """On the store thread: end the attempt, count the run's stats, record the outcome."""
         record, store, now, status = self.record, self.io.store, self.io.now(), outcome.status
@@ -478,6 +495,11 @@ class _Attempt:
             known = self.stats.tool(tool_id)
             counts["recovered"] = known.recovered  # failures a waterfall got past
             counts["retry_reasons"] = dict(known.retry_reasons)  # this attempt's
+        wake = None
+        if status == "waiting":
+            wake = next_wake(
+                store, record.run_id, record.root_run_id or record.run_id, now, self.options.max_inline_wait
+            )
         store.update_run(
             record.run_id,
             status=status,
@@ -487,7 +509,10 @@ class _Attempt:
             holder=None,
             lease_expires_at=0.0,
             finished_at=now if status in ("completed", "failed") else None,
+            wake_at=wake,
         )
+        if record.scheduled and record.parent_run_id and status in ("completed", "failed"):
+            store.set_wake(record.parent_run_id, now)  # its parent waits for this result
         return stats
 
     async def _tick(self, services: RunServices) -> None:
@@ -534,7 +559,7 @@ class _Attempt:
                             expires_at=self.io.now() + self.options.lease_ttl,
                         )
                     await book.heartbeat()
-            except StoreLostError as exc:
+            except (StoreLostError, StoreUnreachable) as exc:
                 services.book.close(exc)  # nothing this run does can be recorded any more
                 if self.task is not None:
                     self.task.cancel()

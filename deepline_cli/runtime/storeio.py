@@ -9,12 +9,14 @@ previous batch was being written goes into the next transaction together.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
+from deepline_cli.errors import StoreConnectionLost, StoreUnreachable
 from deepline_cli.store.base import (
     Claim,
     ClaimOutcome,
@@ -29,9 +31,45 @@ from deepline_cli.store.base import (
 R = TypeVar("R")
 
 
+RECONNECT_DELAYS_S = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0)  # then every 5 s, until the bound
+
+
+def reconnect_bound_s() -> float:
+    """How long a store that dropped its connection is tried again before giving up."""
+    return float(os.environ.get("DEEPLINE_STORE_RECONNECT_S", "60"))
+
+
+def reconnecting(store: Store, fn: Callable[..., R], *args: Any, report: Callable[[str], None] | None = None) -> R:
+    """`fn(*args)`, connecting again (with backoff) when the store dropped the connection.
+
+    A transaction cut off with its connection is run again: every write the runtime makes
+    is idempotent when applied twice (claims by their lease id, settlements by theirs,
+    rows by their keys). Past the bound, StoreUnreachable.
+    """
+    try:
+        return fn(*args)
+    except StoreConnectionLost as lost:
+        reason, waited, delays = lost, 0.0, iter(RECONNECT_DELAYS_S)
+    while waited < reconnect_bound_s():
+        delay = next(delays, RECONNECT_DELAYS_S[-1])
+        time.sleep(delay)
+        waited += delay
+        try:
+            store.reconnect()
+            result = fn(*args)
+        except StoreConnectionLost as again:
+            reason = again
+            continue
+        if report is not None:
+            report(f"the store dropped its connection ({reason}); reconnected after {waited:.1f}s")
+        return result
+    raise StoreUnreachable(f"{reason} Gave up after {waited:.0f}s of trying to reconnect.") from None
+
+
 class StoreIO:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, report: Callable[[str], None] | None = None) -> None:
         self.store = store
+        self.report = report  # how a reconnect is told (a warning in the run's log)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="deepline-store")
         # Leases use the store's clock; measure its offset once instead of asking per call.
         self._offset = store.now() - time.time()
@@ -48,7 +86,7 @@ class StoreIO:
         """Runs on the store thread; `busy_s` is how long the store kept it busy (run stats)."""
         start = time.perf_counter()
         try:
-            return fn(*args, **kwargs)
+            return reconnecting(self.store, partial(fn, *args, **kwargs), report=self.report)
         finally:
             self.busy_s += time.perf_counter() - start
 

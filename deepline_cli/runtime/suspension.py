@@ -116,6 +116,29 @@ def waiting_on(store: Store, run_id: str) -> list[dict[str, Any]]:
     return found
 
 
+def next_wake(store: Store, run_id: str, root_run_id: str, now: float, max_inline_wait: float) -> float | None:
+    """When a resume of this waiting run may get further: now, if a boundary is already
+    passable (an event came, a scheduled child ended); else the earliest time one comes due
+    by itself (a timer, an event's timeout), less the wait a resume sleeps inline; None
+    while only an event or a child can wake it (they set it when they do)."""
+    times = []
+    for b in store.boundaries(run_id):
+        if b.status != "waiting":
+            continue
+        if b.kind == "event" and _event_for(store, run_id, root_run_id, b.event_id or "")[0]:
+            times.append(now)
+        elif b.kind in ("sleep", "event") and b.due_at is not None:
+            times.append(b.due_at - max_inline_wait)
+        elif b.kind == "child" and b.child_run_id:
+            child = store.get_run(b.child_run_id)
+            if child is not None and child.scheduled:
+                times.extend([now] if child.status in ("completed", "failed") else [])
+            elif child is not None:
+                wake = next_wake(store, child.run_id, root_run_id, now, max_inline_wait)
+                times.extend([wake] if wake is not None else [])
+    return min(times) if times else None
+
+
 def ready_to_resume(store: Store, run_id: str, now: float, max_inline_wait: float) -> bool:
     """Would a resume now get anywhere? False while every boundary still waits."""
     pending = [b for b in store.boundaries(run_id) if b.status == "waiting"]
@@ -124,7 +147,7 @@ def ready_to_resume(store: Store, run_id: str, now: float, max_inline_wait: floa
     for b in pending:
         if b.kind == "child" and b.child_run_id:
             child = store.get_run(b.child_run_id)
-            if child is not None and child.options.get("scheduled"):
+            if child is not None and child.scheduled:
                 if child.status in ("completed", "failed"):  # run by a worker of its own
                     return True
             elif ready_to_resume(store, b.child_run_id, now, max_inline_wait):

@@ -14,21 +14,24 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from deepline_cli.errors import DeeplineError, RunBusyError
+from deepline_cli.errors import DeeplineError, RunBusyError, StoreError, StoreUnreachable
 from deepline_cli.runtime.events import Event, EventBus
 from deepline_cli.runtime.holders import holder_alive, holder_id
 from deepline_cli.runtime.runner import Runner, RunOptions, RunResult, lease_ttl_from_env
-from deepline_cli.runtime.suspension import ready_to_resume
+from deepline_cli.runtime.storeio import reconnecting
+from deepline_cli.runtime.suspension import next_wake, ready_to_resume
 from deepline_cli.store import open_store
 from deepline_cli.store.base import RunRecord, Store
 
 POLL_S = 1.0
 DUE_SCAN = 50
+RECHECK_S = 5.0  # a run found not due yet is looked at again no sooner than this
 
 Report = Callable[[str], None]
 
@@ -63,6 +66,7 @@ class Worker:
         self._lock = threading.Lock()
         self._runners: set[Runner] = set()
         self._idle: set[str] = set()
+        self.failure: StoreUnreachable | None = None  # why the worker stopped on its own
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -106,29 +110,43 @@ class Worker:
         return restore
 
     def _listen(self) -> None:
-        """Wake idle threads on a PostgreSQL NOTIFY; SQLite workers just poll."""
+        """Wake idle threads on a PostgreSQL NOTIFY; SQLite workers just poll (and so does
+        this one if the store stays unreachable: the threads find that out themselves)."""
         store = open_store(self.store_url)
         try:
             wait = getattr(store, "wait_for_notify", None)
-            while not self._draining.is_set():
-                if wait is None:
-                    return
-                with contextlib.suppress(DeeplineError, OSError):
-                    if wait(POLL_S):
-                        self._wake.set()
-        except Exception:
+            while wait is not None and not self._draining.is_set():
+                if reconnecting(store, wait, POLL_S):
+                    self._wake.set()
+        except DeeplineError:
             return
         finally:
             store.close()
 
+    def _give_up(self, exc: StoreUnreachable) -> None:
+        """The store stayed unreachable: stop this worker (its runs can be taken over)."""
+        with self._lock:
+            if self.failure is None:
+                self.failure = exc
+        self.drain()
+
     # --- one thread ------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        store = open_store(self.store_url)
+        try:
+            store = open_store(self.store_url)
+        except StoreError as exc:
+            self._give_up(StoreUnreachable(str(exc)))
+            return
         me = threading.current_thread().name
         try:
             while not self._draining.is_set():
-                if self._take_one(store):
+                try:
+                    took = self._take_one(store)
+                except StoreUnreachable as exc:
+                    self._give_up(exc)
+                    return
+                if took:
                     with self._lock:
                         self._idle.discard(me)
                     continue
@@ -144,13 +162,19 @@ class Worker:
 
     def _take_one(self, store: Store) -> bool:
         ttl = lease_ttl_from_env()
-        record = store.claim_queued_run(holder=holder_id(), expires_at=store.now() + ttl)
+
+        def claim() -> RunRecord | None:
+            return store.claim_queued_run(holder=holder_id(), expires_at=store.now() + ttl)
+
+        record = reconnecting(store, claim, report=self._reconnected)
         if record is not None:
             claimed = record
             self._execute(claimed.run_id, lambda runner: runner.run_claimed(claimed))
             return True
-        for candidate in store.due_runs(DUE_SCAN):
-            if self._draining.is_set() or not self._is_due(store, candidate):
+        here = socket.gethostname()
+        due = reconnecting(store, lambda: store.due_runs(DUE_SCAN, store.now(), here), report=self._reconnected)
+        for candidate in due:
+            if self._draining.is_set() or not reconnecting(store, self._is_due, store, candidate):
                 continue
             run_id = candidate.run_id
             try:
@@ -166,7 +190,13 @@ class Worker:
         if record.status == "running":
             return not holder_alive(record, now)  # its holder died: take it over
         wait = record.options.get("max_inline_wait")
-        return ready_to_resume(store, record.run_id, now, 30.0 if wait is None else float(wait))
+        wait = 30.0 if wait is None else float(wait)
+        if ready_to_resume(store, record.run_id, now, wait):
+            return True
+        # Not yet after all: look again when it may be (never in a loop on the same run).
+        wake = next_wake(store, record.run_id, record.root_run_id or record.run_id, now, wait)
+        store.set_wake(record.run_id, None if wake is None else max(wake, now + RECHECK_S))
+        return False
 
     def _execute(self, run_id: str, action: Callable[[Runner], RunResult]) -> None:
         options = RunOptions(store=self.store_url, schedule_children=True)
@@ -211,6 +241,9 @@ class Worker:
         elif result.status != "interrupted":
             self.stats.failed += 1
         self.report(f"worker: {run_id} {result.status} (attempt {result.attempt}, {time.monotonic() - started:.1f}s)")
+
+    def _reconnected(self, message: str) -> None:
+        self.report(f"worker: {message}")
 
     def _bus(self) -> EventBus:
         def warn(event: Event) -> None:

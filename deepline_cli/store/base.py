@@ -45,6 +45,14 @@ class RunRecord:
     created_at: float = 0.0
     updated_at: float = 0.0
     finished_at: float | None = None
+    # When a waiting run may get further (a timer due, an event or a child's result in):
+    # what workers look up, by index, instead of scanning every waiting run.
+    wake_at: float | None = None
+    scheduled: bool = False  # a child play run as a queued run of its own (under workers)
+    ancestors: list[str] = field(default_factory=list)  # play names from the root down to the parent
+    description: str = ""
+    snapshot: str | None = None  # the digest of the play's source in `snapshots` (enqueued runs)
+    failure_seen_by: int | None = None  # a scheduled child's failure: the parent attempt that saw it
 
 
 @dataclass(slots=True)
@@ -269,6 +277,8 @@ def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVer
     """
     if existing is None or existing.status in ("skipped", "released"):
         return "claimed"
+    if existing.status == "running" and existing.lease_id == claim.lease_id:
+        return "claimed"  # this very claim, applied before its connection dropped: it is ours
     if existing.status == "completed":
         # A forced call is made once per run: a resume reuses what this run already paid for.
         forced = claim.force and existing.run_id != claim.run_id
@@ -322,6 +332,10 @@ class Store(Protocol):
 
     def close(self) -> None: ...
 
+    def reconnect(self) -> None:
+        """After StoreConnectionLost: connect again (raises StoreConnectionLost if it can't)."""
+        ...
+
     def now(self) -> float:
         """The store's clock (seconds since the epoch) used for every lease."""
         ...
@@ -336,9 +350,18 @@ class Store(Protocol):
         """Take the oldest queued run (attempt becomes 1), skipping runs others are taking."""
         ...
 
-    def due_runs(self, limit: int) -> list[RunRecord]:
-        """Root runs a worker might continue: waiting ones, and running ones (maybe stale)."""
+    def due_runs(self, limit: int, now: float, host: str = "") -> list[RunRecord]:
+        """Runs a worker might continue (roots and scheduled children): waiting ones whose
+        wake-up time has come, running ones whose lease expired, and running ones held on
+        `host` (this machine can tell whether their holder still lives)."""
         ...
+
+    def set_wake(self, run_id: str, wake_at: float | None) -> None:
+        """When the waiting run may get further (None: only when an event or child wakes it)."""
+        ...
+
+    def put_snapshot(self, digest: str, snapshot: dict[str, Any]) -> None: ...
+    def get_snapshot(self, digest: str) -> dict[str, Any] | None: ...
 
     def notify(self) -> None:
         """Wake idle workers (PostgreSQL NOTIFY; nothing to do where workers poll)."""

@@ -14,6 +14,7 @@ The DDL is written once. Where the two databases differ, a `{token}` stands in:
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -49,6 +50,56 @@ class Cursor(Protocol):
 
 
 Step = Callable[[Cursor, Dialect], None]
+
+_RUN_COLUMNS = """
+-- What was kept in runs.options besides the run's flags gets columns of its own, and a
+-- play's source (an enqueued run's snapshot) a table, shared by the runs that use it.
+ALTER TABLE runs ADD COLUMN wake_at {float};
+ALTER TABLE runs ADD COLUMN scheduled INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN ancestors TEXT;
+ALTER TABLE runs ADD COLUMN description TEXT;
+ALTER TABLE runs ADD COLUMN snapshot TEXT;
+ALTER TABLE runs ADD COLUMN failure_seen_by INTEGER;
+CREATE TABLE snapshots (digest TEXT PRIMARY KEY, snapshot TEXT NOT NULL, created_at {float});
+-- How workers find work without scanning every run.
+CREATE INDEX runs_wake ON runs (wake_at) WHERE status = 'waiting';
+CREATE INDEX runs_lease ON runs (lease_expires_at) WHERE status = 'running';
+CREATE INDEX runs_queued ON runs (created_at) WHERE status = 'queued'
+"""
+_MOVED = ("scheduled", "ancestors", "description", "snapshot", "failure_seen_by")
+
+
+def _run_columns_snapshots(c: Cursor, dialect: Dialect) -> None:
+    import hashlib
+
+    for statement in dialect.ddl(_RUN_COLUMNS):
+        c.execute(statement)
+    for run_id, options, status in c.execute("SELECT run_id, options, status FROM runs").fetchall():
+        flags = json.loads(options) if options else {}
+        moved = {name: flags.pop(name) for name in _MOVED if name in flags}
+        digest = None
+        if moved.get("snapshot"):
+            text = json.dumps(moved["snapshot"], sort_keys=True)
+            digest = hashlib.sha256(text.encode()).hexdigest()[:32]
+            c.execute(
+                "INSERT INTO snapshots (digest, snapshot, created_at) VALUES (?, ?, ?) ON CONFLICT (digest) DO NOTHING",
+                (digest, text, time.time()),
+            )
+        c.execute(
+            "UPDATE runs SET options = ?, scheduled = ?, ancestors = ?, description = ?, snapshot = ?,"
+            " failure_seen_by = ?, wake_at = ? WHERE run_id = ?",
+            (
+                json.dumps(flags),
+                int(bool(moved.get("scheduled"))),
+                json.dumps(moved.get("ancestors") or []),
+                moved.get("description") or "",
+                digest,
+                moved.get("failure_seen_by"),
+                0.0 if status == "waiting" else None,  # a worker looks at it once, and knows
+                run_id,
+            ),
+        )
+
 
 MIGRATIONS: list[tuple[str, str | Step]] = [
     (
@@ -167,6 +218,7 @@ MIGRATIONS: list[tuple[str, str | Step]] = [
         ALTER TABLE maps ADD COLUMN pilot TEXT
         """,
     ),
+    ("0009_run_columns_snapshots", _run_columns_snapshots),
 ]
 
 

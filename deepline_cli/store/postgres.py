@@ -7,6 +7,7 @@ Lease times come from the database server's clock, so machines' clocks don't mat
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 from collections.abc import Iterator, Sequence
@@ -17,7 +18,7 @@ from typing import Any
 import psycopg
 import psycopg.errors
 
-from deepline_cli.errors import StoreError, StoreOpenError
+from deepline_cli.errors import StoreConnectionLost, StoreError, StoreOpenError
 from deepline_cli.store.base import Settlement
 from deepline_cli.store.migrations import POSTGRES, migrate
 from deepline_cli.store.sql import SqlStore, StoreConflict, settle_statement
@@ -56,6 +57,12 @@ class _Tx:
         return [cursor.rowcount == 1 for cursor in cursors]
 
 
+def _reason(exc: BaseException) -> str:
+    """psycopg's message, first line (the rest is hints for a person at a psql prompt)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _no_nul(params: Sequence[Any]) -> Sequence[Any]:
     """PostgreSQL text cannot hold NUL; one in a log line must not sink a whole batch."""
     if any(isinstance(p, str) and "\x00" in p for p in params):
@@ -72,11 +79,11 @@ class PostgresStore(SqlStore):
 
     def __init__(self, url: str) -> None:
         self.url = safe_url(url)
+        self._dsn = url
         try:
             self._conn: psycopg.Connection[Any] = psycopg.connect(url, autocommit=True)
         except psycopg.Error as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise StoreOpenError(f"Cannot connect to the store {self.url}: {reason}.") from None
+            raise StoreOpenError(f"Cannot connect to the store {self.url}: {_reason(exc)}.") from None
         # One connection, used from the runtime's store thread and the main thread.
         self._lock = threading.RLock()
         try:
@@ -91,16 +98,38 @@ class PostgresStore(SqlStore):
             migrate(c, POSTGRES, self.url)
 
     def notify(self) -> None:
-        with self._lock:
+        with self._lock, self._errors("written"):
             self._conn.execute(f"NOTIFY {CHANNEL}")
 
     def wait_for_notify(self, timeout_s: float) -> bool:
         """Block until a NOTIFY on the work channel (True) or the timeout (False)."""
-        with self._lock:
+        with self._lock, self._errors("read"):
             self._conn.execute(f"LISTEN {CHANNEL}")
             for _ in self._conn.notifies(timeout=timeout_s, stop_after=1):
                 return True
             return False
+
+    def reconnect(self) -> None:
+        """A new connection in place of one that dropped (StoreConnectionLost if it can't)."""
+        with self._lock:
+            with contextlib.suppress(psycopg.Error):
+                self._conn.close()
+            try:
+                self._conn = psycopg.connect(self._dsn, autocommit=True)
+            except psycopg.Error as exc:
+                raise StoreConnectionLost(f"The store {self.url} is unreachable: {_reason(exc)}.") from None
+
+    @contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        """psycopg's errors as the store's: a dropped connection is told apart (it may pass)."""
+        try:
+            yield
+        except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
+            raise StoreConflict(f"The store {self.url} aborted a transaction: {str(exc).strip()}.") from exc
+        except psycopg.Error as exc:
+            if self._conn.closed or self._conn.broken:
+                raise StoreConnectionLost(f"The store {self.url} dropped the connection: {_reason(exc)}.") from exc
+            raise StoreError(f"The store {self.url} could not be {doing}: {str(exc).strip()}.") from exc
 
     def _settle_all(self, c: Any, settlements: Sequence[Settlement], now: float) -> list[bool]:
         return list(c.changed_each([settle_statement(s, now) for s in settlements]))
@@ -115,18 +144,9 @@ class PostgresStore(SqlStore):
 
     @contextmanager
     def _write(self) -> Iterator[_Tx]:
-        with self._lock:
-            try:
-                with self._conn.transaction():
-                    yield _Tx(self._conn)
-            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
-                raise StoreConflict(f"The store {self.url} aborted a transaction: {str(exc).strip()}.") from exc
-            except psycopg.Error as exc:
-                raise StoreError(f"The store {self.url} could not be written: {str(exc).strip()}.") from exc
+        with self._lock, self._errors("written"), self._conn.transaction():
+            yield _Tx(self._conn)
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._lock:
-            try:
-                return self._conn.execute(_pg(sql), params).fetchall()
-            except psycopg.Error as exc:
-                raise StoreError(f"The store {self.url} could not be read: {str(exc).strip()}.") from exc
+        with self._lock, self._errors("read"):
+            return self._conn.execute(_pg(sql), params).fetchall()

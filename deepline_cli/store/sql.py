@@ -38,9 +38,9 @@ from deepline_cli.store.ledger import LedgerQueries
 _RUN_COLUMNS = (
     "run_id, play, play_ref, input, status, attempt, workspace, cwd, options, parent_run_id,"
     " root_run_id, holder, lease_expires_at, output, error, stats, created_at, updated_at,"
-    " finished_at"
+    " finished_at, wake_at, scheduled, ancestors, description, snapshot, failure_seen_by"
 )
-_RUN_JSON = frozenset({"input", "options", "output", "error", "stats"})
+_RUN_JSON = frozenset({"input", "options", "output", "error", "stats", "ancestors"})
 _RECEIPT_COLUMNS = (
     "key, kind, label, tool, status, run_id, attempt, lease_id, lease_expires_at,"
     " idempotency_key, output, error, failure_kind, retryable, credits, created_at, completed_at,"
@@ -76,6 +76,9 @@ class SqlStore(LedgerQueries):
     def close(self) -> None:
         raise NotImplementedError
 
+    def reconnect(self) -> None:
+        return None  # a file has no connection to lose (PostgresStore has)
+
     def now(self) -> float:
         raise NotImplementedError
 
@@ -110,16 +113,40 @@ class SqlStore(LedgerQueries):
         record = _run_from_row(found)
         return record if record.holder == holder else None
 
-    def due_runs(self, limit: int) -> list[RunRecord]:
-        # Children run inside their parent's process are not a worker's to continue;
-        # scheduled children (queued runs of their own) are.
+    def due_runs(self, limit: int, now: float, host: str = "") -> list[RunRecord]:
+        # By index (runs_wake, runs_lease): thousands of runs sleeping for days cost
+        # nothing. Running runs held on `host` are listed too, whatever their lease: the
+        # worker asks the OS whether their holder still lives (a killed one is taken over
+        # at once). Children run inside their parent's process are not a worker's to
+        # continue; scheduled children (queued runs of their own) are.
+        mine = "(parent_run_id IS NULL OR scheduled = 1)"
         rows = self._read(
-            f"SELECT {_RUN_COLUMNS} FROM runs WHERE status IN ('waiting', 'running')"
-            " AND (parent_run_id IS NULL OR options LIKE ?)"
-            f" ORDER BY updated_at LIMIT {int(limit)}",
-            ('%"scheduled":true%',),
+            f"SELECT {_RUN_COLUMNS} FROM runs WHERE status = 'waiting' AND wake_at <= ? AND {mine}"
+            f" ORDER BY wake_at LIMIT {int(limit)}",
+            (now,),
+        )
+        here = " OR holder LIKE ?" if host else ""
+        rows += self._read(
+            f"SELECT {_RUN_COLUMNS} FROM runs WHERE status = 'running' AND (lease_expires_at < ?{here})"
+            f" AND {mine} ORDER BY lease_expires_at LIMIT {int(limit)}",
+            (now, f"{host}:%") if host else (now,),
         )
         return [_run_from_row(r) for r in rows]
+
+    def set_wake(self, run_id: str, wake_at: float | None) -> None:
+        with self._write() as c:
+            c.execute("UPDATE runs SET wake_at = ? WHERE run_id = ?", (wake_at, run_id))
+
+    def put_snapshot(self, digest: str, snapshot: dict[str, Any]) -> None:
+        with self._write() as c:
+            c.execute(
+                "INSERT INTO snapshots (digest, snapshot, created_at) VALUES (?, ?, ?) ON CONFLICT (digest) DO NOTHING",
+                (digest, _json.dumps_str(snapshot), time.time()),
+            )
+
+    def get_snapshot(self, digest: str) -> dict[str, Any] | None:
+        rows = self._read("SELECT snapshot FROM snapshots WHERE digest = ?", (digest,))
+        return _json.loads(rows[0][0]) if rows else None
 
     def notify(self) -> None:
         return None
@@ -598,7 +625,11 @@ class SqlStore(LedgerQueries):
         order = sorted(range(len(settlements)), key=lambda i: settlements[i].key)
         results = self._settle_all(c, [settlements[i] for i in order], now)
         done = dict(zip(order, results, strict=True))
-        settled = [done[i] for i in range(len(settlements))]
+        fresh = [done[i] for i in range(len(settlements))]
+        settled = fresh
+        if not all(fresh):
+            before = self._settled_before(c, [s for s, ok in zip(settlements, fresh, strict=True) if not ok])
+            settled = [ok or s.key in before for s, ok in zip(settlements, fresh, strict=True)]
         ledger = [
             (
                 st.call.run_id,
@@ -615,7 +646,7 @@ class SqlStore(LedgerQueries):
                 st.call.map,
                 st.call.row_key,
             )
-            for st, applied in zip(settlements, settled, strict=True)
+            for st, applied in zip(settlements, fresh, strict=True)  # applied now, not by an earlier try
             if applied and st.call is not None and st.status in ("completed", "failed")
         ]
         self._many(
@@ -625,6 +656,16 @@ class SqlStore(LedgerQueries):
             ledger,
         )
         return settled
+
+    def _settled_before(self, c: Any, settlements: Sequence[Settlement]) -> set[str]:
+        """Keys these very settlements already ended (a transaction run again after its
+        connection dropped, though it had committed): applied, not taken over."""
+        keys = [s.key for s in settlements]
+        marks = ", ".join("?" * len(keys))
+        rows = c.execute(f"SELECT key, lease_id, status FROM receipts WHERE key IN ({marks})", keys).fetchall()
+        found = {key: (lease, status) for key, lease, status in rows}
+        # A skip of a receipt with an earlier paid answer ends it `completed` again.
+        return {s.key for s in settlements if found.get(s.key) in ((s.lease_id, s.status), (s.lease_id, "completed"))}
 
     # --- claims ---------------------------------------------------------------------------
 
@@ -782,6 +823,8 @@ def _run_fields() -> list[str]:
 def _encode_run_field(name: str, value: Any) -> Any:
     if name in _RUN_JSON:
         return _json_or_none(value)
+    if name == "scheduled":
+        return int(bool(value))
     return value
 
 
@@ -796,6 +839,9 @@ def _run_from_row(row: Sequence[Any]) -> RunRecord:
     }
     values["options"] = values["options"] or {}
     values["stats"] = values["stats"] or {}
+    values["ancestors"] = values["ancestors"] or []
+    values["scheduled"] = bool(values["scheduled"])
+    values["description"] = values["description"] or ""
     return RunRecord(**values)
 
 

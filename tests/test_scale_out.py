@@ -1,0 +1,247 @@
+"""Scale-out that survives production: workers find due runs among many sleeping ones,
+runs and workers ride out a dropped PostgreSQL connection, an enqueued play brings its
+local modules, a changed helper recomputes the cells that use it, and a store written by
+deepline 0.1.0 migrates."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from deepline_cli import _json
+from deepline_cli.runtime.events import EventBus
+from deepline_cli.runtime.runner import Runner, RunOptions
+from deepline_cli.store import open_store
+from deepline_cli.store.base import ReceiptQuery
+from tests.conftest import ROOT, Result
+from tests.faults import finish, kill, start, wait_until
+from tests.pgproxy import PgProxy
+
+pytestmark = pytest.mark.slow
+Run = Callable[..., Result]
+
+
+def test_a_store_written_by_0_1_0_migrates_and_its_queued_run_runs(deepline: Run, tmp_path: Path) -> None:
+    store = tmp_path / "old.db"
+    with sqlite3.connect(store) as conn:
+        conn.executescript((ROOT / "tests/data/store-0.1.0.sql").read_text())
+    env = {"DEEPLINE_STORE": str(store)}
+
+    exported = deepline("export", "done-run", "--format", "jsonl", **env)
+    assert exported.code == 0, exported.stderr
+    assert [r["loud"]["said"] for r in exported.json_lines()] == ["A!", "B!"]
+
+    worked = deepline("worker", "--once", **env)
+    assert worked.code == 0, worked.stderr
+    assert "1 started, 1 completed" in worked.stderr
+    shown = _json.loads(deepline("runs", "show", "queued-run", "--json", **env).stdout)
+    assert (shown["status"], shown["output"]) == ("completed", {"rows": 1})
+    assert "snapshot" not in shown["options"]  # moved to its own table, keyed by digest
+
+
+SLEEPER = """
+from deepline_cli import play
+
+@play("sleeper")
+async def sleeper(ctx, input):
+    await ctx.sleep("nap", 3 * 86400)
+    return "woke"
+
+@play("waiter")
+async def waiter(ctx, input):
+    return await ctx.wait_for_event("go")
+"""
+
+
+def test_a_worker_finds_the_run_whose_event_arrived_among_many_sleeping_runs(
+    deepline: Run, write_play: Callable[..., Path], store_url: str
+) -> None:
+    play = write_play(SLEEPER)
+    options = RunOptions(store=store_url, max_inline_wait=0)
+    for _ in range(120):  # far more than a worker looks at in one scan
+        runner = Runner(options, EventBus())
+        try:
+            assert runner.start(f"{play}:sleeper", {}).status == "waiting"
+        finally:
+            runner.close()
+    env = {"DEEPLINE_STORE": store_url}
+    waiting = deepline("run", f"{play}:waiter", "--run-id", "wanted", "--max-inline-wait", "0", **env)
+    assert waiting.code == 3, waiting.stderr
+    assert deepline("events", "send", "wanted", "go", "--payload", '"now"', **env).code == 0
+
+    worked = deepline("worker", "--once", **env)
+
+    assert "1 started, 1 completed" in worked.stderr, worked.stderr
+    shown = _json.loads(deepline("runs", "show", "wanted", "--json", **env).stdout)
+    assert (shown["status"], shown["output"]) == ("completed", "now")
+
+
+HELPED = """
+from deepline_cli import play
+from helpers.text import shout
+import tidy
+
+@play("helped")
+async def helped(ctx, input):
+    rows = await ctx.map("w", [{"w": w} for w in input["words"]], key="w",
+                         columns={"loud": lambda row: shout(tidy.strip(row["w"]))})
+    return [r["loud"] for r in rows]
+"""
+
+
+def test_an_enqueued_play_brings_the_modules_it_imports_from_its_folder(
+    deepline: Run, tmp_path: Path, store_path: Path
+) -> None:
+    folder = tmp_path / "plays"
+    (folder / "helpers").mkdir(parents=True)
+    (folder / "play.py").write_text(HELPED)
+    (folder / "tidy.py").write_text("def strip(w):\n    return w.strip()\n")
+    (folder / "helpers" / "__init__.py").write_text("")
+    (folder / "helpers" / "text.py").write_text("def shout(w):\n    return w.upper() + '!'\n")
+    queued = deepline("run", "plays/play.py", "--input", '{"words": [" a", "b "]}', "--run-id", "q", "--enqueue")
+    assert queued.code == 0, queued.stderr
+    shutil.move(folder, tmp_path / "gone")  # the worker has only what the snapshot holds
+
+    worked = deepline("worker", "--once", cwd=tmp_path)
+
+    assert "1 started, 1 completed" in worked.stderr, worked.stderr
+    assert _json.loads(deepline("runs", "show", "q", "--json").stdout)["output"] == ["A!", "B!"]
+
+
+def test_a_snapshot_past_its_size_bound_is_refused_in_one_sentence(
+    deepline: Run, tmp_path: Path, write_play: Callable[..., Path]
+) -> None:
+    write_play(HELPED.replace("from helpers.text import shout\n", "from bulky import shout\n"))
+    (tmp_path / "tidy.py").write_text("def strip(w):\n    return w\n")
+    (tmp_path / "bulky.py").write_text("DATA = " + repr("x" * 3_000_000) + "\ndef shout(w):\n    return w\n")
+    result = deepline("run", "play.py", "--set", "words=[]", "--enqueue")
+    assert result.code == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "bulky.py" in lines[0] and "MB" in lines[0], result.stderr
+
+
+FINGERPRINTED = """
+from deepline_cli import play
+from wording import polish
+
+def tidy(word):
+    return word.strip().VERSION()
+
+@play("fp")
+async def fp(ctx, input):
+    rows = await ctx.map("w", [{"w": w} for w in ["ab ", " cd"]], key="w",
+                         columns={"clean": lambda row: polish(tidy(row["w"]))})
+    return [r["clean"] for r in rows]
+"""
+
+
+def test_changing_a_helper_a_column_calls_recomputes_its_cells(
+    deepline: Run, tmp_path: Path, write_play: Callable[..., Path]
+) -> None:
+    (tmp_path / "wording.py").write_text("def polish(w):\n    return w\n")
+    write_play(FINGERPRINTED.replace("VERSION", "upper"))
+    assert _json.loads(deepline("run", "play.py").stdout) == ["AB", "CD"]
+    write_play(FINGERPRINTED.replace("VERSION", "title"))  # a helper in the play file changed
+    assert _json.loads(deepline("run", "play.py").stdout) == ["Ab", "Cd"]
+    (tmp_path / "wording.py").write_text("def polish(w):\n    return w + '.'\n")  # one in a module next to it
+    assert _json.loads(deepline("run", "play.py").stdout) == ["Ab.", "Cd."]
+
+
+# --- a dropped PostgreSQL connection ------------------------------------------------------------
+
+WORK = """
+import asyncio
+from deepline_cli import play, tool
+
+@tool("pg.work", credits=1)
+async def work(input):
+    with open(input["log"], "a") as f:
+        f.write(f"{input['i']}\\n")
+    await asyncio.sleep(0.05)
+    return input["i"]
+
+@play("pgwork")
+async def pgwork(ctx, input):
+    rows = await ctx.map("r", [{"i": i} for i in range(input["n"])], key="i", concurrency=10, columns={
+        "v": lambda row, rc: rc.tools.execute("w", "pg.work", {"i": row["i"], "log": input["log"]}),
+    })
+    return len(rows)
+"""
+
+
+@pytest.fixture
+def proxy(pg_url: str) -> Iterator[PgProxy]:
+    with PgProxy(pg_url) as p:
+        yield p
+
+
+def _calls(pg_url: str) -> int:
+    db = open_store(pg_url)
+    try:
+        return len(db.query_receipts(ReceiptQuery(tool="pg.work", status="completed")))
+    finally:
+        db.close()
+
+
+@pytest.mark.postgres
+def test_a_run_rides_out_a_dropped_postgresql_connection(
+    tmp_path: Path, cli_env: dict[str, str], proxy: PgProxy, pg_url: str
+) -> None:
+    (tmp_path / "play.py").write_text(WORK)
+    log = tmp_path / "calls.log"
+    env = {**cli_env, "DEEPLINE_STORE": proxy.url}
+    payload = _json.dumps_str({"n": 300, "log": str(log)})
+    proc = start(["run", "play.py", "--input", payload, "--run-id", "blip", "--json"], env, tmp_path)
+    try:
+        wait_until(lambda: _calls(pg_url) >= 60, what="60 calls recorded")
+        assert proxy.cut(refuse_for_s=2.0) >= 1
+        code, out, err = finish(proc, timeout=120)
+    finally:
+        kill(proc)
+    assert code == 0, err
+    finished = _json.loads(out.splitlines()[-1])
+    assert (finished["status"], finished["output"]) == ("completed", 300)
+    assert finished["stats"]["tools"]["pg.work"]["live"] == 300
+    executed = log.read_text().split()
+    assert len(set(executed)) == 300 and len(executed) <= 310  # at most the calls in flight again
+    warnings = [e["message"] for e in map(_json.loads, out.splitlines()) if e["event"] == "log"]
+    assert any("reconnected" in message for message in warnings), warnings
+
+
+@pytest.mark.postgres
+def test_a_worker_rides_out_a_dropped_connection_and_gives_up_loudly_when_it_stays_down(
+    deepline: Run, tmp_path: Path, cli_env: dict[str, str], proxy: PgProxy, pg_url: str
+) -> None:
+    (tmp_path / "play.py").write_text(WORK)
+    log = tmp_path / "calls.log"
+    payload = _json.dumps_str({"n": 300, "log": str(log)})
+    assert (
+        deepline("run", "play.py", "--input", payload, "--run-id", "w1", "--enqueue", DEEPLINE_STORE=pg_url).code == 0
+    )
+    env = {**cli_env, "DEEPLINE_STORE": proxy.url, "DEEPLINE_STORE_RECONNECT_S": "4"}
+    worker = start(["worker", "--once"], env, tmp_path)
+    try:
+        wait_until(lambda: _calls(pg_url) >= 60, what="60 calls recorded")
+        proxy.cut(refuse_for_s=1.0)
+        code, _, err = finish(worker, timeout=120)
+    finally:
+        kill(worker)
+    assert code == 0, err
+    assert "1 started, 1 completed" in err
+    assert len(set(log.read_text().split())) == 300
+
+    other = _json.dumps_str({"n": 600, "log": str(log)})  # rows 300-599 are new: their calls too
+    assert deepline("run", "play.py", "--input", other, "--run-id", "w2", "--enqueue", DEEPLINE_STORE=pg_url).code == 0
+    worker = start(["worker", "--once"], env, tmp_path)
+    try:
+        wait_until(lambda: _calls(pg_url) >= 360, what="60 more calls recorded")
+        proxy.cut(refuse_for_s=60.0)  # down for good, as far as this worker is concerned
+        code, _, err = finish(worker, timeout=120)
+    finally:
+        kill(worker)
+    assert code == 1, err
+    assert "unreachable" in err and "Traceback" not in err
