@@ -1,4 +1,5 @@
-"""Shared test helpers: real SQLite files in tmp_path and the real `deepline` command."""
+"""Shared fixtures: real SQLite files in tmp_path, the real `deepline` command, and a
+PostgreSQL database per test session (tests/helpers.py holds the shared functions)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,32 @@ def deepline(tmp_path: Path, cli_env: dict[str, str]) -> Callable[..., Result]:
         return Result(proc.returncode, proc.stdout, proc.stderr)
 
     return invoke
+
+
+@pytest.fixture
+def spawn(tmp_path: Path, cli_env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start `deepline` in the background (stdout and stderr piped); whatever a test
+    leaves running is killed."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*args: str, **env: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deepline_cli", *args],
+            cwd=tmp_path,
+            env={**cli_env, **env},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
 
 
 @pytest.fixture

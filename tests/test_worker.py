@@ -20,7 +20,7 @@ import sys
 import textwrap
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +30,7 @@ import pytest
 
 from deepline_cli.store import open_store
 from deepline_cli.store.base import ReceiptQuery, RunRecord, Store
+from tests.helpers import logged, wait_until
 
 RUN_ID = re.compile(r"^r-[0-9a-f]{12}$")
 LEASE_TTL = "3"
@@ -368,24 +369,6 @@ def opened(url: str) -> Iterator[Store]:
 def write(path: Path, source: str) -> Path:
     path.write_text(textwrap.dedent(source))
     return path
-
-
-def logged(path: Path) -> list[str]:
-    try:
-        return path.read_text().splitlines()
-    except FileNotFoundError:
-        return []
-
-
-def wait_until(predicate: Callable[[], Any], *, what: str, timeout: float = 30.0, every: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(every)
 
 
 def run_of(store: Store, run_id: str) -> RunRecord:
