@@ -1,13 +1,16 @@
 """Shared fixtures: real SQLite files in tmp_path, the real `deepline` command, and a
-PostgreSQL database per test session (tests/helpers.py holds the shared functions)."""
+PostgreSQL database per test process (tests/helpers.py holds the shared functions)."""
 
 from __future__ import annotations
 
+import compileall
+import fcntl
 import os
 import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +19,17 @@ import pytest
 from deepline_cli import _json
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile the package once, before any test (and before xdist's workers start).
+
+    Hundreds of tests start `deepline` in a subprocess. Where the environment sets
+    PYTHONDONTWRITEBYTECODE, no process ever writes the package's bytecode, so each of
+    them would compile every module again (about a third of its start-up time).
+    """
+    if not hasattr(config, "workerinput"):
+        compileall.compile_dir(ROOT / "deepline_cli", quiet=1)
 
 
 @dataclass
@@ -40,6 +54,7 @@ def cli_env(tmp_path: Path, store_path: Path) -> dict[str, str]:
     env["DEEPLINE_STORE"] = str(store_path)
     env["DEEPLINE_LEASE_TTL"] = "5"
     env["PYTHONUNBUFFERED"] = "1"
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # snapshots of enqueued plays
     return env
 
 
@@ -101,10 +116,48 @@ def write_play(tmp_path: Path) -> Callable[..., Path]:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_store(monkeypatch: pytest.MonkeyPatch, store_path: Path) -> Iterator[None]:
-    """In-process code never touches the user's real store."""
+def _isolated_store(monkeypatch: pytest.MonkeyPatch, store_path: Path, tmp_path: Path) -> Iterator[None]:
+    """In-process code never touches the user's real store or cache directory."""
     monkeypatch.setenv("DEEPLINE_STORE", str(store_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     yield
+
+
+# --- tests that measure time ------------------------------------------------------------------
+
+
+@contextmanager
+def _locked(path: Path, mode: int) -> Iterator[None]:
+    with path.open("a") as handle:
+        fcntl.flock(handle, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _machine_share(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Under xdist, a test marked `alone` runs while no other test of the session runs.
+
+    Such a test asserts on time as a provider sees it (a rate limit, a wake-up latency); on
+    a machine busy with other tests the process under test is descheduled and its timing
+    is the scheduler's, not its own. Every other test holds a shared lock, an `alone` test
+    the exclusive one; the turnstile stops new shared holders while an `alone` test waits.
+    """
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    folder = tmp_path_factory.getbasetemp().parent  # the session's, shared by its workers
+    turnstile, share = folder / "deepline-turnstile.lock", folder / "deepline-share.lock"
+    if request.node.get_closest_marker("alone") is not None:
+        with _locked(turnstile, fcntl.LOCK_EX), _locked(share, fcntl.LOCK_EX):
+            yield
+    else:
+        with _locked(turnstile, fcntl.LOCK_EX):
+            pass
+        with _locked(share, fcntl.LOCK_SH):
+            yield
 
 
 # --- PostgreSQL ---------------------------------------------------------------------------
@@ -121,14 +174,16 @@ def _with_database(url: str, name: str) -> str:
 
 @pytest.fixture(scope="session")
 def pg_database() -> Iterator[str]:
-    """A fresh database for this test session on DEEPLINE_TEST_POSTGRES_URL's server."""
+    """A fresh database for this test process on DEEPLINE_TEST_POSTGRES_URL's server:
+    each xdist worker has its own (named after it), dropped when the worker ends."""
     if not PG_URL:
         pytest.skip(PG_SKIP)
     import secrets
 
     import psycopg
 
-    name = f"deepline_test_{os.getpid()}_{secrets.token_hex(3)}"
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    name = f"deepline_test_{worker}_{os.getpid()}_{secrets.token_hex(3)}"
     with psycopg.connect(PG_URL, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     try:

@@ -1055,6 +1055,7 @@ def test_tool_and_run_concurrency_bound_calls_in_flight_at_the_provider(
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_rate_limit_is_accurate_at_the_provider(
     project: Project, provider: LoopbackProvider, cli: Callable[..., Any]
 ) -> None:

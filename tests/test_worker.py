@@ -735,8 +735,9 @@ def test_two_runs_at_once_pay_each_distinct_call_once(pg_cli: CLI, tmp_path: Pat
 
 @pytest.mark.postgres
 @pytest.mark.slow
+@pytest.mark.alone
 def test_two_workers_share_one_rate_limit(pg_cli: CLI, tmp_path: Path) -> None:
-    per_run = 60
+    per_run = 30  # 60 calls: about 6 s at the shared 10/s
     write(tmp_path / "play.py", RATED_PLAY)
     log = tmp_path / "rated.log"
     enqueues = [
@@ -772,6 +773,7 @@ def test_two_workers_share_one_rate_limit(pg_cli: CLI, tmp_path: Path) -> None:
 
 
 @pytest.mark.postgres
+@pytest.mark.alone
 def test_worker_wakes_on_notify(pg_cli: CLI, pg_url: str, tmp_path: Path) -> None:
     import psycopg
 
