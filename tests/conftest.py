@@ -4,6 +4,7 @@ PostgreSQL database per test process (tests/helpers.py holds the shared function
 from __future__ import annotations
 
 import compileall
+import contextlib
 import fcntl
 import os
 import subprocess
@@ -186,6 +187,12 @@ def pg_database() -> Iterator[str]:
     name = f"deepline_test_{worker}_{os.getpid()}_{secrets.token_hex(3)}"
     with psycopg.connect(PG_URL, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
+        # Racing tests deadlock on purpose (the store must retry); PostgreSQL looks for a
+        # deadlock only after `deadlock_timeout` (1 s), which would be most of their time.
+        # No test crashes the server, so commits need not wait for the disk either.
+        admin.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
+        with contextlib.suppress(psycopg.errors.InsufficientPrivilege):  # a role may not: slower, not wrong
+            admin.execute(f'ALTER DATABASE "{name}" SET deadlock_timeout = 50')
     try:
         yield _with_database(PG_URL, name)
     finally:
