@@ -40,7 +40,10 @@ def test_children_run_as_queued_runs_and_the_parent_resumes_with_their_results(d
     runs = runs_of(deepline)
     assert runs["fam-1"]["status"] == "completed"
     assert runs["fam-1"]["output"] == {"values": [10, 20]}
-    assert runs["fam-1"]["attempt"] == 2  # suspended once for its children, then resumed
+    # Suspended for its children, then resumed. A parent is due again as soon as one of
+    # its children has finished, so children that finish apart (a busy machine) resume
+    # it once each: never more resumes than children.
+    assert 2 <= runs["fam-1"]["attempt"] <= 3
     children = [r for r in runs.values() if r["parent_run_id"] == "fam-1"]
     assert len(children) == 2
     assert all(c["status"] == "completed" and c["attempt"] == 1 for c in children)
