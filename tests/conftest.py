@@ -212,8 +212,11 @@ def pg_url(pg_database: str) -> str:
                 "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> '_migrations'"
             )
         ]
-        if tables:
-            conn.execute("TRUNCATE " + ", ".join(f'"{t}"' for t in tables))
+        # DELETE, not TRUNCATE: these tables hold a test's few rows, and TRUNCATE's new
+        # files per table cost three times as long (about 40 ms a test).
+        with conn.transaction():
+            for table in tables:
+                conn.execute(f'DELETE FROM "{table}"')
     return pg_database
 
 
