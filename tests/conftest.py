@@ -11,9 +11,9 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -31,6 +31,23 @@ def pytest_configure(config: pytest.Config) -> None:
     """
     if not hasattr(config, "workerinput"):
         compileall.compile_dir(ROOT / "deepline_cli", quiet=1)
+
+
+_SUBPROCESS_FIXTURES = {"deepline", "spawn", "cli", "pg_cli", "cli_env"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run order for xdist's workers: `alone` tests first (they stop every other worker,
+    which costs least before the others have started), then tests that start `deepline`
+    processes, then the short in-process ones, which fill the workers' last gaps."""
+
+    def rank(item: pytest.Item) -> int:
+        if _alone(item):
+            return 0
+        starts_processes = _SUBPROCESS_FIXTURES & set(getattr(item, "fixturenames", ()))
+        return 1 if starts_processes or item.get_closest_marker("slow") is not None else 2
+
+    items.sort(key=rank)
 
 
 @dataclass
@@ -127,38 +144,51 @@ def _isolated_store(monkeypatch: pytest.MonkeyPatch, store_path: Path, tmp_path:
 # --- tests that measure time ------------------------------------------------------------------
 
 
-@contextmanager
-def _locked(path: Path, mode: int) -> Iterator[None]:
-    with path.open("a") as handle:
-        fcntl.flock(handle, mode)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+_held: list[IO[str]] = []  # the lock files this worker holds (across tests: see below)
 
 
-@pytest.fixture(autouse=True)
-def _machine_share(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+def _alone(item: pytest.Item | None) -> bool:
+    return item is not None and item.get_closest_marker("alone") is not None
+
+
+def _lock(path: Path, mode: int) -> IO[str]:
+    handle = path.open("a")
+    fcntl.flock(handle, mode)
+    return handle
+
+
+def _unlock(handles: list[IO[str]]) -> None:
+    for handle in reversed(handles):
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+    handles.clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Under xdist, a test marked `alone` runs while no other test of the session runs.
 
     Such a test asserts on time as a provider sees it (a rate limit, a wake-up latency); on
     a machine busy with other tests the process under test is descheduled and its timing
     is the scheduler's, not its own. Every other test holds a shared lock, an `alone` test
     the exclusive one; the turnstile stops new shared holders while an `alone` test waits.
+    `alone` tests that follow each other on a worker keep the lock between them, so the
+    machine is emptied once for them all.
     """
     if "PYTEST_XDIST_WORKER" not in os.environ:
         yield
         return
-    folder = tmp_path_factory.getbasetemp().parent  # the session's, shared by its workers
-    turnstile, share = folder / "deepline-turnstile.lock", folder / "deepline-share.lock"
-    if request.node.get_closest_marker("alone") is not None:
-        with _locked(turnstile, fcntl.LOCK_EX), _locked(share, fcntl.LOCK_EX):
-            yield
-    else:
-        with _locked(turnstile, fcntl.LOCK_EX):
-            pass
-        with _locked(share, fcntl.LOCK_SH):
-            yield
+    folder = Path(item.config.option.basetemp).parent  # the session's, shared by its workers
+    if not _held:
+        if _alone(item):
+            _held.append(_lock(folder / "deepline-turnstile.lock", fcntl.LOCK_EX))
+            _held.append(_lock(folder / "deepline-share.lock", fcntl.LOCK_EX))
+        else:
+            _unlock([_lock(folder / "deepline-turnstile.lock", fcntl.LOCK_EX)])
+            _held.append(_lock(folder / "deepline-share.lock", fcntl.LOCK_SH))
+    yield
+    if not (_alone(item) and _alone(nextitem)):
+        _unlock(_held)
 
 
 # --- PostgreSQL ---------------------------------------------------------------------------
