@@ -9,10 +9,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from tests.provider import Provider, Seen
 
@@ -79,16 +77,6 @@ def start(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[s
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-def wait_until(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 60.0) -> tuple[int, str, str]:

@@ -1,8 +1,9 @@
 """A real loopback HTTP provider for tests and benchmarks.
 
 An asyncio HTTP/1.1 server (keep-alive) on 127.0.0.1 in its own thread. It answers
-JSON, counts every request, remembers idempotency keys and "bills" each key once (as
-a provider that honours `Idempotency-Key` would), and can be told to misbehave:
+JSON, records every request with the moment it arrived (`Seen.at`), remembers
+idempotency keys and "bills" each key once (as a provider that honours
+`Idempotency-Key` would), and can be told to misbehave:
 
     provider.script("/v1/email", ["500", "429:0.2", "ok"])   # per-path answers, in order
     provider.default_fault = "slow:2"                          # for every request
@@ -24,6 +25,7 @@ import argparse
 import asyncio
 import json
 import threading
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +38,7 @@ class Seen:
     query: str
     headers: dict[str, str]
     body: Any
+    at: float = 0.0  # time.monotonic() when the request line arrived: rates are measured here
 
 
 @dataclass
@@ -184,6 +187,7 @@ async def _read_request(reader: asyncio.StreamReader) -> Seen | None:
     line = await reader.readline()
     if not line:
         return None
+    at = time.monotonic()
     method, target, _ = line.decode().split(" ", 2)
     headers: dict[str, str] = {}
     while True:
@@ -196,7 +200,7 @@ async def _read_request(reader: asyncio.StreamReader) -> Seen | None:
     data = await reader.readexactly(length) if length else b""
     path, _, query = target.partition("?")
     body: Any = json.loads(data) if data else None
-    return Seen(method, path, query, headers, body)
+    return Seen(method, path, query, headers, body, at)
 
 
 def main() -> None:

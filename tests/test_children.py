@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers import as_json, logged, no_traceback, runs, show, wait_until
 
 # `t.work` appends its label to the log when invoked: a replay from a receipt does not.
 TOOL = """
@@ -269,50 +269,12 @@ async def holder(ctx, input):
 # --- helpers ------------------------------------------------------------------------------
 
 
-def as_json(value: Any) -> str:
-    return json.dumps(value)
-
-
-def logged(path: Path) -> list[str]:
-    try:
-        return path.read_text().splitlines()
-    except FileNotFoundError:
-        return []
-
-
-def wait_until(predicate: Callable[[], Any], *, what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.05)
-
-
-def show(deepline: Callable[..., Any], run_id: str) -> dict[str, Any]:
-    result = deepline("runs", "show", run_id, "--json")
-    assert result.code == 0, result.stderr
-    return json.loads(result.stdout)
-
-
-def runs(deepline: Callable[..., Any], **env: str) -> dict[str, dict[str, Any]]:
-    result = deepline("runs", "list", "--json", **env)
-    assert result.code == 0, result.stderr
-    return {row["run_id"]: row for row in result.json_lines()}
-
-
 def children_of(listed: dict[str, dict[str, Any]], run_id: str) -> dict[str, dict[str, Any]]:
     """The direct children of a run, by play name."""
     found = [r for r in listed.values() if r["parent_run_id"] == run_id]
     by_play = {r["play"]: r for r in found}
     assert len(by_play) == len(found), found
     return by_play
-
-
-def no_traceback(stderr: str) -> None:
-    assert "Traceback" not in stderr, stderr
 
 
 @pytest.fixture
@@ -326,31 +288,6 @@ def plays(tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return write
-
-
-@pytest.fixture
-def spawn(tmp_path: Path, cli_env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen[str]]]:
-    """Start `deepline` in the background; whatever a test leaves running is killed."""
-    started: list[subprocess.Popen[str]] = []
-
-    def start(*args: str, **env: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "deepline_cli", *args],
-            cwd=tmp_path,
-            env={**cli_env, **env},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=10)
 
 
 # --- play refs, ids, records --------------------------------------------------------------

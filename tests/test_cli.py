@@ -16,6 +16,7 @@ import pytest
 
 from deepline_cli import _json
 from tests.conftest import Result, counts
+from tests.helpers import logged, wait_until
 
 RECEIPT_KEYS = {
     "key", "kind", "label", "tool", "status", "run_id", "attempt", "lease_expires_at",
@@ -155,22 +156,6 @@ async def slow(ctx, input):
 """
 
 
-def wait_for(condition: Callable[[], Any], *, timeout: float = 20, what: str = "a condition") -> Any:
-    """Poll `condition` until it returns something truthy, or fail after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-
-
-def read_lines(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
-
-
 def assert_one_error_sentence(result: Result) -> None:
     assert "Traceback" not in result.stderr, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -193,7 +178,8 @@ def basic(tmp_path: Path, write_play: Callable[..., Path]) -> tuple[Path, Path, 
 
 @pytest.fixture
 def spawn(tmp_path: Path, cli_env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen[str]]]:
-    """Start `python -m deepline_cli …` in the background (killed at teardown)."""
+    """Start `python -m deepline_cli …` in the background (killed at teardown), its output
+    in files (`spawned_output`) rather than conftest's pipes."""
     started: list[subprocess.Popen[str]] = []
 
     def start(*args: str, **env: str) -> subprocess.Popen[str]:
@@ -233,7 +219,7 @@ def test_run_prints_the_output_json_on_stdout(deepline, basic) -> None:
     result = deepline("run", str(play), "--input", payload)
     assert result.code == 0, result.stderr
     assert _json.loads(result.stdout) == BASIC_OUTPUT
-    assert len(read_lines(log)) == 3
+    assert len(logged(log)) == 3
 
 
 def test_json_mode_prints_only_ndjson_events(deepline, basic) -> None:
@@ -339,14 +325,14 @@ def test_resume_of_a_completed_run_reports_it(deepline, basic) -> None:
     assert result.code == 0, result.stderr
     assert "already completed" in result.stderr
     assert _json.loads(result.stdout) == BASIC_OUTPUT
-    assert len(read_lines(log)) == 3  # no tool ran again
+    assert len(logged(log)) == 3  # no tool ran again
 
 
 def test_run_id_twice_reports_the_completed_run_without_running_tools(deepline, basic) -> None:
     play, log, payload = basic
     first = run_json(deepline, "run", str(play), "--input", payload, "--run-id", "ci-1")
     assert first[-1]["status"] == "completed"
-    assert len(read_lines(log)) == 3
+    assert len(logged(log)) == 3
 
     second = deepline("run", str(play), "--input", payload, "--run-id", "ci-1", "--json")
     assert second.code == 0, second.stderr
@@ -363,7 +349,7 @@ def test_run_id_twice_reports_the_completed_run_without_running_tools(deepline, 
     assert "already completed" in third.stderr
     assert _json.loads(third.stdout) == BASIC_OUTPUT
 
-    assert len(read_lines(log)) == 3  # the tool was never invoked again
+    assert len(logged(log)) == 3  # the tool was never invoked again
     shown = _json.loads(deepline("runs", "show", "ci-1", "--json").stdout)
     assert shown["attempt"] == 1
 
@@ -397,7 +383,7 @@ def test_run_id_of_a_failed_run_resumes_it(deepline, tmp_path, write_play) -> No
     assert finished["status"] == "completed"
     assert finished["attempt"] == 2
     assert finished["output"] == {"answer": 42, "attempt": 2}
-    assert read_lines(log) == ["count"]  # the tool call of attempt 1 was reused
+    assert logged(log) == ["count"]  # the tool call of attempt 1 was reused
     shown = _json.loads(deepline("runs", "show", "f-1", "--json").stdout)
     assert (shown["status"], shown["attempt"]) == ("completed", 2)
 
@@ -511,7 +497,7 @@ def test_receipts_inspect_run_lists_receipts_reused_from_an_earlier_run(deepline
     second = run_json(deepline, "run", str(play), "--input", payload, "--run-id", "second")
     assert counts(second[-1]["stats"]["tools"]["t.double"]) == {"live": 0, "reused": 3, "failed": 0,
                                                                 "credits": 0.0, "retries": 0}  # fmt: skip
-    assert len(read_lines(log)) == 3
+    assert len(logged(log)) == 3
 
     of_first = {r["key"]: r for r in run_json(deepline, "receipts", "inspect", "--run", "first")}
     of_second = {r["key"]: r for r in run_json(deepline, "receipts", "inspect", "--run", "second")}
@@ -542,8 +528,8 @@ def test_resume_refuses_a_live_run_then_takes_over_a_killed_one(deepline, spawn,
     # A long lease: taking over the killed run must not wait for it to expire.
     ttl = {"DEEPLINE_LEASE_TTL": "60"}
     holder = spawn("run", str(play), "--input", payload, "--run-id", "busy-1", "--quiet", **ttl)
-    wait_for(lambda: _status_of(deepline, "busy-1") == "running", what="busy-1 to be running")
-    wait_for(lambda: read_lines(log) == ["start 1"], what="the tool call to be in flight")
+    wait_until(lambda: _status_of(deepline, "busy-1") == "running", what="busy-1 to be running")
+    wait_until(lambda: logged(log) == ["start 1"], what="the tool call to be in flight")
 
     busy = deepline("resume", "busy-1", **ttl)
     assert busy.code == 4, busy.stderr
@@ -563,7 +549,7 @@ def test_resume_refuses_a_live_run_then_takes_over_a_killed_one(deepline, spawn,
     assert finished["attempt"] == 2
     assert finished["output"] == {"result": "done", "attempt": 2}
     assert elapsed < 20, f"the takeover waited {elapsed:.1f}s (for a lease?)"
-    assert read_lines(log) == ["start 1", "start 2"]
+    assert logged(log) == ["start 1", "start 2"]
     shown = _json.loads(deepline("runs", "show", "busy-1", "--json").stdout)
     assert (shown["status"], shown["attempt"]) == ("completed", 2)
 
@@ -584,7 +570,7 @@ def test_interrupt_then_resume_does_every_call_once(
     log = tmp_path / "slow.log"
     payload = _json.dumps_str({"log": str(log), "n": n, "tool": tool_id})
     proc = spawn("run", str(play), "--input", payload, "--run-id", "int-1", "--quiet")
-    wait_for(lambda: sum(line.startswith("end ") for line in read_lines(log)) >= 20,
+    wait_until(lambda: sum(line.startswith("end ") for line in logged(log)) >= 20,
              what="20 calls to finish")  # fmt: skip
     proc.send_signal(signum)
     assert proc.wait(timeout=30) == 130, spawned_output(tmp_path)
@@ -592,7 +578,7 @@ def test_interrupt_then_resume_does_every_call_once(
     assert out == ""
     assert "interrupted" in err
     assert "Traceback" not in err
-    first_attempt = read_lines(log)
+    first_attempt = logged(log)
     assert sum(line.startswith("end ") for line in first_attempt) < n  # really interrupted
 
     shown = _json.loads(deepline("runs", "show", "int-1", "--json").stdout)
@@ -604,7 +590,7 @@ def test_interrupt_then_resume_does_every_call_once(
     shown = _json.loads(deepline("runs", "show", "int-1", "--json").stdout)
     assert (shown["status"], shown["attempt"]) == ("completed", 2)
 
-    starts = collections.Counter(int(line.split()[1]) for line in read_lines(log) if line.startswith("start "))
+    starts = collections.Counter(int(line.split()[1]) for line in logged(log) if line.startswith("start "))
     finished_in_1 = {int(line.split()[1]) for line in first_attempt if line.startswith("end ")}
     started_in_1 = {int(line.split()[1]) for line in first_attempt if line.startswith("start ")}
     assert set(starts) == set(range(n))  # every call executed

@@ -4,12 +4,11 @@ columns, malformed files, and relative paths that survive a resume from elsewher
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from deepline_cli.runtime.events import EventBus
-from deepline_cli.runtime.runner import Runner, RunOptions, RunResult
+from deepline_cli.runtime.runner import RunResult
+from tests.helpers import run_play
 
 # Tool invocations of the current test (the in-process plays import this list).
 CALLS: list[str] = []
@@ -50,14 +49,6 @@ def csv_play(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
     return path
 
 
-def run(play_file: Path, store_path: Path, input: dict[str, Any]) -> RunResult:
-    runner = Runner(RunOptions(store=str(store_path)), EventBus())
-    try:
-        return runner.start(str(play_file), input)
-    finally:
-        runner.close()
-
-
 def input_error(result: RunResult) -> str:
     """The run failed with an InputError (exit code 2): its message."""
     assert result.status == "failed", result.output
@@ -78,7 +69,7 @@ def test_csv_with_or_without_bom_and_rename(
     data = LEADS.replace("\n", newline).encode()
     (tmp_path / "leads.csv").write_bytes((b"\xef\xbb\xbf" if bom else b"") + data)
 
-    result = run(
+    result = run_play(
         csv_play,
         store_path,
         {
@@ -103,7 +94,7 @@ def test_csv_with_or_without_bom_and_rename(
 def test_a_header_only_csv_is_an_empty_map(csv_play: Path, store_path: Path, tmp_path: Path) -> None:
     (tmp_path / "leads.csv").write_text("First Name,Domain\n")
 
-    result = run(csv_play, store_path, {"csv": str(tmp_path / "leads.csv")})
+    result = run_play(csv_play, store_path, {"csv": str(tmp_path / "leads.csv")})
 
     assert result.status == "completed", result.error
     assert result.output["rows"] == []
@@ -113,7 +104,7 @@ def test_a_header_only_csv_is_an_empty_map(csv_play: Path, store_path: Path, tmp
 def test_blank_lines_are_skipped(csv_play: Path, store_path: Path, tmp_path: Path) -> None:
     (tmp_path / "leads.csv").write_text("Name,Domain\n\na,a.com\n\nb,b.com\n")
 
-    result = run(csv_play, store_path, {"csv": str(tmp_path / "leads.csv")})
+    result = run_play(csv_play, store_path, {"csv": str(tmp_path / "leads.csv")})
 
     assert result.status == "completed", result.error
     assert [r["Name"] for r in result.output["rows"]] == ["a", "b"]
@@ -125,7 +116,7 @@ def test_blank_lines_are_skipped(csv_play: Path, store_path: Path, tmp_path: Pat
 def test_a_missing_required_column_fails_before_any_tool_call(csv_play: Path, store_path: Path, tmp_path: Path) -> None:
     (tmp_path / "leads.csv").write_text(LEADS)
 
-    result = run(
+    result = run_play(
         csv_play,
         store_path,
         {
@@ -145,7 +136,7 @@ def test_required_refers_to_the_renamed_column_names(csv_play: Path, store_path:
     (tmp_path / "leads.csv").write_text(LEADS)
 
     # `first_name` exists only once "First Name" is renamed
-    result = run(csv_play, store_path, {"csv": str(tmp_path / "leads.csv"), "required": ["first_name"]})
+    result = run_play(csv_play, store_path, {"csv": str(tmp_path / "leads.csv"), "required": ["first_name"]})
 
     assert "'first_name'" in input_error(result)
     assert CALLS == []
@@ -154,7 +145,7 @@ def test_required_refers_to_the_renamed_column_names(csv_play: Path, store_path:
 def test_an_empty_file_is_an_input_error(csv_play: Path, store_path: Path, tmp_path: Path) -> None:
     (tmp_path / "leads.csv").write_bytes(b"")
 
-    message = input_error(run(csv_play, store_path, {"csv": str(tmp_path / "leads.csv")}))
+    message = input_error(run_play(csv_play, store_path, {"csv": str(tmp_path / "leads.csv")}))
 
     assert "leads.csv" in message
     assert "empty" in message
@@ -164,7 +155,7 @@ def test_an_empty_file_is_an_input_error(csv_play: Path, store_path: Path, tmp_p
 def test_a_ragged_row_names_the_file_and_line(csv_play: Path, store_path: Path, tmp_path: Path) -> None:
     (tmp_path / "leads.csv").write_text("Name,Domain\na,a.com\nb,b.com\nc,c.com,extra\nd,d.com\n")
 
-    message = input_error(run(csv_play, store_path, {"csv": str(tmp_path / "leads.csv")}))
+    message = input_error(run_play(csv_play, store_path, {"csv": str(tmp_path / "leads.csv")}))
 
     assert str(tmp_path / "leads.csv") in message
     assert "line 4" in message
@@ -183,7 +174,7 @@ def test_undecodable_bytes_name_the_file_and_line(
     (tmp_path / "leads.csv").write_bytes(b"\n".join(lines) + b"\n")
     bad_line = good_rows + 2
 
-    message = input_error(run(csv_play, store_path, {"csv": str(tmp_path / "leads.csv")}))
+    message = input_error(run_play(csv_play, store_path, {"csv": str(tmp_path / "leads.csv")}))
 
     assert str(tmp_path / "leads.csv") in message
     assert "UTF-8" in message

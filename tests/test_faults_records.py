@@ -16,7 +16,8 @@ from deepline_cli import _json
 from deepline_cli.store import open_store
 from deepline_cli.store.base import ReceiptQuery
 from tests.conftest import Result
-from tests.faults import ensure_alive, finish, kill, start, wait_until
+from tests.faults import ensure_alive, finish, kill, start
+from tests.helpers import show, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -51,12 +52,6 @@ def completed(store: str, tool: str) -> int:
         return len(db.query_receipts(ReceiptQuery(tool=tool, status="completed")))
     finally:
         db.close()
-
-
-def show(deepline: Callable[..., Result], run_id: str) -> dict:
-    shown = deepline("runs", "show", run_id, "--json")
-    assert shown.code == 0, shown.stderr
-    return _json.loads(shown.stdout)
 
 
 def test_stats_count_every_attempt_a_killed_one_included(

@@ -1,8 +1,11 @@
 """The map engine (SPEC §2): keys, resolvers, failures, logs, reuse, limits, barriers, resume.
 
-Plays run in-process through the real `Runner` against a private SQLite file. Tools and
-resolvers record every invocation in `CALLS` (the play imports it from this module), so a
-test can tell live work from reuse. Each test's tool ids carry the test's own prefix `P`.
+Plays run in-process through the real `Runner` against a private SQLite file; the tests
+of what a map keeps in the store (sheet reuse, failed cells, budgets, barriers, resume)
+run on each backend (`store_url`: SQLite, then PostgreSQL when DEEPLINE_TEST_POSTGRES_URL
+is set). Tools and resolvers record every invocation in `CALLS` (the play imports it from
+this module), so a test can tell live work from reuse. Each test's tool ids carry the
+test's own prefix `P`.
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ import pytest
 
 from deepline_cli.runtime import map as map_engine
 from deepline_cli.runtime.events import Event, EventBus
-from deepline_cli.runtime.runner import Runner, RunOptions, RunResult
+from deepline_cli.runtime.runner import RunResult
+from deepline_cli.store import open_store
+from deepline_cli.store.base import Store
 from deepline_cli.store.sqlite import SQLiteStore
+from tests.helpers import is_postgres, resume_run, run_play
 
 # Every tool and resolver invocation of the current test: "<what>:<row id>".
 CALLS: list[str] = []
@@ -97,60 +103,54 @@ class Outcome:
         ]
 
 
-def _runner(store_path: Path, store: SQLiteStore | None, events: list[Event], **options: Any) -> Runner:
-    return Runner(RunOptions(store=str(store_path), **options), EventBus([events.append]), store=store)
-
-
 def run(
     play_file: Path,
-    store_path: Path,
+    store: str | Path,
     input: dict[str, Any] | None = None,
     *,
-    store: SQLiteStore | None = None,
+    opened: Store | None = None,
     **options: Any,
 ) -> Outcome:
     events: list[Event] = []
-    runner = _runner(store_path, store, events, **options)
-    try:
-        result = runner.start(str(play_file), input or {})
-    finally:
-        runner.close()
+    result = run_play(play_file, store, input, bus=EventBus([events.append]), opened=opened, **options)
     return Outcome(result, events)
 
 
-def resume(run_id: str, store_path: Path, **options: Any) -> Outcome:
+def resume(run_id: str, store: str | Path, **options: Any) -> Outcome:
     events: list[Event] = []
-    runner = _runner(store_path, None, events, **options)
-    try:
-        result = runner.resume(run_id)
-    finally:
-        runner.close()
+    result = resume_run(run_id, store, bus=EventBus([events.append]), **options)
     return Outcome(result, events)
 
 
-def query(store_path: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(store_path)
+def query(store: str | Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Rows of `sql` (with `?` placeholders) on either backend."""
+    if is_postgres(str(store)):
+        import psycopg
+
+        with psycopg.connect(str(store)) as pg:
+            return [tuple(row) for row in pg.execute(sql.replace("?", "%s"), params).fetchall()]
+    conn = sqlite3.connect(store)
     try:
         return conn.execute(sql, params).fetchall()
     finally:
         conn.close()
 
 
-def map_rows(store_path: Path, run_id: str) -> list[tuple[int, int, str, str, str | None]]:
+def map_rows(store: str | Path, run_id: str) -> list[tuple[int, int, str, str, str | None]]:
     """(idx, input_index, row_key, outcome, error) of every finished row of a run."""
     return query(
-        store_path,
+        store,
         "SELECT idx, input_index, row_key, outcome, error FROM map_rows WHERE run_id = ? ORDER BY idx",
         run_id,
     )
 
 
-def stored_logs(store_path: Path, run_id: str) -> list[str]:
-    store = SQLiteStore(store_path)
+def stored_logs(store: str | Path, run_id: str) -> list[str]:
+    opened = open_store(str(store))
     try:
-        return [line.message for line in store.get_logs(run_id)]
+        return [line.message for line in opened.get_logs(run_id)]
     finally:
-        store.close()
+        opened.close()
 
 
 def summary(total: int, succeeded: int, failed: int, duplicate: int) -> str:
@@ -464,10 +464,10 @@ async def failing(ctx, input):
 """
 
 
-def test_isolated_failures_are_recorded_and_the_run_completes(make_play, store_path: Path) -> None:
+def test_isolated_failures_are_recorded_and_the_run_completes(make_play, store_url: str) -> None:
     play_file = make_play(FAILING, FAIL=["17", "3", "11", "5", "8"])
 
-    out = run(play_file, store_path)
+    out = run(play_file, store_url)
 
     assert out.result.status == "completed"
     assert out.result.exit_code == 0
@@ -491,10 +491,10 @@ def test_isolated_failures_are_recorded_and_the_run_completes(make_play, store_p
     # the same lines are kept in the store, in the same order
     assert [
         line
-        for line in stored_logs(store_path, out.result.run_id)
+        for line in stored_logs(store_url, out.result.run_id)
         if line.startswith(("row ", "Map completed")) or "omitted" in line
     ] == out.map_logs()
-    outcomes = Counter(r[3] for r in map_rows(store_path, out.result.run_id))
+    outcomes = Counter(r[3] for r in map_rows(store_url, out.result.run_id))
     assert outcomes == {"succeeded": 15, "failed": 5}
     assert out.result.stats["rows"]["failed"] == 5
 
@@ -620,14 +620,14 @@ def kinds(prefix: str) -> list[str]:
     return sorted(c for c in CALLS if c.startswith(prefix))
 
 
-def test_a_second_run_reuses_every_cell(make_play, store_path: Path) -> None:
+def test_a_second_run_reuses_every_cell(make_play, store_url: str) -> None:
     play_file = reuse_play(make_play)
-    first = run(play_file, store_path)
+    first = run(play_file, store_url)
     assert len(kinds("tool_")) == 16
     assert first.output[1] == {"id": "1", "a": {"a": "1-a"}, "c": "1-a+1", "b": {"b": "1-b"}, "d": "d1"}
     CALLS.clear()
 
-    second = run(play_file, store_path)
+    second = run(play_file, store_url)
 
     assert second.result.run_id != first.result.run_id
     assert CALLS == []  # no tool and no resolver was invoked
@@ -640,13 +640,13 @@ def test_a_second_run_reuses_every_cell(make_play, store_path: Path) -> None:
 
 @pytest.mark.parametrize("edit", ["same value", "new value"])
 def test_changed_column_code_recomputes_that_column_through_its_receipts(
-    make_play, store_path: Path, prefix: str, edit: str
+    make_play, store_url: str, prefix: str, edit: str
 ) -> None:
-    first = run(reuse_play(make_play), store_path)
+    first = run(reuse_play(make_play), store_url)
     CALLS.clear()
 
     column_b = COLUMN_B_RELABELLED if edit == "same value" else COLUMN_B_WRAPPED
-    out = run(reuse_play(make_play, column_b=column_b), store_path)
+    out = run(reuse_play(make_play, column_b=column_b), store_url)
 
     assert kinds("col_b:") == sorted(f"col_b:{i}" for i in range(8))  # recomputed
     assert kinds("tool_") == []  # its tool calls hit their receipts: nothing paid again
@@ -661,7 +661,7 @@ def test_changed_column_code_recomputes_that_column_through_its_receipts(
         assert [r["d"] for r in out.output] == [f"d{i}" for i in range(8)]
 
 
-def test_changed_input_recomputes_the_row_without_paying_again(make_play, store_path: Path) -> None:
+def test_changed_input_recomputes_the_row_without_paying_again(make_play, store_url: str) -> None:
     play_file = make_play(
         """
         @tool(P + ".t")
@@ -683,21 +683,21 @@ def test_changed_input_recomputes_the_row_without_paying_again(make_play, store_
             return [r["note"] for r in ds]
         """
     )
-    run(play_file, store_path, {"note": "old"})
+    run(play_file, store_url, {"note": "old"})
     CALLS.clear()
 
-    out = run(play_file, store_path, {"note": "new"})
+    out = run(play_file, store_url, {"note": "new"})
 
     assert out.output == ["x", "new"]
     assert CALLS == ["note:2"]
 
 
-def test_stale_after_zero_recomputes_the_column_every_run(make_play, store_path: Path) -> None:
+def test_stale_after_zero_recomputes_the_column_every_run(make_play, store_url: str) -> None:
     play_file = reuse_play(make_play, stale_b=0)
-    run(play_file, store_path)
+    run(play_file, store_url)
     CALLS.clear()
 
-    out = run(play_file, store_path)
+    out = run(play_file, store_url)
 
     assert kinds("col_b:") == sorted(f"col_b:{i}" for i in range(8))
     assert kinds("tool_") == []  # the column is stale, not the tool's receipt
@@ -705,34 +705,34 @@ def test_stale_after_zero_recomputes_the_column_every_run(make_play, store_path:
     assert [r["b"] for r in out.output] == [{"b": f"{i}-b"} for i in range(8)]
 
 
-def test_a_long_stale_after_reuses_the_column(make_play, store_path: Path) -> None:
+def test_a_long_stale_after_reuses_the_column(make_play, store_url: str) -> None:
     play_file = reuse_play(make_play, stale_b=3600)
-    run(play_file, store_path)
+    run(play_file, store_url)
     CALLS.clear()
 
-    run(play_file, store_path)
+    run(play_file, store_url)
 
     assert CALLS == []
 
 
-def test_a_short_stale_after_recomputes_once_it_has_passed(make_play, store_path: Path) -> None:
+def test_a_short_stale_after_recomputes_once_it_has_passed(make_play, store_url: str) -> None:
     play_file = reuse_play(make_play, stale_b=0.05)
-    run(play_file, store_path)
+    run(play_file, store_url)
     CALLS.clear()
     time.sleep(0.1)  # not a wait for something to happen: the cells must be older than 0.05 s
 
-    run(play_file, store_path)
+    run(play_file, store_url)
 
     assert kinds("col_b:") == sorted(f"col_b:{i}" for i in range(8))
     assert kinds("tool_") == []
 
 
-def test_force_refresh_recomputes_and_pays_again(make_play, store_path: Path) -> None:
+def test_force_refresh_recomputes_and_pays_again(make_play, store_url: str) -> None:
     play_file = reuse_play(make_play)
-    first = run(play_file, store_path)
+    first = run(play_file, store_url)
     CALLS.clear()
 
-    out = run(play_file, store_path, force_refresh=True)
+    out = run(play_file, store_url, force_refresh=True)
 
     assert kinds("tool_a:") == sorted(f"tool_a:{i}" for i in range(8))
     assert kinds("tool_b:") == sorted(f"tool_b:{i}" for i in range(8))
@@ -758,17 +758,17 @@ async def errors(ctx, input):
 
 
 @pytest.mark.parametrize("how", ["kept", "recompute_on_error", "refresh_failed"])
-def test_error_cell_is_kept_unless_asked_to_recompute(make_play, store_path: Path, tmp_path: Path, how: str) -> None:
+def test_error_cell_is_kept_unless_asked_to_recompute(make_play, store_url: str, tmp_path: Path, how: str) -> None:
     flag = tmp_path / "flag"
     flag.touch()
     play_file = make_play(ERROR_CELL, FLAG=str(flag), RECOMPUTE=how == "recompute_on_error")
-    first = run(play_file, store_path)
+    first = run(play_file, store_url)
     assert first.output["failed"] == 1
     assert first.output["rows"][2]["_error"] == "ValueError: provider said no (play.py line 15)"
     flag.unlink()  # the cause is gone
     CALLS.clear()
 
-    second = run(play_file, store_path, refresh_failed=how == "refresh_failed")
+    second = run(play_file, store_url, refresh_failed=how == "refresh_failed")
 
     if how == "kept":
         assert CALLS == []
@@ -788,7 +788,7 @@ def test_error_cell_is_kept_unless_asked_to_recompute(make_play, store_path: Pat
         assert second.map_logs() == [summary(4, 4, 0, 0)]
 
 
-def test_fixing_a_failing_columns_code_recomputes_its_error_cells(make_play, store_path: Path) -> None:
+def test_fixing_a_failing_columns_code_recomputes_its_error_cells(make_play, store_url: str) -> None:
     body = """
         def parse(row, rc):
             CALLS.append("parse:" + row["id"])
@@ -800,11 +800,11 @@ def test_fixing_a_failing_columns_code_recomputes_its_error_cells(make_play, sto
             ds = await ctx.map("m", rows, key="id", columns={"parse": parse})
             return {"failed": ds.failed_count, "values": [r["parse"] for r in ds]}
         """
-    broken = run(make_play(body.replace("BODY", "// int(row['id'])")), store_path)
+    broken = run(make_play(body.replace("BODY", "// int(row['id'])")), store_url)
     assert broken.output == {"failed": 1, "values": [1, None, 1]}
     CALLS.clear()
 
-    fixed = run(make_play(body.replace("BODY", "* 10")), store_path)
+    fixed = run(make_play(body.replace("BODY", "* 10")), store_url)
 
     assert fixed.output == {"failed": 0, "values": [10, 0, 20]}
     assert sorted(CALLS) == ["parse:0", "parse:1", "parse:2"]
@@ -850,12 +850,12 @@ def test_run_option_limit_processes_only_the_first_distinct_rows(make_play, stor
     assert run(play_file, store_path, {"limit": 2}, limit=4).output == [0, 1]
 
 
-def test_a_full_run_after_a_pilot_reuses_the_pilot_rows(make_play, store_path: Path) -> None:
+def test_a_full_run_after_a_pilot_reuses_the_pilot_rows(make_play, store_url: str) -> None:
     play_file = make_play(LIMITED)
-    run(play_file, store_path, limit=2)
+    run(play_file, store_url, limit=2)
     CALLS.clear()
 
-    out = run(play_file, store_path)
+    out = run(play_file, store_url)
 
     assert out.output == [0, 1, 2, 3, 4, 5, 6]
     assert sorted(CALLS) == ["col:2", "col:3", "col:4", "col:5", "col:6"]
@@ -865,7 +865,7 @@ def test_a_full_run_after_a_pilot_reuses_the_pilot_rows(make_play, store_path: P
 # --- fatal errors ------------------------------------------------------------------------------------
 
 
-def test_a_fatal_error_fails_the_run_and_records_no_failed_row(make_play, store_path: Path) -> None:
+def test_a_fatal_error_fails_the_run_and_records_no_failed_row(make_play, store_url: str) -> None:
     play_file = make_play(
         """
         @tool(P + ".spend")
@@ -885,23 +885,23 @@ def test_a_fatal_error_fails_the_run_and_records_no_failed_row(make_play, store_
         """
     )
 
-    out = run(play_file, store_path)
+    out = run(play_file, store_url)
 
     assert out.result.status == "failed"
     assert out.result.exit_code == 1
     assert out.result.error["type"] == "BudgetExceededError"
     assert "max-credits" in out.result.error["message"]
     assert "spend:5" not in CALLS
-    recorded = map_rows(store_path, out.result.run_id)
+    recorded = map_rows(store_url, out.result.run_id)
     assert "5" not in {r[2] for r in recorded}
     assert all(r[3] == "succeeded" for r in recorded)
-    cells = query(store_path, "SELECT row_key FROM sheet_rows WHERE row_key = '5'")
+    cells = query(store_url, "SELECT row_key FROM sheet_rows WHERE row_key = '5'")
     assert cells == []
     assert not [line for line in out.logs() if line.startswith("row 5 failed")]
 
 
 def test_max_credits_fails_the_map_and_a_resume_with_more_budget_pays_nothing_twice(
-    make_play, store_path: Path, prefix: str
+    make_play, store_url: str, prefix: str
 ) -> None:
     play_file = make_play(
         """
@@ -921,16 +921,16 @@ def test_max_credits_fails_the_map_and_a_resume_with_more_budget_pays_nothing_tw
         """
     )
 
-    first = run(play_file, store_path, max_credits=5)
+    first = run(play_file, store_url, max_credits=5)
 
     assert first.result.status == "failed"
     assert first.result.error["type"] == "BudgetExceededError"
     assert 0 < len(CALLS) <= 5
-    recorded = map_rows(store_path, first.result.run_id)
+    recorded = map_rows(store_url, first.result.run_id)
     assert {r[3] for r in recorded} == {"succeeded"}  # no row was failed for the budget
     assert not [line for line in first.logs() if " failed: " in line and line.startswith("row ")]
 
-    second = resume(first.result.run_id, store_path, max_credits=100)
+    second = resume(first.result.run_id, store_url, max_credits=100)
 
     assert second.result.status == "completed", second.result.error
     assert second.output == {"len": 20, "failed": 0}
@@ -981,15 +981,15 @@ async def strict(ctx, input):
 """
 
 
-def test_fail_mode_fails_on_an_error_cell_kept_from_an_earlier_run(make_play, store_path: Path, tmp_path: Path) -> None:
+def test_fail_mode_fails_on_an_error_cell_kept_from_an_earlier_run(make_play, store_url: str, tmp_path: Path) -> None:
     """Regression: a failed cell reused from the sheet did not stop an `on_row_error="fail"`
     map, so the second run completed (exit 0) with a failed row."""
     flag = tmp_path / "flag"
     flag.touch()
     play_file = make_play(STRICT, FLAG=str(flag))
-    assert run(play_file, store_path).result.status == "failed"
+    assert run(play_file, store_url).result.status == "failed"
 
-    again = run(play_file, store_path)  # the error cell is kept (no --refresh-failed)
+    again = run(play_file, store_url)  # the error cell is kept (no --refresh-failed)
 
     assert again.result.status == "failed", again.result.output
     assert again.result.exit_code == 1
@@ -997,7 +997,7 @@ def test_fail_mode_fails_on_an_error_cell_kept_from_an_earlier_run(make_play, st
 
 
 def test_resuming_a_fail_mode_run_does_not_complete_with_the_failed_row(
-    make_play, store_path: Path, tmp_path: Path
+    make_play, store_url: str, tmp_path: Path
 ) -> None:
     """Regression: the failed row of attempt 1 was seeded as "finished" on resume, so the map
     of an `on_row_error="fail"` run completed (exit 0) with that failed row inside. Its error
@@ -1005,12 +1005,12 @@ def test_resuming_a_fail_mode_run_does_not_complete_with_the_failed_row(
     flag = tmp_path / "flag"
     flag.touch()
     play_file = make_play(STRICT, FLAG=str(flag))
-    first = run(play_file, store_path)
+    first = run(play_file, store_url)
     assert first.result.status == "failed"
     flag.unlink()  # even with the cause gone, the error cell is kept without --refresh-failed
     CALLS.clear()
 
-    again = resume(first.result.run_id, store_path)
+    again = resume(first.result.run_id, store_url)
 
     assert again.result.status == "failed", again.result.output
     assert again.result.exit_code == 1
@@ -1019,19 +1019,19 @@ def test_resuming_a_fail_mode_run_does_not_complete_with_the_failed_row(
 
 
 def test_resume_with_refresh_failed_retries_a_row_failed_in_an_earlier_attempt(
-    make_play, store_path: Path, tmp_path: Path
+    make_play, store_url: str, tmp_path: Path
 ) -> None:
     """Regression: rows finished by an earlier attempt were seeded and skipped before the
     sheet was consulted, so `resume --refresh-failed` never retried a row failed in attempt 1."""
     flag = tmp_path / "flag"
     flag.touch()
     play_file = make_play(STRICT, FLAG=str(flag))
-    first = run(play_file, store_path)
+    first = run(play_file, store_url)
     assert first.result.status == "failed"
     flag.unlink()  # the cause is fixed
     CALLS.clear()
 
-    again = resume(first.result.run_id, store_path, refresh_failed=True)
+    again = resume(first.result.run_id, store_url, refresh_failed=True)
 
     assert again.result.status == "completed", again.result.error
     assert "check:2" in CALLS
@@ -1042,7 +1042,7 @@ def test_resume_with_refresh_failed_retries_a_row_failed_in_an_earlier_attempt(
 # --- events ------------------------------------------------------------------------------------------
 
 
-def test_map_and_barrier_events(make_play, store_path: Path) -> None:
+def test_map_and_barrier_events(make_play, store_url: str) -> None:
     play_file = make_play(
         """
         @play("events")
@@ -1052,7 +1052,7 @@ def test_map_and_barrier_events(make_play, store_path: Path) -> None:
         """
     )
 
-    out = run(play_file, store_path)
+    out = run(play_file, store_url)
 
     names = [e.event for e in out.events if e.event.startswith(("map.", "barrier."))]
     assert names[0] == "map.started"
@@ -1089,36 +1089,46 @@ async def barriers(ctx, input):
 """
 
 
-class UnderCountingStore(SQLiteStore):
+class UnderCounting:
     """Reports `missing` fewer finished rows than there are, for the first `reads` reads."""
 
-    def __init__(self, path: Path, *, missing: int, reads: int = 10**6) -> None:
-        super().__init__(path)
-        self.missing, self.reads, self.counted = missing, reads, 0
+    missing, reads, counted = 0, 10**6, 0
 
     def count_map_rows(self, run_id: str, map: str) -> dict[str, int]:
-        counts = super().count_map_rows(run_id, map)
+        counts = super().count_map_rows(run_id, map)  # type: ignore[misc]
         self.counted += 1
         if self.counted <= self.reads:
             counts["succeeded"] -= self.missing
         return counts
 
 
-class HidingStore(SQLiteStore):
+class Hiding:
     """Hides the finished row `hidden` from `finished_map_rows` while its counts report one
     row too many, so the visibility barrier passes and only reconciliation can notice."""
 
-    def __init__(self, path: Path, *, hidden: int) -> None:
-        super().__init__(path)
-        self.hidden = hidden
+    hidden = -1
 
     def count_map_rows(self, run_id: str, map: str) -> dict[str, int]:
-        counts = super().count_map_rows(run_id, map)
+        counts = super().count_map_rows(run_id, map)  # type: ignore[misc]
         counts["succeeded"] = counts.get("succeeded", 0) + 1
         return counts
 
     def finished_map_rows(self, run_id: str, map: str) -> list[int]:
-        return [idx for idx in super().finished_map_rows(run_id, map) if idx != self.hidden]
+        return [idx for idx in super().finished_map_rows(run_id, map) if idx != self.hidden]  # type: ignore[misc]
+
+
+def double_of(behaviour: type, url: str, **settings: Any) -> Any:
+    """The real store of `url`'s backend, with `behaviour` (a class above) over it."""
+    if is_postgres(url):
+        from deepline_cli.store.postgres import PostgresStore
+
+        backend: type[Store] = PostgresStore
+    else:
+        backend = SQLiteStore
+    store = type(behaviour.__name__ + backend.__name__, (behaviour, backend), {})(url)
+    for name, value in settings.items():
+        setattr(store, name, value)
+    return store
 
 
 @pytest.fixture
@@ -1129,12 +1139,12 @@ def quick_visibility(monkeypatch: pytest.MonkeyPatch) -> tuple[float, ...]:
 
 
 def test_rows_not_visible_in_the_store_raise_sheet_visibility_error(
-    make_play, store_path: Path, quick_visibility: tuple[float, ...]
+    make_play, store_url: str, quick_visibility: tuple[float, ...]
 ) -> None:
     play_file = make_play(BARRIER_PLAY)
-    double = UnderCountingStore(store_path, missing=1)
+    double = double_of(UnderCounting, store_url, missing=1)
 
-    out = run(play_file, store_path, store=double, run_id="run-visible")
+    out = run(play_file, store_url, opened=double, run_id="run-visible")
 
     assert out.result.status == "failed"
     assert out.result.exit_code == 1
@@ -1158,24 +1168,24 @@ def test_rows_not_visible_in_the_store_raise_sheet_visibility_error(
 
 
 def test_visibility_barrier_retries_until_rows_are_visible(
-    make_play, store_path: Path, quick_visibility: tuple[float, ...]
+    make_play, store_url: str, quick_visibility: tuple[float, ...]
 ) -> None:
     play_file = make_play(BARRIER_PLAY)
-    double = UnderCountingStore(store_path, missing=2, reads=2)
+    double = double_of(UnderCounting, store_url, missing=2, reads=2)
 
-    out = run(play_file, store_path, store=double)
+    out = run(play_file, store_url, opened=double)
 
     assert out.output == 5
     [visibility] = out.settled("barrier.visibility")
     assert (visibility["passed"], visibility["reads"], visibility["visible"]) == (True, 3, 5)
 
 
-def test_an_unaccounted_row_raises_map_accounting_error_naming_its_input_index(make_play, store_path: Path) -> None:
+def test_an_unaccounted_row_raises_map_accounting_error_naming_its_input_index(make_play, store_url: str) -> None:
     play_file = make_play(BARRIER_PLAY)
     # distinct row 3 ("d") is input row 5 (two duplicates come before it)
-    double = HidingStore(store_path, hidden=3)
+    double = double_of(Hiding, store_url, hidden=3)
 
-    out = run(play_file, store_path, store=double, run_id="run-accounting")
+    out = run(play_file, store_url, opened=double, run_id="run-accounting")
 
     assert out.result.status == "failed"
     assert out.result.exit_code == 1
@@ -1196,7 +1206,7 @@ def test_an_unaccounted_row_raises_map_accounting_error_naming_its_input_index(m
 
 
 def test_resume_seeds_rows_finished_by_the_failed_attempt(
-    make_play, store_path: Path, tmp_path: Path, prefix: str
+    make_play, store_url: str, tmp_path: Path, prefix: str
 ) -> None:
     flag = tmp_path / "fail-row-150"
     flag.touch()
@@ -1226,18 +1236,18 @@ def test_resume_seeds_rows_finished_by_the_failed_attempt(
         """,
         FLAG=str(flag),
     )
-    first = run(play_file, store_path)
+    first = run(play_file, store_url)
     assert first.result.status == "failed"
     assert first.result.error["type"] == "BudgetExceededError"
     run_id = first.result.run_id
-    finished = {r[2] for r in map_rows(store_path, run_id)}
+    finished = {r[2] for r in map_rows(store_url, run_id)}
     assert 0 < len(finished) < 300
     assert "150" not in finished
     before = Counter(CALLS)
     assert all(before[f"work:{key}"] == 1 for key in finished)
     flag.unlink()
 
-    second = resume(run_id, store_path)
+    second = resume(run_id, store_url)
 
     assert second.result.status == "completed", second.result.error
     assert second.result.attempt == 2
@@ -1250,7 +1260,7 @@ def test_resume_seeds_rows_finished_by_the_failed_attempt(
     assert all(calls[f"work:{i}"] == 1 for i in range(300))
     [started] = second.of("map.started")
     assert started["seeded"] == len(finished)
-    rows = map_rows(store_path, run_id)
+    rows = map_rows(store_url, run_id)
     assert [r[0] for r in rows] == list(range(300))
     assert {r[3] for r in rows} == {"succeeded"}
     assert second.map_logs() == [summary(300, 300, 0, 20)]

@@ -20,8 +20,9 @@ from deepline_cli import _json
 
 pytestmark = pytest.mark.slow
 
-DISTINCT = 2000
-DUPLICATES = 100
+DISTINCT = 1000
+DUPLICATES = 50
+KILL_AT = 250  # finished rows: the kill lands a quarter of the way through the map
 
 PLAY = """\
 import asyncio
@@ -112,9 +113,9 @@ def test_sigkill_mid_map_then_resume(deepline, tmp_path: Path, store_path: Path,
         )  # fmt: skip
         try:
             deadline = time.monotonic() + 60
-            while count_finished(store_path, "crash-1") < 500:
+            while count_finished(store_path, "crash-1") < KILL_AT:
                 assert proc.poll() is None, "the run ended before it could be killed"
-                assert time.monotonic() < deadline, "the map never reached 500 finished rows"
+                assert time.monotonic() < deadline, f"the map never reached {KILL_AT} finished rows"
                 time.sleep(0.005)
             os.kill(proc.pid, signal.SIGKILL)
         finally:
@@ -123,7 +124,7 @@ def test_sigkill_mid_map_then_resume(deepline, tmp_path: Path, store_path: Path,
     assert proc.returncode == -signal.SIGKILL
 
     at_kill = finished_rows(store_path, "crash-1")
-    assert 500 <= len(at_kill) < DISTINCT, "the kill did not land mid-way through the map"
+    assert KILL_AT <= len(at_kill) < DISTINCT, "the kill did not land mid-way through the map"
 
     resumed = deepline("resume", "crash-1", "--json")
 
@@ -163,4 +164,4 @@ def test_sigkill_mid_map_then_resume(deepline, tmp_path: Path, store_path: Path,
     assert len(got) == DISTINCT + 1
     assert sorted(got[1:]) == sorted(want[1:])
     assert got[1:] == want[1:]  # both in input order
-    assert _json.loads(got[1 + 1234][3]) == {"label": f"NAME 1234-{1234 * 7}"}
+    assert _json.loads(got[1 + 567][3]) == {"label": f"NAME 567-{567 * 7}"}

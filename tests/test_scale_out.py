@@ -18,7 +18,8 @@ from deepline_cli.runtime.runner import Runner, RunOptions
 from deepline_cli.store import open_store
 from deepline_cli.store.base import ReceiptQuery
 from tests.conftest import ROOT, Result
-from tests.faults import finish, kill, start, wait_until
+from tests.faults import finish, kill, start
+from tests.helpers import wait_until
 from tests.pgproxy import PgProxy
 
 pytestmark = pytest.mark.slow

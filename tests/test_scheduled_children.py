@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from tests.helpers import runs as runs_of
+
 SCHEDULED = """
 import asyncio
 from pathlib import Path
@@ -27,11 +29,6 @@ async def mom(ctx, input):
 """
 
 
-def _runs(deepline) -> dict[str, dict]:
-    listed = deepline("runs", "list", "--json")
-    return {row["run_id"]: row for row in listed.json_lines()}
-
-
 def test_children_run_as_queued_runs_and_the_parent_resumes_with_their_results(deepline, write_play, tmp_path) -> None:
     play = write_play(SCHEDULED, "family.py")
     payload = json.dumps({"xs": [1, 2], "flag": str(tmp_path / "flag")})
@@ -40,10 +37,13 @@ def test_children_run_as_queued_runs_and_the_parent_resumes_with_their_results(d
     worker = deepline("worker", "--once", "--concurrency", "2")
     assert worker.code == 0, worker.stderr
 
-    runs = _runs(deepline)
+    runs = runs_of(deepline)
     assert runs["fam-1"]["status"] == "completed"
     assert runs["fam-1"]["output"] == {"values": [10, 20]}
-    assert runs["fam-1"]["attempt"] == 2  # suspended once for its children, then resumed
+    # Suspended for its children, then resumed. A parent is due again as soon as one of
+    # its children has finished, so children that finish apart (a busy machine) resume
+    # it once each: never more resumes than children.
+    assert 2 <= runs["fam-1"]["attempt"] <= 3
     children = [r for r in runs.values() if r["parent_run_id"] == "fam-1"]
     assert len(children) == 2
     assert all(c["status"] == "completed" and c["attempt"] == 1 for c in children)
@@ -56,7 +56,7 @@ def test_a_failed_scheduled_child_raises_in_its_parent_and_a_resume_retries_it(d
     payload = json.dumps({"xs": [1, 3], "flag": str(flag)})
     deepline("run", f"{play}:mom", "--enqueue", "--run-id", "fam-2", "--input", payload)
     deepline("worker", "--once", "--concurrency", "2")
-    runs = _runs(deepline)
+    runs = runs_of(deepline)
     assert runs["fam-2"]["status"] == "failed"
     assert "child three is not ready" in runs["fam-2"]["error"]["message"]
 
@@ -64,9 +64,9 @@ def test_a_failed_scheduled_child_raises_in_its_parent_and_a_resume_retries_it(d
     # Queue the failed parent again: under the worker it re-queues its failed child once.
     again = deepline("run", f"{play}:mom", "--enqueue", "--run-id", "fam-2", "--input", payload)
     assert again.code == 0, again.stderr
-    assert _runs(deepline)["fam-2"]["status"] == "queued"
+    assert runs_of(deepline)["fam-2"]["status"] == "queued"
     worker = deepline("worker", "--once", "--concurrency", "2")
-    runs = _runs(deepline)
+    runs = runs_of(deepline)
     assert runs["fam-2"]["status"] == "completed", worker.stderr
     assert runs["fam-2"]["output"] == {"values": [10, 30]}
     children = {r["input"]["x"]: r for r in runs.values() if r["parent_run_id"] == "fam-2"}

@@ -22,7 +22,8 @@ import pytest
 
 from deepline_cli import _json
 from tests.conftest import ROOT, Result
-from tests.faults import finish, kill, start, wait_until
+from tests.faults import finish, kill, start
+from tests.helpers import wait_until
 from tests.provider import Provider, ProviderServer
 
 pytestmark = pytest.mark.slow
@@ -168,7 +169,8 @@ def _in_terminal(command: list[str], columns: int, env: dict[str, str], cwd: Pat
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
     proc = subprocess.Popen(
-        command, cwd=cwd, env={**env, "TERM": "xterm-256color"}, stdin=slave, stdout=slave, stderr=slave,
+        command, cwd=cwd, env={**env, "TERM": "xterm-256color", "COLUMNS": str(columns), "LINES": "40"},
+        stdin=slave, stdout=slave, stderr=slave,
         close_fds=True,
     )  # fmt: skip
     os.close(slave)

@@ -50,13 +50,10 @@ from deepline_cli.store.base import (
     claim,
     settle,
 )
+from tests.helpers import is_postgres
 
 T0 = 1_700_000_000.0
 TTL = 30.0
-
-
-def is_postgres(url: str) -> bool:
-    return url.startswith(("postgresql://", "postgres://"))
 
 
 @pytest.fixture

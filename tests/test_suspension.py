@@ -11,14 +11,11 @@ import datetime as dt
 import json
 import shutil
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
+from tests.helpers import as_json, logged, no_traceback, runs, show, wait_until
 
 # `t.work` appends its label to a log file when invoked, so a test can count how often a
 # tool really ran (a replay from a receipt does not invoke it).
@@ -76,41 +73,6 @@ async def det(ctx, input):
 # --- helpers ------------------------------------------------------------------------------
 
 
-def as_json(value: Any) -> str:
-    return json.dumps(value)
-
-
-def logged(path: Path) -> list[str]:
-    """The labels the tools appended, in order (each one a real invocation)."""
-    try:
-        return path.read_text().splitlines()
-    except FileNotFoundError:
-        return []
-
-
-def wait_until(predicate: Callable[[], Any], *, what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.05)
-
-
-def show(deepline: Callable[..., Any], run_id: str) -> dict[str, Any]:
-    result = deepline("runs", "show", run_id, "--json")
-    assert result.code == 0, result.stderr
-    return json.loads(result.stdout)
-
-
-def runs(deepline: Callable[..., Any]) -> dict[str, dict[str, Any]]:
-    result = deepline("runs", "list", "--json")
-    assert result.code == 0, result.stderr
-    return {row["run_id"]: row for row in result.json_lines()}
-
-
 def boundary(shown: dict[str, Any], boundary_id: str) -> dict[str, Any]:
     found = [b for b in shown["boundaries"] if b["id"] == boundary_id]
     assert len(found) == 1, shown["boundaries"]
@@ -124,39 +86,10 @@ def finished(result: Any) -> dict[str, Any]:
     return events[-1]
 
 
-def no_traceback(stderr: str) -> None:
-    assert "Traceback" not in stderr, stderr
-
-
 def rewrite(path: Path, text: str) -> None:
     """Change a play file; drop cached bytecode so the next process compiles the new code."""
     path.write_text(text)
     shutil.rmtree(path.parent / "__pycache__", ignore_errors=True)
-
-
-@pytest.fixture
-def spawn(tmp_path: Path, cli_env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen[str]]]:
-    """Start `deepline` in the background; whatever a test leaves running is killed."""
-    started: list[subprocess.Popen[str]] = []
-
-    def start(*args: str, **env: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "deepline_cli", *args],
-            cwd=tmp_path,
-            env={**cli_env, **env},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=10)
 
 
 # --- ctx.sleep ----------------------------------------------------------------------------

@@ -16,7 +16,8 @@ import pytest
 
 from deepline_cli import _json
 from tests.conftest import Result
-from tests.faults import finish, kill, start, wait_until
+from tests.faults import finish, kill, start
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
 

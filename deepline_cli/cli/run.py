@@ -186,9 +186,10 @@ def execute(options: RunOptions, action: Callable[[Runner], RunResult], json_mod
     from deepline_cli.runtime.runner import Runner
 
     view = _view(json_mode, quiet)
-    # Under --json, one `tool.call` event per durable call, as the NDJSON contract lists.
-    bus = EventBus([view.handle] if view is not None else [], per_call=json_mode)
-    finished = _interrupt_until_finished(bus)
+    finished, on_event = _interrupt_until_finished()
+    # Under --json, one `tool.call` event per durable call, as the NDJSON contract lists. The
+    # outcome is known before anyone can read it: `finished` hears run.finished first.
+    bus = EventBus([on_event, *([view.handle] if view is not None else [])], per_call=json_mode)
     runner = Runner(options, bus)
     if json_mode:
         view.on_closed = runner.request_stop  # `--json | head -1`: interrupt, resumable
@@ -205,7 +206,7 @@ def execute(options: RunOptions, action: Callable[[Runner], RunResult], json_mod
     raise typer.Exit(result.exit_code)
 
 
-def _interrupt_until_finished(bus: Any) -> threading.Event:
+def _interrupt_until_finished() -> tuple[threading.Event, Callable[[Any], None]]:
     """Ctrl-C or SIGTERM before the run has an outcome interrupts it (while the play runs,
     the runtime handles them itself); once `run.finished` is out, the outcome is decided
     and a late signal changes nothing (the process ends with the run's exit code)."""
@@ -219,10 +220,9 @@ def _interrupt_until_finished(bus: Any) -> threading.Event:
         if not finished.is_set():
             raise KeyboardInterrupt
 
-    bus.subscribe(on_event)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
-    return finished
+    return finished, on_event
 
 
 def _view(json_mode: bool, quiet: bool) -> Any:

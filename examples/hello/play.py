@@ -1,7 +1,7 @@
 """Hello, deepline: an offline play with two local tools.
 
     deepline run examples/hello/play.py
-    deepline run examples/hello/play.py --set names='["Ada", "Grace"]' --json
+    deepline run examples/hello/play.py --set people='[{"name": "Ada Lovelace", "domain": "analytical.engine"}]'
 
 Run it twice: the second run pays for nothing, every call comes back from a receipt.
 """
