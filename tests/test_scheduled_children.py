@@ -13,6 +13,8 @@ from deepline_cli import ProviderTransientError, play, tool
 
 @tool("sched.t")
 async def t(input):
+    if input["x"] == 1:
+        await asyncio.sleep(input.get("slow", 0))
     if input["x"] == 3 and not Path(input["flag"]).exists():
         raise ProviderTransientError("child three is not ready")
     return {"v": input["x"] * 10}
@@ -24,7 +26,8 @@ async def kid(ctx, input):
 @play("mom")
 async def mom(ctx, input):
     xs = input["xs"]
-    got = await asyncio.gather(*(ctx.run_play(f"kid-{x}", "kid", {"x": x, "flag": input["flag"]}) for x in xs))
+    kids = [{"x": x, "flag": input["flag"], "slow": input.get("slow", 0)} for x in xs]
+    got = await asyncio.gather(*(ctx.run_play(f"kid-{k['x']}", "kid", k) for k in kids))
     return {"values": [g["v"] for g in got]}
 """
 
@@ -72,3 +75,19 @@ def test_a_failed_scheduled_child_raises_in_its_parent_and_a_resume_retries_it(d
     children = {r["input"]["x"]: r for r in runs.values() if r["parent_run_id"] == "fam-2"}
     assert children[1]["attempt"] == 1  # the child that had succeeded was not run again
     assert children[3]["attempt"] == 2  # the failed one ran once more, under a worker
+
+
+def test_a_child_that_failed_while_a_sibling_still_ran_is_not_run_again(deepline, write_play, tmp_path) -> None:
+    """The parent resumes when the failed child ends, sees the failure while its sibling
+    still runs, and waits for the sibling: when it resumes again, the failure is reported,
+    not retried (nobody asked for a retry, and the retry would call the provider again)."""
+    play = write_play(SCHEDULED, "family.py")
+    payload = json.dumps({"xs": [1, 3], "flag": str(tmp_path / "flag"), "slow": 1.5})
+    deepline("run", f"{play}:mom", "--enqueue", "--run-id", "fam-3", "--input", payload)
+    worker = deepline("worker", "--once", "--concurrency", "2")
+    runs = runs_of(deepline)
+    assert runs["fam-3"]["status"] == "failed", worker.stderr
+    assert "child three is not ready" in runs["fam-3"]["error"]["message"]
+    children = {r["input"]["x"]: r for r in runs.values() if r["parent_run_id"] == "fam-3"}
+    assert (children[3]["status"], children[3]["attempt"]) == ("failed", 1), worker.stderr
+    assert (children[1]["status"], children[1]["attempt"]) == ("completed", 1)

@@ -110,12 +110,17 @@ async def _schedule_child(
         return record.output
     if record.status == "failed":
         seen = record.failure_seen_by
-        if seen is None or seen >= s.scope.attempt:
+        # A parent attempt that saw the failure and failed with it, then was resumed: someone
+        # retried it, so the failed child gets one more go. Seen by an attempt that ended
+        # otherwise (it waited for a sibling still running): reported again, not retried.
+        retried = seen is not None and seen < s.scope.attempt
+        if retried:
+            retried = await s.io.call(store.attempt_status, s.scope.run_id, seen) == "failed"
+        if not retried:
             # Report it (the parent fails, unless it catches this); remember which attempt saw it.
             await s.io.call(store.update_run, child_id, failure_seen_by=s.scope.attempt)
             message = (record.error or {}).get("message", "unknown error")
             raise ChildPlayError(f"Child play {play.name!r} (run {child_id}) failed: {message}")
-        # A later attempt of the parent (someone retried it): the failed child gets one more go.
         await s.io.call(store.update_run, child_id, status="queued", failure_seen_by=None, holder=None)
         await s.io.call(store.notify)
     boundary = await s.io.call(

@@ -203,6 +203,10 @@ class SqlStore(LedgerQueries):
                 (run_id, attempt, holder, now, now),
             )
 
+    def attempt_status(self, run_id: str, attempt: int) -> str | None:
+        rows = self._read("SELECT status FROM attempts WHERE run_id = ? AND attempt = ?", (run_id, attempt))
+        return str(rows[0][0]) if rows else None
+
     def end_attempt(self, run_id: str, attempt: int, status: str, now: float) -> None:
         with self._write() as c:
             c.execute(
