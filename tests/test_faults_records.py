@@ -4,6 +4,7 @@ depends on memory, and a signal after the end does not change the outcome."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import time
@@ -197,3 +198,34 @@ def test_a_tool_input_that_is_not_json_is_refused_before_any_call(
     assert "input of tool 't.any' has no receipt key" in reason and "JSON" in reason
     assert "Traceback" not in result.stderr
     assert not log.exists()
+
+
+STARVED = """
+import asyncio, time
+from deepline_cli import play, tool
+
+@tool("paced.t", rate_limit="10/s")
+def t(input):
+    open(input["log"], "a").write(f"{time.monotonic()}\\n")
+    return input["i"]
+
+@play("starved")
+async def starved(ctx, input):
+    calls = [asyncio.ensure_future(ctx.tools.execute(f"c{i}", "paced.t", {"i": i, "log": input["log"]}))
+             for i in range(12)]
+    await asyncio.sleep(0.15)
+    time.sleep(0.6)  # the process gets no CPU for a while: several slots come due meanwhile
+    return sum([(await c).output for c in calls])
+"""
+
+
+def test_slots_that_came_due_while_the_process_was_starved_are_not_a_burst(
+    tmp_path: Path, deepline: Callable[..., Result], write_play: Callable[..., Path]
+) -> None:
+    write_play(STARVED)
+    log = tmp_path / "sent"
+    result = deepline("run", "play.py", "--set", f"log={log}")
+    assert result.code == 0, result.stderr
+    sent = sorted(float(line) for line in log.read_text().split())
+    gaps = [b - a for a, b in itertools.pairwise(sent)]
+    assert len(sent) == 12 and min(gaps) >= 0.09, gaps  # 10/s: never closer than ~100 ms

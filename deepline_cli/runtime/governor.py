@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -27,44 +28,75 @@ def parse_rate(text: str, *, owner: str) -> float:
     return float(match.group(1)) / _UNIT_S[match.group(2)]
 
 
-SharedSlot = Callable[[str, float], Awaitable[float]]  # (tool, interval) -> seconds to wait
+# (tool, interval, count) -> the first start time of `count` consecutive slots, in seconds
+# from now (shared through the store by every process using it).
+SharedSlots = Callable[[str, float, int], Awaitable[float]]
+BLOCK_S = 0.25  # a process reserves up to this much of a tool's schedule at a time
 
 
 class Pacer:
     """Hands out call start times no closer than 1/rate apart.
 
     With `shared`, the schedule lives in the store, so every process (every worker on
-    every machine) using that store draws from one schedule per tool.
+    every machine) using that store draws from one schedule per tool. Slots are reserved
+    in blocks (up to a quarter of a second of the schedule, as many as calls are waiting),
+    so a fast-paced tool costs one store round trip per block, not per call. And calls
+    never go out closer than 1/rate apart from this process, even when it was starved
+    of CPU and woke after several of its slots had passed: late slots are not a burst.
     """
 
-    def __init__(self, tool: str, per_second: float, shared: SharedSlot | None = None) -> None:
+    def __init__(self, tool: str, per_second: float, shared: SharedSlots | None = None) -> None:
         self.tool = tool
         self.interval = 1.0 / per_second
+        self._block = max(1, int(per_second * BLOCK_S))
         self._next = 0.0
         self._shared = shared
-        self.waiting = 0
+        self._slots: deque[float] = deque()  # reserved start times (monotonic clock)
+        self._reserving: asyncio.Future[None] | None = None
+        self._last_sent = float("-inf")
+        self.waiting = 0  # calls in wait(): how many slots to reserve at once
+        self.sleeping = 0  # calls held back by the pace right now (the live view says "paced")
 
     async def wait(self) -> None:
-        if self._shared is not None:
-            delay = await self._shared(self.tool, self.interval)
-            await self._sleep(delay)
-            return
-        now = time.monotonic()
-        start = max(now, self._next)
-        self._next = start + self.interval
-        await self._sleep(start - now)
+        self.waiting += 1
+        try:
+            start = await self._slot()
+            # The floor on this process's own pace: a slot that came due while the process
+            # could not run is not taken together with the next one.
+            while (moment := max(start, self._last_sent + self.interval)) > time.monotonic():
+                self.sleeping += 1
+                try:
+                    await asyncio.sleep(moment - time.monotonic())
+                finally:
+                    self.sleeping -= 1
+            self._last_sent = time.monotonic()
+        finally:
+            self.waiting -= 1
 
-    async def _sleep(self, delay: float) -> None:
-        if delay > 0:
-            self.waiting += 1
+    async def _slot(self) -> float:
+        if self._shared is None:
+            start = max(time.monotonic(), self._next)
+            self._next = start + self.interval
+            return start
+        while not self._slots:
+            if self._reserving is None:
+                self._reserving = asyncio.ensure_future(self._reserve(min(self._block, self.waiting)))
+            reserving = self._reserving
             try:
-                await asyncio.sleep(delay)
+                await asyncio.shield(reserving)
             finally:
-                self.waiting -= 1
+                if self._reserving is reserving and reserving.done():
+                    self._reserving = None
+        return self._slots.popleft()
+
+    async def _reserve(self, count: int) -> None:
+        assert self._shared is not None
+        first = time.monotonic() + await self._shared(self.tool, self.interval, count)
+        self._slots.extend(first + i * self.interval for i in range(count))
 
 
 class Governor:
-    def __init__(self, concurrency: int | None = None, shared_slot: SharedSlot | None = None) -> None:
+    def __init__(self, concurrency: int | None = None, shared_slot: SharedSlots | None = None) -> None:
         self._run = asyncio.Semaphore(concurrency) if concurrency else None
         self._shared_slot = shared_slot
         self._tool_slots: dict[str, asyncio.Semaphore] = {}
@@ -85,7 +117,7 @@ class Governor:
 
     def paced(self) -> dict[str, float]:
         """Tools whose calls wait for their rate limit now → the limit (calls/s)."""
-        return {t: 1.0 / p.interval for t, p in self._pacers.items() if p.waiting}
+        return {t: 1.0 / p.interval for t, p in self._pacers.items() if p.sleeping}
 
     def paused(self) -> dict[str, float]:
         """Tools held back after a 429 → seconds until they go again."""

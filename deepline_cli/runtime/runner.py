@@ -326,8 +326,8 @@ class _Attempt:
         writes = WriteQueue(io)
         secrets = Secrets(Path(self.play.file).parent)
 
-        async def shared_slot(tool: str, interval: float) -> float:
-            start = await io.call(io.store.take_rate_slot, tool, interval, io.now())
+        async def shared_slot(tool: str, interval: float, count: int) -> float:
+            start = await io.call(io.store.take_rate_slot, tool, interval, io.now(), count)
             return start - io.now()
 
         governor = Governor(options.concurrency, shared_slot=shared_slot)

@@ -367,9 +367,10 @@ class Store(Protocol):
         """Wake idle workers (PostgreSQL NOTIFY; nothing to do where workers poll)."""
         ...
 
-    def take_rate_slot(self, tool: str, interval_s: float, now: float) -> float:
-        """The start time of the next call of `tool` paced every `interval_s`, shared by every
-        process using this store."""
+    def take_rate_slot(self, tool: str, interval_s: float, now: float, count: int = 1) -> float:
+        """The start time of the next `count` calls of `tool` paced every `interval_s` (the
+        first of them; the others follow one interval apart), shared by every process using
+        this store."""
         ...
 
     def lease_run(

@@ -151,15 +151,15 @@ class SqlStore(LedgerQueries):
     def notify(self) -> None:
         return None
 
-    def take_rate_slot(self, tool: str, interval_s: float, now: float) -> float:
+    def take_rate_slot(self, tool: str, interval_s: float, now: float, count: int = 1) -> float:
         with self._write() as c:
             c.execute("INSERT INTO rate_slots (tool, next_at) VALUES (?, ?) ON CONFLICT (tool) DO NOTHING", (tool, now))
             row = c.execute(
                 "UPDATE rate_slots SET next_at = (CASE WHEN next_at > ? THEN next_at ELSE ? END) + ?"
                 " WHERE tool = ? RETURNING next_at",
-                (now, now, interval_s, tool),
+                (now, now, interval_s * count, tool),
             ).fetchone()
-        return float(row[0]) - interval_s
+        return float(row[0]) - interval_s * count
 
     def lease_run(
         self,
