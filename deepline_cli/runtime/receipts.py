@@ -22,6 +22,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from deepline_cli import _json
@@ -100,10 +101,10 @@ def receipt_key(*parts: str | bytes) -> str:
 def idempotency_key(receipt_key: str, lease_id: str | None = None) -> str:
     """The provider idempotency key: the receipt key itself (so every retry, resume or
     other process sends the same one), or, for a new paid call of a receipt that has an
-    answer already (forced or stale), a digest of it and the claim's lease."""
+    answer already (forced or stale), the receipt key with the claim's lease (unique)."""
     if lease_id is None:
         return "dl-" + receipt_key
-    return "dl-" + _json.digest("refresh", receipt_key, lease_id)[:32]
+    return f"dl-{receipt_key}-{lease_id}"
 
 
 class LeaseIds:
@@ -255,8 +256,8 @@ class ReceiptBook:
             resumed=claimed.resumed,
             lease_id=lease_id,
             batch_key=receipt.batch_key,
-            _guard=lambda: self._ensure_owned(call, lease_id),
-            _on_retry=lambda reason: self._stats.tool(call.tool or f"ctx.{call.kind}").note_retry(reason),
+            _owner=self,
+            _call=call,
         )
         started = self._io.now()
         reserved = self._budget.expected(call.tool, call.credits, metered=call.metered)
@@ -265,7 +266,7 @@ class ReceiptBook:
                 info.ensure_lease()
                 self._budget.reserve(reserved, call.label, metered=call.metered)
             except BaseException:
-                self._writes.settle(Settlement(call.key, lease_id, "skipped")).add_done_callback(_retrieve)
+                self._writes.settle(Settlement(call.key, lease_id, "skipped"))
                 raise
             try:
                 value = self._secrets.redact_json(await invoke(info))
@@ -289,7 +290,7 @@ class ReceiptBook:
         settlement = Settlement(
             call.key, lease_id, "completed", output=value, credits=credits, call=self._record(call, started, info)
         )
-        self._writes.settle(settlement).add_done_callback(lambda done: self._check_recorded(call, done))
+        self._writes.settle(settlement, partial(self._check_recorded, call))
         self._count(call, "live", credits)
         return Outcome(value, "live", call.key, credits)
 
@@ -297,21 +298,16 @@ class ReceiptBook:
         scope = self._scope
         return CallRecord(scope.run_id, scope.attempt, call.kind, call.tool, started, info.retries, *current_row())
 
-    def _check_recorded(self, call: DurableCall, done: asyncio.Future[bool]) -> None:
+    def _check_recorded(self, call: DurableCall, applied: bool | BaseException) -> None:
         """The circuit breaker: a billed call that was not recorded stops the run."""
-        if done.cancelled():
-            return
-        exc = done.exception()
-        if isinstance(exc, StoreError):
+        if isinstance(applied, BaseException):
             self._trip(
                 StoreError(
                     f"A completed call ({call.label}) could not be recorded in the "
-                    f"store ({exc}); stopping this run so nothing is paid twice."
+                    f"store ({applied}); stopping this run so nothing is paid twice."
                 )
             )
-        elif exc is not None:
-            self._trip(StoreError(f"A completed call ({call.label}) could not be recorded: {exc}."))
-        elif not done.result():
+        elif not applied:
             # Our lease lapsed while the call was out (a paused process) and another owner
             # took the receipt: it sends the call under the same idempotency key and records
             # the answer, so nothing is paid twice and nothing is lost.
@@ -349,7 +345,7 @@ class ReceiptBook:
             )
             self._count(call, "failed", 0.0)
         # If this write fails the lease simply expires: the call's own error is what matters.
-        self._writes.settle(settlement).add_done_callback(_retrieve)
+        self._writes.settle(settlement)
 
     async def _wait_busy(self, call: DurableCall, receipt: Receipt, waited: float) -> float:
         if call.receipt_wait_s is not None and waited >= call.receipt_wait_s:
@@ -368,7 +364,10 @@ class ReceiptBook:
 
     # --- leases ---------------------------------------------------------------------------
 
-    def _ensure_owned(self, call: DurableCall, lease_id: str) -> None:
+    def note_retry(self, call: DurableCall, reason: str) -> None:
+        self._stats.tool(call.tool or f"ctx.{call.kind}").note_retry(reason)
+
+    def ensure_owned(self, call: DurableCall, lease_id: str) -> None:
         """At the moment of dispatch and before every retry: is the run still dispatching,
         and the lease still ours? The lease counts as ours until the expiry the store last
         confirmed: a process paused past it (SIGSTOP, a laptop lid) sends nothing."""

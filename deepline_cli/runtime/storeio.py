@@ -29,6 +29,7 @@ from deepline_cli.store.base import (
 )
 
 R = TypeVar("R")
+Checked = Callable[[bool | BaseException], None]  # a settlement's fate: applied, or the store's error
 
 
 RECONNECT_DELAYS_S = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0)  # then every 5 s, until the bound
@@ -105,23 +106,29 @@ class WriteQueue:
     def __init__(self, io: StoreIO) -> None:
         self._io = io
         self._claims: list[tuple[Claim, asyncio.Future[ClaimOutcome]]] = []
-        self._settlements: list[tuple[Settlement, asyncio.Future[bool]]] = []
+        self._settlements: list[tuple[Settlement, Checked | None]] = []
         self._logs: list[LogLine] = []
         self._sheet_rows: list[SheetRow] = []
         self._map_rows: list[MapRow] = []
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
 
     def claim(self, claim: Claim) -> asyncio.Future[ClaimOutcome]:
-        future: asyncio.Future[ClaimOutcome] = self._loop().create_future()
+        future: asyncio.Future[ClaimOutcome] = self._running_loop().create_future()
         self._claims.append((claim, future))
         self._wake()
         return future
 
-    def settle(self, settlement: Settlement) -> asyncio.Future[bool]:
-        future: asyncio.Future[bool] = self._loop().create_future()
-        self._settlements.append((settlement, future))
+    def settle(self, settlement: Settlement, checked: Checked | None = None) -> None:
+        """Queue a settlement; `checked` hears, once it is committed, whether it applied (or
+        the store's error) — no future per settlement: most have nobody waiting for them."""
+        self._settlements.append((settlement, checked))
         self._wake()
-        return future
 
     def sheet(self, sheet_row: SheetRow | None, map_row: MapRow) -> None:
         """A finished map row (and its sheet row, unless every cell was reused)."""
@@ -137,21 +144,16 @@ class WriteQueue:
     def _release(self, outcome: ClaimOutcome) -> None:
         """Nobody waits for this claim any more (its caller was cancelled): give it back."""
         receipt = outcome.receipt
-        self._settlements.append(
-            (Settlement(receipt.key, receipt.lease_id or "", "skipped"), self._loop().create_future())
-        )
+        self._settlements.append((Settlement(receipt.key, receipt.lease_id or "", "skipped"), None))
 
     async def flushed(self) -> None:
         """Wait until everything submitted so far is committed."""
         while self._task is not None:
             await asyncio.shield(self._task)
 
-    def _loop(self) -> asyncio.AbstractEventLoop:
-        return asyncio.get_running_loop()
-
     def _wake(self) -> None:
         if self._task is None or self._task.done():
-            self._task = self._loop().create_task(self._drain())
+            self._task = self._running_loop().create_task(self._drain())
 
     def owns(self, task: asyncio.Task[Any]) -> bool:
         """Is `task` this queue's writer (never to be cancelled: it holds paid results)?"""
@@ -170,20 +172,23 @@ class WriteQueue:
                     self._map_rows,
                 )
                 self._logs, self._sheet_rows, self._map_rows = [], [], []
-                futures: list[asyncio.Future[Any]] = [f for _, f in settlements]
-                futures += [f for _, f in claims]
                 try:
                     applied = await self._io.call(self._io.store.apply, writes, self._io.now())
                 except Exception as exc:
-                    for future in futures:
+                    for _, future in claims:
                         if not future.done():
                             future.set_exception(exc)
+                    for _, checked in settlements:
+                        if checked is not None:
+                            checked(exc)
                     continue
-                for future, result in zip(futures, [*applied.settled, *applied.outcomes], strict=True):
-                    if not future.done():
-                        future.set_result(result)
+                for (_, checked), applied_one in zip(settlements, applied.settled, strict=True):
+                    if checked is not None:
+                        checked(applied_one)
                 for (_, future), outcome in zip(claims, applied.outcomes, strict=True):
-                    if future.cancelled() and outcome.verdict == "claimed":
+                    if not future.done():
+                        future.set_result(outcome)
+                    elif future.cancelled() and outcome.verdict == "claimed":
                         self._release(outcome)
         finally:
             self._task = None

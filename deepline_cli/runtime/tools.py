@@ -11,7 +11,7 @@ import asyncio
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from deepline_cli.errors import UsageError
 
@@ -19,12 +19,11 @@ Execution = Literal["live", "receipt", "checkpoint", "in_flight"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _owned() -> None:
-    return None
+class CallOwner(Protocol):
+    """Who holds a call's lease (the receipt book): asked before every attempt."""
 
-
-def _ignore(reason: str) -> None:
-    return None
+    def ensure_owned(self, call: Any, lease_id: str) -> None: ...
+    def note_retry(self, call: Any, reason: str) -> None: ...
 
 
 @dataclass(slots=True)
@@ -49,17 +48,19 @@ class ToolCall:
     # What the provider said this call cost (a remote answer's `credits`); None: the
     # tool's declared credits.
     credits: float | None = None
-    _guard: Callable[[], None] = field(default=_owned, repr=False, compare=False)
-    _on_retry: Callable[[str], None] = field(default=_ignore, repr=False, compare=False)
+    _owner: CallOwner | None = field(default=None, repr=False, compare=False)
+    _call: Any = field(default=None, repr=False, compare=False)
 
     def ensure_lease(self) -> None:
         """Raise ReceiptLeaseLostError if this process no longer owns the call."""
-        self._guard()
+        if self._owner is not None:
+            self._owner.ensure_owned(self._call, self.lease_id)
 
     def note_retry(self, reason: str) -> None:
         """One more attempt of the call (`reason`: "429", "5xx", "network"…), for the stats."""
         self.retries += 1
-        self._on_retry(reason)
+        if self._owner is not None:
+            self._owner.note_retry(self._call, reason)
 
 
 @dataclass(slots=True)

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from deepline_cli.errors import StoreError, StoreLostError, StoreOpenError
-from deepline_cli.store.base import Claim, Receipt
+from deepline_cli.store.base import Claim, Receipt, Settlement
 from deepline_cli.store.migrations import SQLITE, migrate
-from deepline_cli.store.sql import CLAIM_INSERT_COLUMNS, CLAIM_ROW, SqlStore, claim_row
+from deepline_cli.store.sql import CLAIM_INSERT_COLUMNS, CLAIM_ROW, SqlStore, claim_row, settle_statement
 
 
 def configure(conn: sqlite3.Connection) -> None:
@@ -34,6 +34,9 @@ def configure(conn: sqlite3.Connection) -> None:
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA temp_store=MEMORY")
     conn.execute("PRAGMA cache_size=-65536")
+    # Checkpoints (copying the WAL into the file) are what fsyncs; with a run committing
+    # hundreds of batches a second, one every ~40 MB of WAL instead of every 4 MB.
+    conn.execute("PRAGMA wal_autocheckpoint=10000")
 
 
 def _enable_wal(conn: sqlite3.Connection) -> None:
@@ -105,6 +108,25 @@ class SQLiteStore(SqlStore):
             [claim_row(claimed) for _, _, claimed in inserts],
         )
         return []
+
+    def _settle_all(self, c: Any, settlements: Sequence[Settlement], now: float) -> list[bool]:
+        """Each kind of settlement in one executemany: when every one of them changed its
+        row (the usual case: our leases), they all applied; otherwise each is tried on its
+        own to tell which (one already applied reports False; the caller sorts it out)."""
+        groups: dict[str, list[tuple[int, tuple[Any, ...]]]] = {}
+        for index, settlement in enumerate(settlements):
+            sql, params = settle_statement(settlement, now)
+            groups.setdefault(sql, []).append((index, params))
+        applied = [False] * len(settlements)
+        for sql, items in groups.items():
+            cursor = c.executemany(sql, [params for _, params in items])
+            if cursor.rowcount == len(items):
+                for index, _ in items:
+                    applied[index] = True
+            else:
+                for index, params in items:
+                    applied[index] = c.execute(sql, params).rowcount == 1 or applied[index]
+        return applied
 
     def close(self) -> None:
         with self._lock:
