@@ -23,6 +23,8 @@ class PgProxy:
         self._refuse_until = 0.0
         self.port = 0
         self.dropped = 0
+        # Client messages that followed an answer: the round trips the client waited for.
+        self.round_trips = 0
 
     @property
     def url(self) -> str:
@@ -74,12 +76,20 @@ class PgProxy:
             client_w.transport.abort()
             return
         self._links |= {client_w, server_w}
-        await asyncio.gather(self._pipe(client_r, server_w), self._pipe(server_r, client_w))
+        turn = ["server"]  # who spoke last on this connection
+        await asyncio.gather(
+            self._pipe(client_r, server_w, turn, "client"), self._pipe(server_r, client_w, turn, "server")
+        )
         self._links -= {client_w, server_w}
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, turn: list[str], side: str
+    ) -> None:
         with contextlib.suppress(OSError, asyncio.CancelledError):
             while data := await reader.read(65536):
+                if side == "client" and turn[0] == "server":
+                    self.round_trips += 1
+                turn[0] = side
                 writer.write(data)
                 await writer.drain()
         writer.transport.abort()
