@@ -341,3 +341,9 @@ def test_check_lists_every_play_of_a_file(deepline: Run, write_play: Callable[..
     assert result.code == 0, result.stderr
     assert "first" in result.stdout and "second" in result.stdout
     assert "ok:" in result.stdout
+
+
+def test_store_path_says_where_the_store_is_without_its_password(deepline: Run, store_path: Path) -> None:
+    assert deepline("store", "path").stdout.strip() == str(store_path)
+    hidden = deepline("store", "path", DEEPLINE_STORE="postgresql://ana:s3cret-pass@db.internal/deepline")
+    assert hidden.stdout.strip() == "postgresql://ana:***@db.internal/deepline"

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from deepline_cli import __version__
-from deepline_cli.cli import events, export, plan, receipts, runs, tools, worker
+from deepline_cli.cli import events, export, plan, receipts, runs, store, tools, worker
 from deepline_cli.cli import run as run_cmd
 from deepline_cli.cli.common import Settings
 
@@ -63,3 +63,4 @@ app.add_typer(tools.app, name="tools")
 app.add_typer(events.app, name="events")
 app.add_typer(receipts.app, name="receipts")
 app.add_typer(runs.app, name="runs")
+app.add_typer(store.app, name="store")

@@ -17,20 +17,13 @@ REDACTED = "[redacted]"
 
 
 def read_dotenv(path: Path) -> dict[str, str]:
-    """`KEY=value` lines; `#` comments, `export ` prefixes and quotes are understood."""
-    values: dict[str, str] = {}
+    """`KEY=value` lines, read as python-dotenv reads them: `# comments` (inline ones too,
+    after a space), `export ` prefixes, single quotes (literal) and double quotes (escapes)."""
     if not path.is_file():
-        return values
-    for raw in path.read_text(encoding="utf-8-sig").splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#") or "=" not in line:
-            continue
-        name, _, value = line.removeprefix("export ").partition("=")
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        values[name.strip()] = value
-    return values
+        return {}
+    from dotenv import dotenv_values
+
+    return {name: value or "" for name, value in dotenv_values(path, encoding="utf-8-sig").items()}
 
 
 def encoded_forms(secret: str) -> set[str]:

@@ -16,6 +16,11 @@ def default_store_path() -> Path:
     return Path(platformdirs.user_data_dir("deepline", appauthor=False)) / "deepline.db"
 
 
+def safe_url(url: str) -> str:
+    """The URL without its password, for messages."""
+    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+
+
 def resolve_store_url(url: str | None) -> str:
     """--store, else DEEPLINE_STORE, else deepline.db in the user data directory."""
     return url or os.environ.get("DEEPLINE_STORE") or str(default_store_path())
@@ -44,4 +49,4 @@ def open_store(url: str | None = None) -> Store:
     return SQLiteStore(Path(target).expanduser())
 
 
-__all__ = ["Store", "default_store_path", "open_store", "resolve_store_url"]
+__all__ = ["Store", "default_store_path", "open_store", "resolve_store_url", "safe_url"]

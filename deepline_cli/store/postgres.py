@@ -8,7 +8,6 @@ Lease times come from the database server's clock, so machines' clocks don't mat
 from __future__ import annotations
 
 import contextlib
-import re
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -19,6 +18,7 @@ import psycopg
 import psycopg.errors
 
 from deepline_cli.errors import StoreConnectionLost, StoreError, StoreOpenError
+from deepline_cli.store import safe_url
 from deepline_cli.store.base import Settlement
 from deepline_cli.store.migrations import POSTGRES, migrate
 from deepline_cli.store.sql import SqlStore, StoreConflict, settle_statement
@@ -30,11 +30,6 @@ _MIGRATION_LOCK = 7_283_551  # pg_advisory_xact_lock key: one migrating process 
 def _pg(sql: str) -> str:
     """The shared SQL uses `?` placeholders; psycopg wants `%s`."""
     return sql.replace("?", "%s")
-
-
-def safe_url(url: str) -> str:
-    """The URL without its password, for messages."""
-    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
 
 
 class _Tx:
