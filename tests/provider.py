@@ -39,6 +39,7 @@ class Seen:
     headers: dict[str, str]
     body: Any
     at: float = 0.0  # time.monotonic() when the request line arrived: rates are measured here
+    port: int = 0  # the provider's port it arrived on (see ProviderServer.add_port)
 
 
 @dataclass
@@ -93,6 +94,7 @@ class ProviderServer:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.base_events.Server | None = None
+        self._extra: list[asyncio.base_events.Server] = []
 
     def __enter__(self) -> Provider:
         self._thread.start()
@@ -105,6 +107,17 @@ class ProviderServer:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._loop.close()
+
+    def add_port(self) -> int:
+        """Listen on one more port (same provider, same answers); the requests that arrive
+        there say so in `Seen.port`: a test gives each client its own port to tell them apart."""
+        future = asyncio.run_coroutine_threadsafe(self._listen(), self._loop)
+        return future.result(timeout=10)
+
+    async def _listen(self) -> int:
+        server = await asyncio.start_server(self._handle, "127.0.0.1", 0, backlog=1024)
+        self._extra.append(server)
+        return int(server.sockets[0].getsockname()[1])
 
     async def _start(self) -> None:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", self._port, backlog=1024)
@@ -120,17 +133,20 @@ class ProviderServer:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        for server in [self._server, *self._extra]:
+            if server is not None:
+                server.close()
+                await server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.provider.connections += 1
+        port = writer.get_extra_info("sockname")[1]
         try:
             while True:
                 seen = await _read_request(reader)
                 if seen is None:
                     return
+                seen.port = port
                 if not await self._respond(seen, writer):
                     return
         except (ConnectionError, asyncio.IncompleteReadError):

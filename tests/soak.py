@@ -4,12 +4,16 @@ idempotency key and when it arrived; afterwards:
 
 - billed == distinct calls: each distinct call went out under exactly one key (a provider
   honouring keys billed it once), and every call was made;
-- no same-key re-send that did not straddle a fault: a key sent twice had a fault
-  between the two sends (the first sender died or was paused with the call in flight);
-- every row of the run succeeded, and the run says `completed`.
+- no same-key re-send without a fault: a key sent twice was first sent by a process
+  that was then killed, terminated, or paused and taken over with the call in flight.
+  Each process gets its own provider port, so every request is attributed to the process
+  that sent it (not guessed from arrival times, which lag on a loaded machine);
+- a paused process that was taken over sends nothing once it wakes;
+- every row of the run succeeded, the run says `completed`, and the credits it reports
+  (from the calls ledger, every attempt) are those of every call once.
 
 A SIGSTOP pauses the process past its lease; a resume then takes the run over, and when
-the paused process wakes it must stop (exit 4) without sending anything.
+the paused process wakes it must stop (exit 4) without sending or writing anything.
 
     python tests/soak.py --events 50 --rows 2000                  # SQLite
     python tests/soak.py --events 50 --store postgresql://postgres@127.0.0.1:5432/soak
@@ -36,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.provider import Provider, ProviderServer, Seen  # noqa: E402
+from tests.provider import Provider, ProviderServer  # noqa: E402
 
 PLAY = """
 from deepline_cli import play
@@ -75,16 +79,14 @@ credits = 2
 """
 
 
-class Stamped(list[Seen]):
-    """The provider's request list, noting when each request arrived."""
+@dataclass
+class Process:
+    """One `deepline` process of the soak, the provider port it alone calls, and its fate."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.at: list[float] = []
-
-    def append(self, seen: Seen) -> None:
-        self.at.append(time.monotonic())
-        super().append(seen)
+    popen: subprocess.Popen[bytes]
+    port: int
+    fate: str = ""  # killed | terminated | taken over | exit N
+    woke_at: float | None = None  # SIGCONT after it was taken over
 
 
 @dataclass
@@ -96,74 +98,87 @@ class Soak:
     latency_s: float = 1.0  # slow enough that the run outlasts the faults
     seed: int = 1
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="deepline-soak-")))
-    faults: list[tuple[float, str]] = field(default_factory=list)  # (when, what)
+    faults: list[str] = field(default_factory=list)  # kill | stop | term, in order
     takeovers: int = 0
     woke_busy: int = 0
-    started: int = 0  # processes started
+    processes: list[Process] = field(default_factory=list)
+    server: ProviderServer | None = None
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DEEPLINE_")}
         return {**env, "DEEPLINE_STORE": self.store, "DEEPLINE_LEASE_TTL": str(self.ttl), "PYTHONUNBUFFERED": "1"}
 
-    def start(self) -> subprocess.Popen[bytes]:
-        """`run --run-id`: starts the run, or resumes it (how a CI job reruns)."""
+    def start(self) -> Process:
+        """`run --run-id`: starts the run, or resumes it (how a CI job reruns), calling the
+        provider on a port of its own."""
+        assert self.server is not None
+        port = self.server.add_port()
+        (self.work / "deepline.toml").write_text(textwrap.dedent(CONFIG.format(port=port)))
         args = ["run", "play.py", "--set", f"rows={self.rows}", "--run-id", "soak-run", "--quiet"]
-        self.started += 1
-        with (self.work / f"process-{self.started}.log").open("wb") as log:
-            return subprocess.Popen(
+        with (self.work / f"process-{len(self.processes) + 1}.log").open("wb") as log:
+            popen = subprocess.Popen(
                 [sys.executable, "-m", "deepline_cli", *args],
                 cwd=self.work, env=self.env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
             )  # fmt: skip
+        self.processes.append(Process(popen, port))
+        return self.processes[-1]
 
     def run(self) -> dict[str, Any]:
         random.seed(self.seed)
         provider = Provider(latency_s=self.latency_s)
-        provider.requests = Stamped()
-        with ProviderServer(provider) as p:
+        self.server = ProviderServer(provider)
+        with self.server:
             (self.work / "play.py").write_text(PLAY)
-            (self.work / "deepline.toml").write_text(textwrap.dedent(CONFIG.format(port=p.port)))
             started = time.monotonic()
             outcome = self._drive()
-            return self._verdict(p, outcome, time.monotonic() - started)
+            return self._verdict(provider, outcome, time.monotonic() - started)
 
     def _drive(self) -> int:
         proc = self.start()
         while len(self.faults) < self.events:
             time.sleep(random.uniform(0.3, 1.5))
-            if proc.poll() is not None:
-                if proc.returncode == 0:  # finished before enough faults: a fresh run id is not
-                    break  # useful; the faults so far are what this soak measured
+            code = proc.popen.poll()
+            if code is not None:
+                proc.fate = f"exit {code}"
+                if code == 0:  # finished before enough faults: a fresh run id is not useful;
+                    break  # the faults so far are what this soak measured
                 proc = self.start()
                 continue
             proc = self._fault(proc)
         return self._finish(proc)
 
-    def _fault(self, proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+    def _fault(self, proc: Process) -> Process:
         kind = random.choice(["kill", "kill", "stop", "term"])
-        self.faults.append((time.monotonic(), kind))
+        self.faults.append(kind)
         if kind == "kill":
-            proc.kill()
-            proc.wait()
+            proc.popen.kill()
+            proc.popen.wait()
+            proc.fate = "killed"
             return self.start()
         if kind == "term":
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
+            proc.popen.send_signal(signal.SIGTERM)
+            proc.popen.wait(timeout=60)
+            proc.fate = "terminated"
             return self.start()
         # Paused past its lease: another process takes the run over; the paused one, woken,
         # must stop without sending (exit 4) — or, if it finished its last call before the
         # pause, report the run as it left it.
         before = self._attempt()
-        proc.send_signal(signal.SIGSTOP)
+        proc.popen.send_signal(signal.SIGSTOP)
         time.sleep(self.ttl + random.uniform(0.3, 1.0))
         successor = self.start()
         deadline = time.monotonic() + 60
-        while self._attempt() == before and successor.poll() is None and time.monotonic() < deadline:
+        while self._attempt() == before and successor.popen.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)  # until the successor has taken the run (a loaded machine starts slowly)
         time.sleep(random.uniform(0.2, 1.0))
-        proc.send_signal(signal.SIGCONT)
-        if successor.poll() not in (None, 0):  # it found the paused process's lease still current
+        taken_over = self._attempt() != before
+        proc.popen.send_signal(signal.SIGCONT)
+        if not taken_over:  # the successor found the paused process's lease still current
+            successor.fate = f"exit {successor.popen.wait(timeout=60)}"
             return proc
-        code = proc.wait(timeout=60)
+        proc.woke_at = time.monotonic()
+        code = proc.popen.wait(timeout=60)
+        proc.fate = "taken over"
         self.takeovers += 1
         self.woke_busy += code == 4
         return successor
@@ -178,50 +193,76 @@ class Soak:
         finally:
             db.close()
 
-    def _finish(self, proc: subprocess.Popen[bytes]) -> int:
+    def _finish(self, proc: Process) -> int:
         while True:
-            code = proc.wait(timeout=600)
+            code = proc.popen.wait(timeout=600)
+            proc.fate = f"exit {code}"
             if code == 0:
                 return 0
             if code not in (1, 4, 130):
-                stderr = (self.work / f"process-{self.started}.log").read_text()
+                stderr = (self.work / f"process-{len(self.processes)}.log").read_text()
                 raise RuntimeError(f"deepline exited {code}: {stderr[-2000:]}")
             proc = self.start()
 
+    def _reported_credits(self) -> float:
+        from deepline_cli.store import open_store
+
+        db = open_store(self.store)
+        try:
+            return float(db.run_stats("soak-run")["credits"])
+        finally:
+            db.close()
+
     def _verdict(self, provider: Provider, outcome: int, elapsed: float) -> dict[str, Any]:
-        requests: Stamped = provider.requests  # type: ignore[assignment]
-        sends: dict[str, list[float]] = {}
+        by_port = {p.port: p for p in self.processes}
+        sends: dict[str, list[Process]] = {}
         calls: dict[tuple[str, str], set[str]] = {}
-        for seen, at in zip(requests, requests.at, strict=True):
+        after_takeover = 0
+        for seen in provider.requests:
             key = seen.headers.get("idempotency-key", "")
-            sends.setdefault(key, []).append(at)
+            sender = by_port[seen.port]
+            sends.setdefault(key, []).append(sender)
             calls.setdefault((seen.path, json.dumps(seen.body, sort_keys=True)), set()).add(key)
-        fault_times = [t for t, _ in self.faults]
+            after_takeover += sender.woke_at is not None and seen.at > sender.woke_at
+        faulted = ("killed", "terminated", "taken over")
+        # A re-send is explained when the earlier sender is another process that was killed,
+        # terminated or taken over (with the call in flight); never by the same process.
         unexplained = [
-            key
-            for key, times in sends.items()
-            for first, again in itertools.pairwise(times)
-            if not any(first < t < again for t in fault_times)
+            (key, first.fate, first is again)
+            for key, senders in sends.items()
+            for first, again in itertools.pairwise(senders)
+            if first is again or first.fate not in faulted
         ]
         distinct = 2 * self.rows
+        credits = self._reported_credits()
         return {
             "store": self.store.split("://")[0] if "://" in self.store else "sqlite",
             "rows": self.rows,
             "faults": len(self.faults),
-            "kills": sum(1 for _, k in self.faults if k == "kill"),
-            "stops": sum(1 for _, k in self.faults if k == "stop"),
-            "terms": sum(1 for _, k in self.faults if k == "term"),
+            "kills": self.faults.count("kill"),
+            "stops": self.faults.count("stop"),
+            "terms": self.faults.count("term"),
+            "takeovers": self.takeovers,
             "stopped_woke_exit_4": self.woke_busy,
-            "requests": len(requests),
+            "processes": len(self.processes),
+            "requests": len(provider.requests),
             "distinct_calls": distinct,
             "calls_made": len(calls),
             "billed": len(sends),
             "calls_under_two_keys": sum(1 for keys in calls.values() if len(keys) > 1),
             "resends_across_a_fault": sum(len(t) - 1 for t in sends.values()) - len(unexplained),
             "resends_without_a_fault": len(unexplained),
+            "unexplained": unexplained[:10],
+            "sent_after_taken_over": after_takeover,
+            "credits_reported": credits,
+            "credits_expected": 3 * self.rows,
             "exit": outcome,
             "elapsed_s": round(elapsed, 1),
-            "ok": outcome == 0 and len(sends) == distinct == len(calls) and not unexplained,
+            "ok": outcome == 0
+            and len(sends) == distinct == len(calls)
+            and not unexplained
+            and not after_takeover
+            and credits == 3 * self.rows,
         }
 
 

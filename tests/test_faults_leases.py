@@ -283,3 +283,51 @@ def test_the_same_run_id_started_twice_at_once_runs_once(tmp_path: Path, env: di
             assert "Traceback" not in err and "UNIQUE" not in err and "duplicate key" not in err, err
             if code == 4:
                 assert err.count("\n") == 1 and "held by a live process" in err, err
+
+
+def test_a_process_woken_after_a_takeover_writes_no_rows(
+    tmp_path: Path, deepline: Callable[..., Result], env: dict[str, str]
+) -> None:
+    """A process paused with a provider's answer on its way wakes after another process
+    took the run over. Its settlement is refused (the receipt is the new owner's) and it
+    must not write the row either: a row written from a result no receipt recorded would
+    be reused by every later attempt while the paid call never reaches the ledger.
+
+    A sends the call and is paused; B takes the run over, sends the call again (same
+    key) and is killed before its answer; A wakes with its answer. C then finishes."""
+    with ProviderServer(TimedProvider(latency_s=0.8)) as provider:
+        (tmp_path / "play.py").write_text(MAP_PLAY)
+        (tmp_path / "deepline.toml").write_text(tool_config(provider.port, concurrency=1))
+        args = ["run", "play.py", "--input", '{"n": 1}', "--run-id", "woken", "--quiet"]
+        a = start(args, env, tmp_path)
+        b = None
+        try:
+            wait_until(lambda: provider.count() >= 1, what="A's call")
+            os.kill(a.pid, signal.SIGSTOP)
+            time.sleep(1.3)  # past A's lease (1 s)
+            b = start(args, env, tmp_path)
+            wait_until(lambda: provider.count() >= 2 or b.poll() is not None, what="B's call")
+            ensure_alive(b)
+            kill(b)  # B's answer never arrives; its receipt stays B's
+            time.sleep(0.3)  # A's answer has been in its socket since before B started
+            os.kill(a.pid, signal.SIGCONT)
+            code, _, err = finish(a)
+        finally:
+            kill(a)
+            if b is not None:
+                kill(b)
+        assert code == 4, err
+        db = open_store(env["DEEPLINE_STORE"])
+        try:
+            assert db.count_map_rows("woken", "rows") == {}, "the taken-over process wrote a map row"
+            assert db.load_sheet_rows("default/faults/rows", ["d0.com"]) == {}, "... and its sheet row"
+            assert [m.status for m in db.get_maps("woken")] == ["running"], "... or its map's record over B's"
+        finally:
+            db.close()
+        c = deepline("run", "play.py", "--input", '{"n": 1}', "--run-id", "woken", "--quiet", **env)
+        assert c.code == 0, c.stderr
+        assert provider.count() == 3  # A's, B's and C's send of the one call, all under one key
+        assert len(provider.sends()) == 1
+    shown = deepline("runs", "show", "woken", "--json", **env)
+    assert _json.loads(shown.stdout)["stats"]["credits"] == 1  # the call C settled is in the ledger
+    assert [r.status for r in _completed(env, "p.lookup")] == ["completed"]

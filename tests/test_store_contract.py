@@ -690,6 +690,45 @@ def test_lease_run_is_compare_and_set_on_the_attempt(store: Store, other: Store)
     assert not store.lease_run("run-9", holder="A:1", expires_at=T0, attempt=2, expect_attempt=1)
 
 
+def test_an_attempt_whose_run_was_taken_over_writes_nothing(store: Store, other: Store) -> None:
+    """Fencing: once attempt 2 holds the run, attempt 1's rows, log lines, map record and
+    outcome are refused in the same transaction; attempt 2's, and unfenced ones, go in."""
+    store.insert_run(make_run(holder="A:1", attempt=1))
+    assert other.lease_run("run-1", holder="B:2", expires_at=T0 + 90, attempt=2, expect_attempt=1)
+
+    def writes(attempt: int, key: str) -> Writes:
+        row = sheet_row(key, run_id="run-1")
+        row.attempt = attempt
+        return Writes(
+            logs=[LogLine("run-1", attempt, T0, "info", f"from {attempt}")],
+            sheet_rows=[row],
+            map_rows=[MapRow("run-1", "leads", attempt, attempt, key, "succeeded", attempt=attempt)],
+        )
+
+    store.apply(writes(1, "stale"), T0)
+    store.save_map(MapRecord("run-1", "leads", "play/leads", status="interrupted", attempt=1))
+    assert not store.update_run("run-1", only_attempt=1, status="completed")
+
+    assert store.load_sheet_rows("play/leads", ["stale"]) == {}
+    assert other.count_map_rows("run-1", "leads") == {}
+    assert other.get_logs("run-1") == []
+    assert other.get_maps("run-1") == []
+    record = other.get_run("run-1")
+    assert record is not None and record.status == "running"
+
+    other.apply(writes(2, "fresh"), T0)
+    other.save_map(MapRecord("run-1", "leads", "play/leads", status="completed", attempt=2))
+    assert other.update_run("run-1", only_attempt=2, status="completed")
+    store.apply(Writes(logs=[LogLine("run-1", 0, T0, "info", "outside any attempt")]), T0)
+
+    assert list(store.load_sheet_rows("play/leads", ["fresh"])) == ["fresh"]
+    assert store.count_map_rows("run-1", "leads") == {"succeeded": 1}
+    assert [line.message for line in store.get_logs("run-1")] == ["from 2", "outside any attempt"]
+    assert [m.status for m in store.get_maps("run-1")] == ["completed"]
+    record = store.get_run("run-1")
+    assert record is not None and record.status == "completed"
+
+
 def test_heartbeat_run_only_for_the_current_holder_and_attempt(store: Store) -> None:
     store.insert_run(make_run(holder="A:1", attempt=2))
 

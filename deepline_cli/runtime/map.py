@@ -152,7 +152,7 @@ class MapRun:
         self.limit = min(limits) if limits else None
         scope = services.scope
         self.sheet = f"{scope.workspace}/{scope.play}/{name}"
-        self.run_id = scope.run_id
+        self.run_id, self.attempt = scope.run_id, scope.attempt
         self.tally = _Tally()
         self.input_index_of = array.array("q")  # distinct idx -> input index
         self.finished = bytearray()  # distinct idx -> 1 once finished (this or an earlier attempt)
@@ -176,6 +176,7 @@ class MapRun:
             [c.name for c in self.columns],
             total=self.total_estimate or 0,  # the input's size until the map has counted its rows
             started_at=s.io.now(),
+            attempt=self.attempt,
         )
         await s.io.call(s.io.store.save_map, record)
         # Rows an earlier attempt finished well are seeded; failed ones go through the sheet
@@ -432,6 +433,7 @@ class MapRun:
                 self.run_id,
                 self.s.io.now(),
                 replaces=previous is not None and previous.run_id != self.run_id,
+                attempt=self.attempt,
             )
         if error is not None and self.on_row_error == "fail" and self.stop is None:
             self.stop = DeeplineError(f"Map {self.name!r} stopped: row {job.key} failed: {error}")
@@ -440,7 +442,9 @@ class MapRun:
         rev = previous.rev if sheet_row is None and previous is not None else None
         self.s.writes.sheet(
             sheet_row,
-            MapRow(self.run_id, self.name, job.idx, job.input_index, job.key, outcome, error, self.sheet, rev),
+            MapRow(
+                self.run_id, self.name, job.idx, job.input_index, job.key, outcome, error, self.sheet, rev, self.attempt
+            ),
         )
         self._mark(job.idx)
 

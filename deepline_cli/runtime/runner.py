@@ -448,12 +448,7 @@ class _Attempt:
     async def _finish(self, outcome: BodyOutcome) -> RunResult:
         record, status = self.record, outcome.status
         if self.lease_lost:
-            error = error_dict(
-                RunBusyError(f"Run {record.run_id} was taken over by another process; this one stopped.")
-            )
-            result = RunResult(record.run_id, "taken_over", record.attempt, None, {**error, "exit_code": 4}, {})
-            self.bus.emit("run.finished", record.run_id, **result.finished_event())
-            return result
+            return self._taken_over()
         try:
             stats = await self.io.call(self._record_end, outcome)
         except StoreError as exc:
@@ -463,6 +458,8 @@ class _Attempt:
             result = RunResult(record.run_id, "failed", record.attempt, None, error, {})
             self.bus.emit("run.finished", record.run_id, **result.finished_event())
             return result
+        if stats is None:  # taken over after the last heartbeat: the new owner's record stands
+            return self._taken_over()
         result = RunResult(
             record.run_id,
             status,
@@ -484,8 +481,16 @@ class _Attempt:
         if self.services is not None:
             self.services.log(message, level="warning")
 
-    def _record_end(self, outcome: BodyOutcome) -> dict[str, Any]:
-        """On the store thread: end the attempt, count the run's stats, record the outcome."""
+    def _taken_over(self) -> RunResult:
+        record = self.record
+        error = error_dict(RunBusyError(f"Run {record.run_id} was taken over by another process; this one stopped."))
+        result = RunResult(record.run_id, "taken_over", record.attempt, None, {**error, "exit_code": 4}, {})
+        self.bus.emit("run.finished", record.run_id, **result.finished_event())
+        return result
+
+    def _record_end(self, outcome: BodyOutcome) -> dict[str, Any] | None:
+        """On the store thread: end the attempt, count the run's stats, record the outcome —
+        unless another process took the run over meanwhile (then None: nothing recorded)."""
         record, store, now, status = self.record, self.io.store, self.io.now(), outcome.status
         store.end_attempt(record.run_id, record.attempt, status, now)
         stats = store.run_stats(record.run_id)
@@ -500,8 +505,9 @@ class _Attempt:
             wake = next_wake(
                 store, record.run_id, record.root_run_id or record.run_id, now, self.options.max_inline_wait
             )
-        store.update_run(
+        recorded = store.update_run(
             record.run_id,
+            only_attempt=record.attempt,
             status=status,
             output=outcome.output,
             error=outcome.error,
@@ -511,6 +517,9 @@ class _Attempt:
             finished_at=now if status in ("completed", "failed") else None,
             wake_at=wake,
         )
+        if not recorded:
+            store.end_attempt(record.run_id, record.attempt, "taken_over", now)
+            return None
         if record.scheduled and record.parent_run_id and status in ("completed", "failed"):
             store.set_wake(record.parent_run_id, now)  # its parent waits for this result
         return stats

@@ -182,6 +182,7 @@ class SheetRow:
     updated_at: float
     rev: int = 1  # the revision: each write of the row makes a new one
     replaces: bool = False  # another run's revision is being recomputed: keep it in the history
+    attempt: int = 0  # the run attempt writing it (fencing: a superseded one writes nothing)
 
 
 @dataclass(slots=True)
@@ -197,6 +198,7 @@ class MapRow:
     error: str | None = None
     sheet: str = ""
     rev: int | None = None  # the sheet row revision it finished with (None: the one written with it)
+    attempt: int = 0  # the run attempt writing it (fencing: a superseded one writes nothing)
 
 
 @dataclass(slots=True)
@@ -215,6 +217,7 @@ class MapRecord:
     started_at: float = 0.0
     finished_at: float | None = None
     pilot: dict[str, Any] | None = None  # cut short by a limit: the rest of its input (runtime/pilot.py)
+    attempt: int = 0  # the run attempt saving it (fencing: a superseded one saves nothing)
 
 
 @dataclass(slots=True)
@@ -406,7 +409,11 @@ class Store(Protocol):
         """(tool calls made, child plays started) by the run and its child runs, every attempt."""
         ...
 
-    def update_run(self, run_id: str, **fields: Any) -> None: ...
+    def update_run(self, run_id: str, *, only_attempt: int | None = None, **fields: Any) -> bool:
+        """Set `fields`; with `only_attempt`, only while the run is still at that attempt
+        (fencing: a process whose run was taken over records nothing). True if it was set."""
+        ...
+
     def list_runs(
         self, *, status: str | None = None, play: str | None = None, limit: int | None = None
     ) -> list[RunRecord]: ...

@@ -214,13 +214,15 @@ class SqlStore(LedgerQueries):
                 (now, now, status, run_id, attempt),
             )
 
-    def update_run(self, run_id: str, **fields: Any) -> None:
+    def update_run(self, run_id: str, *, only_attempt: int | None = None, **fields: Any) -> bool:
         fields["updated_at"] = time.time()
         names = list(fields)
         assignments = ", ".join(f"{name} = ?" for name in names)
         values = [_encode_run_field(name, fields[name]) for name in names]
+        fence, params = ("", []) if only_attempt is None else (" AND attempt = ?", [only_attempt])
         with self._write() as c:
-            c.execute(f"UPDATE runs SET {assignments} WHERE run_id = ?", [*values, run_id])
+            cur = c.execute(f"UPDATE runs SET {assignments} WHERE run_id = ?{fence}", [*values, run_id, *params])
+            return bool(cur.rowcount == 1)
 
     def list_runs(
         self, *, status: str | None = None, play: str | None = None, limit: int | None = None
@@ -247,18 +249,24 @@ class SqlStore(LedgerQueries):
 
     def _apply(self, writes: Writes, now: float) -> Applied:
         with self._write() as c:
+            # Fencing: an attempt whose run another process took over writes nothing more.
+            # Its settlements are refused by their leases; its claims, rows and log lines here.
+            stale = self._superseded(c, writes)
             settled = self._settle(c, writes.settlements, now)
-            outcomes = self._claim(c, writes.claims, now) if writes.claims else []
-            if writes.sheet_rows:
-                self._write_sheet_rows(c, writes.sheet_rows)
-            if writes.map_rows:
-                self._write_map_rows(c, writes.map_rows)
-            if writes.logs:
+            outcomes = self._claim(c, writes.claims, now, stale) if writes.claims else []
+            sheet_rows = [r for r in writes.sheet_rows if (r.run_id, r.attempt) not in stale]
+            if sheet_rows:
+                self._write_sheet_rows(c, sheet_rows)
+            map_rows = [r for r in writes.map_rows if (r.run_id, r.attempt) not in stale]
+            if map_rows:
+                self._write_map_rows(c, map_rows)
+            logs = [ln for ln in writes.logs if (ln.run_id, ln.attempt) not in stale]
+            if logs:
                 self._many(
                     c,
                     "INSERT INTO logs (run_id, attempt, ts, level, message, key) VALUES (?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT DO NOTHING",
-                    [(ln.run_id, ln.attempt, ln.ts, ln.level, ln.message, ln.key) for ln in writes.logs],
+                    [(ln.run_id, ln.attempt, ln.ts, ln.level, ln.message, ln.key) for ln in logs],
                 )
         return Applied(settled, outcomes)
 
@@ -503,6 +511,8 @@ class SqlStore(LedgerQueries):
 
     def save_map(self, record: MapRecord) -> None:
         with self._write() as c:
+            if record.attempt and self._superseded_pairs(c, {(record.run_id, record.attempt)}):
+                return  # fencing: the run was taken over; its new owner keeps the map's record
             c.execute(
                 "INSERT INTO maps (run_id, map, sheet, input_columns, columns, status, total, succeeded,"
                 " failed, duplicate, reused, started_at, finished_at, pilot)"
@@ -673,13 +683,15 @@ class SqlStore(LedgerQueries):
 
     # --- claims ---------------------------------------------------------------------------
 
-    def _claim(self, c: Any, claims: Sequence[Claim], now: float) -> list[ClaimOutcome]:
+    def _claim(
+        self, c: Any, claims: Sequence[Claim], now: float, superseded: set[tuple[str, int]]
+    ) -> list[ClaimOutcome]:
         """Decide every claim against the stored receipt, under a row lock where the
-        database has them; a key another process inserted meanwhile is decided again."""
+        database has them; a key another process inserted meanwhile is decided again.
+        A claim of a `superseded` attempt is refused (fencing)."""
         existing = self._load_for_update(c, [cl.key for cl in claims])
         outcomes: dict[int, ClaimOutcome] = {}
         replaced: list[Receipt] = []
-        superseded = self._superseded(c, claims)
         pending = []
         for position, cl in enumerate(claims):
             if (cl.run_id, cl.attempt) in superseded:
@@ -721,10 +733,17 @@ class SqlStore(LedgerQueries):
         self._many(c, "INSERT INTO run_receipts (run_id, key, used_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING", usage)
         return ordered
 
-    def _superseded(self, c: Any, claims: Sequence[Claim]) -> set[tuple[str, int]]:
-        """The (run, attempt) pairs among `claims` whose run has moved on to a later attempt:
-        another process took the run over, so this attempt may claim nothing more (fencing)."""
-        attempts = {(cl.run_id, cl.attempt) for cl in claims}
+    def _superseded(self, c: Any, writes: Writes) -> set[tuple[str, int]]:
+        """The (run, attempt) pairs writing here whose run has moved on to a later attempt:
+        another process took the run over, so this attempt may write nothing more (fencing).
+        Attempt 0 is a write made outside any attempt: never fenced."""
+        items: list[Claim | SheetRow | MapRow | LogLine] = [*writes.claims, *writes.sheet_rows, *writes.map_rows]
+        items += writes.logs
+        return self._superseded_pairs(c, {(i.run_id, i.attempt) for i in items if i.attempt})
+
+    def _superseded_pairs(self, c: Any, attempts: set[tuple[str, int]]) -> set[tuple[str, int]]:
+        if not attempts:
+            return set()
         run_ids = sorted({run_id for run_id, _ in attempts})
         marks = ", ".join("?" * len(run_ids))
         current = dict(c.execute(f"SELECT run_id, attempt FROM runs WHERE run_id IN ({marks})", run_ids).fetchall())
