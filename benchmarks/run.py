@@ -1,7 +1,9 @@
 """Run every benchmark, one after the other, and print one JSON line each.
 
-    python benchmarks/run.py            # the figures in BENCHMARKS.md (several minutes)
+    python benchmarks/run.py            # the figures in BENCHMARKS.md (about 30 minutes)
     python benchmarks/run.py --quick    # smaller sizes, for a smoke check
+    python benchmarks/run.py --postgres postgresql://postgres@127.0.0.1:5432/postgres
+                                        # ... and the PostgreSQL scale-out figures
 
 Results are also written to benchmarks/results/latest.jsonl.
 """
@@ -21,6 +23,14 @@ FULL = [
     ["map_rows.py", "--rows", "1000000", "--rerun-rows", "100000"],
     ["headline.py", "--rows", "10000"],
 ]
+POSTGRES = [
+    ["workers.py", "--workers", "1,2,4"],
+    ["scale_out.py", "--rows", "10000", "--waiting", "10000"],
+]
+POSTGRES_QUICK = [
+    ["workers.py", "--workers", "1,2", "--rows", "200"],
+    ["scale_out.py", "--rows", "500", "--waiting", "1000"],
+]
 QUICK = [
     ["cold_start.py", "--runs", "5"],
     ["durable_calls.py", "--calls", "10000"],
@@ -32,11 +42,15 @@ QUICK = [
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
+    parser.add_argument("--postgres", metavar="URL", help="also the PostgreSQL benchmarks, against this server")
     args = parser.parse_args()
     results = HERE / "results"
     results.mkdir(exist_ok=True)
     lines = []
-    for script, *flags in QUICK if args.quick else FULL:
+    plan = QUICK if args.quick else FULL
+    if args.postgres:
+        plan = plan + [[*cmd, "--url", args.postgres] for cmd in (POSTGRES_QUICK if args.quick else POSTGRES)]
+    for script, *flags in plan:
         print(f"# {script} {' '.join(flags)}", file=sys.stderr, flush=True)
         out = subprocess.run([sys.executable, str(HERE / script), *flags], check=True, capture_output=True, text=True)
         line = out.stdout.strip().splitlines()[-1]

@@ -87,6 +87,12 @@ class Process:
     port: int
     fate: str = ""  # killed | terminated | taken over | exit N
     woke_at: float | None = None  # SIGCONT after it was taken over
+    resumed: list[float] = field(default_factory=list)  # every SIGCONT (monotonic)
+
+    def paused_between(self, first: float, again: float) -> bool:
+        """Paused and woken between two sends: a call that timed out while the process was
+        frozen is sent again, under the same key (a retry across the fault)."""
+        return any(first < woke < again for woke in self.resumed)
 
 
 @dataclass
@@ -101,6 +107,7 @@ class Soak:
     faults: list[str] = field(default_factory=list)  # kill | stop | term, in order
     takeovers: int = 0
     woke_busy: int = 0
+    woke_exits: dict[int, int] = field(default_factory=dict)  # exit code -> processes woken after a takeover
     processes: list[Process] = field(default_factory=list)
     server: ProviderServer | None = None
 
@@ -173,6 +180,7 @@ class Soak:
         time.sleep(random.uniform(0.2, 1.0))
         taken_over = self._attempt() != before
         proc.popen.send_signal(signal.SIGCONT)
+        proc.resumed.append(time.monotonic())
         if not taken_over:  # the successor found the paused process's lease still current
             successor.fate = f"exit {successor.popen.wait(timeout=60)}"
             return proc
@@ -181,6 +189,7 @@ class Soak:
         proc.fate = "taken over"
         self.takeovers += 1
         self.woke_busy += code == 4
+        self.woke_exits[code] = self.woke_exits.get(code, 0) + 1
         return successor
 
     def _attempt(self) -> int:
@@ -216,22 +225,26 @@ class Soak:
     def _verdict(self, provider: Provider, outcome: int, elapsed: float) -> dict[str, Any]:
         by_port = {p.port: p for p in self.processes}
         sends: dict[str, list[Process]] = {}
+        stamps: dict[str, list[float]] = {}
         calls: dict[tuple[str, str], set[str]] = {}
         after_takeover = 0
         for seen in provider.requests:
             key = seen.headers.get("idempotency-key", "")
             sender = by_port[seen.port]
             sends.setdefault(key, []).append(sender)
+            stamps.setdefault(key, []).append(seen.at)
             calls.setdefault((seen.path, json.dumps(seen.body, sort_keys=True)), set()).add(key)
             after_takeover += sender.woke_at is not None and seen.at > sender.woke_at
         faulted = ("killed", "terminated", "taken over")
         # A re-send is explained when the earlier sender is another process that was killed,
-        # terminated or taken over (with the call in flight); never by the same process.
+        # terminated or taken over (with the call in flight), or the same process woken from
+        # a pause in between; never by a process that went on undisturbed.
         unexplained = [
-            (key, first.fate, first is again)
+            (key, self.processes.index(first) + 1, first.fate, first is again, round(t2 - t1, 3))
             for key, senders in sends.items()
-            for first, again in itertools.pairwise(senders)
-            if first is again or first.fate not in faulted
+            for (first, t1), (again, t2) in itertools.pairwise(zip(senders, stamps[key], strict=True))
+            if (first is again and not first.paused_between(t1, t2))
+            or (first is not again and first.fate not in faulted)
         ]
         distinct = 2 * self.rows
         credits = self._reported_credits()
@@ -244,6 +257,7 @@ class Soak:
             "terms": self.faults.count("term"),
             "takeovers": self.takeovers,
             "stopped_woke_exit_4": self.woke_busy,
+            "woken_exit_codes": self.woke_exits,
             "processes": len(self.processes),
             "requests": len(provider.requests),
             "distinct_calls": distinct,

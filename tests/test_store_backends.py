@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import threading
+
 from deepline_cli.runtime.events import EventBus
 from deepline_cli.runtime.runner import Runner, RunOptions
 from deepline_cli.store import open_store
+from deepline_cli.store.base import RunRecord
 from tests.conftest import ROOT, counts
 
 
@@ -35,3 +42,44 @@ def test_hello_example_runs_and_replays_on_each_backend(store_url: str) -> None:
         assert {r.run_id for r in store.list_runs()} == {result.run_id, replay.run_id}
     finally:
         store.close()
+
+
+FROZEN_IN_A_TRANSACTION = """
+import sys, time
+from deepline_cli.store import open_store
+db = open_store(sys.argv[1])
+with db._write() as c:
+    c.execute("UPDATE runs SET updated_at = 1 WHERE run_id = 'frozen'")
+    print("locked", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_process_frozen_inside_a_postgres_transaction_does_not_stall_the_others(pg_url: str) -> None:
+    """A SIGSTOPped process holding a row lock: the server ends its session after the idle
+    bound, so another process's write to that row goes through while it is still frozen."""
+    db = open_store(pg_url)
+    try:
+        db.insert_run(RunRecord(run_id="frozen", play="p", play_ref="p.py:p", input={}, status="running"))
+        env = {**os.environ, "DEEPLINE_PG_IDLE_IN_TRANSACTION_S": "1"}
+        frozen = subprocess.Popen(
+            [sys.executable, "-c", FROZEN_IN_A_TRANSACTION, pg_url], env=env, stdout=subprocess.PIPE, text=True
+        )
+        written = threading.Event()
+        writer = threading.Thread(target=lambda: (db.update_run("frozen", status="interrupted"), written.set()))
+        try:
+            assert frozen.stdout is not None and frozen.stdout.readline().strip() == "locked"
+            os.kill(frozen.pid, signal.SIGSTOP)
+            writer.start()
+            went_through = written.wait(timeout=20)  # ~1 s for the lock, not the frozen one's 60
+            still_frozen = frozen.poll() is None
+        finally:
+            frozen.kill()
+            frozen.communicate()
+            if writer.is_alive():
+                writer.join()
+        assert went_through and still_frozen  # its session was ended for it, while it was frozen
+        record = db.get_run("frozen")
+        assert record is not None and record.status == "interrupted"
+    finally:
+        db.close()

@@ -413,6 +413,19 @@ def test_a_refresh_given_back_before_its_call_keeps_the_earlier_paid_result(stor
     assert one(store, mk_claim("k", run_id="r3", lease="L3"), T0 + 4)[0] == "reused"
 
 
+def test_a_taken_over_attempts_receipt_leases_are_not_extended(store: Store, other: Store) -> None:
+    """Between a new owner leasing the run and releasing the old attempt's receipts, the
+    old attempt's heartbeat must not keep its receipts: it would go on dispatching them."""
+    store.insert_run(make_run("r1", holder="A:1", attempt=1))
+    claim(store, [mk_claim("a"), mk_claim("b", lease="L2")], T0)
+    assert store.heartbeat_receipts([("a", "L1")], T0 + 10) == set()
+
+    assert other.lease_run("r1", holder="B:2", expires_at=T0 + 90, attempt=2, expect_attempt=1)
+
+    assert store.heartbeat_receipts([("a", "L1"), ("b", "L2")], T0 + 20) == {"L1", "L2"}
+    assert stored(other, "a").lease_expires_at == T0 + 10
+
+
 def test_a_claim_given_back_before_any_call_is_skipped(store: Store) -> None:
     one(store, mk_claim("k"), T0)
     assert settle(store, [Settlement("k", "L1", "skipped")], T0 + 1) == [True]

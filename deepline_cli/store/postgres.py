@@ -8,6 +8,7 @@ Lease times come from the database server's clock, so machines' clocks don't mat
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -68,6 +69,20 @@ def _no_nul(params: Sequence[Any]) -> Sequence[Any]:
 CHANNEL = "deepline_work"  # NOTIFY channel: new queued runs, delivered events
 
 
+# A process frozen inside a transaction (SIGSTOP, a paused VM, a debugger) keeps its row
+# locks, and every other process touching those rows waits for it. The store's transactions
+# never sit idle for more than milliseconds; past this the server ends such a session (its
+# locks go with it), and the frozen process, when it wakes, finds its connection gone and
+# its run taken over.
+IDLE_IN_TRANSACTION_S = float(os.environ.get("DEEPLINE_PG_IDLE_IN_TRANSACTION_S", "10"))
+
+
+def _connect(url: str) -> psycopg.Connection[Any]:
+    conn = psycopg.connect(url, autocommit=True)
+    conn.execute(f"SET idle_in_transaction_session_timeout = {int(IDLE_IN_TRANSACTION_S * 1000)}")
+    return conn
+
+
 class PostgresStore(SqlStore):
     row_lock = " FOR UPDATE"
     skip_locked = " FOR UPDATE SKIP LOCKED"
@@ -76,7 +91,7 @@ class PostgresStore(SqlStore):
         self.url = safe_url(url)
         self._dsn = url
         try:
-            self._conn: psycopg.Connection[Any] = psycopg.connect(url, autocommit=True)
+            self._conn: psycopg.Connection[Any] = _connect(url)
         except psycopg.Error as exc:
             raise StoreOpenError(f"Cannot connect to the store {self.url}: {_reason(exc)}.") from None
         # One connection, used from the runtime's store thread and the main thread.
@@ -110,7 +125,7 @@ class PostgresStore(SqlStore):
             with contextlib.suppress(psycopg.Error):
                 self._conn.close()
             try:
-                self._conn = psycopg.connect(self._dsn, autocommit=True)
+                self._conn = _connect(self._dsn)
             except psycopg.Error as exc:
                 raise StoreConnectionLost(f"The store {self.url} is unreachable: {_reason(exc)}.") from None
 

@@ -326,11 +326,15 @@ class SqlStore(LedgerQueries):
         )
 
     def heartbeat_receipts(self, leases: Sequence[tuple[str, str]], expires_at: float) -> set[str]:
+        # Fencing: a lease held by an attempt whose run another process took over is not
+        # extended, even before the new owner released that attempt's receipts.
         lost: set[str] = set()
         with self._write() as c:
             for key, lease_id in leases:
                 cur = c.execute(
-                    "UPDATE receipts SET lease_expires_at = ? WHERE key = ? AND lease_id = ? AND status = 'running'",
+                    "UPDATE receipts SET lease_expires_at = ? WHERE key = ? AND lease_id = ? AND status = 'running'"
+                    " AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.run_id = receipts.run_id"
+                    " AND runs.attempt > receipts.attempt)",
                     (expires_at, key, lease_id),
                 )
                 if cur.rowcount != 1:
