@@ -520,7 +520,7 @@ def test_settlements_apply_before_claims_in_the_same_batch(store: Store, other: 
 def test_a_failing_batch_writes_nothing(store: Store) -> None:
     """`apply` is one transaction: a write that fails takes the whole batch back."""
     one(store, mk_claim("k"), T0)
-    bad_log = LogLine("r1", 1, T0, "info", "x")
+    bad_log = LogLine("r1", 0, T0, "info", "x")  # attempt 0: written unfenced
     bad_log.run_id = object()  # type: ignore[assignment]  # no database can store this
 
     with pytest.raises(StoreError):
