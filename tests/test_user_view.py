@@ -291,12 +291,19 @@ def test_export_into_a_missing_directory_is_a_usage_error(deepline: Run, write_p
 
 EARLY = """
 import asyncio
+import os
 from deepline_cli import play
+
+
+async def gate():
+    while not os.path.exists("gate"):  # the test opens it once the event was sent
+        await asyncio.sleep(0.02)
+
 
 @play("early")
 async def early(ctx, input):
     ctx.log("started once")
-    await ctx.step("wait-a-bit", lambda: asyncio.sleep(1.0))
+    await ctx.step("gate", gate)
     got = await ctx.wait_for_event("go")
     await ctx.sleep("nap", 1.5)
     return got
@@ -313,6 +320,7 @@ def test_an_event_sent_before_the_run_waits_is_kept_and_logs_are_not_repeated(
         sent = deepline("events", "send", "early", "go", "--payload", '{"ok": true}')
         assert sent.code == 0, sent.stderr
         assert "kept" in sent.stderr
+        (tmp_path / "gate").touch()
         code, _, err = finish(proc)
     finally:
         kill(proc)
