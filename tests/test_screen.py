@@ -81,10 +81,34 @@ def test_retries_and_429_pauses_are_shown_per_tool(
     result = deepline("run", "play.py", "--set", "n=4", DEEPLINE_RETRY_BASE_S="0.01")
     assert result.code == 0, result.stderr
     plain = result.stderr
-    assert re.search(r"paused \(429\) \d+s", plain), plain  # printed while the tool waited out the 429
+    assert re.search(r"paused \(429\) \d+(\.\d)?s", plain), plain  # printed while the tool waited out the 429
     final = [line for line in plain.splitlines() if line.startswith("tools ") and "flaky.tool" in line][-1]
     assert "retries 3 (429 1, 5xx 2)" in final, final
     assert "paced 0/s" not in plain
+
+
+def test_retries_of_a_call_an_interrupt_abandoned_still_count(
+    flaky: Provider, tmp_path: Path, cli_env: dict[str, str], deepline: Run
+) -> None:
+    """A call that failed and was waiting to be retried when Ctrl-C came has no ledger row;
+    the retries the live view showed stay in the verdict and in the next attempt's counts."""
+    flaky.default_fault = "500"
+    proc = start(["run", "play.py", "--set", "n=1", "--run-id", "ab", "--json"], cli_env, tmp_path)
+    try:
+        wait_until(lambda: flaky.count() >= 2, what="a retry")
+        proc.send_signal(signal.SIGINT)
+        code, out, err = finish(proc)
+    finally:
+        kill(proc)
+    assert code == 130, err
+    finished = _json.loads(out.splitlines()[-1])
+    retries = finished["stats"]["tools"]["flaky.tool"]["retries"]
+    assert 1 <= retries <= flaky.count(), (retries, flaky.count())
+    flaky.default_fault = "ok"
+    resumed = deepline("resume", "ab", "--json")
+    assert resumed.code == 0, resumed.stderr
+    again = _json.loads(resumed.stdout.splitlines()[-1])["stats"]["tools"]["flaky.tool"]["retries"]
+    assert again >= retries  # counts across attempts never go down
 
 
 SLOW_PLAY = """

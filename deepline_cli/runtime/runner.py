@@ -496,10 +496,15 @@ class _Attempt:
         stats = store.run_stats(record.run_id)
         stats.update(projection_stats(store, record.run_id))  # a pilot (--limit): the full list projected
         stats["store_s"] = round(record.stats.get("store_s", 0.0) + self.io.busy_s, 3)  # the store thread's busy time
+        for tool_id in self.stats.tools:  # a tool whose calls all ended unrecorded too
+            stats["tools"].setdefault(tool_id, {"live": 0, "reused": 0, "failed": 0, "credits": 0.0, "retries": 0})
         for tool_id, counts in stats["tools"].items():  # counted in memory only
             known = self.stats.tool(tool_id)
             counts["recovered"] = known.recovered  # failures a waterfall got past
             counts["retry_reasons"] = dict(known.retry_reasons)  # this attempt's
+            # The ledger counts a call's retries when it ends; one abandoned by an interrupt
+            # retried too (and the live view showed it).
+            counts["retries"] = max(counts["retries"], known.retries)
         wake = None
         if status == "waiting":
             wake = next_wake(

@@ -48,14 +48,18 @@ class RunStats:
     @classmethod
     def since(cls, before: dict[str, Any], recovered: dict[str, Any]) -> RunStats:
         """Counts that start from what earlier attempts did (`Store.run_stats`, and the
-        recovered failures the run's last stats kept)."""
+        recovered failures and retries the run's last stats kept)."""
         stats = cls()
         for tool_id, c in (before.get("tools") or {}).items():
             stats.tools[tool_id] = ToolCounts(
                 c.get("live", 0), c.get("reused", 0), c.get("failed", 0), c.get("credits", 0.0), c.get("retries", 0)
             )
         for tool_id, c in recovered.items():
-            stats.tool(tool_id).recovered = int(c.get("recovered", 0))
+            counts = stats.tool(tool_id)
+            counts.recovered = int(c.get("recovered", 0))
+            # Retries of calls an interruption abandoned are in no ledger row: the last
+            # attempt's outcome counted them.
+            counts.retries = max(counts.retries, int(c.get("retries", 0)))
         stats.steps.update(before.get("steps") or {})
         return stats
 

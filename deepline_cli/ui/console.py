@@ -68,7 +68,8 @@ def tool_pieces(tool_id: str, c: dict[str, Any], paced: dict[str, float], paused
     reasons = ", ".join(f"{k} {v:,}" for k, v in sorted((c.get("retry_reasons") or {}).items()))
     state = ""
     if tool_id in paused:
-        state = f"paused (429) {paused[tool_id]:.0f}s"
+        left = paused[tool_id]
+        state = f"paused (429) {left:.1f}s" if left < 10 else f"paused (429) {left:.0f}s"
     elif tool_id in paced:
         state = f"paced {paced[tool_id]:g}/s"
     return [
