@@ -107,8 +107,9 @@ def test_retries_of_a_call_an_interrupt_abandoned_still_count(
     flaky.default_fault = "ok"
     resumed = deepline("resume", "ab", "--json")
     assert resumed.code == 0, resumed.stderr
-    again = _json.loads(resumed.stdout.splitlines()[-1])["stats"]["tools"]["flaky.tool"]["retries"]
-    assert again >= retries  # counts across attempts never go down
+    tool = _json.loads(resumed.stdout.splitlines()[-1])["stats"]["tools"]["flaky.tool"]
+    assert tool["retries"] >= retries  # counts across attempts never go down
+    assert sum(tool["retry_reasons"].values()) == tool["retries"]  # and their reasons add up
 
 
 SLOW_PLAY = """

@@ -501,7 +501,7 @@ class _Attempt:
         for tool_id, counts in stats["tools"].items():  # counted in memory only
             known = self.stats.tool(tool_id)
             counts["recovered"] = known.recovered  # failures a waterfall got past
-            counts["retry_reasons"] = dict(known.retry_reasons)  # this attempt's
+            counts["retry_reasons"] = dict(known.retry_reasons)  # the attempts that ended with an outcome
             # The ledger counts a call's retries when it ends; one abandoned by an interrupt
             # retried too (and the live view showed it).
             counts["retries"] = max(counts["retries"], known.retries)

@@ -60,6 +60,7 @@ class RunStats:
             # Retries of calls an interruption abandoned are in no ledger row: the last
             # attempt's outcome counted them.
             counts.retries = max(counts.retries, int(c.get("retries", 0)))
+            counts.retry_reasons.update(c.get("retry_reasons") or {})
         stats.steps.update(before.get("steps") or {})
         return stats
 

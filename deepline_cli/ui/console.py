@@ -65,7 +65,10 @@ def tool_pieces(tool_id: str, c: dict[str, Any], paced: dict[str, float], paused
     recovered = int(c.get("recovered", 0))
     final = int(c.get("failed", 0)) - recovered
     retries = int(c.get("retries", 0))
-    reasons = ", ".join(f"{k} {v:,}" for k, v in sorted((c.get("retry_reasons") or {}).items()))
+    known = dict(sorted((c.get("retry_reasons") or {}).items()))
+    if known and retries > sum(known.values()):  # an attempt killed before its outcome: no reasons kept
+        known["earlier"] = retries - sum(known.values())
+    reasons = ", ".join(f"{k} {v:,}" for k, v in known.items())
     state = ""
     if tool_id in paused:
         left = paused[tool_id]
