@@ -189,6 +189,17 @@ def test_the_live_view_fits_the_terminal(tmp_path: Path, cli_env: dict[str, str]
     assert any("✓" in line and "✗" in line for line in screen if "leads" in line)
 
 
+def test_retries_are_shortened_before_they_are_dropped_on_a_narrow_line() -> None:
+    from deepline_cli.ui.console import fit, tool_pieces
+
+    counts = {"live": 271, "failed": 0, "retries": 66, "retry_reasons": {"429": 19, "5xx": 47}, "credits": 542}
+    pieces = tool_pieces("acme.firmographics", counts, {"acme.firmographics": 60.0}, {})
+    wide, narrow, tiny = fit(pieces, 113), fit(pieces, 73), fit(pieces, 43)
+    assert "retries 66 (429 19, 5xx 47)" in wide and "paced 60/s" in wide, wide
+    assert "retries 66" in narrow and "(429" not in narrow and len(narrow) <= 73, narrow
+    assert "failed 0" in tiny and "credits 542" in tiny and len(tiny) <= 43, tiny
+
+
 def _in_terminal(command: list[str], columns: int, env: dict[str, str], cwd: Path) -> list[str]:
     """Run `command` in a pseudo-terminal `columns` wide; the lines it drew, escapes removed."""
     master, slave = pty.openpty()

@@ -26,18 +26,25 @@ from deepline_cli.ui.verdict import clock, verdict
 
 PLAIN_PROGRESS_EVERY_S = 5.0
 BAR_WIDTH = 24
-Piece = tuple[str, int]  # text, importance (0: always shown; higher goes first when space is short)
+# text, importance (0: always shown; higher goes first when space is short), and optionally a
+# shorter text that stands in before the piece goes (one step more important than it was)
+Piece = tuple[str, int] | tuple[str, int, str]
 
 
 def fit(pieces: list[Piece], width: int, sep: str = "  ") -> str:
-    """Join the pieces that fit in `width`, dropping the least important first."""
+    """Join the pieces that fit in `width`: the least important is shortened if it can be,
+    else dropped, until the line fits."""
     kept = [p for p in pieces if p[0]]
-    while kept and len(sep.join(t for t, _ in kept)) > width:
+    while kept and len(sep.join(p[0] for p in kept)) > width:
         least = max(range(len(kept)), key=lambda i: (kept[i][1], i))
         if kept[least][1] == 0:
             break
-        kept.pop(least)
-    line = sep.join(t for t, _ in kept)
+        piece = kept[least]
+        if len(piece) == 3:
+            kept[least] = (piece[2], max(1, piece[1] - 1))
+        else:
+            kept.pop(least)
+    line = sep.join(p[0] for p in kept)
     return line if len(line) <= width else line[: max(0, width - 1)] + "…"
 
 
@@ -81,7 +88,9 @@ def tool_pieces(tool_id: str, c: dict[str, Any], paced: dict[str, float], paused
         (f"reused {c.get('reused', 0):,}", 3),
         (f"failed {final:,}", 0),
         (f"fell back {recovered:,}" if recovered else "", 2),
-        (f"retries {retries:,}" + (f" ({reasons})" if reasons else "") if retries else "", 2),
+        (f"retries {retries:,} ({reasons})", 2, f"retries {retries:,}")
+        if reasons
+        else (f"retries {retries:,}" if retries else "", 2),
         (state, 1),
         (f"credits {c['credits']:,.6g}" if c.get("credits") else "", 0),
     ]
