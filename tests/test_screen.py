@@ -187,6 +187,8 @@ def test_the_live_view_fits_the_terminal(tmp_path: Path, cli_env: dict[str, str]
     tools = [line for line in screen if "demo.finder_b" in line]
     assert tools and all("failed" in line and "credits" in line for line in tools), tools
     assert any("✓" in line and "✗" in line for line in screen if "leads" in line)
+    cut = [line for line in live if line.startswith("leads ") and line.endswith("…")]
+    assert not cut, cut  # the map's counts are fitted to what is left beside its name
 
 
 def test_retries_are_shortened_before_they_are_dropped_on_a_narrow_line() -> None:
@@ -198,6 +200,20 @@ def test_retries_are_shortened_before_they_are_dropped_on_a_narrow_line() -> Non
     assert "retries 66 (429 19, 5xx 47)" in wide and "paced 60/s" in wide, wide
     assert "retries 66" in narrow and "(429" not in narrow and len(narrow) <= 73, narrow
     assert "failed 0" in tiny and "credits 542" in tiny and len(tiny) <= 43, tiny
+
+
+@pytest.mark.parametrize("width", [120, 80, 50])
+def test_a_maps_counts_fit_beside_its_name(width: int) -> None:
+    import io
+
+    from deepline_cli.ui.console import ConsoleView
+    from deepline_cli.ui.state import MapView
+
+    view = ConsoleView(io.StringIO(), live=False)
+    m = MapView("accounts", total=1501, done=247, succeeded=245, failed=2, duplicate=0, reused=3)
+    [line, *_] = view._render_map(m, width)
+    assert len(line.plain) <= width and not line.plain.endswith("…"), line.plain
+    assert "✗ 2" in line.plain and "247/1,501" in line.plain, line.plain
 
 
 def _in_terminal(command: list[str], columns: int, env: dict[str, str], cwd: Path) -> list[str]:

@@ -193,7 +193,7 @@ class ConsoleView:
         return Group(*parts)
 
     def _render_map(self, m: MapView, width: int) -> list[Text]:
-        counts = fit(map_pieces(m)[1:], width)
+        counts = fit(map_pieces(m)[1:], width - len(m.name) - 2)  # beside the map's name
         room = width - len(m.name) - len(counts) - 4
         bar = _bar(m, min(BAR_WIDTH, room)) if room >= 8 else Text("")
         line = Text.assemble((m.name, "bold"), "  ", bar, "  " if bar.plain else "", counts)
