@@ -131,7 +131,7 @@ class ConsoleView:
         if finished is not None:
             for line in verdict(finished["run_id"], finished["status"], _with_waiting(finished),
                                 finished.get("error"), self.state.play):  # fmt: skip
-                self.console.print(Text(line, style=_style(line)))
+                self.console.print(Text(line, style=_style(line)), soft_wrap=not self.live_mode)
 
     def handle(self, event: Event) -> None:
         self.state.apply(event)
@@ -147,7 +147,7 @@ class ConsoleView:
             text.stylize("yellow")
         if not self.live_mode:
             text = Text(time.strftime("%H:%M:%S ", time.localtime(event.ts))) + text
-        self.console.print(text)
+        self.console.print(text, soft_wrap=not self.live_mode)  # a terminal wraps at words; a log keeps lines whole
 
     # --- plain lines (CI logs, pipes) -----------------------------------------------------------
 
