@@ -213,6 +213,42 @@ def test_a_run_rides_out_a_dropped_postgresql_connection(
     assert any("reconnected" in message for message in warnings), warnings
 
 
+GATED = """
+import os
+import time
+from deepline_cli import play
+
+open("loading", "w").close()
+while not os.path.exists("gate"):  # loading waits until the test has cut the connection
+    time.sleep(0.02)
+
+
+@play("gated")
+async def gated(ctx, input):
+    return await ctx.step("one", lambda: 1)
+"""
+
+
+@pytest.mark.postgres
+def test_a_connection_dropped_while_a_run_starts_is_reconnected(
+    tmp_path: Path, cli_env: dict[str, str], proxy: PgProxy
+) -> None:
+    """The store is opened, the play is loading, the connection drops: the run's first
+    writes (its record, its lease) are made on a new connection, not refused."""
+    (tmp_path / "play.py").write_text(GATED)
+    env = {**cli_env, "DEEPLINE_STORE": proxy.url}
+    proc = start(["run", "play.py", "--run-id", "gated", "--json"], env, tmp_path)
+    try:
+        wait_until(lambda: (tmp_path / "loading").exists(), what="the play to load")
+        assert proxy.cut() >= 1  # the connection the command opened its store on
+        (tmp_path / "gate").touch()
+        code, out, err = finish(proc, timeout=60)
+    finally:
+        kill(proc)
+    assert code == 0, err
+    assert _json.loads(out.splitlines()[-1])["status"] == "completed"
+
+
 @pytest.mark.postgres
 def test_a_worker_rides_out_a_dropped_connection_and_gives_up_loudly_when_it_stays_down(
     deepline: Run, tmp_path: Path, cli_env: dict[str, str], proxy: PgProxy, pg_url: str

@@ -15,7 +15,7 @@ import signal
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from deepline_cli.errors import (
     DeeplineError,
@@ -43,7 +43,7 @@ from deepline_cli.runtime.secrets import Secrets
 from deepline_cli.runtime.services import DEFAULT_MAX_DEPTH, Caps, Journal, RunServices
 from deepline_cli.runtime.snapshot import materialize_snapshot, take_snapshot
 from deepline_cli.runtime.stats import RunStats
-from deepline_cli.runtime.storeio import StoreIO, WriteQueue
+from deepline_cli.runtime.storeio import Reconnecting, StoreIO, WriteQueue, unwrapped
 from deepline_cli.runtime.suspension import next_wake, ready_to_resume, waiting_on
 from deepline_cli.runtime.transport import Transport
 from deepline_cli.store import open_store
@@ -156,7 +156,7 @@ class Runner:
     def __init__(self, options: RunOptions, bus: EventBus, store: Store | None = None) -> None:
         self.options = options
         self.bus = bus
-        self.store = store or open_store(options.store)
+        self.store = cast(Store, Reconnecting(store or open_store(options.store)))
         self.attempt: _Attempt | None = None
         self.stop_pending = False
 
@@ -278,7 +278,7 @@ class Runner:
     # --- one attempt ----------------------------------------------------------------------
 
     def _execute(self, play: PlayDef, record: RunRecord) -> RunResult:
-        io = StoreIO(self.store)
+        io = StoreIO(unwrapped(self.store))  # the store thread reconnects by itself
         self.attempt = _Attempt(self, play, record, io)
         try:
             return asyncio.run(self.attempt.run())

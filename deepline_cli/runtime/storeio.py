@@ -67,6 +67,29 @@ def reconnecting(store: Store, fn: Callable[..., R], *args: Any, report: Callabl
     raise StoreUnreachable(f"{reason} Gave up after {waited:.0f}s of trying to reconnect.") from None
 
 
+class Reconnecting:
+    """A store whose calls connect again (with backoff) when the connection dropped: for
+    what a command does on its own thread — looking a run up, taking its lease, loading
+    its snapshot — before and after the run's store thread exists."""
+
+    def __init__(self, store: Store) -> None:
+        self.wrapped = store
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.wrapped, name)
+        if not callable(attr) or name in ("close", "reconnect"):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return reconnecting(self.wrapped, partial(attr, *args, **kwargs))
+
+        return call
+
+
+def unwrapped(store: Store) -> Store:
+    return store.wrapped if isinstance(store, Reconnecting) else store
+
+
 class StoreIO:
     def __init__(self, store: Store, report: Callable[[str], None] | None = None) -> None:
         self.store = store
