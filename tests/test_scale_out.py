@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -277,8 +278,14 @@ def test_a_worker_rides_out_a_dropped_connection_and_gives_up_loudly_when_it_sta
     try:
         wait_until(lambda: _calls(pg_url) >= 360, what="60 more calls recorded")
         proxy.cut(refuse_for_s=60.0)  # down for good, as far as this worker is concerned
+        cut = time.monotonic()
         code, _, err = finish(worker, timeout=120)
+        gave_up_after = time.monotonic() - cut
     finally:
         kill(worker)
     assert code == 1, err
     assert "unreachable" in err and "Traceback" not in err
+    # Once, for the bound (4 s): recording how the run ended and putting it back try once
+    # more each, not for the whole bound again (that took 35 s; now about 7 s: the bound is
+    # reached at the first backoff delay that passes it).
+    assert gave_up_after < 2 * 4 + 6, gave_up_after

@@ -40,6 +40,12 @@ def reconnect_bound_s() -> float:
     return float(os.environ.get("DEEPLINE_STORE_RECONNECT_S", "60"))
 
 
+# Stores (by URL) this process already gave up on: a later call, on any connection to it
+# (recording how the run ended, a worker putting the run back), tries once, not for the
+# whole bound again.
+_GAVE_UP: set[str] = set()
+
+
 def reconnecting(store: Store, fn: Callable[..., R], *args: Any, report: Callable[[str], None] | None = None) -> R:
     """`fn(*args)`, connecting again (with backoff) when the store dropped the connection.
 
@@ -51,8 +57,9 @@ def reconnecting(store: Store, fn: Callable[..., R], *args: Any, report: Callabl
         return fn(*args)
     except StoreConnectionLost as lost:
         reason, waited, delays = lost, 0.0, iter(RECONNECT_DELAYS_S)
-    while waited < reconnect_bound_s():
-        delay = next(delays, RECONNECT_DELAYS_S[-1])
+    gave_up = store.url in _GAVE_UP
+    while gave_up or waited < reconnect_bound_s():
+        delay = 0.0 if gave_up else next(delays, RECONNECT_DELAYS_S[-1])
         time.sleep(delay)
         waited += delay
         try:
@@ -60,10 +67,14 @@ def reconnecting(store: Store, fn: Callable[..., R], *args: Any, report: Callabl
             result = fn(*args)
         except StoreConnectionLost as again:
             reason = again
+            if gave_up:
+                break
             continue
+        _GAVE_UP.discard(store.url)
         if report is not None:
             report(f"the store dropped its connection ({reason}); reconnected after {waited:.1f}s")
         return result
+    _GAVE_UP.add(store.url)
     raise StoreUnreachable(f"{reason} Gave up after {waited:.0f}s of trying to reconnect.") from None
 
 
