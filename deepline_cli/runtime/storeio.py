@@ -74,6 +74,8 @@ def reconnecting(store: Store, fn: Callable[..., R], *args: Any, report: Callabl
         if report is not None:
             report(f"the store dropped its connection ({reason}); reconnected after {waited:.1f}s")
         return result
+    if gave_up:
+        raise StoreUnreachable(f"{reason} Still down, after {reconnect_bound_s():.0f}s of trying earlier.") from None
     _GAVE_UP.add(store.url)
     raise StoreUnreachable(f"{reason} Gave up after {waited:.0f}s of trying to reconnect.") from None
 
