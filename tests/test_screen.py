@@ -104,6 +104,9 @@ def test_retries_of_a_call_an_interrupt_abandoned_still_count(
     finished = _json.loads(out.splitlines()[-1])
     retries = finished["stats"]["tools"]["flaky.tool"]["retries"]
     assert 1 <= retries <= flaky.count(), (retries, flaky.count())
+    report = deepline("runs", "report", "ab", "--html", "--out", str(tmp_path / "ab.html"))
+    assert report.code == 0, report.stderr
+    assert f"({retries:,} retries)" in (tmp_path / "ab.html").read_text()  # the report agrees
     flaky.default_fault = "ok"
     resumed = deepline("resume", "ab", "--json")
     assert resumed.code == 0, resumed.stderr

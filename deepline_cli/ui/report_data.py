@@ -92,11 +92,13 @@ def read_report(store: Store, run_id: str) -> Report:
         for m in store.get_maps(run_id)
     ]
     stats = {**run.stats, **store.run_stats(run_id)}
-    return Report(run, stats, calls, reuses, store.attempt_rows(run_id), tool_figures(calls, reuses), maps)
-
-
-def _failures(store: Store, run_id: str, record: MapRecord) -> list[MapRow]:
-    return store.failed_map_rows(run_id, record.map, FIRST_FAILURES)
+    tools = tool_figures(calls, reuses)
+    for tool_id, counts in (run.stats.get("tools") or {}).items():
+        # Retries of calls an interrupt abandoned are in the run's outcome, not the ledger.
+        if int(counts.get("retries", 0)) > 0:
+            figures = tools.setdefault(tool_id, ToolFigures(tool_id))
+            figures.retries = max(figures.retries, int(counts["retries"]))
+    return Report(run, stats, calls, reuses, store.attempt_rows(run_id), tools, maps)
 
 
 def tool_figures(calls: list[CallRow], reuses: list[ReuseRow]) -> dict[str, ToolFigures]:
