@@ -440,12 +440,9 @@ class MapRun:
         # A row reused whole finished with the revision it was read at; a written one with
         # the revision its write makes.
         rev = previous.rev if sheet_row is None and previous is not None else None
-        self.s.writes.sheet(
-            sheet_row,
-            MapRow(
-                self.run_id, self.name, job.idx, job.input_index, job.key, outcome, error, self.sheet, rev, self.attempt
-            ),
-        )
+        row = MapRow(self.run_id, self.name, job.idx, job.input_index, job.key, outcome, error, self.sheet, rev)
+        row.attempt = self.attempt
+        self.s.writes.sheet(sheet_row, row)
         self._mark(job.idx)
 
     def _mark(self, idx: int) -> None:

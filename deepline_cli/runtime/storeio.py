@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
@@ -46,6 +46,19 @@ def reconnect_bound_s() -> float:
 _GAVE_UP: set[str] = set()
 
 
+def _waits(once: bool) -> Iterator[float]:
+    """The wait before each reconnect: backing off until the bound is passed, or, for a
+    store given up on already, one try at once."""
+    if once:
+        yield 0.0
+        return
+    waited, delays = 0.0, iter(RECONNECT_DELAYS_S)
+    while waited < reconnect_bound_s():
+        delay = next(delays, RECONNECT_DELAYS_S[-1])
+        waited += delay
+        yield delay
+
+
 def reconnecting(store: Store, fn: Callable[..., R], *args: Any, report: Callable[[str], None] | None = None) -> R:
     """`fn(*args)`, connecting again (with backoff) when the store dropped the connection.
 
@@ -56,10 +69,9 @@ def reconnecting(store: Store, fn: Callable[..., R], *args: Any, report: Callabl
     try:
         return fn(*args)
     except StoreConnectionLost as lost:
-        reason, waited, delays = lost, 0.0, iter(RECONNECT_DELAYS_S)
-    gave_up = store.url in _GAVE_UP
-    while gave_up or waited < reconnect_bound_s():
-        delay = 0.0 if gave_up else next(delays, RECONNECT_DELAYS_S[-1])
+        reason = lost
+    gave_up, waited = store.url in _GAVE_UP, 0.0
+    for delay in _waits(once=gave_up):
         time.sleep(delay)
         waited += delay
         try:
@@ -67,8 +79,6 @@ def reconnecting(store: Store, fn: Callable[..., R], *args: Any, report: Callabl
             result = fn(*args)
         except StoreConnectionLost as again:
             reason = again
-            if gave_up:
-                break
             continue
         _GAVE_UP.discard(store.url)
         if report is not None:

@@ -9,8 +9,9 @@ how a write transaction starts, the placeholder style, and whether rows can be l
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
+from itertools import chain
 from typing import Any
 
 from deepline_cli import _json
@@ -741,9 +742,10 @@ class SqlStore(LedgerQueries):
         """The (run, attempt) pairs writing here whose run has moved on to a later attempt:
         another process took the run over, so this attempt may write nothing more (fencing).
         Attempt 0 is a write made outside any attempt: never fenced."""
-        items: list[Claim | SheetRow | MapRow | LogLine] = [*writes.claims, *writes.sheet_rows, *writes.map_rows]
-        items += writes.logs
-        return self._superseded_pairs(c, {(i.run_id, i.attempt) for i in items if i.attempt})
+        writers: Iterable[Claim | SheetRow | MapRow | LogLine] = chain(
+            writes.claims, writes.sheet_rows, writes.map_rows, writes.logs
+        )
+        return self._superseded_pairs(c, {(w.run_id, w.attempt) for w in writers if w.attempt})
 
     def _superseded_pairs(self, c: Any, attempts: set[tuple[str, int]]) -> set[tuple[str, int]]:
         if not attempts:

@@ -76,6 +76,11 @@ def tool_pieces(tool_id: str, c: dict[str, Any], paced: dict[str, float], paused
     if known and retries > sum(known.values()):  # an attempt killed before its outcome: no reasons kept
         known["earlier"] = retries - sum(known.values())
     reasons = ", ".join(f"{k} {v:,}" for k, v in known.items())
+    retried: Piece = ("", 2)
+    if retries:  # on a narrow line its causes go first
+        retried = (
+            (f"retries {retries:,} ({reasons})", 2, f"retries {retries:,}") if reasons else (f"retries {retries:,}", 2)
+        )
     state = ""
     if tool_id in paused:
         left = paused[tool_id]
@@ -88,9 +93,7 @@ def tool_pieces(tool_id: str, c: dict[str, Any], paced: dict[str, float], paused
         (f"reused {c.get('reused', 0):,}", 3),
         (f"failed {final:,}", 0),
         (f"fell back {recovered:,}" if recovered else "", 2),
-        (f"retries {retries:,} ({reasons})", 2, f"retries {retries:,}")
-        if reasons
-        else (f"retries {retries:,}" if retries else "", 2),
+        retried,
         (state, 1),
         (f"credits {c['credits']:,.6g}" if c.get("credits") else "", 0),
     ]
