@@ -28,6 +28,8 @@ def receipt_dict(r: Any) -> dict[str, Any]:
         "created_at": r.created_at,
         "completed_at": r.completed_at,
         "credits": r.credits,
+        "generation": r.generation,
+        "description": r.description,
     }
 
 
@@ -43,16 +45,20 @@ def inspect(
     ] = None,
     tool: Annotated[str | None, typer.Option("--tool", metavar="TOOL", help="Only this tool id.")] = None,
     limit: Annotated[int | None, typer.Option("--limit", metavar="N", min=1, help="At most N receipts.")] = None,
+    history: Annotated[
+        bool, typer.Option("--history", help="Also the earlier answers of refreshed receipts (older generations).")
+    ] = False,
     store: StoreOption = None,
     json: JsonOption = False,
 ) -> None:
-    """List receipts, filtered.
+    """List receipts, filtered. A receipt paid for again (a stale cell, a forced call) is a
+    new generation; --history lists the answers it had before.
 
     \b
     Examples:
       deepline receipts inspect --run r-8f2c1a9b3e4d
       deepline receipts inspect --status failed --tool hunter.email --json
-      deepline receipts inspect 3fa9
+      deepline receipts inspect 3fa9 --history
     """
     from deepline_cli.errors import UsageError
     from deepline_cli.store import open_store
@@ -65,10 +71,11 @@ def inspect(
         if run is not None and db.get_run(run) is None:
             raise UsageError(f"No run {run!r} in the store {db.url}.")
         found = db.query_receipts(ReceiptQuery(key_prefix, run, status, tool, limit))
+        earlier = {r.key: db.receipt_history(r.key) for r in found} if history else {}
     finally:
         db.close()
     if json:
-        print_json_lines([receipt_dict(r) for r in found])
+        print_json_lines([{**receipt_dict(r), **_history(earlier, r.key)} for r in found])
         return
     rows = [
         (
@@ -79,6 +86,7 @@ def inspect(
             r.status,
             r.run_id,
             r.attempt,
+            r.generation,
             r.failure_kind or "",
             f"{r.credits:g}",
             when(r.completed_at or r.created_at),
@@ -86,7 +94,33 @@ def inspect(
         for r in found
     ]
     print_table(
-        ["key", "kind", "label", "tool", "status", "run", "attempt", "failure", "credits", "at"],
+        ["key", "kind", "label", "tool", "status", "run", "attempt", "gen", "failure", "credits", "at"],
         rows,
         empty="No receipts match.",
     )
+    for key, generations in earlier.items():
+        for old in generations:
+            typer.echo(
+                f"  {key[:12]} generation {old.generation}: run {old.run_id}, {old.credits:g} credits, "
+                f"answered {when(old.completed_at)}, replaced {when(old.replaced_at)}"
+            )
+
+
+def _history(earlier: dict[str, list[Any]], key: str) -> dict[str, Any]:
+    if key not in earlier:
+        return {}
+    return {
+        "history": [
+            {
+                "generation": old.generation,
+                "run_id": old.run_id,
+                "attempt": old.attempt,
+                "idempotency_key": old.idempotency_key,
+                "output": old.output,
+                "credits": old.credits,
+                "completed_at": old.completed_at,
+                "replaced_at": old.replaced_at,
+            }
+            for old in earlier[key]
+        ]
+    }

@@ -24,7 +24,7 @@ class BodyOutcome:
 
 async def execute_body(play: PlayDef, s: RunServices, input: Any) -> BodyOutcome:
     try:
-        value = await play.fn(Context(s, play.name), input)
+        value = await play.fn(Context(s, play.name, input), input)
     except Suspended:
         await _flush_journal(s)
         return BodyOutcome("waiting")

@@ -1,25 +1,75 @@
-"""Columns of a map: resolvers, their options, and their code fingerprints."""
+"""Columns of a map: resolvers, their options, and their fingerprints.
+
+A cell is reused only while its fingerprint is unchanged. The fingerprint covers what the
+resolver can see: its code (and the code of the play's own functions and modules it
+uses), the module-level values it reads as the play's source writes them (`PROVIDER =
+"hunter"`, a scoring table: their statements, not their current value, which may be a cache
+or a counter the play fills), the plain values of the closure it was made in, and the
+play's input (or only the fields the column declares it reads, `depends_on`).
+
+A fingerprint leaves the process (it is stored with every cell), so it never depends on
+the process: names are walked in sorted order, sets by their sorted members, and nothing
+is fed that holds a memory address or Python's per-process hash seed.
+"""
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
+import inspect
+import os
 import types
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deepline_cli import _json
+from deepline_cli.errors import UsageError
 from deepline_cli.runtime.failures import is_play_file
+
+# `stale_after_seconds`: a number of seconds, or a function of the cell's previous value
+# giving one (None: never stale), e.g. re-check a not-found sooner than a found.
+Staleness = float | Callable[[Any], float | None] | None
 
 
 @dataclass(frozen=True)
 class Column:
-    """A map column with options: `Column(fn, run_if=..., stale_after_seconds=...)`."""
+    """A map column with options.
+
+    `run_if(row)` or `run_if(row, index)`, sync or async: a false answer leaves None.
+    `stale_after_seconds`: the cell is recomputed once older than this, and its tool calls
+    are made fresh (a new paid call) where their answer is older too.
+    `recompute=True`: the resolver runs on every run (its calls still hit their receipts).
+    `depends_on`: the play-input fields the resolver reads (dotted paths); a cell computed
+    under other values of them is not reused. None (the default): the whole input.
+    """
 
     fn: Callable[..., Any]
-    run_if: Callable[[Mapping[str, Any]], Any] | None = None
-    stale_after_seconds: float | None = None
+    run_if: Callable[..., Any] | None = None
+    stale_after_seconds: Staleness = None
     recompute_on_error: bool = False
+    recompute: bool = False
+    depends_on: Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise UsageError(f"A column's resolver must be a function, not {type(self.fn).__name__}.")
+        if self.depends_on is not None and (
+            isinstance(self.depends_on, str) or not all(isinstance(f, str) for f in self.depends_on)
+        ):
+            raise UsageError("Column(depends_on=...) takes a list of input field names, like ['provider'].")
+
+    def staleness(self, previous: Any) -> float | None:
+        """The cell's time to live in seconds given its previous value (None: forever)."""
+        ttl = self.stale_after_seconds
+        return ttl(previous) if callable(ttl) else ttl
+
+    def functions(self) -> list[Callable[..., Any]]:
+        """The functions that decide what this column holds (not when it goes stale: a new
+        time to live recomputes nothing)."""
+        return [self.fn] if self.run_if is None else [self.fn, self.run_if]
 
 
 @dataclass(frozen=True)
@@ -27,74 +77,258 @@ class ResolvedColumn:
     name: str
     column: Column
     fingerprint: str
+    arity: int = 2  # the resolver takes (row) or (row, rc)
+    run_if_arity: int = 1  # run_if takes (row) or (row, index)
 
 
-def resolve_columns(columns: Mapping[str, Callable[..., Any] | Column]) -> list[ResolvedColumn]:
+@dataclass
+class _Walk:
+    """One fingerprint being computed: the digest and what it has taken in already."""
+
+    h: Any = field(default_factory=hashlib.sha256)
+    seen: set[int] = field(default_factory=set)  # ids: within this process only, never fed
+
+
+def resolve_columns(
+    columns: Mapping[str, Callable[..., Any] | Column], play_input: Any = None, *, rows_path: str | None = None
+) -> list[ResolvedColumn]:
+    """The map's columns with their fingerprints. `rows_path`: the file the map's rows come
+    from, left out of the input a column is keyed on (each row's content is keyed already)."""
     resolved = []
     for name, spec in columns.items():
         column = spec if isinstance(spec, Column) else Column(spec)
-        parts = [_code_fingerprint(column.fn)]
-        if column.run_if is not None:
-            parts.append(_code_fingerprint(column.run_if))
-        resolved.append(ResolvedColumn(name, column, hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]))
+        parts = [code_fingerprint(fn) for fn in column.functions()]
+        parts.append(input_fingerprint(play_input, column.depends_on, rows_path))
+        resolved.append(
+            ResolvedColumn(
+                name,
+                column,
+                _json.digest(*parts)[:16],
+                arity(column.fn),
+                arity(column.run_if) if column.run_if is not None else 1,
+            )
+        )
     return resolved
 
 
-def _code_fingerprint(fn: Any) -> str:
-    """A digest of what a resolver does: its bytecode, constants and names, and those of
-    the play's own functions it calls (in the play file or a module next to it, however
-    deep), so a changed helper recomputes the cells that use it. Renaming a local
-    variable or moving the function in the file does not."""
-    code = getattr(fn, "__code__", None)
-    if code is None and getattr(getattr(fn, "__call__", None), "__code__", None) is None:  # noqa: B004
-        return f"{type(fn).__module__}.{type(fn).__qualname__}"
-    h = hashlib.sha256()
-    _feed_function(h, fn if code is not None else fn.__call__, set())
-    return h.hexdigest()
+def input_fingerprint(play_input: Any, depends_on: Sequence[str] | None, rows_path: str | None = None) -> str:
+    """The part of the play's input a column can see: all of it, or the declared fields."""
+    if depends_on is None:
+        seen = play_input
+        if isinstance(play_input, dict) and rows_path is not None:
+            seen = {k: v for k, v in play_input.items() if v != rows_path}
+    else:
+        seen = {path: _field(play_input, path) for path in sorted(depends_on)}
+    return _data_digest(seen) or "?"
 
 
-def _feed_function(h: Any, fn: Any, seen: set[int]) -> None:
-    code: types.CodeType = fn.__code__
-    if id(code) in seen:
+def _field(value: Any, path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def code_fingerprint(fn: Any) -> str:
+    """A digest of what a function does: its bytecode, constants and names, the play's own
+    functions, classes and modules it uses (in the play file or a module next to it,
+    however deep), and the plain data (JSON) it reads from its module or closure. Renaming a
+    local variable or moving the function in the file does not change it."""
+    walk = _Walk()
+    _feed_value(walk, fn, top=True)
+    return str(walk.h.hexdigest())
+
+
+def _feed_value(walk: _Walk, value: Any, *, top: bool = False) -> None:
+    if isinstance(value, functools.partial):
+        _tag(walk, b"partial")
+        _feed_value(walk, value.func, top=top)
+        _feed_data(walk, [list(value.args), value.keywords])
+    elif isinstance(value, types.MethodType):
+        _feed_value(walk, value.__func__, top=top)
+    elif isinstance(value, types.FunctionType):
+        if top or is_play_file(value.__code__.co_filename):
+            _feed_function(walk, value)
+    elif isinstance(value, type):
+        _feed_class(walk, value)
+    elif isinstance(value, types.ModuleType):
+        _feed_module(walk, value)
+    elif top and callable(value):
+        call = getattr(type(value), "__call__", None)  # noqa: B004
+        if isinstance(call, types.FunctionType):
+            _tag(walk, f"{type(value).__module__}.{type(value).__qualname__}".encode())
+            _feed_value(walk, call, top=True)
+        else:
+            _tag(walk, f"{type(value).__module__}.{type(value).__qualname__}".encode())
+    else:
+        _feed_data(walk, value)
+
+
+def _feed_function(walk: _Walk, fn: types.FunctionType) -> None:
+    code = fn.__code__
+    if id(code) in walk.seen:
         return
-    seen.add(id(code))
-    _feed(h, code)
-    names = _names(code)
-    scope = getattr(fn, "__globals__", {})
-    refs = [scope[name] for name in names if name in scope]
-    for cell in getattr(fn, "__closure__", None) or ():
+    walk.seen.add(id(code))
+    _feed_code(walk, code)
+    scope = fn.__globals__
+    written = _bindings(scope.get("__file__"))
+    for name in _names(code):
+        if name not in scope:
+            continue
+        _tag(walk, name.encode())
+        value = scope[name]
+        if _is_code(value) or name not in written:
+            _feed_value(walk, value)
+        else:
+            _tag(walk, written[name])  # the statements that set it, as written
+    for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=False):
         try:
-            refs.append(cell.cell_contents)
+            contents = cell.cell_contents
         except ValueError:  # a cell not filled yet
             continue
-    for value in refs:
-        _feed_reference(h, value, seen)
+        _tag(walk, name.encode())
+        _feed_value(walk, contents)
+    for default in fn.__defaults__ or ():
+        _feed_value(walk, default)
+    for name in sorted(fn.__kwdefaults__ or {}):
+        _tag(walk, name.encode())
+        _feed_value(walk, (fn.__kwdefaults__ or {})[name])
 
 
-def _feed_reference(h: Any, value: Any, seen: set[int]) -> None:
-    """A function or module of the play's own that a resolver uses goes into its digest."""
-    if isinstance(value, types.FunctionType) and is_play_file(value.__code__.co_filename):
-        _feed_function(h, value, seen)
-    elif isinstance(value, types.ModuleType) and id(value) not in seen:
-        file = getattr(value, "__file__", None)
-        if file and is_play_file(file):
-            seen.add(id(value))
-            h.update(Path(file).read_bytes())
+def _feed_class(walk: _Walk, cls: type) -> None:
+    """A class of the play's own: its methods (in name order)."""
+    if id(cls) in walk.seen or not _is_play_object(cls):
+        return
+    walk.seen.add(id(cls))
+    _tag(walk, cls.__qualname__.encode())
+    for name in sorted(vars(cls)):
+        member = vars(cls)[name]
+        if isinstance(member, staticmethod | classmethod):
+            member = member.__func__
+        if isinstance(member, types.FunctionType):
+            _tag(walk, name.encode())
+            _feed_function(walk, member)
 
 
-def _names(code: types.CodeType) -> set[str]:
+def _feed_module(walk: _Walk, module: types.ModuleType) -> None:
+    file = getattr(module, "__file__", None)
+    if id(module) in walk.seen or not file or not is_play_file(file):
+        return
+    walk.seen.add(id(module))
+    walk.h.update(Path(file).read_bytes())
+
+
+def _feed_data(walk: _Walk, value: Any) -> None:
+    """A value not written in the play's source (a closure's, a default argument's): its
+    content when it is a plain immutable value. Anything else (a list the play fills, a
+    client, a lock) by its type only: its content may change as the play runs."""
+    digest = _data_digest(value) if _immutable(value) else None
+    _tag(walk, digest.encode() if digest else f"<{type(value).__module__}.{type(value).__qualname__}>".encode())
+
+
+def _immutable(value: Any) -> bool:
+    if value is None or isinstance(value, bool | int | float | str | bytes):
+        return True
+    return isinstance(value, tuple | frozenset) and all(_immutable(v) for v in value)
+
+
+def _is_code(value: Any) -> bool:
+    return isinstance(value, types.FunctionType | types.MethodType | types.ModuleType | type | functools.partial)
+
+
+def _bindings(file: str | None) -> dict[str, bytes]:
+    """For a play file: each module-level name and the source of the statements binding it."""
+    if not file or not is_play_file(file):
+        return {}
+    try:
+        stat = os.stat(file)
+    except OSError:
+        return {}
+    return _parsed_bindings(file, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_bindings(file: str, mtime_ns: int, size: int) -> dict[str, bytes]:
+    try:
+        source = Path(file).read_bytes()
+        tree = ast.parse(source)
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    found: dict[str, list[bytes]] = {}
+    for node in tree.body:
+        for name in _bound_names(node):
+            found.setdefault(name, []).append(ast.dump(node).encode())
+    return {name: b"\n".join(parts) for name, parts in found.items()}
+
+
+def _bound_names(node: ast.stmt) -> list[str]:
+    if isinstance(node, ast.Assign):
+        targets: list[ast.expr] = list(node.targets)
+    elif isinstance(node, ast.AnnAssign | ast.AugAssign):
+        targets = [node.target]
+    elif isinstance(node, ast.Import | ast.ImportFrom):
+        return [(alias.asname or alias.name).split(".")[0] for alias in node.names]
+    else:
+        return []
+    return [n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)]
+
+
+def _data_digest(value: Any) -> str | None:
+    if isinstance(value, set | frozenset):
+        value = sorted(_data_digest(v) or "?" for v in value)
+    try:
+        return hashlib.sha256(_json.canonical(value)).hexdigest()
+    except TypeError:
+        return None
+
+
+def _is_play_object(value: Any) -> bool:
+    try:
+        return is_play_file(inspect.getfile(value))
+    except (TypeError, OSError):
+        return False
+
+
+def _tag(walk: _Walk, data: bytes) -> None:
+    walk.h.update(len(data).to_bytes(4, "big") + data)
+
+
+def _names(code: types.CodeType) -> list[str]:
+    """The global names a function and the functions nested in it use, sorted."""
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names |= _names(const)
-    return names
+            names.update(_names(const))
+    return sorted(names)
 
 
-def _feed(h: Any, code: types.CodeType) -> None:
-    h.update(code.co_code)
-    h.update(repr(code.co_names).encode())
+def _feed_code(walk: _Walk, code: types.CodeType) -> None:
+    _tag(walk, code.co_code)
+    _tag(walk, repr(code.co_names).encode())
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            _feed(h, const)
+            _feed_code(walk, const)
         else:
-            h.update(repr(const).encode())
+            _tag(walk, _stable_repr(const).encode())
+
+
+def _stable_repr(const: Any) -> str:
+    """A constant's repr, with sets (`x in {"a", "b"}` compiles to a frozenset, whose order
+    follows the hash seed) written in sorted order."""
+    if isinstance(const, frozenset | set):
+        return "{" + ", ".join(sorted(_stable_repr(c) for c in const)) + "}"
+    if isinstance(const, tuple):
+        return "(" + ", ".join(_stable_repr(c) for c in const) + ")"
+    return repr(const)
+
+
+def arity(fn: Callable[..., Any]) -> int:
+    """How many positional arguments `fn` takes (2 when it takes any number)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 2
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return 2
+    return len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])

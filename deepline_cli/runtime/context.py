@@ -158,8 +158,9 @@ class Tools:
 class Context:
     """`ctx`: the play's handle on its run."""
 
-    def __init__(self, services: RunServices, play_name: str) -> None:
+    def __init__(self, services: RunServices, play_name: str, play_input: Any = None) -> None:
         self._s = services
+        self.play_input = play_input  # what the play was started with (a map's cells are keyed on it)
         scope = services.scope
         self.run = RunInfo(scope.run_id, scope.attempt, services.cwd)
         self.play = PlayInfo(play_name, services.play_file)

@@ -31,10 +31,11 @@ from deepline_cli.errors import (
     UsageError,
 )
 from deepline_cli.runtime import failures
+from deepline_cli.runtime.call_scope import CellScope, enter_cell
 from deepline_cli.runtime.columns import Column, ResolvedColumn, resolve_columns
 from deepline_cli.runtime.dataset import Dataset
-from deepline_cli.runtime.ledger import set_row
 from deepline_cli.runtime.pilot import scan_rest
+from deepline_cli.runtime.reuse import ReusePolicy, previous_value, refresh_after
 from deepline_cli.runtime.rows import CsvSource, RowKey, input_columns, key_function, row_digest
 from deepline_cli.runtime.tools import ToolResult
 from deepline_cli.store.base import MapRecord, MapRow, SheetRow
@@ -60,6 +61,7 @@ class RowContext:
         self.tools = RowTools(ctx.tools)
         self.row_key = row_key
         self.index = index
+        self.previous: Any = None  # the cell's value in the sheet before (None: none, or an error)
         self._map = map_name
 
     def log(self, message: str) -> None:
@@ -141,10 +143,9 @@ class MapRun:
     ) -> None:
         if on_row_error not in ("isolate", "fail"):
             raise UsageError(f"Map {name!r}: on_row_error must be 'isolate' or 'fail', not {on_row_error!r}.")
-        if not columns:
-            raise UsageError(f"Map {name!r} has no columns.")
         self.ctx, self.s, self.name, self.rows = ctx, services, name, rows
-        self.columns = resolve_columns(columns)
+        rows_path = str(rows.path) if isinstance(rows, CsvSource) else None
+        self.columns = resolve_columns(columns, ctx.play_input, rows_path=rows_path)
         self.key_of = key_function(key)
         self.on_row_error = on_row_error
         self.concurrency = max(1, concurrency or services.options.get("concurrency") or DEFAULT_CONCURRENCY)
@@ -162,7 +163,7 @@ class MapRun:
         self.first_failures: list[tuple[object, ...]] = []  # signatures, while no row succeeded
         self.started = time.monotonic()
         self.total_estimate = _estimate_total(rows, self.limit)
-        self._resolver_arity = {c.name: _arity(c.column.fn) for c in self.columns}
+        self.reuse = ReusePolicy(services.io.now, scope.force_refresh, scope.refresh_failed)
 
     # --- the whole map -----------------------------------------------------------------------
 
@@ -296,32 +297,11 @@ class MapRun:
 
     # --- one row --------------------------------------------------------------------------------
 
-    def _reusable(self, job: _Job, column: ResolvedColumn, upstream_changed: bool) -> list[Any] | None:
-        previous = job.previous
-        if previous is None or upstream_changed or previous.input_digest != job.digest:
-            return None
-        cell = previous.cells.get(column.name)
-        if cell is None or cell[3] != column.fingerprint or self.s.scope.force_refresh:
-            return None
-        stale = column.column.stale_after_seconds
-        if stale is not None and (stale <= 0 or self.s.io.now() - (cell[2] or 0.0) > stale):
-            return None
-        if cell[1] is not None and (column.column.recompute_on_error or self.s.scope.refresh_failed):
-            return None
-        return cell
-
     def _reuse_whole_row(self, job: _Job) -> bool:
         """The fast path: every cell is reusable, so record the row without any call."""
-        if job.previous is None:
+        cells = self.reuse.whole_row(job.previous, job.digest, self.columns)
+        if cells is None:
             return False
-        cells = []
-        for column in self.columns:
-            cell = self._reusable(job, column, False)
-            if cell is None:
-                return False
-            cells.append(cell)
-            if cell[1] is not None:
-                break
         error = next((cell[1] for cell in cells if cell[1] is not None), None)
         self.tally.reused += 1
         self._record(job, None, error)
@@ -341,7 +321,6 @@ class MapRun:
                 self.stop = exc
 
     async def _process(self, job: _Job) -> None:
-        set_row(self.name, job.key)  # the calls ledger records which row each call was for
         row = job.row
         cells: dict[str, list[Any]] = dict(job.previous.cells) if job.previous else {}
         rc = RowContext(self.ctx, self.s, self.name, job.key, job.idx)
@@ -349,13 +328,18 @@ class MapRun:
         error: str | None = None
         failure: BaseException | None = None
         for position, column in enumerate(self.columns):
-            cell = self._reusable(job, column, changed)
+            cell = self.reuse.cell(job.previous, job.digest, column, changed)
             if cell is not None:
                 row[column.name] = cell[0]
                 if cell[1] is not None:
                     error = cell[1]
                     break
                 continue
+            before = cells.get(column.name)
+            rc.previous = previous_value(before)
+            # Calls made for this cell: recorded with its row, refreshed when their answer is
+            # older than the cell may be.
+            enter_cell(CellScope(self.name, job.key, refresh_after(column, before)))
             try:
                 value = await self._resolve(column, row, rc)
             except DeeplineError as exc:
@@ -372,7 +356,6 @@ class MapRun:
                 for later in self.columns[position + 1 :]:  # not computed on a failed row
                     cells.pop(later.name, None)
                 break
-            before = cells.get(column.name)
             changed = changed or before is None or before[0] != value
             cells[column.name] = [value, None, self.s.io.now(), column.fingerprint]
             row[column.name] = value
@@ -406,9 +389,13 @@ class MapRun:
 
     async def _resolve(self, column: ResolvedColumn, row: dict[str, Any], rc: RowContext) -> Any:
         spec = column.column
-        if spec.run_if is not None and not spec.run_if(row):
-            return None
-        result = spec.fn(row, rc) if self._resolver_arity[column.name] != 1 else spec.fn(row)
+        if spec.run_if is not None:
+            wanted = spec.run_if(row, rc.index) if column.run_if_arity >= 2 else spec.run_if(row)
+            if inspect.isawaitable(wanted):
+                wanted = await wanted
+            if not wanted:
+                return None
+        result = spec.fn(row, rc) if column.arity != 1 else spec.fn(row)
         if inspect.isawaitable(result):
             result = await result
         if isinstance(result, ToolResult):
@@ -563,17 +550,6 @@ class SystemicFailure(DeeplineError):
 def _input_only(row: dict[str, Any], columns: list[ResolvedColumn]) -> dict[str, Any]:
     names = {c.name for c in columns}
     return {k: v for k, v in row.items() if k not in names}
-
-
-def _arity(fn: Callable[..., Any]) -> int:
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return 2
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if any(p.kind == p.VAR_POSITIONAL for p in params):
-        return 2
-    return len(positional)
 
 
 def _estimate_total(rows: Any, limit: int | None) -> int | None:

@@ -80,12 +80,4 @@ async def count_paid(engine: MapRun, chunk: list[_Job]) -> int:
 
 def whole_row_reusable(engine: MapRun, job: _Job) -> bool:
     """The map engine's fast path, decided without recording anything."""
-    if job.previous is None:
-        return False
-    for column in engine.columns:
-        cell = engine._reusable(job, column, False)
-        if cell is None:
-            return False
-        if cell[1] is not None:
-            return True  # a kept error: the row is failed, later cells are not needed
-    return True
+    return engine.reuse.whole_row(job.previous, job.digest, engine.columns) is not None

@@ -296,8 +296,8 @@ class PlanDataset:
 class PlanContext(Context):
     """`ctx` while planning: nothing with an effect happens."""
 
-    def __init__(self, services: RunServices, play_name: str, planner: Planner) -> None:
-        super().__init__(services, play_name)
+    def __init__(self, services: RunServices, play_name: str, planner: Planner, play_input: Any = None) -> None:
+        super().__init__(services, play_name, play_input)
         self.tools: PlanTools = PlanTools(services, planner)
         self._planner = planner
 
@@ -370,7 +370,7 @@ class RowPlanner:
             if unknown is not None:
                 self._dependent(plan, f"depends on {unknown!r}, known only after running", None)
                 continue
-            cell = engine._reusable(job, column, changed)
+            cell = engine.reuse.cell(job.previous, job.digest, column, changed)
             if cell is not None:
                 plan.reused_cells += 1
                 row[column.name] = cell[0]
@@ -514,7 +514,7 @@ class Planner:
     async def run(self, input: Any) -> Plan:
         self.reference = await self.io.call(self._reference_run, input)
         self.plan.reference_run = self.reference
-        ctx = PlanContext(self.services, self.play.name, self)
+        ctx = PlanContext(self.services, self.play.name, self, input)
         self.plan.body_tools = self._credits_of(tool_ids([self.play.fn], lambda t: ctx.tools.declared(t) is not None))
         try:
             await self.play.fn(ctx, input)

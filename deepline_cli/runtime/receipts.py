@@ -36,8 +36,8 @@ from deepline_cli.errors import (
     ToolExecutionError,
 )
 from deepline_cli.runtime.budget import Budget
+from deepline_cli.runtime.call_scope import current_cell
 from deepline_cli.runtime.events import EventBus
-from deepline_cli.runtime.ledger import current_row
 from deepline_cli.runtime.secrets import Secrets
 from deepline_cli.runtime.stats import RunStats
 from deepline_cli.runtime.storeio import StoreIO, WriteQueue
@@ -74,6 +74,7 @@ class DurableCall:
     # A batch aggregate: its members (key, lease id) and the request it sends.
     members: list[tuple[str, str]] | None = None
     request: Any = None
+    description: str | None = None  # what the call is for, in the play's words (logs, report)
 
 
 class LeaseLost(ReceiptLeaseLostError):
@@ -220,6 +221,7 @@ class ReceiptBook:
         scope = self._scope
         lease_id = self._lease_ids.new()
         force = call.force or (scope.force_refresh and call.kind != "step")
+        cell = current_cell()
         claim = Claim(
             key=call.key,
             kind=call.kind,
@@ -233,9 +235,11 @@ class ReceiptBook:
             fresh_idempotency_key=idempotency_key(call.key, lease_id),
             force=force,
             stale_after_s=call.stale_after_s,
+            refresh_after_s=cell.refresh_after_s if cell is not None else None,
             refresh_failed=scope.refresh_failed,
             members=call.members,
             request=call.request,
+            description=call.description,
         )
         # If this waiter is cancelled, the write queue releases the claim once written.
         return await self._writes.claim(claim)
@@ -272,7 +276,7 @@ class ReceiptBook:
                 value = self._secrets.redact_json(await invoke(info))
             except BaseException as exc:
                 self._budget.settle(reserved, spent=False)
-                self._settle_failure(call, lease_id, exc, self._record(call, started, info))
+                self._settle_failure(call, claimed, exc, self._record(call, started, info))
                 if _is_call_failure(call, exc) and not isinstance(exc, ToolExecutionError):
                     # The same error type live as when replayed from the failed receipt.
                     raise tool_error(exc, call.tool) from exc
@@ -288,7 +292,13 @@ class ReceiptBook:
         credits = call.credits if info.credits is None else info.credits  # what the provider said it cost
         self._budget.settle(reserved, spent=True, actual=credits, tool=call.tool if info.credits is not None else None)
         settlement = Settlement(
-            call.key, lease_id, "completed", output=value, credits=credits, call=self._record(call, started, info)
+            call.key,
+            lease_id,
+            "completed",
+            output=value,
+            credits=credits,
+            call=self._record(call, started, info),
+            replaces=claimed.replaces,
         )
         self._writes.settle(settlement, partial(self._check_recorded, call))
         self._count(call, "live", credits)
@@ -296,7 +306,9 @@ class ReceiptBook:
 
     def _record(self, call: DurableCall, started: float, info: ToolCall) -> CallRecord:
         scope = self._scope
-        return CallRecord(scope.run_id, scope.attempt, call.kind, call.tool, started, info.retries, *current_row())
+        cell = current_cell()
+        where = (cell.map, cell.row_key) if cell is not None else (None, None)
+        return CallRecord(scope.run_id, scope.attempt, call.kind, call.tool, started, info.retries, *where)
 
     def _check_recorded(self, call: DurableCall, applied: bool | BaseException) -> None:
         """The circuit breaker: a billed call that was not recorded stops the run."""
@@ -325,7 +337,8 @@ class ReceiptBook:
         """The receipt as the store has it now."""
         return await self._io.call(self._io.store.get_receipt, key)
 
-    def _settle_failure(self, call: DurableCall, lease_id: str, exc: BaseException, record: CallRecord) -> None:
+    def _settle_failure(self, call: DurableCall, claimed: ClaimOutcome, exc: BaseException, record: CallRecord) -> None:
+        lease_id = claimed.receipt.lease_id or ""
         if not _is_call_failure(call, exc):
             # Not the call's own failure (interrupt, lost lease, budget…): record nothing,
             # so a resume runs the call again.
@@ -342,6 +355,7 @@ class ReceiptBook:
                 failure_kind=error.category,
                 retryable=error.retryable,
                 call=record,
+                replaces=claimed.replaces,
             )
             self._count(call, "failed", 0.0)
         # If this write fails the lease simply expires: the call's own error is what matters.

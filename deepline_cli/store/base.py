@@ -76,6 +76,23 @@ class Receipt:
     completed_at: float | None = None
     batch_key: str | None = None  # a batch member: the aggregate receipt it was sent in
     request: Any = None  # a batch aggregate: [[member key, input], ...] in the order sent
+    generation: int = 1  # how many answers it has had: a refresh makes a new one
+    description: str | None = None  # what the call is for, in the play's words
+
+
+@dataclass(slots=True)
+class ReceiptGeneration:
+    """An earlier answer of a receipt that was paid for again (its history)."""
+
+    key: str
+    generation: int
+    run_id: str | None
+    attempt: int | None
+    idempotency_key: str | None
+    output: Any
+    credits: float
+    completed_at: float | None
+    replaced_at: float | None
 
 
 @dataclass(slots=True)
@@ -100,10 +117,14 @@ class Claim:
     fresh_idempotency_key: str = ""
     force: bool = False
     stale_after_s: float | None = None
+    # A stale map cell's call: an answer older than this, made by another run, is paid for
+    # again (a refresh exists to get new data); a younger one, or this run's own, is reused.
+    refresh_after_s: float | None = None
     refresh_failed: bool = False
     # A batch aggregate: the member receipts (key, lease id) it is sent for, and what is sent.
     members: list[tuple[str, str]] | None = None
     request: Any = None
+    description: str | None = None
 
 
 # superseded: the claiming attempt's run was taken over by a later attempt (fencing).
@@ -117,6 +138,9 @@ class ClaimOutcome:
     # The receipt as it was before this claim took it (None: a new receipt).
     prior_status: str | None = None
     prior_run_id: str | None = None
+    # The earlier answer this claim may replace (a refresh, or a takeover of one): kept in
+    # the receipt's history once the new answer is settled.
+    replaces: Receipt | None = None
 
     @property
     def resumed(self) -> bool:
@@ -139,6 +163,7 @@ class Settlement:
     retryable: bool = False
     credits: float = 0.0
     call: CallRecord | None = None  # an execution that ended (completed or failed): the ledger row
+    replaces: Receipt | None = None  # the earlier answer a new one ends (see ClaimOutcome)
 
 
 @dataclass(slots=True)
@@ -272,9 +297,10 @@ def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVer
 
     - no receipt, a skipped or released one, or a transient (or explicitly refreshed)
       failure: claim
-    - completed: reuse, unless older than `stale_after_s`, or forced by a run that did
-      not complete it itself
-    - failed for good (not transient, no --refresh-failed): report the stored failure
+    - completed: reuse, unless older than `stale_after_s`, or forced (or older than
+      `refresh_after_s`) by a run that did not complete it itself
+    - failed for good (not transient, no --refresh-failed, not refreshed): report the
+      stored failure
     - running: take over when its lease expired or it belongs to an earlier attempt of
       the same run (that attempt is dead: we hold the run's lease); else it is busy
     """
@@ -282,14 +308,17 @@ def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVer
         return "claimed"
     if existing.status == "running" and existing.lease_id == claim.lease_id:
         return "claimed"  # this very claim, applied before its connection dropped: it is ours
+    # A forced or refreshed call is made once per run: a resume reuses what this run paid for.
+    other_run = existing.run_id != claim.run_id
+    refreshed = other_run and claim.refresh_after_s is not None and _is_stale(existing, claim.refresh_after_s, now)
     if existing.status == "completed":
-        # A forced call is made once per run: a resume reuses what this run already paid for.
-        forced = claim.force and existing.run_id != claim.run_id
-        if forced or _is_stale(existing, claim.stale_after_s, now):
+        forced = claim.force and other_run
+        if forced or refreshed or _is_stale(existing, claim.stale_after_s, now):
             return "claimed"
         return "reused"
     if existing.status == "failed":
-        return "claimed" if (claim.refresh_failed or existing.retryable or claim.force) else "failed"
+        retry = claim.refresh_failed or existing.retryable or claim.force or refreshed
+        return "claimed" if retry else "failed"
     expired = (existing.lease_expires_at or 0.0) <= now
     dead_attempt = existing.run_id == claim.run_id and existing.attempt < claim.attempt
     return "claimed" if (expired or dead_attempt) else "busy"
@@ -432,6 +461,10 @@ class Store(Protocol):
         ...
 
     def get_receipt(self, key: str) -> Receipt | None: ...
+    def receipt_history(self, key: str) -> list[ReceiptGeneration]:
+        """The earlier answers of a receipt, oldest first."""
+        ...
+
     def credits_spent(self, run_id: str) -> float:
         """Credits of the calls a run and its child runs completed (every attempt)."""
         ...

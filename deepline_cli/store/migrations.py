@@ -219,6 +219,27 @@ MIGRATIONS: list[tuple[str, str | Step]] = [
         """,
     ),
     ("0009_run_columns_snapshots", _run_columns_snapshots),
+    (
+        "0010_generations_steps_stops",
+        """
+        -- A receipt whose answer is paid for again (a stale cell, a forced call) moves its
+        -- earlier answer to the history: receipts hold the current generation.
+        ALTER TABLE receipts ADD COLUMN generation INTEGER NOT NULL DEFAULT 1;
+        ALTER TABLE receipts ADD COLUMN description TEXT;
+        CREATE TABLE receipt_history (
+            key {key} NOT NULL, generation INTEGER NOT NULL, run_id TEXT, attempt INTEGER,
+            idempotency_key TEXT, output TEXT, credits {float}, completed_at {float},
+            replaced_at {float}, PRIMARY KEY (key, generation)){without_rowid};
+        -- A waterfall column: which of its steps found the value, per row ({"column": "step"}).
+        ALTER TABLE map_rows ADD COLUMN steps TEXT;
+        ALTER TABLE maps ADD COLUMN description TEXT;
+        -- Structured log lines: what kind of line, and its fields (`runs logs --kind --where`).
+        ALTER TABLE logs ADD COLUMN kind TEXT;
+        ALTER TABLE logs ADD COLUMN fields TEXT;
+        -- `deepline runs stop`: asked through the store, heard by the run's owner.
+        ALTER TABLE runs ADD COLUMN stop_reason TEXT
+        """,
+    ),
 ]
 
 

@@ -26,6 +26,7 @@ from deepline_cli.store.base import (
     MapRecord,
     MapRow,
     Receipt,
+    ReceiptGeneration,
     ReceiptQuery,
     RunRecord,
     Settlement,
@@ -45,7 +46,7 @@ _RUN_JSON = frozenset({"input", "options", "output", "error", "stats", "ancestor
 _RECEIPT_COLUMNS = (
     "key, kind, label, tool, status, run_id, attempt, lease_id, lease_expires_at,"
     " idempotency_key, output, error, failure_kind, retryable, credits, created_at, completed_at,"
-    " batch_key, request"
+    " batch_key, request, generation, description"
 )
 _BOUNDARY_COLUMNS = "run_id, id, kind, status, due_at, event_id, child_run_id, payload, created_at, resolved_at"
 _TREE = "(SELECT run_id FROM runs WHERE run_id = ? OR root_run_id = ?)"  # a run and its child runs
@@ -355,6 +356,17 @@ class SqlStore(LedgerQueries):
     def get_receipt(self, key: str) -> Receipt | None:
         rows = self._read(f"SELECT {_RECEIPT_COLUMNS} FROM receipts WHERE key = ?", (key,))
         return _receipt_from_row(rows[0]) if rows else None
+
+    def receipt_history(self, key: str) -> list[ReceiptGeneration]:
+        rows = self._read(
+            "SELECT key, generation, run_id, attempt, idempotency_key, output, credits, completed_at, replaced_at"
+            " FROM receipt_history WHERE key = ? ORDER BY generation",
+            (key,),
+        )
+        return [
+            ReceiptGeneration(key, gen, run_id, attempt, idem, _json.loads(output), credits or 0.0, done, replaced)
+            for key, gen, run_id, attempt, idem, output, credits, done, replaced in rows
+        ]
 
     def credits_spent(self, run_id: str) -> float:
         rows = self._read(
@@ -674,6 +686,13 @@ class SqlStore(LedgerQueries):
             " category, map, row_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             ledger,
         )
+        replaced = [
+            (r.key, r.generation, r.run_id, r.attempt, r.idempotency_key, _json_or_none(r.output), r.credits,
+             r.completed_at, now)
+            for st, applied in zip(settlements, fresh, strict=True)
+            if applied and (r := st.replaces) is not None and st.status in ("completed", "failed")
+        ]  # fmt: skip
+        self._many(c, _KEEP_HISTORY, replaced)
         return settled
 
     def _settled_before(self, c: Any, settlements: Sequence[Settlement]) -> set[str]:
@@ -709,6 +728,7 @@ class SqlStore(LedgerQueries):
                 current = existing.get(cl.key)
                 verdict = decide_claim(current, cl, now)
                 prior = (current.status, current.run_id) if current is not None else (None, None)
+                replacing = _replaced_answer(current, cl) if verdict == "claimed" else None
                 if verdict == "claimed":
                     if current is not None and current.run_id != cl.run_id:
                         replaced.append(current)
@@ -719,7 +739,9 @@ class SqlStore(LedgerQueries):
                         c.execute(_CLAIM_UPDATE, claim_row(claimed))
                     existing[cl.key] = current = claimed
                 assert current is not None
-                outcomes[position] = ClaimOutcome(verdict, current, *prior)
+                outcomes[position] = ClaimOutcome(
+                    verdict, current, prior_status=prior[0], prior_run_id=prior[1], replaces=replacing
+                )
             lost = self._insert_claims(c, inserts, now)
             for _, cl, _ in lost:  # another process inserted it since we looked: decide again
                 existing.pop(cl.key, None)
@@ -813,7 +835,12 @@ _SETTLE_SKIP = (
 )
 _SETTLE_END = (
     "UPDATE receipts SET status = ?, output = ?, error = ?, failure_kind = ?, retryable = ?, credits = ?,"
-    " completed_at = ?, lease_expires_at = NULL WHERE key = ? AND lease_id = ? AND status = 'running'"
+    " completed_at = ?, generation = generation + ?, lease_expires_at = NULL"
+    " WHERE key = ? AND lease_id = ? AND status = 'running'"
+)
+_KEEP_HISTORY = (
+    "INSERT INTO receipt_history (key, generation, run_id, attempt, idempotency_key, output, credits,"
+    " completed_at, replaced_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
 )
 
 
@@ -825,7 +852,7 @@ def settle_statement(s: Settlement, now: float) -> tuple[str, tuple[Any, ...]]:
         return _SETTLE_SKIP, (s.key, s.lease_id)
     output = _json_or_none(s.output) if s.status == "completed" else None
     values = (s.status, output, _json_or_none(s.error), s.failure_kind, int(s.retryable), s.credits, now)
-    return _SETTLE_END, (*values, s.key, s.lease_id)
+    return _SETTLE_END, (*values, 1 if s.replaces is not None else 0, s.key, s.lease_id)
 
 
 # --- row mapping ------------------------------------------------------------------------
@@ -895,6 +922,8 @@ def _receipt_from_row(row: Sequence[Any]) -> Receipt:
         completed_at,
         batch_key,
         request,
+        generation,
+        description,
     ) = row
     return Receipt(
         key=key,
@@ -916,18 +945,20 @@ def _receipt_from_row(row: Sequence[Any]) -> Receipt:
         completed_at=completed_at,
         batch_key=batch_key,
         request=_json.loads(request),
+        generation=generation or 1,
+        description=description,
     )
 
 
-CLAIM_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', 0, 0)"
+CLAIM_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', 0, 0)"
 CLAIM_INSERT_COLUMNS = (
     "kind, label, tool, run_id, attempt, lease_id, lease_expires_at, idempotency_key, created_at, batch_key,"
-    " request, key, status, retryable, credits"
+    " request, description, key, status, retryable, credits"
 )
 _CLAIM_UPDATE = (
     "UPDATE receipts SET kind = ?, label = ?, tool = ?, run_id = ?, attempt = ?, lease_id = ?,"
-    " lease_expires_at = ?, idempotency_key = ?, created_at = ?, batch_key = ?, request = ?, status = 'running',"
-    " error = NULL, failure_kind = NULL, retryable = 0 WHERE key = ?"
+    " lease_expires_at = ?, idempotency_key = ?, created_at = ?, batch_key = ?, request = ?, description = ?,"
+    " status = 'running', error = NULL, failure_kind = NULL, retryable = 0 WHERE key = ?"
 )
 
 
@@ -945,6 +976,7 @@ def claim_row(r: Receipt) -> tuple[Any, ...]:
         r.created_at,
         r.batch_key,
         _json_or_none(r.request),
+        r.description,
         r.key,
     )
 
@@ -968,7 +1000,17 @@ def _claimed(current: Receipt | None, cl: Claim, now: float) -> Receipt:
         created_at=current.created_at if current else now,
         batch_key=current.batch_key if resumed and current else None,
         request=request,
+        generation=current.generation if current else 1,
+        description=cl.description,
     )
+
+
+def _replaced_answer(current: Receipt | None, cl: Claim) -> Receipt | None:
+    """The earlier answer a winning claim may replace: a receipt holding output that is not
+    this very claim (applied before its connection dropped)."""
+    if current is None or current.output is None or current.lease_id == cl.lease_id:
+        return None
+    return current
 
 
 def _where(filters: dict[str, Any]) -> tuple[str, list[Any]]:

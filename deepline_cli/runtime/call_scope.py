@@ -1,0 +1,31 @@
+"""Which map cell a call is made for.
+
+The map engine enters a cell while its resolver runs; every call made from there
+(awaited in the same task, or in tasks it starts, through `rc` or `ctx`) is recorded in
+the calls ledger with its map and row (per-row credits), and its receipt is refreshed when
+the answer it holds is older than the cell's time to live. Outside maps there is no cell.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class CellScope:
+    map: str
+    row_key: str
+    refresh_after_s: float | None = None  # a stale cell's calls: answers older than this are paid again
+
+
+_CELL: ContextVar[CellScope | None] = ContextVar("deepline_cell", default=None)
+
+
+def enter_cell(scope: CellScope) -> None:
+    """Calls made from here on in this task (and tasks it starts) are for this cell."""
+    _CELL.set(scope)
+
+
+def current_cell() -> CellScope | None:
+    return _CELL.get()

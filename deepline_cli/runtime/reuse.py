@@ -1,0 +1,76 @@
+"""The reuse policy: which cells of a sheet row a map takes back, and how fresh the tool
+answers of a cell it recomputes must be. One policy, used by the map engine, the pilot's
+projection and `deepline plan`, so the three never disagree.
+
+A cell is reused while the row's input, the column's fingerprint (its code and what it
+reads, see columns.py) and its freshness still match, and it holds no error the run was
+asked to retry. A cell that went stale is recomputed with its tool calls made fresh: an
+answer older than the cell's time to live is paid for again (a new receipt generation,
+a new idempotency key); a younger one, made since by another run, is reused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from deepline_cli.runtime.columns import ResolvedColumn
+from deepline_cli.store.base import SheetRow
+
+Cell = list[Any]  # [value, error, completed_at, fingerprint, (meta)]
+
+
+@dataclass(frozen=True, slots=True)
+class ReusePolicy:
+    now: Callable[[], float]  # the store's clock
+    force_refresh: bool = False  # --force-refresh: nothing is reused
+    refresh_failed: bool = False  # --refresh-failed: cells holding an error are recomputed
+
+    def cell(
+        self, previous: SheetRow | None, digest: str, column: ResolvedColumn, upstream_changed: bool = False
+    ) -> Cell | None:
+        """The previous cell of `column` when it may be reused as it is, else None."""
+        if previous is None or upstream_changed or previous.input_digest != digest:
+            return None
+        cell = previous.cells.get(column.name)
+        spec = column.column
+        if cell is None or cell[3] != column.fingerprint or self.force_refresh or spec.recompute:
+            return None
+        if self.is_stale(column, cell):
+            return None
+        if cell[1] is not None and (spec.recompute_on_error or self.refresh_failed):
+            return None
+        return cell
+
+    def whole_row(self, previous: SheetRow | None, digest: str, columns: Sequence[ResolvedColumn]) -> list[Cell] | None:
+        """Every cell the row needs, when all of them may be reused (the fast path: no
+        resolver runs); the cells up to the first one holding an error."""
+        if previous is None:
+            return None
+        cells = []
+        for column in columns:
+            cell = self.cell(previous, digest, column)
+            if cell is None:
+                return None
+            cells.append(cell)
+            if cell[1] is not None:
+                break
+        return cells
+
+    def is_stale(self, column: ResolvedColumn, cell: Cell) -> bool:
+        ttl = column.column.staleness(previous_value(cell))
+        return ttl is not None and (ttl <= 0 or self.now() - (cell[2] or 0.0) > ttl)
+
+
+def previous_value(cell: Cell | None) -> Any:
+    """What a cell held, for `rc.previous` and a staleness function (None: nothing found,
+    or an error)."""
+    return cell[0] if cell is not None and cell[1] is None else None
+
+
+def refresh_after(column: ResolvedColumn, previous: Cell | None) -> float | None:
+    """How old a tool answer a recomputed cell of `column` may reuse: its time to live
+    (None: any age)."""
+    ttl = column.column.staleness(previous_value(previous))
+    return None if ttl is None else max(0.0, float(ttl))

@@ -1,0 +1,367 @@
+"""Plays written the way go-to-market engineers write them, run through the real command
+in a new process each time, against a real loopback provider (tests/provider.py).
+
+Each test here stood for a bug that plays ported from real Deepline plays hit: a column
+fingerprint that changed with Python's hash seed, cells reused across different play
+inputs, a map without columns refused, an async `run_if` never awaited, and stale cells
+answered from old receipts.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Result
+from tests.provider import Provider, ProviderServer, Seen
+
+Run = Callable[..., Result]
+
+
+@dataclass
+class DirectoryProvider(Provider):
+    """A people-data provider: `/find` answers an email for the people it knows (a
+    different address per path, so two providers' answers are told apart), and an empty
+    answer for the others. Each answer carries a serial number,
+    so a refreshed call is told from a replayed one."""
+
+    known: frozenset[str] = frozenset()
+    serial: int = 0
+
+    def answer(self, seen: Seen) -> tuple[int, dict[str, str], bytes]:
+        body = seen.body if isinstance(seen.body, dict) else {}
+        key = seen.headers.get("idempotency-key", "")
+        if key in self.answers:
+            return 200, {"content-type": "application/json"}, json.dumps(self.answers[key]).encode()
+        self.serial += 1
+        first, domain = str(body.get("first", "")).lower(), str(body.get("domain", ""))
+        provider = seen.path.strip("/").split("/")[0]
+        found = domain in self.known
+        payload: dict[str, Any] = {
+            "email": f"{first}@{domain}" if found else None,
+            "provider": provider,
+            "serial": self.serial,
+        }
+        self.answers[key] = payload
+        self.billed[key] += 1
+        return 200, {"content-type": "application/json"}, json.dumps(payload).encode()
+
+
+LEADS = """\
+first,domain
+Ada,analytical.engine
+Grace,cobol.dev
+Alan,bletchley.park
+info,generic.example
+Linus,kernel.org
+"""
+KNOWN = frozenset({"analytical.engine", "cobol.dev", "bletchley.park", "kernel.org"})
+
+
+@pytest.fixture
+def provider() -> Iterator[DirectoryProvider]:
+    with ProviderServer(DirectoryProvider(known=KNOWN)) as running:
+        yield running  # type: ignore[misc]
+
+
+@pytest.fixture
+def project(tmp_path: Path, provider: DirectoryProvider) -> Callable[[str], Path]:
+    """A play folder: play.py, deepline.toml (two HTTP tools on the provider), leads.csv."""
+
+    def write(source: str) -> Path:
+        (tmp_path / "leads.csv").write_text(LEADS)
+        (tmp_path / "deepline.toml").write_text(
+            textwrap.dedent(
+                f"""\
+                [tools."people.alpha"]
+                url = "{provider.url}/alpha/find"
+                json = {{ first = "{{first}}", domain = "{{domain}}" }}
+                credits = 1
+
+                [tools."people.beta"]
+                url = "{provider.url}/beta/find"
+                json = {{ first = "{{first}}", domain = "{{domain}}" }}
+                credits = 2
+                """
+            )
+        )
+        play = tmp_path / "play.py"
+        play.write_text(textwrap.dedent(source))
+        return play
+
+    return write
+
+
+def finished(result: Result) -> dict[str, Any]:
+    """The `run.finished` event of a `--json` run."""
+    assert result.code == 0, result.stderr
+    events = result.json_lines()
+    assert events and events[-1]["event"] == "run.finished", result.stdout[-2000:]
+    return events[-1]
+
+
+def exported(deepline: Run, run_id: str) -> list[dict[str, Any]]:
+    result = deepline("export", run_id, "--format", "jsonl")
+    assert result.code == 0, result.stderr
+    return result.json_lines()
+
+
+# --- a column's fingerprint is the same in every process -----------------------------------
+
+HELPERS_PLAY = """\
+from deepline_cli import play
+
+GENERIC = {"info", "sales", "hello", "contact", "team", "admin"}
+
+
+def normalise(domain):
+    return domain.strip().lower()
+
+
+def person(row):
+    return {"first": row["first"].strip().title(), "domain": normalise(row["domain"])}
+
+
+def email_of(answer):
+    return (answer or {}).get("email")
+
+
+def is_generic(row):
+    return row["first"].strip().lower() in GENERIC
+
+
+async def find_email(row, rc):
+    if is_generic(row):
+        return None
+    result = await rc.tools.execute("find", "people.alpha", person(row))
+    return email_of(result.output)
+
+
+@play("helpers")
+async def helpers(ctx, input):
+    rows = await ctx.map("leads", ctx.csv(input["csv"]), key="domain", columns={"email": find_email})
+    return {"rows": len(rows)}
+"""
+
+
+def test_fingerprint_does_not_depend_on_the_hash_seed(
+    deepline: Run, project: Callable[[str], Path], provider: DirectoryProvider
+) -> None:
+    """A resolver that calls several of the play's own helpers: every later run, each in a
+    process with another hash seed, reuses every cell and sends nothing."""
+    play = project(HELPERS_PLAY)
+    first = finished(deepline("run", str(play), "--csv", "leads.csv", "--json", PYTHONHASHSEED="1"))
+    assert first["stats"]["rows"]["succeeded"] == 5
+    sent = provider.count()
+    assert sent == 4  # the generic address is not looked up
+    for seed in ("2", "3", "4", "5"):
+        again = finished(deepline("run", str(play), "--csv", "leads.csv", "--json", PYTHONHASHSEED=seed))
+        assert again["stats"]["rows"]["reused"] == 5, (seed, again["stats"])
+        assert provider.count() == sent, f"seed {seed} sent requests again"
+
+
+# --- a cell is keyed on the play input it can see --------------------------------------------
+
+PROVIDER_PLAY = """\
+from deepline_cli import Column, play
+
+
+def domain_size(row):
+    return len(row["domain"])
+
+
+@play("by-provider")
+async def by_provider(ctx, input):
+    tool = "people." + input["provider"]
+
+    async def find_email(row, rc):
+        result = await rc.tools.execute("find", tool, {"first": row["first"], "domain": row["domain"]})
+        return result.output["provider"] if result.output["email"] else None
+
+    rows = await ctx.map(
+        "leads",
+        ctx.csv(input["csv"]),
+        key="domain",
+        columns={
+            "found_by": find_email,
+            # reads no play input: reused whatever the provider
+            "size": Column(domain_size, depends_on=[]),
+        },
+    )
+    return {"rows": len(rows)}
+"""
+
+
+def test_a_cell_computed_under_another_play_input_is_not_reused(
+    deepline: Run, project: Callable[[str], Path], provider: DirectoryProvider
+) -> None:
+    play = project(PROVIDER_PLAY)
+    alpha = finished(deepline("run", str(play), "--csv", "leads.csv", "--set", "provider=alpha", "--json"))
+    beta = finished(deepline("run", str(play), "--csv", "leads.csv", "--set", "provider=beta", "--json"))
+    assert provider.count("/alpha/find") == 5 and provider.count("/beta/find") == 5
+    for event, name in ((alpha, "alpha"), (beta, "beta")):
+        rows = exported(deepline, event["run_id"])
+        assert {row["found_by"] for row in rows} == {name, None}, rows
+        assert [row["size"] for row in rows] == [len(row["domain"]) for row in rows]
+    # The column that declares it reads no input kept its cells: 5 cells reused, none computed.
+    assert beta["stats"]["rows"]["reused"] == 0
+    again = finished(deepline("run", str(play), "--csv", "leads.csv", "--set", "provider=alpha", "--json"))
+    assert again["stats"]["rows"]["reused"] == 0  # the sheet holds beta's rows now: recomputed…
+    assert provider.count("/alpha/find") == 5  # …from alpha's receipts, unpaid
+    assert {row["found_by"] for row in exported(deepline, again["run_id"])} == {"alpha", None}
+
+
+# --- a map without columns ----------------------------------------------------------------------
+
+COUNT_PLAY = """\
+from deepline_cli import play
+
+
+@play("count")
+async def count(ctx, input):
+    rows = await ctx.map("leads", ctx.csv(input["csv"]), key="domain", columns={})
+    return {"rows": len(rows), "domains": sorted(row["domain"] for row in rows)}
+"""
+
+
+def test_a_map_without_columns_passes_rows_through(deepline: Run, project: Callable[[str], Path]) -> None:
+    play = project(COUNT_PLAY)
+    event = finished(deepline("run", str(play), "--csv", "leads.csv", "--json"))
+    assert event["output"]["rows"] == 5
+    assert len(event["output"]["domains"]) == 5
+    again = finished(deepline("run", str(play), "--csv", "leads.csv", "--json"))
+    assert again["stats"]["rows"]["reused"] == 5
+
+
+# --- run_if: sync or async, (row) or (row, index) ---------------------------------------------
+
+RUN_IF_PLAY = """\
+import asyncio
+
+from deepline_cli import Column, play
+
+
+async def worth_a_lookup(row):
+    await asyncio.sleep(0)  # a predicate that asks something first
+    return row["domain"] != "generic.example"
+
+
+def first_three(row, index):
+    return index < 3
+
+
+def lookup(row, rc):
+    return rc.tools.execute("find", "people.alpha", {"first": row["first"], "domain": row["domain"]})
+
+
+@play("run-if")
+async def run_if(ctx, input):
+    rows = await ctx.map(
+        "leads",
+        ctx.csv(input["csv"]),
+        key="domain",
+        columns={
+            "email": Column(lookup, run_if=worth_a_lookup),
+            "early": Column(lambda row: row["domain"], run_if=first_three),
+        },
+    )
+    return {"rows": len(rows)}
+"""
+
+
+def test_run_if_may_be_async_and_take_the_row_index(
+    deepline: Run, project: Callable[[str], Path], provider: DirectoryProvider
+) -> None:
+    play = project(RUN_IF_PLAY)
+    event = finished(deepline("run", str(play), "--csv", "leads.csv", "--json"))
+    rows = exported(deepline, event["run_id"])
+    assert provider.count("/alpha/find") == 4
+    assert [row["email"] is None for row in rows] == [False, False, False, True, False]
+    assert [row["early"] for row in rows] == ["analytical.engine", "cobol.dev", "bletchley.park", None, None]
+
+
+# --- staleness refreshes the provider ----------------------------------------------------------
+
+REFRESH_PLAY = """\
+import os
+
+from deepline_cli import Column, play
+
+
+def recheck(previous):
+    # a found email is good for long; a not-found is asked again soon
+    found = previous is not None and previous["email"] is not None
+    return float(os.environ["FOUND_TTL" if found else "NOT_FOUND_TTL"])
+
+
+async def find_email(row, rc):
+    result = await rc.tools.execute("find", "people.alpha", {"first": row["first"], "domain": row["domain"]})
+    return result.output
+
+
+@play("refresh")
+async def refresh(ctx, input):
+    rows = await ctx.map(
+        "leads", ctx.csv(input["csv"]), key="domain",
+        columns={"answer": Column(find_email, stale_after_seconds=recheck)},
+    )
+    return {"rows": len(rows)}
+"""
+
+
+def test_a_stale_cell_calls_its_provider_again(
+    deepline: Run, project: Callable[[str], Path], provider: DirectoryProvider
+) -> None:
+    """`stale_after_seconds` as a function of the previous value: only the not-found row is
+    stale on the next run, and it is asked again (a new idempotency key), while the found
+    rows are reused whole."""
+    play = project(REFRESH_PLAY)
+    ttl = {"FOUND_TTL": "2592000", "NOT_FOUND_TTL": "0.3"}
+    first = finished(deepline("run", str(play), "--csv", "leads.csv", "--json", **ttl))
+    assert provider.count() == 5
+    keys_before = [r.headers["idempotency-key"] for r in provider.requests]
+    time.sleep(0.4)  # past the not-found row's TTL (measured by the store's clock)
+    second = finished(deepline("run", str(play), "--csv", "leads.csv", "--json", **ttl))
+    assert provider.count() == 6, [r.body for r in provider.requests]
+    again = provider.requests[-1]
+    assert again.body["domain"] == "generic.example"
+    assert again.headers["idempotency-key"] not in keys_before
+    assert second["stats"]["rows"]["reused"] == 4
+    before = {row["domain"]: row["answer"]["serial"] for row in exported(deepline, first["run_id"])}
+    after = {row["domain"]: row["answer"]["serial"] for row in exported(deepline, second["run_id"])}
+    assert after["generic.example"] > max(before.values())  # the new answer, not the old receipt
+    assert {d: s for d, s in after.items() if d != "generic.example"} == {
+        d: s for d, s in before.items() if d != "generic.example"
+    }
+
+
+def test_a_nightly_refresh_pays_for_every_stale_row_once(
+    deepline: Run, project: Callable[[str], Path], provider: DirectoryProvider
+) -> None:
+    """A column with a short TTL: the next run re-calls every row (a new receipt
+    generation, a new key), and a resume of that run pays for nothing more."""
+    play = project(REFRESH_PLAY)
+    ttl = {"FOUND_TTL": "0.3", "NOT_FOUND_TTL": "0.3"}
+    finished(deepline("run", str(play), "--csv", "leads.csv", "--json", **ttl))
+    assert provider.count() == 5
+    time.sleep(0.4)
+    second = finished(deepline("run", str(play), "--csv", "leads.csv", "--json", **ttl))
+    assert provider.count() == 10
+    assert second["stats"]["tools"]["people.alpha"]["live"] == 5
+    assert len({r.headers["idempotency-key"] for r in provider.requests}) == 10
+    history = deepline("receipts", "inspect", "--run", second["run_id"], "--json", "--history")
+    assert history.code == 0, history.stderr
+    receipts = history.json_lines()
+    assert [r["generation"] for r in receipts] == [2] * 5
+    # the answers of the first night stay, as generation 1, each with the key it was sent with
+    for receipt in receipts:
+        (old,) = receipt["history"]
+        assert old["generation"] == 1 and old["idempotency_key"] != receipt["idempotency_key"]
+        assert old["output"]["serial"] <= 5  # the provider's first five answers
