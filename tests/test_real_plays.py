@@ -365,3 +365,92 @@ def test_a_nightly_refresh_pays_for_every_stale_row_once(
         (old,) = receipt["history"]
         assert old["generation"] == 1 and old["idempotency_key"] != receipt["idempotency_key"]
         assert old["output"]["serial"] <= 5  # the provider's first five answers
+
+
+# --- nothing that leaves a process depends on the process -----------------------------------
+
+FINGERPRINTS = """\
+import json
+import sys
+
+from deepline_cli.runtime.columns import Column, resolve_columns
+from deepline_cli.runtime.play import load_module
+from deepline_cli.runtime.rows import key_function, row_digest
+
+module = load_module(__import__("pathlib").Path(sys.argv[1]))
+columns = resolve_columns(module.COLUMNS, {"provider": "alpha", "tiers": ["a", "b"]})
+row = {"domain": "acme.com", "first": "Ada", "tags": {"b": 1, "a": 2}}
+print(json.dumps({
+    "columns": [c.fingerprint for c in columns],
+    "row": row_digest(row),
+    "key": key_function(module.key)(row),
+}))
+"""
+
+TRICKY_PLAY = """\
+import functools
+
+from deepline_cli import Column
+
+GENERIC = {"info", "sales", "hello", "contact", "team", "admin", "support"}
+TIERS = frozenset({"gold", "silver", "bronze", "lead"})
+SCORES = {"vp": 3, "director": 2, "manager": 1}
+
+
+class Scorer:
+    weights = {"b": 1, "a": 2}
+
+    def score(self, title):
+        return SCORES.get(title, 0) + len(TIERS)
+
+    @staticmethod
+    def normalise(text):
+        return text.strip().lower()
+
+
+def generic(row):
+    return row["first"].lower() in {"info", "sales", "hello", "contact", "team"}
+
+
+def make(prefix):
+    allowed = frozenset({"a", "b", "c", "d"})
+
+    def resolver(row, rc):
+        return prefix + str(row["first"] in allowed) + Scorer.normalise(row["domain"])
+
+    return resolver
+
+
+def key(row):
+    return {"first": row["first"], "domain": row["domain"], "tags": row["tags"]}
+
+
+COLUMNS = {
+    "generic": lambda row: generic(row) or row["first"] in GENERIC,
+    "made": make("x"),
+    "scored": Column(lambda row: Scorer().score(row["first"]), run_if=generic, depends_on=["provider"]),
+    "partial": functools.partial(lambda tier, row: tier in TIERS, "gold"),
+}
+"""
+
+
+def test_fingerprints_keys_and_digests_are_the_same_under_every_hash_seed(tmp_path: Path) -> None:
+    """Set constants, sets and dicts of the play's module, closures, classes, partials and
+    dict-valued row keys: computed in six processes with six hash seeds, all equal."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "tricky.py").write_text(TRICKY_PLAY)
+    (tmp_path / "fingerprints.py").write_text(FINGERPRINTS)
+    seen = set()
+    for seed in range(6):
+        out = subprocess.run(
+            [sys.executable, str(tmp_path / "fingerprints.py"), str(tmp_path / "tricky.py")],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            check=True,
+        )
+        seen.add(out.stdout)
+    assert len(seen) == 1, seen

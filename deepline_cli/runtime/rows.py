@@ -122,7 +122,15 @@ def key_function(key: RowKey) -> Callable[[Mapping[str, Any]], str]:
         return by_field
     if callable(key):
         fn = key
-        return lambda row: _scalar(fn(row))
+
+        def by_function(row: Mapping[str, Any]) -> str:
+            value = fn(row)
+            try:
+                return _scalar(value)
+            except TypeError as exc:
+                raise InputError(f"A row key must be JSON (a string, a number, a list…): {exc}.") from None
+
+        return by_function
     names = list(key)
 
     def by_fields(row: Mapping[str, Any]) -> str:
@@ -135,7 +143,10 @@ def key_function(key: RowKey) -> Callable[[Mapping[str, Any]], str]:
 
 
 def _scalar(value: Any) -> str:
-    return value if isinstance(value, str) else _json.dumps_str(value)
+    """A key as text: a string as it is, anything else as canonical JSON (a dict's keys in
+    order, never a repr holding a memory address: the same row has the same key in every
+    process)."""
+    return value if isinstance(value, str) else _json.canonical(value).decode()
 
 
 def row_digest(row: Mapping[str, Any]) -> str:
