@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from deepline_cli.runtime.dataset import Dataset
     from deepline_cli.runtime.play import play
     from deepline_cli.runtime.tools import ToolCall, ToolResult, tool
+    from deepline_cli.runtime.waterfall import Waterfall, steps
 
 __version__ = "0.1.0"
 
@@ -41,6 +42,8 @@ _EXPORTS = {
     "Context": "deepline_cli.runtime.context",
     "Column": "deepline_cli.runtime.columns",
     "Dataset": "deepline_cli.runtime.dataset",
+    "Waterfall": "deepline_cli.runtime.waterfall",
+    "steps": "deepline_cli.runtime.waterfall",
     "BudgetExceededError": "deepline_cli.errors",
     "DeeplineError": "deepline_cli.errors",
     "GovernanceError": "deepline_cli.errors",

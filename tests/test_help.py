@@ -91,7 +91,9 @@ EXPECTED_ALL = [
     "ToolCall",
     "ToolExecutionError",
     "ToolResult",
+    "Waterfall",
     "play",
+    "steps",
     "tool",
 ]
 

@@ -88,6 +88,8 @@ def _print_plan(plan: dict[str, Any]) -> None:
             empty="",
         )
         for c in m["columns"]:
+            if c.get("steps") is not None:
+                typer.echo(f"  {c['column']}: waterfall {' → '.join(c['steps'])}; {_hits(c['steps'], c['step_hits'])}")
             for note in c["notes"]:
                 typer.echo(f"  {c['column']}: {note}")
         typer.echo(f"  expected from {m['expected_from']}")
@@ -106,6 +108,17 @@ def _print_plan(plan: dict[str, Any]) -> None:
         f"(expected ≈ {t['credits']['expected']:,.6g}, at least {t['credits']['min']:,.6g})"
     )
     sys.stdout.flush()
+
+
+def _hits(steps: list[str], hits: dict[str, int]) -> str:
+    """What earlier runs' steps found, as shares of their rows."""
+    total = sum(hits.values())
+    if not total:
+        return "no earlier run to tell how often each step finds a value"
+    shares = [
+        f"{name} {hits.get(name, 0) / total:.0%}" for name in [*steps, "none"] if hits.get(name) or name != "none"
+    ]
+    return f"earlier runs found: {', '.join(shares).replace('none', 'not found')} ({total:,} rows)"
 
 
 def _credits(c: dict[str, float]) -> str:

@@ -141,7 +141,12 @@ def code_fingerprint(fn: Any) -> str:
 
 
 def _feed_value(walk: _Walk, value: Any, *, top: bool = False) -> None:
-    if isinstance(value, functools.partial):
+    parts = getattr(value, "__fingerprint__", None)
+    if callable(parts) and not isinstance(value, type):  # a waterfall: its steps
+        _tag(walk, type(value).__qualname__.encode())
+        for part in parts():
+            _feed_value(walk, part, top=callable(part))
+    elif isinstance(value, functools.partial):
         _tag(walk, b"partial")
         _feed_value(walk, value.func, top=top)
         _feed_data(walk, [list(value.args), value.keywords])

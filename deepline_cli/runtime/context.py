@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from deepline_cli import _json
-from deepline_cli.errors import InputError, UsageError
+from deepline_cli.errors import InputError, ToolExecutionError, UsageError
 from deepline_cli.runtime.batch import Batcher
-from deepline_cli.runtime.columns import Column
+from deepline_cli.runtime.columns import Column, Staleness
 from deepline_cli.runtime.dataset import Dataset
 from deepline_cli.runtime.http import CredentialChanged, FetchResult, Request, fetch_once
-from deepline_cli.runtime.receipts import DurableCall, receipt_key
+from deepline_cli.runtime.receipts import DurableCall, ReceiptBook, receipt_key
 from deepline_cli.runtime.rows import CsvSource, RowKey
 from deepline_cli.runtime.services import RunServices
 from deepline_cli.runtime.tools import ToolCall, ToolDef, ToolResult, find_tool
@@ -32,6 +32,17 @@ class RunInfo:
 class PlayInfo:
     name: str
     file: str
+
+
+async def staleness_of(book: ReceiptBook, key: str, stale_after_seconds: Staleness) -> float | None:
+    """`stale_after_seconds` as a number: a function of the stored answer is asked with it
+    (None when there is no answer yet)."""
+    if not callable(stale_after_seconds):
+        return stale_after_seconds
+    stored = await book.stored(key)
+    previous = stored.output if stored is not None and stored.status == "completed" else None
+    ttl = stale_after_seconds(previous)
+    return None if ttl is None else float(ttl)
 
 
 class Tools:
@@ -93,12 +104,16 @@ class Tools:
         input: Any,
         *,
         force: bool = False,
-        stale_after_seconds: float | None = None,
+        stale_after_seconds: Staleness = None,
         timeout_s: float | None = None,
         receipt_wait_s: float | None = None,
+        description: str | None = None,
     ) -> ToolResult:
+        """A durable tool call. `description`: what it is for, in the play's words (kept
+        with its receipt, shown in its errors and the report)."""
+
         def attempt() -> Awaitable[ToolResult]:
-            return self._execute(id, tool, input, force, stale_after_seconds, timeout_s, receipt_wait_s)
+            return self._execute(id, tool, input, force, stale_after_seconds, timeout_s, receipt_wait_s, description)
 
         try:
             return await attempt()
@@ -114,21 +129,24 @@ class Tools:
         tool: str,
         input: Any,
         force: bool,
-        stale_after_seconds: float | None,
+        stale_after_seconds: Staleness,
         timeout_s: float | None,
         receipt_wait_s: float | None,
+        description: str | None,
     ) -> ToolResult:
         definition = self._resolve(tool)
+        key = self.receipt_key(definition, input)
         call = DurableCall(
-            key=self.receipt_key(definition, input),
+            key=key,
             kind="tool",
             label=id,
             tool=tool,
             force=force,
-            stale_after_s=stale_after_seconds,
+            stale_after_s=await staleness_of(self._s.book, key, stale_after_seconds),
             credits=definition.credits,
             metered=definition.metered,
             receipt_wait_s=receipt_wait_s,
+            description=description,
         )
         if definition.batch:
             batcher = self._batcher(definition, timeout_s)
@@ -144,7 +162,12 @@ class Tools:
                 self._s.caps.count_tool_call()  # --max-tool-calls counts calls actually made
                 return await self._invoke(definition, input, info, timeout_s)
 
-        outcome = await self._s.book.execute(call, invoke)
+        try:
+            outcome = await self._s.book.execute(call, invoke)
+        except ToolExecutionError as exc:
+            if description and not str(exc).startswith(description):
+                exc.args = (f"{description}: {exc.args[0] if exc.args else exc}", *exc.args[1:])
+            raise
         return ToolResult(
             output=outcome.value,
             execution=outcome.execution,
@@ -176,18 +199,20 @@ class Context:
         id: str,
         fn: Callable[[], Any],
         *,
-        stale_after_seconds: float | None = None,
+        stale_after_seconds: Staleness = None,
         _journal: bool = True,
     ) -> Any:
-        """A durable memoised value: `fn` runs once per run; resumes get the stored value."""
+        """A durable memoised value: `fn` runs once per run; resumes get the stored value
+        (unless older than `stale_after_seconds`, a number or a function of that value)."""
         scope = self._s.scope
         if _journal:
             self._s.journal.reach(f"step:{id}", scope.run_id)
+        key = receipt_key("step", scope.workspace, scope.run_id, id)
         call = DurableCall(
-            key=receipt_key("step", scope.workspace, scope.run_id, id),
+            key=key,
             kind="step",
             label=id,
-            stale_after_s=stale_after_seconds,
+            stale_after_s=await staleness_of(self._s.book, key, stale_after_seconds),
         )
 
         async def invoke(_: ToolCall) -> Any:
@@ -207,19 +232,22 @@ class Context:
         method: str = "GET",
         headers: Mapping[str, str] | None = None,
         json: Any = None,
-        stale_after_seconds: float | None = None,
+        stale_after_seconds: Staleness = None,
         timeout_s: float = 30.0,
         _journal: bool = True,
     ) -> FetchResult:
-        """A durable HTTP request: made once per run and id; secrets are redacted."""
+        """A durable HTTP request: made once per run and id (unless its answer is older than
+        `stale_after_seconds`, a number or a function of the stored answer); secrets are
+        redacted."""
         scope = self._s.scope
         if _journal:
             self._s.journal.reach(f"fetch:{id}", scope.run_id)
+        key = receipt_key("fetch", scope.workspace, scope.run_id, id)
         call = DurableCall(
-            key=receipt_key("fetch", scope.workspace, scope.run_id, id),
+            key=key,
             kind="fetch",
             label=id,
-            stale_after_s=stale_after_seconds,
+            stale_after_s=await staleness_of(self._s.book, key, stale_after_seconds),
         )
         request = Request(method.upper(), url, dict(headers or {}), {}, json)
 
@@ -255,9 +283,14 @@ class Context:
         *,
         rename: Mapping[str, str] | None = None,
         required: Sequence[str] | None = None,
+        columns: Mapping[str, str | Sequence[str]] | None = None,
+        description: str = "",
     ) -> CsvSource:
-        """A row source read lazily from a CSV; required columns are checked now."""
-        return CsvSource(self.resolve_path(path), rename=rename, required=required)
+        """A row source read lazily from a CSV; required columns are checked now.
+        `columns={"domain": ["Website", "Company Domain"]}`: the headers a column may have."""
+        return CsvSource(
+            self.resolve_path(path), rename=rename, required=required, columns=columns, description=description
+        )
 
     async def map(
         self,

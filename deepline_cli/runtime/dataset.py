@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,9 +33,16 @@ class Dataset:
 
     @property
     def columns(self) -> list[str]:
-        """Original columns first, then the map's new columns."""
+        """Original columns first, then the map's new columns (a waterfall column followed by
+        `<column>_step`: which of its steps found the value)."""
         original = list(self.record.input_columns)
-        return original + [c for c in self.record.columns if c not in original]
+        added = []
+        for column in self.record.columns:
+            if column not in original:
+                added.append(column)
+                if column in self.record.steps:
+                    added.append(step_column(column))
+        return original + added
 
     def __len__(self) -> int:
         return self.record.succeeded + self.record.failed
@@ -42,6 +50,18 @@ class Dataset:
     @property
     def failed_count(self) -> int:
         return self.record.failed
+
+    def count(self) -> int:
+        """How many distinct rows (failed ones included)."""
+        return len(self)
+
+    def peek(self, n: int = 5) -> list[dict[str, Any]]:
+        """The first `n` rows, in input order."""
+        return list(itertools.islice(iter(self), max(0, n)))
+
+    def materialize(self, n: int | None = None) -> list[dict[str, Any]]:
+        """The rows as a list (the first `n`): for small maps, a million rows is a lot of memory."""
+        return list(self) if n is None else self.peek(n)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for row in self._rows(failed_only=False):
@@ -67,6 +87,8 @@ class Dataset:
         for column in self.record.columns:
             cell = row.cells.get(column)
             values[column] = cell[0] if cell else None
+            if column in self.record.steps:
+                values[step_column(column)] = cell[4].get("step") if cell and len(cell) > 4 else None
         if row.outcome == "failed":
             values[ERROR_COLUMN] = row.error
         return values
@@ -84,6 +106,10 @@ class Dataset:
 
     def __repr__(self) -> str:
         return f"Dataset({self.name!r}, rows={len(self)}, failed={self.failed_count})"
+
+
+def step_column(column: str) -> str:
+    return f"{column}_step"
 
 
 def _csv_cell(value: Any) -> Any:

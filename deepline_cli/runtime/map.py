@@ -32,13 +32,14 @@ from deepline_cli.errors import (
 )
 from deepline_cli.runtime import failures
 from deepline_cli.runtime.call_scope import CellScope, enter_cell
-from deepline_cli.runtime.columns import Column, ResolvedColumn, resolve_columns
+from deepline_cli.runtime.columns import Column, ResolvedColumn, Staleness, resolve_columns
 from deepline_cli.runtime.dataset import Dataset
 from deepline_cli.runtime.pilot import scan_rest
 from deepline_cli.runtime.reuse import ReusePolicy, previous_value, refresh_after
 from deepline_cli.runtime.rows import CsvSource, RowKey, input_columns, key_function, row_digest
 from deepline_cli.runtime.tools import ToolResult
-from deepline_cli.store.base import MapRecord, MapRow, SheetRow
+from deepline_cli.runtime.waterfall import Found, Waterfall
+from deepline_cli.store.base import NOT_FOUND, MapRecord, MapRow, SheetRow
 
 if TYPE_CHECKING:
     from deepline_cli.runtime.context import Context, Tools
@@ -72,7 +73,7 @@ class RowContext:
         # since rows finish in no fixed order.
         return f"map:{self._map}:{self.row_key}:{id}"
 
-    async def step(self, id: str, fn: Callable[[], Any], *, stale_after_seconds: float | None = None) -> Any:
+    async def step(self, id: str, fn: Callable[[], Any], *, stale_after_seconds: Staleness = None) -> Any:
         return await self._ctx.step(self._scoped(id), fn, stale_after_seconds=stale_after_seconds, _journal=False)
 
     async def fetch(self, id: str, url: str, **options: Any) -> Any:
@@ -116,14 +117,16 @@ class _Tally:
         self.reused = 0
         self.seeded = 0
         self.read = 0
+        self.steps: dict[str, dict[str, int]] = {}  # waterfall column -> step (or "none") -> rows
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "succeeded": self.succeeded,
             "failed": self.failed,
             "duplicate": self.duplicate,
             "reused": self.reused,
             "seeded": self.seeded,
+            "steps": {column: dict(hits) for column, hits in self.steps.items()},
         }
 
 
@@ -164,6 +167,7 @@ class MapRun:
         self.started = time.monotonic()
         self.total_estimate = _estimate_total(rows, self.limit)
         self.reuse = ReusePolicy(services.io.now, scope.force_refresh, scope.refresh_failed)
+        self.waterfalls = {c.name: c.column.fn.names for c in self.columns if isinstance(c.column.fn, Waterfall)}
 
     # --- the whole map -----------------------------------------------------------------------
 
@@ -178,6 +182,8 @@ class MapRun:
             total=self.total_estimate or 0,  # the input's size until the map has counted its rows
             started_at=s.io.now(),
             attempt=self.attempt,
+            steps=self.waterfalls,
+            description=getattr(self.rows, "description", "") or "",
         )
         await s.io.call(s.io.store.save_map, record)
         # Rows an earlier attempt finished well are seeded; failed ones go through the sheet
@@ -185,6 +191,9 @@ class MapRun:
         seeded = await s.io.call(s.io.store.succeeded_map_rows, self.run_id, self.name)
         for idx in seeded:
             self._mark(idx)
+        if self.waterfalls and seeded:  # their steps' hits count in this map's figures
+            found = await s.io.call(s.io.store.map_steps, self.run_id, succeeded_only=True)
+            self.tally.steps = found.get(self.name, {})
         s.bus.emit(
             "map.started",
             self.run_id,
@@ -193,6 +202,8 @@ class MapRun:
             total=self.total_estimate,
             seeded=len(seeded),
             limit=self.limit,
+            steps=self.waterfalls,
+            description=record.description,
         )
         ticker = asyncio.create_task(self._tick())
         try:
@@ -223,6 +234,7 @@ class MapRun:
             failed=record.failed,
             duplicate=record.duplicate,
             reused=record.reused,
+            steps=self.tally.steps,
             elapsed_s=round(time.monotonic() - self.started, 3),
         )
         return Dataset(s.io.store, record)
@@ -304,8 +316,23 @@ class MapRun:
             return False
         error = next((cell[1] for cell in cells if cell[1] is not None), None)
         self.tally.reused += 1
-        self._record(job, None, error)
+        steps = self._steps(dict(zip((c.name for c in self.columns), cells, strict=False))) if self.waterfalls else None
+        self._record(job, None, error, steps)
         return True
+
+    def _steps(self, cells: Mapping[str, list[Any]]) -> dict[str, str | None] | None:
+        """Which step of each waterfall column found the row's value (None: no step did)."""
+        if not self.waterfalls:
+            return None
+        found = {
+            name: cell[4].get("step")
+            for name, cell in cells.items()
+            if name in self.waterfalls and cell[1] is None and len(cell) > 4
+        }
+        for name, step in found.items():
+            self.tally.steps.setdefault(name, {}).setdefault(step or NOT_FOUND, 0)
+            self.tally.steps[name][step or NOT_FOUND] += 1
+        return found or None
 
     async def _worker(self, queue: asyncio.Queue[_Job | None]) -> None:
         while True:
@@ -341,7 +368,7 @@ class MapRun:
             # older than the cell may be.
             enter_cell(CellScope(self.name, job.key, refresh_after(column, before)))
             try:
-                value = await self._resolve(column, row, rc)
+                value, meta = await self._resolve(column, row, rc)
             except DeeplineError as exc:
                 if exc.fatal or exc.exit_code != 1:
                     raise  # budget, lease, store, usage…: fail the run, record nothing
@@ -357,9 +384,9 @@ class MapRun:
                     cells.pop(later.name, None)
                 break
             changed = changed or before is None or before[0] != value
-            cells[column.name] = [value, None, self.s.io.now(), column.fingerprint]
+            cells[column.name] = [value, None, self.s.io.now(), column.fingerprint, *([meta] if meta else [])]
             row[column.name] = value
-        self._record(job, cells, error)
+        self._record(job, cells, error, self._steps(cells))
         if failure is not None:
             self._watch_for_systemic(failure, error or "")
         elif rc.tools.failed:
@@ -387,22 +414,35 @@ class MapRun:
                 f"Fix the cause, then: deepline resume {self.run_id} --refresh-failed"
             )
 
-    async def _resolve(self, column: ResolvedColumn, row: dict[str, Any], rc: RowContext) -> Any:
+    async def _resolve(
+        self, column: ResolvedColumn, row: dict[str, Any], rc: RowContext
+    ) -> tuple[Any, dict[str, Any] | None]:
+        """The cell's value, and what a waterfall column keeps beside it (the step that
+        found it)."""
         spec = column.column
         if spec.run_if is not None:
             wanted = spec.run_if(row, rc.index) if column.run_if_arity >= 2 else spec.run_if(row)
             if inspect.isawaitable(wanted):
                 wanted = await wanted
             if not wanted:
-                return None
+                return None, None
         result = spec.fn(row, rc) if column.arity != 1 else spec.fn(row)
         if inspect.isawaitable(result):
             result = await result
+        meta = None
+        if isinstance(result, Found):
+            result, meta = result.value, {"step": result.step}
         if isinstance(result, ToolResult):
             result = result.output
-        return _json.loads(_json.dumps(result))
+        return _json.loads(_json.dumps(result)), meta
 
-    def _record(self, job: _Job, cells: dict[str, list[Any]] | None, error: str | None) -> None:
+    def _record(
+        self,
+        job: _Job,
+        cells: dict[str, list[Any]] | None,
+        error: str | None,
+        steps: dict[str, str | None] | None = None,
+    ) -> None:
         outcome = "failed" if error is not None else "succeeded"
         if outcome == "failed":
             self.tally.failed += 1
@@ -428,7 +468,7 @@ class MapRun:
         # the revision its write makes.
         rev = previous.rev if sheet_row is None and previous is not None else None
         row = MapRow(self.run_id, self.name, job.idx, job.input_index, job.key, outcome, error, self.sheet, rev)
-        row.attempt = self.attempt
+        row.attempt, row.steps = self.attempt, steps
         self.s.writes.sheet(sheet_row, row)
         self._mark(job.idx)
 

@@ -33,9 +33,10 @@ from typing import Any, Literal
 
 from deepline_cli.errors import DeeplineError
 from deepline_cli.runtime.budget import Budget
-from deepline_cli.runtime.columns import Column, ResolvedColumn
+from deepline_cli.runtime.call_scope import CellScope, current_cell, enter_cell
+from deepline_cli.runtime.columns import Column, ResolvedColumn, Staleness
 from deepline_cli.runtime.config import Config, load_config
-from deepline_cli.runtime.context import Context, Tools
+from deepline_cli.runtime.context import Context, Tools, staleness_of
 from deepline_cli.runtime.events import EventBus
 from deepline_cli.runtime.governor import Governor
 from deepline_cli.runtime.http import FetchResult, Http, HttpTools
@@ -43,6 +44,7 @@ from deepline_cli.runtime.map import MapRun, RowContext, _Job
 from deepline_cli.runtime.pilot import whole_row_reusable
 from deepline_cli.runtime.play import PlayDef
 from deepline_cli.runtime.receipts import ReceiptBook, RunScope, receipt_key, stored_failure
+from deepline_cli.runtime.reuse import previous_value, refresh_after
 from deepline_cli.runtime.rows import RowKey
 from deepline_cli.runtime.secrets import Secrets
 from deepline_cli.runtime.services import RunServices
@@ -118,6 +120,8 @@ class ColumnPlan:
     failed_rows: int = 0
     credits: Credits = field(default_factory=Credits)
     reasons: dict[str, int] = field(default_factory=dict)
+    steps: list[str] | None = None  # a waterfall's steps, in order
+    step_hits: dict[str, int] = field(default_factory=dict)  # what earlier runs' steps found (rows)
 
     def note(self, reason: str) -> None:
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
@@ -135,6 +139,7 @@ class ColumnPlan:
             "failed_rows": self.failed_rows,
             "credits": self.credits.as_dict(),
             "notes": [f"{reason} ({n:,} row{'s' if n != 1 else ''})" for reason, n in self.reasons.items()],
+            **({"steps": self.steps, "step_hits": self.step_hits} if self.steps is not None else {}),
         }
 
 
@@ -246,14 +251,16 @@ class PlanTools(Tools):
         input: Any,
         *,
         force: bool = False,
-        stale_after_seconds: float | None = None,
+        stale_after_seconds: Staleness = None,
         timeout_s: float | None = None,
         receipt_wait_s: float | None = None,
+        description: str | None = None,
     ) -> ToolResult:
         tracker = _TRACKER.get() or self._planner.plan.body
         definition = self._resolve(tool)
         key = self.receipt_key(definition, input)  # exactly the key a real call claims
-        return await self._planner.tool_call(tracker, definition, key, force, stale_after_seconds)
+        stale = await staleness_of(self._s.book, key, stale_after_seconds)
+        return await self._planner.tool_call(tracker, definition, key, force, stale)
 
     def declared(self, tool_id: str) -> ToolDef | None:
         """The tool's definition if `tool_id` names one this run could call. Any id could be
@@ -305,7 +312,7 @@ class PlanContext(Context):
         return None
 
     async def step(
-        self, id: str, fn: Callable[[], Any], *, stale_after_seconds: float | None = None, _journal: bool = True
+        self, id: str, fn: Callable[[], Any], *, stale_after_seconds: Staleness = None, _journal: bool = True
     ) -> Any:
         return await self._planner.stored("step", id)
 
@@ -317,7 +324,7 @@ class PlanContext(Context):
         method: str = "GET",
         headers: Mapping[str, str] | None = None,
         json: Any = None,
-        stale_after_seconds: float | None = None,
+        stale_after_seconds: Staleness = None,
         timeout_s: float = 30.0,
         _journal: bool = True,
     ) -> FetchResult:
@@ -359,6 +366,10 @@ class RowPlanner:
         self.planner, self.engine = planner, engine
         self.history = planner.history(engine.name)
         self.columns = [planner.column_plan(c) for c in engine.columns]
+        hits = planner.step_history(engine.name)
+        for plan, column in zip(self.columns, engine.columns, strict=True):
+            if column.name in engine.waterfalls:
+                plan.steps, plan.step_hits = engine.waterfalls[column.name], hits.get(column.name, {})
         self.rows: list[dict[str, Any]] | None = []  # None once a row's values are unknown
         self.failed = 0
 
@@ -377,13 +388,15 @@ class RowPlanner:
                 if cell[1] is not None:
                     return self._keep(row, cell[1])
                 continue
+            before = job.previous.cells.get(column.name) if job.previous else None
+            rc.previous = previous_value(before)
+            enter_cell(CellScope(engine.name, job.key, refresh_after(column, before)))
             outcome = await self._resolve(column, plan, row, rc)
             if isinstance(outcome, _Failed):
                 return self._keep(row, outcome.error)
             if isinstance(outcome, _Stopped):
                 unknown = column.name
                 continue
-            before = job.previous.cells.get(column.name) if job.previous else None
             changed = changed or before is None or before[0] != outcome.value
             row[column.name] = outcome.value
         if unknown is not None:
@@ -394,7 +407,7 @@ class RowPlanner:
         tracker = Tracker()
         token = _TRACKER.set(tracker)
         try:
-            return _Value(await self.engine._resolve(column, row, rc))
+            return _Value((await self.engine._resolve(column, row, rc))[0])
         except NewCall as stop:
             self._stopped_at(plan, stop, tracker)
             return _Stopped()
@@ -546,6 +559,7 @@ class Planner:
                 key=key, kind="tool", label="", tool=definition.id, run_id=PLAN_RUN_ID, attempt=1, lease_id="",
                 lease_expires_at=0.0, idempotency_key="", force=force or scope.force_refresh,
                 stale_after_s=stale_after_s, refresh_failed=scope.refresh_failed,
+                refresh_after_s=cell.refresh_after_s if (cell := current_cell()) is not None else None,
             )  # fmt: skip
             verdict = decide_claim(receipt, claim, self.io.now())
         if receipt is not None and verdict == "reused":
@@ -588,6 +602,11 @@ class Planner:
             return History()
         rows, per_tool = self.store.tool_rows(self.play.name, self.options.workspace, map_name)
         return History(rows, per_tool)
+
+    def step_history(self, map_name: str) -> dict[str, dict[str, int]]:
+        if not isinstance(self.store, LedgerQueries):
+            return {}
+        return self.store.step_rows(self.play.name, self.options.workspace, map_name)
 
     def column_plan(self, column: ResolvedColumn) -> ColumnPlan:
         tools: PlanTools = PlanTools(self.services, self)

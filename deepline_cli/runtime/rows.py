@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,19 +20,37 @@ class CsvSource:
 
     The header is read (and `required` columns checked) when the source is created, so a
     missing column fails before any work. UTF-8 with or without a BOM.
+
+    `columns={"domain": ["Website", "Company Domain"]}` names a column by the headers it
+    may have in the file (matched ignoring case and spaces, the name itself included): the
+    first one found is renamed; one found nowhere is empty in every row, or, if required,
+    an error naming the headers tried.
     """
 
     def __init__(
-        self, path: Path, *, rename: Mapping[str, str] | None = None, required: Sequence[str] | None = None
+        self,
+        path: Path,
+        *,
+        rename: Mapping[str, str] | None = None,
+        required: Sequence[str] | None = None,
+        columns: Mapping[str, str | Sequence[str]] | None = None,
+        description: str = "",
     ) -> None:
         self.path = path
+        self.description = description
         self._rename = dict(rename or {})
         header = self._header()
+        self._rename.update(_aliases(header, columns or {}))
         self.columns = [self._rename.get(name, name) for name in header]
         self._refuse_duplicates()
+        self._absent = [name for name in (columns or {}) if name not in self.columns]
         missing = [name for name in (required or []) if name not in self.columns]
         if missing:
-            raise InputError(f"{path}: required column {missing[0]!r} is missing (columns: {', '.join(self.columns)}).")
+            tried = _tried(missing[0], columns or {})
+            raise InputError(
+                f"{path}: required column {missing[0]!r} is missing{tried} (columns: {', '.join(self.columns)})."
+            )
+        self.columns += self._absent
 
     def _refuse_duplicates(self) -> None:
         """Two columns of one name would become one key of each row: one would be lost."""
@@ -74,8 +93,9 @@ class CsvSource:
         return InputError(f"{self.path}: not valid UTF-8.")
 
     def __iter__(self) -> Iterator[dict[str, str]]:
-        columns = self.columns
-        width = len(columns)
+        absent = self._absent
+        header = self.columns[: len(self.columns) - len(absent)]
+        width = len(header)
         with self._open() as handle:
             reader = csv.reader(handle)
             line = 1
@@ -90,14 +110,57 @@ class CsvSource:
                             f"{self.path} line {line}: {len(record)} fields where the header has "
                             f"{width} (column {min(len(record), width) + 1})."
                         )
-                    yield dict(zip(columns, record, strict=True))
+                    row = dict(zip(header, record, strict=True))
+                    for name in absent:
+                        row[name] = ""
+                    yield row
             except UnicodeDecodeError:
                 raise self._undecodable() from None
             except csv.Error as exc:
                 raise InputError(f"{self.path} line {reader.line_num}: {exc}.") from None
 
+    def count(self) -> int:
+        """How many rows the file holds (read once; blank lines are not rows)."""
+        return sum(1 for _ in self)
+
+    def peek(self, n: int = 5) -> list[dict[str, str]]:
+        """The first `n` rows."""
+        return list(itertools.islice(iter(self), max(0, n)))
+
+    def materialize(self, n: int | None = None) -> list[dict[str, str]]:
+        """The rows as a list (the first `n`)."""
+        return list(self) if n is None else self.peek(n)
+
     def __repr__(self) -> str:
         return f"CsvSource({self.path})"
+
+
+def _fold(name: str) -> str:
+    return "".join(name.split()).lower()
+
+
+def _aliases(header: Sequence[str], columns: Mapping[str, str | Sequence[str]]) -> dict[str, str]:
+    """header name → column name, for the first header each column's aliases find."""
+    found: dict[str, str] = {}
+    by_fold: dict[str, str] = {}
+    for name in header:
+        by_fold.setdefault(_fold(name), name)
+    for column, names in columns.items():
+        candidates = [names] if isinstance(names, str) else list(names)
+        for alias in [column, *candidates]:
+            original = by_fold.get(_fold(alias))
+            if original is not None and original not in found:
+                found[original] = column
+                break
+    return found
+
+
+def _tried(name: str, columns: Mapping[str, str | Sequence[str]]) -> str:
+    names = columns.get(name)
+    if names is None:
+        return ""
+    listed = [names] if isinstance(names, str) else list(names)
+    return " (looked for " + ", ".join(repr(n) for n in listed) + ")"
 
 
 def input_columns(rows: Any) -> list[str]:

@@ -149,6 +149,16 @@ class ToolResult:
     def status(self) -> Literal["completed", "no_result"]:
         return "no_result" if self.output in (None, {}, []) else "completed"
 
+    @property
+    def raw(self) -> Any:
+        """The provider's answer, as stored in the receipt."""
+        return self.output
+
+    @property
+    def extracted(self) -> dict[str, Any]:
+        """Every declared extractor's value, by name (a list for a `[*]` path)."""
+        return {name: json_path(self.output, path) for name, path in self.extract.items()}
+
     def get(self, name: str, default: Any = None) -> Any:
         """A declared extractor's value (or a top-level output field of that name)."""
         path = self.extract.get(name)
@@ -164,19 +174,37 @@ class ToolResult:
 
 
 def json_path(value: Any, path: str, default: Any = None) -> Any:
-    """Follow a dotted path (`a.b.0.c`, an optional leading `$.`) through JSON."""
-    current = value
-    for part in path.removeprefix("$").strip(".").split("."):
-        if part == "":
-            continue
+    """Follow a dotted path through JSON: `data.email`, `results.0.id`, an optional leading
+    `$.`; `[0]` is the same as `.0`. A `*` (or `[*]`) step takes every item of a list (or
+    value of an object) and gives a list: `data.emails[*].value` → every email's value
+    (items without it are left out)."""
+    return _follow(value, _parts(path), default)
+
+
+def _parts(path: str) -> list[str]:
+    text = path.removeprefix("$").replace("[", ".").replace("]", "")
+    return [part for part in text.split(".") if part != ""]
+
+
+def _follow(current: Any, parts: list[str], default: Any) -> Any:
+    for position, part in enumerate(parts):
+        if part == "*":
+            items = (
+                current if isinstance(current, list) else list(current.values()) if isinstance(current, dict) else []
+            )
+            rest = parts[position + 1 :]
+            found = [_follow(item, rest, _MISSING) for item in items]
+            return [item for item in found if item is not _MISSING]
         if isinstance(current, dict) and part in current:
             current = current[part]
         elif isinstance(current, list) and part.lstrip("-").isdigit() and current:
             index = int(part)
-            if -len(current) <= index < len(current):
-                current = current[index]
-            else:
+            if not -len(current) <= index < len(current):
                 return default
+            current = current[index]
         else:
             return default
     return current
+
+
+_MISSING = object()

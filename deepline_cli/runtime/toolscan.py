@@ -34,6 +34,12 @@ def tool_ids(fns: list[Any], is_tool: Callable[[str], bool]) -> list[str]:
 
 
 def _walk(fn: Any, seen: set[int]) -> Iterator[str]:
+    parts = getattr(fn, "__fingerprint__", None)
+    if callable(parts) and not isinstance(fn, type):  # a waterfall: its steps, in order
+        for part in parts():
+            if callable(part):
+                yield from _walk(part, seen)
+        return
     code = getattr(fn, "__code__", None)
     if code is None:
         code = getattr(getattr(fn, "__call__", None), "__code__", None)  # noqa: B004 - a callable object
@@ -62,8 +68,10 @@ def _code_strings(code: types.CodeType) -> Iterator[str]:
             yield const
         elif isinstance(const, types.CodeType):
             yield from _code_strings(const)
-        elif isinstance(const, tuple | frozenset):
+        elif isinstance(const, tuple):
             yield from (c for c in const if isinstance(c, str))
+        elif isinstance(const, frozenset):  # its order follows the hash seed: sorted
+            yield from sorted(c for c in const if isinstance(c, str))
 
 
 def _names(code: types.CodeType) -> Iterator[str]:

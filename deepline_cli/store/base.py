@@ -22,6 +22,7 @@ RUN_STATUSES: tuple[str, ...] = (
 # released: given back after the provider may have been called (a crash, an interrupt, a
 # lost lease); the next claim repeats the call under the same idempotency key.
 RECEIPT_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "skipped", "released")
+NOT_FOUND = "none"  # a waterfall's rows that no step found a value for (its hits per step)
 
 
 @dataclass(slots=True)
@@ -224,6 +225,7 @@ class MapRow:
     sheet: str = ""
     rev: int | None = None  # the sheet row revision it finished with (None: the one written with it)
     attempt: int = 0  # the run attempt writing it (fencing: a superseded one writes nothing)
+    steps: dict[str, str | None] | None = None  # waterfall columns: the step that found each value
 
 
 @dataclass(slots=True)
@@ -243,6 +245,8 @@ class MapRecord:
     finished_at: float | None = None
     pilot: dict[str, Any] | None = None  # cut short by a limit: the rest of its input (runtime/pilot.py)
     attempt: int = 0  # the run attempt saving it (fencing: a superseded one saves nothing)
+    steps: dict[str, list[str]] = field(default_factory=dict)  # waterfall columns and their steps, in order
+    description: str = ""  # what the rows are (ctx.csv(description=...)), for the views
 
 
 @dataclass(slots=True)
@@ -486,6 +490,10 @@ class Store(Protocol):
         ...
 
     def failed_map_rows(self, run_id: str, map: str, limit: int) -> list[MapRow]: ...
+    def map_steps(self, run_id: str, *, succeeded_only: bool = False) -> dict[str, dict[str, dict[str, int]]]:
+        """Waterfall hits of a run's maps: map → column → step (or "none") → rows."""
+        ...
+
     def map_rows_page(
         self, run_id: str, map: str, sheet: str, after_idx: int, limit: int, *, failed_only: bool = False
     ) -> list[DatasetRow]: ...

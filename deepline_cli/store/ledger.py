@@ -10,6 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from deepline_cli import _json
+from deepline_cli.store.base import NOT_FOUND
+
 _TREE = "(SELECT run_id FROM runs WHERE run_id = ? OR root_run_id = ?)"  # a run and its child runs
 _EMPTY = "(r.output IS NULL OR r.output IN ('null', '{}', '[]', '\"\"'))"  # an answer that found nothing
 
@@ -95,6 +98,20 @@ class LedgerQueries:
         )
         return [ReuseRow(r[0], r[1], r[2], r[3], r[4], r[5] or "", r[6], bool(r[7])) for r in rows]
 
+    def call_descriptions(self, run_id: str) -> dict[str, list[str]]:
+        """What the play said the calls of each tool were for (`description=`), by tool."""
+        rows = self._read(
+            "SELECT DISTINCT r.tool, r.description FROM receipts r"
+            " WHERE r.description IS NOT NULL AND r.tool IS NOT NULL"
+            f" AND (r.run_id IN {_TREE} OR r.key IN (SELECT key FROM run_receipts WHERE run_id IN {_TREE}))"
+            " ORDER BY r.tool, r.description",
+            (run_id, run_id, run_id, run_id),
+        )
+        found: dict[str, list[str]] = {}
+        for tool, description in rows:
+            found.setdefault(tool, []).append(description)
+        return found
+
     def attempt_rows(self, run_id: str) -> list[AttemptRow]:
         rows = self._read(
             "SELECT run_id, attempt, holder, started_at, seen_at, ended_at, status FROM attempts"
@@ -111,6 +128,21 @@ class LedgerQueries:
             (run_id, map),
         )
         return {key: float(credits or 0.0) for key, credits in rows}
+
+    def step_rows(self, play: str, workspace: str, map: str) -> dict[str, dict[str, int]]:
+        """Earlier runs of a play: how many rows of its map each waterfall step found a value
+        for (column → step, or "none" → rows)."""
+        rows = self._read(
+            "SELECT steps, count(*) FROM map_rows WHERE map = ? AND steps IS NOT NULL"
+            " AND run_id IN (SELECT run_id FROM runs WHERE play = ? AND workspace = ?) GROUP BY steps",
+            (map, play, workspace),
+        )
+        hits: dict[str, dict[str, int]] = {}
+        for steps, n in rows:
+            for column, step in (_json.loads(steps) or {}).items():
+                per_step = hits.setdefault(column, {})
+                per_step[step or NOT_FOUND] = per_step.get(step or NOT_FOUND, 0) + int(n)
+        return hits
 
     def tool_rows(self, play: str, workspace: str, map: str) -> tuple[int, dict[str, int]]:
         """Earlier runs of a play: how many rows of its map made calls, and in how many of

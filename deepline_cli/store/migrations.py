@@ -232,6 +232,7 @@ MIGRATIONS: list[tuple[str, str | Step]] = [
             replaced_at {float}, PRIMARY KEY (key, generation)){without_rowid};
         -- A waterfall column: which of its steps found the value, per row ({"column": "step"}).
         ALTER TABLE map_rows ADD COLUMN steps TEXT;
+        ALTER TABLE maps ADD COLUMN steps TEXT;
         ALTER TABLE maps ADD COLUMN description TEXT;
         -- Structured log lines: what kind of line, and its fields (`runs logs --kind --where`).
         ALTER TABLE logs ADD COLUMN kind TEXT;

@@ -17,6 +17,7 @@ from typing import Any
 from deepline_cli import _json
 from deepline_cli.errors import StoreError
 from deepline_cli.store.base import (
+    NOT_FOUND,
     Applied,
     Boundary,
     Claim,
@@ -306,25 +307,22 @@ class SqlStore(LedgerQueries):
     def _write_map_rows(self, c: Any, rows: Sequence[MapRow]) -> None:
         upsert = (
             " ON CONFLICT (run_id, map, idx) DO UPDATE SET input_index = excluded.input_index,"
-            " row_key = excluded.row_key, outcome = excluded.outcome, error = excluded.error, rev = excluded.rev"
+            " row_key = excluded.row_key, outcome = excluded.outcome, error = excluded.error, rev = excluded.rev,"
+            " steps = excluded.steps"
         )
-        columns = "INSERT INTO map_rows (run_id, map, idx, input_index, row_key, outcome, error, rev)"
+        columns = "INSERT INTO map_rows (run_id, map, idx, input_index, row_key, outcome, error, steps, rev)"
         known = [r for r in rows if r.rev is not None]
         self._many(
             c,
-            f"{columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?){upsert}",
-            [(r.run_id, r.map, r.idx, r.input_index, r.row_key, r.outcome, r.error, r.rev) for r in known],
+            f"{columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?){upsert}",
+            [(*_map_row_values(r), r.rev) for r in known],
         )
         # Written with their sheet row in this transaction: the revision it just got.
         self._many(
             c,
-            f"{columns} VALUES (?, ?, ?, ?, ?, ?, ?, (SELECT rev FROM sheet_rows WHERE sheet = ? AND row_key = ?))"
+            f"{columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?, (SELECT rev FROM sheet_rows WHERE sheet = ? AND row_key = ?))"
             + upsert,
-            [
-                (r.run_id, r.map, r.idx, r.input_index, r.row_key, r.outcome, r.error, r.sheet, r.row_key)
-                for r in rows
-                if r.rev is None
-            ],
+            [(*_map_row_values(r), r.sheet, r.row_key) for r in rows if r.rev is None],
         )
 
     def heartbeat_receipts(self, leases: Sequence[tuple[str, str]], expires_at: float) -> set[str]:
@@ -427,6 +425,7 @@ class SqlStore(LedgerQueries):
         )
         attempts = (len(spans), sum((ended or max(seen, last or 0.0)) - began for began, seen, ended, last in spans))
         return {
+            "waterfalls": self.map_steps(run_id),
             "rows": {
                 "succeeded": int(rows.get("succeeded", 0)),
                 "failed": int(rows.get("failed", 0)),
@@ -481,6 +480,27 @@ class SqlStore(LedgerQueries):
                 )
         return found
 
+    def map_steps(self, run_id: str, *, succeeded_only: bool = False) -> dict[str, dict[str, dict[str, int]]]:
+        only = " AND outcome = 'succeeded'" if succeeded_only else ""
+        rows = self._read(
+            "SELECT map, steps, count(*) FROM map_rows"
+            f" WHERE run_id = ? AND steps IS NOT NULL{only} GROUP BY map, steps",
+            (run_id,),
+        )
+        hits: dict[str, dict[str, dict[str, int]]] = {}
+        for map_name, steps, n in rows:
+            for column, step in (_json.loads(steps) or {}).items():
+                per_step = hits.setdefault(map_name, {}).setdefault(column, {})
+                per_step[step or NOT_FOUND] = per_step.get(step or NOT_FOUND, 0) + int(n)
+        if hits:  # in the waterfall's own order, "none" last
+            for map_name, declared in self._read("SELECT map, steps FROM maps WHERE run_id = ?", (run_id,)):
+                for column, names in (_json.loads(declared) or {}).items():
+                    found = hits.get(map_name, {}).get(column)
+                    if found is not None:
+                        order = [*names, NOT_FOUND]
+                        hits[map_name][column] = {k: found[k] for k in sorted(found, key=_position(order))}
+        return hits
+
     def finished_map_rows(self, run_id: str, map: str) -> list[int]:
         rows = self._read("SELECT idx FROM map_rows WHERE run_id = ? AND map = ?", (run_id, map))
         return [r[0] for r in rows]
@@ -532,12 +552,13 @@ class SqlStore(LedgerQueries):
                 return  # fencing: the run was taken over; its new owner keeps the map's record
             c.execute(
                 "INSERT INTO maps (run_id, map, sheet, input_columns, columns, status, total, succeeded,"
-                " failed, duplicate, reused, started_at, finished_at, pilot)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, map) DO UPDATE SET"
+                " failed, duplicate, reused, started_at, finished_at, pilot, steps, description)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, map) DO UPDATE SET"
                 " sheet = excluded.sheet, input_columns = excluded.input_columns, columns = excluded.columns,"
                 " status = excluded.status, total = excluded.total, succeeded = excluded.succeeded,"
                 " failed = excluded.failed, duplicate = excluded.duplicate, reused = excluded.reused,"
-                " finished_at = excluded.finished_at, pilot = excluded.pilot",
+                " finished_at = excluded.finished_at, pilot = excluded.pilot, steps = excluded.steps,"
+                " description = excluded.description",
                 (
                     record.run_id,
                     record.map,
@@ -553,13 +574,15 @@ class SqlStore(LedgerQueries):
                     record.started_at,
                     record.finished_at,
                     _json_or_none(record.pilot),
+                    _json_or_none(record.steps or None),
+                    record.description or None,
                 ),
             )
 
     def get_maps(self, run_id: str) -> list[MapRecord]:
         rows = self._read(
             "SELECT run_id, map, sheet, input_columns, columns, status, total, succeeded, failed,"
-            " duplicate, reused, started_at, finished_at, pilot FROM maps WHERE run_id = ?"
+            " duplicate, reused, started_at, finished_at, pilot, steps, description FROM maps WHERE run_id = ?"
             " ORDER BY started_at",
             (run_id,),
         )
@@ -858,11 +881,20 @@ def settle_statement(s: Settlement, now: float) -> tuple[str, tuple[Any, ...]]:
 # --- row mapping ------------------------------------------------------------------------
 
 
+def _position(order: list[str]) -> Any:
+    return lambda name: order.index(name) if name in order else len(order)
+
+
+def _map_row_values(r: MapRow) -> tuple[Any, ...]:
+    steps = _json_or_none(r.steps) if r.steps else None
+    return (r.run_id, r.map, r.idx, r.input_index, r.row_key, r.outcome, r.error, steps)
+
+
 def _map_from_row(r: Sequence[Any]) -> MapRecord:
     return MapRecord(
         run_id=r[0], map=r[1], sheet=r[2], input_columns=_json.loads(r[3]) or [], columns=_json.loads(r[4]) or [],
         status=r[5], total=r[6], succeeded=r[7], failed=r[8], duplicate=r[9], reused=r[10], started_at=r[11],
-        finished_at=r[12], pilot=_json.loads(r[13]),
+        finished_at=r[12], pilot=_json.loads(r[13]), steps=_json.loads(r[14]) or {}, description=r[15] or "",
     )  # fmt: skip
 
 

@@ -21,7 +21,7 @@ from rich.live import Live
 from rich.text import Text
 
 from deepline_cli.runtime.events import Event
-from deepline_cli.ui.state import MapView, RunView
+from deepline_cli.ui.state import MapView, RunView, step_hits
 from deepline_cli.ui.verdict import clock, verdict
 
 PLAIN_PROGRESS_EVERY_S = 5.0
@@ -172,6 +172,9 @@ class ConsoleView:
             m = s.maps[event.data["map"]]
             rate = f"{m.rows_per_s:,.0f} rows/s  {_eta(m.eta_s)}"
             self.console.print(f"{clock(s.elapsed)} {fit([*map_pieces(m), (rate, 1)], width)}")
+            for column, order in m.waterfalls.items():
+                hits = step_hits(order, m.steps.get(column) or {})
+                self.console.print(f"{clock(s.elapsed)} {m.name}  {column}: {hits}")
         elif name.startswith("barrier."):
             m = s.maps[event.data["map"]]
             words = m.visibility if name == "barrier.visibility" else m.finalization
@@ -205,6 +208,9 @@ class ConsoleView:
         indent = " " * min(len(m.name) + 2, 8)
         if not m.completed and self.state.finished is None:
             lines.append(Text(indent + fit([(f"{m.rows_per_s:,.0f} rows/s", 0), (_eta(m.eta_s), 0)], width), "dim"))
+        for column, order in m.waterfalls.items():
+            hits = step_hits(order, m.steps.get(column) or {})
+            lines.append(Text(indent + fit([(f"{column}:", 0), (hits, 0)], width - len(indent)), no_wrap=True))
         for words in (m.visibility, m.finalization):
             if words:
                 lines.append(Text(indent + fit([(words, 0)], width - len(indent)), no_wrap=True))

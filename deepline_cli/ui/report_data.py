@@ -30,6 +30,7 @@ class ToolFigures:
     credits: float = 0.0
     found: int = 0  # answers (live or reused) that were not empty
     latencies: list[float] = field(default_factory=list)
+    descriptions: list[str] = field(default_factory=list)  # what the play said its calls were for
 
     @property
     def answered(self) -> int:
@@ -98,6 +99,9 @@ def read_report(store: Store, run_id: str) -> Report:
         if int(counts.get("retries", 0)) > 0:
             figures = tools.setdefault(tool_id, ToolFigures(tool_id))
             figures.retries = max(figures.retries, int(counts["retries"]))
+    for tool_id, said in store.call_descriptions(run_id).items():
+        if tool_id in tools:
+            tools[tool_id].descriptions = said
     return Report(run, stats, calls, reuses, store.attempt_rows(run_id), tools, maps)
 
 

@@ -219,7 +219,7 @@ def _providers(report: Report) -> str:
         return '<p class="muted">No tool calls.</p>'
     rows = [
         [
-            _e(t.tool),
+            _e(t.tool) + "".join(f'<br><span class="muted">{_e(d)}</span>' for d in t.descriptions),
             f"{t.live:,}",
             f"{t.reused:,}",
             f"{t.failed:,}",
@@ -266,10 +266,28 @@ def _map_section(report: Report, m: MapFigures) -> str:
         else '<p class="muted">No failed rows.</p>'
     )
     return _section(
-        f"Map {r.map}",
-        f"<h3>Row outcomes</h3>{outcome}<h3>Columns</h3>{columns}<h3>Barriers</h3>{_barriers(r)}"
-        f"<h3>First failures</h3>{failures}",
+        f"Map {r.map}" + (f" ({r.description})" if r.description else ""),
+        f"<h3>Row outcomes</h3>{outcome}<h3>Columns</h3>{columns}{_waterfalls(report, r)}"
+        f"<h3>Barriers</h3>{_barriers(r)}<h3>First failures</h3>{failures}",
     )
+
+
+def _waterfalls(report: Report, r: MapRecord) -> str:
+    """Each waterfall column: how many rows each step found a value for."""
+    hits = (report.stats.get("waterfalls") or {}).get(r.map) or {}
+    parts = []
+    for column, steps in r.steps.items():
+        found = hits.get(column) or {}
+        total = sum(found.values())
+        rows = []
+        for name in [*steps, "none"]:
+            n, color = found.get(name, 0), "#2e7d32" if name != "none" else "#b0bec5"
+            label = name if name != "none" else "not found"
+            rows.append([_e(label), f"{n:,}", _rate(n, total), _bar([n, total - n], [color, "#eceff1"])])
+        parts.append(
+            f"<h3>Waterfall {_e(column)}: hits per step</h3>" + _table(["step", "rows", "share", ""], rows, {1, 2})
+        )
+    return "".join(parts)
 
 
 def _barriers(r: MapRecord) -> str:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepline_cli.runtime.events import Event
+from deepline_cli.store.base import NOT_FOUND
 
 
 @dataclass
@@ -24,6 +25,8 @@ class MapView:
     completed: bool = False
     visibility: str | None = None  # in words, pending or passed
     finalization: str | None = None
+    waterfalls: dict[str, list[str]] = field(default_factory=dict)  # column -> its steps, in order
+    steps: dict[str, dict[str, int]] = field(default_factory=dict)  # column -> step (or "none") -> rows
 
     @property
     def seen(self) -> int:
@@ -71,6 +74,7 @@ class RunView:
         view = self.maps.setdefault(data["map"], MapView(data["map"]))
         if name == "map.started":
             view.total = data.get("total")
+            view.waterfalls = data.get("steps") or {}
         elif name == "map.progress":
             for attr in _PROGRESS:
                 setattr(view, attr, data.get(attr, getattr(view, attr)))
@@ -82,11 +86,21 @@ class RunView:
             view.completed = True
             view.succeeded, view.failed = data["succeeded"], data["failed"]
             view.duplicate, view.reused = data["duplicate"], data["reused"]
+            view.steps = data.get("steps") or view.steps
             view.done = view.succeeded + view.failed
             view.total = view.done + view.duplicate
 
 
-_PROGRESS = ("total", "done", "succeeded", "failed", "duplicate", "reused", "seeded", "rows_per_s", "eta_s")
+_PROGRESS = ("total", "done", "succeeded", "failed", "duplicate", "reused", "seeded", "rows_per_s", "eta_s", "steps")
+
+
+def step_hits(order: list[str], hits: dict[str, int]) -> str:
+    """`hunter 120 · apollo 40 · not found 8`: a waterfall's hits, in its steps' order."""
+    names = [*order, *(name for name in hits if name not in order and name != NOT_FOUND)]
+    shown = [f"{name} {hits.get(name, 0):,}" for name in names]
+    if hits.get(NOT_FOUND):
+        shown.append(f"not found {hits[NOT_FOUND]:,}")
+    return " · ".join(shown)
 
 
 def visibility_words(data: dict[str, Any]) -> str:

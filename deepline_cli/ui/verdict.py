@@ -11,6 +11,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from deepline_cli.ui.state import step_hits
+
 
 def verdict(run_id: str, status: str, stats: dict[str, Any], error: dict[str, Any] | None, play: str = "") -> list[str]:
     """One line saying how the run ended, then one with what to do next."""
@@ -27,6 +29,9 @@ def _completed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: 
     if live == 0 and (reused or rows.get("reused")):
         came = [f"{n:,} {what}" for n, what in ((rows.get("reused", 0), "rows"), (reused, "calls")) if n]
         lines.append(f"  Nothing was paid: {' and '.join(came)} came from earlier runs.")
+    for map_name, columns in (stats.get("waterfalls") or {}).items():
+        for column, hits in columns.items():
+            lines.append(f"  {map_name} {column} found by: {step_hits([], hits)}")
     if stats.get("projection"):  # a pilot (--limit): what the full list would cost and take
         from deepline_cli.runtime.projection import describe
 

@@ -1,0 +1,297 @@
+"""The authoring surface real plays use: waterfalls, `rc.previous`, `Column(recompute=…)`,
+staleness as a function, tool results (`.raw`, extracted values and lists, `description=`),
+`ctx.csv(columns=…)` for messy headers, and a dataset's `count`, `peek` and `materialize`.
+
+Plays run in-process through the real `Runner` (each store backend in turn) where the
+engine's behaviour is what is tested, and through the real command in a subprocess where
+what a person sees or gets from the command line is; HTTP tools call a real loopback
+provider.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deepline_cli.runtime.events import Event, EventBus
+from deepline_cli.runtime.runner import RunResult
+from deepline_cli.testing import FakeProvider, Request
+from tests.conftest import Result
+from tests.helpers import run_play
+
+Run = Callable[..., Result]
+CALLS: list[str] = []  # every tool invocation of the current test: "tool:row"
+
+HEADER = """\
+from deepline_cli import Column, ProviderTransientError, ToolExecutionError, play, steps, tool
+from tests.test_authoring import CALLS
+
+P = {prefix!r}
+"""
+
+
+@pytest.fixture(autouse=True)
+def _fresh_calls() -> Iterator[None]:
+    CALLS.clear()
+    yield
+    CALLS.clear()
+
+
+@pytest.fixture
+def make_play(tmp_path: Path, request: pytest.FixtureRequest) -> Callable[[str], Path]:
+    prefix = "ta." + request.node.name
+
+    def write(body: str) -> Path:
+        path = tmp_path / "play.py"
+        path.write_text(HEADER.format(prefix=prefix) + textwrap.dedent(body))
+        return path
+
+    return write
+
+
+def run(play: Path, store: str, input: dict[str, Any] | None = None, **options: Any) -> tuple[RunResult, list[Event]]:
+    events: list[Event] = []
+    result = run_play(play, store, input, bus=EventBus([events.append]), **options)
+    assert result.status == "completed", result.error
+    return result, events
+
+
+# --- waterfalls ---------------------------------------------------------------------------------
+
+WATERFALL = """
+KNOWN = {"a": {"ada"}, "b": {"ada", "bob"}, "c": {"ada", "bob", "cy"}}
+
+
+def provider(name):
+    @tool(P + "." + name)
+    def find(input):
+        CALLS.append(name + ":" + input["who"])
+        if name == "b" and input["who"] == "dee":
+            raise ProviderTransientError("503 from b", category="upstream", status_code=503)
+        if name == "c" and input["who"] == "eve":
+            raise ToolExecutionError("404: nobody", category="validation", status_code=404)
+        if name == "c" and input["who"] == "fay":
+            raise ToolExecutionError("401: bad key", category="authentication", status_code=401)
+        return {"email": input["who"] + "@" + name} if input["who"] in KNOWN[name] else {"email": None}
+    return find
+
+
+a, b, c = provider("a"), provider("b"), provider("c")
+
+
+def ask(name):
+    async def step(row, rc):
+        result = await rc.tools.execute(name, P + "." + name, {"who": row["who"]})
+        return result.get("email")
+    return step
+
+
+EMAIL = (
+    steps()
+    .step("a", ask("a"))
+    .step("b", ask("b"))
+    .step("c", ask("c"), run_if=lambda row, index: index != 1)  # never for the second row
+)
+
+
+@play("waterfall")
+async def waterfall(ctx, input):
+    rows = await ctx.map("people", [{"who": w} for w in input["who"]], key="who", columns={"email": EMAIL})
+    return {r["who"]: [r["email"], r["email_step"], r.get("_error")] for r in rows}
+"""
+
+
+def test_a_waterfall_stops_at_the_first_step_that_finds_a_value(make_play, store_url: str) -> None:
+    play = make_play(WATERFALL)
+    result, events = run(play, store_url, {"who": ["ada", "bob", "cy", "dee", "eve", "fay", "zed"]})
+    out = result.output
+    assert out["ada"] == ["ada@a", "a", None]  # found by the first step: the others are not asked
+    assert out["bob"] == ["bob@b", "b", None]
+    assert out["cy"] == ["cy@c", "c", None]
+    # b was unavailable (503) and c did not know dee: no value, and the row fails so that a
+    # later run asks again
+    assert out["dee"][0] is None and "no step found a value, and step 'b' was unavailable" in out["dee"][2]
+    assert out["eve"] == [None, None, None]  # c's 404 is "not found": the row succeeds empty
+    assert "authentication" in out["fay"][2]  # any other error fails the row
+    assert out["zed"] == [None, None, None]
+    assert sorted(c for c in CALLS if c.startswith("ada") or c.endswith(":ada")) == ["a:ada"]
+    assert "c:bob" not in CALLS  # run_if(row, index): not for the second row
+    hits = result.stats["waterfalls"]["people"]["email"]
+    assert hits == {"a": 1, "b": 1, "c": 1, "none": 2}
+    [completed] = [e.data for e in events if e.event == "map.completed"]
+    assert completed["steps"] == {"email": hits}  # the live figures are the store's
+
+    again, _ = run(play, store_url, {"who": ["ada", "bob", "cy", "dee", "eve", "fay", "zed"]})
+    assert again.stats["waterfalls"] == result.stats["waterfalls"]
+    assert again.stats["rows"]["reused"] == 7
+
+
+def test_a_waterfall_column_is_exported_with_the_step_that_found_it(make_play, deepline: Run, tmp_path: Path) -> None:
+    play = make_play(WATERFALL)
+    started = deepline("run", str(play), "--set", 'who=["ada", "bob", "zed"]', PYTHONPATH=str(Path.cwd()))
+    assert started.code == 0, started.stderr
+    assert "people email found by: a 1 · b 1 · not found 1" in started.stderr
+    run_id = started.stderr.split("Run ")[1].split()[0]
+    out = tmp_path / "people.csv"
+    assert deepline("export", run_id, "--out", str(out)).code == 0
+    with out.open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0]) == ["who", "email", "email_step", "_error"]
+    assert [(r["email"], r["email_step"]) for r in rows] == [("ada@a", "a"), ("bob@b", "b"), ("", "")]
+
+
+# --- recompute, rc.previous, staleness as a function ------------------------------------------------
+
+
+def test_recompute_runs_the_resolver_every_run_and_sees_the_previous_value(make_play, store_url: str) -> None:
+    play = make_play(
+        """
+        @tool(P + ".lookup")
+        def lookup(input):
+            CALLS.append("lookup:" + input["id"])
+            return {"seen": input["id"]}
+
+        async def count(row, rc):
+            await rc.tools.execute("lookup", P + ".lookup", {"id": row["id"]})
+            CALLS.append("count:" + row["id"])
+            return (rc.previous or 0) + 1
+
+        @play("recompute")
+        async def recompute(ctx, input):
+            rows = await ctx.map("m", [{"id": "1"}, {"id": "2"}], key="id",
+                                 columns={"runs": Column(count, recompute=True)})
+            return [r["runs"] for r in rows]
+        """
+    )
+    assert run(play, store_url)[0].output == [1, 1]
+    second, _ = run(play, store_url)
+    assert second.output == [2, 2]  # rc.previous: the value the sheet held
+    assert sorted(CALLS) == ["count:1", "count:1", "count:2", "count:2", "lookup:1", "lookup:2"]  # calls reused
+
+
+def test_a_tool_call_may_go_stale_by_its_stored_answer(make_play, store_url: str) -> None:
+    play = make_play(
+        """
+        @tool(P + ".check")
+        def check(input):
+            CALLS.append("check:" + input["id"])
+            return {"found": input["id"] == "1"}
+
+        def recheck(previous):
+            return 3600 if previous and previous["found"] else 0  # a not-found is asked every run
+
+        @play("stale-call")
+        async def stale_call(ctx, input):
+            out = []
+            for id in ("1", "2"):
+                result = await ctx.tools.execute("check", P + ".check", {"id": id}, stale_after_seconds=recheck)
+                out.append(result.execution)
+            return out
+        """
+    )
+    assert run(play, store_url)[0].output == ["live", "live"]
+    assert run(play, store_url)[0].output == ["receipt", "live"]
+    assert CALLS == ["check:1", "check:2", "check:2"]
+
+
+# --- tool results: raw answers, extracted values and lists, descriptions ---------------------------
+
+
+@pytest.fixture
+def people_api() -> Iterator[tuple[FakeProvider, str]]:
+    api = FakeProvider("people")
+
+    @api.route("POST", "/enrich")
+    def enrich(request: Request) -> Any:
+        who = (request.json or {})["who"]
+        if who == "nobody":
+            return 422, {"error": "who is that?"}
+        return {"data": [{"email": [{"email": f"{who}@a.com"}, {"email": f"{who}@b.com"}, {"phone": "1"}]}]}
+
+    with api.running() as url:
+        yield api, url
+
+
+def test_tool_results_give_raw_answers_extracted_values_and_lists(
+    people_api: tuple[FakeProvider, str], deepline: Run, tmp_path: Path
+) -> None:
+    api, url = people_api
+    (tmp_path / "deepline.toml").write_text(
+        f'[tools."people.enrich"]\nurl = "{url}/enrich"\njson = {{ who = "{{who}}" }}\n'
+        'extract = { emails = "data[0].email[*].email", first = "data.0.email.0.email" }\n'
+    )
+    (tmp_path / "play.py").write_text(
+        textwrap.dedent(
+            """
+            from deepline_cli import ToolExecutionError, play
+
+            @play("results")
+            async def results(ctx, input):
+                found = await ctx.tools.execute("enrich", "people.enrich", {"who": "ada"},
+                                                description="work emails of a lead")
+                try:
+                    await ctx.tools.execute("enrich", "people.enrich", {"who": "nobody"},
+                                            description="work emails of a lead")
+                except ToolExecutionError as exc:
+                    error = str(exc)
+                return {"raw": found.raw, "emails": found.get("emails"), "first": found.get("first"),
+                        "extracted": found.extracted, "error": error}
+            """
+        )
+    )
+    result = deepline("run", "play.py", "--json")
+    assert result.code == 0, result.stderr
+    output = result.json_lines()[-1]["output"]
+    assert output["emails"] == ["ada@a.com", "ada@b.com"]
+    assert output["first"] == "ada@a.com"
+    assert output["extracted"] == {"emails": output["emails"], "first": "ada@a.com"}
+    assert output["raw"]["data"][0]["email"][2] == {"phone": "1"}
+    assert output["error"].startswith("work emails of a lead: 422 from people.enrich")
+    inspected = deepline("receipts", "inspect", "--tool", "people.enrich", "--json")
+    assert {r["description"] for r in inspected.json_lines()} == {"work emails of a lead"}
+    assert api.stats()["requests"] == 2
+
+
+# --- CSV: headers as they come, and a look before the map -------------------------------------------
+
+MESSY = "\ufeff First name ,COMPANY WEBSITE,Title\nAda,https://acme.com,CTO\n\nGrace,www.cobol.dev,VP\n"
+
+
+def test_csv_columns_find_a_column_by_the_headers_it_may_have(deepline: Run, tmp_path: Path) -> None:
+    (tmp_path / "leads.csv").write_text(MESSY, encoding="utf-8")
+    (tmp_path / "play.py").write_text(
+        textwrap.dedent(
+            """
+            from deepline_cli import play
+
+            @play("messy")
+            async def messy(ctx, input):
+                leads = ctx.csv(input["csv"], required=["first_name", "domain"], description="a trade-show list",
+                                columns={"first_name": ["First Name", "Firstname"],
+                                         "domain": ["Website", "Company Website"], "phone": ["Phone"]})
+                ahead = {"count": leads.count(), "peek": leads.peek(1)}
+                hello = {"hello": lambda row: "hi " + row["first_name"]}
+                rows = await ctx.map("leads", leads, key="first_name", columns=hello)
+                return {**ahead, "rows": rows.count(), "first": rows.peek(1), "all": len(rows.materialize())}
+            """
+        )
+    )
+    result = deepline("run", "play.py", "--csv", "leads.csv", "--json")
+    assert result.code == 0, result.stderr
+    output = result.json_lines()[-1]["output"]
+    assert output["count"] == 2 and output["rows"] == 2 and output["all"] == 2
+    assert output["peek"] == [{"first_name": "Ada", "domain": "https://acme.com", "Title": "CTO", "phone": ""}]
+    assert output["first"][0]["hello"] == "hi Ada"
+    shown = json.loads(deepline("runs", "show", result.json_lines()[-1]["run_id"], "--json").stdout)
+    assert shown["maps"][0]["rows"] == 2
+
+    (tmp_path / "other.csv").write_text("Name,Site\nAda,acme.com\n")
+    missing = deepline("run", "play.py", "--csv", "other.csv")
+    assert missing.code == 2
+    assert "required column 'first_name' is missing (looked for 'First Name', 'Firstname')" in missing.stderr
