@@ -90,9 +90,10 @@ def test_max_credits_stops_undeclared_remote_tools_at_what_they_reported(deeplin
     run = deepline("run", play, "--max-credits", "5", "--json", METERED_KEY=KEY)
     finished = _finished(run)
     assert run.code == 1 and finished["status"] == "failed"
-    assert "--max-credits 5 would be exceeded" in finished["error"]["message"]
-    # 1 + 2 = 3 spent; the next call is reserved at the mean reported so far (1.5): 4.5 fits,
-    # so it goes (3 credits, 6 spent); the fourth is refused.
+    # The first call goes alone (1 credit); the second is expected to cost 1 (the most an
+    # answer cost) and costs 2 (3 spent); the third is expected at 2, 5 fits, and costs 3:
+    # 6 spent, 1 over, the run stops at once and says so.
+    assert "--max-credits 5 was passed: 6 credits spent, 1 over" in finished["error"]["message"]
     assert len(remote.requests) == 3 and finished["stats"]["credits"] == 6
     resumed = deepline("resume", finished["run_id"], "--max-credits", "100", "--json", METERED_KEY=KEY)
     assert resumed.code == 0, resumed.stderr

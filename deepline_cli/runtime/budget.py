@@ -1,47 +1,125 @@
-"""Credits and `--max-credits`: spend per run, across attempts, reserved while in flight."""
+"""Credits and `--max-credits`: what a run spends, across attempts, and the promise it keeps.
+
+A call is sent only if what the run has spent, plus what the calls in flight are expected
+to cost, plus this call's expected cost, stays within the budget. A call's expected cost:
+
+- a tool whose cost is fixed (a local or HTTP tool): its declared credits;
+- a tool whose answers say what they cost (remote tools, "metered"): the most any of its
+  answers has cost — in this run, its earlier attempts, or earlier runs on this store —
+  and never less than declared. With no answer known yet, its first call goes alone: the
+  others wait for that answer before they are weighed.
+
+An answer that costs more than expected raises the tool's expected cost at once, for the
+calls in flight too, and a run whose spending passed the budget stops dispatching and says
+by how much. So a run overspends only by what calls already in flight when an overrun was
+learned cost beyond what was expected of them.
+"""
 
 from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
 
 from deepline_cli.errors import BudgetExceededError
 
 
+@dataclass(eq=False, slots=True)
+class Reservation:
+    """The credits held for one call in flight."""
+
+    tool: str | None
+    amount: float
+    metered: bool
+    probe: bool = False  # the first call of a metered tool of unknown cost
+
+
 class Budget:
-    def __init__(self, max_credits: float | None, spent: float = 0.0) -> None:
+    def __init__(self, max_credits: float | None, spent: float = 0.0, known: dict[str, float] | None = None) -> None:
         self.max_credits = max_credits
         self.spent = spent  # completed calls of this run, every attempt
         self.reserved = 0.0  # calls being made now
-        self._reported: dict[str, tuple[int, float]] = {}  # metered tool -> (answers, credits)
+        self._known = dict(known or {})  # metered tool -> the most one answer has cost
+        self._inflight: list[Reservation] = []
+        self._probes: dict[str, asyncio.Future[None]] = {}  # metered tool -> its first answer
 
-    def expected(self, tool: str | None, declared: float, *, metered: bool) -> float:
-        """What to reserve for a call: its declared credits, or for a tool whose answers
-        say what they cost (remote tools) without a declaration, the mean it reported so far."""
-        if declared or not metered or tool is None:
+    def expected(self, tool: str | None, declared: float, *, metered: bool) -> float | None:
+        """A call's expected cost; None for a metered tool no answer has priced yet."""
+        if not metered or tool is None:
             return declared
-        answers, credits = self._reported.get(tool, (0, 0.0))
-        return credits / answers if answers else 0.0
+        learned = self._known.get(tool)
+        return None if learned is None else max(declared, learned)
 
-    def reserve(self, credits: float, label: str, *, metered: bool = False) -> None:
-        """Hold `credits` for a call about to be made, or refuse it. A metered call of
-        unknown cost is refused once the budget is used up."""
-        if not credits and not metered:
+    async def admit(self, tool: str | None, declared: float, label: str, *, metered: bool = False) -> Reservation:
+        """Hold credits for a call about to be made, or refuse it (BudgetExceededError)."""
+        expected = self.expected(tool, declared, metered=metered)
+        while expected is None and tool in self._probes and self.max_credits is not None:
+            await asyncio.shield(self._probes[tool])  # the tool's first answer tells its cost
+            expected = self.expected(tool, declared, metered=metered)
+        probe = expected is None
+        amount = declared if expected is None else expected
+        self._check(amount, label, unknown=probe)
+        reservation = Reservation(tool, amount, metered, probe)
+        if probe and tool is not None and self.max_credits is not None:
+            self._probes[tool] = asyncio.get_running_loop().create_future()
+        self._inflight.append(reservation)
+        self.reserved += amount
+        return reservation
+
+    def _check(self, amount: float, label: str, *, unknown: bool) -> None:
+        limit = self.max_credits
+        if limit is None or (not amount and not unknown):
             return
-        over = self.spent + self.reserved + credits
-        if self.max_credits is not None and (over > self.max_credits or (not credits and over >= self.max_credits)):
+        total = self.spent + self.reserved + amount
+        if total > limit or (unknown and total >= limit):
+            cost = "of unknown cost" if unknown else f"expected to cost {amount:g}"
             raise BudgetExceededError(
-                f"--max-credits {self.max_credits:g} would be exceeded by {label!r} "
-                f"({self.spent:g} spent, {self.reserved:g} in flight, this call costs {credits:g}); "
-                "raise --max-credits and resume the run."
+                f"--max-credits {limit:g} would be exceeded by {label!r} ({cost}; {self.spent:g} spent, "
+                f"{self.reserved:g} held for calls in flight); raise --max-credits and resume the run."
             )
-        self.reserved += credits
 
-    def settle(self, credits: float, *, spent: bool, actual: float | None = None, tool: str | None = None) -> None:
-        """Release a reservation; a completed call adds what it cost (`actual`, else what
-        was reserved). `tool` is given when the provider said the cost: it is learned."""
-        self.reserved -= credits
-        if not spent:
+    def release(self, reservation: Reservation) -> None:
+        """The call was not made (or not billed): give its credits back."""
+        self._drop(reservation)
+        self._answered(reservation)
+
+    def settle(self, reservation: Reservation, actual: float) -> BudgetExceededError | None:
+        """A completed call cost `actual` (a metered tool's expected cost is learned from it).
+        Returns the error to stop the run with when the spending went past the budget."""
+        self._drop(reservation)
+        self.spent += actual
+        if reservation.metered and reservation.tool is not None:
+            self._learn(reservation.tool, actual)
+        self._answered(reservation)
+        limit = self.max_credits
+        if limit is None or self.spent <= limit:
+            return None
+        return BudgetExceededError(
+            f"--max-credits {limit:g} was passed: {self.spent:g} credits spent, {self.spent - limit:g} over, "
+            f"because calls in flight cost more than expected (the last one {actual:g}, "
+            f"{reservation.amount:g} expected); raise --max-credits and resume the run."
+        )
+
+    def _learn(self, tool: str, actual: float) -> None:
+        """A dearer answer than known raises the tool's expected cost, for calls in flight too."""
+        if actual <= self._known.get(tool, -1.0):
             return
-        cost = credits if actual is None else actual
-        self.spent += cost
-        if actual is not None and tool is not None:
-            answers, total = self._reported.get(tool, (0, 0.0))
-            self._reported[tool] = (answers + 1, total + actual)
+        self._known[tool] = actual
+        for held in self._inflight:
+            if held.tool == tool and held.metered and held.amount < actual:
+                self.reserved += actual - held.amount
+                held.amount = actual
+
+    def _drop(self, reservation: Reservation) -> None:
+        if reservation in self._inflight:
+            self._inflight.remove(reservation)
+            self.reserved -= reservation.amount
+
+    def _answered(self, reservation: Reservation) -> None:
+        if reservation.probe and reservation.tool is not None:
+            waiting = self._probes.pop(reservation.tool, None)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(None)
+
+    @property
+    def known(self) -> dict[str, float]:
+        return dict(self._known)

@@ -35,7 +35,7 @@ from deepline_cli.errors import (
     StoreError,
     ToolExecutionError,
 )
-from deepline_cli.runtime.budget import Budget
+from deepline_cli.runtime.budget import Budget, Reservation
 from deepline_cli.runtime.call_scope import current_cell
 from deepline_cli.runtime.events import EventBus
 from deepline_cli.runtime.secrets import Secrets
@@ -263,19 +263,21 @@ class ReceiptBook:
             _owner=self,
             _call=call,
         )
-        started = self._io.now()
-        reserved = self._budget.expected(call.tool, call.credits, metered=call.metered)
+        reserved: Reservation | None = None
         try:
             try:
-                info.ensure_lease()
-                self._budget.reserve(reserved, call.label, metered=call.metered)
+                reserved = await self._budget.admit(call.tool, call.credits, call.label, metered=call.metered)
+                info.ensure_lease()  # after a wait for the budget too
             except BaseException:
+                if reserved is not None:
+                    self._budget.release(reserved)
                 self._writes.settle(Settlement(call.key, lease_id, "skipped"))
                 raise
+            started = self._io.now()
             try:
                 value = self._secrets.redact_json(await invoke(info))
             except BaseException as exc:
-                self._budget.settle(reserved, spent=False)
+                self._budget.release(reserved)
                 self._settle_failure(call, claimed, exc, self._record(call, started, info))
                 if _is_call_failure(call, exc) and not isinstance(exc, ToolExecutionError):
                     # The same error type live as when replayed from the failed receipt.
@@ -290,7 +292,9 @@ class ReceiptBook:
         # later claim of this run; a crash before that commit makes this call one of
         # those "in flight", repeated on resume under the same idempotency key.
         credits = call.credits if info.credits is None else info.credits  # what the provider said it cost
-        self._budget.settle(reserved, spent=True, actual=credits, tool=call.tool if info.credits is not None else None)
+        overrun = self._budget.settle(reserved, credits)
+        if overrun is not None:
+            self._trip(overrun)  # nothing more is sent; the calls in flight finish and are recorded
         settlement = Settlement(
             call.key,
             lease_id,
@@ -299,6 +303,7 @@ class ReceiptBook:
             credits=credits,
             call=self._record(call, started, info),
             replaces=claimed.replaces,
+            reported=info.credits is not None,
         )
         self._writes.settle(settlement, partial(self._check_recorded, call))
         self._count(call, "live", credits)

@@ -340,7 +340,7 @@ class _Attempt:
             scope,
             self.bus,
             self.stats,
-            budget=Budget(options.max_credits, history.spent),
+            budget=Budget(options.max_credits, history.spent, history.costs),
             secrets=secrets,
         )
         return RunServices(
@@ -628,6 +628,7 @@ class _History:
     stats: dict[str, Any]
     tool_calls: int
     child_plays: int
+    costs: dict[str, float]  # what answers of tools that say their cost have cost (the budget's guide)
 
     @staticmethod
     def read(store: Store, record: RunRecord, now: float) -> _History:
@@ -642,6 +643,7 @@ class _History:
             stats=store.run_stats(record.run_id),
             tool_calls=tool_calls,
             child_plays=child_plays,
+            costs=store.tool_costs(),
         )
 
 

@@ -165,6 +165,7 @@ class Settlement:
     credits: float = 0.0
     call: CallRecord | None = None  # an execution that ended (completed or failed): the ledger row
     replaces: Receipt | None = None  # the earlier answer a new one ends (see ClaimOutcome)
+    reported: bool = False  # the provider said what the call cost (remote tools): learned in tool_costs
 
 
 @dataclass(slots=True)
@@ -471,6 +472,10 @@ class Store(Protocol):
 
     def credits_spent(self, run_id: str) -> float:
         """Credits of the calls a run and its child runs completed (every attempt)."""
+        ...
+
+    def tool_costs(self) -> dict[str, float]:
+        """For tools whose answers say what they cost: the most one answer has cost."""
         ...
 
     def query_receipts(self, query: ReceiptQuery) -> list[Receipt]: ...

@@ -238,7 +238,11 @@ MIGRATIONS: list[tuple[str, str | Step]] = [
         ALTER TABLE logs ADD COLUMN kind TEXT;
         ALTER TABLE logs ADD COLUMN fields TEXT;
         -- `deepline runs stop`: asked through the store, heard by the run's owner.
-        ALTER TABLE runs ADD COLUMN stop_reason TEXT
+        ALTER TABLE runs ADD COLUMN stop_reason TEXT;
+        -- What answers of tools that say their own cost (remote tools) cost: a budget's
+        -- expected cost of their next call, in any run on this store.
+        CREATE TABLE tool_costs (
+            tool TEXT PRIMARY KEY, answers INTEGER NOT NULL, credits {float} NOT NULL, max_credits {float} NOT NULL)
         """,
     ),
 ]

@@ -366,6 +366,9 @@ class SqlStore(LedgerQueries):
             for key, gen, run_id, attempt, idem, output, credits, done, replaced in rows
         ]
 
+    def tool_costs(self) -> dict[str, float]:
+        return {tool: float(most) for tool, most in self._read("SELECT tool, max_credits FROM tool_costs")}
+
     def credits_spent(self, run_id: str) -> float:
         rows = self._read(
             f"SELECT coalesce(sum(credits), 0) FROM calls WHERE status = 'completed' AND run_id IN {_TREE}",
@@ -716,6 +719,18 @@ class SqlStore(LedgerQueries):
             if applied and (r := st.replaces) is not None and st.status in ("completed", "failed")
         ]  # fmt: skip
         self._many(c, _KEEP_HISTORY, replaced)
+        costs: dict[str, list[float]] = {}
+        for st, applied in zip(settlements, fresh, strict=True):
+            if applied and st.reported and st.status == "completed" and st.call is not None and st.call.tool:
+                costs.setdefault(st.call.tool, []).append(st.credits)
+        self._many(
+            c,
+            "INSERT INTO tool_costs (tool, answers, credits, max_credits) VALUES (?, ?, ?, ?) ON CONFLICT (tool)"
+            " DO UPDATE SET answers = tool_costs.answers + excluded.answers, credits = tool_costs.credits"
+            " + excluded.credits, max_credits = CASE WHEN excluded.max_credits > tool_costs.max_credits"
+            " THEN excluded.max_credits ELSE tool_costs.max_credits END",
+            [(tool, len(paid), sum(paid), max(paid)) for tool, paid in sorted(costs.items())],
+        )
         return settled
 
     def _settled_before(self, c: Any, settlements: Sequence[Settlement]) -> set[str]:

@@ -1,0 +1,157 @@
+"""`--max-credits` is a promise, kept with tools whose answers say what they cost.
+
+The promise (README, "Budgets"): a call is sent only while spent + what calls in flight are
+expected to cost + its own expected cost fit the budget; a metered tool's expected cost is
+the most one of its answers has cost (in this run, earlier attempts or earlier runs), at
+least what is declared, and its first call goes alone. So the run overspends only by what
+calls in flight when an overrun was learned cost beyond what was expected of them.
+
+A real remote tool API (tests/provider.py's server) bills each idempotency key once and
+says what each answer cost; its own count of what it billed is the truth these tests hold
+the run to. Plays run through the real command, killed with a real SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Result
+from tests.helpers import wait_until
+from tests.provider import Provider, ProviderServer, Seen
+
+KEY = "dl-remote-key-0123456789"
+Run = Callable[..., Result]
+
+
+class PricedProvider(Provider):
+    """A remote tool API: payload {"n": n} costs `price(n)` credits, billed once per key."""
+
+    def __init__(self, price: Callable[[int], float], latency_s: float = 0.0) -> None:
+        super().__init__(latency_s=latency_s)
+        self.price = price
+
+    def answer(self, seen: Seen) -> tuple[int, dict[str, str], bytes]:
+        key = seen.headers.get("x-deepline-idempotency-key", "")
+        n = seen.body["payload"]["n"]
+        if key not in self.answers:
+            self.billed[key] += 1
+            self.answers[key] = {"output": {"n": n}, "credits": self.price(n)}
+        return 200, {"content-type": "application/json"}, json.dumps(self.answers[key]).encode()
+
+    def spent(self) -> float:
+        return sum(answer["credits"] for answer in self.answers.values())
+
+
+PLAY = """
+from deepline_cli import play
+
+@play("priced")
+async def priced(ctx, input):
+    rows = await ctx.map("rows", [{"n": n} for n in range(input.get("rows", 40))], key="n", columns={
+        "hit": lambda row, rc: rc.tools.execute("lookup", "vendor.lookup", {"n": row["n"]}),
+    })
+    return {"rows": len(rows)}
+"""
+
+
+@pytest.fixture
+def server() -> Iterator[Callable[..., PricedProvider]]:
+    """Start a priced provider (stopped when the test ends)."""
+    with contextlib.ExitStack() as stack:
+
+        def start(price: Callable[[int], float], latency_s: float = 0.0) -> PricedProvider:
+            running = stack.enter_context(ProviderServer(PricedProvider(price, latency_s)))
+            assert isinstance(running, PricedProvider)
+            return running
+
+        yield start
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Callable[..., Path]:
+    def make(provider: PricedProvider, declared: str = "") -> Path:
+        (tmp_path / "deepline.toml").write_text(
+            f'[remote]\nbase_url = "{provider.url}"\napi_key_env = "METERED_KEY"\n{declared}\n'
+        )
+        play = tmp_path / "play.py"
+        play.write_text(textwrap.dedent(PLAY))
+        return play
+
+    return make
+
+
+def finished(result: Result) -> dict:
+    event = result.json_lines()[-1]
+    assert event["event"] == "run.finished", result.stderr
+    return event
+
+
+@pytest.mark.parametrize("declared", ["", "credits = 1"], ids=["undeclared", "declared-too-low"])
+def test_answers_dearer_than_declared_never_overspend_a_flat_price(
+    deepline: Run, project: Callable[..., Path], server: Callable[..., PricedProvider], declared: str
+) -> None:
+    """Every answer costs 4, declared nowhere or declared at 1, 50 calls in flight allowed:
+    the first call goes alone, after it every call is expected at 4. The promise allows no
+    overrun here (no answer costs more than the first): spent ≤ 20 exactly, as billed."""
+    provider = server(lambda n: 4.0)
+    play = project(provider, declared)
+    run = deepline("run", str(play), "--max-credits", "20", "--json", METERED_KEY=KEY)
+    event = finished(run)
+    assert run.code == 1 and event["status"] == "failed"
+    assert "--max-credits 20 would be exceeded" in event["error"]["message"]
+    assert provider.spent() == event["stats"]["credits"] == 20  # 5 calls, what the provider billed
+    assert len(provider.requests) == 5
+
+
+def test_answers_of_varying_price_overspend_at_most_what_was_in_flight(
+    deepline: Run, project: Callable[..., Path]
+) -> None:
+    """Answers cost 1, 2 or 3 (n % 3 + 1); two calls in flight at most. The first answer
+    (1) sets the expected cost, and a dearer answer raises it at once: the run can pass
+    the budget only by what the calls in flight cost beyond what was expected of them, two
+    calls × (3 - 1) = 4 credits at most."""
+    provider = server(lambda n: n % 3 + 1.0, latency_s=0.01)
+    play = project(provider)
+    run = deepline("run", str(play), "--max-credits", "20", "--concurrency", "2", "--json", METERED_KEY=KEY)
+    event = finished(run)
+    assert run.code == 1
+    spent = provider.spent()
+    assert spent == event["stats"]["credits"]
+    assert 18 <= spent <= 20 + 2 * (3 - 1), spent
+    if spent > 20:
+        assert f"{spent - 20:g} over" in event["error"]["message"]
+
+
+@pytest.mark.slow
+def test_a_budget_holds_across_sigkill_and_resume(
+    deepline: Run,
+    spawn: Callable[..., subprocess.Popen[str]],
+    project: Callable[..., Path],
+    server: Callable[..., PricedProvider],
+    store_url: str,
+) -> None:
+    """Answers cost 4 (undeclared); the run is killed half way through its budget, then
+    resumed with the same budget: the resumed attempt remembers what answers cost (the
+    store keeps it), so the two attempts together spend at most 100, as billed."""
+    provider = server(lambda n: 4.0, latency_s=0.05)
+    play = project(provider)
+    env = {"METERED_KEY": KEY, "DEEPLINE_STORE": store_url}
+    proc = spawn(
+        "run", str(play), "--set", "rows=60", "--max-credits", "100", "--run-id", "budget-kill", "--json", **env
+    )
+    wait_until(lambda: len(provider.billed) >= 10, what="ten billed calls")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    resumed = deepline("resume", "budget-kill", "--max-credits", "100", "--json", **env)
+    event = finished(resumed)
+    assert resumed.code == 1 and "--max-credits 100 would be exceeded" in event["error"]["message"]
+    assert provider.spent() == event["stats"]["credits"] == 100
+    assert set(provider.billed.values()) == {1}  # nothing billed twice
