@@ -112,7 +112,7 @@ def test_answers_dearer_than_declared_never_overspend_a_flat_price(
 
 
 def test_answers_of_varying_price_overspend_at_most_what_was_in_flight(
-    deepline: Run, project: Callable[..., Path]
+    deepline: Run, project: Callable[..., Path], server: Callable[..., PricedProvider]
 ) -> None:
     """Answers cost 1, 2 or 3 (n % 3 + 1); two calls in flight at most. The first answer
     (1) sets the expected cost, and a dearer answer raises it at once: the run can pass
