@@ -3,15 +3,16 @@
     from deepline_cli import Column, play, tool
 
 The public names load lazily, so `deepline --help` starts without importing the
-runtime, the store or an HTTP client.
+runtime, the store or an HTTP client. Nothing is imported here at all: the command
+installs its Ctrl-C handling first thing, and this module runs before it.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type checkers read it as True)
 if TYPE_CHECKING:
+    from typing import Any
+
     from deepline_cli.errors import (
         BudgetExceededError,
         DeeplineError,
@@ -61,6 +62,8 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
+    import importlib
+
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'deepline_cli' has no attribute {name!r}")

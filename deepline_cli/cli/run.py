@@ -186,11 +186,17 @@ def execute(options: RunOptions, action: Callable[[Runner], RunResult], json_mod
     from deepline_cli.runtime.runner import Runner
 
     view = _view(json_mode, quiet)
-    finished, on_event = _interrupt_until_finished()
+    finished = threading.Event()
+
+    def on_event(event: Any) -> None:
+        if event.event == "run.finished":
+            finished.set()
+
     # Under --json, one `tool.call` event per durable call, as the NDJSON contract lists. The
     # outcome is known before anyone can read it: `finished` hears run.finished first.
     bus = EventBus([on_event, *([view.handle] if view is not None else [])], per_call=json_mode)
     runner = Runner(options, bus)
+    _hand_signals_to(runner, finished)
     if json_mode:
         view.on_closed = runner.request_stop  # `--json | head -1`: interrupt, resumable
     try:
@@ -206,23 +212,19 @@ def execute(options: RunOptions, action: Callable[[Runner], RunResult], json_mod
     raise typer.Exit(result.exit_code)
 
 
-def _interrupt_until_finished() -> tuple[threading.Event, Callable[[Any], None]]:
-    """Ctrl-C or SIGTERM before the run has an outcome interrupts it (while the play runs,
-    the runtime handles them itself); once `run.finished` is out, the outcome is decided
-    and a late signal changes nothing (the process ends with the run's exit code)."""
-    finished = threading.Event()
-
-    def on_event(event: Any) -> None:
-        if event.event == "run.finished":
-            finished.set()
+def _hand_signals_to(runner: Runner, finished: threading.Event) -> None:
+    """Ctrl-C or SIGTERM asks the runner to stop: before the run exists it is not created
+    (exit 130); once it exists it ends `interrupted`, recorded and resumable (while the
+    play runs, the attempt hears signals itself). Once `run.finished` is out, the outcome
+    is decided and a late signal changes nothing (the process ends with the run's exit code).
+    Never raised in the middle of the runtime's work, where it could be lost."""
 
     def on_signal(signum: int, frame: Any) -> None:
         if not finished.is_set():
-            raise KeyboardInterrupt
+            runner.request_stop()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
-    return finished, on_event
 
 
 def _view(json_mode: bool, quiet: bool) -> Any:

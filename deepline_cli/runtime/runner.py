@@ -193,6 +193,7 @@ class Runner:
             holder=None if enqueue else holder_id(), lease_expires_at=0.0 if enqueue else now + self.options.lease_ttl,
             created_at=now, updated_at=now, snapshot=digest,
         )  # fmt: skip
+        self._check_stop()  # interrupted while loading: nothing is created
         if not self.store.insert_run(record):
             # Another process created this --run-id a moment ago: report it, or resume it
             # (which refuses while that process holds it: busy).
@@ -234,6 +235,7 @@ class Runner:
                 "wait for it to finish or stop that process first."
             )
         attempt = record.attempt + 1
+        self._check_stop()  # interrupted before taking the run: it stays as it was
         holder, expires = holder_id(), self.store.now() + self.options.lease_ttl
         taken = self.store.lease_run(run_id, holder=holder, expires_at=expires, attempt=attempt,
                                      expect_attempt=record.attempt,
@@ -285,9 +287,13 @@ class Runner:
         finally:
             io.close()
 
+    def _check_stop(self) -> None:
+        if self.stop_pending:
+            raise RunInterrupted("Interrupted before the run started; nothing was done.")
+
     def request_stop(self) -> None:
-        """From any thread: interrupt the attempt running now (a worker draining), or the
-        next one as soon as it starts."""
+        """From any thread or a signal handler: interrupt the attempt running now, or the
+        next one as soon as it starts (a run not created yet is not created)."""
         self.stop_pending = True
         attempt = self.attempt
         if attempt is not None and attempt.loop is not None:

@@ -1,0 +1,106 @@
+"""Ctrl-C at any moment, from the process's start to its exit, stops the run: exit 130,
+one line, never a traceback, and a run that exists is `interrupted` and resumable.
+
+Real processes and real signals: the same play is started many times and interrupted a
+little later each time, so the signal lands during imports, while the play loads, while
+the run is recorded, just before and just after `run.started`, and while calls go out.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+PLAY = """
+import asyncio
+
+from deepline_cli import play, tool
+
+@tool("sig.work")
+async def work(input):
+    await asyncio.sleep(0.02)  # a provider's latency: 5,000 rows take some 2 s
+    with open(input["log"], "a") as log:
+        log.write("x")
+    return input["n"]
+
+@play("signals")
+async def signals(ctx, input):
+    salt = input["salt"]  # each run its own rows and calls
+    rows = await ctx.map("rows", [{"n": n, "salt": salt} for n in range(5000)], key=["salt", "n"], columns={
+        "out": lambda row, rc: rc.tools.execute("w", "sig.work", {"n": row["n"], "salt": salt, "log": input["log"]}),
+    })
+    return {"rows": len(rows)}
+"""
+
+# From the moment the process is started: during imports (~0.1 s), loading the play, creating
+# the run, its first calls, and well into them.
+DELAYS = (0.0, 0.02, 0.05, 0.08, 0.12, 0.16, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.8, 1.0, 1.3)
+
+
+def interpreter_start(code: int, err: str, sig: signal.Signals) -> bool:
+    """Did the signal end the process while the interpreter started, before deepline's first
+    line of its own (`deepline_cli/cli/__init__.py` installs the handlers) could run?"""
+    if (code == -sig and err == "") or "Fatal Python error: init_import_site" in err:
+        return True
+    ours = re.findall(r'File "[^"]*/deepline_cli/([^"]+)"', err)
+    return err.startswith("Traceback") and set(ours) <= {"__init__.py", "__main__.py"} and "cli/" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_at_any_moment_stops_the_run_with_one_line(
+    tmp_path: Path, cli_env: dict[str, str], sig: signal.Signals
+) -> None:
+    (tmp_path / "play.py").write_text(PLAY)
+    log = tmp_path / "calls.log"
+    outcomes = []
+    for n, delay in enumerate(DELAYS):
+        run_id = f"sig-{n}"
+        payload = json.dumps({"log": str(log), "salt": f"{sig.name}-{n}"})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deepline_cli", "run", "play.py", "--input", payload, "--run-id", run_id],
+            cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        time.sleep(delay)
+        sent = time.monotonic()
+        before = log.stat().st_size if log.exists() else 0
+        proc.send_signal(sig)
+        try:
+            _, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            pytest.fail(f"delay {delay}: still running 20 s after the signal; stderr: {err[-2000:]}")
+        took = time.monotonic() - sent
+        after = log.stat().st_size if log.exists() else 0
+        shown = subprocess.run(
+            [sys.executable, "-m", "deepline_cli", "runs", "show", run_id, "--json"],
+            cwd=tmp_path, env=cli_env, capture_output=True, text=True,
+        )  # fmt: skip
+        status = json.loads(shown.stdout)["status"] if shown.returncode == 0 else None
+        if interpreter_start(proc.returncode, err, sig):
+            # While the Python interpreter itself starts (its first few tens of ms, before any
+            # of deepline runs), Python handles the signal: the process ends at once, nothing
+            # exists yet. A shell shows 130 for SIGINT.
+            assert status is None, f"delay {delay}: {err[-2000:]}"
+            outcomes.append("interpreter")
+            continue
+        else:
+            assert "Traceback" not in err, f"delay {delay}: {err}"
+            assert proc.returncode == 130, f"delay {delay}: exit {proc.returncode}; {err[-2000:]}"
+            said = [line for line in err.splitlines() if "nterrupted" in line and "interrupt received" not in line]
+            assert len(said) == 1, f"delay {delay}: {err}"  # one line says it
+        assert took < 10, f"delay {delay}: took {took:.1f}s to stop"
+        assert after - before < 1000, f"delay {delay}: {after - before} calls after the signal"
+        assert status in (None, "interrupted"), f"delay {delay}: the run is {status}"
+        outcomes.append(status)
+    # Both sides of the run's creation were hit, in deepline's own code.
+    assert "interrupted" in outcomes and None in outcomes, outcomes
