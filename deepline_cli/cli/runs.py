@@ -1,4 +1,4 @@
-"""`deepline runs …`: list runs, show one, read its logs."""
+"""`deepline runs …`: list runs, show one, follow or stop one from any terminal, read its logs."""
 
 from __future__ import annotations
 
@@ -10,34 +10,9 @@ import typer
 from deepline_cli.cli.common import JsonOption, StoreOption, cli_errors
 from deepline_cli.cli.tables import print_json, print_json_lines, print_table, when
 
-app = typer.Typer(help="List runs, show one, read its logs.", no_args_is_help=True)
+app = typer.Typer(help="List runs, show one, follow or stop one, read its logs.", no_args_is_help=True)
 
-
-def run_dict(r: Any) -> dict[str, Any]:
-    return {
-        "run_id": r.run_id,
-        "play": r.play,
-        "status": r.status,
-        "attempt": r.attempt,
-        "parent_run_id": r.parent_run_id,
-        "root_run_id": r.root_run_id,
-        "play_ref": r.play_ref,
-        "workspace": r.workspace,
-        "input": r.input,
-        "output": r.output,
-        "error": r.error,
-        "stats": r.stats,
-        "holder": r.holder,
-        "options": r.options,
-        "scheduled": r.scheduled,
-        "ancestors": r.ancestors,
-        "description": r.description,
-        "snapshot": r.snapshot,
-        "wake_at": r.wake_at,
-        "created_at": r.created_at,
-        "updated_at": r.updated_at,
-        "finished_at": r.finished_at,
-    }
+LOG_PAGE = 1000  # log lines read per query
 
 
 def _load(store: str | None, run_id: str) -> Any:
@@ -73,6 +48,7 @@ def list_runs(
     from deepline_cli.runtime.holders import holder_alive
     from deepline_cli.store import open_store
     from deepline_cli.store.base import RUN_STATUSES
+    from deepline_cli.ui.run_show import run_dict
 
     if status is not None and status not in RUN_STATUSES:
         raise UsageError(f"--status must be one of {', '.join(RUN_STATUSES)}, not {status!r}.")
@@ -103,120 +79,202 @@ def list_runs(
 @cli_errors
 def show(
     run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run.")],
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help="Everything the store knows, untruncated: maps, tools with retries by cause, attempts, "
+            "boundaries, child runs, the whole output, the error's traceback, the stop reason.",
+        ),
+    ] = False,
     store: StoreOption = None,
     json: JsonOption = False,
 ) -> None:
-    """Show a run: status, attempts, row and tool-call counts, credits, output."""
-    from deepline_cli import _json
+    """Show a run: status, attempts, row and tool-call counts, credits, output.
+
+    \b
+    Examples:
+      deepline runs show r-8f2c1a9b3e4d
+      deepline runs show r-8f2c1a9b3e4d --full
+      deepline runs show r-8f2c1a9b3e4d --full --json
+    """
+    from deepline_cli.ui.run_show import read_shown, shown_dict, shown_lines
 
     db, r = _load(store, run_id)
     try:
-        boundaries = db.boundaries(run_id)
-        children = db.child_runs(run_id)
-        maps = db.get_maps(run_id)
-        # Counted from the store, so a run killed mid-way shows what it really did.
-        r.stats = {**r.stats, **db.run_stats(run_id)}
+        shown = read_shown(db, r, full=full)
     finally:
         db.close()
     if json:
-        shown = run_dict(r)
-        shown["boundaries"] = [
-            {
-                "id": b.id,
-                "kind": b.kind,
-                "status": b.status,
-                "due_at": b.due_at,
-                "event_id": b.event_id,
-                "child_run_id": b.child_run_id,
-            }
-            for b in boundaries
-        ]
-        shown["children"] = [c.run_id for c in children]
-        shown["maps"] = [
-            {
-                "map": m.map,
-                "rows": m.total,
-                "succeeded": m.succeeded,
-                "failed": m.failed,
-                "duplicate": m.duplicate,
-                "reused": m.reused,
-                "status": m.status,
-            }
-            for m in maps
-        ]
-        print_json(shown)
+        print_json(shown_dict(shown))
         return
-    stats = r.stats or {}
-    lines = [
-        f"run       {r.run_id}",
-        f"play      {r.play}  ({r.play_ref})",
-        f"status    {r.status}",
-        f"attempts  {r.attempt}",
-        f"created   {when(r.created_at)}",
-        f"finished  {when(r.finished_at)}",
-        f"duration  {stats.get('duration_s', 0):.2f}s",
-        f"credits   {stats.get('credits', 0):g}",
-    ]
-    if r.parent_run_id:
-        lines.append(f"parent    {r.parent_run_id}  (root {r.root_run_id})")
-    for m in maps:
-        lines.append(
-            f"map       {m.map}: {m.total:,} rows ({m.succeeded:,} succeeded, {m.failed:,} failed, "
-            f"{m.duplicate:,} duplicate, {m.reused:,} reused)  [{m.status}]"
-        )
-    rows = stats.get("rows") or {}
-    if any(rows.values()):
-        lines.append("rows      " + "  ".join(f"{k} {v:,}" for k, v in rows.items()))
-    for tool_id, c in sorted((stats.get("tools") or {}).items()):
-        lines.append(
-            f"tool      {tool_id}: live {c['live']:,}  reused {c['reused']:,}  "
-            f"failed {c['failed']:,}  credits {c['credits']:g}"
-        )
-    for b in boundaries:
-        detail = {
-            "sleep": f"due {when(b.due_at)}",
-            "event": f"event {b.event_id!r}",
-            "child": f"child run {b.child_run_id}",
-        }.get(b.kind, "")
-        lines.append(f"boundary  {b.kind:<6} {b.id}  {detail}  [{b.status}]")
-    for child in children:
-        lines.append(f"child     {child.run_id}  {child.play}  {child.status}")
-    if r.error:
-        lines.append(f"error     {r.error.get('message')}")
-    if r.output is not None:
-        lines.append(f"output    {_json.dumps_str(r.output)[:2000]}")
-    typer.echo("\n".join(lines))
+    typer.echo("\n".join(shown_lines(shown, when)))
 
 
 @app.command("logs")
 @cli_errors
 def logs(
     run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run.")],
+    kind: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--kind",
+            metavar="KIND",
+            help="Only lines of this kind: log (the play's own and the runtime's notes), row.failed, "
+            "row.failed.omitted, map.completed, run.interrupted, store.reconnected. Repeat for several.",
+        ),
+    ] = None,
+    where: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--where",
+            metavar="FIELD=VALUE",
+            help="Only lines whose field equals VALUE (compared as text; also level= and attempt=). "
+            "Repeat: every one must hold.",
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", metavar="FILE", help="Write the lines to FILE (the count goes to stderr)."),
+    ] = None,
     store: StoreOption = None,
     json: JsonOption = False,
 ) -> None:
-    """Print a run's log lines, every attempt, oldest first."""
+    """Print a run's log lines, every attempt, oldest first.
+
+    \b
+    Examples:
+      deepline runs logs r-8f2c1a9b3e4d
+      deepline runs logs r-8f2c1a9b3e4d --kind row.failed
+      deepline runs logs r-8f2c1a9b3e4d --where map=leads --where row_key=acme.com
+      deepline runs logs r-8f2c1a9b3e4d --kind log --where level=warning --json --out warnings.jsonl
+    """
+    import sys
+
+    from deepline_cli import _json
+    from deepline_cli.errors import UsageError
+    from deepline_cli.store.base import LOG_KINDS
+    from deepline_cli.ui.logs import Where, line_dict, line_text, matches_all
+
+    unknown = [k for k in kind or [] if k not in LOG_KINDS]
+    if unknown:
+        raise UsageError(f"--kind must be one of {', '.join(LOG_KINDS)}, not {unknown[0]!r}.")
+    wheres = [Where.parse(w) for w in where or []]
     db, _ = _load(store, run_id)
     try:
-        lines = db.get_logs(run_id)
+        sink = open(out, "w", encoding="utf-8") if out else sys.stdout  # noqa: SIM115 (closed below)
+    except OSError as exc:
+        db.close()
+        raise UsageError(f"Cannot write the log lines to {out}: {exc.strerror}.") from None
+    written, after = 0, 0
+    try:
+        while page := db.logs_after(run_id, after, LOG_PAGE, kinds=kind or ()):
+            after = page[-1].id
+            for line in page:
+                if matches_all(line, wheres):
+                    sink.write((_json.dumps_str(line_dict(line)) if json else line_text(line)) + "\n")
+                    written += 1
     finally:
         db.close()
-    if json:
-        print_json_lines(
-            [
-                {
-                    "run_id": ln.run_id,
-                    "attempt": ln.attempt,
-                    "ts": ln.ts,
-                    "level": ln.level,
-                    "message": ln.message,
-                }
-                for ln in lines
-            ]
+        if out:
+            sink.close()
+    if out:
+        sys.stderr.write(f"Wrote {written:,} log line(s) to {out}.\n")
+
+
+@app.command("tail")
+@cli_errors
+def tail(
+    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run to follow.")],
+    store: StoreOption = None,
+    json: Annotated[
+        bool, typer.Option("--json", help="NDJSON events on stdout: log, map.progress, run.finished.")
+    ] = False,
+) -> None:
+    """Follow a run from another terminal: its log lines as they are written, each map's
+    progress, and how it ends; exits with the run's exit code (0 completed, 1 failed,
+    3 waiting, 130 interrupted). Reads the store only, so it follows a run on any machine
+    sharing the store (a worker's included).
+
+    \b
+    Examples:
+      deepline runs tail r-8f2c1a9b3e4d
+      deepline runs tail r-8f2c1a9b3e4d --json | jq -c 'select(.event == "map.progress")'
+    """
+    import sys
+
+    from deepline_cli import _json
+    from deepline_cli.runtime.follow import Follower
+    from deepline_cli.ui.logs import followed_text
+
+    db, r = _load(store, run_id)
+    follower = Follower(db, run_id)
+    try:
+        for event in follower.events():
+            lines = [_json.dumps_str(event.to_dict())] if json else followed_text(event, r.play)
+            sys.stdout.write("".join(line + "\n" for line in lines))
+            sys.stdout.flush()  # a pipe (`| grep`) sees each line as it comes
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None  # Ctrl-C stops following, quietly; the run goes on
+    finally:
+        db.close()
+    assert follower.result is not None
+    raise typer.Exit(follower.result.exit_code)
+
+
+@app.command("stop")
+@cli_errors
+def stop(
+    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run to stop.")],
+    reason: Annotated[
+        str, typer.Option("--reason", metavar="TEXT", help="Why: kept in the run's error and its log.")
+    ] = "stopped by user",
+    wait: Annotated[
+        bool,
+        typer.Option("--wait/--no-wait", help="Wait until the run's process has recorded it interrupted."),
+    ] = True,
+    timeout: Annotated[
+        float, typer.Option("--timeout", metavar="SECONDS", min=0, help="How long --wait waits.")
+    ] = 60.0,
+    store: StoreOption = None,
+) -> None:
+    """Stop a run from any terminal or machine sharing its store. The process running it
+    stops within a second as on Ctrl-C: no new calls, calls in flight finished and recorded,
+    the run interrupted with the reason. A queued or waiting run is interrupted at once.
+    `deepline resume` continues it.
+
+    \b
+    Examples:
+      deepline runs stop r-8f2c1a9b3e4d
+      deepline runs stop r-8f2c1a9b3e4d --reason "budget review" --no-wait
+    """
+    from deepline_cli.errors import UsageError
+    from deepline_cli.runtime.stop import stop_run
+    from deepline_cli.store import open_store
+
+    reason = reason.strip()
+    if not reason:
+        raise UsageError("--reason must say something (or leave it out).")
+    db = open_store(store)
+    try:
+        stopped = stop_run(db, run_id, reason, wait_s=timeout if wait else None)
+    finally:
+        db.close()
+    r = stopped.record
+    if r.status == "interrupted":
+        typer.echo(f"Run {run_id} stopped: {reason}. Next: deepline resume {run_id}")
+    elif r.status != "running":
+        typer.echo(f"Run {run_id} {r.status} before it could stop.")
+    elif r.attempt != stopped.attempt:
+        typer.echo(f"Run {run_id}'s attempt {stopped.attempt} stopped; attempt {r.attempt} has started since.")
+    elif not wait:
+        typer.echo(f"Asked run {run_id} to stop; its process stops within a second or so.")
+    else:
+        typer.echo(
+            f"Run {run_id} is still stopping after {timeout:g}s (calls in flight finishing); "
+            f"see: deepline runs show {run_id}"
         )
-        return
-    for ln in lines:
-        typer.echo(f"{when(ln.ts)}  #{ln.attempt}  {ln.level:<7} {ln.message}")
+        raise typer.Exit(1)
 
 
 @app.command("report")

@@ -17,7 +17,7 @@ from deepline_cli.runtime.dataset import Dataset
 from deepline_cli.runtime.http import CredentialChanged, FetchResult, Request, fetch_once
 from deepline_cli.runtime.receipts import DurableCall, ReceiptBook, receipt_key
 from deepline_cli.runtime.rows import CsvSource, RowKey
-from deepline_cli.runtime.services import RunServices
+from deepline_cli.runtime.services import RunServices, log_fields
 from deepline_cli.runtime.tools import ToolCall, ToolDef, ToolResult, find_tool
 
 
@@ -190,9 +190,10 @@ class Context:
         self.tools = Tools(services)
         self.secrets = services.secrets
 
-    def log(self, message: str) -> None:
-        """A run log line; a resume replaying the play body does not write it again."""
-        self._s.log(message, key=self._s.journal.log_key())
+    def log(self, message: str, **fields: Any) -> None:
+        """A run log line, with optional fields (JSON values) to filter on later (`deepline
+        runs logs --where name=value`); a resume replaying the play body does not write it again."""
+        self._s.log(message, key=self._s.journal.log_key(), fields=log_fields(fields))
 
     async def step(
         self,

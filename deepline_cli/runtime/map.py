@@ -37,6 +37,7 @@ from deepline_cli.runtime.dataset import Dataset
 from deepline_cli.runtime.pilot import scan_rest
 from deepline_cli.runtime.reuse import ReusePolicy, previous_value, refresh_after
 from deepline_cli.runtime.rows import CsvSource, RowKey, input_columns, key_function, row_digest
+from deepline_cli.runtime.services import log_fields
 from deepline_cli.runtime.tools import ToolResult
 from deepline_cli.runtime.waterfall import Found, Waterfall
 from deepline_cli.store.base import NOT_FOUND, MapRecord, MapRow, SheetRow
@@ -65,8 +66,12 @@ class RowContext:
         self.previous: Any = None  # the cell's value in the sheet before (None: none, or an error)
         self._map = map_name
 
-    def log(self, message: str) -> None:
-        self._s.log(message)  # rows run in no fixed order: every line of every attempt is kept
+    def log(self, message: str, **fields: Any) -> None:
+        """A log line about this row: its fields name the map and the row's key (`deepline
+        runs logs --where row_key=acme.com`) besides any the play gives."""
+        extra = log_fields(fields) or {}
+        # Rows run in no fixed order: every line of every attempt is kept.
+        self._s.log(message, fields={"map": self._map, "row_key": self.row_key, **extra})
 
     def _scoped(self, id: str) -> str:
         # Row-level durable ids: unique per map and row, and outside the run's journal,
@@ -544,15 +549,31 @@ class MapRun:
         if record.failed:
             failed = await s.io.call(s.io.store.failed_map_rows, self.run_id, self.name, FAILURES_LOGGED)
             for row in failed:
-                s.log(f"row {row.row_key} failed: {row.error}", level="warning")
-            if record.failed > FAILURES_LOGGED:
                 s.log(
-                    f"{record.failed - FAILURES_LOGGED} additional row failure(s) omitted from map log",
+                    f"row {row.row_key} failed: {row.error}",
                     level="warning",
+                    kind="row.failed",
+                    fields={"map": self.name, "row_key": row.row_key, "error": row.error},
+                )
+            if record.failed > FAILURES_LOGGED:
+                omitted = record.failed - FAILURES_LOGGED
+                s.log(
+                    f"{omitted} additional row failure(s) omitted from map log",
+                    level="warning",
+                    kind="row.failed.omitted",
+                    fields={"map": self.name, "omitted": omitted},
                 )
         s.log(
             f"Map completed: {record.total} results ({record.succeeded} succeeded, {record.failed} "
-            f"failed, {record.duplicate} duplicate keys skipped)"
+            f"failed, {record.duplicate} duplicate keys skipped)",
+            kind="map.completed",
+            fields={
+                "map": self.name,
+                "total": record.total,
+                "succeeded": record.succeeded,
+                "failed": record.failed,
+                "duplicate": record.duplicate,
+            },
         )
 
     # --- progress --------------------------------------------------------------------------------

@@ -308,7 +308,7 @@ class PlanContext(Context):
         self.tools: PlanTools = PlanTools(services, planner)
         self._planner = planner
 
-    def log(self, message: str) -> None:
+    def log(self, message: str, **fields: Any) -> None:
         return None
 
     async def step(

@@ -336,7 +336,7 @@ class ReceiptBook:
     def _log(self, message: str, *, level: str = "info") -> None:
         scope = self._scope
         self._writes.log(LogLine(scope.run_id, scope.attempt, time.time(), level, message))
-        self._bus.emit("log", scope.run_id, level=level, message=message)
+        self._bus.emit("log", scope.run_id, level=level, message=message, kind="log", attempt=scope.attempt)
 
     async def stored(self, key: str) -> Receipt | None:
         """The receipt as the store has it now."""

@@ -50,6 +50,9 @@ from deepline_cli.store import open_store
 from deepline_cli.store.base import RunRecord, Store
 
 PROGRESS_EVERY_S = 0.5
+# How often an attempt looks in the store for a stop asked by `deepline runs stop` (one
+# indexed read of the run's row): the lease heartbeat, at a third of the lease, is too slow.
+STOP_POLL_S = 0.4
 # taken_over: another process took the run's lease while this one ran it (this process
 # stopped without recording anything); the run's own status is whatever the new owner makes it.
 EXIT_CODES = {"completed": 0, "queued": 0, "failed": 1, "waiting": 3, "taken_over": 4, "interrupted": 130}
@@ -312,6 +315,7 @@ class _Attempt:
         self.io = io
         self.stats = RunStats()
         self.stop_requested = False
+        self.stop_reason: str | None = None  # a stop asked through the store (`deepline runs stop`)
         self.task: asyncio.Task[BodyOutcome] | None = None
         self.services: RunServices | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -383,8 +387,8 @@ class _Attempt:
         store, record = self.io.store, self.record
         loop = asyncio.get_running_loop()
 
-        def report(message: str) -> None:  # from the store thread
-            loop.call_soon_threadsafe(partial(self._warn, message))
+        def report(message: str) -> None:  # from the store thread: a reconnect
+            loop.call_soon_threadsafe(partial(self._warn, message, "store.reconnected"))
 
         self.io.report = report
         history = await self.io.call(_History.read, store, record, self.io.now())
@@ -402,10 +406,12 @@ class _Attempt:
         ticker = asyncio.create_task(self._tick(services))
         self.task = asyncio.create_task(execute_body(self.play, services, record.input))
         restore = self._install_signals(services)
+        watcher = asyncio.create_task(self._watch_stop())
         try:
             outcome = await self._outcome(services)
             keeper.cancel()
             ticker.cancel()
+            watcher.cancel()
             await self._settle(services)
             tripped = next((b.tripped for b in services.books if b.tripped is not None), None)
             if isinstance(tripped, RunTakenOver):  # found out at a claim, before the heartbeat did
@@ -419,23 +425,34 @@ class _Attempt:
 
     async def _outcome(self, services: RunServices) -> BodyOutcome:
         assert self.task is not None
-        interrupted = BodyOutcome("interrupted", error=error_dict(RunInterrupted("The run was interrupted.")))
         try:
             outcome = await self.task
         except asyncio.CancelledError:
             if self.stop_requested:
-                return interrupted
+                return self._interrupted()
             tripped = services.book.tripped
             if tripped is None:
                 raise
             return BodyOutcome("failed", error=describe(tripped, services, self.play.file))
         if self.stop_requested and outcome.status == "failed" and isinstance(outcome.raised, RunInterrupted):
-            return interrupted
+            return self._interrupted()
         if outcome.status == "waiting":
             # Siblings may be about to suspend too (several children at once): let them
             # reach their boundaries so every one is recorded.
             await services.book.settle_all(self.options.interrupt_grace_s)
         return outcome
+
+    def _interrupted(self) -> BodyOutcome:
+        """How an interrupted attempt ends: a stop asked through the store keeps its reason."""
+        error = error_dict(RunInterrupted(self._interrupt_message()))
+        if self.stop_reason is not None:
+            error["reason"] = self.stop_reason
+        return BodyOutcome("interrupted", error=error)
+
+    def _interrupt_message(self) -> str:
+        if self.stop_reason is None:
+            return "The run was interrupted."
+        return f"The run was stopped: {self.stop_reason}."
 
     async def _settle(self, services: RunServices) -> None:
         """Let calls in flight finish briefly, record them, and stop the stragglers."""
@@ -483,9 +500,9 @@ class _Attempt:
         self.bus.emit("run.finished", record.run_id, **result.finished_event())
         return result
 
-    def _warn(self, message: str) -> None:
+    def _warn(self, message: str, kind: str = "log") -> None:
         if self.services is not None:
-            self.services.log(message, level="warning")
+            self.services.log(message, level="warning", kind=kind)
 
     def _taken_over(self) -> RunResult:
         record = self.record
@@ -588,17 +605,39 @@ class _Attempt:
                 # A store hiccup: keep trying; the lease is long enough to ride it out.
                 services.log(f"lease heartbeat failed: {exc}", level="warning")
 
-    def request_stop(self) -> None:
-        """Ctrl-C, SIGTERM or a draining worker: stop dispatching, finish calls in flight
-        briefly, and end the run `interrupted`. A second request stops at once."""
+    async def _watch_stop(self) -> None:
+        """`deepline runs stop`, from any terminal or host: a stop asked through the store is
+        heard within STOP_POLL_S and taken as Ctrl-C is, with its reason."""
+        record, store = self.record, self.io.store
+        while not self.stop_requested:
+            await asyncio.sleep(STOP_POLL_S)
+            try:
+                reason = await self.io.call(store.stop_requested, record.run_id, record.attempt)
+            except DeeplineError:
+                continue  # a store hiccup; the heartbeat finds out about a store that is gone
+            if reason is not None:
+                self.request_stop(reason)
+                return
+
+    def request_stop(self, reason: str | None = None) -> None:
+        """Ctrl-C, SIGTERM, a draining worker or `deepline runs stop` (with its reason): stop
+        dispatching, finish calls in flight briefly, and end the run `interrupted`. A second
+        request stops at once."""
         if self.stop_requested:
             if self.task is not None:
                 self.task.cancel()
             return
         self.stop_requested = True
+        self.stop_reason = reason
         if self.services is not None:
-            self.services.book.close(RunInterrupted("The run was interrupted."))
-            self.services.log("interrupt received: finishing calls in flight, then stopping", level="warning")
+            self.services.book.close(RunInterrupted(self._interrupt_message()))
+            said = "interrupt received" if reason is None else f"stop requested ({reason})"
+            self.services.log(
+                f"{said}: finishing calls in flight, then stopping",
+                level="warning",
+                kind="run.interrupted",
+                fields={"reason": reason or "interrupt"},
+            )
         if self.task is not None:
             asyncio.get_running_loop().call_later(self.options.interrupt_grace_s, self.task.cancel)
 

@@ -6,7 +6,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from deepline_cli.errors import DeeplineError, GovernanceError
+from deepline_cli import _json
+from deepline_cli.errors import DeeplineError, GovernanceError, UsageError
 from deepline_cli.runtime.events import EventBus
 from deepline_cli.runtime.governor import Governor
 from deepline_cli.runtime.http import Http, HttpTools
@@ -79,6 +80,17 @@ class Journal:
             )
 
 
+def log_fields(fields: dict[str, Any]) -> dict[str, Any] | None:
+    """The fields a play attached to a log line (`ctx.log(msg, **fields)`): JSON values only,
+    so they read back the same from either store."""
+    for name, value in fields.items():
+        try:
+            _json.canonical(value)
+        except TypeError as exc:
+            raise UsageError(f"Log field {name!r} is not a JSON value: {exc}.") from None
+    return dict(fields) or None
+
+
 @dataclass
 class RunServices:
     io: StoreIO
@@ -103,13 +115,25 @@ class RunServices:
     local_tools: dict[str, Any] = field(default_factory=dict)  # the play module's own @tools
     schedule_children: bool = False  # under workers: child plays become queued runs of their own
 
-    def log(self, message: str, *, level: str = "info", key: str | None = None) -> None:
+    def log(
+        self,
+        message: str,
+        *,
+        level: str = "info",
+        key: str | None = None,
+        kind: str = "log",
+        fields: dict[str, Any] | None = None,
+    ) -> None:
+        """A run log line: kept in the store (with its kind and fields, for `runs logs
+        --kind --where`) and shown live."""
         if key is not None and key in self.journal.logged:
             return  # written by an earlier attempt
         text = self.secrets.redact(str(message))
-        line = LogLine(self.scope.run_id, self.scope.attempt, time.time(), level, text, key)
-        self.writes.log(line)
-        self.bus.emit("log", self.scope.run_id, level=level, message=text)
+        shown = self.secrets.redact_json(fields) if fields else None
+        scope = self.scope
+        self.writes.log(LogLine(scope.run_id, scope.attempt, time.time(), level, text, key, kind, shown))
+        extra = {"fields": shown} if shown else {}
+        self.bus.emit("log", scope.run_id, level=level, message=text, kind=kind, attempt=scope.attempt, **extra)
 
     @property
     def depth(self) -> int:

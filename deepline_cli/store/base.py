@@ -19,6 +19,16 @@ RUN_STATUSES: tuple[str, ...] = (
     "failed",
     "interrupted",
 )
+# What a log line is about (logs.kind): `log` is a play's own line (`ctx.log`, `rc.log`) and
+# the runtime's notes; the others are the runtime's, with fields a filter can use.
+LOG_KINDS: tuple[str, ...] = (
+    "log",
+    "row.failed",  # map, row_key, error: a map's first failed rows
+    "row.failed.omitted",  # map, omitted: the failed rows the map's log left out
+    "map.completed",  # map, total, succeeded, failed, duplicate
+    "run.interrupted",  # reason: Ctrl-C, SIGTERM, a draining worker, `deepline runs stop`
+    "store.reconnected",  # the store dropped its connection and the run reconnected
+)
 # released: given back after the provider may have been called (a crash, an interrupt, a
 # lost lease); the next claim repeats the call under the same idempotency key.
 RECEIPT_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "skipped", "released")
@@ -54,6 +64,8 @@ class RunRecord:
     description: str = ""
     snapshot: str | None = None  # the digest of the play's source in `snapshots` (enqueued runs)
     failure_seen_by: int | None = None  # a scheduled child's failure: the parent attempt that saw it
+    # `deepline runs stop`: why the run was asked to stop (cleared when an attempt takes the lease)
+    stop_reason: str | None = None
 
 
 @dataclass(slots=True)
@@ -190,6 +202,13 @@ class LogLine:
     level: str
     message: str
     key: str | None = None  # a play body's line: where in the body (written once per run)
+    # What kind of line (`log` for a play's own, `row.failed`, `map.completed`, …) and its
+    # structured fields (JSON values): `deepline runs logs --kind --where`.
+    kind: str = "log"
+    fields: dict[str, Any] | None = None
+    # Given by the store when written (not part of what the line says): lines are read back in
+    # this order, and followed by it.
+    id: int = field(default=0, compare=False)
 
 
 @dataclass(slots=True)
@@ -527,6 +546,40 @@ class Store(Protocol):
     def child_runs(self, run_id: str) -> list[RunRecord]: ...
 
     def get_logs(self, run_id: str) -> list[LogLine]: ...
+    def logs_after(self, run_id: str, after_id: int, limit: int, *, kinds: Sequence[str] = ()) -> list[LogLine]:
+        """The run's log lines with an id above `after_id`, oldest first, at most `limit` (only
+        those of `kinds`, when given): `runs tail` follows a run with it, `runs logs` pages."""
+        ...
+
+    # stopping a run from anywhere (`deepline runs stop`)
+    def run_status(self, run_id: str) -> str | None:
+        """The run's status alone (a cheap read for whoever polls it)."""
+        ...
+
+    def ask_stop(self, run_id: str, reason: str, *, attempt: int) -> bool:
+        """Ask the process running the run to stop: recorded only while the run is still
+        running `attempt` (a stop meant for one attempt never lands on the next)."""
+        ...
+
+    def stop_requested(self, run_id: str, attempt: int) -> str | None:
+        """Why this attempt of the run was asked to stop (None: it was not): its owner polls it."""
+        ...
+
+    def interrupt_run(
+        self,
+        run_id: str,
+        reason: str,
+        *,
+        attempt: int,
+        status: str,
+        error: dict[str, Any],
+        now: float,
+        expect_expires: float | None = None,
+    ) -> bool:
+        """End `interrupted` a run no live process owns (queued, waiting, or running under a
+        holder that died), if it is still at `attempt` in `status` (and, given
+        `expect_expires`, its lease was not extended since it was read)."""
+        ...
 
 
 def claim(store: Store, claims: Sequence[Claim], now: float) -> list[ClaimOutcome]:

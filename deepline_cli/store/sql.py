@@ -41,7 +41,7 @@ from deepline_cli.store.ledger import LedgerQueries
 _RUN_COLUMNS = (
     "run_id, play, play_ref, input, status, attempt, workspace, cwd, options, parent_run_id,"
     " root_run_id, holder, lease_expires_at, output, error, stats, created_at, updated_at,"
-    " finished_at, wake_at, scheduled, ancestors, description, snapshot, failure_seen_by"
+    " finished_at, wake_at, scheduled, ancestors, description, snapshot, failure_seen_by, stop_reason"
 )
 _RUN_JSON = frozenset({"input", "options", "output", "error", "stats", "ancestors"})
 _RECEIPT_COLUMNS = (
@@ -51,6 +51,7 @@ _RECEIPT_COLUMNS = (
 )
 _BOUNDARY_COLUMNS = "run_id, id, kind, status, due_at, event_id, child_run_id, payload, created_at, resolved_at"
 _TREE = "(SELECT run_id FROM runs WHERE run_id = ? OR root_run_id = ?)"  # a run and its child runs
+_LOG_COLUMNS = "run_id, attempt, ts, level, message, key, kind, fields, id"
 _CHUNK = 400  # bound parameters per statement stay well under every backend's limit
 CONFLICT_RETRIES = 5
 
@@ -109,7 +110,7 @@ class SqlStore(LedgerQueries):
                 return None
             c.execute(
                 "UPDATE runs SET status = 'running', attempt = attempt + 1, holder = ?, lease_expires_at = ?,"
-                " updated_at = ? WHERE run_id = ? AND status = 'queued'",
+                " updated_at = ?, stop_reason = NULL WHERE run_id = ? AND status = 'queued'",
                 (holder, expires_at, time.time(), row[0]),
             )
             found = c.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (row[0],)).fetchone()
@@ -175,11 +176,12 @@ class SqlStore(LedgerQueries):
         expect_expires: float | None = None,
     ) -> bool:
         # With expect_expires: only if the holder has not heartbeated since it was seen gone.
+        # A stop asked of an earlier attempt is done with: the new attempt starts clear.
         fence = " AND coalesce(lease_expires_at, 0) = ?" if expect_expires is not None else ""
         params = [holder, expires_at, attempt, time.time(), run_id, expect_attempt]
         with self._write() as c:
             cur = c.execute(
-                "UPDATE runs SET holder = ?, lease_expires_at = ?, attempt = ?,"
+                "UPDATE runs SET holder = ?, lease_expires_at = ?, attempt = ?, stop_reason = NULL,"
                 f" status = 'running', updated_at = ? WHERE run_id = ? AND attempt = ?{fence}",
                 params + ([expect_expires] if expect_expires is not None else []),
             )
@@ -267,9 +269,12 @@ class SqlStore(LedgerQueries):
             if logs:
                 self._many(
                     c,
-                    "INSERT INTO logs (run_id, attempt, ts, level, message, key) VALUES (?, ?, ?, ?, ?, ?)"
-                    " ON CONFLICT DO NOTHING",
-                    [(ln.run_id, ln.attempt, ln.ts, ln.level, ln.message, ln.key) for ln in logs],
+                    "INSERT INTO logs (run_id, attempt, ts, level, message, key, kind, fields)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    [
+                        (ln.run_id, ln.attempt, ln.ts, ln.level, ln.message, ln.key, ln.kind, _json_or_none(ln.fields))
+                        for ln in logs
+                    ],
                 )
         return Applied(settled, outcomes)
 
@@ -666,11 +671,67 @@ class SqlStore(LedgerQueries):
         return [_run_from_row(r) for r in rows]
 
     def get_logs(self, run_id: str) -> list[LogLine]:
+        rows = self._read(f"SELECT {_LOG_COLUMNS} FROM logs WHERE run_id = ? ORDER BY id", (run_id,))
+        return [_log_from_row(r) for r in rows]
+
+    def logs_after(self, run_id: str, after_id: int, limit: int, *, kinds: Sequence[str] = ()) -> list[LogLine]:
+        # By the (run_id, id) index: a follower polling a long run reads only what is new.
+        # Lines written before kinds existed have none: they are the play's own (`log`).
+        of_kinds = f" AND coalesce(kind, 'log') IN ({', '.join('?' * len(kinds))})" if kinds else ""
         rows = self._read(
-            "SELECT run_id, attempt, ts, level, message, key FROM logs WHERE run_id = ? ORDER BY id",
-            (run_id,),
+            f"SELECT {_LOG_COLUMNS} FROM logs WHERE run_id = ? AND id > ?{of_kinds} ORDER BY id LIMIT {int(limit)}",
+            (run_id, after_id, *kinds),
         )
-        return [LogLine(*r) for r in rows]
+        return [_log_from_row(r) for r in rows]
+
+    # --- stopping a run -----------------------------------------------------------------
+
+    def run_status(self, run_id: str) -> str | None:
+        rows = self._read("SELECT status FROM runs WHERE run_id = ?", (run_id,))
+        return str(rows[0][0]) if rows else None
+
+    def ask_stop(self, run_id: str, reason: str, *, attempt: int) -> bool:
+        with self._write() as c:
+            cur = c.execute(
+                "UPDATE runs SET stop_reason = ?, updated_at = ? WHERE run_id = ? AND attempt = ?"
+                " AND status = 'running'",
+                (reason, time.time(), run_id, attempt),
+            )
+            return bool(cur.rowcount == 1)
+
+    def stop_requested(self, run_id: str, attempt: int) -> str | None:
+        rows = self._read("SELECT stop_reason FROM runs WHERE run_id = ? AND attempt = ?", (run_id, attempt))
+        return str(rows[0][0]) if rows and rows[0][0] is not None else None
+
+    def interrupt_run(
+        self,
+        run_id: str,
+        reason: str,
+        *,
+        attempt: int,
+        status: str,
+        error: dict[str, Any],
+        now: float,
+        expect_expires: float | None = None,
+    ) -> bool:
+        fence = " AND coalesce(lease_expires_at, 0) = ?" if expect_expires is not None else ""
+        with self._write() as c:
+            cur = c.execute(
+                "UPDATE runs SET status = 'interrupted', stop_reason = ?, error = ?, holder = NULL,"
+                " lease_expires_at = 0, wake_at = NULL, updated_at = ?"
+                f" WHERE run_id = ? AND attempt = ? AND status = ?{fence}",
+                (reason, _json.dumps_str(error), time.time(), run_id, attempt, status)
+                + ((expect_expires,) if expect_expires is not None else ()),
+            )
+            if cur.rowcount != 1:
+                return False
+            # A holder that died left its attempt open: it ends here (a waiting one had ended).
+            c.execute(
+                "UPDATE attempts SET ended_at = ?, status = 'interrupted' WHERE run_id = ? AND attempt = ?"
+                " AND ended_at IS NULL",
+                (now, run_id, attempt),
+            )
+            return True
 
     def _settle_all(self, c: Any, settlements: Sequence[Settlement], now: float) -> list[bool]:
         """Apply each settlement if its lease is still current (one statement each)."""
@@ -911,6 +972,11 @@ def _map_from_row(r: Sequence[Any]) -> MapRecord:
         status=r[5], total=r[6], succeeded=r[7], failed=r[8], duplicate=r[9], reused=r[10], started_at=r[11],
         finished_at=r[12], pilot=_json.loads(r[13]), steps=_json.loads(r[14]) or {}, description=r[15] or "",
     )  # fmt: skip
+
+
+def _log_from_row(r: Sequence[Any]) -> LogLine:
+    run_id, attempt, ts, level, message, key, kind, fields, id = r
+    return LogLine(run_id, attempt, ts, level, message, key, kind or "log", _json.loads(fields), int(id))
 
 
 def _boundary_from_row(row: Sequence[Any]) -> Boundary:

@@ -59,8 +59,9 @@ def _failed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str
 def _interrupted(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str) -> list[str]:
     rows = stats.get("rows") or {}
     done = f", {rows['succeeded'] + rows.get('failed', 0):,} rows done" if rows.get("succeeded") is not None else ""
+    how = f"stopped ({error['reason']})" if error.get("reason") else "interrupted"  # `deepline runs stop`
     return [
-        f"■ Run {run_id} interrupted after {clock(stats.get('duration_s', 0))}{done}, {_credits(stats)}; "
+        f"■ Run {run_id} {how} after {clock(stats.get('duration_s', 0))}{done}, {_credits(stats)}; "
         "nothing finished is lost.",
         f"  Next: deepline resume {run_id}",
     ]

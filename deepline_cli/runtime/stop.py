@@ -1,0 +1,86 @@
+"""Stopping a run from any terminal or host (`deepline runs stop`), through the store.
+
+A run a live process is executing is asked to stop: the reason is recorded on the run for
+the attempt it was meant for, and that process hears it within a second (the attempt
+polls for it) and stops as on Ctrl-C: no new calls, calls in flight finished and
+recorded, the run `interrupted` with the reason. A run nobody is executing (queued,
+waiting, or held by a process that died) is ended `interrupted` here. Either way
+`deepline resume` continues it, and the new attempt starts with no stop request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from deepline_cli.errors import UsageError
+from deepline_cli.runtime.holders import holder_alive
+from deepline_cli.store.base import RunRecord, Store
+
+DEFAULT_REASON = "stopped by user"
+POLL_S = 0.2
+ENDED = ("completed", "failed", "interrupted")
+
+
+def stop_error(reason: str) -> dict[str, Any]:
+    """The error a stopped run keeps (the same an attempt that heard the request records)."""
+    return {"type": "RunInterrupted", "message": f"The run was stopped: {reason}.", "reason": reason}
+
+
+@dataclass
+class Stopped:
+    """Where a stop left the run: `record` as last read; `asked`: its process was asked
+    (rather than the run ended here); `attempt`: the attempt asked."""
+
+    record: RunRecord
+    asked: bool
+    attempt: int
+
+
+def stop_run(
+    store: Store,
+    run_id: str,
+    reason: str = DEFAULT_REASON,
+    *,
+    wait_s: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> Stopped:
+    """Stop the run; with `wait_s`, until its process has recorded it `interrupted` (or the
+    time is up: the record then still says `running`)."""
+    deadline = clock() + (wait_s or 0.0)
+    asked: int | None = None
+    first = True
+    while True:
+        record = _read(store, run_id)
+        if record.status in ENDED or (asked is not None and record.attempt != asked):
+            if first:
+                raise UsageError(f"Run {run_id} already {record.status}; nothing to stop.")
+            return Stopped(record, asked is not None, asked or record.attempt)  # ended, or a later attempt runs
+        first = False
+        if record.parent_run_id and not record.scheduled:
+            root = record.root_run_id or record.parent_run_id
+            raise UsageError(f"Run {run_id} is a child play run inside its parent's process; stop its root run {root}.")
+        now = store.now()
+        if record.status == "running" and holder_alive(record, now):
+            if asked is None:
+                if not store.ask_stop(run_id, reason, attempt=record.attempt):
+                    continue  # it moved on meanwhile (a new attempt, suspended, ended): look again
+                asked = record.attempt
+            if wait_s is None or clock() >= deadline:
+                return Stopped(record, True, asked)
+            sleep(POLL_S)
+            continue
+        # Nobody executes it (or its process died, or it suspended before it heard): end it here.
+        expect = (record.lease_expires_at or 0.0) if record.status == "running" else None
+        store.interrupt_run(run_id, reason, attempt=record.attempt, status=record.status,
+                            error=stop_error(reason), now=now, expect_expires=expect)  # fmt: skip
+
+
+def _read(store: Store, run_id: str) -> RunRecord:
+    record = store.get_run(run_id)
+    if record is None:
+        raise UsageError(f"No run {run_id!r} in the store {store.url}.")
+    return record

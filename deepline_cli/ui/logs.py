@@ -1,0 +1,104 @@
+"""A run's log lines for people and programs (`runs logs`, `runs tail`), and the
+`--where FIELD=VALUE` filters over their fields.
+
+    2026-12-02 10:41:07  #1  warning row acme.com failed: upstream: 503 from demo.finder
+    2026-12-02 10:41:09  #1  info    scored lead  [tier=gold score=0.82]
+
+A play's own lines (`ctx.log(msg, **fields)`) show their fields after the message; the
+runtime's lines (`row.failed`, `map.completed`, …) say theirs in the message already.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from deepline_cli import _json
+from deepline_cli.errors import UsageError
+from deepline_cli.runtime.events import Event
+from deepline_cli.store.base import LogLine
+from deepline_cli.ui.verdict import verdict
+
+# Besides a line's fields, --where can test these of the line itself.
+LINE_ATTRIBUTES = ("level", "attempt")
+
+
+def as_text(value: Any) -> str:
+    """How a field's value compares in --where and reads in text: strings as they are,
+    anything else as compact JSON (`3`, `true`, `null`, `{"a":1}`)."""
+    return value if isinstance(value, str) else _json.dumps_str(value)
+
+
+@dataclass(frozen=True)
+class Where:
+    """`--where FIELD=VALUE`: a field of the line (or its level or attempt) equals VALUE."""
+
+    field: str
+    value: str
+
+    @staticmethod
+    def parse(text: str) -> Where:
+        name, sep, value = text.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"--where takes FIELD=VALUE (e.g. --where row_key=acme.com), not {text!r}.")
+        return Where(name.strip(), value)
+
+    def matches(self, line: LogLine) -> bool:
+        if self.field in LINE_ATTRIBUTES:
+            return str(getattr(line, self.field)) == self.value
+        fields = line.fields or {}
+        return self.field in fields and as_text(fields[self.field]) == self.value
+
+
+def matches_all(line: LogLine, wheres: Sequence[Where]) -> bool:
+    return all(w.matches(line) for w in wheres)
+
+
+def line_dict(line: LogLine) -> dict[str, Any]:
+    """A line as `runs logs --json` writes it."""
+    return {
+        "id": line.id,
+        "run_id": line.run_id,
+        "attempt": line.attempt,
+        "ts": line.ts,
+        "level": line.level,
+        "kind": line.kind,
+        "message": line.message,
+        "fields": line.fields or {},
+    }
+
+
+def stamp(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def line_text(line: LogLine) -> str:
+    return _text(line.ts, line.attempt, line.level, line.message, line.kind, line.fields)
+
+
+def _text(ts: float, attempt: int, level: str, message: str, kind: str, fields: dict[str, Any] | None) -> str:
+    text = f"{stamp(ts)}  #{attempt}  {level:<7} {message}"
+    if kind == "log" and fields:
+        text += "  [" + " ".join(f"{k}={as_text(v)}" for k, v in fields.items()) + "]"
+    return text
+
+
+def followed_text(event: Event, play: str) -> list[str]:
+    """`runs tail` for a person: the lines an event of a followed run reads as."""
+    d = event.data
+    if event.event == "log":
+        return [_text(event.ts, d["attempt"], d["level"], d["message"], d["kind"], d.get("fields"))]
+    if event.event == "map.progress":
+        total = f"/{d['total']:,}" if d.get("total") else ""
+        return [f"{stamp(event.ts)}  map {d['map']}: {d['done']:,}{total} rows done, {d['failed']:,} failed"]
+    if event.event == "run.holder_gone":
+        return [
+            f"Run {event.run_id}'s process is gone ({d['holder']}); still following, "
+            f"for `deepline resume {event.run_id}` or a worker to take it over."
+        ]
+    if event.event == "run.finished":
+        stats = {**(d.get("stats") or {}), "waiting": d.get("waiting") or []}
+        return verdict(event.run_id, d["status"], stats, d.get("error"), play)
+    return []
