@@ -37,7 +37,13 @@ def _heavy_in(modules: set[str]) -> list[str]:
 
 @pytest.mark.parametrize(
     "argv",
-    [["--help"], ["run", "--help"], ["resume", "--help"], ["receipts", "inspect", "--help"]],
+    [
+        ["--help"],
+        ["run", "--help"],
+        ["resume", "--help"],
+        ["receipts", "inspect", "--help"],
+        ["tools", "describe", "--help"],
+    ],
     ids=" ".join,
 )
 def test_help_does_not_import_the_runtime(cli_env, argv: list[str]) -> None:

@@ -1,32 +1,37 @@
-"""`deepline tools list` and `deepline check`: look at plays and tools without calling anything."""
+"""`deepline tools list/describe` and `deepline check`: look at plays and tools without calling anything."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from deepline_cli.cli.common import JsonOption, cli_errors
-from deepline_cli.cli.tables import print_json_lines, print_table
+from deepline_cli.cli.tables import print_json, print_json_lines, print_table
 
-app = typer.Typer(help="List the tools a play can call.", no_args_is_help=True)
+if TYPE_CHECKING:
+    from deepline_cli.runtime.catalog import Catalog
+
+app = typer.Typer(help="List and describe the tools a play can call.", no_args_is_help=True)
 
 ConfigOption = Annotated[
     Path | None,
     typer.Option("--config", metavar="FILE", help="deepline.toml [default: ./deepline.toml or next to PLAY]."),
 ]
+PlayOption = Annotated[str | None, typer.Option("--play", metavar="FILE", help="Also load this play's local @tools.")]
+ToolArgument = Annotated[str, typer.Argument(metavar="TOOL", help="The tool id, e.g. hunter.email.")]
+
+
+def _catalog(play: str | None, config: Path | None) -> Catalog:
+    from deepline_cli.runtime.catalog import open_catalog
+
+    return open_catalog(play, config, Path.cwd())
 
 
 @app.command("list")
 @cli_errors
-def list_tools(
-    play: Annotated[
-        str | None, typer.Option("--play", metavar="FILE", help="Also load this play's local @tools.")
-    ] = None,
-    config: ConfigOption = None,
-    json: JsonOption = False,
-) -> None:
+def list_tools(play: PlayOption = None, config: ConfigOption = None, json: JsonOption = False) -> None:
     """List HTTP tools from deepline.toml and local @tools of a play.
 
     \b
@@ -34,7 +39,7 @@ def list_tools(
       deepline tools list
       deepline tools list --play plays/leads.py --json
     """
-    rows = _tool_rows(play, config)
+    rows = _tool_rows(_catalog(play, config))
     if json:
         print_json_lines(rows)
         return
@@ -44,17 +49,9 @@ def list_tools(
     print_table(["tool", "kind", "credits", "rate limit", "concurrency", "target"], table, empty="No tools found.")
 
 
-def _tool_rows(play: str | None, config: Path | None) -> list[dict[str, object]]:
-    """The tools of deepline.toml, and the local @tools of the play file (every play in it)."""
-    from deepline_cli.runtime.config import find_config, load_config
-    from deepline_cli.runtime.play import load_module, split_ref
-    from deepline_cli.runtime.tools import registered_tools
-
-    base = Path.cwd() / "play.py"
-    if play:
-        base = Path(split_ref(play)[0]).resolve()
-        load_module(base)
-    cfg = load_config(find_config(base, config))
+def _tool_rows(catalog: Catalog) -> list[dict[str, object]]:
+    """The tools of deepline.toml, the local @tools loaded (the play file's), and [remote]."""
+    cfg = catalog.config
     rows: list[dict[str, object]] = []
     for tool_id, spec in sorted(cfg.tools.items()):
         rows.append(
@@ -69,7 +66,7 @@ def _tool_rows(play: str | None, config: Path | None) -> list[dict[str, object]]
                 "fields": spec.field_names(),
             }
         )
-    for tool_id, local in sorted(registered_tools().items()):
+    for tool_id, local in sorted(catalog.local.items()):
         rows.append(
             {
                 "id": tool_id,
@@ -98,6 +95,72 @@ def _tool_rows(play: str | None, config: Path | None) -> list[dict[str, object]]
     return rows
 
 
+@app.command("describe")
+@cli_errors
+def describe(
+    tool: ToolArgument, config: ConfigOption = None, play: PlayOption = None, json: JsonOption = False
+) -> None:
+    """Show what a tool is: its request, the input fields it reads, credits and limits.
+
+    Secret values are never shown: a `${NAME}` template shows the name, and whether it is set.
+
+    \b
+    Examples:
+      deepline tools describe hunter.email
+      deepline tools describe demo.company --play plays/leads.py --json
+    """
+    described = _catalog(play, config).describe(tool)
+    if json:
+        print_json(described)
+        return
+    for label, text in _describe_lines(described):
+        typer.echo(f"{label:<13}{text}" if label else text)
+
+
+def _describe_lines(d: dict[str, Any]) -> list[tuple[str, str]]:
+    from deepline_cli import _json
+
+    def shown(value: Any) -> str:
+        if value in (None, {}, []):
+            return "none"
+        return value if isinstance(value, str) else _json.dumps_str(value)
+
+    def pairs(table: dict[str, Any]) -> str:
+        return "  ".join(f"{k}: {shown(v)}" for k, v in table.items()) or "none"
+
+    head = f"{d['id']}  ({d['kind']} tool" + (f", {d['config']}" if d.get("config") else "") + ")"
+    if d["kind"] == "local":
+        lines = [
+            ("", head),
+            ("function", f"{d['function']} in {d['module']}" + (f" line {d['line']}" if d["line"] else "")),
+            ("signature", d["signature"]),
+            ("about", shown(d["doc"])),
+            ("takes call", "yes: (input, call), call.idempotency_key" if d["takes_call"] else "no: (input)"),
+        ]
+    else:
+        lines = [
+            ("", head),
+            ("request", f"{d['method']} {d['url']}"),
+            ("headers", pairs(d["headers"])),
+            ("query", pairs(d["query"])),
+            ("json", shown(d["json"])),
+            ("reads", ", ".join(d["fields"]) or ("the whole input" if d["kind"] == "remote" else "none")),
+            ("secrets", ", ".join(f"{s['name']} ({'set' if s['set'] else 'not set'})" for s in d["secrets"]) or "none"),
+        ]
+    credits = "reported by each answer" if d["credits"] is None else f"{d['credits']:g} per call"
+    lines += [("credits", credits), ("rate limit", shown(d["rate_limit"])), ("concurrency", shown(d["concurrency"]))]
+    if d["kind"] != "local":
+        lines += [
+            ("timeout", f"{d['timeout_s']:g} s"),
+            ("retries", str(d["retries"])),
+            ("idempotency", f"{d['idempotency_header']} header"),
+            ("extract", pairs(d["extract"])),
+            ("allow_hosts", ", ".join(d["allow_hosts"]) or "the url's own host"),
+        ]
+    lines += [("batch", shown(d["batch"])), ("version", str(d["version"]))]
+    return lines
+
+
 @cli_errors
 def check(
     play: Annotated[str, typer.Argument(metavar="PLAY", help="The play file: PATH.py[:FUNCTION].")],
@@ -111,36 +174,30 @@ def check(
       deepline check plays/leads.py
       deepline check plays/leads.py:lead_emails --config prod.toml
     """
-    from deepline_cli.cli.tables import print_json
     from deepline_cli.errors import UsageError
-    from deepline_cli.runtime.config import find_config, load_config
     from deepline_cli.runtime.play import load_module, plays_in, split_ref
-    from deepline_cli.runtime.secrets import Secrets
 
     raw, selector = split_ref(play)
     path = Path(raw).resolve()
-    module = load_module(path)
-    plays = plays_in(module)
+    plays = plays_in(load_module(path))
     if selector and not any(selector in (p.name, p.function) for p in plays):
         raise UsageError(f"{path} has no play {selector!r}.")
-    config_path = find_config(path, config)
-    cfg = load_config(config_path)
-    secrets = Secrets(path.parent)
-    missing = sorted(
-        {
-            (tool_id, name)
-            for tool_id, spec in cfg.tools.items()
-            for name in spec.secret_names()
-            if secrets.lookup(name) is None
-        }
-    )
-    if cfg.remote is not None and secrets.lookup(cfg.remote.api_key_env) is None:
-        missing.append(("[remote]", cfg.remote.api_key_env))
-    tool_rows = _tool_rows(play, config)
+    catalog = _catalog(play, config)
+    secrets = catalog.secrets
+    missing = [
+        (tool_id, name)
+        for tool_id, spec in sorted(catalog.config.tools.items())
+        for name in spec.secret_names()
+        if secrets.lookup(name) is None
+    ]
+    remote = catalog.config.remote
+    if remote is not None and secrets.lookup(remote.api_key_env) is None:
+        missing.append(("[remote]", remote.api_key_env))
+    tool_rows = _tool_rows(catalog)
     report = {
         "play_file": str(path),
         "plays": [{"name": p.name, "function": p.function, "description": p.description} for p in plays],
-        "config": str(config_path) if config_path else None,
+        "config": str(catalog.config.path) if catalog.config.path else None,
         "tools": tool_rows,
         "missing_secrets": [{"tool": t, "secret": n} for t, n in missing],
     }
@@ -150,7 +207,7 @@ def check(
         typer.echo(f"play file  {path}")
         for p in plays:
             typer.echo(f"play       {p.name}  ({path.name}:{p.function})  {p.description}")
-        typer.echo(f"config     {config_path or 'none'}")
+        typer.echo(f"config     {report['config'] or 'none'}")
         for row in tool_rows:
             typer.echo(f"tool       {row['id']}  [{row['kind']}]  {row['target']}")
     if missing:

@@ -6,7 +6,7 @@ import importlib.util
 import inspect
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,12 +39,17 @@ class PlayDef:
         A run calls these before the process-wide registry, so two versions of a play
         run by one worker each call their own version of a tool.
         """
-        found = {}
-        for value in list(self.fn.__globals__.values()):
-            definition = getattr(value, "__deepline_tool__", None)
-            if definition is not None:
-                found[definition.id] = definition
-        return found
+        return tools_in(self.fn.__globals__)
+
+
+def tools_in(namespace: Mapping[str, Any]) -> dict[str, Any]:
+    """The @tools a module's namespace holds (defined or imported there), by id."""
+    found = {}
+    for value in list(namespace.values()):
+        definition = getattr(value, "__deepline_tool__", None)
+        if definition is not None:
+            found[definition.id] = definition
+    return found
 
 
 _ALL_PLAYS: dict[str, PlayDef] = {}
