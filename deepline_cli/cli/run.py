@@ -33,7 +33,8 @@ MaxCreditsOption = Annotated[
         "--max-credits",
         metavar="CREDITS",
         min=0,
-        help="Stop before the run's credits would exceed N (resume with more).",
+        help="Stop before the run's credits would exceed N (resume with more); overrides the play's "
+        "max_credits_per_run.",
     ),
 ]
 MaxInlineWaitOption = Annotated[

@@ -12,6 +12,7 @@ from deepline_cli.cli.tables import print_json, print_json_lines, print_table
 
 if TYPE_CHECKING:
     from deepline_cli.runtime.catalog import Catalog
+    from deepline_cli.runtime.play import PlayDef
 
 app = typer.Typer(help="List and describe the tools a play can call.", no_args_is_help=True)
 
@@ -182,36 +183,69 @@ def check(
     plays = plays_in(load_module(path))
     if selector and not any(selector in (p.name, p.function) for p in plays):
         raise UsageError(f"{path} has no play {selector!r}.")
+    chosen = [p for p in plays if not selector or selector in (p.name, p.function)]
     catalog = _catalog(play, config)
     secrets = catalog.secrets
-    missing = [
-        (tool_id, name)
-        for tool_id, spec in sorted(catalog.config.tools.items())
-        for name in spec.secret_names()
-        if secrets.lookup(name) is None
+    missing: list[tuple[str | None, str | None, str]] = [
+        (p.name, None, name) for p in chosen for name in p.secrets if secrets.lookup(name) is None
     ]
+    for tool_id, spec in sorted(catalog.config.tools.items()):
+        missing += [(None, tool_id, name) for name in spec.secret_names() if secrets.lookup(name) is None]
     remote = catalog.config.remote
     if remote is not None and secrets.lookup(remote.api_key_env) is None:
-        missing.append(("[remote]", remote.api_key_env))
+        missing.append((None, "[remote]", remote.api_key_env))
     tool_rows = _tool_rows(catalog)
     report = {
         "play_file": str(path),
-        "plays": [{"name": p.name, "function": p.function, "description": p.description} for p in plays],
+        "plays": [_play_dict(p) for p in plays],
         "config": str(catalog.config.path) if catalog.config.path else None,
         "tools": tool_rows,
-        "missing_secrets": [{"tool": t, "secret": n} for t, n in missing],
+        "missing_secrets": [{"play": p, "tool": t, "secret": n} for p, t, n in missing],
     }
     if json:
         print_json(report)
     else:
-        typer.echo(f"play file  {path}")
-        for p in plays:
-            typer.echo(f"play       {p.name}  ({path.name}:{p.function})  {p.description}")
-        typer.echo(f"config     {report['config'] or 'none'}")
-        for row in tool_rows:
-            typer.echo(f"tool       {row['id']}  [{row['kind']}]  {row['target']}")
+        _print_check(path, plays, report, tool_rows, lambda name: secrets.lookup(name) is not None)
     if missing:
-        tool_id, name = missing[0]
-        raise UsageError(f"Tool {tool_id!r}: secret {name} is not set; export it or add it to .env next to the play.")
+        by_play, by_tool, secret = missing[0]
+        owner = (
+            f"Play {by_play!r} needs the secret {secret}, which" if by_play else f"Tool {by_tool!r}: secret {secret}"
+        )
+        raise UsageError(f"{owner} is not set; export it or add it to {secrets.env_file}.")
     if not json:
         typer.echo("ok: the play loads, its config is valid and every secret is set.")
+
+
+def _play_dict(p: PlayDef) -> dict[str, Any]:
+    return {
+        "name": p.name,
+        "function": p.function,
+        "description": p.description,
+        "input_schema": p.input_schema,
+        "secrets": list(p.secrets),
+        "max_credits_per_run": p.max_credits_per_run,
+    }
+
+
+def _print_check(path: Path, plays: list[PlayDef], report: dict[str, Any], tool_rows: list[Any], is_set: Any) -> None:
+    from deepline_cli.runtime.schema import fields
+
+    typer.echo(f"play file  {path}")
+    for p in plays:
+        typer.echo(f"play       {p.name}  ({path.name}:{p.function})  {p.description}".rstrip())
+        if p.input_schema is not None:
+            docs = fields(p.input_schema) or []
+            width = max((len(f.path) for f in docs), default=0)
+            for i, f in enumerate(docs):
+                need = "required" if f.required else "optional"
+                typer.echo(f"  {'input' if i == 0 else '':<9}{f.path:<{width}}  {f.expected}  ({need})")
+            if not docs:
+                typer.echo("  input    any object")
+        if p.secrets:
+            listed = ", ".join(f"{n} ({'set' if is_set(n) else 'not set'})" for n in p.secrets)
+            typer.echo(f"  secrets  {listed}")
+        if p.max_credits_per_run is not None:
+            typer.echo(f"  budget   {p.max_credits_per_run:g} credits per run (--max-credits overrides)")
+    typer.echo(f"config     {report['config'] or 'none'}")
+    for row in tool_rows:
+        typer.echo(f"tool       {row['id']}  [{row['kind']}]  {row['target']}")

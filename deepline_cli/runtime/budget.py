@@ -1,4 +1,5 @@
-"""Credits and `--max-credits`: spend per run, across attempts, reserved while in flight."""
+"""Credits and `--max-credits` (or a play's `max_credits_per_run`): spend per run, across
+attempts, reserved while in flight."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ from deepline_cli.errors import BudgetExceededError
 
 
 class Budget:
-    def __init__(self, max_credits: float | None, spent: float = 0.0) -> None:
+    def __init__(self, max_credits: float | None, spent: float = 0.0, *, declared_by: str | None = None) -> None:
         self.max_credits = max_credits
+        self.declared_by = declared_by  # the play whose max_credits_per_run this is (else --max-credits)
         self.spent = spent  # completed calls of this run, every attempt
         self.reserved = 0.0  # calls being made now
         self._reported: dict[str, tuple[int, float]] = {}  # metered tool -> (answers, credits)
@@ -28,9 +30,8 @@ class Budget:
         over = self.spent + self.reserved + credits
         if self.max_credits is not None and (over > self.max_credits or (not credits and over >= self.max_credits)):
             raise BudgetExceededError(
-                f"--max-credits {self.max_credits:g} would be exceeded by {label!r} "
-                f"({self.spent:g} spent, {self.reserved:g} in flight, this call costs {credits:g}); "
-                "raise --max-credits and resume the run."
+                f"{self._limit()} would be exceeded by {label!r} "
+                f"({self.spent:g} spent, {self.reserved:g} in flight, this call costs {credits:g}); " + self._advice()
             )
         self.reserved += credits
 
@@ -45,3 +46,13 @@ class Budget:
         if actual is not None and tool is not None:
             answers, total = self._reported.get(tool, (0, 0.0))
             self._reported[tool] = (answers + 1, total + actual)
+
+    def _limit(self) -> str:
+        if self.declared_by is None:
+            return f"--max-credits {self.max_credits:g}"
+        return f"max_credits_per_run {self.max_credits:g} of play {self.declared_by!r}"
+
+    def _advice(self) -> str:
+        if self.declared_by is None:
+            return "raise --max-credits and resume the run."
+        return "resume the run with a higher --max-credits, or raise max_credits_per_run in the play and resume."

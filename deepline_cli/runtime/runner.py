@@ -150,6 +150,15 @@ def new_run_id() -> str:
     return "r-" + _secrets.token_hex(6)
 
 
+def run_budget(play: PlayDef, options: RunOptions, record: RunRecord, spent: float) -> Budget:
+    """`--max-credits` (given now or when the run started), else the play's
+    `max_credits_per_run`. A child run spends its root's budget: a child play's own
+    declaration counts only when it runs on its own."""
+    if options.max_credits is not None or record.parent_run_id or play.max_credits_per_run is None:
+        return Budget(options.max_credits, spent)
+    return Budget(play.max_credits_per_run, spent, declared_by=play.name)
+
+
 class Runner:
     """Starts and resumes runs against one store."""
 
@@ -176,9 +185,12 @@ class Runner:
             if existing is not None:
                 return self._requeue(existing) if enqueue else self.resume(existing.run_id)
         play = load_play(play_ref)
+        play.check_input(input)  # a refused input fails now, before the run exists
         config_path = find_config(Path(play.file), self.options.config)
         load_config(config_path)  # a broken deepline.toml fails now, before the run exists
         self.options.config = str(config_path) if config_path else None
+        if not enqueue:  # a queued run's secrets are the worker's, checked when it runs
+            self._require_secrets(play)
         now = self.store.now()
         run_id = self.options.run_id or new_run_id()
         options = self.options.persisted()
@@ -251,10 +263,16 @@ class Runner:
         self._apply_persisted(record)
         try:
             play = self._load(record)
+            self._require_secrets(play)
         except DeeplineError as exc:
             self.store.update_run(record.run_id, status="failed", holder=None, error=error_dict(exc))
             raise
         return self._execute(play, record)
+
+    def _require_secrets(self, play: PlayDef) -> None:
+        """Before any call: every secret the play declares is set."""
+        secrets = Secrets(Path(play.file).parent)
+        play.require_secrets(secrets.lookup, secrets.env_file)
 
     def _load(self, record: RunRecord) -> PlayDef:
         if not record.snapshot:
@@ -325,6 +343,7 @@ class _Attempt:
         )
         writes = WriteQueue(io)
         secrets = Secrets(Path(self.play.file).parent)
+        budget = run_budget(self.play, options, record, history.spent)
 
         async def shared_slot(tool: str, interval: float, count: int) -> float:
             start = await io.call(io.store.take_rate_slot, tool, interval, io.now(), count)
@@ -340,7 +359,7 @@ class _Attempt:
             scope,
             self.bus,
             self.stats,
-            budget=Budget(options.max_credits, history.spent),
+            budget=budget,
             secrets=secrets,
         )
         return RunServices(
@@ -357,7 +376,8 @@ class _Attempt:
             play_file=self.play.file,
             play_name=self.play.name,
             cwd=record.cwd,
-            options=options.persisted(),
+            # A child run started by this one (scheduled under workers) has this run's budget.
+            options={**options.persisted(), "max_credits": budget.max_credits},
             root_run_id=record.root_run_id or record.run_id,
             ancestors=(*record.ancestors, self.play.name),
             schedule_children=options.schedule_children,
