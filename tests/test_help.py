@@ -43,6 +43,7 @@ def _heavy_in(modules: set[str]) -> list[str]:
         ["resume", "--help"],
         ["receipts", "inspect", "--help"],
         ["tools", "describe", "--help"],
+        ["tools", "execute", "--help"],
     ],
     ids=" ".join,
 )

@@ -1,20 +1,24 @@
-"""`deepline tools list/describe` and `deepline check`: look at plays and tools without calling anything."""
+"""`deepline tools list/describe/execute` and `deepline check`: look at plays and tools, or
+make one call of a tool through a receipt."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from deepline_cli.cli.common import JsonOption, cli_errors
+from deepline_cli.cli.common import JsonOption, StoreOption, cli_errors
+from deepline_cli.cli.run import WorkspaceOption
 from deepline_cli.cli.tables import print_json, print_json_lines, print_table
 
 if TYPE_CHECKING:
     from deepline_cli.runtime.catalog import Catalog
     from deepline_cli.runtime.play import PlayDef
+    from deepline_cli.runtime.runner import RunResult
 
-app = typer.Typer(help="List and describe the tools a play can call.", no_args_is_help=True)
+app = typer.Typer(help="List, describe and call the tools a play can call.", no_args_is_help=True)
 
 ConfigOption = Annotated[
     Path | None,
@@ -160,6 +164,84 @@ def _describe_lines(d: dict[str, Any]) -> list[tuple[str, str]]:
         ]
     lines += [("batch", shown(d["batch"])), ("version", str(d["version"]))]
     return lines
+
+
+@app.command("execute")
+@cli_errors
+def execute(
+    tool: ToolArgument,
+    input: Annotated[
+        str | None, typer.Option("--input", metavar="JSON|@FILE", help="The tool's input: JSON, or @file.json.")
+    ] = None,
+    config: ConfigOption = None,
+    play: PlayOption = None,
+    force: Annotated[bool, typer.Option("--force", help="Call the provider again (a new paid call).")] = False,
+    store: StoreOption = None,
+    workspace: WorkspaceOption = "default",
+    json: Annotated[bool, typer.Option("--json", help="The run's NDJSON events on stdout.")] = False,
+) -> None:
+    """Call one tool once, through a receipt: the same input again reuses the answer.
+
+    The call is a run of the built-in play `tools.execute` (see `deepline runs list`);
+    its receipts are its own, not shared with a play's. Prints the tool's answer as JSON.
+
+    \b
+    Examples:
+      deepline tools execute hunter.email --input '{"domain": "acme.com", "first_name": "Ada"}'
+      deepline tools execute demo.company --play plays/leads.py --input @company.json --force
+    """
+    from deepline_cli.cli.inputs import read_input
+    from deepline_cli.cli.run import execute as execute_run
+    from deepline_cli.errors import UsageError
+    from deepline_cli.runtime.builtin import TOOLS_EXECUTE
+    from deepline_cli.runtime.play import BUILTIN_PREFIX
+    from deepline_cli.runtime.runner import RunOptions
+
+    cwd = Path.cwd()
+    payload = read_input(input, cwd=cwd)
+    catalog = _catalog(play, config)
+    catalog.describe(tool)  # an unknown tool fails here, before a run exists
+    secret = catalog.missing_secret(tool)
+    if secret is not None:
+        raise UsageError(
+            f"Tool {tool!r}: secret {secret} is not set; export it or add it to {catalog.secrets.env_file}."
+        )
+    options = RunOptions(
+        store=store,
+        workspace=workspace,
+        config=str(catalog.config.path) if catalog.config.path else None,
+        tools_from=str(catalog.play_file) if catalog.play_file else None,
+    )
+    run_input = {"tool": tool, "input": payload, "force": force}
+
+    def start(runner: Any) -> RunResult:
+        result: RunResult = runner.start(BUILTIN_PREFIX + TOOLS_EXECUTE, run_input, cwd=str(cwd))
+        return result
+
+    execute_run(options, start, json, quiet=True, report=_report_call)
+
+
+def _report_call(result: RunResult, json_mode: bool, view: Any) -> None:
+    """The tool's answer on stdout; on stderr, whether it was paid for now or came from its receipt."""
+    from deepline_cli import _json
+    from deepline_cli.cli.run import report_run
+
+    if json_mode or result.status != "completed":
+        if result.status == "failed" and not json_mode:
+            message = (result.error or {}).get("message", "the call failed")
+            sys.stderr.write(f"Error: {message} (run {result.run_id}).\n")
+            return
+        report_run(result, json_mode, view)
+        return
+    out = result.output
+    sys.stdout.write(_json.dumps_str(out["output"]) + "\n")
+    if out["execution"] == "live":
+        credits = f"{out['credits']:g} credit" + ("" if out["credits"] == 1 else "s")
+        sys.stderr.write(f"Called {out['tool']}: {credits} (run {result.run_id}).\n")
+    else:
+        sys.stderr.write(
+            f"From the receipt {out['receipt_key']}: no provider call (run {result.run_id}; --force pays again).\n"
+        )
 
 
 @cli_errors

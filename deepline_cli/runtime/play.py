@@ -8,7 +8,7 @@ import re
 import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,6 +17,7 @@ from deepline_cli.errors import InputError, PlayLoadError, UsageError
 from deepline_cli.runtime.schema import Schema, SchemaDefinitionError, compile_schema, violation
 
 F = TypeVar("F", bound=Callable[..., Any])
+BUILTIN_PREFIX = "builtin:"
 _SECRET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -29,6 +30,7 @@ class PlayDef:
     input_schema: Schema | None = None  # JSON-Schema form of `@play(input=...)`
     secrets: tuple[str, ...] = ()  # names that must be set before the run makes any call
     max_credits_per_run: float | None = None  # the budget when --max-credits is not given
+    builtin: bool = False  # shipped with deepline (runtime/builtin.py), found by name
 
     @property
     def function(self) -> str:
@@ -36,8 +38,9 @@ class PlayDef:
 
     @property
     def ref(self) -> str:
-        """`/abs/path.py:function`: how a resume finds the play again."""
-        return f"{self.file}:{self.function}"
+        """`/abs/path.py:function` (`builtin:NAME` for a built-in play): how a resume finds
+        the play again."""
+        return f"{BUILTIN_PREFIX}{self.name}" if self.builtin else f"{self.file}:{self.function}"
 
     def check_input(self, input: Any, *, subject: str = "Input") -> None:
         """Raise InputError naming the first field of `input` that the declared schema refuses."""
@@ -136,6 +139,17 @@ def _budget(play_name: str, credits: Any) -> float | None:
     if isinstance(credits, bool) or not isinstance(credits, int | float) or credits < 0:
         raise PlayLoadError(f"Play {play_name!r}: max_credits_per_run must be a number of credits (0 or more).")
     return float(credits)
+
+
+def builtin(fn: Callable[..., Any]) -> PlayDef:
+    """Mark a play shipped with deepline: its ref is `builtin:NAME` (a resume finds it in
+    whatever installation runs it), and a user's play cannot `run_play` it by name."""
+    definition: PlayDef = fn.__deepline_play__  # type: ignore[attr-defined]
+    if _ALL_PLAYS.get(definition.name) is definition:
+        del _ALL_PLAYS[definition.name]
+    marked = replace(definition, builtin=True)
+    fn.__deepline_play__ = marked  # type: ignore[attr-defined]
+    return marked
 
 
 def find_play_by_name(name: str) -> PlayDef | None:
