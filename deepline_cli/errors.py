@@ -8,7 +8,7 @@
     ├── RunInterrupted                 exit 130: Ctrl-C / SIGTERM
     ├── ToolExecutionError             a tool call failed (origin, category, retryable)
     │   └── ProviderTransientError     rate_limit / network / upstream: try the next provider
-    ├── BudgetExceededError            --max-credits would be exceeded
+    ├── BudgetExceededError            --max-credits (or max_credits_per_run) would be exceeded
     ├── GovernanceError                depth, cycle or cap of child plays / tool calls
     ├── ReceiptLeaseLostError          another owner took a receipt or run this process held
     ├── MapAccountingError             a map input row is not accounted for
@@ -140,7 +140,7 @@ class ProviderTransientError(ToolExecutionError):
 
 
 class BudgetExceededError(DeeplineError):
-    """The run would spend more credits than --max-credits allows."""
+    """The run would spend more credits than --max-credits (or its play's max_credits_per_run) allows."""
 
     fatal = True
 

@@ -45,6 +45,8 @@ def _heavy_in(modules: set[str]) -> list[str]:
         ["runs", "tail", "--help"],
         ["runs", "stop", "--help"],
         ["runs", "logs", "--help"],
+        ["tools", "describe", "--help"],
+        ["tools", "execute", "--help"],
     ],
     ids=" ".join,
 )

@@ -33,7 +33,8 @@ MaxCreditsOption = Annotated[
         "--max-credits",
         metavar="CREDITS",
         min=0,
-        help="Stop before the run's credits would exceed N (resume with more).",
+        help="Stop before the run's credits would exceed N (resume with more); overrides the play's "
+        "max_credits_per_run.",
     ),
 ]
 MaxInlineWaitOption = Annotated[
@@ -180,8 +181,14 @@ def resume(
     execute(options, lambda runner: runner.resume(run_id), json, quiet)
 
 
-def execute(options: RunOptions, action: Callable[[Runner], RunResult], json_mode: bool, quiet: bool) -> None:
-    """Run `action` with the right view attached, print the outcome, exit with its code."""
+def execute(
+    options: RunOptions,
+    action: Callable[[Runner], RunResult],
+    json_mode: bool,
+    quiet: bool,
+    report: Callable[[RunResult, bool, Any], None] | None = None,
+) -> None:
+    """Run `action` with the right view attached, print the outcome (`report`), exit with its code."""
     from deepline_cli.runtime.events import EventBus
     from deepline_cli.runtime.runner import Runner
 
@@ -208,7 +215,7 @@ def execute(options: RunOptions, action: Callable[[Runner], RunResult], json_mod
     finally:
         runner.close()
         finished.set()
-    _report(result, json_mode, view)
+    (report or report_run)(result, json_mode, view)
     raise typer.Exit(result.exit_code)
 
 
@@ -239,7 +246,7 @@ def _view(json_mode: bool, quiet: bool) -> Any:
     return ConsoleView()
 
 
-def _report(result: RunResult, json_mode: bool, view: Any) -> None:
+def report_run(result: RunResult, json_mode: bool, view: Any) -> None:
     """After the run: the output on stdout; for a person, how it ended (the live view
     says it itself when it ran the attempt)."""
     from deepline_cli import _json

@@ -1,4 +1,5 @@
-"""Credits and `--max-credits`: what a run spends, across attempts, and the promise it keeps.
+"""Credits and `--max-credits` (or a play's `max_credits_per_run`): what a run spends,
+across attempts, and the promise it keeps.
 
 A call is sent only if what the run has spent, plus what the calls in flight are expected
 to cost, plus this call's expected cost, stays within the budget. A call's expected cost:
@@ -34,8 +35,16 @@ class Reservation:
 
 
 class Budget:
-    def __init__(self, max_credits: float | None, spent: float = 0.0, known: dict[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        max_credits: float | None,
+        spent: float = 0.0,
+        known: dict[str, float] | None = None,
+        *,
+        declared_by: str | None = None,
+    ) -> None:
         self.max_credits = max_credits
+        self.declared_by = declared_by  # the play whose max_credits_per_run this is (else --max-credits)
         self.spent = spent  # completed calls of this run, every attempt
         self.reserved = 0.0  # calls being made now
         self._known = dict(known or {})  # metered tool -> the most one answer has cost
@@ -73,8 +82,8 @@ class Budget:
         if total > limit or (unknown and total >= limit):
             cost = "of unknown cost" if unknown else f"expected to cost {amount:g}"
             raise BudgetExceededError(
-                f"--max-credits {limit:g} would be exceeded by {label!r} ({cost}; {self.spent:g} spent, "
-                f"{self.reserved:g} held for calls in flight); raise --max-credits and resume the run."
+                f"{self._limit()} would be exceeded by {label!r} ({cost}; {self.spent:g} spent, "
+                f"{self.reserved:g} held for calls in flight); {self._advice()}"
             )
 
     def release(self, reservation: Reservation) -> None:
@@ -94,10 +103,20 @@ class Budget:
         if limit is None or self.spent <= limit:
             return None
         return BudgetExceededError(
-            f"--max-credits {limit:g} was passed: {self.spent:g} credits spent, {self.spent - limit:g} over, "
+            f"{self._limit()} was passed: {self.spent:g} credits spent, {self.spent - limit:g} over, "
             f"because calls in flight cost more than expected (the last one {actual:g}, "
-            f"{reservation.amount:g} expected); raise --max-credits and resume the run."
+            f"{reservation.amount:g} expected); {self._advice()}"
         )
+
+    def _limit(self) -> str:
+        if self.declared_by is None:
+            return f"--max-credits {self.max_credits:g}"
+        return f"max_credits_per_run {self.max_credits:g} of play {self.declared_by!r}"
+
+    def _advice(self) -> str:
+        if self.declared_by is None:
+            return "raise --max-credits and resume the run."
+        return "resume the run with a higher --max-credits, or raise max_credits_per_run in the play and resume."
 
     def _learn(self, tool: str, actual: float) -> None:
         """A dearer answer than known raises the tool's expected cost, for calls in flight too."""

@@ -54,6 +54,9 @@ async def run_play(
     if journal:
         s.journal.reach(f"run_play:{id}", s.scope.run_id)
     play = resolve_play_ref(play_ref, s.play_file)
+    # Before the child exists: a refused input or a missing secret fails the call in its parent.
+    play.check_input(input, subject=f"Child play {play.name!r} (run_play {id!r}): input")
+    play.require_secrets(s.secrets.lookup, s.secrets.env_file)
     if play.name in s.ancestors:
         cycle = " → ".join([*s.ancestors[s.ancestors.index(play.name) :], play.name])
         raise GovernanceError(f"Play cycle: {cycle} (a play cannot call one of its ancestors).")

@@ -653,6 +653,7 @@ def _first_error(job: _Job) -> str | None:
 
 def plan_play(play: PlayDef, input: Any, config_path: Path | None, store: Store, options: PlanOptions) -> Plan:
     """Plan a run of `play` on `input` against what `store` holds; no provider is called."""
+    play.check_input(input)
     planner = Planner(play, config_path, store, options)
     try:
         return asyncio.run(planner.run(input))

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import re
 import sys
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from deepline_cli import _json
-from deepline_cli.errors import PlayLoadError
+from deepline_cli.errors import InputError, PlayLoadError, UsageError
+from deepline_cli.runtime.schema import Schema, SchemaDefinitionError, compile_schema, violation
 
 F = TypeVar("F", bound=Callable[..., Any])
+BUILTIN_PREFIX = "builtin:"
+_SECRET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +27,10 @@ class PlayDef:
     description: str
     fn: Callable[..., Any]
     file: str = ""
+    input_schema: Schema | None = None  # JSON-Schema form of `@play(input=...)`
+    secrets: tuple[str, ...] = ()  # names that must be set before the run makes any call
+    max_credits_per_run: float | None = None  # the budget when --max-credits is not given
+    builtin: bool = False  # shipped with deepline (runtime/builtin.py), found by name
 
     @property
     def function(self) -> str:
@@ -30,8 +38,29 @@ class PlayDef:
 
     @property
     def ref(self) -> str:
-        """`/abs/path.py:function`: how a resume finds the play again."""
-        return f"{self.file}:{self.function}"
+        """`/abs/path.py:function` (`builtin:NAME` for a built-in play): how a resume finds
+        the play again."""
+        return f"{BUILTIN_PREFIX}{self.name}" if self.builtin else f"{self.file}:{self.function}"
+
+    def check_input(self, input: Any, *, subject: str = "Input") -> None:
+        """Raise InputError naming the first field of `input` that the declared schema refuses."""
+        if self.input_schema is None:
+            return
+        found = violation(self.input_schema, input)
+        if found is not None:
+            raise InputError(found.sentence(subject))
+
+    def missing_secret(self, lookup: Callable[[str], str | None]) -> str | None:
+        """The first declared secret `lookup` does not find."""
+        return next((name for name in self.secrets if lookup(name) is None), None)
+
+    def require_secrets(self, lookup: Callable[[str], str | None], env_file: Path) -> None:
+        """Raise UsageError naming the first declared secret that is not set, and where to set it."""
+        name = self.missing_secret(lookup)
+        if name is not None:
+            raise UsageError(
+                f"Play {self.name!r} needs the secret {name}, which is not set; export it or add it to {env_file}."
+            )
 
     def tools(self) -> dict[str, Any]:
         """The @tools in the play's own module (defined or imported there), by id.
@@ -39,30 +68,88 @@ class PlayDef:
         A run calls these before the process-wide registry, so two versions of a play
         run by one worker each call their own version of a tool.
         """
-        found = {}
-        for value in list(self.fn.__globals__.values()):
-            definition = getattr(value, "__deepline_tool__", None)
-            if definition is not None:
-                found[definition.id] = definition
-        return found
+        return tools_in(self.fn.__globals__)
+
+
+def tools_in(namespace: Mapping[str, Any]) -> dict[str, Any]:
+    """The @tools a module's namespace holds (defined or imported there), by id."""
+    found = {}
+    for value in list(namespace.values()):
+        definition = getattr(value, "__deepline_tool__", None)
+        if definition is not None:
+            found[definition.id] = definition
+    return found
 
 
 _ALL_PLAYS: dict[str, PlayDef] = {}
 
 
-def play(name: str, *, description: str = "") -> Callable[[F], F]:
-    """Declare an `async def (ctx, input)` as a play named `name`."""
+def play(
+    name: str,
+    *,
+    description: str = "",
+    input: Any = None,
+    secrets: Sequence[str] | None = None,
+    max_credits_per_run: float | None = None,
+) -> Callable[[F], F]:
+    """Declare an `async def (ctx, input)` as a play named `name`.
+
+    `input`: the input's schema (a dict of field → type, a TypedDict or dataclass class, or
+    a JSON Schema), checked before a run is recorded. `secrets`: names that must be set
+    (environment or `.env` next to the play) before any call. `max_credits_per_run`: the
+    run's credit budget when `--max-credits` is not given.
+    """
+    schema = _schema(name, input)
+    names = _secret_names(name, secrets)
+    budget = _budget(name, max_credits_per_run)
 
     def register(fn: F) -> F:
         if not inspect.iscoroutinefunction(fn):
             raise PlayLoadError(f"Play {name!r} must be an async function `async def (ctx, input)`.")
         file = str(Path(inspect.getfile(fn)).resolve())
-        definition = PlayDef(name=name, description=description, fn=fn, file=file)
+        definition = PlayDef(name=name, description=description, fn=fn, file=file, input_schema=schema,
+                             secrets=names, max_credits_per_run=budget)  # fmt: skip
         fn.__deepline_play__ = definition  # type: ignore[attr-defined]
         _ALL_PLAYS[name] = definition
         return fn
 
     return register
+
+
+def _schema(play_name: str, spec: Any) -> Schema | None:
+    if spec is None:
+        return None
+    try:
+        return compile_schema(spec)
+    except SchemaDefinitionError as exc:
+        raise PlayLoadError(f"Play {play_name!r}: input schema: {exc}.") from None
+
+
+def _secret_names(play_name: str, secrets: Sequence[str] | None) -> tuple[str, ...]:
+    if secrets is None:
+        return ()
+    if isinstance(secrets, str) or not all(isinstance(s, str) and _SECRET_NAME.fullmatch(s) for s in secrets):
+        raise PlayLoadError(f'Play {play_name!r}: secrets must be a list of variable names, like ["HUNTER_API_KEY"].')
+    return tuple(secrets)
+
+
+def _budget(play_name: str, credits: Any) -> float | None:
+    if credits is None:
+        return None
+    if isinstance(credits, bool) or not isinstance(credits, int | float) or credits < 0:
+        raise PlayLoadError(f"Play {play_name!r}: max_credits_per_run must be a number of credits (0 or more).")
+    return float(credits)
+
+
+def builtin(fn: Callable[..., Any]) -> PlayDef:
+    """Mark a play shipped with deepline: its ref is `builtin:NAME` (a resume finds it in
+    whatever installation runs it), and a user's play cannot `run_play` it by name."""
+    definition: PlayDef = fn.__deepline_play__  # type: ignore[attr-defined]
+    if _ALL_PLAYS.get(definition.name) is definition:
+        del _ALL_PLAYS[definition.name]
+    marked = replace(definition, builtin=True)
+    fn.__deepline_play__ = marked  # type: ignore[attr-defined]
+    return marked
 
 
 def find_play_by_name(name: str) -> PlayDef | None:

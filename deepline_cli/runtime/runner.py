@@ -31,12 +31,13 @@ from deepline_cli.errors import (
 )
 from deepline_cli.runtime.body import BodyOutcome, describe, execute_body
 from deepline_cli.runtime.budget import Budget
+from deepline_cli.runtime.builtin import BUILTIN_PLAYS
 from deepline_cli.runtime.config import find_config, load_config
 from deepline_cli.runtime.events import EventBus
 from deepline_cli.runtime.governor import Governor
 from deepline_cli.runtime.holders import holder_alive, holder_id
 from deepline_cli.runtime.http import Http, HttpTools
-from deepline_cli.runtime.play import PlayDef, load_play
+from deepline_cli.runtime.play import PlayDef, load_module, load_play, tools_in
 from deepline_cli.runtime.projection import projection_stats
 from deepline_cli.runtime.receipts import ReceiptBook, RunScope, RunTakenOver
 from deepline_cli.runtime.secrets import Secrets
@@ -87,6 +88,9 @@ class RunOptions:
     lease_ttl: float = field(default_factory=lease_ttl_from_env)
 
     config: str | None = None
+    # A play file whose @tools the run may call besides its own play's (and whose folder's
+    # .env it reads): `deepline tools execute --play FILE`. Kept with the run for resumes.
+    tools_from: str | None = None
     max_depth: int = DEFAULT_MAX_DEPTH
     max_child_plays: int | None = None
     max_tool_calls: int | None = None
@@ -102,6 +106,7 @@ class RunOptions:
         "max_inline_wait",
         "fail_on_row_errors",
         "config",
+        "tools_from",
         "max_depth",
         "max_child_plays",
         "max_tool_calls",
@@ -153,6 +158,30 @@ def new_run_id() -> str:
     return "r-" + _secrets.token_hex(6)
 
 
+def find_play(ref: str) -> PlayDef:
+    """A built-in play by its `builtin:NAME` ref, else the play file's."""
+    return BUILTIN_PLAYS.get(ref) or load_play(ref)
+
+
+def env_folder(play: PlayDef, options: RunOptions, cwd: str) -> Path:
+    """The folder whose `.env` a run reads: its play's; for a built-in play, the folder of
+    the play file whose tools it calls, else of its config, else the one it started in."""
+    if not play.builtin:
+        return Path(play.file).parent
+    source = options.tools_from or options.config
+    return Path(source).parent if source else Path(cwd)
+
+
+def run_budget(play: PlayDef, options: RunOptions, record: RunRecord, spent: float, costs: dict[str, float]) -> Budget:
+    """`--max-credits` (given now or when the run started), else the play's
+    `max_credits_per_run`. A child run spends its root's budget: a child play's own
+    declaration counts only when it runs on its own. `costs`: what metered tools' answers
+    have cost on this store (see budget.py)."""
+    if options.max_credits is not None or record.parent_run_id or play.max_credits_per_run is None:
+        return Budget(options.max_credits, spent, costs)
+    return Budget(play.max_credits_per_run, spent, costs, declared_by=play.name)
+
+
 class Runner:
     """Starts and resumes runs against one store."""
 
@@ -162,6 +191,7 @@ class Runner:
         self.store = cast(Store, Reconnecting(store or open_store(options.store)))
         self.attempt: _Attempt | None = None
         self.stop_pending = False
+        self.borrowed_tools: dict[str, Any] = {}  # the @tools of options.tools_from
 
     def close(self) -> None:
         self.store.close()
@@ -178,10 +208,15 @@ class Runner:
             existing = self.store.get_run(self.options.run_id)
             if existing is not None:
                 return self._requeue(existing) if enqueue else self.resume(existing.run_id)
-        play = load_play(play_ref)
+        play = find_play(play_ref)
+        if enqueue and play.builtin:
+            raise UsageError(f"The built-in play {play.name!r} runs here only; it cannot be enqueued.")
+        play.check_input(input)  # a refused input fails now, before the run exists
         config_path = find_config(Path(play.file), self.options.config)
         load_config(config_path)  # a broken deepline.toml fails now, before the run exists
         self.options.config = str(config_path) if config_path else None
+        if not enqueue:  # a queued run's secrets are the worker's, checked when it runs
+            self._prepare(play, cwd or os.getcwd())
         now = self.store.now()
         run_id = self.options.run_id or new_run_id()
         options = self.options.persisted()
@@ -256,14 +291,23 @@ class Runner:
         self._apply_persisted(record)
         try:
             play = self._load(record)
+            self._prepare(play, record.cwd)
         except DeeplineError as exc:
             self.store.update_run(record.run_id, status="failed", holder=None, error=error_dict(exc))
             raise
         return self._execute(play, record)
 
+    def _prepare(self, play: PlayDef, cwd: str) -> None:
+        """Before any call: every secret the play declares is set, and the tools the run
+        borrows (`tools_from`) load."""
+        secrets = Secrets(env_folder(play, self.options, cwd))
+        play.require_secrets(secrets.lookup, secrets.env_file)
+        tools_from = self.options.tools_from
+        self.borrowed_tools = tools_in(vars(load_module(Path(tools_from)))) if tools_from else {}
+
     def _load(self, record: RunRecord) -> PlayDef:
         if not record.snapshot:
-            return load_play(record.play_ref)
+            return find_play(record.play_ref)
         snapshot = self.store.get_snapshot(record.snapshot)
         if snapshot is None:
             raise PlayLoadError(f"Run {record.run_id}'s play source ({record.snapshot}) is not in the store.")
@@ -334,7 +378,8 @@ class _Attempt:
             refresh_failed=options.refresh_failed,
         )
         writes = WriteQueue(io)
-        secrets = Secrets(Path(self.play.file).parent)
+        secrets = Secrets(env_folder(self.play, options, record.cwd))
+        budget = run_budget(self.play, options, record, history.spent, history.costs)
 
         async def shared_slot(tool: str, interval: float, count: int) -> float:
             start = await io.call(io.store.take_rate_slot, tool, interval, io.now(), count)
@@ -350,7 +395,7 @@ class _Attempt:
             scope,
             self.bus,
             self.stats,
-            budget=Budget(options.max_credits, history.spent, history.costs),
+            budget=budget,
             secrets=secrets,
         )
         return RunServices(
@@ -367,13 +412,14 @@ class _Attempt:
             play_file=self.play.file,
             play_name=self.play.name,
             cwd=record.cwd,
-            options=options.persisted(),
+            # A child run started by this one (scheduled under workers) has this run's budget.
+            options={**options.persisted(), "max_credits": budget.max_credits},
             root_run_id=record.root_run_id or record.run_id,
             ancestors=(*record.ancestors, self.play.name),
             schedule_children=options.schedule_children,
             journal=Journal(history.journal, logged=history.logged),
             books=[book],
-            local_tools=self.play.tools(),
+            local_tools={**self.runner.borrowed_tools, **self.play.tools()},
             caps=Caps(  # counted per run: what earlier attempts did counts too
                 max_depth=options.max_depth,
                 max_child_plays=options.max_child_plays,

@@ -50,6 +50,11 @@ class Secrets:
         self._pattern: re.Pattern[str] | None = None
         self.reload()
 
+    @property
+    def env_file(self) -> Path:
+        """The `.env` file read besides the environment (where a missing secret can be set)."""
+        return (self._dotenv_dir or Path.cwd()) / ".env"
+
     def reload(self) -> None:
         """Read `.env` again (a credential may have been rotated while the run goes on)."""
         self._dotenv = read_dotenv(self._dotenv_dir / ".env") if self._dotenv_dir else {}
@@ -68,6 +73,10 @@ class Secrets:
         if value is None:
             raise UsageError(f"Secret {name} is not set; export it or add it to .env next to the play.")
         return value
+
+    def bearer(self, name: str) -> str:
+        """`"Bearer <value>"` for an Authorization header; the value is redacted as `get`'s is."""
+        return f"Bearer {self.get(name)}"
 
     def redact(self, text: str) -> str:
         if self._pattern is None:
