@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
+import os
 import signal
-import sys
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing before the handlers are in
 if TYPE_CHECKING:
     from typing import Any
 
-
-class Interrupted(BaseException):
-    """Ctrl-C or SIGTERM before anything was started: the command stops at once.
-
-    A BaseException of its own, so neither a library's `except Exception` nor Click's
-    handling of KeyboardInterrupt (which would print "Aborted!" and exit 1) takes it.
-    """
+_said = [b"Interrupted.\n"]  # what Ctrl-C prints before anything durable started
 
 
 def stop_at_once(signum: int, frame: Any) -> None:
-    raise Interrupted
+    """Ctrl-C or SIGTERM while nothing durable has started (imports, loading a play, reading
+    the store): end the process here, one line, exit 130. Whatever the store was doing is a
+    transaction that is rolled back whole. Raising instead could land where Python ignores
+    exceptions (a weakref callback, a finaliser), and the signal would be lost."""
+    if _said[0]:
+        os.write(2, _said[0])
+    os._exit(130)
+
+
+def stop_quietly() -> None:
+    """For commands where Ctrl-C is the way to stop (`runs tail`): no line."""
+    _said[0] = b""
 
 
 def install() -> None:
@@ -28,13 +33,9 @@ def install() -> None:
 
 
 def main() -> None:
-    # From the first line on (the imports below take a while): a signal stops the command
-    # with one line. `deepline run` hands signals to the run once it exists (cli/run.py).
+    # From the first line on (the imports below take a while). `deepline run` and `resume`
+    # hand signals to the run just before it is recorded (cli/run.py); `worker` drains.
     install()
-    try:
-        from deepline_cli.cli.app import app
+    from deepline_cli.cli.app import app
 
-        app()
-    except Interrupted:
-        sys.stderr.write("Interrupted.\n")
-        sys.exit(130)
+    app()

@@ -203,7 +203,7 @@ def execute(
     # outcome is known before anyone can read it: `finished` hears run.finished first.
     bus = EventBus([on_event, *([view.handle] if view is not None else [])], per_call=json_mode)
     runner = Runner(options, bus)
-    _hand_signals_to(runner, finished)
+    runner.before_recording = lambda: _hand_signals_to(runner, finished)
     if json_mode:
         view.on_closed = runner.request_stop  # `--json | head -1`: interrupt, resumable
     try:
@@ -220,11 +220,12 @@ def execute(
 
 
 def _hand_signals_to(runner: Runner, finished: threading.Event) -> None:
-    """Ctrl-C or SIGTERM asks the runner to stop: before the run exists it is not created
-    (exit 130); once it exists it ends `interrupted`, recorded and resumable (while the
-    play runs, the attempt hears signals itself). Once `run.finished` is out, the outcome
-    is decided and a late signal changes nothing (the process ends with the run's exit code).
-    Never raised in the middle of the runtime's work, where it could be lost."""
+    """From just before the run is recorded, Ctrl-C or SIGTERM asks the runner to stop:
+    the run ends `interrupted`, recorded and resumable (or, if the request came before the
+    record was written, is not created: exit 130). While the play runs, the attempt hears
+    signals itself. Once `run.finished` is out, the outcome is decided and a late signal
+    changes nothing (the process ends with the run's exit code). Nothing is ever raised
+    into the runtime's work, where it could be lost."""
 
     def on_signal(signum: int, frame: Any) -> None:
         if not finished.is_set():

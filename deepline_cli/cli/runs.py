@@ -204,9 +204,11 @@ def tail(
     import sys
 
     from deepline_cli import _json
+    from deepline_cli.cli import stop_quietly
     from deepline_cli.runtime.follow import Follower
     from deepline_cli.ui.logs import followed_text
 
+    stop_quietly()  # Ctrl-C stops following (exit 130), quietly; the run goes on
     db, r = _load(store, run_id)
     follower = Follower(db, run_id)
     try:
@@ -214,8 +216,6 @@ def tail(
             lines = [_json.dumps_str(event.to_dict())] if json else followed_text(event, r.play)
             sys.stdout.write("".join(line + "\n" for line in lines))
             sys.stdout.flush()  # a pipe (`| grep`) sees each line as it comes
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None  # Ctrl-C stops following, quietly; the run goes on
     finally:
         db.close()
     assert follower.result is not None

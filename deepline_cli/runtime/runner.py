@@ -12,6 +12,7 @@ import contextlib
 import os
 import secrets as _secrets
 import signal
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -191,6 +192,8 @@ class Runner:
         self.store = cast(Store, Reconnecting(store or open_store(options.store)))
         self.attempt: _Attempt | None = None
         self.stop_pending = False
+        # Called just before the run is recorded: the command hands Ctrl-C to the run then.
+        self.before_recording: Callable[[], None] | None = None
         self.borrowed_tools: dict[str, Any] = {}  # the @tools of options.tools_from
 
     def close(self) -> None:
@@ -231,7 +234,7 @@ class Runner:
             holder=None if enqueue else holder_id(), lease_expires_at=0.0 if enqueue else now + self.options.lease_ttl,
             created_at=now, updated_at=now, snapshot=digest,
         )  # fmt: skip
-        self._check_stop()  # interrupted while loading: nothing is created
+        self._recording()
         if not self.store.insert_run(record):
             # Another process created this --run-id a moment ago: report it, or resume it
             # (which refuses while that process holds it: busy).
@@ -273,7 +276,7 @@ class Runner:
                 "wait for it to finish or stop that process first."
             )
         attempt = record.attempt + 1
-        self._check_stop()  # interrupted before taking the run: it stays as it was
+        self._recording()
         holder, expires = holder_id(), self.store.now() + self.options.lease_ttl
         taken = self.store.lease_run(run_id, holder=holder, expires_at=expires, attempt=attempt,
                                      expect_attempt=record.attempt,
@@ -334,7 +337,11 @@ class Runner:
         finally:
             io.close()
 
-    def _check_stop(self) -> None:
+    def _recording(self) -> None:
+        """About to record the run (insert or lease it): from here a stop request ends it
+        `interrupted`; one made already means it is not recorded at all."""
+        if self.before_recording is not None:
+            self.before_recording()
         if self.stop_pending:
             raise RunInterrupted("Interrupted before the run started; nothing was done.")
 
