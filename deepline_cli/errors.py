@@ -15,6 +15,7 @@
     ├── SheetVisibilityError           written sheet rows are not visible in the store
     └── StoreError                     the store cannot be read or written
         ├── StoreOpenError             exit 2: the store cannot be opened (path, URL, server)
+        ├── StoreLockedError           exit 2: another process holds the store's write lock too long
         ├── StoreConnectionLost        the connection dropped: reconnect and try again
         ├── StoreUnreachable           ... and did not come back in time
         └── StoreLostError             the store file was deleted or replaced under a run
@@ -177,6 +178,13 @@ class StoreError(DeeplineError):
 
 class StoreOpenError(StoreError):
     """The store cannot be opened: a directory, not a deepline store, a server that refuses."""
+
+    exit_code = 2
+
+
+class StoreLockedError(StoreError):
+    """Another process has held the store's write lock for longer than this one may wait
+    (it may be stopped: Ctrl-Z, a debugger, a closed laptop)."""
 
     exit_code = 2
 

@@ -6,8 +6,11 @@ settlements so a transaction carries many calls (group commit).
 
 from __future__ import annotations
 
+import fcntl
 import os
+import socket
 import sqlite3
+import struct
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -15,9 +18,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from deepline_cli.errors import StoreError, StoreLostError, StoreOpenError
+from deepline_cli.errors import StoreError, StoreLockedError, StoreLostError, StoreOpenError
 from deepline_cli.store.base import Claim, Receipt, Settlement
-from deepline_cli.store.migrations import SQLITE, migrate
+from deepline_cli.store.migrations import MIGRATIONS, SQLITE, migrate
 from deepline_cli.store.sql import CLAIM_INSERT_COLUMNS, CLAIM_ROW, SqlStore, claim_row, settle_statement
 
 
@@ -27,9 +30,10 @@ def configure(conn: sqlite3.Connection) -> None:
     - WAL: readers (`runs list`, `receipts inspect`) never block the running play.
     - synchronous=NORMAL: in WAL mode a committed transaction survives a crash or
       SIGKILL of the process; only an OS crash or power loss can drop the last commits.
-    - busy_timeout: several processes may share one file; wait for the writer lock.
+    - busy_timeout: several processes may share one file; wait for the writer lock
+      (DEEPLINE_SQLITE_BUSY_S seconds, 30 by default), then say who holds it.
     """
-    conn.execute("PRAGMA busy_timeout=30000")
+    conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s() * 1000)}")
     _enable_wal(conn)
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA temp_store=MEMORY")
@@ -37,6 +41,31 @@ def configure(conn: sqlite3.Connection) -> None:
     # Checkpoints (copying the WAL into the file) are what fsyncs; with a run committing
     # hundreds of batches a second, one every ~40 MB of WAL instead of every 4 MB.
     conn.execute("PRAGMA wal_autocheckpoint=10000")
+
+
+def busy_timeout_s() -> float:
+    return float(os.environ.get("DEEPLINE_SQLITE_BUSY_S", "30"))
+
+
+# In WAL mode SQLite takes the write lock as a POSIX lock on byte 120 of the -shm file
+# (WALINDEX_LOCK_OFFSET + WAL_WRITE_LOCK): F_GETLK there names the process that holds it.
+_WAL_WRITE_LOCK_BYTE = 120
+
+
+def write_lock_holder(path: str) -> int | None:
+    """The pid of the process on this machine holding the store's write lock, if any."""
+    try:
+        fd = os.open(path + "-shm", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        asked = struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, _WAL_WRITE_LOCK_BYTE, 1, 0)
+        kind, _, _, _, pid = struct.unpack("hhqqi", fcntl.fcntl(fd, fcntl.F_GETLK, asked))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return pid if kind != fcntl.F_UNLCK and pid > 0 else None
 
 
 def _enable_wal(conn: sqlite3.Connection) -> None:
@@ -88,14 +117,57 @@ class SQLiteStore(SqlStore):
         self._identity = _identity(self.path)
 
     def _migrate(self) -> None:
+        """Bring the schema up to date. A store already current is opened without the write
+        lock (its `user_version` says so), so a reader never waits for a writer, even one
+        stopped while it held the lock."""
         conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version == len(MIGRATIONS):
+            return
+        if version > len(MIGRATIONS):
+            raise StoreError(f"The store {self.path} was written by a newer deepline; upgrade deepline to open it.")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise self._locked(exc) from exc
         try:
             migrate(conn, SQLITE, self.path)
+            conn.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+
+    def _locked(self, exc: sqlite3.Error) -> StoreError:
+        """The error for a write that waited for the lock in vain, naming who holds it."""
+        if "locked" not in str(exc) and "busy" not in str(exc):
+            return StoreError(f"The store {self.path} could not be written: {exc}.")
+        pid = write_lock_holder(self.path)
+        who = "another process"
+        if pid is not None:
+            who = f"process {pid} on this machine ({socket.gethostname()})"
+            runs = self._runs_held_by(pid)
+            if runs:
+                who += f", running {', '.join(runs)}"
+        hint = f"continue it (kill -CONT {pid}) or end it, then try again" if pid else "try again when it is done"
+        return StoreLockedError(
+            f"The store {self.path} is locked by {who}, which has held its write lock for over "
+            f"{busy_timeout_s():g}s (it may be stopped: Ctrl-Z, a debugger, a closed laptop); {hint}."
+        )
+
+    def _runs_held_by(self, pid: int) -> list[str]:
+        try:
+            rows = self._conn.execute(
+                "SELECT run_id FROM runs WHERE holder LIKE ? AND status = 'running' ORDER BY updated_at DESC LIMIT 3",
+                (f"{socket.gethostname()}:{pid}:%",),
+            ).fetchall()
+            rows += self._conn.execute(
+                "SELECT run_id FROM runs WHERE holder = ? AND status = 'running' LIMIT 3",
+                (f"{socket.gethostname()}:{pid}",),
+            ).fetchall()
+        except sqlite3.Error:
+            return []
+        return [r[0] for r in rows]
 
     def _insert_claims(
         self, c: Any, inserts: list[tuple[int, Claim, Receipt]], now: float
@@ -157,7 +229,7 @@ class SQLiteStore(SqlStore):
                     raise
                 self._conn.execute("COMMIT")
             except sqlite3.Error as exc:
-                raise StoreError(f"The store {self.path} could not be written: {exc}.") from exc
+                raise self._locked(exc) from exc
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
