@@ -114,6 +114,42 @@ def test_an_enqueued_play_brings_the_modules_it_imports_from_its_folder(
     assert _json.loads(deepline("runs", "show", "q", "--json").stdout)["output"] == ["A!", "B!"]
 
 
+def test_an_enqueued_play_brings_linked_and_non_utf8_modules_and_refuses_links_outside(
+    deepline: Run, tmp_path: Path
+) -> None:
+    """`tidy.py` is a link to a file in the play's folder, `helpers/text.py` is Latin-1 (it
+    says so): both travel with the run. A module linked from outside the folder is refused
+    in one sentence (a worker would not have it)."""
+    folder = tmp_path / "plays"
+    (folder / "helpers").mkdir(parents=True)
+    (folder / "shared").mkdir()
+    (folder / "play.py").write_text(HELPED)
+    (folder / "shared" / "tidy_impl.py").write_text("def strip(w):\n    return w.strip()\n")
+    (folder / "tidy.py").symlink_to(folder / "shared" / "tidy_impl.py")
+    (folder / "helpers" / "__init__.py").write_text("")
+    latin = "# -*- coding: latin-1 -*-\nMARK = 'é'\ndef shout(w):\n    return w.upper() + MARK\n"
+    (folder / "helpers" / "text.py").write_bytes(latin.encode("latin-1"))
+    queued = deepline("run", "plays/play.py", "--input", '{"words": [" a"]}', "--run-id", "q", "--enqueue")
+    assert queued.code == 0, queued.stderr
+    shutil.move(folder, tmp_path / "gone")
+
+    worked = deepline("worker", "--once", cwd=tmp_path)
+
+    assert "1 started, 1 completed" in worked.stderr, worked.stderr
+    assert _json.loads(deepline("runs", "show", "q", "--json").stdout)["output"] == ["Aé"]
+
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "tidy.py").write_text("def strip(w):\n    return w\n")
+    moved = tmp_path / "gone"
+    (moved / "tidy.py").unlink()
+    (moved / "tidy.py").symlink_to(outside / "tidy.py")
+    refused = deepline("run", "gone/play.py", "--input", '{"words": []}', "--enqueue")
+    assert refused.code == 2, refused.stderr
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "tidy.py is a link to" in lines[0] and "outside the play's folder" in lines[0]
+
+
 def test_a_snapshot_past_its_size_bound_is_refused_in_one_sentence(
     deepline: Run, tmp_path: Path, write_play: Callable[..., Path]
 ) -> None:

@@ -8,6 +8,7 @@ their own table; a run names the one it uses.
 
 from __future__ import annotations
 
+import base64
 import os
 import sys
 import threading
@@ -21,44 +22,78 @@ from deepline_cli.runtime.play import PlayDef
 MAX_SNAPSHOT_BYTES = 2 * 1024 * 1024  # the play and its local modules, together
 
 
+# A file's content in a snapshot: its text when it is UTF-8, else {"base64": ...} (a module
+# may declare another encoding: `# -*- coding: latin-1 -*-`).
+Source = str | dict[str, str]
+
+
 def take_snapshot(play: PlayDef, config: Path | None) -> tuple[str, dict[str, Any]]:
     """(digest, snapshot) of a loaded play: its file, the local modules it imported, its config."""
     folder = Path(play.file).parent
-    files = {Path(play.file).name: Path(play.file).read_text(encoding="utf-8")}
-    for path in local_modules(folder):
-        files[path.relative_to(folder).as_posix()] = path.read_text(encoding="utf-8")
+    files: dict[str, Source] = {Path(play.file).name: _source(Path(play.file).read_bytes())}
+    for name, path in local_modules(folder).items():
+        files[name] = _source(path.read_bytes())
     _check_size(files, folder)
     snapshot = {
         "play_file": Path(play.file).name,
         "function": play.function,
         "files": files,
-        "config": config.read_text(encoding="utf-8") if config else None,
+        "config": _config_text(config) if config else None,
     }
     return _json.digest(_json.canonical(snapshot))[:32], snapshot
 
 
-def local_modules(folder: Path) -> list[Path]:
-    """Source files of the modules loaded from `folder` (and its subfolders), sorted."""
-    found = set()
+def local_modules(folder: Path) -> dict[str, Path]:
+    """The modules loaded from `folder` (and its subfolders), by their name in it, sorted.
+
+    A module may be a link: one to a file inside the play's folder is taken (its content),
+    one to a file outside is refused — a worker would not find it."""
+    found: dict[str, Path] = {}
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None)
         if not file or not file.endswith(".py"):
             continue
-        path = Path(file).resolve()
-        if path.is_relative_to(folder) and "site-packages" not in path.parts:
-            found.add(path)
-    return sorted(found)
+        path = Path(os.path.abspath(file))  # as imported: a link stays a link here
+        if not path.is_relative_to(folder) or "site-packages" in path.parts:
+            continue
+        target = path.resolve()
+        if not target.is_relative_to(folder.resolve()):
+            raise UsageError(
+                f"{path.relative_to(folder)} is a link to {target}, outside the play's folder {folder}: "
+                "an enqueued run carries only the play's folder; copy the module in, or install it as a package."
+            )
+        found[path.relative_to(folder).as_posix()] = target
+    return dict(sorted(found.items()))
 
 
-def _check_size(files: dict[str, str], folder: Path) -> None:
-    total = sum(len(text.encode()) for text in files.values())
+def _source(raw: bytes) -> Source:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(raw).decode()}
+
+
+def _raw(content: Source) -> bytes:
+    return content.encode() if isinstance(content, str) else base64.b64decode(content["base64"])
+
+
+def _config_text(config: Path) -> str:
+    try:
+        return config.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise UsageError(f"{config} is not UTF-8 text (TOML must be).") from None
+
+
+def _check_size(files: dict[str, Source], folder: Path) -> None:
+    sizes = {name: len(_raw(content)) for name, content in files.items()}
+    total = sum(sizes.values())
     if total <= MAX_SNAPSHOT_BYTES:
         return
-    biggest = max(files, key=lambda name: len(files[name]))
+    biggest = max(sizes, key=lambda name: sizes[name])
     raise UsageError(
         f"The play and the modules it imports from {folder} come to {total / 1e6:.1f} MB, more than the "
         f"{MAX_SNAPSHOT_BYTES / 1e6:.0f} MB an enqueued run carries (the biggest is {biggest}, "
-        f"{len(files[biggest].encode()) / 1e6:.1f} MB); keep data out of modules, or install it as a package."
+        f"{sizes[biggest] / 1e6:.1f} MB); keep data out of modules, or install it as a package."
     )
 
 
@@ -68,32 +103,32 @@ def materialize_snapshot(digest: str, snapshot: dict[str, Any]) -> tuple[str, st
 
     folder = Path(platformdirs.user_cache_dir("deepline", appauthor=False)) / "snapshots" / digest
     files, play_file = _files(snapshot)
-    for name, text in files.items():
+    for name, content in files.items():
         target = folder / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        _write_once(target, text)
+        _write_once(target, _raw(content))
     config = None
     if snapshot.get("config") is not None:
         config_file = folder / "deepline.toml"
-        _write_once(config_file, snapshot["config"])
+        _write_once(config_file, snapshot["config"].encode())
         config = str(config_file)
     return f"{folder / play_file}:{snapshot['function']}", config
 
 
-def _files(snapshot: dict[str, Any]) -> tuple[dict[str, str], str]:
+def _files(snapshot: dict[str, Any]) -> tuple[dict[str, Source], str]:
     if "files" in snapshot:
         return snapshot["files"], snapshot["play_file"]
     return {snapshot["file"]: snapshot["source"]}, snapshot["file"]  # deepline 0.1.0: the play file only
 
 
-def _write_once(path: Path, text: str) -> None:
-    """Write atomically, and trust an existing file only if it holds exactly `text`
+def _write_once(path: Path, content: bytes) -> None:
+    """Write atomically, and trust an existing file only if it holds exactly `content`
     (another worker may be writing it, or one may have died half way)."""
     try:
-        if path.read_text(encoding="utf-8") == text:
+        if path.read_bytes() == content:
             return
-    except (OSError, UnicodeDecodeError):
+    except OSError:
         pass
     partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    partial.write_text(text, encoding="utf-8")
+    partial.write_bytes(content)
     os.replace(partial, path)
