@@ -66,7 +66,9 @@ def test_readers_are_not_locked_out_by_a_stopped_writer(deepline: Callable[..., 
         assert shown.code == 0 and took < 5, (args, shown.stderr, took)
 
 
-def test_a_writer_says_who_holds_the_lock_and_exits_2_in_time(deepline: Callable[..., Result], stopped_writer: int) -> None:
+def test_a_writer_says_who_holds_the_lock_and_exits_2_in_time(
+    deepline: Callable[..., Result], stopped_writer: int
+) -> None:
     result, took = timed(
         deepline, "run", str(ROOT / "examples/hello/play.py"), "--run-id", "r-new", DEEPLINE_SQLITE_BUSY_S="1"
     )

@@ -31,7 +31,9 @@ class Settings:
 
 
 def fail(message: str, code: int) -> typer.Exit:
-    sys.stderr.write(f"Error: {message}\n")
+    from deepline_cli.ui.text import printable
+
+    sys.stderr.write(f"Error: {printable(message)}\n")
     return typer.Exit(code)
 
 

@@ -99,6 +99,7 @@ def show(
       deepline runs show r-8f2c1a9b3e4d --full --json
     """
     from deepline_cli.ui.run_show import read_shown, shown_dict, shown_lines
+    from deepline_cli.ui.text import printable
 
     db, r = _load(store, run_id)
     try:
@@ -108,7 +109,7 @@ def show(
     if json:
         print_json(shown_dict(shown))
         return
-    typer.echo("\n".join(shown_lines(shown, when)))
+    typer.echo("\n".join(printable(line, newlines=True) for line in shown_lines(shown, when)))
 
 
 @app.command("logs")
@@ -305,7 +306,10 @@ def report(
         page = render(read_report(db, run_id))
     finally:
         db.close()
-    path = (out or Path(f"deepline-report-{run_id}.html")).expanduser().resolve()
+    # The default name stays in this folder whatever the run id holds (an older store may
+    # have ids from before they were checked): anything but a letter, digit, ., _ or - goes.
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in run_id).lstrip(".")
+    path = (out or Path(f"deepline-report-{safe}.html")).expanduser().resolve()
     try:
         path.write_text(page, encoding="utf-8")
     except OSError as exc:

@@ -38,7 +38,11 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, empty:
     if not rows:
         console.print(empty)
         return
+    from rich.text import Text
+
+    from deepline_cli.ui.text import printable
+
     table = Table(*columns, box=None, pad_edge=False, header_style="bold")
-    for row in rows:
-        table.add_row(*["" if v is None else str(v) for v in row])
+    for row in rows:  # Text, not markup: a stored "[bold]" or an ANSI escape is shown as written
+        table.add_row(*[Text("" if v is None else printable(v)) for v in row])
     console.print(table)

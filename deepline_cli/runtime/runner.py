@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import secrets as _secrets
 import signal
 from collections.abc import Callable
@@ -159,6 +160,20 @@ def new_run_id() -> str:
     return "r-" + _secrets.token_hex(6)
 
 
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_run_id(run_id: str) -> str:
+    """A run id becomes a file name (`runs report`) and is printed: letters, digits, `.`, `_`
+    and `-`, starting with a letter or digit, at most 128 characters."""
+    if not RUN_ID.fullmatch(run_id):
+        raise UsageError(
+            f"Run id {run_id!r} is not valid: use letters, digits, '.', '_' and '-', starting with a letter "
+            "or digit, at most 128 characters."
+        )
+    return run_id
+
+
 def find_play(ref: str) -> PlayDef:
     """A built-in play by its `builtin:NAME` ref, else the play file's."""
     return BUILTIN_PLAYS.get(ref) or load_play(ref)
@@ -208,7 +223,7 @@ class Runner:
         source and config) for a `deepline worker` to execute.
         """
         if self.options.run_id:
-            existing = self.store.get_run(self.options.run_id)
+            existing = self.store.get_run(check_run_id(self.options.run_id))
             if existing is not None:
                 return self._requeue(existing) if enqueue else self.resume(existing.run_id)
         play = find_play(play_ref)

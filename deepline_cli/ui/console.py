@@ -22,6 +22,7 @@ from rich.text import Text
 
 from deepline_cli.runtime.events import Event
 from deepline_cli.ui.state import MapView, RunView, step_hits
+from deepline_cli.ui.text import printable
 from deepline_cli.ui.verdict import clock, verdict
 
 PLAIN_PROGRESS_EVERY_S = 5.0
@@ -145,7 +146,7 @@ class ConsoleView:
 
     def _print_log(self, event: Event) -> None:
         level = event.data.get("level", "info")
-        text = Text(event.data.get("message", ""))
+        text = Text(printable(event.data.get("message", ""), newlines=True))
         if level != "info":
             text.stylize("yellow")
         if not self.live_mode:

@@ -19,6 +19,7 @@ from deepline_cli import _json
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.events import Event
 from deepline_cli.store.base import LogLine
+from deepline_cli.ui.text import printable
 from deepline_cli.ui.verdict import verdict
 
 # Besides a line's fields, --where can test these of the line itself.
@@ -82,7 +83,7 @@ def _text(ts: float, attempt: int, level: str, message: str, kind: str, fields: 
     text = f"{stamp(ts)}  #{attempt}  {level:<7} {message}"
     if kind == "log" and fields:
         text += "  [" + " ".join(f"{k}={as_text(v)}" for k, v in fields.items()) + "]"
-    return text
+    return printable(text)
 
 
 def followed_text(event: Event, play: str) -> list[str]:
@@ -92,7 +93,7 @@ def followed_text(event: Event, play: str) -> list[str]:
         return [_text(event.ts, d["attempt"], d["level"], d["message"], d["kind"], d.get("fields"))]
     if event.event == "map.progress":
         total = f"/{d['total']:,}" if d.get("total") else ""
-        return [f"{stamp(event.ts)}  map {d['map']}: {d['done']:,}{total} rows done, {d['failed']:,} failed"]
+        return [printable(f"{stamp(event.ts)}  map {d['map']}: {d['done']:,}{total} rows done, {d['failed']:,} failed")]
     if event.event == "run.holder_gone":
         return [
             f"Run {event.run_id}'s process is gone ({d['holder']}); still following, "

@@ -16,6 +16,7 @@ from deepline_cli.runtime.projection import CellCounts, describe
 from deepline_cli.store.base import MapRecord
 from deepline_cli.store.ledger import CallRow
 from deepline_cli.ui.report_data import MapFigures, Report, ToolFigures
+from deepline_cli.ui.text import printable
 
 _T = TypeVar("_T")
 
@@ -396,4 +397,4 @@ def _error(text: str | None) -> str:
 
 
 def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+    return html.escape(printable(value, newlines=True), quote=True)

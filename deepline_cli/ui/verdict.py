@@ -12,12 +12,14 @@ import datetime as dt
 from typing import Any
 
 from deepline_cli.ui.state import step_hits
+from deepline_cli.ui.text import printable
 
 
 def verdict(run_id: str, status: str, stats: dict[str, Any], error: dict[str, Any] | None, play: str = "") -> list[str]:
-    """One line saying how the run ended, then one with what to do next."""
+    """One line saying how the run ended, then one with what to do next (stored text in
+    them shown escaped: an error message may hold a provider's control characters)."""
     said = _SAYS.get(status, _failed)
-    return said(run_id, stats, error or {}, play)
+    return [printable(line) for line in said(run_id, stats, error or {}, play)]
 
 
 def _completed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str) -> list[str]:

@@ -1,0 +1,69 @@
+"""Stored text reaches the file system and the screen only in safe forms: run ids are
+checked when a run is created, and control characters (ANSI escapes, NUL) in stored text
+are shown escaped wherever it is printed or put in the HTML report."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from deepline_cli.store.base import LogLine, RunRecord, Writes
+from deepline_cli.store.sqlite import SQLiteStore
+from tests.conftest import ROOT, Result
+
+Run = Callable[..., Result]
+HELLO = str(ROOT / "examples/hello/play.py")
+
+
+@pytest.mark.parametrize("run_id", ["x/../../esc", "r\x1b[31mred", "-rf", ".hidden", "a" * 129, "white space"])
+def test_a_run_id_outside_the_rule_is_refused_before_anything(deepline: Run, tmp_path: Path, run_id: str) -> None:
+    result = deepline("run", HELLO, "--run-id", run_id)
+    assert result.code == 2, result.stderr
+    assert "use letters, digits, '.', '_' and '-'" in result.stderr
+    assert "\x1b" not in result.stderr
+    assert deepline("runs", "list", "--json").stdout == ""  # nothing was created
+
+
+def test_stored_control_characters_are_shown_escaped(deepline: Run, store_path: Path, tmp_path: Path) -> None:
+    """A store written before ids were checked, with an escape in a run id, a play name and
+    a log line, and a NUL: every view shows them escaped, and the report stays here."""
+    store = SQLiteStore(store_path)
+    now = time.time()
+    hostile = "r-\x1b[2Jx/../../esc"
+    store.insert_run(RunRecord(run_id=hostile, play="play\x1b[31m", play_ref="p.py", input={}, status="failed",
+                               error={"message": "boom\x00\x1b[0m"}, created_at=now, updated_at=now))  # fmt: skip
+    store.apply(Writes(logs=[LogLine(hostile, 1, now, "info", "clear\x1b[2J screen\x00 nul")]), now)
+    store.close()
+
+    for args in (("runs", "list"), ("runs", "show", hostile), ("runs", "logs", hostile)):
+        shown = deepline(*args)
+        assert shown.code == 0, (args, shown.stderr)
+        assert "\x1b" not in shown.stdout and "\x00" not in shown.stdout, args
+    assert "\\x1b[2J" in deepline("runs", "logs", hostile).stdout
+
+    report = deepline("runs", "report", hostile, "--html", cwd=tmp_path)
+    assert report.code == 0, report.stderr
+    written = Path(report.stdout.strip())
+    assert written.parent == tmp_path  # not ../esc.html
+    page = written.read_text()
+    assert "\x00" not in page and "\x1b" not in page
+    assert "\\x00" in page
+
+
+def test_a_play_logging_escapes_cannot_drive_the_terminal(deepline: Run, write_play: Callable[..., Path]) -> None:
+    write_play(
+        """
+        from deepline_cli import play
+
+        @play("loud")
+        async def loud(ctx, input):
+            ctx.log("\\x1b[2J\\x1b[Hgotcha")
+            return {}
+        """
+    )
+    result = deepline("run", "play.py")
+    assert result.code == 0, result.stderr
+    assert "\x1b" not in result.stderr and "\\x1b[2J\\x1b[Hgotcha" in result.stderr
