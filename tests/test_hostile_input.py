@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Result
+from tests.conftest import ROOT, Result
 from tests.provider import Provider, ProviderServer, Seen
 
+Run = Callable[..., Result]
 SECRET = 'sk-live/Ab"cd+ef=gh&12?xy9Q'
 
 
@@ -238,3 +239,49 @@ async def ssrf(ctx, input):
         allowed = run_cli(again, tmp_path, cli_env)
         assert json.loads(allowed.stdout) == [None]  # off by default: local plays may fetch local services
         assert len(provider.requests) == 1
+
+
+# --- what used to end as "internal error" --------------------------------------------------
+
+
+def test_an_input_value_that_is_not_utf8_is_a_usage_error(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """A command-line argument that is not valid UTF-8 arrives as lone surrogates."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "deepline_cli", "run", str(ROOT / "examples/hello/play.py"), "--set", b"name=\xff\xfe"],
+        capture_output=True, env=cli_env, cwd=tmp_path,
+    )  # fmt: skip
+    err = proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode == 2, err
+    assert "input field 'name' is not valid UTF-8 text" in err and "Traceback" not in err
+
+
+def test_export_to_a_directory_or_a_full_disk_is_one_sentence(deepline: Run, tmp_path: Path) -> None:
+    leads = ROOT / "examples/lead_enrichment"
+    run = deepline("run", str(leads / "play.py"), "--csv", str(leads / "leads.csv"), "--set", "latency=0",
+                   "--limit", "5", "--run-id", "ex")  # fmt: skip
+    assert run.code == 0, run.stderr
+    folder = deepline("export", "ex", "--out", str(tmp_path))
+    assert folder.code == 2 and "is a directory" in folder.stderr, folder.stderr
+    full = deepline("export", "ex", "--out", "/dev/full")
+    assert full.code == 2 and "No space left on device" in full.stderr, full.stderr
+    for result in (folder, full):
+        assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1, result.stderr
+
+
+def test_plan_of_a_play_whose_rows_never_end_is_bounded(deepline: Run, write_play: Callable[..., Path]) -> None:
+    write_play(
+        """
+        import itertools
+        from deepline_cli import play
+
+        @play("endless")
+        async def endless(ctx, input):
+            rows = ({"n": n} for n in itertools.count())
+            await ctx.map("rows", rows, key="n", columns={"double": lambda row: row["n"] * 2})
+            return {}
+        """
+    )
+    result = deepline("plan", "play.py", timeout=120)
+    assert result.code == 0, result.stderr
+    assert "map rows: 100,000 rows" in result.stdout
+    assert "did not end within 100,000 rows" in result.stdout

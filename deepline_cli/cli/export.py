@@ -32,7 +32,7 @@ def export(
     import sys
 
     from deepline_cli.errors import UsageError
-    from deepline_cli.runtime.dataset import Dataset, open_output, write_csv, write_jsonl
+    from deepline_cli.runtime.dataset import Dataset
     from deepline_cli.store import open_store
 
     db = open_store(store)
@@ -52,14 +52,9 @@ def export(
             raise UsageError(f"Run {run_id} has no map {map!r}; it has: {', '.join(maps)}.")
         if out is not None and not out.parent.is_dir():
             raise UsageError(f"Cannot write {out}: the directory {out.parent} does not exist.")
-        handle = open_output(str(out) if out else None)
-        try:
-            writer = write_csv if format == "csv" else write_jsonl
-            count = writer(Dataset(db, record), handle)
-        finally:
-            handle.flush()
-            if out:
-                handle.close()
+        if out is not None and out.is_dir():
+            raise UsageError(f"Cannot write {out}: it is a directory; give a file name, like {out / 'rows.csv'}.")
+        count = _write(out, format, Dataset(db, record))
         partial = _partial(db, run_id, record)
     finally:
         db.close()
@@ -67,6 +62,27 @@ def export(
         sys.stderr.write(f"Exported {count} rows of map {record.map!r} to {out}.\n")
     if partial:
         sys.stderr.write(partial + "\n")
+
+
+def _write(out: Path | None, format: str, dataset: Any) -> int:
+    """Write the rows; a file that cannot be written (a full disk, no permission) is one
+    sentence, exit 2."""
+    from deepline_cli.errors import UsageError
+    from deepline_cli.runtime.dataset import open_output, write_csv, write_jsonl
+
+    writer = write_csv if format == "csv" else write_jsonl
+    try:
+        handle = open_output(str(out) if out else None)
+        try:
+            return writer(dataset, handle)
+        finally:
+            handle.flush()
+            if out:
+                handle.close()
+    except OSError as exc:
+        if isinstance(exc, BrokenPipeError):
+            raise  # the reader went away: cli_errors ends quietly
+        raise UsageError(f"Cannot write {out or 'the rows to stdout'}: {exc.strerror or exc}.") from None
 
 
 def _partial(db: Any, run_id: str, record: Any) -> str | None:

@@ -83,4 +83,23 @@ def build_input(raw: str | None, csv: Path | None, assignments: list[str], *, cw
         value["csv"] = str(path.resolve())
     for assignment in assignments:
         apply_set(value, assignment)
+    _check_text(value, "")
     return value
+
+
+def _check_text(value: Any, where: str) -> None:
+    """Every string of the input is valid Unicode text: a command-line argument that is not
+    valid UTF-8 arrives as lone surrogates, which no JSON (nor any provider) can carry."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            name = f"input field {where!r}" if where else "the input"
+            raise InputError(f"The value of {name} is not valid UTF-8 text.") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key, where)
+            _check_text(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_text(item, f"{where}[{index}]")

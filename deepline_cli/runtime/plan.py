@@ -45,7 +45,7 @@ from deepline_cli.runtime.pilot import whole_row_reusable
 from deepline_cli.runtime.play import PlayDef
 from deepline_cli.runtime.receipts import ReceiptBook, RunScope, receipt_key, stored_failure
 from deepline_cli.runtime.reuse import previous_value, refresh_after
-from deepline_cli.runtime.rows import RowKey
+from deepline_cli.runtime.rows import CsvSource, RowKey
 from deepline_cli.runtime.secrets import Secrets
 from deepline_cli.runtime.services import RunServices
 from deepline_cli.runtime.stats import RunStats
@@ -353,10 +353,33 @@ class PlanContext(Context):
         concurrency: int | None = None,
         limit: int | None = None,
     ) -> PlanDataset:
+        bounded = Bounded(rows)
         engine = MapRun(
-            self, self._s, name, rows, columns, key=key, on_row_error=on_row_error, concurrency=1, limit=limit
+            self, self._s, name, bounded, columns, key=key, on_row_error=on_row_error, concurrency=1, limit=limit
         )
-        return await self._planner.plan_map(engine, RowPlanner(self._planner, engine))
+        return await self._planner.plan_map(engine, RowPlanner(self._planner, engine), bounded)
+
+
+GENERATOR_ROWS = 100_000  # a row source of unknown length is planned this far
+
+
+class Bounded:
+    """A map's rows while planning: a source of unknown length (a generator, perhaps one that
+    never ends) is read only to GENERATOR_ROWS rows; a list or a CSV whole."""
+
+    def __init__(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        self.rows = rows
+        self.finite = isinstance(rows, CsvSource) or hasattr(rows, "__len__")
+        self.cut = False
+        self.columns = getattr(rows, "columns", None)
+        self.description = getattr(rows, "description", "")
+
+    def __iter__(self) -> Iterator[Mapping[str, Any]]:
+        for read, row in enumerate(self.rows):
+            if not self.finite and read >= GENERATOR_ROWS:
+                self.cut = True
+                return
+            yield row
 
 
 class RowPlanner:
@@ -618,7 +641,7 @@ class Planner:
         tools = PlanTools(self.services, self)
         return {t: d.credits for t in tool_ids if (d := tools.declared(t)) is not None}
 
-    async def plan_map(self, engine: MapRun, rows: RowPlanner) -> PlanDataset:
+    async def plan_map(self, engine: MapRun, rows: RowPlanner, source: Bounded) -> PlanDataset:
         plan = MapPlan(engine.name, limit=engine.limit, columns=rows.columns, history_rows=rows.history.rows)
         self.plan.maps.append(plan)
         for chunk in engine._chunks():
@@ -634,6 +657,11 @@ class Planner:
                     await rows.row(job)
         plan.input_rows, plan.duplicate = engine.tally.read, engine.tally.duplicate
         plan.distinct = len(engine.input_index_of)
+        if source.cut:
+            raise NotPlanned(
+                f"map {engine.name!r} reads its rows from a source of unknown length (a generator) that did not end "
+                f"within {GENERATOR_ROWS:,} rows; the figures above are for those rows"
+            )
         if rows.rows is None:
             raise NotPlanned(f"what follows map {engine.name!r} uses its results, known only after running")
         return PlanDataset(engine.name, rows.rows, rows.failed)
