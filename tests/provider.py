@@ -58,9 +58,11 @@ class Provider:
     def script(self, path: str, faults: list[str]) -> None:
         self._scripts[path] = list(faults)
 
+    scheme: str = "http"
+
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def count(self, path: str | None = None) -> int:
         return sum(1 for r in self.requests if path is None or r.path == path)
@@ -88,9 +90,10 @@ class Provider:
 class ProviderServer:
     """Runs a Provider on a background event loop thread."""
 
-    def __init__(self, provider: Provider | None = None, port: int = 0) -> None:
+    def __init__(self, provider: Provider | None = None, port: int = 0, ssl: Any = None) -> None:
         self.provider = provider or Provider()
         self._port = port
+        self._ssl = ssl  # an ssl.SSLContext: serve HTTPS
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.base_events.Server | None = None
@@ -120,7 +123,7 @@ class ProviderServer:
         return int(server.sockets[0].getsockname()[1])
 
     async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self._port, backlog=1024)
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self._port, backlog=1024, ssl=self._ssl)
         self.provider.port = self._server.sockets[0].getsockname()[1]
 
     async def _stop(self) -> None:

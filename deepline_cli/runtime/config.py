@@ -26,6 +26,7 @@ from typing import Any
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.governor import parse_rate
 from deepline_cli.runtime.templates import references
+from deepline_cli.runtime.transport import InvalidRequest, Proxy
 
 CONFIG_NAME = "deepline.toml"
 METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
@@ -46,6 +47,7 @@ _TOOL_KEYS = {
     "batch": dict,
     "version": (str, int),
     "allow_hosts": list,
+    "proxy": str,
 }
 _REMOTE_KEYS = {
     "base_url": str,
@@ -53,6 +55,7 @@ _REMOTE_KEYS = {
     "timeout_s": (int, float),
     "retries": int,
     "credits": (int, float, dict),
+    "proxy": str,
 }
 _BATCH_KEYS = {"max_size": int, "max_wait_ms": (int, float), "items_field": str, "results_field": str}
 
@@ -76,6 +79,7 @@ class HttpToolSpec:
     version: str = "1"
     # Hosts (`host` or `host:port`) a templated URL may reach; empty: the URL's own host.
     allow_hosts: tuple[str, ...] = ()
+    proxy: str | None = None  # this tool's proxy ("" for none); None: HTTP(S)_PROXY decide
 
     def secret_names(self) -> list[str]:
         """Every `${NAME}` the request templates use (the tool's credentials)."""
@@ -96,6 +100,7 @@ class RemoteSpec:
     # answer that carries its own `credits` is billed at that; the declaration is what
     # the budget reserves before the call.
     credits: dict[str, float] = field(default_factory=dict)
+    proxy: str | None = None
 
     def credits_for(self, tool_id: str) -> float | None:
         """The declared credits of a call to `tool_id`, None when nothing is declared."""
@@ -197,6 +202,7 @@ def _tool(path: Path, tool_id: str, spec: Any) -> HttpToolSpec:
         batch=spec.get("batch"),
         version=str(spec.get("version", "1")),
         allow_hosts=tuple(h.lower() for h in allow_hosts),
+        proxy=_proxy(path, owner, spec),
     )
 
 
@@ -220,7 +226,21 @@ def _remote(path: Path, spec: Any) -> RemoteSpec:
         timeout_s=float(spec.get("timeout_s", 60.0)),
         retries=int(spec.get("retries", 5)),
         credits=_remote_credits(path, spec.get("credits", {})),
+        proxy=_proxy(path, "[remote]", spec),
     )
+
+
+def _proxy(path: Path, owner: str, spec: dict[str, Any]) -> str | None:
+    """`proxy = "http://proxy.corp:3128"` (or "" to go direct whatever the environment says)."""
+    if "proxy" not in spec:
+        return None
+    value = str(spec["proxy"]).strip()
+    if value:
+        try:
+            Proxy.parse(value)
+        except InvalidRequest as exc:
+            raise UsageError(f"{path}: {owner} proxy: {exc}.") from None
+    return value
 
 
 def _remote_credits(path: Path, declared: Any) -> dict[str, float]:

@@ -34,6 +34,7 @@ from deepline_cli.runtime.tools import ToolCall, ToolDef
 from deepline_cli.runtime.transport import (
     InvalidRequest,
     InvalidResponse,
+    ProxyRefused,
     Response,
     Transport,
     TransportError,
@@ -87,6 +88,7 @@ class Http:
         client_errors: bool = False,
         call: ToolCall | None = None,
         pool: Transport | None = None,
+        proxy: str | None = None,
     ) -> Response:
         """The provider's answer (2xx, and 4xx other than 429 with `client_errors`), or a
         ToolExecutionError after the retries allowed. Before every attempt the call's lease
@@ -96,7 +98,7 @@ class Http:
             if call is not None:
                 call.ensure_lease()
             try:
-                response = await self._once(pool or self.pool, request, timeout_s)
+                response = await self._once(pool or self.pool, request, timeout_s, proxy)
                 failure = self._failure(response, tool)
                 if failure is None or (client_errors and not failure.retryable):
                     return response
@@ -117,7 +119,7 @@ class Http:
         if self.fetch_pool is not self.pool:
             await self.fetch_pool.aclose()
 
-    async def _once(self, pool: Transport, request: Request, timeout_s: float) -> Response:
+    async def _once(self, pool: Transport, request: Request, timeout_s: float, proxy: str | None) -> Response:
         try:
             return await pool.request(
                 request.method,
@@ -126,7 +128,14 @@ class Http:
                 params=request.params,
                 json=request.json,
                 timeout_s=timeout_s,
+                proxy=proxy,
             )
+        except ProxyRefused as exc:
+            # Configuration, not the call's failure: nothing is recorded on its receipt, so
+            # the run continues once the proxy settings are fixed.
+            raise UsageError(
+                self.secrets.redact(str(exc)) + "; check HTTP_PROXY / HTTPS_PROXY or the tool's `proxy`"
+            ) from None
         except InvalidRequest as exc:
             reason = self.secrets.redact(str(exc))
             raise ToolExecutionError(
@@ -290,9 +299,12 @@ class HttpTools:
         timeout_s: float,
         retries: int,
         call: ToolCall,
+        proxy: str | None,
     ) -> Response:
         try:
-            return await self.http.send(request, tool=tool, timeout_s=timeout_s, retries=retries, call=call)
+            return await self.http.send(
+                request, tool=tool, timeout_s=timeout_s, retries=retries, call=call, proxy=proxy
+            )
         except ToolExecutionError as exc:
             if exc.category == "authentication" and names:
                 self.http.secrets.reload()
@@ -343,6 +355,7 @@ class HttpTools:
                 timeout_s=spec.timeout_s,
                 retries=spec.retries,
                 call=call,
+                proxy=spec.proxy,
             )
             answer = http.decode(response, spec.id)
             if spec.batch and isinstance(answer, dict):
@@ -388,7 +401,7 @@ class HttpTools:
                 },
             )
             response = await http.send(
-                request, tool=tool_id, timeout_s=remote.timeout_s, retries=remote.retries, call=call
+                request, tool=tool_id, timeout_s=remote.timeout_s, retries=remote.retries, call=call, proxy=remote.proxy
             )
             body = http.decode(response, tool_id)
             if not isinstance(body, dict):

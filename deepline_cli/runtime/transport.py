@@ -20,6 +20,7 @@ import codecs
 import contextlib
 import functools
 import ipaddress
+import os
 import socket
 import ssl
 import time
@@ -34,6 +35,7 @@ import h11
 from deepline_cli import __version__, _json
 
 Origin = tuple[str, str, int]  # scheme, host, port
+Route = tuple[Origin, str]  # an origin and the proxy reaching it ("" for none): what a connection is kept for
 AddressCheck = Callable[[ipaddress.IPv4Address | ipaddress.IPv6Address], None]
 
 KEEPALIVE_S = 30.0
@@ -65,6 +67,10 @@ class TransportError(Exception):
     """The connection failed before a whole answer arrived."""
 
 
+class ProxyRefused(InvalidRequest):
+    """The proxy answered, but would not carry the request (407, 403…): not worth retrying."""
+
+
 class TransportTimeout(TransportError):
     """Connecting, waiting for a free connection, or waiting for the answer took longer than
     allowed (a request is written in one go, so a stalled upload shows as a late answer)."""
@@ -72,10 +78,113 @@ class TransportTimeout(TransportError):
 
 @functools.cache
 def tls_context() -> ssl.SSLContext:
-    """One TLS context for every connection of the process: building one costs ~20-45 ms."""
+    """One TLS context for every connection of the process: building one costs ~20-45 ms.
+    Trusts the system's certificate authorities, and those of `SSL_CERT_FILE` and
+    `SSL_CERT_DIR` when set (a company's own CA), as httpx and curl do."""
     context = ssl.create_default_context()
+    cafile, capath = os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")
+    if cafile or capath:
+        try:
+            context.load_verify_locations(cafile=cafile or None, capath=capath or None)
+        except (OSError, ssl.SSLError) as exc:
+            where = " and ".join(f"{n}={v}" for n, v in (("SSL_CERT_FILE", cafile), ("SSL_CERT_DIR", capath)) if v)
+            raise InvalidRequest(f"the certificates of {where} cannot be loaded ({exc})") from None
     context.set_alpn_protocols(["http/1.1"])
     return context
+
+
+# --- proxies -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Proxy:
+    """An HTTP proxy (`http://[user:password@]host:port`): plain http requests go to it in
+    absolute form, https ones through a CONNECT tunnel."""
+
+    url: str
+    host: str
+    port: int
+    authorization: str | None  # the Proxy-Authorization header, from the URL's credentials
+
+    @staticmethod
+    def parse(url: str) -> Proxy:
+        try:
+            parts = urlsplit(url if "://" in url else "http://" + url)
+            port = parts.port or 80
+        except ValueError as exc:
+            raise InvalidRequest(f"the proxy URL {_without_password(url)!r} is not valid ({exc})") from None
+        if parts.scheme.lower() != "http" or not parts.hostname:
+            raise InvalidRequest(
+                f"the proxy {_without_password(url)!r} is not an http:// proxy "
+                "(https and socks proxies are not supported)"
+            )
+        authorization = None
+        if parts.username is not None:
+            credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+            authorization = "Basic " + base64.b64encode(credentials).decode()
+        return Proxy(_without_password(url), parts.hostname, port, authorization)
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url if "://" in url else "http://" + url)
+    if parts.password is None:
+        return url
+    return url.replace(f":{parts.password}@", ":***@", 1)
+
+
+class Proxies:
+    """Which proxy a request goes through: the one given for its tool (`proxy = "…"` in
+    deepline.toml; "" for none), else the environment's, read as httpx's trust_env reads it:
+    `HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY` (lower-case names too), and `NO_PROXY` for the
+    hosts that go direct (names, domain suffixes, addresses, `*`)."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        found = _proxies_from(dict(os.environ if environ is None else environ))
+        self._by_scheme = {
+            scheme: Proxy.parse(url) for scheme, url in found.items() if scheme in ("http", "https", "all")
+        }
+        self._no_proxy = found.get("no", "")
+
+    def route(self, origin: Origin, given: str | None) -> Proxy | None:
+        if given is not None:
+            return Proxy.parse(given) if given else None
+        scheme, host, port = origin
+        proxy = self._by_scheme.get(scheme) or self._by_scheme.get("all")
+        if proxy is None or _bypassed(host, port, self._no_proxy):
+            return None
+        return proxy
+
+
+def _proxies_from(environ: dict[str, str]) -> dict[str, str]:
+    """`{scheme: url}` from *_PROXY variables; a lower-case name wins over an upper-case one."""
+    found: dict[str, str] = {}
+    for name, value in environ.items():
+        if name.upper().endswith("_PROXY") and value and (name.islower() or name.lower() not in environ):
+            found[name[: -len("_proxy")].lower()] = value.strip()
+    return found
+
+
+def _bypassed(host: str, port: int, no_proxy: str) -> bool:
+    """Does NO_PROXY send this host direct?"""
+    for entry in (e.strip().lower() for e in no_proxy.split(",")):
+        if not entry:
+            continue
+        if entry == "*":
+            return True
+        name, _, entry_port = entry.partition(":") if entry.count(":") == 1 else (entry, "", "")
+        if entry_port and entry_port != str(port):
+            continue
+        name = name.lstrip(".")
+        if host == name or host.endswith("." + name) or _in_network(host, name):
+            return True
+    return False
+
+
+def _in_network(host: str, entry: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")) in ipaddress.ip_network(entry.strip("[]"), strict=False)
+    except ValueError:
+        return False
 
 
 # --- building a request ------------------------------------------------------------------------
@@ -123,6 +232,19 @@ def build(method: str, url: str, headers: Mapping[str, str], params: Mapping[str
     except h11.LocalProtocolError:
         raise InvalidRequest(_what_is_invalid(method, headers)) from None
     return Outgoing(method, url, origin, event, body, headers)
+
+
+def _absolute(request: Outgoing, proxy: Proxy) -> Outgoing:
+    """A plain http request as sent to a proxy: the whole URL as its target, and the
+    proxy's credentials."""
+    scheme, host, port = request.origin
+    netloc = f"[{host}]" if ":" in host else host
+    target = f"{scheme}://{netloc}:{port}".encode("ascii") + request.event.target
+    headers = list(request.event.headers)
+    if proxy.authorization:
+        headers.append((b"Proxy-Authorization", proxy.authorization.encode("ascii")))
+    event = h11.Request(method=request.event.method, target=target, headers=headers)
+    return Outgoing(request.method, request.url, request.origin, event, request.body, request.headers)
 
 
 def _origin(parts: SplitResult) -> Origin:
@@ -387,6 +509,31 @@ class Connection(asyncio.Protocol):
         content = _decoded(b"".join(chunks), _header(head, b"content-encoding")) if chunks else b""
         return Response(head.status_code, Headers(head.headers), content)
 
+    async def tunnel(self, origin: Origin, proxy: Proxy, timeout_s: float) -> None:
+        """Ask the proxy for a tunnel to `origin` (CONNECT); after it, this connection starts
+        again, to the origin, and TLS goes through the tunnel."""
+        _, host, port = origin
+        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        headers = [(b"Host", authority.encode("ascii"))]
+        if proxy.authorization:
+            headers.append((b"Proxy-Authorization", proxy.authorization.encode("ascii")))
+        assert self.transport is not None
+        self.transport.write(
+            self.h11.send(h11.Request(method="CONNECT", target=authority.encode("ascii"), headers=headers))
+        )
+        event = await self._next(timeout_s)
+        while isinstance(event, h11.InformationalResponse):
+            event = await self._next(timeout_s)
+        if not isinstance(event, h11.Response):
+            raise TransportError(f"the proxy {proxy.url} closed the connection instead of opening a tunnel")
+        if not 200 <= event.status_code < 300:
+            reason = event.reason.decode("latin-1")
+            refusal = f"the proxy {proxy.url} refused a tunnel to {authority} ({event.status_code} {reason})"
+            if event.status_code >= 500:
+                raise TransportError(refusal)  # it could not reach the host: worth another attempt
+            raise ProxyRefused(refusal)
+        self.h11 = h11.Connection(h11.CLIENT)  # from here on, bytes are the origin's
+
     async def _next(self, timeout_s: float) -> object:
         while (event := self.h11.next_event()) is h11.NEED_DATA:
             await self._readable(timeout_s)
@@ -408,13 +555,15 @@ class Connection(asyncio.Protocol):
 
 
 @contextlib.contextmanager
-def _connect_errors(host: str, port: int, timeout_s: float) -> Iterator[None]:
+def _connect_errors(host: str, port: int, timeout_s: float, what: str = "") -> Iterator[None]:
     try:
         yield
     except TimeoutError:  # before OSError: asyncio's timeout is one
-        raise TransportTimeout(f"connecting to {host}:{port} took over {timeout_s:g}s") from None
+        raise TransportTimeout(f"connecting to {what}{host}:{port} took over {timeout_s:g}s") from None
+    except ssl.SSLCertVerificationError as exc:
+        raise TransportError(f"the certificate of {host}:{port} is not trusted ({exc.verify_message})") from None
     except OSError as exc:
-        raise TransportError(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
+        raise TransportError(f"cannot connect to {what}{host}:{port}: {exc.strerror or exc}") from None
 
 
 async def _resolved(host: str, port: int) -> list[str]:
@@ -430,6 +579,28 @@ async def _first_to_connect(addresses: list[str], port: int, tls_host: str | Non
         with contextlib.suppress(OSError):
             return (await loop.create_connection(Connection, address, port, ssl=tls, server_hostname=tls_host))[1]
     return (await loop.create_connection(Connection, addresses[-1], port, ssl=tls, server_hostname=tls_host))[1]
+
+
+async def _through(proxy: Proxy, origin: Origin, timeout_s: float) -> Connection:
+    """A connection to `origin` by way of `proxy`: for https, a CONNECT tunnel with TLS to
+    the origin inside it; for http, the connection to the proxy itself."""
+    scheme, host, _ = origin
+    with _connect_errors(proxy.host, proxy.port, timeout_s, what="the proxy "):
+        connection = await _first_to_connect([proxy.host], proxy.port, None)
+    if scheme != "https":
+        return connection
+    try:
+        await connection.tunnel(origin, proxy, timeout_s)
+        assert connection.transport is not None
+        loop = asyncio.get_running_loop()
+        with _connect_errors(host, origin[2], timeout_s):
+            tls = await loop.start_tls(connection.transport, connection, tls_context(), server_hostname=host)
+    except BaseException:
+        connection.close()
+        raise
+    assert isinstance(tls, asyncio.Transport)
+    connection.transport = tls
+    return connection
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:
@@ -459,13 +630,19 @@ class Transport:
     """
 
     def __init__(
-        self, size: int = 64, *, max_idle: int | None = None, address_check: AddressCheck | None = None
+        self,
+        size: int = 64,
+        *,
+        max_idle: int | None = None,
+        address_check: AddressCheck | None = None,
+        proxies: Proxies | None = None,
     ) -> None:
         self._slots = asyncio.Semaphore(size)
         self._max_idle = 4 * size if max_idle is None else max_idle
-        self._idle: dict[Origin, dict[Connection, None]] = {}
-        self._oldest_idle: dict[Connection, Origin] = {}  # insertion order: least recently used first
+        self._idle: dict[Route, dict[Connection, None]] = {}
+        self._oldest_idle: dict[Connection, Route] = {}  # insertion order: least recently used first
         self._address_check = address_check
+        self._proxies = proxies if proxies is not None else Proxies()
         self._closed = False
 
     async def request(
@@ -477,28 +654,34 @@ class Transport:
         params: Mapping[str, Any] | None,
         json: Any,
         timeout_s: float,
+        proxy: str | None = None,
     ) -> Response:
         """The answer, after following up to MAX_REDIRECTS redirects (as httpx does); `json`
-        (when not None) is the body."""
+        (when not None) is the body. `proxy`: the tool's own proxy URL ("" for none; None:
+        the environment decides)."""
         outgoing = build(method, url, headers, params, b"" if json is None else _json.dumps(json))
         for _ in range(MAX_REDIRECTS + 1):
-            response = await self._exchange(outgoing, timeout_s)
+            response = await self._exchange(outgoing, timeout_s, proxy)
             location = response.headers.get("location") if response.status_code in _REDIRECTS else None
             if location is None:
                 return response
             outgoing = outgoing.redirected(response.status_code, location)
         raise InvalidResponse(f"more than {MAX_REDIRECTS} redirects")
 
-    async def _exchange(self, request: Outgoing, timeout_s: float) -> Response:
+    async def _exchange(self, request: Outgoing, timeout_s: float, given_proxy: str | None) -> Response:
+        proxy = self._proxies.route(request.origin, given_proxy)
+        route: Route = (request.origin, proxy.url if proxy else "")
+        if proxy is not None and request.origin[0] == "http":
+            request = _absolute(request, proxy)  # to the proxy itself: the whole URL, and its credentials
         await self._slot(timeout_s)
         try:
-            connection = self._reused(request.origin) or await self._connect(request.origin, timeout_s)
+            connection = self._reused(route) or await self._connect(request.origin, timeout_s, proxy)
             try:
                 response = await connection.exchange(request, timeout_s)
             except h11.ProtocolError as exc:
                 raise TransportError(f"the server broke HTTP/1.1 ({exc})") from None
             finally:
-                self._keep(request.origin, connection)
+                self._keep(route, connection)
         finally:
             self._slots.release()
         return response
@@ -513,8 +696,8 @@ class Transport:
         except TimeoutError:
             raise TransportTimeout(f"no free connection within {timeout_s:g}s") from None
 
-    def _reused(self, origin: Origin) -> Connection | None:
-        idle = self._idle.get(origin)
+    def _reused(self, route: Route) -> Connection | None:
+        idle = self._idle.get(route)
         now = time.monotonic()
         while idle:
             connection, _ = idle.popitem()  # the most recently used: least likely closed by the server
@@ -524,12 +707,12 @@ class Transport:
             connection.close()
         return None
 
-    def _keep(self, origin: Origin, connection: Connection) -> None:
+    def _keep(self, route: Route, connection: Connection) -> None:
         if self._closed or not connection.reusable(time.monotonic()):
             connection.close()
             return
-        self._idle.setdefault(origin, {})[connection] = None
-        self._oldest_idle[connection] = origin
+        self._idle.setdefault(route, {})[connection] = None
+        self._oldest_idle[connection] = route
         if len(self._oldest_idle) > self._max_idle:
             oldest, its_origin = next(iter(self._oldest_idle.items()))
             del self._oldest_idle[oldest], self._idle[its_origin][oldest]
@@ -537,7 +720,7 @@ class Transport:
                 del self._idle[its_origin]
             oldest.close()
 
-    async def _connect(self, origin: Origin, timeout_s: float) -> Connection:
+    async def _connect(self, origin: Origin, timeout_s: float, proxy: Proxy | None) -> Connection:
         scheme, host, port = origin
         deadline = asyncio.get_running_loop().time() + timeout_s
         addresses = [host]
@@ -547,6 +730,10 @@ class Transport:
                     addresses = await _resolved(host, port)
             for address in addresses:  # outside the error mapping: a veto is raised as it is
                 self._address_check(ipaddress.ip_address(address.partition("%")[0]))
+            proxy = None  # a checked fetch goes to the address checked, never through a proxy
+        if proxy is not None:
+            async with asyncio.timeout_at(deadline):
+                return await _through(proxy, origin, timeout_s)
         with _connect_errors(host, port, timeout_s):
             async with asyncio.timeout_at(deadline):
                 return await _first_to_connect(addresses, port, host if scheme == "https" else None)

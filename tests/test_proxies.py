@@ -1,0 +1,182 @@
+"""Corporate networks: HTTP tools through a real HTTP proxy (proxy.py, in a process of its
+own), HTTPS through a CONNECT tunnel to a provider whose certificate comes from a test CA
+(trustme) trusted with SSL_CERT_FILE, NO_PROXY, a tool's own `proxy`, and a proxy that
+refuses, in one sentence."""
+
+from __future__ import annotations
+
+import ssl
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Result
+from tests.helpers import wait_until
+from tests.provider import Provider, ProviderServer
+
+trustme = pytest.importorskip("trustme", reason="trustme is a dev dependency (pip install -e '.[dev]')")
+Run = Callable[..., Result]
+
+
+class ProxyProcess:
+    """proxy.py listening on a free port; its access log says what went through it."""
+
+    def __init__(self, folder: Path, *extra: str) -> None:
+        self.log = folder / "proxy.log"
+        port_file = folder / "proxy.port"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "--hostname", "127.0.0.1", "--port", "0", "--port-file", str(port_file),
+             "--num-workers", "1", "--num-acceptors", "1", "--log-file", str(self.log), *extra],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.port = int(wait_until(lambda: port_file.exists() and port_file.read_text().strip(), what="proxy.py"))
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def carried(self) -> list[str]:
+        """The access-log lines: one per request or tunnel that went through."""
+        time.sleep(0.2)  # the proxy writes its access line once the connection closes
+        return [line for line in self.log.read_text().splitlines() if "access_log" in line]
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def proxy(tmp_path: Path) -> Iterator[ProxyProcess]:
+    running = ProxyProcess(tmp_path)
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+@pytest.fixture
+def ca(tmp_path: Path) -> tuple[object, Path]:
+    authority = trustme.CA()
+    pem = tmp_path / "company-ca.pem"
+    authority.cert_pem.write_to_path(str(pem))
+    return authority, pem
+
+
+@pytest.fixture
+def https_provider(ca: tuple[object, Path]) -> Iterator[Provider]:
+    authority, _ = ca
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("127.0.0.1", "localhost").configure_cert(context)  # type: ignore[attr-defined]
+    provider = Provider()
+    provider.scheme = "https"
+    with ProviderServer(provider, ssl=context) as running:
+        yield running
+
+
+@pytest.fixture
+def http_provider() -> Iterator[Provider]:
+    with ProviderServer() as running:
+        yield running
+
+
+PLAY = """
+from deepline_cli import play
+
+@play("proxied")
+async def proxied(ctx, input):
+    result = await ctx.tools.execute("lookup", "corp.lookup", {"domain": "acme.com"})
+    return result.output["path"]
+"""
+
+
+def project(tmp_path: Path, url: str, extra: str = "") -> Path:
+    (tmp_path / "deepline.toml").write_text(
+        textwrap.dedent(
+            f"""\
+            [tools."corp.lookup"]
+            url = "{url}/v1/lookup"
+            query = {{ domain = "{{domain}}" }}
+            retries = 1
+            {extra}
+            """
+        )
+    )
+    play = tmp_path / "play.py"
+    play.write_text(textwrap.dedent(PLAY))
+    return play
+
+
+def test_https_goes_through_the_proxy_in_a_connect_tunnel_with_the_company_ca(
+    deepline: Run, tmp_path: Path, proxy: ProxyProcess, https_provider: Provider, ca: tuple[object, Path]
+) -> None:
+    play = project(tmp_path, https_provider.url)
+    result = deepline("run", str(play), HTTPS_PROXY=proxy.url, SSL_CERT_FILE=str(ca[1]))
+    assert result.code == 0, result.stderr
+    assert https_provider.count("/v1/lookup") == 1
+    assert any(f"CONNECT 127.0.0.1:{https_provider.port}" in line for line in proxy.carried())
+
+
+def test_the_company_ca_is_needed_for_a_certificate_it_signed(
+    deepline: Run, tmp_path: Path, https_provider: Provider
+) -> None:
+    play = project(tmp_path, https_provider.url)
+    result = deepline("run", str(play), DEEPLINE_RETRY_BASE_S="0.01")
+    assert result.code == 1
+    assert "is not trusted" in result.stderr and "Traceback" not in result.stderr
+    assert https_provider.count() == 0
+
+
+def test_http_goes_through_the_proxy_and_no_proxy_goes_direct(
+    deepline: Run, tmp_path: Path, proxy: ProxyProcess, http_provider: Provider
+) -> None:
+    play = project(tmp_path, http_provider.url)
+    through = deepline("run", str(play), HTTP_PROXY=proxy.url)
+    assert through.code == 0, through.stderr
+    assert any(f"GET 127.0.0.1:{http_provider.port}/v1/lookup" in line for line in proxy.carried())
+
+    direct = deepline("run", str(play), "--force-refresh", HTTP_PROXY=proxy.url, NO_PROXY="localhost,127.0.0.1")
+    assert direct.code == 0, direct.stderr
+    assert http_provider.count("/v1/lookup") == 2
+    assert len(proxy.carried()) == 1  # the second call did not go through it
+
+
+def test_a_tool_may_name_its_own_proxy_or_none(
+    deepline: Run, tmp_path: Path, proxy: ProxyProcess, http_provider: Provider
+) -> None:
+    play = project(tmp_path, http_provider.url, f'proxy = "{proxy.url}"')
+    assert deepline("run", str(play)).code == 0
+    assert len(proxy.carried()) == 1
+    play = project(tmp_path, http_provider.url, 'proxy = ""')  # direct, whatever the environment says
+    assert deepline("run", str(play), "--force-refresh", HTTP_PROXY=proxy.url).code == 0
+    assert len(proxy.carried()) == 1 and http_provider.count("/v1/lookup") == 2
+
+
+def test_a_proxy_that_refuses_is_one_sentence(
+    deepline: Run, tmp_path: Path, https_provider: Provider, ca: tuple[object, Path]
+) -> None:
+    """One that wants credentials it was not given (407), and one that is not there."""
+    guarded = ProxyProcess(tmp_path, "--basic-auth", "corp:secret")
+    try:
+        play = project(tmp_path, https_provider.url)
+        refused = deepline("run", str(play), HTTPS_PROXY=guarded.url, SSL_CERT_FILE=str(ca[1]))
+        let_in = deepline(
+            "run", str(play), HTTPS_PROXY=guarded.url.replace("://", "://corp:secret@"), SSL_CERT_FILE=str(ca[1])
+        )
+    finally:
+        guarded.close()
+    assert refused.code == 2, refused.stderr  # configuration: nothing recorded on the receipt
+    assert "refused a tunnel to 127.0.0.1" in refused.stderr and "407" in refused.stderr
+    assert "retried" not in refused.stderr  # not worth another attempt
+    assert let_in.code == 0, let_in.stderr
+    assert "secret" not in let_in.stderr + refused.stderr
+
+    absent = deepline(
+        "run", str(play), "--force-refresh", HTTPS_PROXY="http://127.0.0.1:9", DEEPLINE_RETRY_BASE_S="0.01"
+    )
+    assert absent.code == 1
+    assert "cannot connect to the proxy 127.0.0.1:9" in absent.stderr
+    for result in (refused, absent):
+        assert "Traceback" not in result.stderr
+    assert https_provider.count("/v1/lookup") == 1
