@@ -7,6 +7,7 @@ import compileall
 import contextlib
 import fcntl
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -33,7 +34,7 @@ def pytest_configure(config: pytest.Config) -> None:
         compileall.compile_dir(ROOT / "deepline_cli", quiet=1)
 
 
-_SUBPROCESS_FIXTURES = {"deepline", "spawn", "cli", "pg_cli", "cli_env"}
+_SUBPROCESS_FIXTURES = {"deepline_process", "spawn", "cli", "pg_cli"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -86,7 +87,50 @@ def cli_env(tmp_path: Path, store_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 def deepline(tmp_path: Path, cli_env: dict[str, str]) -> Callable[..., Result]:
-    """Run the real command line in a subprocess: `deepline("run", "play.py")`."""
+    """Run the real command line in this process (typer's CliRunner), as a person types it:
+    `deepline("run", "play.py")`, in `tmp_path` (or `cwd`), with `cli_env` and `env` as the
+    environment. For what needs a process of its own (signals, kills, hash seeds, another
+    process's locks), use `deepline_process`."""
+    from typer.testing import CliRunner
+
+    from deepline_cli.cli.app import app
+
+    def invoke(*args: str, cwd: Path | None = None, timeout: float = 120, **env: str) -> Result:
+        environment: dict[str, str | None] = {k: None for k in os.environ if k.startswith("DEEPLINE_")}
+        environment.update({**cli_env, **env})
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            with contextlib.chdir(cwd or tmp_path), a_new_process():
+                result = CliRunner().invoke(app, list(args), env=environment, catch_exceptions=False)
+        finally:
+            for sig, handler in handlers.items():  # a run hands signals to itself: give them back
+                signal.signal(sig, handler)
+        return Result(result.exit_code, result.stdout, result.stderr)
+
+    return invoke
+
+
+@contextlib.contextmanager
+def a_new_process() -> Iterator[None]:
+    """What a command sees as a process of its own: no plays or tools registered by earlier
+    commands of this test process (each command loads its play again)."""
+    from deepline_cli.runtime import play, tools
+
+    saved = (dict(play._ALL_PLAYS), dict(tools._REGISTRY))
+    play._ALL_PLAYS.clear()
+    tools._REGISTRY.clear()
+    try:
+        yield
+    finally:
+        play._ALL_PLAYS.clear()
+        play._ALL_PLAYS.update(saved[0])
+        tools._REGISTRY.clear()
+        tools._REGISTRY.update(saved[1])
+
+
+@pytest.fixture
+def deepline_process(tmp_path: Path, cli_env: dict[str, str]) -> Callable[..., Result]:
+    """Run the real command in a subprocess: `deepline_process("run", "play.py")`."""
 
     def invoke(*args: str, cwd: Path | None = None, timeout: float = 120, **env: str) -> Result:
         proc = subprocess.run(

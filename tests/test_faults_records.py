@@ -206,7 +206,8 @@ from deepline_cli import play, tool
 
 @tool("paced.t", rate_limit="10/s")
 def t(input):
-    open(input["log"], "a").write(f"{time.monotonic()}\\n")
+    with open(input["log"], "a") as log:
+        log.write(f"{time.monotonic()}\\n")
     return input["i"]
 
 @play("starved")

@@ -246,7 +246,7 @@ def _in_terminal(command: list[str], columns: int, env: dict[str, str], cwd: Pat
     return [line.rstrip() for line in re.split(r"\r\n|\r|\n", text)]
 
 
-def test_help_reads_well(deepline: Run) -> None:
+def test_help_reads_well(deepline: Run, deepline_process: Run) -> None:
     top = deepline("--help")
     assert "Examples:" in top.stdout and "deepline run examples/hello/play.py" in top.stdout
     assert "--install-completion" in top.stdout
@@ -254,5 +254,5 @@ def test_help_reads_well(deepline: Run) -> None:
     assert "--set KEY=VALUE" in run and "--input JSON|@FILE" in run and "--limit N" in run
     assert "<list" not in run and "<int" not in run and "<float" not in run
     # The shell named, not detected from the processes above the test (there may be none).
-    completion = deepline("--show-completion", "bash", _TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION="1")
+    completion = deepline_process("--show-completion", "bash", _TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION="1")
     assert completion.code == 0 and "COMPREPLY" in completion.stdout

@@ -67,7 +67,8 @@ from deepline_cli import play, tool
 
 @tool("t.count")
 def count(input):
-    open(input["log"], "a").write("x")
+    with open(input["log"], "a") as log:
+        log.write("x")
     return 1
 
 @play("typo")
@@ -90,7 +91,7 @@ def test_an_error_in_the_plays_code_stops_the_map_at_the_first_row(
 
     assert result.code == 1, result.stderr
     assert "KeyError: 'websiet'" in result.stderr
-    assert "play.py line 14" in result.stderr
+    assert "play.py line 15" in result.stderr
     assert "Traceback" not in result.stderr
     assert len(log.read_text()) <= 8  # stopped at once: not 200 paid calls for nothing
 
@@ -103,7 +104,8 @@ from deepline_cli import ToolExecutionError, play, tool
 
 @tool("t.auth")
 def auth(input):
-    open(input["log"], "a").write("x")
+    with open(input["log"], "a") as log:
+        log.write("x")
     raise ToolExecutionError("401 from t.auth: invalid API key", category="authentication", status_code=401)
 
 @play("unauthorised")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -74,11 +75,14 @@ def _write(out: Path | None, format: str, dataset: Any) -> int:
     try:
         handle = open_output(str(out) if out else None)
         try:
-            return writer(dataset, handle)
-        finally:
+            count = writer(dataset, handle)
             handle.flush()
+            return count
+        finally:
             if out:
-                handle.close()
+                handle.close()  # closes the file even when its last flush fails (a full disk)
+            elif isinstance(handle, io.TextIOWrapper):
+                handle.detach()  # stdout's own buffer stays open: only the wrapper goes
     except OSError as exc:
         if isinstance(exc, BrokenPipeError):
             raise  # the reader went away: cli_errors ends quietly

@@ -152,7 +152,9 @@ class MapRun:
         if on_row_error not in ("isolate", "fail"):
             raise UsageError(f"Map {name!r}: on_row_error must be 'isolate' or 'fail', not {on_row_error!r}.")
         self.ctx, self.s, self.name, self.rows = ctx, services, name, rows
-        rows_path = str(rows.path) if isinstance(rows, CsvSource) else None
+        # A CSV's path is left out of the input a cell is keyed on: its rows are keyed by content.
+        path = getattr(rows, "path", None)
+        rows_path = str(path) if isinstance(path, Path) else None
         self.columns = resolve_columns(columns, ctx.play_input, rows_path=rows_path)
         self.key_of = key_function(key)
         self.on_row_error = on_row_error

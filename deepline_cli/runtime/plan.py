@@ -373,6 +373,7 @@ class Bounded:
         self.cut = False
         self.columns = getattr(rows, "columns", None)
         self.description = getattr(rows, "description", "")
+        self.path = getattr(rows, "path", None)  # a CSV's: left out of the input cells are keyed on
 
     def __iter__(self) -> Iterator[Mapping[str, Any]]:
         for read, row in enumerate(self.rows):

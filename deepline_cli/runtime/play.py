@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from deepline_cli import _json
 from deepline_cli.errors import InputError, PlayLoadError, UsageError
+from deepline_cli.runtime.failures import is_play_file
 from deepline_cli.runtime.schema import Schema, SchemaDefinitionError, compile_schema, violation
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -205,12 +206,15 @@ def load_module(path: Path) -> Any:
 
 
 def _forget_other_versions(folder: Path) -> None:
-    """Modules named like ones in `folder` but loaded from elsewhere are imported again."""
+    """Modules named like ones in `folder` are imported again when the play is: one loaded
+    from elsewhere is another play's, and one loaded from here may have changed since (a
+    worker or a test runs many plays in one process). deepline's own modules and installed
+    packages are never forgotten."""
     names = {p.stem for p in folder.glob("*.py")} | {p.parent.name for p in folder.glob("*/__init__.py")}
     for name in names:
         module = sys.modules.get(name)
         file = getattr(module, "__file__", None)
-        if module is not None and file and not Path(file).resolve().is_relative_to(folder.resolve()):
+        if module is not None and file and is_play_file(file):
             for loaded in [n for n in sys.modules if n == name or n.startswith(name + ".")]:
                 del sys.modules[loaded]
 

@@ -76,13 +76,16 @@ class TransportTimeout(TransportError):
     allowed (a request is written in one go, so a stalled upload shows as a late answer)."""
 
 
-@functools.cache
 def tls_context() -> ssl.SSLContext:
     """One TLS context for every connection of the process: building one costs ~20-45 ms.
     Trusts the system's certificate authorities, and those of `SSL_CERT_FILE` and
     `SSL_CERT_DIR` when set (a company's own CA), as httpx and curl do."""
+    return _tls_context(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+
+
+@functools.cache
+def _tls_context(cafile: str | None, capath: str | None) -> ssl.SSLContext:
     context = ssl.create_default_context()
-    cafile, capath = os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")
     if cafile or capath:
         try:
             context.load_verify_locations(cafile=cafile or None, capath=capath or None)

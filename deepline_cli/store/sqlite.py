@@ -122,7 +122,7 @@ class SQLiteStore(SqlStore):
         stopped while it held the lock."""
         conn = self._conn
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version == len(MIGRATIONS):
+        if version == len(MIGRATIONS) and self._applied() == len(MIGRATIONS):
             return
         if version > len(MIGRATIONS):
             raise StoreError(f"The store {self.path} was written by a newer deepline; upgrade deepline to open it.")
@@ -137,6 +137,13 @@ class SQLiteStore(SqlStore):
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+
+    def _applied(self) -> int:
+        """How many migrations the store lists as applied (a read: no lock)."""
+        try:
+            return int(self._conn.execute("SELECT count(*) FROM _migrations").fetchone()[0])
+        except sqlite3.OperationalError:  # no such table: a new file
+            return 0
 
     def _locked(self, exc: sqlite3.Error) -> StoreError:
         """The error for a write that waited for the lock in vain, naming who holds it."""
