@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from deepline_cli.cli.common import JsonOption, StoreOption, cli_errors
-from deepline_cli.cli.run import WorkspaceOption
+from deepline_cli.cli.run import CsvOption, InputOption, PlayConfigOption, SetOption, WorkspaceOption
 
 PLAN_EPILOG = """\b
 Examples:
@@ -21,20 +21,15 @@ Examples:
 @cli_errors
 def plan(
     play: Annotated[str, typer.Argument(metavar="PLAY", help="The play: PATH.py or PATH.py:FUNCTION.")],
-    input: Annotated[str | None, typer.Option("--input", help="Input JSON, or @file.json.")] = None,
-    csv: Annotated[
-        Path | None, typer.Option("--csv", help="A CSV file; the play gets its path as input['csv'].")
-    ] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Set an input key: a.b=value (JSON values parse).")
-    ] = None,
+    input: InputOption = None,
+    csv: CsvOption = None,
+    set_: SetOption = None,
     store: StoreOption = None,
-    config: Annotated[
-        Path | None, typer.Option("--config", help="deepline.toml to use [default: the one next to the play].")
-    ] = None,
+    config: PlayConfigOption = None,
     workspace: WorkspaceOption = "default",
     limit: Annotated[
-        int | None, typer.Option("--limit", min=1, help="Plan a pilot: only the first N distinct rows of each map.")
+        int | None,
+        typer.Option("--limit", metavar="N", min=1, help="Plan a pilot: only the first N distinct rows of each map."),
     ] = None,
     json: JsonOption = False,
 ) -> None:

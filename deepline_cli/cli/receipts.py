@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from deepline_cli.cli.common import JsonOption, StoreOption, cli_errors
+from deepline_cli.cli.common import Command, JsonOption, StoreOption, cli_errors
 from deepline_cli.cli.tables import print_json_lines, print_table, when
 
 app = typer.Typer(help="Inspect receipts: the durable record of every tool call and step.", no_args_is_help=True)
@@ -33,7 +33,7 @@ def receipt_dict(r: Any) -> dict[str, Any]:
     }
 
 
-@app.command("inspect")
+@app.command("inspect", cls=Command)
 @cli_errors
 def inspect(
     key_prefix: Annotated[

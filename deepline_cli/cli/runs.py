@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from deepline_cli.cli.common import JsonOption, StoreOption, cli_errors
+from deepline_cli.cli.common import Command, JsonOption, StoreOption, cli_errors
 from deepline_cli.cli.tables import print_json, print_json_lines, print_table, when
 
 app = typer.Typer(help="List runs, show one, follow or stop one, read its logs.", no_args_is_help=True)
@@ -28,7 +28,7 @@ def _load(store: str | None, run_id: str) -> Any:
     return db, record
 
 
-@app.command("list")
+@app.command("list", cls=Command)
 @cli_errors
 def list_runs(
     status: Annotated[str | None, typer.Option("--status", metavar="STATUS", help="Only runs in this status.")] = None,
@@ -75,7 +75,7 @@ def list_runs(
     print_table(["run", "play", "status", "attempt", "parent", "created"], table, empty="No runs yet.")
 
 
-@app.command("show")
+@app.command("show", cls=Command)
 @cli_errors
 def show(
     run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run.")],
@@ -112,7 +112,7 @@ def show(
     typer.echo("\n".join(printable(line, newlines=True) for line in shown_lines(shown, when)))
 
 
-@app.command("logs")
+@app.command("logs", cls=Command)
 @cli_errors
 def logs(
     run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run.")],
@@ -183,7 +183,7 @@ def logs(
         sys.stderr.write(f"Wrote {written:,} log line(s) to {out}.\n")
 
 
-@app.command("tail")
+@app.command("tail", cls=Command)
 @cli_errors
 def tail(
     run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run to follow.")],
@@ -223,12 +223,12 @@ def tail(
     raise typer.Exit(follower.result.exit_code)
 
 
-@app.command("stop")
+@app.command("stop", cls=Command)
 @cli_errors
 def stop(
     run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run to stop.")],
     reason: Annotated[
-        str, typer.Option("--reason", metavar="TEXT", help="Why: kept in the run's error and its log.")
+        str, typer.Option("--reason", metavar="REASON", help="Why: kept in the run's error and its log.")
     ] = "stopped by user",
     wait: Annotated[
         bool,
@@ -278,13 +278,14 @@ def stop(
         raise typer.Exit(1)
 
 
-@app.command("report")
+@app.command("report", cls=Command)
 @cli_errors
 def report(
-    run_id: Annotated[str, typer.Argument(help="The run.")],
+    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run.")],
     html: Annotated[bool, typer.Option("--html", help="Write the report as one self-contained HTML file.")] = False,
     out: Annotated[
-        Path | None, typer.Option("--out", help="Where to write it [default: deepline-report-RUN.html here].")
+        Path | None,
+        typer.Option("--out", metavar="FILE", help="Where to write it [default: deepline-report-RUN.html here]."),
     ] = None,
     store: StoreOption = None,
 ) -> None:

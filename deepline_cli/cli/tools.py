@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from deepline_cli.cli.common import JsonOption, StoreOption, cli_errors
+from deepline_cli.cli.common import Command, JsonOption, StoreOption, cli_errors
 from deepline_cli.cli.run import WorkspaceOption
 from deepline_cli.cli.tables import print_json, print_json_lines, print_table
 
@@ -34,7 +34,7 @@ def _catalog(play: str | None, config: Path | None) -> Catalog:
     return open_catalog(play, config, Path.cwd())
 
 
-@app.command("list")
+@app.command("list", cls=Command)
 @cli_errors
 def list_tools(play: PlayOption = None, config: ConfigOption = None, json: JsonOption = False) -> None:
     """List HTTP tools from deepline.toml and local @tools of a play.
@@ -100,7 +100,7 @@ def _tool_rows(catalog: Catalog) -> list[dict[str, object]]:
     return rows
 
 
-@app.command("describe")
+@app.command("describe", cls=Command)
 @cli_errors
 def describe(
     tool: ToolArgument, config: ConfigOption = None, play: PlayOption = None, json: JsonOption = False
@@ -166,7 +166,7 @@ def _describe_lines(d: dict[str, Any]) -> list[tuple[str, str]]:
     return lines
 
 
-@app.command("execute")
+@app.command("execute", cls=Command)
 @cli_errors
 def execute(
     tool: ToolArgument,
