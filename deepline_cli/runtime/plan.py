@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -354,8 +354,18 @@ class PlanContext(Context):
         limit: int | None = None,
     ) -> PlanDataset:
         bounded = Bounded(rows)
+        # A CSV or a list goes to the engine as it is: the engine knows a CSV (its path is not
+        # part of a cell's fingerprint, its required columns are checked per row).
         engine = MapRun(
-            self, self._s, name, bounded, columns, key=key, on_row_error=on_row_error, concurrency=1, limit=limit
+            self,
+            self._s,
+            name,
+            rows if bounded.finite else bounded,
+            columns,
+            key=key,
+            on_row_error=on_row_error,
+            concurrency=1,
+            limit=limit,
         )
         return await self._planner.plan_map(engine, RowPlanner(self._planner, engine), bounded)
 
@@ -382,6 +392,44 @@ class Bounded:
             yield row
 
 
+class PlanRow(dict[str, Any]):
+    """A row while planning, after columns whose values only a real run can tell: reading one
+    of them stops the resolver there, as depending on that column. A resolver that reads only
+    the row's input or known columns goes on, and its calls are planned like any other."""
+
+    def __init__(self, row: Mapping[str, Any], unknown: Sequence[str]) -> None:
+        super().__init__(row)
+        self.unknown = tuple(unknown)
+
+    def __missing__(self, name: str) -> Any:
+        if name in self.unknown:
+            raise NotPlanned(f"depends on {name!r}, known only after running")
+        raise KeyError(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self else default  # noqa: SIM401 (self.get is this method)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.unknown or super().__contains__(name)
+
+    # Whole-row reads (`dict(row)`, `{**row}`, `row.items()`) read every column, unknown ones too.
+    def __iter__(self) -> Iterator[str]:
+        yield from super().__iter__()
+        yield from (name for name in self.unknown if not super().__contains__(name))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def keys(self) -> Any:
+        return list(self)
+
+    def items(self) -> Any:
+        return [(name, self[name]) for name in self]
+
+    def values(self) -> Any:
+        return [self[name] for name in self]
+
+
 class RowPlanner:
     """Plans one map's rows, one at a time, with the map engine's own decisions."""
 
@@ -398,13 +446,13 @@ class RowPlanner:
 
     async def row(self, job: _Job) -> None:
         engine = self.engine
-        row, changed, unknown = job.row, False, None
+        row, changed = job.row, False
+        unknown: list[str] = []  # columns whose values only a real run can tell
         rc = RowContext(engine.ctx, engine.s, engine.name, job.key, job.idx)
         for column, plan in zip(engine.columns, self.columns, strict=True):
-            if unknown is not None:
-                self._dependent(plan, f"depends on {unknown!r}, known only after running", None)
-                continue
-            cell = engine.reuse.cell(job.previous, job.digest, column, changed)
+            # After an unknown column, a cell is recomputed (its calls may still hit receipts);
+            # a resolver that reads an unknown column depends on that one (PlanRow).
+            cell = engine.reuse.cell(job.previous, job.digest, column, changed or bool(unknown))
             if cell is not None:
                 plan.reused_cells += 1
                 row[column.name] = cell[0]
@@ -414,15 +462,15 @@ class RowPlanner:
             before = job.previous.cells.get(column.name) if job.previous else None
             rc.previous = previous_value(before)
             enter_cell(CellScope(engine.name, job.key, refresh_after(column, before)))
-            outcome = await self._resolve(column, plan, row, rc)
+            outcome = await self._resolve(column, plan, PlanRow(row, unknown) if unknown else row, rc)
             if isinstance(outcome, _Failed):
                 return self._keep(row, outcome.error)
             if isinstance(outcome, _Stopped):
-                unknown = column.name
+                unknown.append(column.name)
                 continue
             changed = changed or before is None or before[0] != outcome.value
             row[column.name] = outcome.value
-        if unknown is not None:
+        if unknown:
             self.rows = None
         self._keep(row, None)
 
