@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from deepline_cli._format import format_credits
 from deepline_cli.cli.common import JsonOption, StoreOption, cli_errors
 from deepline_cli.cli.run import CsvOption, InputOption, PlayConfigOption, SetOption, WorkspaceOption
 
@@ -68,7 +69,7 @@ def _print_plan(plan: dict[str, Any]) -> None:
         rows = [
             (
                 c["column"],
-                ", ".join(f"{t} ({credits:g})" for t, credits in c["tools"].items()) or "-",
+                ", ".join(f"{t} ({format_credits(each)})" for t, each in c["tools"].items()) or "-",
                 f"{c['reused_cells']:,}",
                 f"{c['paid_calls']:,}",
                 f"{c['new_calls']:,}",
@@ -90,17 +91,17 @@ def _print_plan(plan: dict[str, Any]) -> None:
         typer.echo(f"  expected from {m['expected_from']}")
     body = plan["body"]
     for call in body["new_calls"]:
-        typer.echo(f"play body: new call to {call['tool']} ({call['credits']:g} credits)")
+        typer.echo(f"play body: new call to {call['tool']} ({format_credits(call['credits'])} credits)")
     if plan["stopped"]:
         typer.echo(f"not planned beyond: {plan['stopped']}")
-        for tool, credits in body["may_also_call"].items():
-            typer.echo(f"  the play may also call {tool} ({credits:g} credits each, how often is not known)")
+        for tool, each in body["may_also_call"].items():
+            typer.echo(f"  the play may also call {tool} ({format_credits(each)} credits each, how often is not known)")
     t = plan["totals"]
     dependent = f" (+ up to {t['dependent_calls']:,} that depend on data)" if t["dependent_calls"] else ""
     typer.echo(
         f"rows {t['rows']:,} · {t['paid_rows']:,} already paid · {t['paid_calls']:,} paid calls reused · "
-        f"{t['new_calls']:,} new calls{dependent} · max {t['credits']['max']:,.6g} credits "
-        f"(expected ≈ {t['credits']['expected']:,.6g}, at least {t['credits']['min']:,.6g})"
+        f"{t['new_calls']:,} new calls{dependent} · max {format_credits(t['credits']['max'])} credits "
+        f"(expected ≈ {format_credits(t['credits']['expected'])}, at least {format_credits(t['credits']['min'])})"
     )
     sys.stdout.flush()
 
@@ -118,5 +119,5 @@ def _hits(steps: list[str], hits: dict[str, int]) -> str:
 
 def _credits(c: dict[str, float]) -> str:
     if c["min"] == c["max"]:
-        return f"{c['max']:,.6g}"
-    return f"{c['min']:,.6g} – {c['max']:,.6g} (≈ {c['expected']:,.6g})"
+        return format_credits(c["max"])
+    return f"{format_credits(c['min'])} – {format_credits(c['max'])} (≈ {format_credits(c['expected'])})"

@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
+from deepline_cli._format import format_credits
 from deepline_cli.cli.common import Command, JsonOption, StoreOption, cli_errors
 from deepline_cli.cli.tables import print_json_lines, print_table, when
 
@@ -88,7 +89,7 @@ def inspect(
             r.attempt,
             r.generation,
             r.failure_kind or "",
-            f"{r.credits:g}",
+            format_credits(r.credits),
             when(r.completed_at or r.created_at),
         )
         for r in found
@@ -101,7 +102,7 @@ def inspect(
     for key, generations in earlier.items():
         for old in generations:
             typer.echo(
-                f"  {key[:12]} generation {old.generation}: run {old.run_id}, {old.credits:g} credits, "
+                f"  {key[:12]} generation {old.generation}: run {old.run_id}, {format_credits(old.credits)} credits, "
                 f"answered {when(old.completed_at)}, replaced {when(old.replaced_at)}"
             )
 

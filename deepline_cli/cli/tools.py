@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from deepline_cli._format import format_credits
 from deepline_cli.cli.common import Command, JsonOption, StoreOption, cli_errors
 from deepline_cli.cli.run import WorkspaceOption
 from deepline_cli.cli.tables import print_json, print_json_lines, print_table
@@ -49,9 +50,14 @@ def list_tools(play: PlayOption = None, config: ConfigOption = None, json: JsonO
         print_json_lines(rows)
         return
     table = [
-        (r["id"], r["kind"], r["credits"], r["rate_limit"] or "", r["concurrency"] or "", r["target"]) for r in rows
+        (r["id"], r["kind"], _price(r["credits"]), r["rate_limit"] or "", r["concurrency"] or "", r["target"])
+        for r in rows
     ]
     print_table(["tool", "kind", "credits", "rate limit", "concurrency", "target"], table, empty="No tools found.")
+
+
+def _price(credits: object) -> str:
+    return format_credits(credits) if isinstance(credits, int | float) else ""
 
 
 def _tool_rows(catalog: Catalog) -> list[dict[str, object]]:
@@ -152,7 +158,7 @@ def _describe_lines(d: dict[str, Any]) -> list[tuple[str, str]]:
             ("reads", ", ".join(d["fields"]) or ("the whole input" if d["kind"] == "remote" else "none")),
             ("secrets", ", ".join(f"{s['name']} ({'set' if s['set'] else 'not set'})" for s in d["secrets"]) or "none"),
         ]
-    credits = "reported by each answer" if d["credits"] is None else f"{d['credits']:g} per call"
+    credits = "reported by each answer" if d["credits"] is None else f"{format_credits(d['credits'])} per call"
     lines += [("credits", credits), ("rate limit", shown(d["rate_limit"])), ("concurrency", shown(d["concurrency"]))]
     if d["kind"] != "local":
         lines += [
@@ -236,7 +242,7 @@ def _report_call(result: RunResult, json_mode: bool, view: Any) -> None:
     out = result.output
     sys.stdout.write(_json.dumps_str(out["output"]) + "\n")
     if out["execution"] == "live":
-        credits = f"{out['credits']:g} credit" + ("" if out["credits"] == 1 else "s")
+        credits = f"{format_credits(out['credits'])} credit" + ("" if out["credits"] == 1 else "s")
         sys.stderr.write(f"Called {out['tool']}: {credits} (run {result.run_id}).\n")
     else:
         sys.stderr.write(
@@ -327,7 +333,7 @@ def _print_check(path: Path, plays: list[PlayDef], report: dict[str, Any], tool_
             listed = ", ".join(f"{n} ({'set' if is_set(n) else 'not set'})" for n in p.secrets)
             typer.echo(f"  secrets  {listed}")
         if p.max_credits_per_run is not None:
-            typer.echo(f"  budget   {p.max_credits_per_run:g} credits per run (--max-credits overrides)")
+            typer.echo(f"  budget   {format_credits(p.max_credits_per_run)} credits per run (--max-credits overrides)")
     typer.echo(f"config     {report['config'] or 'none'}")
     for row in tool_rows:
         typer.echo(f"tool       {row['id']}  [{row['kind']}]  {row['target']}")

@@ -20,6 +20,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
+from deepline_cli._format import format_credits
 from deepline_cli.runtime.events import Event
 from deepline_cli.ui.state import MapView, RunView, step_hits
 from deepline_cli.ui.text import printable
@@ -96,7 +97,7 @@ def tool_pieces(tool_id: str, c: dict[str, Any], paced: dict[str, float], paused
         (f"fell back {recovered:,}" if recovered else "", 2),
         retried,
         (state, 1),
-        (f"credits {c['credits']:,.6g}" if c.get("credits") else "", 0),
+        (f"credits {format_credits(c['credits'])}" if c.get("credits") else "", 0),
     ]
 
 
@@ -188,7 +189,7 @@ class ConsoleView:
 
     def render(self) -> Group:
         s, width = self.state, self.console.width
-        right = fit([(f"credits {s.credits:,.6g}" if s.credits else "", 0), (clock(s.elapsed), 0)], width)
+        right = fit([(f"credits {format_credits(s.credits)}" if s.credits else "", 0), (clock(s.elapsed), 0)], width)
         left = fit([("deepline", 3), (s.play, 2), (f"run {s.run_id}", 0), (f"attempt {s.attempt}", 1)],
                    max(0, width - len(right) - 2))  # fmt: skip
         header = Text(left.ljust(max(0, width - len(right))) + right, no_wrap=True, overflow="ellipsis")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from deepline_cli._format import format_credits
 from deepline_cli.ui.state import step_hits
 from deepline_cli.ui.text import printable
 
@@ -102,7 +103,7 @@ def _rows(rows: dict[str, Any]) -> str:
 def _credits(stats: dict[str, Any]) -> str:
     attempts = stats.get("attempts") or 1
     over = f" over {attempts} attempts" if attempts > 1 else ""
-    return f"{stats.get('credits', 0):,.6g} credits{over}"
+    return f"{format_credits(stats.get('credits', 0))} credits{over}"
 
 
 def clock(seconds: float) -> str:
