@@ -49,3 +49,55 @@ def test_runs_show_and_the_verdict_separate_thousands(deepline: Run, write_play:
     budget = deepline("run", "play.py", "--run-id", "E", "--max-credits", "10000", "--force-refresh")
     assert budget.code == 1
     assert "--max-credits 10,000 would be exceeded" in budget.stderr
+
+
+MANY_FAILURES = """
+from deepline_cli import play
+
+def check(row):
+    n = int(row["n"])
+    if n % 10 == 0:
+        return "ok"
+    raise ValueError(f"no lead {n}")
+
+@play("many")
+async def many(ctx, input):
+    rows = await ctx.map("leads", [{"n": str(n)} for n in range(77)], key="n", concurrency=1,
+                         columns={"check": check})
+    return {"failed": rows.failed_count}
+"""
+
+
+def test_runs_logs_lists_every_failed_row_not_only_those_the_map_logged(
+    deepline: Run, write_play: Callable[..., Path]
+) -> None:
+    write_play(MANY_FAILURES)
+    run = deepline("run", "play.py", "--run-id", "M")
+    assert run.code == 0, run.stderr
+    failing = [str(n) for n in range(77) if n % 10]
+    assert len(failing) == 69
+    hint = "(every one: deepline runs logs M --kind row.failed)"
+    # the live log keeps the SPEC's wording, and says where the rest are
+    assert f"66 additional row failure(s) omitted from map log {hint}" in run.stderr
+    assert "every failed row: deepline runs logs M --kind row.failed" in run.stderr
+
+    text = deepline("runs", "logs", "M", "--kind", "row.failed")
+    assert text.code == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert len(lines) == 69
+    for n, line in zip(failing, lines, strict=True):
+        assert line.endswith(f"row {n} failed: ValueError: no lead {n} (play.py line 8)"), line
+
+    as_json = deepline("runs", "logs", "M", "--kind", "row.failed", "--json").json_lines()
+    assert [line["fields"]["row_key"] for line in as_json] == failing
+    assert {line["kind"] for line in as_json} == {"row.failed"}
+    assert as_json[68]["fields"] == {"map": "leads", "row_key": "76", "error": "ValueError: no lead 76 (play.py line 8)"}
+    one = deepline("runs", "logs", "M", "--kind", "row.failed", "--where", "row_key=55", "--json").json_lines()
+    assert [line["message"] for line in one] == ["row 55 failed: ValueError: no lead 55 (play.py line 8)"]
+
+    # every line as logged: the map's first three, and the omitted line with its hint
+    logged = deepline("runs", "logs", "M").stdout
+    assert logged.count(" failed: ValueError") == 3
+    assert f"66 additional row failure(s) omitted from map log {hint}" in logged
+    [omitted] = deepline("runs", "logs", "M", "--kind", "row.failed.omitted", "--json").json_lines()
+    assert omitted["message"] == "66 additional row failure(s) omitted from map log"  # as the SPEC words it

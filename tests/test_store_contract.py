@@ -1087,6 +1087,8 @@ def test_map_rows_report_finished_succeeded_failed_and_counts(store: Store, othe
     assert other.finished_map_rows("r9", "leads") == []
     assert other.failed_map_rows("r1", "leads", 10) == [rows[2], rows[4]]
     assert other.failed_map_rows("r1", "leads", 1) == [rows[2]]
+    assert other.failed_map_rows("r1", "leads", 1, after_idx=rows[2].idx) == [rows[4]]  # paging
+    assert other.failed_map_rows("r1", "leads", 10, after_idx=rows[4].idx) == []
     assert other.failed_map_rows("r2", "leads", 10) == []
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -121,8 +122,9 @@ def logs(
         typer.Option(
             "--kind",
             metavar="KIND",
-            help="Only lines of this kind: log (the play's own and the runtime's notes), row.failed, "
-            "row.failed.omitted, map.completed, run.interrupted, store.reconnected. Repeat for several.",
+            help="Only lines of this kind: log (the play's own and the runtime's notes), row.failed (every "
+            "failed row of the run's maps, not only those their log names), row.failed.omitted, map.completed, "
+            "run.interrupted, store.reconnected. Repeat for several.",
         ),
     ] = None,
     where: Annotated[
@@ -155,32 +157,40 @@ def logs(
     from deepline_cli import _json
     from deepline_cli.errors import UsageError
     from deepline_cli.store.base import LOG_KINDS
-    from deepline_cli.ui.logs import Where, line_dict, line_text, matches_all
+    from deepline_cli.ui.logs import Where, every_failed_row, line_dict, line_text, matches_all
 
     unknown = [k for k in kind or [] if k not in LOG_KINDS]
     if unknown:
         raise UsageError(f"--kind must be one of {', '.join(LOG_KINDS)}, not {unknown[0]!r}.")
     wheres = [Where.parse(w) for w in where or []]
-    db, _ = _load(store, run_id)
+    db, record = _load(store, run_id)
     try:
         sink = open(out, "w", encoding="utf-8") if out else sys.stdout  # noqa: SIM115 (closed below)
     except OSError as exc:
         db.close()
         raise UsageError(f"Cannot write the log lines to {out}: {exc.strerror}.") from None
-    written, after = 0, 0
+    written = 0
     try:
-        while page := db.logs_after(run_id, after, LOG_PAGE, kinds=kind or ()):
-            after = page[-1].id
-            for line in page:
-                if matches_all(line, wheres):
-                    sink.write((_json.dumps_str(line_dict(line)) if json else line_text(line)) + "\n")
-                    written += 1
+        lines = _stored_lines(db, run_id, kind or ())
+        if "row.failed" in (kind or ()):  # every failed row, not only those the maps logged
+            lines = every_failed_row(lines, db, run_id, record.attempt)
+        for line in lines:
+            if matches_all(line, wheres):
+                sink.write((_json.dumps_str(line_dict(line)) if json else line_text(line)) + "\n")
+                written += 1
     finally:
         db.close()
         if out:
             sink.close()
     if out:
         sys.stderr.write(f"Wrote {written:,} log line(s) to {out}.\n")
+
+
+def _stored_lines(db: Any, run_id: str, kinds: Sequence[str]) -> Iterator[Any]:
+    after = 0
+    while page := db.logs_after(run_id, after, LOG_PAGE, kinds=kinds):
+        after = page[-1].id
+        yield from page
 
 
 @app.command("tail", cls=Command)

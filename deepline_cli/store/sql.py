@@ -526,11 +526,11 @@ class SqlStore(LedgerQueries):
         )
         return {outcome: n for outcome, n in rows}
 
-    def failed_map_rows(self, run_id: str, map: str, limit: int) -> list[MapRow]:
+    def failed_map_rows(self, run_id: str, map: str, limit: int, *, after_idx: int = -1) -> list[MapRow]:
         rows = self._read(
             "SELECT run_id, map, idx, input_index, row_key, outcome, error, '', rev FROM map_rows"
-            " WHERE run_id = ? AND map = ? AND outcome = 'failed' ORDER BY idx LIMIT ?",
-            (run_id, map, limit),
+            " WHERE run_id = ? AND map = ? AND outcome = 'failed' AND idx > ? ORDER BY idx LIMIT ?",
+            (run_id, map, after_idx, limit),
         )
         return [MapRow(*r) for r in rows]
 

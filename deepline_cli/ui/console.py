@@ -22,6 +22,7 @@ from rich.text import Text
 
 from deepline_cli._format import format_credits
 from deepline_cli.runtime.events import Event
+from deepline_cli.ui.logs import shown_message
 from deepline_cli.ui.state import MapView, RunView, step_hits
 from deepline_cli.ui.text import printable
 from deepline_cli.ui.verdict import clock, verdict
@@ -147,7 +148,8 @@ class ConsoleView:
 
     def _print_log(self, event: Event) -> None:
         level = event.data.get("level", "info")
-        text = Text(printable(event.data.get("message", ""), newlines=True))
+        message = shown_message(event.run_id, event.data.get("kind", "log"), event.data.get("message", ""))
+        text = Text(printable(message, newlines=True))
         if level != "info":
             text.stylize("yellow")
         if not self.live_mode:

@@ -2,6 +2,7 @@
 
     ✓ Run r-8f2c completed in 0:42: 290 rows (281 succeeded, 9 failed, 12 duplicate), 714 credits.
       Next: deepline export r-8f2c --out lead-enrichment.csv · every failed row: deepline runs logs r-8f2c
+        --kind row.failed
 
 Plain text (no rich): `--quiet` and the plain view print it too.
 """
@@ -43,7 +44,7 @@ def _completed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: 
     if rows.get("succeeded") or rows.get("failed"):
         steps.append(f"deepline export {run_id} --out {play or 'rows'}.csv")
     if rows.get("failed"):
-        steps.append(f"every failed row: deepline runs logs {run_id}")
+        steps.append(f"every failed row: deepline runs logs {run_id} --kind row.failed")
     if steps:
         lines.append("  Next: " + " · ".join(steps))
     return lines
