@@ -102,3 +102,51 @@ def test_runs_logs_lists_every_failed_row_not_only_those_the_map_logged(
     assert f"66 additional row failure(s) omitted from map log {hint}" in logged
     [omitted] = deepline("runs", "logs", "M", "--kind", "row.failed.omitted", "--json").json_lines()
     assert omitted["message"] == "66 additional row failure(s) omitted from map log"  # as the SPEC words it
+
+
+ECHO = """
+from deepline_cli import play, tool
+
+@tool("t.echo", credits=1)
+def echo(input):
+    return {"echo": input["domain"]}
+
+@play("echo")
+async def echo_play(ctx, input):
+    token = ctx.secrets.get("ECHO_TOKEN")
+    await ctx.tools.execute("small", "t.echo", {"domain": "acme.com", "token": token})
+    await ctx.tools.execute("big", "t.echo", {"domain": "big.com", "blob": "x" * 5000})
+    return "done"
+"""
+
+
+def test_receipts_inspect_shows_the_key_the_input_and_the_output(
+    deepline: Run, write_play: Callable[..., Path]
+) -> None:
+    write_play(ECHO)
+    assert deepline("run", "play.py", "--run-id", "E", "--quiet", ECHO_TOKEN="s3cret-token-value").code == 0
+    small, big = sorted(deepline("receipts", "inspect", "--run", "E", "--json").json_lines(), key=lambda r: r["label"])[
+        ::-1
+    ]
+    assert small["input"] == {"domain": "acme.com", "token": "[redacted]"}  # the call's input, the secret hidden
+    assert small["output"] == {"echo": "acme.com"}
+    assert big["input"] is None and big["output"] == {"echo": "big.com"}  # over 4 KB: not kept
+    key = small["key"]
+
+    # the table's key is a prefix to pass back, whole even on a narrow terminal
+    table = deepline("receipts", "inspect", "--run", "E", COLUMNS="60", TTY_COMPATIBLE="1", NO_COLOR="1")
+    assert table.code == 0, table.stderr
+    assert key[:12] in table.stdout and big["key"][:12] in table.stdout
+    assert "s3cret-token-value" not in table.stdout
+    by_prefix = deepline("receipts", "inspect", key[:12], "--json").json_lines()
+    assert [r["key"] for r in by_prefix] == [key]
+
+    whole = deepline("receipts", "inspect", key)  # a whole key: that receipt, whole
+    assert whole.code == 0, whole.stderr
+    assert f"key          {key}" in whole.stdout
+    assert 'input        {"domain":"acme.com","token":"[redacted]"}' in whole.stdout
+    assert 'output       {"echo":"acme.com"}' in whole.stdout
+    full = deepline("receipts", "inspect", "--run", "E", "--full")
+    assert full.stdout.count("key          ") == 2
+    assert "input        not kept (larger than 4 KB, or not JSON)" in full.stdout
+    assert "s3cret-token-value" not in full.stdout + whole.stdout

@@ -147,6 +147,7 @@ class Tools:
             metered=definition.metered,
             receipt_wait_s=receipt_wait_s,
             description=description,
+            input=input,
         )
         if definition.batch:
             batcher = self._batcher(definition, timeout_s)
@@ -249,6 +250,7 @@ class Context:
             kind="fetch",
             label=id,
             stale_after_s=await staleness_of(self._s.book, key, stale_after_seconds),
+            input={"method": method.upper(), "url": url, **({"json": json} if json is not None else {})},
         )
         request = Request(method.upper(), url, dict(headers or {}), {}, json)
 

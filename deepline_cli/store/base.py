@@ -91,6 +91,7 @@ class Receipt:
     request: Any = None  # a batch aggregate: [[member key, input], ...] in the order sent
     generation: int = 1  # how many answers it has had: a refresh makes a new one
     description: str | None = None  # what the call is for, in the play's words
+    input: Any = None  # the call's input, secrets redacted (None: not kept, see runtime/receipts.py)
 
 
 @dataclass(slots=True)
@@ -138,6 +139,7 @@ class Claim:
     members: list[tuple[str, str]] | None = None
     request: Any = None
     description: str | None = None
+    input: Any = None  # kept on the receipt for `receipts inspect` (redacted, small)
 
 
 # superseded: the claiming attempt's run was taken over by a later attempt (fencing).
