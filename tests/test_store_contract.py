@@ -1092,6 +1092,14 @@ def test_map_rows_report_finished_succeeded_failed_and_counts(store: Store, othe
     assert other.failed_map_rows("r2", "leads", 10) == []
 
 
+def test_a_receipt_keeps_the_input_it_was_claimed_with(store: Store, other: Store) -> None:
+    given = {"domain": "acme.com", "tags": ["a", 1]}
+    assert one(store, mk_claim("k", input=given), T0)[0] == "claimed"
+    assert stored(other, "k").input == given
+    assert one(store, mk_claim("plain"), T0)[0] == "claimed"
+    assert stored(other, "plain").input is None
+
+
 def test_a_map_row_written_again_takes_the_new_outcome(store: Store) -> None:
     store.apply(Writes(map_rows=[MapRow("r1", "leads", 0, 0, "k0", "failed", "boom")]), T0)
     store.apply(Writes(map_rows=[MapRow("r1", "leads", 0, 0, "k0", "succeeded", None)]), T0 + 1)
