@@ -43,6 +43,7 @@ from deepline_cli.runtime.http import FetchResult, Http, HttpTools
 from deepline_cli.runtime.map import MapRun, RowContext, _Job
 from deepline_cli.runtime.pilot import whole_row_reusable
 from deepline_cli.runtime.play import PlayDef
+from deepline_cli.runtime.play_input import play_input
 from deepline_cli.runtime.receipts import ReceiptBook, RunScope, receipt_key, stored_failure
 from deepline_cli.runtime.reuse import previous_value, refresh_after
 from deepline_cli.runtime.rows import CsvSource, RowKey
@@ -598,6 +599,7 @@ class Planner:
     async def run(self, input: Any) -> Plan:
         self.reference = await self.io.call(self._reference_run, input)
         self.plan.reference_run = self.reference
+        input = play_input(input)
         ctx = PlanContext(self.services, self.play.name, self, input)
         self.plan.body_tools = self._credits_of(tool_ids([self.play.fn], lambda t: ctx.tools.declared(t) is not None))
         try:

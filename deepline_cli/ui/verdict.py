@@ -55,6 +55,8 @@ def _failed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str
     lines = [f"✗ Run {run_id} failed: {error.get('message', 'unknown error')}{where}"]
     if error.get("type") == "StoreLostError":
         lines.append("  Next: start the run again on a store that stays.")
+    elif error.get("type") == "MissingInputField":
+        lines.append("  Next: start a new run that gives it (a resume keeps this run's input).")
     elif "deepline resume" not in error.get("message", ""):
         lines.append(f"  Next: fix the cause, then: deepline resume {run_id}")
     return lines
