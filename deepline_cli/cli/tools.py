@@ -283,17 +283,21 @@ def check(
     if remote is not None and secrets.lookup(remote.api_key_env) is None:
         missing.append((None, "[remote]", remote.api_key_env))
     tool_rows = _tool_rows(catalog)
+    unknown = _unknown_tools(path, catalog)
     report = {
         "play_file": str(path),
         "plays": [_play_dict(p) for p in plays],
         "config": str(catalog.config.path) if catalog.config.path else None,
         "tools": tool_rows,
+        "unknown_tools": [{"tool": t, "file": f, "line": n} for t, f, n in unknown],
         "missing_secrets": [{"play": p, "tool": t, "secret": n} for p, t, n in missing],
     }
     if json:
         print_json(report)
     else:
         _print_check(path, plays, report, tool_rows, lambda name: secrets.lookup(name) is not None)
+    if unknown:
+        raise UsageError(_unknown_sentence(unknown, catalog))
     if missing:
         by_play, by_tool, secret = missing[0]
         owner = (
@@ -302,6 +306,41 @@ def check(
         raise UsageError(f"{owner} is not set; export it or add it to {secrets.env_file}.")
     if not json:
         typer.echo("ok: the play loads, its config is valid and every secret is set.")
+
+
+def _unknown_tools(play_file: Path, catalog: Catalog) -> list[tuple[str, str, int]]:
+    """Tools the play's code calls by a literal id that nothing here can run: not a local
+    @tool, not in deepline.toml, and no [remote] table to send it to. The play's file and
+    the modules it imported from its folder are read."""
+    import contextlib
+
+    from deepline_cli.errors import UsageError
+    from deepline_cli.runtime.snapshot import local_modules
+    from deepline_cli.runtime.toolscan import called_tools
+
+    files = [play_file]
+    with contextlib.suppress(UsageError):  # a module linked from outside the folder: `run --enqueue` says so
+        files += [f for f in local_modules(play_file.parent).values() if f.resolve() != play_file.resolve()]
+    unknown: dict[str, tuple[str, str, int]] = {}
+    for file in files:
+        for tool_id, line in called_tools(file):
+            if catalog.kind(tool_id) is None:
+                unknown.setdefault(tool_id, (tool_id, file.name, line))
+    return list(unknown.values())
+
+
+def _unknown_sentence(unknown: list[tuple[str, str, int]], catalog: Catalog) -> str:
+    import difflib
+
+    tool_id, file, line = unknown[0]
+    near = difflib.get_close_matches(tool_id, catalog.ids(), n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    where = str(catalog.config.path) if catalog.config.path else "a deepline.toml (none was found)"
+    more = f" ({len(unknown) - 1} more unknown tool(s) listed above)" if len(unknown) > 1 else ""
+    return (
+        f"{file} line {line} calls the tool {tool_id!r}{hint}, which is not a local @tool, not in {where}, "
+        f"and no [remote] table covers it{more}."
+    )
 
 
 def _play_dict(p: PlayDef) -> dict[str, Any]:
@@ -337,3 +376,5 @@ def _print_check(path: Path, plays: list[PlayDef], report: dict[str, Any], tool_
     typer.echo(f"config     {report['config'] or 'none'}")
     for row in tool_rows:
         typer.echo(f"tool       {row['id']}  [{row['kind']}]  {row['target']}")
+    for u in report["unknown_tools"]:
+        typer.echo(f"unknown    {u['tool']}  ({u['file']} line {u['line']}): nothing here can run it")
