@@ -60,11 +60,14 @@ def plan(
 def _print_plan(plan: dict[str, Any]) -> None:
     from deepline_cli.cli.tables import print_table
 
+    for warning in plan["warnings"]:
+        typer.echo(f"warning: {warning}")
     for m in plan["maps"]:
         typer.echo(
             f"map {m['map']}: {m['input_rows']:,} rows · {m['distinct']:,} distinct keys · "
             f"{m['duplicate']:,} duplicate · {m['paid_rows']:,} already paid"
             + (f" · limit {m['limit']:,}" if m["limit"] else "")
+            + _blank(m["blank_rows"])
         )
         rows = [
             (
@@ -104,6 +107,10 @@ def _print_plan(plan: dict[str, Any]) -> None:
         f"(expected ≈ {format_credits(t['credits']['expected'])}, at least {format_credits(t['credits']['min'])})"
     )
     sys.stdout.flush()
+
+
+def _blank(rows: int) -> str:
+    return f" · {rows:,} with a blank required column (they fail, nothing called)" if rows else ""
 
 
 def _hits(steps: list[str], hits: dict[str, int]) -> str:

@@ -291,9 +291,16 @@ class Context:
     ) -> CsvSource:
         """A row source read lazily from a CSV; required columns are checked now.
         `columns={"domain": ["Website", "Company Domain"]}`: the headers a column may have."""
-        return CsvSource(
+        source = CsvSource(
             self.resolve_path(path), rename=rename, required=required, columns=columns, description=description
         )
+        if not source.has_rows():
+            self.warn(f"The CSV {source.path} has no rows, only a header: there is nothing to do with it.")
+        return source
+
+    def warn(self, message: str) -> None:
+        """A warning from the runtime about what the play was given (a log line, shown live)."""
+        self._s.log(message, level="warning")
 
     async def map(
         self,

@@ -168,6 +168,7 @@ class MapPlan:
     duplicate: int = 0
     limit: int | None = None
     paid_rows: int = 0  # rows the sheet gives back whole: nothing to call
+    blank_rows: int = 0  # rows a blank required CSV column fails: nothing to call
     columns: list[ColumnPlan] = field(default_factory=list)
     history_rows: int = 0
 
@@ -182,6 +183,7 @@ class MapPlan:
             "duplicate": self.duplicate,
             "limit": self.limit,
             "paid_rows": self.paid_rows,
+            "blank_rows": self.blank_rows,
             "reused_cells": sum(c.reused_cells for c in self.columns),
             "paid_calls": sum(c.paid_calls for c in self.columns),
             "new_calls": sum(c.new_calls for c in self.columns),
@@ -204,6 +206,7 @@ class Plan:
     body_tools: dict[str, float] = field(default_factory=dict)  # tools the body itself names
     stopped: str | None = None  # why planning stopped before the play's end
     reference_run: str | None = None
+    warnings: list[str] = field(default_factory=list)  # what a run would warn of (an empty CSV…)
 
     def as_dict(self) -> dict[str, Any]:
         maps = [m.as_dict() for m in self.maps]
@@ -227,6 +230,7 @@ class Plan:
             },
             "stopped": self.stopped,
             "complete": self.stopped is None,
+            "warnings": self.warnings,
             "totals": {
                 "rows": sum(m["distinct"] for m in maps),
                 "paid_rows": sum(m["paid_rows"] for m in maps),
@@ -311,6 +315,9 @@ class PlanContext(Context):
 
     def log(self, message: str, **fields: Any) -> None:
         return None
+
+    def warn(self, message: str) -> None:
+        self._planner.plan.warnings.append(message)
 
     async def step(
         self, id: str, fn: Callable[[], Any], *, stale_after_seconds: Staleness = None, _journal: bool = True
@@ -698,7 +705,10 @@ class Planner:
             previous = await self.io.call(self.store.load_sheet_rows, engine.sheet, [job.key for job in chunk])
             for job in chunk:
                 job.previous = previous.get(job.key)
-                if whole_row_reusable(engine, job):
+                if job.blank is not None:  # the run fails the row before any call
+                    plan.blank_rows += 1
+                    rows._keep(job.row, job.blank)
+                elif whole_row_reusable(engine, job):
                     plan.paid_rows += 1
                     for column in rows.columns:
                         column.reused_cells += column.column in job.previous.cells  # type: ignore[union-attr]
