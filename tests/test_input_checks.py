@@ -54,6 +54,12 @@ def test_a_blank_required_cell_fails_its_row_without_a_call(
         ("2", "InputError: required column 'domain' is blank (leads.csv line 3)"),
         ("3", "InputError: required column 'domain' is blank (leads.csv line 4)"),
     ]
+    # a later run gives the failures back like any failed cell; --refresh-failed checks them again
+    again = deepline("run", "play.py", "--csv", "leads.csv", "--json").json_lines()[-1]
+    assert (again["output"], again["stats"]["rows"]["reused"]) == ({"rows": 5, "failed": 2}, 5)
+    refreshed = deepline("run", "play.py", "--csv", "leads.csv", "--refresh-failed", "--json").json_lines()[-1]
+    assert refreshed["output"] == {"rows": 5, "failed": 2}
+    assert len((tmp_path / "calls.txt").read_text().split()) == 3  # still no call for them
     exported = list(csv.DictReader(io.StringIO(deepline("export", "B").stdout)))
     assert [(r["id"], r["domain"], r["_error"] != "") for r in exported] == [
         ("1", "acme.com", False), ("2", "", True), ("3", "   ", True), ("4", "b.com", False), ("5", "c.com", False)

@@ -282,10 +282,11 @@ class MapRun:
             previous = await self.s.io.call(self.s.io.store.load_sheet_rows, self.sheet, [job.key for job in chunk])
             for job in chunk:
                 job.previous = previous.get(job.key)
-                if job.blank is not None:
-                    self._record(job, {}, job.blank)  # no cell computed, no call made
-                elif not self._reuse_whole_row(job):
-                    await queue.put(job)
+                if not (self.reusable(job) and self._reuse_whole_row(job)):
+                    if job.blank is not None:
+                        self._record(job, self._blank_cells(job), job.blank)  # no call made for it
+                    else:
+                        await queue.put(job)
                 if self.stop is not None:
                     return
 
@@ -335,6 +336,20 @@ class MapRun:
                     )
 
     # --- one row --------------------------------------------------------------------------------
+
+    def reusable(self, job: _Job) -> bool:
+        """Whether the sheet may give the row back whole. A row with a blank required cell is
+        given back only through its columns' cells (the kept error, or an answer an earlier
+        run paid for): a map with no columns has no cell to keep its failure in."""
+        return job.blank is None or bool(self.columns)
+
+    def _blank_cells(self, job: _Job) -> dict[str, list[Any]]:
+        """A blank required cell's failure, kept as the first column's error cell: later runs
+        give it back like any failed cell (`--refresh-failed` checks the row again)."""
+        if not self.columns:
+            return {}
+        first = self.columns[0]
+        return {first.name: [None, job.blank, self.s.io.now(), first.fingerprint]}
 
     def _reuse_whole_row(self, job: _Job) -> bool:
         """The fast path: every cell is reusable, so record the row without any call."""

@@ -705,8 +705,8 @@ class Planner:
             previous = await self.io.call(self.store.load_sheet_rows, engine.sheet, [job.key for job in chunk])
             for job in chunk:
                 job.previous = previous.get(job.key)
-                if job.blank is not None:  # the run fails the row before any call
-                    plan.blank_rows += 1
+                if job.blank is not None and not (engine.reusable(job) and whole_row_reusable(engine, job)):
+                    plan.blank_rows += 1  # the run fails the row before any call
                     rows._keep(job.row, job.blank)
                 elif whole_row_reusable(engine, job):
                     plan.paid_rows += 1
