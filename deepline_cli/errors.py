@@ -4,6 +4,7 @@
     ├── UsageError                     exit 2: bad flags, unknown run id, bad config
     │   ├── PlayLoadError              the play file cannot be loaded or has no play
     │   └── InputError                 bad --input/--csv, unreadable or invalid CSV
+    │       └── MissingInputField      the play read an input field the run was not given
     ├── RunBusyError                   exit 4: another live process holds the run
     ├── RunInterrupted                 exit 130: Ctrl-C / SIGTERM
     ├── ToolExecutionError             a tool call failed (origin, category, retryable)
@@ -65,6 +66,15 @@ class PlayLoadError(UsageError):
 
 class InputError(UsageError):
     """The play's input (JSON, CSV, --set) is missing or malformed."""
+
+
+class MissingInputField(InputError, KeyError):
+    """The play read a field of its input that the run was not given (`--csv`, `--set`).
+
+    Also a KeyError, so a play that catches one to use a default still does."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class RunBusyError(DeeplineError):

@@ -4,6 +4,7 @@ HTTP client; and the package's public names are exactly the documented ones."""
 from __future__ import annotations
 
 import importlib
+import re
 import subprocess
 import sys
 
@@ -122,3 +123,49 @@ def test_public_names_are_the_documented_ones_and_resolve() -> None:
             assert issubclass(getattr(module, name), errors.DeeplineError), name
     with pytest.raises(AttributeError):
         _ = module.NoSuchName
+
+
+# Prints every command's `--help` through the real entry point, one process for them all.
+EVERY_HELP = """
+import sys
+import typer.main
+from deepline_cli.cli import main
+from deepline_cli.cli.app import app
+
+def paths(command, path):
+    yield path
+    for name, sub in sorted((getattr(command, "commands", None) or {}).items()):
+        yield from paths(sub, [*path, name])
+
+for path in paths(typer.main.get_command(app), []):
+    sys.argv = ["deepline", *path, "--help"]
+    print("@@COMMAND@@", " ".join(path), flush=True)
+    try:
+        main()
+    except SystemExit as exc:
+        assert not exc.code, (path, exc.code)
+    sys.stdout.flush()
+"""
+
+# How Typer names a value by its Python type: `<str>`, `<int range>`, `<path>`, or Click's
+# `TEXT`, `INTEGER`… (`PATH.py` in a description is the user's file, not a type).
+PYTHON_METAVAR = re.compile(r"<[a-z][a-z_ \[\]|,]*>|\b(?:TEXT|INTEGER|FLOAT|BOOLEAN|PATH|FILENAME|DIRECTORY)\b(?!\.)")
+
+
+def test_every_command_names_its_values_as_a_person_types_them(cli_env) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", EVERY_HELP], capture_output=True, text=True, env=cli_env, cwd=ROOT, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    pages = dict(page.split("\n", 1) for page in proc.stdout.split("@@COMMAND@@ ")[1:])
+    assert {"run", "plan", "runs report", "runs stop", "receipts inspect", "tools execute"} <= set(pages)
+    for command, page in pages.items():
+        assert "Usage:" in page, command
+        bad = [line.strip() for line in page.splitlines() if PYTHON_METAVAR.search(line)]
+        assert bad == [], f"deepline {command} --help: {bad}"
+    # the same option reads the same in every command that has it
+    for command in ("run", "plan"):
+        for shown in ("--csv FILE", "--set KEY=VALUE", "--limit N", "--store URL", "--input JSON|@FILE"):
+            assert shown in pages[command], (command, shown)
+    assert "PLAY  " in pages["plan"] and "RUN_ID  " in pages["runs report"]
+    assert "--out FILE" in pages["runs report"] and "--reason REASON" in pages["runs stop"]

@@ -173,3 +173,55 @@ def test_plan_help_does_not_import_the_runtime(cli_env) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "--csv" in proc.stdout and _heavy_in(set(proc.stdout.rpartition("@@MODULES@@")[2].split())) == []
+
+
+CHAIN = """
+from deepline_cli import play, tool
+
+@tool("c.a", credits=1)
+def a(input):
+    return {"a": input["n"]}
+
+@tool("c.b", credits=2)
+def b(input):
+    return {"b": input["a"]}
+
+@tool("c.c", credits=4)
+def c(input):
+    return {"c": input["n"]}
+
+@tool("c.d", credits=8)
+def d(input):
+    return {"d": input["b"]}
+
+@play("chain")
+async def chain(ctx, input):
+    rows = await ctx.map("rows", [{"n": n} for n in range(5)], key="n", columns={
+        "a": lambda row, rc: rc.tools.execute("a", "c.a", {"n": row["n"]}),
+        "b": lambda row, rc: rc.tools.execute("b", "c.b", {"a": row["a"]}),
+        "c": lambda row, rc: rc.tools.execute("c", "c.c", {"n": row["n"]}),
+        "d": lambda row, rc: rc.tools.execute("d", "c.d", {"b": row.get("b")}),
+    })
+    return {"rows": len(rows)}
+"""
+
+
+def test_a_column_depends_on_the_column_it_reads_not_on_the_first_unknown_one(deepline, write_play) -> None:
+    play = write_play(CHAIN)
+    (m,) = _plan(deepline, str(play))["maps"]
+    a, b, c, d = m["columns"]
+    assert (a["new_calls"], a["dependent_rows"], a["notes"]) == (5, 0, [])
+    assert (b["new_calls"], b["dependent_rows"]) == (0, 5)
+    assert b["notes"] == ["depends on 'a', known only after running (5 rows)"]
+    # c reads only the row's input: its calls are certain, whatever a and b answer
+    assert (c["new_calls"], c["dependent_rows"], c["notes"]) == (5, 0, [])
+    assert c["credits"] == {"min": 20.0, "expected": 20.0, "max": 20.0}
+    assert (d["new_calls"], d["dependent_rows"]) == (0, 5)
+    assert d["notes"] == ["depends on 'b', known only after running (5 rows)"]
+    human = deepline("plan", str(play))
+    assert human.code == 0, human.stderr
+    lines = [line.strip() for line in human.stdout.splitlines() if "depends on" in line and ":" in line]
+    assert lines == [
+        "b: depends on 'a', known only after running (5 rows)",
+        "d: depends on 'b', known only after running (5 rows)",
+    ]

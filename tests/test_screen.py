@@ -39,7 +39,10 @@ def test_the_verdict_says_how_it_ended_what_it_cost_and_what_to_do_next(deepline
     lines = done.stderr.splitlines()
     verdict = next(line for line in lines if line.startswith("✓ Run v1 completed in "))
     assert "290 rows (281 succeeded, 9 failed, 12 duplicate), 714 credits." in verdict
-    assert "Next: deepline export v1 --out lead-enrichment.csv · every failed row: deepline runs logs v1" in done.stderr
+    next_step = (
+        "Next: deepline export v1 --out lead-enrichment.csv · every failed row: deepline runs logs v1 --kind row.failed"
+    )
+    assert next_step in done.stderr
     # The waterfall's fallbacks are not final failures; the tools line tells them apart.
     finder_a = [line for line in lines if "demo.finder_a" in line][-1]  # the last word: the final counts
     assert re.search(r"failed 9 +fell back 28", finder_a), finder_a  # 9 rows failed at B too

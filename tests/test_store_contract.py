@@ -1087,7 +1087,17 @@ def test_map_rows_report_finished_succeeded_failed_and_counts(store: Store, othe
     assert other.finished_map_rows("r9", "leads") == []
     assert other.failed_map_rows("r1", "leads", 10) == [rows[2], rows[4]]
     assert other.failed_map_rows("r1", "leads", 1) == [rows[2]]
+    assert other.failed_map_rows("r1", "leads", 1, after_idx=rows[2].idx) == [rows[4]]  # paging
+    assert other.failed_map_rows("r1", "leads", 10, after_idx=rows[4].idx) == []
     assert other.failed_map_rows("r2", "leads", 10) == []
+
+
+def test_a_receipt_keeps_the_input_it_was_claimed_with(store: Store, other: Store) -> None:
+    given = {"domain": "acme.com", "tags": ["a", 1]}
+    assert one(store, mk_claim("k", input=given), T0)[0] == "claimed"
+    assert stored(other, "k").input == given
+    assert one(store, mk_claim("plain"), T0)[0] == "claimed"
+    assert stored(other, "plain").input is None
 
 
 def test_a_map_row_written_again_takes_the_new_outcome(store: Store) -> None:

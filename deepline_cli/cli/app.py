@@ -13,7 +13,7 @@ import typer
 from deepline_cli import __version__
 from deepline_cli.cli import events, export, plan, receipts, runs, store, tools, worker
 from deepline_cli.cli import run as run_cmd
-from deepline_cli.cli.common import Settings
+from deepline_cli.cli.common import Command, Settings
 
 app = typer.Typer(
     name="deepline",
@@ -53,12 +53,12 @@ def main_options(
     Settings.debug = debug
 
 
-app.command("run", epilog=run_cmd.RUN_EPILOG)(run_cmd.run)
-app.command("resume")(run_cmd.resume)
-app.command("plan", epilog=plan.PLAN_EPILOG)(plan.plan)
-app.command("export")(export.export)
-app.command("check")(tools.check)
-app.command("worker")(worker.worker)
+app.command("run", cls=Command, epilog=run_cmd.RUN_EPILOG)(run_cmd.run)
+app.command("resume", cls=Command)(run_cmd.resume)
+app.command("plan", cls=Command, epilog=plan.PLAN_EPILOG)(plan.plan)
+app.command("export", cls=Command)(export.export)
+app.command("check", cls=Command)(tools.check)
+app.command("worker", cls=Command)(worker.worker)
 app.add_typer(tools.app, name="tools")
 app.add_typer(events.app, name="events")
 app.add_typer(receipts.app, name="receipts")

@@ -10,8 +10,26 @@ from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 import typer
+from typer.core import TyperArgument, TyperCommand
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Argument(TyperArgument):
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return None  # `RUN_ID`, not `RUN_ID <str>`: arguments read like the options' metavars
+
+
+class Command(TyperCommand):
+    """Every command's class: its help names values the way a person types them (`RUN_ID`,
+    `--csv FILE`, `--limit N`), never by Python type (`<str>`, `<int range>`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if type(param) is TyperArgument:
+                param.__class__ = _Argument
+
 
 StoreOption = Annotated[
     str | None,

@@ -6,12 +6,12 @@ from typing import Annotated
 
 import typer
 
-from deepline_cli.cli.common import StoreOption, cli_errors
+from deepline_cli.cli.common import Command, StoreOption, cli_errors
 
 app = typer.Typer(help="Deliver events to waiting runs.", no_args_is_help=True)
 
 
-@app.command("send")
+@app.command("send", cls=Command)
 @cli_errors
 def send(
     run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The waiting run, or its root run.")],

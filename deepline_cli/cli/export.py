@@ -55,12 +55,18 @@ def export(
             raise UsageError(f"Cannot write {out}: the directory {out.parent} does not exist.")
         if out is not None and out.is_dir():
             raise UsageError(f"Cannot write {out}: it is a directory; give a file name, like {out / 'rows.csv'}.")
-        count = _write(out, format, Dataset(db, record))
+        dataset = Dataset(db, record)
+        count = _write(out, format, dataset)
         partial = _partial(db, run_id, record)
     finally:
         db.close()
     if out:
         sys.stderr.write(f"Exported {count} rows of map {record.map!r} to {out}.\n")
+    for a, b in _by_case_only(dataset.columns):
+        sys.stderr.write(
+            f"Warning: the columns {a!r} and {b!r} differ only in case; this export keeps both, but "
+            "spreadsheets and many CSV readers take them for one.\n"
+        )
     if partial:
         sys.stderr.write(partial + "\n")
 
@@ -87,6 +93,16 @@ def _write(out: Path | None, format: str, dataset: Any) -> int:
         if isinstance(exc, BrokenPipeError):
             raise  # the reader went away: cli_errors ends quietly
         raise UsageError(f"Cannot write {out or 'the rows to stdout'}: {exc.strerror or exc}.") from None
+
+
+def _by_case_only(columns: list[str]) -> list[tuple[str, str]]:
+    first: dict[str, str] = {}
+    pairs = []
+    for name in columns:
+        seen = first.setdefault(name.lower(), name)
+        if seen != name:
+            pairs.append((seen, name))
+    return pairs
 
 
 def _partial(db: Any, run_id: str, record: Any) -> str | None:

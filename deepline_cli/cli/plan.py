@@ -8,8 +8,9 @@ from typing import Annotated, Any
 
 import typer
 
+from deepline_cli._format import format_credits
 from deepline_cli.cli.common import JsonOption, StoreOption, cli_errors
-from deepline_cli.cli.run import WorkspaceOption
+from deepline_cli.cli.run import CsvOption, InputOption, PlayConfigOption, SetOption, WorkspaceOption
 
 PLAN_EPILOG = """\b
 Examples:
@@ -21,20 +22,15 @@ Examples:
 @cli_errors
 def plan(
     play: Annotated[str, typer.Argument(metavar="PLAY", help="The play: PATH.py or PATH.py:FUNCTION.")],
-    input: Annotated[str | None, typer.Option("--input", help="Input JSON, or @file.json.")] = None,
-    csv: Annotated[
-        Path | None, typer.Option("--csv", help="A CSV file; the play gets its path as input['csv'].")
-    ] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Set an input key: a.b=value (JSON values parse).")
-    ] = None,
+    input: InputOption = None,
+    csv: CsvOption = None,
+    set_: SetOption = None,
     store: StoreOption = None,
-    config: Annotated[
-        Path | None, typer.Option("--config", help="deepline.toml to use [default: the one next to the play].")
-    ] = None,
+    config: PlayConfigOption = None,
     workspace: WorkspaceOption = "default",
     limit: Annotated[
-        int | None, typer.Option("--limit", min=1, help="Plan a pilot: only the first N distinct rows of each map.")
+        int | None,
+        typer.Option("--limit", metavar="N", min=1, help="Plan a pilot: only the first N distinct rows of each map."),
     ] = None,
     json: JsonOption = False,
 ) -> None:
@@ -64,16 +60,19 @@ def plan(
 def _print_plan(plan: dict[str, Any]) -> None:
     from deepline_cli.cli.tables import print_table
 
+    for warning in plan["warnings"]:
+        typer.echo(f"warning: {warning}")
     for m in plan["maps"]:
         typer.echo(
             f"map {m['map']}: {m['input_rows']:,} rows · {m['distinct']:,} distinct keys · "
             f"{m['duplicate']:,} duplicate · {m['paid_rows']:,} already paid"
             + (f" · limit {m['limit']:,}" if m["limit"] else "")
+            + _blank(m["blank_rows"])
         )
         rows = [
             (
                 c["column"],
-                ", ".join(f"{t} ({credits:g})" for t, credits in c["tools"].items()) or "-",
+                ", ".join(f"{t} ({format_credits(each)})" for t, each in c["tools"].items()) or "-",
                 f"{c['reused_cells']:,}",
                 f"{c['paid_calls']:,}",
                 f"{c['new_calls']:,}",
@@ -95,19 +94,23 @@ def _print_plan(plan: dict[str, Any]) -> None:
         typer.echo(f"  expected from {m['expected_from']}")
     body = plan["body"]
     for call in body["new_calls"]:
-        typer.echo(f"play body: new call to {call['tool']} ({call['credits']:g} credits)")
+        typer.echo(f"play body: new call to {call['tool']} ({format_credits(call['credits'])} credits)")
     if plan["stopped"]:
         typer.echo(f"not planned beyond: {plan['stopped']}")
-        for tool, credits in body["may_also_call"].items():
-            typer.echo(f"  the play may also call {tool} ({credits:g} credits each, how often is not known)")
+        for tool, each in body["may_also_call"].items():
+            typer.echo(f"  the play may also call {tool} ({format_credits(each)} credits each, how often is not known)")
     t = plan["totals"]
     dependent = f" (+ up to {t['dependent_calls']:,} that depend on data)" if t["dependent_calls"] else ""
     typer.echo(
         f"rows {t['rows']:,} · {t['paid_rows']:,} already paid · {t['paid_calls']:,} paid calls reused · "
-        f"{t['new_calls']:,} new calls{dependent} · max {t['credits']['max']:,.6g} credits "
-        f"(expected ≈ {t['credits']['expected']:,.6g}, at least {t['credits']['min']:,.6g})"
+        f"{t['new_calls']:,} new calls{dependent} · max {format_credits(t['credits']['max'])} credits "
+        f"(expected ≈ {format_credits(t['credits']['expected'])}, at least {format_credits(t['credits']['min'])})"
     )
     sys.stdout.flush()
+
+
+def _blank(rows: int) -> str:
+    return f" · {rows:,} with a blank required column (they fail, nothing called)" if rows else ""
 
 
 def _hits(steps: list[str], hits: dict[str, int]) -> str:
@@ -123,5 +126,5 @@ def _hits(steps: list[str], hits: dict[str, int]) -> str:
 
 def _credits(c: dict[str, float]) -> str:
     if c["min"] == c["max"]:
-        return f"{c['max']:,.6g}"
-    return f"{c['min']:,.6g} – {c['max']:,.6g} (≈ {c['expected']:,.6g})"
+        return format_credits(c["max"])
+    return f"{format_credits(c['min'])} – {format_credits(c['max'])} (≈ {format_credits(c['expected'])})"

@@ -6,7 +6,8 @@ from typing import Annotated, Any
 
 import typer
 
-from deepline_cli.cli.common import JsonOption, StoreOption, cli_errors
+from deepline_cli._format import format_credits
+from deepline_cli.cli.common import Command, JsonOption, StoreOption, cli_errors
 from deepline_cli.cli.tables import print_json_lines, print_table, when
 
 app = typer.Typer(help="Inspect receipts: the durable record of every tool call and step.", no_args_is_help=True)
@@ -30,10 +31,12 @@ def receipt_dict(r: Any) -> dict[str, Any]:
         "credits": r.credits,
         "generation": r.generation,
         "description": r.description,
+        "input": r.input,
+        "output": r.output,
     }
 
 
-@app.command("inspect")
+@app.command("inspect", cls=Command)
 @cli_errors
 def inspect(
     key_prefix: Annotated[
@@ -48,16 +51,22 @@ def inspect(
     history: Annotated[
         bool, typer.Option("--history", help="Also the earlier answers of refreshed receipts (older generations).")
     ] = False,
+    full: Annotated[
+        bool, typer.Option("--full", help="Each receipt whole: its full key, the call's input, its output, its error.")
+    ] = False,
     store: StoreOption = None,
     json: JsonOption = False,
 ) -> None:
     """List receipts, filtered. A receipt paid for again (a stale cell, a forced call) is a
-    new generation; --history lists the answers it had before.
+    new generation; --history lists the answers it had before. --full, or a receipt's whole
+    key, shows each one whole: the call's input (kept when under 4 KB, secrets redacted) and
+    its output.
 
     \b
     Examples:
       deepline receipts inspect --run r-8f2c1a9b3e4d
       deepline receipts inspect --status failed --tool hunter.email --json
+      deepline receipts inspect 3fa9c1d2e4b5 --full
       deepline receipts inspect 3fa9 --history
     """
     from deepline_cli.errors import UsageError
@@ -77,6 +86,12 @@ def inspect(
     if json:
         print_json_lines([{**receipt_dict(r), **_history(earlier, r.key)} for r in found])
         return
+    if full or (len(found) == 1 and found[0].key == key_prefix):
+        for r in found:
+            _print_whole(r, earlier.get(r.key, []))
+        if not found:
+            typer.echo("No receipts match.")
+        return
     rows = [
         (
             r.key[:12],
@@ -88,7 +103,7 @@ def inspect(
             r.attempt,
             r.generation,
             r.failure_kind or "",
-            f"{r.credits:g}",
+            format_credits(r.credits),
             when(r.completed_at or r.created_at),
         )
         for r in found
@@ -97,13 +112,50 @@ def inspect(
         ["key", "kind", "label", "tool", "status", "run", "attempt", "gen", "failure", "credits", "at"],
         rows,
         empty="No receipts match.",
+        whole=["key"],  # a KEY_PREFIX to pass back: never wrapped or cut, however narrow the terminal
     )
     for key, generations in earlier.items():
         for old in generations:
-            typer.echo(
-                f"  {key[:12]} generation {old.generation}: run {old.run_id}, {old.credits:g} credits, "
-                f"answered {when(old.completed_at)}, replaced {when(old.replaced_at)}"
-            )
+            typer.echo(_generation_line(key[:12], old))
+
+
+def _generation_line(key: str, old: Any) -> str:
+    return (
+        f"  {key} generation {old.generation}: run {old.run_id}, {format_credits(old.credits)} credits, "
+        f"answered {when(old.completed_at)}, replaced {when(old.replaced_at)}"
+    )
+
+
+def _print_whole(r: Any, generations: list[Any]) -> None:
+    """One receipt, untruncated, as `--full` shows it."""
+    from deepline_cli import _json
+    from deepline_cli.ui.text import printable
+
+    def shown(value: Any) -> str:
+        return printable(_json.dumps_str(value), newlines=True)
+
+    if r.input is not None:
+        given = shown(r.input)
+    elif r.kind in ("tool", "fetch", "run_play"):
+        given = "not kept (larger than 4 KB, or not JSON)"
+    else:
+        given = "-"
+    lines = [
+        f"key          {r.key}",
+        f"call         {r.kind} {printable(r.label)}" + (f" → {r.tool}" if r.tool else ""),
+        f"status       {r.status}" + (f"  ({r.failure_kind})" if r.failure_kind else ""),
+        f"run          {r.run_id}  attempt {r.attempt}  generation {r.generation}",
+        f"credits      {format_credits(r.credits)}",
+        f"at           {when(r.created_at)}" + (f"  answered {when(r.completed_at)}" if r.completed_at else ""),
+    ]
+    if r.description:
+        lines.append(f"description  {printable(r.description)}")
+    lines.append(f"input        {given}")
+    lines.append(f"output       {shown(r.output) if r.output is not None else '-'}")
+    if r.error:
+        lines.append(f"error        {shown(r.error)}")
+    lines += [_generation_line("earlier", old) for old in generations]
+    typer.echo("\n".join(lines) + "\n")
 
 
 def _history(earlier: dict[str, list[Any]], key: str) -> dict[str, Any]:

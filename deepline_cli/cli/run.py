@@ -31,7 +31,7 @@ MaxCreditsOption = Annotated[
     float | None,
     typer.Option(
         "--max-credits",
-        metavar="CREDITS",
+        metavar="N",
         min=0,
         help="Stop before the run's credits would exceed N (resume with more); overrides the play's "
         "max_credits_per_run.",
@@ -64,6 +64,20 @@ WorkspaceOption = Annotated[
     ),
 ]
 
+# What the play gets as input, and its config: `run` and `plan` take them alike.
+InputOption = Annotated[str | None, typer.Option("--input", metavar="JSON|@FILE", help="Input JSON, or @file.json.")]
+CsvOption = Annotated[
+    Path | None, typer.Option("--csv", metavar="FILE", help="A CSV file; the play gets its path as input['csv'].")
+]
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", metavar="KEY=VALUE", help="Set an input key: a.b=value (JSON values parse)."),
+]
+PlayConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", metavar="FILE", help="deepline.toml to use [default: the one next to the play]."),
+]
+
 RUN_EPILOG = """\b
 Examples:
   deepline run examples/hello/play.py
@@ -76,26 +90,15 @@ Examples:
 @cli_errors
 def run(
     play: Annotated[str, typer.Argument(metavar="PLAY", help="The play: PATH.py or PATH.py:FUNCTION.")],
-    input: Annotated[
-        str | None, typer.Option("--input", metavar="JSON|@FILE", help="Input JSON, or @file.json.")
-    ] = None,
-    csv: Annotated[
-        Path | None,
-        typer.Option("--csv", metavar="FILE", help="A CSV file; the play gets its path as input['csv']."),
-    ] = None,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option("--set", metavar="KEY=VALUE", help="Set an input key: a.b=value (JSON values parse)."),
-    ] = None,
+    input: InputOption = None,
+    csv: CsvOption = None,
+    set_: SetOption = None,
     run_id: Annotated[
         str | None,
         typer.Option("--run-id", metavar="RUN_ID", help="Run id; an existing run is reported or resumed, not re-run."),
     ] = None,
     store: StoreOption = None,
-    config: Annotated[
-        Path | None,
-        typer.Option("--config", metavar="FILE", help="deepline.toml to use [default: the one next to the play]."),
-    ] = None,
+    config: PlayConfigOption = None,
     workspace: WorkspaceOption = "default",
     limit: Annotated[
         int | None,

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from deepline_cli.cli.common import JsonOption, StoreOption, cli_errors
+from deepline_cli.cli.common import Command, JsonOption, StoreOption, cli_errors
 from deepline_cli.cli.tables import print_json, print_json_lines, print_table, when
 
 app = typer.Typer(help="List runs, show one, follow or stop one, read its logs.", no_args_is_help=True)
@@ -28,7 +29,7 @@ def _load(store: str | None, run_id: str) -> Any:
     return db, record
 
 
-@app.command("list")
+@app.command("list", cls=Command)
 @cli_errors
 def list_runs(
     status: Annotated[str | None, typer.Option("--status", metavar="STATUS", help="Only runs in this status.")] = None,
@@ -75,7 +76,7 @@ def list_runs(
     print_table(["run", "play", "status", "attempt", "parent", "created"], table, empty="No runs yet.")
 
 
-@app.command("show")
+@app.command("show", cls=Command)
 @cli_errors
 def show(
     run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run.")],
@@ -112,7 +113,7 @@ def show(
     typer.echo("\n".join(printable(line, newlines=True) for line in shown_lines(shown, when)))
 
 
-@app.command("logs")
+@app.command("logs", cls=Command)
 @cli_errors
 def logs(
     run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run.")],
@@ -121,8 +122,9 @@ def logs(
         typer.Option(
             "--kind",
             metavar="KIND",
-            help="Only lines of this kind: log (the play's own and the runtime's notes), row.failed, "
-            "row.failed.omitted, map.completed, run.interrupted, store.reconnected. Repeat for several.",
+            help="Only lines of this kind: log (the play's own and the runtime's notes), row.failed (every "
+            "failed row of the run's maps, not only those their log names), row.failed.omitted, map.completed, "
+            "run.interrupted, store.reconnected. Repeat for several.",
         ),
     ] = None,
     where: Annotated[
@@ -155,26 +157,27 @@ def logs(
     from deepline_cli import _json
     from deepline_cli.errors import UsageError
     from deepline_cli.store.base import LOG_KINDS
-    from deepline_cli.ui.logs import Where, line_dict, line_text, matches_all
+    from deepline_cli.ui.logs import Where, every_failed_row, line_dict, line_text, matches_all
 
     unknown = [k for k in kind or [] if k not in LOG_KINDS]
     if unknown:
         raise UsageError(f"--kind must be one of {', '.join(LOG_KINDS)}, not {unknown[0]!r}.")
     wheres = [Where.parse(w) for w in where or []]
-    db, _ = _load(store, run_id)
+    db, record = _load(store, run_id)
     try:
         sink = open(out, "w", encoding="utf-8") if out else sys.stdout  # noqa: SIM115 (closed below)
     except OSError as exc:
         db.close()
         raise UsageError(f"Cannot write the log lines to {out}: {exc.strerror}.") from None
-    written, after = 0, 0
+    written = 0
     try:
-        while page := db.logs_after(run_id, after, LOG_PAGE, kinds=kind or ()):
-            after = page[-1].id
-            for line in page:
-                if matches_all(line, wheres):
-                    sink.write((_json.dumps_str(line_dict(line)) if json else line_text(line)) + "\n")
-                    written += 1
+        lines = _stored_lines(db, run_id, kind or ())
+        if "row.failed" in (kind or ()):  # every failed row, not only those the maps logged
+            lines = every_failed_row(lines, db, run_id, record.attempt)
+        for line in lines:
+            if matches_all(line, wheres):
+                sink.write((_json.dumps_str(line_dict(line)) if json else line_text(line)) + "\n")
+                written += 1
     finally:
         db.close()
         if out:
@@ -183,7 +186,14 @@ def logs(
         sys.stderr.write(f"Wrote {written:,} log line(s) to {out}.\n")
 
 
-@app.command("tail")
+def _stored_lines(db: Any, run_id: str, kinds: Sequence[str]) -> Iterator[Any]:
+    after = 0
+    while page := db.logs_after(run_id, after, LOG_PAGE, kinds=kinds):
+        after = page[-1].id
+        yield from page
+
+
+@app.command("tail", cls=Command)
 @cli_errors
 def tail(
     run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run to follow.")],
@@ -223,12 +233,12 @@ def tail(
     raise typer.Exit(follower.result.exit_code)
 
 
-@app.command("stop")
+@app.command("stop", cls=Command)
 @cli_errors
 def stop(
     run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run to stop.")],
     reason: Annotated[
-        str, typer.Option("--reason", metavar="TEXT", help="Why: kept in the run's error and its log.")
+        str, typer.Option("--reason", metavar="REASON", help="Why: kept in the run's error and its log.")
     ] = "stopped by user",
     wait: Annotated[
         bool,
@@ -278,13 +288,14 @@ def stop(
         raise typer.Exit(1)
 
 
-@app.command("report")
+@app.command("report", cls=Command)
 @cli_errors
 def report(
-    run_id: Annotated[str, typer.Argument(help="The run.")],
+    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run.")],
     html: Annotated[bool, typer.Option("--html", help="Write the report as one self-contained HTML file.")] = False,
     out: Annotated[
-        Path | None, typer.Option("--out", help="Where to write it [default: deepline-report-RUN.html here].")
+        Path | None,
+        typer.Option("--out", metavar="FILE", help="Where to write it [default: deepline-report-RUN.html here]."),
     ] = None,
     store: StoreOption = None,
 ) -> None:

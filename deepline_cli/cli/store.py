@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import typer
 
-from deepline_cli.cli.common import StoreOption, cli_errors
+from deepline_cli.cli.common import Command, StoreOption, cli_errors
 
 app = typer.Typer(help="Where the store is (a SQLite file opens in sqlite-utils or Datasette).", no_args_is_help=True)
 
 
-@app.command("path")
+@app.command("path", cls=Command)
 @cli_errors
 def path(store: StoreOption = None) -> None:
     """Print the store's path (or PostgreSQL URL, password hidden).

@@ -28,7 +28,10 @@ def print_json(value: Any) -> None:
     sys.stdout.write(_json.dumps_str(value) + "\n")
 
 
-def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, empty: str) -> None:
+def print_table(
+    columns: Sequence[str], rows: Sequence[Sequence[Any]], *, empty: str, whole: Sequence[str] = ()
+) -> None:
+    """A table for people; the `whole` columns are never wrapped or cut (ids to copy)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -42,7 +45,13 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, empty:
 
     from deepline_cli.ui.text import printable
 
-    table = Table(*columns, box=None, pad_edge=False, header_style="bold")
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for i, name in enumerate(columns):
+        if name in whole:
+            widest = max(len(str(row[i])) for row in rows)
+            table.add_column(name, no_wrap=True, min_width=max(widest, len(name)))
+        else:
+            table.add_column(name)
     for row in rows:  # Text, not markup: a stored "[bold]" or an ANSI escape is shown as written
         table.add_row(*[Text("" if v is None else printable(v)) for v in row])
     console.print(table)

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from deepline_cli.cli.common import JsonOption, StoreOption, cli_errors
+from deepline_cli._format import format_credits
+from deepline_cli.cli.common import Command, JsonOption, StoreOption, cli_errors
 from deepline_cli.cli.run import WorkspaceOption
 from deepline_cli.cli.tables import print_json, print_json_lines, print_table
 
@@ -34,7 +35,7 @@ def _catalog(play: str | None, config: Path | None) -> Catalog:
     return open_catalog(play, config, Path.cwd())
 
 
-@app.command("list")
+@app.command("list", cls=Command)
 @cli_errors
 def list_tools(play: PlayOption = None, config: ConfigOption = None, json: JsonOption = False) -> None:
     """List HTTP tools from deepline.toml and local @tools of a play.
@@ -49,9 +50,14 @@ def list_tools(play: PlayOption = None, config: ConfigOption = None, json: JsonO
         print_json_lines(rows)
         return
     table = [
-        (r["id"], r["kind"], r["credits"], r["rate_limit"] or "", r["concurrency"] or "", r["target"]) for r in rows
+        (r["id"], r["kind"], _price(r["credits"]), r["rate_limit"] or "", r["concurrency"] or "", r["target"])
+        for r in rows
     ]
     print_table(["tool", "kind", "credits", "rate limit", "concurrency", "target"], table, empty="No tools found.")
+
+
+def _price(credits: object) -> str:
+    return format_credits(credits) if isinstance(credits, int | float) else ""
 
 
 def _tool_rows(catalog: Catalog) -> list[dict[str, object]]:
@@ -100,7 +106,7 @@ def _tool_rows(catalog: Catalog) -> list[dict[str, object]]:
     return rows
 
 
-@app.command("describe")
+@app.command("describe", cls=Command)
 @cli_errors
 def describe(
     tool: ToolArgument, config: ConfigOption = None, play: PlayOption = None, json: JsonOption = False
@@ -152,7 +158,7 @@ def _describe_lines(d: dict[str, Any]) -> list[tuple[str, str]]:
             ("reads", ", ".join(d["fields"]) or ("the whole input" if d["kind"] == "remote" else "none")),
             ("secrets", ", ".join(f"{s['name']} ({'set' if s['set'] else 'not set'})" for s in d["secrets"]) or "none"),
         ]
-    credits = "reported by each answer" if d["credits"] is None else f"{d['credits']:g} per call"
+    credits = "reported by each answer" if d["credits"] is None else f"{format_credits(d['credits'])} per call"
     lines += [("credits", credits), ("rate limit", shown(d["rate_limit"])), ("concurrency", shown(d["concurrency"]))]
     if d["kind"] != "local":
         lines += [
@@ -166,7 +172,7 @@ def _describe_lines(d: dict[str, Any]) -> list[tuple[str, str]]:
     return lines
 
 
-@app.command("execute")
+@app.command("execute", cls=Command)
 @cli_errors
 def execute(
     tool: ToolArgument,
@@ -236,7 +242,7 @@ def _report_call(result: RunResult, json_mode: bool, view: Any) -> None:
     out = result.output
     sys.stdout.write(_json.dumps_str(out["output"]) + "\n")
     if out["execution"] == "live":
-        credits = f"{out['credits']:g} credit" + ("" if out["credits"] == 1 else "s")
+        credits = f"{format_credits(out['credits'])} credit" + ("" if out["credits"] == 1 else "s")
         sys.stderr.write(f"Called {out['tool']}: {credits} (run {result.run_id}).\n")
     else:
         sys.stderr.write(
@@ -277,17 +283,21 @@ def check(
     if remote is not None and secrets.lookup(remote.api_key_env) is None:
         missing.append((None, "[remote]", remote.api_key_env))
     tool_rows = _tool_rows(catalog)
+    unknown = _unknown_tools(path, catalog)
     report = {
         "play_file": str(path),
         "plays": [_play_dict(p) for p in plays],
         "config": str(catalog.config.path) if catalog.config.path else None,
         "tools": tool_rows,
+        "unknown_tools": [{"tool": t, "file": f, "line": n} for t, f, n in unknown],
         "missing_secrets": [{"play": p, "tool": t, "secret": n} for p, t, n in missing],
     }
     if json:
         print_json(report)
     else:
         _print_check(path, plays, report, tool_rows, lambda name: secrets.lookup(name) is not None)
+    if unknown:
+        raise UsageError(_unknown_sentence(unknown, catalog))
     if missing:
         by_play, by_tool, secret = missing[0]
         owner = (
@@ -296,6 +306,41 @@ def check(
         raise UsageError(f"{owner} is not set; export it or add it to {secrets.env_file}.")
     if not json:
         typer.echo("ok: the play loads, its config is valid and every secret is set.")
+
+
+def _unknown_tools(play_file: Path, catalog: Catalog) -> list[tuple[str, str, int]]:
+    """Tools the play's code calls by a literal id that nothing here can run: not a local
+    @tool, not in deepline.toml, and no [remote] table to send it to. The play's file and
+    the modules it imported from its folder are read."""
+    import contextlib
+
+    from deepline_cli.errors import UsageError
+    from deepline_cli.runtime.snapshot import local_modules
+    from deepline_cli.runtime.toolscan import called_tools
+
+    files = [play_file]
+    with contextlib.suppress(UsageError):  # a module linked from outside the folder: `run --enqueue` says so
+        files += [f for f in local_modules(play_file.parent).values() if f.resolve() != play_file.resolve()]
+    unknown: dict[str, tuple[str, str, int]] = {}
+    for file in files:
+        for tool_id, line in called_tools(file):
+            if catalog.kind(tool_id) is None:
+                unknown.setdefault(tool_id, (tool_id, file.name, line))
+    return list(unknown.values())
+
+
+def _unknown_sentence(unknown: list[tuple[str, str, int]], catalog: Catalog) -> str:
+    import difflib
+
+    tool_id, file, line = unknown[0]
+    near = difflib.get_close_matches(tool_id, catalog.ids(), n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    where = str(catalog.config.path) if catalog.config.path else "a deepline.toml (none was found)"
+    more = f" ({len(unknown) - 1} more unknown tool(s) listed above)" if len(unknown) > 1 else ""
+    return (
+        f"{file} line {line} calls the tool {tool_id!r}{hint}, which is not a local @tool, not in {where}, "
+        f"and no [remote] table covers it{more}."
+    )
 
 
 def _play_dict(p: PlayDef) -> dict[str, Any]:
@@ -327,7 +372,9 @@ def _print_check(path: Path, plays: list[PlayDef], report: dict[str, Any], tool_
             listed = ", ".join(f"{n} ({'set' if is_set(n) else 'not set'})" for n in p.secrets)
             typer.echo(f"  secrets  {listed}")
         if p.max_credits_per_run is not None:
-            typer.echo(f"  budget   {p.max_credits_per_run:g} credits per run (--max-credits overrides)")
+            typer.echo(f"  budget   {format_credits(p.max_credits_per_run)} credits per run (--max-credits overrides)")
     typer.echo(f"config     {report['config'] or 'none'}")
     for row in tool_rows:
         typer.echo(f"tool       {row['id']}  [{row['kind']}]  {row['target']}")
+    for u in report["unknown_tools"]:
+        typer.echo(f"unknown    {u['tool']}  ({u['file']} line {u['line']}): nothing here can run it")

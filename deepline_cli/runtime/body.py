@@ -10,6 +10,7 @@ from deepline_cli.errors import DeeplineError, RunInterrupted, error_dict
 from deepline_cli.runtime import failures
 from deepline_cli.runtime.context import Context
 from deepline_cli.runtime.play import PlayDef
+from deepline_cli.runtime.play_input import play_input
 from deepline_cli.runtime.services import RunServices
 from deepline_cli.runtime.suspension import Suspended
 
@@ -24,7 +25,8 @@ class BodyOutcome:
 
 async def execute_body(play: PlayDef, s: RunServices, input: Any) -> BodyOutcome:
     try:
-        value = await play.fn(Context(s, play.name, input), input)
+        given = play_input(input, child=s.depth > 0)
+        value = await play.fn(Context(s, play.name, given), given)
     except Suspended:
         await _flush_journal(s)
         return BodyOutcome("waiting")

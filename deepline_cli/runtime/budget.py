@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from deepline_cli._format import format_credits
 from deepline_cli.errors import BudgetExceededError
 
 
@@ -80,10 +81,10 @@ class Budget:
             return
         total = self.spent + self.reserved + amount
         if total > limit or (unknown and total >= limit):
-            cost = "of unknown cost" if unknown else f"expected to cost {amount:g}"
+            cost = "of unknown cost" if unknown else f"expected to cost {format_credits(amount)}"
             raise BudgetExceededError(
-                f"{self._limit()} would be exceeded by {label!r} ({cost}; {self.spent:g} spent, "
-                f"{self.reserved:g} held for calls in flight); {self._advice()}"
+                f"{self._limit()} would be exceeded by {label!r} ({cost}; {format_credits(self.spent)} spent, "
+                f"{format_credits(self.reserved)} held for calls in flight); {self._advice()}"
             )
 
     def release(self, reservation: Reservation) -> None:
@@ -103,15 +104,17 @@ class Budget:
         if limit is None or self.spent <= limit:
             return None
         return BudgetExceededError(
-            f"{self._limit()} was passed: {self.spent:g} credits spent, {self.spent - limit:g} over, "
-            f"because calls in flight cost more than expected (the last one {actual:g}, "
-            f"{reservation.amount:g} expected); {self._advice()}"
+            f"{self._limit()} was passed: {format_credits(self.spent)} credits spent, "
+            f"{format_credits(self.spent - limit)} over, "
+            f"because calls in flight cost more than expected (the last one {format_credits(actual)}, "
+            f"{format_credits(reservation.amount)} expected); {self._advice()}"
         )
 
     def _limit(self) -> str:
+        limit = format_credits(self.max_credits or 0)  # only said of a budget that was passed
         if self.declared_by is None:
-            return f"--max-credits {self.max_credits:g}"
-        return f"max_credits_per_run {self.max_credits:g} of play {self.declared_by!r}"
+            return f"--max-credits {limit}"
+        return f"max_credits_per_run {limit} of play {self.declared_by!r}"
 
     def _advice(self) -> str:
         if self.declared_by is None:

@@ -64,7 +64,8 @@ async def run_play(
         raise GovernanceError(
             f"Child play {play.name!r} would be {s.depth + 1} calls deep; the limit is {s.caps.max_depth}."
         )
-    call = DurableCall(key=receipt_key("run_play", s.scope.workspace, s.scope.run_id, id), kind="run_play", label=id)
+    key = receipt_key("run_play", s.scope.workspace, s.scope.run_id, id)
+    call = DurableCall(key=key, kind="run_play", label=id, input=input)
     child_id = child_run_id(s.scope.run_id, id, play, input)
 
     async def invoke(_: Any) -> Any:

@@ -147,6 +147,7 @@ class Tools:
             metered=definition.metered,
             receipt_wait_s=receipt_wait_s,
             description=description,
+            input=input,
         )
         if definition.batch:
             batcher = self._batcher(definition, timeout_s)
@@ -249,6 +250,7 @@ class Context:
             kind="fetch",
             label=id,
             stale_after_s=await staleness_of(self._s.book, key, stale_after_seconds),
+            input={"method": method.upper(), "url": url, **({"json": json} if json is not None else {})},
         )
         request = Request(method.upper(), url, dict(headers or {}), {}, json)
 
@@ -289,9 +291,16 @@ class Context:
     ) -> CsvSource:
         """A row source read lazily from a CSV; required columns are checked now.
         `columns={"domain": ["Website", "Company Domain"]}`: the headers a column may have."""
-        return CsvSource(
+        source = CsvSource(
             self.resolve_path(path), rename=rename, required=required, columns=columns, description=description
         )
+        if not source.has_rows():
+            self.warn(f"The CSV {source.path} has no rows, only a header: there is nothing to do with it.")
+        return source
+
+    def warn(self, message: str) -> None:
+        """A warning from the runtime about what the play was given (a log line, shown live)."""
+        self._s.log(message, level="warning")
 
     async def map(
         self,

@@ -112,6 +112,7 @@ class _Job:
     row: dict[str, Any]
     digest: str
     previous: SheetRow | None
+    blank: str | None = None  # a required CSV column with no value: the row fails, nothing is called
 
 
 class _Tally:
@@ -175,6 +176,9 @@ class MapRun:
         self.total_estimate = _estimate_total(rows, self.limit)
         self.reuse = ReusePolicy(services.io.now, scope.force_refresh, scope.refresh_failed)
         self.waterfalls = {c.name: c.column.fn.names for c in self.columns if isinstance(c.column.fn, Waterfall)}
+        self.csv = rows if isinstance(rows, CsvSource) else None
+        self.clashes: set[tuple[str, str]] = set()  # column names told apart by case only, warned of
+        self.warn_of_case(self.input_columns)
 
     # --- the whole map -----------------------------------------------------------------------
 
@@ -280,8 +284,11 @@ class MapRun:
             previous = await self.s.io.call(self.s.io.store.load_sheet_rows, self.sheet, [job.key for job in chunk])
             for job in chunk:
                 job.previous = previous.get(job.key)
-                if not self._reuse_whole_row(job):
-                    await queue.put(job)
+                if not (self.reusable(job) and self._reuse_whole_row(job)):
+                    if job.blank is not None:
+                        self._record(job, self._blank_cells(job), job.blank)  # no call made for it
+                    else:
+                        await queue.put(job)
                 if self.stop is not None:
                     return
 
@@ -293,9 +300,11 @@ class MapRun:
                 break
             self.tally.read += 1
             row = dict(raw)
-            for column in row:  # every field any row has is an input column (for export)
-                if column not in self.input_columns:
-                    self.input_columns[column] = None
+            blank = self.csv.blank(row) if self.csv is not None else None
+            new = [column for column in row if column not in self.input_columns]
+            if new:  # every field any row has is an input column (for export)
+                self.input_columns.update(dict.fromkeys(new))
+                self.warn_of_case(new)
             key = self.key_of(row)
             if key in self.seen:
                 self.tally.duplicate += 1
@@ -307,14 +316,42 @@ class MapRun:
             if idx < len(self.finished) and self.finished[idx]:
                 self.tally.seeded += 1
                 continue
-            chunk.append(_Job(idx, input_index, key, row, row_digest(row), None))
+            chunk.append(_Job(idx, input_index, key, row, row_digest(row), None, blank))
             if len(chunk) >= CHUNK:
                 yield chunk
                 chunk = []
         if chunk:
             yield chunk
 
+    def warn_of_case(self, input_columns: Iterable[str]) -> None:
+        """Columns whose names differ only in case (`Company` in the CSV, a `company` column):
+        the export keeps both, but spreadsheets and many CSV readers take them for one."""
+        ours = [c.name for c in self.columns]
+        for name in [*input_columns, *ours]:
+            for column in ours:
+                pair = (min(name, column), max(name, column))
+                if name != column and name.lower() == column.lower() and pair not in self.clashes:
+                    self.clashes.add(pair)
+                    self.ctx.warn(
+                        f"Map {self.name!r}: the columns {pair[0]!r} and {pair[1]!r} differ only in case; the "
+                        "export keeps both, but spreadsheets and many CSV readers take them for one: rename one."
+                    )
+
     # --- one row --------------------------------------------------------------------------------
+
+    def reusable(self, job: _Job) -> bool:
+        """Whether the sheet may give the row back whole. A row with a blank required cell is
+        given back only through its columns' cells (the kept error, or an answer an earlier
+        run paid for): a map with no columns has no cell to keep its failure in."""
+        return job.blank is None or bool(self.columns)
+
+    def _blank_cells(self, job: _Job) -> dict[str, list[Any]]:
+        """A blank required cell's failure, kept as the first column's error cell: later runs
+        give it back like any failed cell (`--refresh-failed` checks the row again)."""
+        if not self.columns:
+            return {}
+        first = self.columns[0]
+        return {first.name: [None, job.blank, self.s.io.now(), first.fingerprint]}
 
     def _reuse_whole_row(self, job: _Job) -> bool:
         """The fast path: every cell is reusable, so record the row without any call."""

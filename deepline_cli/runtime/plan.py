@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +43,7 @@ from deepline_cli.runtime.http import FetchResult, Http, HttpTools
 from deepline_cli.runtime.map import MapRun, RowContext, _Job
 from deepline_cli.runtime.pilot import whole_row_reusable
 from deepline_cli.runtime.play import PlayDef
+from deepline_cli.runtime.play_input import play_input
 from deepline_cli.runtime.receipts import ReceiptBook, RunScope, receipt_key, stored_failure
 from deepline_cli.runtime.reuse import previous_value, refresh_after
 from deepline_cli.runtime.rows import CsvSource, RowKey
@@ -167,6 +168,7 @@ class MapPlan:
     duplicate: int = 0
     limit: int | None = None
     paid_rows: int = 0  # rows the sheet gives back whole: nothing to call
+    blank_rows: int = 0  # rows a blank required CSV column fails: nothing to call
     columns: list[ColumnPlan] = field(default_factory=list)
     history_rows: int = 0
 
@@ -181,6 +183,7 @@ class MapPlan:
             "duplicate": self.duplicate,
             "limit": self.limit,
             "paid_rows": self.paid_rows,
+            "blank_rows": self.blank_rows,
             "reused_cells": sum(c.reused_cells for c in self.columns),
             "paid_calls": sum(c.paid_calls for c in self.columns),
             "new_calls": sum(c.new_calls for c in self.columns),
@@ -203,6 +206,7 @@ class Plan:
     body_tools: dict[str, float] = field(default_factory=dict)  # tools the body itself names
     stopped: str | None = None  # why planning stopped before the play's end
     reference_run: str | None = None
+    warnings: list[str] = field(default_factory=list)  # what a run would warn of (an empty CSV…)
 
     def as_dict(self) -> dict[str, Any]:
         maps = [m.as_dict() for m in self.maps]
@@ -226,6 +230,7 @@ class Plan:
             },
             "stopped": self.stopped,
             "complete": self.stopped is None,
+            "warnings": self.warnings,
             "totals": {
                 "rows": sum(m["distinct"] for m in maps),
                 "paid_rows": sum(m["paid_rows"] for m in maps),
@@ -311,6 +316,9 @@ class PlanContext(Context):
     def log(self, message: str, **fields: Any) -> None:
         return None
 
+    def warn(self, message: str) -> None:
+        self._planner.plan.warnings.append(message)
+
     async def step(
         self, id: str, fn: Callable[[], Any], *, stale_after_seconds: Staleness = None, _journal: bool = True
     ) -> Any:
@@ -354,8 +362,18 @@ class PlanContext(Context):
         limit: int | None = None,
     ) -> PlanDataset:
         bounded = Bounded(rows)
+        # A CSV or a list goes to the engine as it is: the engine knows a CSV (its path is not
+        # part of a cell's fingerprint, its required columns are checked per row).
         engine = MapRun(
-            self, self._s, name, bounded, columns, key=key, on_row_error=on_row_error, concurrency=1, limit=limit
+            self,
+            self._s,
+            name,
+            rows if bounded.finite else bounded,
+            columns,
+            key=key,
+            on_row_error=on_row_error,
+            concurrency=1,
+            limit=limit,
         )
         return await self._planner.plan_map(engine, RowPlanner(self._planner, engine), bounded)
 
@@ -383,6 +401,44 @@ class Bounded:
             yield row
 
 
+class PlanRow(dict[str, Any]):
+    """A row while planning, after columns whose values only a real run can tell: reading one
+    of them stops the resolver there, as depending on that column. A resolver that reads only
+    the row's input or known columns goes on, and its calls are planned like any other."""
+
+    def __init__(self, row: Mapping[str, Any], unknown: Sequence[str]) -> None:
+        super().__init__(row)
+        self.unknown = tuple(unknown)
+
+    def __missing__(self, name: str) -> Any:
+        if name in self.unknown:
+            raise NotPlanned(f"depends on {name!r}, known only after running")
+        raise KeyError(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self else default  # noqa: SIM401 (self.get is this method)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.unknown or super().__contains__(name)
+
+    # Whole-row reads (`dict(row)`, `{**row}`, `row.items()`) read every column, unknown ones too.
+    def __iter__(self) -> Iterator[str]:
+        yield from super().__iter__()
+        yield from (name for name in self.unknown if not super().__contains__(name))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def keys(self) -> Any:
+        return list(self)
+
+    def items(self) -> Any:
+        return [(name, self[name]) for name in self]
+
+    def values(self) -> Any:
+        return [self[name] for name in self]
+
+
 class RowPlanner:
     """Plans one map's rows, one at a time, with the map engine's own decisions."""
 
@@ -399,13 +455,13 @@ class RowPlanner:
 
     async def row(self, job: _Job) -> None:
         engine = self.engine
-        row, changed, unknown = job.row, False, None
+        row, changed = job.row, False
+        unknown: list[str] = []  # columns whose values only a real run can tell
         rc = RowContext(engine.ctx, engine.s, engine.name, job.key, job.idx)
         for column, plan in zip(engine.columns, self.columns, strict=True):
-            if unknown is not None:
-                self._dependent(plan, f"depends on {unknown!r}, known only after running", None)
-                continue
-            cell = engine.reuse.cell(job.previous, job.digest, column, changed)
+            # After an unknown column, a cell is recomputed (its calls may still hit receipts);
+            # a resolver that reads an unknown column depends on that one (PlanRow).
+            cell = engine.reuse.cell(job.previous, job.digest, column, changed or bool(unknown))
             if cell is not None:
                 plan.reused_cells += 1
                 row[column.name] = cell[0]
@@ -415,15 +471,15 @@ class RowPlanner:
             before = job.previous.cells.get(column.name) if job.previous else None
             rc.previous = previous_value(before)
             enter_cell(CellScope(engine.name, job.key, refresh_after(column, before)))
-            outcome = await self._resolve(column, plan, row, rc)
+            outcome = await self._resolve(column, plan, PlanRow(row, unknown) if unknown else row, rc)
             if isinstance(outcome, _Failed):
                 return self._keep(row, outcome.error)
             if isinstance(outcome, _Stopped):
-                unknown = column.name
+                unknown.append(column.name)
                 continue
             changed = changed or before is None or before[0] != outcome.value
             row[column.name] = outcome.value
-        if unknown is not None:
+        if unknown:
             self.rows = None
         self._keep(row, None)
 
@@ -551,6 +607,7 @@ class Planner:
     async def run(self, input: Any) -> Plan:
         self.reference = await self.io.call(self._reference_run, input)
         self.plan.reference_run = self.reference
+        input = play_input(input)
         ctx = PlanContext(self.services, self.play.name, self, input)
         self.plan.body_tools = self._credits_of(tool_ids([self.play.fn], lambda t: ctx.tools.declared(t) is not None))
         try:
@@ -649,7 +706,10 @@ class Planner:
             previous = await self.io.call(self.store.load_sheet_rows, engine.sheet, [job.key for job in chunk])
             for job in chunk:
                 job.previous = previous.get(job.key)
-                if whole_row_reusable(engine, job):
+                if job.blank is not None and not (engine.reusable(job) and whole_row_reusable(engine, job)):
+                    plan.blank_rows += 1  # the run fails the row before any call
+                    rows._keep(job.row, job.blank)
+                elif whole_row_reusable(engine, job):
                     plan.paid_rows += 1
                     for column in rows.columns:
                         column.reused_cells += column.column in job.previous.cells  # type: ignore[union-attr]

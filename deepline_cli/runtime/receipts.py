@@ -45,6 +45,7 @@ from deepline_cli.runtime.tools import Execution, ToolCall
 from deepline_cli.store.base import CallRecord, Claim, ClaimOutcome, LogLine, Receipt, Settlement
 
 BUSY_POLL_S = 0.25
+KEPT_INPUT_BYTES = 4096  # a call's input larger than this (as JSON) is not kept on its receipt
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,7 @@ class DurableCall:
     members: list[tuple[str, str]] | None = None
     request: Any = None
     description: str | None = None  # what the call is for, in the play's words (logs, report)
+    input: Any = None  # what the call sends, kept on its receipt when small (`receipts inspect`)
 
 
 class LeaseLost(ReceiptLeaseLostError):
@@ -240,9 +242,22 @@ class ReceiptBook:
             members=call.members,
             request=call.request,
             description=call.description,
+            input=self._kept_input(call.input),
         )
         # If this waiter is cancelled, the write queue releases the claim once written.
         return await self._writes.claim(claim)
+
+    def _kept_input(self, value: Any) -> Any:
+        """A call's input as its receipt keeps it, for a person to see (`receipts inspect`):
+        secrets redacted, and only when small — the receipt is not a copy of a large payload."""
+        if value is None:
+            return None
+        kept = self._secrets.redact_json(value)
+        try:
+            size = len(_json.dumps(kept))
+        except TypeError:  # not JSON (a fetch body the request encodes itself): not kept
+            return None
+        return kept if size <= KEPT_INPUT_BYTES else None
 
     async def _invoke(
         self, call: DurableCall, claimed: ClaimOutcome, invoke: Callable[[ToolCall], Awaitable[Any]]

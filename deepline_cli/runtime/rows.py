@@ -21,6 +21,9 @@ class CsvSource:
     The header is read (and `required` columns checked) when the source is created, so a
     missing column fails before any work. UTF-8 with or without a BOM.
 
+    A required column must also have a value in every row: a map fails a row whose required
+    cell is empty (or only spaces) without calling anything for it, and goes on (`blank`).
+
     `columns={"domain": ["Website", "Company Domain"]}` names a column by the headers it
     may have in the file (matched ignoring case and spaces, the name itself included): the
     first one found is renamed; one found nowhere is empty in every row, or, if required,
@@ -38,6 +41,8 @@ class CsvSource:
     ) -> None:
         self.path = path
         self.description = description
+        self.required = list(required or [])
+        self.line = 0  # the file line of the row last read (a row may span lines)
         self._rename = dict(rename or {})
         header = self._header()
         self._rename.update(_aliases(header, columns or {}))
@@ -113,11 +118,24 @@ class CsvSource:
                     row = dict(zip(header, record, strict=True))
                     for name in absent:
                         row[name] = ""
+                    self.line = line
                     yield row
             except UnicodeDecodeError:
                 raise self._undecodable() from None
             except csv.Error as exc:
                 raise InputError(f"{self.path} line {reader.line_num}: {exc}.") from None
+
+    def blank(self, row: Mapping[str, Any]) -> str | None:
+        """Why the row just read cannot be used: a required column with no value in it."""
+        for name in self.required:
+            value = row.get(name)
+            if value is None or (isinstance(value, str) and not value.strip()):
+                return f"InputError: required column {name!r} is blank ({self.path.name} line {self.line})"
+        return None
+
+    def has_rows(self) -> bool:
+        """Whether the file holds a row after its header (it reads no further than the first)."""
+        return next(iter(self), None) is not None
 
     def count(self) -> int:
         """How many rows the file holds (read once; blank lines are not rows)."""

@@ -5,12 +5,18 @@ bytecode of the play's own functions it calls (followed through globals of the s
 module and closures, however deep). What the scan cannot see: a tool id built at run
 time (`f"finder.{name}"`), and how many times a loop calls a tool; `deepline plan`
 says its bound assumes each tool at most once per row and column.
+
+`deepline check` wants the ids a play calls, not every string that looks like one (a
+domain, a file name): `called_tools` reads them from the source, where a call
+`….tools.execute(id, "vendor.tool", …)` names its tool as a literal.
 """
 
 from __future__ import annotations
 
+import ast
 import types
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 
@@ -79,3 +85,30 @@ def _names(code: types.CodeType) -> Iterator[str]:
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             yield from _names(const)
+
+
+def called_tools(path: Path) -> list[tuple[str, int]]:
+    """(tool id, line) of each `tools.execute(id, "tool", …)` in a source file whose tool
+    is a string literal (`rc.tools.execute`, `ctx.tools.execute`, `tools.execute`)."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return []  # not readable here: the play loaded, so this is a module the scan skips
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _is_tools_execute(node.func):
+            tool = (
+                node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "tool"), None)
+            )
+            if isinstance(tool, ast.Constant) and isinstance(tool.value, str):
+                found.append((tool.value, node.lineno))
+    return sorted(found, key=lambda f: f[1])
+
+
+def _is_tools_execute(func: ast.expr) -> bool:
+    if not isinstance(func, ast.Attribute) or func.attr != "execute":
+        return False
+    owner = func.value
+    return (isinstance(owner, ast.Attribute) and owner.attr == "tools") or (
+        isinstance(owner, ast.Name) and owner.id == "tools"
+    )

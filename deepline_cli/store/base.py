@@ -91,6 +91,7 @@ class Receipt:
     request: Any = None  # a batch aggregate: [[member key, input], ...] in the order sent
     generation: int = 1  # how many answers it has had: a refresh makes a new one
     description: str | None = None  # what the call is for, in the play's words
+    input: Any = None  # the call's input, secrets redacted (None: not kept, see runtime/receipts.py)
 
 
 @dataclass(slots=True)
@@ -138,6 +139,7 @@ class Claim:
     members: list[tuple[str, str]] | None = None
     request: Any = None
     description: str | None = None
+    input: Any = None  # kept on the receipt for `receipts inspect` (redacted, small)
 
 
 # superseded: the claiming attempt's run was taken over by a later attempt (fencing).
@@ -513,7 +515,11 @@ class Store(Protocol):
         """Visible finished rows of this run's map by outcome (the visibility barrier)."""
         ...
 
-    def failed_map_rows(self, run_id: str, map: str, limit: int) -> list[MapRow]: ...
+    def failed_map_rows(self, run_id: str, map: str, limit: int, *, after_idx: int = -1) -> list[MapRow]:
+        """The map's failed rows in input order, at most `limit`, after the distinct row
+        `after_idx` (paging through every one: `runs logs --kind row.failed`)."""
+        ...
+
     def map_steps(self, run_id: str, *, succeeded_only: bool = False) -> dict[str, dict[str, dict[str, int]]]:
         """Waterfall hits of a run's maps: map → column → step (or "none") → rows."""
         ...

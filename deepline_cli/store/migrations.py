@@ -226,6 +226,8 @@ MIGRATIONS: list[tuple[str, str | Step]] = [
         -- earlier answer to the history: receipts hold the current generation.
         ALTER TABLE receipts ADD COLUMN generation INTEGER NOT NULL DEFAULT 1;
         ALTER TABLE receipts ADD COLUMN description TEXT;
+        -- The call's input as it was claimed (secrets redacted; none when large): receipts inspect.
+        ALTER TABLE receipts ADD COLUMN input TEXT;
         CREATE TABLE receipt_history (
             key {key} NOT NULL, generation INTEGER NOT NULL, run_id TEXT, attempt INTEGER,
             idempotency_key TEXT, output TEXT, credits {float}, completed_at {float},

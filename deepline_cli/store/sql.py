@@ -47,7 +47,7 @@ _RUN_JSON = frozenset({"input", "options", "output", "error", "stats", "ancestor
 _RECEIPT_COLUMNS = (
     "key, kind, label, tool, status, run_id, attempt, lease_id, lease_expires_at,"
     " idempotency_key, output, error, failure_kind, retryable, credits, created_at, completed_at,"
-    " batch_key, request, generation, description"
+    " batch_key, request, generation, description, input"
 )
 _BOUNDARY_COLUMNS = "run_id, id, kind, status, due_at, event_id, child_run_id, payload, created_at, resolved_at"
 _TREE = "(SELECT run_id FROM runs WHERE run_id = ? OR root_run_id = ?)"  # a run and its child runs
@@ -526,11 +526,11 @@ class SqlStore(LedgerQueries):
         )
         return {outcome: n for outcome, n in rows}
 
-    def failed_map_rows(self, run_id: str, map: str, limit: int) -> list[MapRow]:
+    def failed_map_rows(self, run_id: str, map: str, limit: int, *, after_idx: int = -1) -> list[MapRow]:
         rows = self._read(
             "SELECT run_id, map, idx, input_index, row_key, outcome, error, '', rev FROM map_rows"
-            " WHERE run_id = ? AND map = ? AND outcome = 'failed' ORDER BY idx LIMIT ?",
-            (run_id, map, limit),
+            " WHERE run_id = ? AND map = ? AND outcome = 'failed' AND idx > ? ORDER BY idx LIMIT ?",
+            (run_id, map, after_idx, limit),
         )
         return [MapRow(*r) for r in rows]
 
@@ -1037,6 +1037,7 @@ def _receipt_from_row(row: Sequence[Any]) -> Receipt:
         request,
         generation,
         description,
+        input,
     ) = row
     return Receipt(
         key=key,
@@ -1060,18 +1061,19 @@ def _receipt_from_row(row: Sequence[Any]) -> Receipt:
         request=_json.loads(request),
         generation=generation or 1,
         description=description,
+        input=_json.loads(input),
     )
 
 
-CLAIM_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', 0, 0)"
+CLAIM_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', 0, 0)"
 CLAIM_INSERT_COLUMNS = (
     "kind, label, tool, run_id, attempt, lease_id, lease_expires_at, idempotency_key, created_at, batch_key,"
-    " request, description, key, status, retryable, credits"
+    " request, description, input, key, status, retryable, credits"
 )
 _CLAIM_UPDATE = (
     "UPDATE receipts SET kind = ?, label = ?, tool = ?, run_id = ?, attempt = ?, lease_id = ?,"
     " lease_expires_at = ?, idempotency_key = ?, created_at = ?, batch_key = ?, request = ?, description = ?,"
-    " status = 'running', error = NULL, failure_kind = NULL, retryable = 0 WHERE key = ?"
+    " input = ?, status = 'running', error = NULL, failure_kind = NULL, retryable = 0 WHERE key = ?"
 )
 
 
@@ -1090,6 +1092,7 @@ def claim_row(r: Receipt) -> tuple[Any, ...]:
         r.batch_key,
         _json_or_none(r.request),
         r.description,
+        _json_or_none(r.input),
         r.key,
     )
 
@@ -1115,6 +1118,7 @@ def _claimed(current: Receipt | None, cl: Claim, now: float) -> Receipt:
         request=request,
         generation=current.generation if current else 1,
         description=cl.description,
+        input=cl.input if cl.input is not None else current.input if current else None,
     )
 
 

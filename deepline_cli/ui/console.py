@@ -20,7 +20,9 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
+from deepline_cli._format import format_credits
 from deepline_cli.runtime.events import Event
+from deepline_cli.ui.logs import shown_message
 from deepline_cli.ui.state import MapView, RunView, step_hits
 from deepline_cli.ui.text import printable
 from deepline_cli.ui.verdict import clock, verdict
@@ -96,7 +98,7 @@ def tool_pieces(tool_id: str, c: dict[str, Any], paced: dict[str, float], paused
         (f"fell back {recovered:,}" if recovered else "", 2),
         retried,
         (state, 1),
-        (f"credits {c['credits']:,.6g}" if c.get("credits") else "", 0),
+        (f"credits {format_credits(c['credits'])}" if c.get("credits") else "", 0),
     ]
 
 
@@ -146,7 +148,8 @@ class ConsoleView:
 
     def _print_log(self, event: Event) -> None:
         level = event.data.get("level", "info")
-        text = Text(printable(event.data.get("message", ""), newlines=True))
+        message = shown_message(event.run_id, event.data.get("kind", "log"), event.data.get("message", ""))
+        text = Text(printable(message, newlines=True))
         if level != "info":
             text.stylize("yellow")
         if not self.live_mode:
@@ -188,7 +191,7 @@ class ConsoleView:
 
     def render(self) -> Group:
         s, width = self.state, self.console.width
-        right = fit([(f"credits {s.credits:,.6g}" if s.credits else "", 0), (clock(s.elapsed), 0)], width)
+        right = fit([(f"credits {format_credits(s.credits)}" if s.credits else "", 0), (clock(s.elapsed), 0)], width)
         left = fit([("deepline", 3), (s.play, 2), (f"run {s.run_id}", 0), (f"attempt {s.attempt}", 1)],
                    max(0, width - len(right) - 2))  # fmt: skip
         header = Text(left.ljust(max(0, width - len(right))) + right, no_wrap=True, overflow="ellipsis")

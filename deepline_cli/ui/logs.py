@@ -11,19 +11,20 @@ runtime's lines (`row.failed`, `map.completed`, …) say theirs in the message a
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from deepline_cli import _json
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.events import Event
-from deepline_cli.store.base import LogLine
+from deepline_cli.store.base import LogLine, MapRow, Store
 from deepline_cli.ui.text import printable
 from deepline_cli.ui.verdict import verdict
 
 # Besides a line's fields, --where can test these of the line itself.
 LINE_ATTRIBUTES = ("level", "attempt")
+FAILED_PAGE = 1000  # failed rows read from the store per query
 
 
 def as_text(value: Any) -> str:
@@ -76,7 +77,16 @@ def stamp(ts: float) -> str:
 
 
 def line_text(line: LogLine) -> str:
-    return _text(line.ts, line.attempt, line.level, line.message, line.kind, line.fields)
+    return _text(line.ts, line.attempt, line.level, shown_message(line.run_id, line.kind, line.message), line.kind,
+                 line.fields)  # fmt: skip
+
+
+def shown_message(run_id: str, kind: str, message: str) -> str:
+    """A line's message as a person reads it: a map's log names only its first failed rows,
+    so the line saying how many it left out says where every one is."""
+    if kind == "row.failed.omitted":
+        return f"{message} (every one: deepline runs logs {run_id} --kind row.failed)"
+    return message
 
 
 def _text(ts: float, attempt: int, level: str, message: str, kind: str, fields: dict[str, Any] | None) -> str:
@@ -86,11 +96,53 @@ def _text(ts: float, attempt: int, level: str, message: str, kind: str, fields: 
     return printable(text)
 
 
+def every_failed_row(lines: Iterable[LogLine], store: Store, run_id: str, attempt: int) -> Iterator[LogLine]:
+    """The run's log lines with every failed row of its maps as a `row.failed` line.
+
+    A map logs only its first failed rows (and a count of the rest); the store keeps them
+    all. Where a map's log names its first failed row, every failed row of the map is listed,
+    read from the store in input order; the map's other logged `row.failed` lines (a resumed
+    run logs them again) are left out. A map that logged none (stopped before its summary)
+    has its failed rows listed last.
+    """
+    listed: set[str] = set()
+    for line in lines:
+        if line.kind != "row.failed" or not line.fields or "map" not in line.fields:
+            yield line
+            continue
+        name = str(line.fields["map"])
+        if name not in listed:
+            listed.add(name)
+            yield from _failed_lines(store, run_id, name, line)
+    for record in store.get_maps(run_id):
+        if record.map not in listed and record.failed:
+            at = LogLine(run_id, attempt, record.finished_at or record.started_at, "warning", "", kind="row.failed")
+            yield from _failed_lines(store, run_id, record.map, at)
+
+
+def _failed_lines(store: Store, run_id: str, map_name: str, at: LogLine) -> Iterator[LogLine]:
+    """The map's failed rows as `row.failed` lines worded as the map logs them, dated like `at`."""
+    after = -1
+    while page := store.failed_map_rows(run_id, map_name, FAILED_PAGE, after_idx=after):
+        after = page[-1].idx
+        yield from (_failed_line(row, at) for row in page)
+
+
+def _failed_line(row: MapRow, at: LogLine) -> LogLine:
+    return replace(
+        at,
+        message=f"row {row.row_key} failed: {row.error}",
+        kind="row.failed",
+        fields={"map": row.map, "row_key": row.row_key, "error": row.error},
+    )
+
+
 def followed_text(event: Event, play: str) -> list[str]:
     """`runs tail` for a person: the lines an event of a followed run reads as."""
     d = event.data
     if event.event == "log":
-        return [_text(event.ts, d["attempt"], d["level"], d["message"], d["kind"], d.get("fields"))]
+        message = shown_message(event.run_id, d["kind"], d["message"])
+        return [_text(event.ts, d["attempt"], d["level"], message, d["kind"], d.get("fields"))]
     if event.event == "map.progress":
         total = f"/{d['total']:,}" if d.get("total") else ""
         return [printable(f"{stamp(event.ts)}  map {d['map']}: {d['done']:,}{total} rows done, {d['failed']:,} failed")]

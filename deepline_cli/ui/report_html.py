@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
 from deepline_cli import __version__
+from deepline_cli._format import format_credits
 from deepline_cli.runtime.projection import CellCounts, describe
 from deepline_cli.store.base import MapRecord
 from deepline_cli.store.ledger import CallRow
@@ -81,7 +82,7 @@ def _header(report: Report) -> str:
     failed = sum(t.failed for t in report.tools.values())
     status = f'<span class="{"ok" if run.status == "completed" else "bad"}">{_e(run.status)}</span>'
     cards = [
-        ("credits", f"{stats.get('credits', 0):,.6g}"),
+        ("credits", format_credits(stats.get("credits", 0))),
         ("tool calls", f"{live + failed:,}"),
         ("reused", f"{reused:,}"),
         ("failed calls", f"{failed:,}"),
@@ -225,7 +226,7 @@ def _providers(report: Report) -> str:
             f"{t.reused:,}",
             f"{t.failed:,}",
             f"{t.retried:,} ({t.retries:,} retries)",
-            f"{t.credits:,.6g}",
+            format_credits(t.credits),
             _rate(t.found, t.answered),
             _bar([t.found, t.answered - t.found, t.failed], ["#2e7d32", "#b0bec5", "#c62828"]),
         ]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepline_cli import _json
+from deepline_cli._format import format_credits
 from deepline_cli.store.base import Boundary, MapRecord, RunRecord, Store
 from deepline_cli.store.ledger import AttemptRow, LedgerQueries
 
@@ -146,7 +147,7 @@ def shown_lines(s: Shown, when: Any) -> list[str]:
         f"created   {when(r.created_at)}",
         f"finished  {when(r.finished_at)}",
         f"duration  {stats.get('duration_s', 0):.2f}s",
-        f"credits   {stats.get('credits', 0):g}",
+        f"credits   {format_credits(stats.get('credits', 0))}",
     ]
     if r.parent_run_id:
         lines.append(f"parent    {r.parent_run_id}  (root {r.root_run_id})")
@@ -187,7 +188,7 @@ def _tool_lines(s: Shown, stats: dict[str, Any]) -> list[str]:
     if not s.full:
         return [
             f"tool      {tool_id}: live {c['live']:,}  reused {c['reused']:,}  "
-            f"failed {c['failed']:,}  credits {c['credits']:g}"
+            f"failed {c['failed']:,}  credits {format_credits(c['credits'])}"
             for tool_id, c in sorted((stats.get("tools") or {}).items())
         ]
     lines = []
@@ -196,7 +197,7 @@ def _tool_lines(s: Shown, stats: dict[str, Any]) -> list[str]:
         lines.append(
             f"tool      {tool_id}: live {c['live']:,}  reused {c['reused']:,}  failed {c['failed']:,}  "
             f"retries {c['retries']:,}{f' ({reasons})' if reasons else ''}  fell back {c['recovered']:,}  "
-            f"credits {c['credits']:g}"
+            f"credits {format_credits(c['credits'])}"
         )
     return lines
 

@@ -2,6 +2,7 @@
 
     ✓ Run r-8f2c completed in 0:42: 290 rows (281 succeeded, 9 failed, 12 duplicate), 714 credits.
       Next: deepline export r-8f2c --out lead-enrichment.csv · every failed row: deepline runs logs r-8f2c
+        --kind row.failed
 
 Plain text (no rich): `--quiet` and the plain view print it too.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from deepline_cli._format import format_credits
 from deepline_cli.ui.state import step_hits
 from deepline_cli.ui.text import printable
 
@@ -42,7 +44,7 @@ def _completed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: 
     if rows.get("succeeded") or rows.get("failed"):
         steps.append(f"deepline export {run_id} --out {play or 'rows'}.csv")
     if rows.get("failed"):
-        steps.append(f"every failed row: deepline runs logs {run_id}")
+        steps.append(f"every failed row: deepline runs logs {run_id} --kind row.failed")
     if steps:
         lines.append("  Next: " + " · ".join(steps))
     return lines
@@ -53,6 +55,8 @@ def _failed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str
     lines = [f"✗ Run {run_id} failed: {error.get('message', 'unknown error')}{where}"]
     if error.get("type") == "StoreLostError":
         lines.append("  Next: start the run again on a store that stays.")
+    elif error.get("type") == "MissingInputField":
+        lines.append("  Next: start a new run that gives it (a resume keeps this run's input).")
     elif "deepline resume" not in error.get("message", ""):
         lines.append(f"  Next: fix the cause, then: deepline resume {run_id}")
     return lines
@@ -102,7 +106,7 @@ def _rows(rows: dict[str, Any]) -> str:
 def _credits(stats: dict[str, Any]) -> str:
     attempts = stats.get("attempts") or 1
     over = f" over {attempts} attempts" if attempts > 1 else ""
-    return f"{stats.get('credits', 0):,.6g} credits{over}"
+    return f"{format_credits(stats.get('credits', 0))} credits{over}"
 
 
 def clock(seconds: float) -> str:

@@ -1,0 +1,50 @@
+"""A play's input as its body sees it: a field the body reads that the run was not given
+is a usage error naming the flag that gives it, not a bare `KeyError: 'csv'`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from deepline_cli.errors import MissingInputField
+from deepline_cli.runtime.failures import is_play_file
+
+
+class PlayInput(dict[str, Any]):
+    """The input dict handed to a play body. Reading a missing field raises
+    MissingInputField: exit 2 with one sentence, and still a KeyError for a play that
+    catches one (`try: input["limit"] except KeyError: ...`)."""
+
+    def __init__(self, given: dict[str, Any], *, child: bool = False) -> None:
+        super().__init__(given)
+        self.child = child
+
+    def __missing__(self, name: Any) -> Any:
+        if not isinstance(name, str):
+            raise KeyError(name)
+        where = _caller()
+        raise MissingInputField(
+            f"The play's input has no field {name!r}{f' ({where})' if where else ''}; {_how(name, self.child)}."
+        )
+
+
+def play_input(given: Any, *, child: bool = False) -> Any:
+    """What the body gets: a dict input as a PlayInput, anything else as it is."""
+    return PlayInput(given, child=child) if type(given) is dict else given
+
+
+def _how(name: str, child: bool) -> str:
+    if child:
+        return "its parent gives it in the input of ctx.run_play"
+    if name == "csv":
+        return "give it with --csv FILE"
+    return f"give it with --set {name}=VALUE or --input JSON"
+
+
+def _caller() -> str | None:
+    """`play.py line 5`: where the play's code read the field (the frame reading the dict)."""
+    frame = sys._getframe(2)  # _caller ← __missing__ ← the subscript in the play's code
+    if frame is None or not is_play_file(frame.f_code.co_filename):
+        return None
+    return f"{Path(frame.f_code.co_filename).name} line {frame.f_lineno}"

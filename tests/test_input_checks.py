@@ -1,0 +1,150 @@
+"""What a play is given is checked before anything is paid: a blank required cell, a tool
+nothing can run, an input field the run was not given, an empty CSV, columns told apart
+by case only. Through the real `deepline` command."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.conftest import Result
+
+Run = Callable[..., Result]
+
+LEADS = """
+from pathlib import Path
+
+from deepline_cli import play, tool
+
+@tool("t.company", credits=1)
+def company(input):
+    with open(Path(__file__).parent / "calls.txt", "a") as calls:  # one line per real call
+        calls.write(input["domain"] + "\\n")
+    return {"name": input["domain"].upper()}
+
+@play("leads")
+async def leads(ctx, input):
+    rows = ctx.csv(input["csv"], required=["domain"])
+    done = await ctx.map("leads", rows, key="id", columns={
+        "company": lambda row, rc: rc.tools.execute("c", "t.company", {"domain": row["domain"]}),
+    })
+    return {"rows": len(done), "failed": done.failed_count}
+"""
+
+
+def test_a_blank_required_cell_fails_its_row_without_a_call(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    write_play(LEADS)
+    (tmp_path / "leads.csv").write_text("id,domain\n1,acme.com\n2,\n3,   \n4,b.com\n5,c.com\n")
+    plan = deepline("plan", "play.py", "--csv", "leads.csv", "--json")
+    assert plan.code == 0, plan.stderr
+    (m,) = plan.json_lines()[-1]["maps"]
+    assert (m["distinct"], m["blank_rows"], m["new_calls"]) == (5, 2, 3)
+    assert "2 with a blank required column" in deepline("plan", "play.py", "--csv", "leads.csv").stdout
+
+    run = deepline("run", "play.py", "--csv", "leads.csv", "--run-id", "B", "--json")
+    assert run.code == 0, run.stderr  # the map goes on
+    assert run.json_lines()[-1]["output"] == {"rows": 5, "failed": 2}
+    assert sorted((tmp_path / "calls.txt").read_text().split()) == ["acme.com", "b.com", "c.com"]  # none for them
+    failed = deepline("runs", "logs", "B", "--kind", "row.failed", "--json").json_lines()
+    assert [(f["fields"]["row_key"], f["fields"]["error"]) for f in failed] == [
+        ("2", "InputError: required column 'domain' is blank (leads.csv line 3)"),
+        ("3", "InputError: required column 'domain' is blank (leads.csv line 4)"),
+    ]
+    # a later run gives the failures back like any failed cell; --refresh-failed checks them again
+    again = deepline("run", "play.py", "--csv", "leads.csv", "--json").json_lines()[-1]
+    assert (again["output"], again["stats"]["rows"]["reused"]) == ({"rows": 5, "failed": 2}, 5)
+    refreshed = deepline("run", "play.py", "--csv", "leads.csv", "--refresh-failed", "--json").json_lines()[-1]
+    assert refreshed["output"] == {"rows": 5, "failed": 2}
+    assert len((tmp_path / "calls.txt").read_text().split()) == 3  # still no call for them
+    exported = list(csv.DictReader(io.StringIO(deepline("export", "B").stdout)))
+    assert [(r["id"], r["domain"], r["_error"] != "") for r in exported] == [
+        ("1", "acme.com", False), ("2", "", True), ("3", "   ", True), ("4", "b.com", False), ("5", "c.com", False)
+    ]  # fmt: skip
+
+
+def test_a_missing_csv_is_a_usage_error_naming_the_flag(deepline: Run, write_play: Callable[..., Path]) -> None:
+    write_play(LEADS)
+    run = deepline("run", "play.py")
+    assert run.code == 2, run.stderr
+    assert "The play's input has no field 'csv' (play.py line 14); give it with --csv FILE." in run.stderr
+    assert "KeyError" not in run.stderr and "Traceback" not in run.stderr
+    assert "Next: start a new run that gives it" in run.stderr
+    plan = deepline("plan", "play.py")
+    assert (plan.code, plan.stderr) == (
+        2, "Error: The play's input has no field 'csv' (play.py line 14); give it with --csv FILE.\n"
+    )  # fmt: skip
+    other = write_play(LEADS.replace('input["csv"]', 'input["leads"]'), "other.py")
+    said = deepline("run", str(other), "--quiet")
+    assert said.code == 2 and "give it with --set leads=VALUE or --input JSON." in said.stderr
+
+
+def test_a_play_that_catches_the_keyerror_still_does(deepline: Run, write_play: Callable[..., Path]) -> None:
+    write_play("""
+from deepline_cli import play
+
+@play("defaults")
+async def defaults(ctx, input):
+    try:
+        limit = input["limit"]
+    except KeyError:
+        limit = 7
+    return {"limit": limit, "tier": input.get("tier", "basic"), "has": "limit" in input}
+""")
+    run = deepline("run", "play.py", "--json")
+    assert run.code == 0, run.stderr
+    assert run.json_lines()[-1]["output"] == {"limit": 7, "tier": "basic", "has": False}
+
+
+def test_check_refuses_a_tool_nothing_can_run(deepline: Run, write_play: Callable[..., Path], tmp_path: Path) -> None:
+    write_play(LEADS.replace('"c", "t.company"', '"c", "t.compnay"'))
+    check = deepline("check", "play.py")
+    assert check.code == 2
+    assert check.stderr == (
+        "Error: play.py line 16 calls the tool 't.compnay' (did you mean 't.company'?), which is not a local @tool, "
+        "not in a deepline.toml (none was found), and no [remote] table covers it.\n"
+    )
+    assert "unknown    t.compnay  (play.py line 16)" in check.stdout
+    assert deepline("check", "play.py", "--json").code == 2
+
+    (tmp_path / "deepline.toml").write_text('[tools."t.compnay"]\nurl = "https://api.example.com/c"\n')
+    assert deepline("check", "play.py").code == 0, "declared in deepline.toml: known"
+    (tmp_path / "deepline.toml").write_text('[remote]\nbase_url = "https://api.example.com"\n')
+    covered = deepline("check", "play.py", DEEPLINE_API_KEY="k-123456789")
+    assert covered.code == 0, covered.stderr  # a [remote] table runs any id
+
+
+def test_a_header_only_csv_warns_that_it_has_no_rows(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    write_play(LEADS)
+    (tmp_path / "empty.csv").write_text("id,domain\n")
+    run = deepline("run", "play.py", "--csv", "empty.csv", "--run-id", "E")
+    assert run.code == 0, run.stderr  # exit unchanged
+    said = f"The CSV {tmp_path / 'empty.csv'} has no rows, only a header: there is nothing to do with it."
+    assert said in run.stderr
+    [line] = deepline("runs", "logs", "E", "--where", "level=warning", "--json").json_lines()
+    assert line["message"] == said
+    plan = deepline("plan", "play.py", "--csv", "empty.csv")
+    assert plan.code == 0 and f"warning: {said}" in plan.stdout
+
+
+def test_columns_told_apart_by_case_only_warn_and_export_apart(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    write_play(LEADS)
+    (tmp_path / "leads.csv").write_text("id,domain,Company\n1,acme.com,Acme Inc\n")
+    run = deepline("run", "play.py", "--csv", "leads.csv", "--run-id", "C")
+    assert run.code == 0, run.stderr
+    warning = "Map 'leads': the columns 'Company' and 'company' differ only in case"
+    assert warning in run.stderr
+    exported = deepline("export", "C")
+    header, row = list(csv.reader(io.StringIO(exported.stdout)))
+    assert header == ["id", "domain", "Company", "company", "_error"]
+    assert row == ["1", "acme.com", "Acme Inc", '{"name":"ACME.COM"}', ""]
+    assert "differ only in case" in exported.stderr
+    lines = deepline("export", "C", "--format", "jsonl").stdout.splitlines()
+    assert lines == ['{"id":"1","domain":"acme.com","Company":"Acme Inc","company":{"name":"ACME.COM"},"_error":null}']

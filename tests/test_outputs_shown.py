@@ -1,0 +1,152 @@
+"""What the commands show a person hides nothing: every failed row of a run, a receipt's
+key, input and output, credits written with thousands separators."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from deepline_cli._format import format_credits
+from tests.conftest import Result
+
+Run = Callable[..., Result]
+
+
+def test_credits_are_written_with_thousands_separators() -> None:
+    assert format_credits(12345.5) == "12,345.5"
+    assert format_credits(1234567.5) == "1,234,567.5"  # never 1.23457e+06
+    assert format_credits(1_000_000) == "1,000,000"
+    assert (format_credits(0.5), format_credits(0), format_credits(2.25)) == ("0.5", "0", "2.25")
+
+
+DEAR = """
+from deepline_cli import play, tool
+
+@tool("t.dear", credits=12345.5)
+def dear(input):
+    return {"ok": input["n"]}
+
+@play("dear")
+async def dear_play(ctx, input):
+    return (await ctx.tools.execute("dear", "t.dear", {"n": 1})).output
+"""
+
+
+def test_runs_show_and_the_verdict_separate_thousands(deepline: Run, write_play: Callable[..., Path]) -> None:
+    write_play(DEAR)
+    run = deepline("run", "play.py", "--run-id", "D")
+    assert run.code == 0, run.stderr
+    assert "12,345.5 credits" in run.stderr
+    shown = deepline("runs", "show", "D")
+    assert shown.code == 0, shown.stderr
+    assert "credits   12,345.5" in shown.stdout
+    assert "t.dear: live 1  reused 0  failed 0  credits 12,345.5" in shown.stdout
+    assert "12345.5" not in shown.stdout
+    full = deepline("runs", "show", "D", "--full")
+    assert "credits 12,345.5" in full.stdout and "12345.5" not in full.stdout
+    listed = deepline("receipts", "inspect", "--run", "D")
+    assert "12,345.5" in listed.stdout
+    budget = deepline("run", "play.py", "--run-id", "E", "--max-credits", "10000", "--force-refresh")
+    assert budget.code == 1
+    assert "--max-credits 10,000 would be exceeded" in budget.stderr
+
+
+MANY_FAILURES = """
+from deepline_cli import play
+
+def check(row):
+    n = int(row["n"])
+    if n % 10 == 0:
+        return "ok"
+    raise ValueError(f"no lead {n}")
+
+@play("many")
+async def many(ctx, input):
+    rows = await ctx.map("leads", [{"n": str(n)} for n in range(77)], key="n", concurrency=1,
+                         columns={"check": check})
+    return {"failed": rows.failed_count}
+"""
+
+
+def test_runs_logs_lists_every_failed_row_not_only_those_the_map_logged(
+    deepline: Run, write_play: Callable[..., Path]
+) -> None:
+    write_play(MANY_FAILURES)
+    run = deepline("run", "play.py", "--run-id", "M")
+    assert run.code == 0, run.stderr
+    failing = [str(n) for n in range(77) if n % 10]
+    assert len(failing) == 69
+    hint = "(every one: deepline runs logs M --kind row.failed)"
+    # the live log keeps the SPEC's wording, and says where the rest are
+    assert f"66 additional row failure(s) omitted from map log {hint}" in run.stderr
+    assert "every failed row: deepline runs logs M --kind row.failed" in run.stderr
+
+    text = deepline("runs", "logs", "M", "--kind", "row.failed")
+    assert text.code == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert len(lines) == 69
+    for n, line in zip(failing, lines, strict=True):
+        assert line.endswith(f"row {n} failed: ValueError: no lead {n} (play.py line 8)"), line
+
+    as_json = deepline("runs", "logs", "M", "--kind", "row.failed", "--json").json_lines()
+    assert [line["fields"]["row_key"] for line in as_json] == failing
+    assert {line["kind"] for line in as_json} == {"row.failed"}
+    last = {"map": "leads", "row_key": "76", "error": "ValueError: no lead 76 (play.py line 8)"}
+    assert as_json[68]["fields"] == last
+    one = deepline("runs", "logs", "M", "--kind", "row.failed", "--where", "row_key=55", "--json").json_lines()
+    assert [line["message"] for line in one] == ["row 55 failed: ValueError: no lead 55 (play.py line 8)"]
+
+    # every line as logged: the map's first three, and the omitted line with its hint
+    logged = deepline("runs", "logs", "M").stdout
+    assert logged.count(" failed: ValueError") == 3
+    assert f"66 additional row failure(s) omitted from map log {hint}" in logged
+    [omitted] = deepline("runs", "logs", "M", "--kind", "row.failed.omitted", "--json").json_lines()
+    assert omitted["message"] == "66 additional row failure(s) omitted from map log"  # as the SPEC words it
+
+
+ECHO = """
+from deepline_cli import play, tool
+
+@tool("t.echo", credits=1)
+def echo(input):
+    return {"echo": input["domain"]}
+
+@play("echo")
+async def echo_play(ctx, input):
+    token = ctx.secrets.get("ECHO_TOKEN")
+    await ctx.tools.execute("small", "t.echo", {"domain": "acme.com", "token": token})
+    await ctx.tools.execute("big", "t.echo", {"domain": "big.com", "blob": "x" * 5000})
+    return "done"
+"""
+
+
+def test_receipts_inspect_shows_the_key_the_input_and_the_output(
+    deepline: Run, write_play: Callable[..., Path]
+) -> None:
+    write_play(ECHO)
+    assert deepline("run", "play.py", "--run-id", "E", "--quiet", ECHO_TOKEN="s3cret-token-value").code == 0
+    small, big = sorted(deepline("receipts", "inspect", "--run", "E", "--json").json_lines(), key=lambda r: r["label"])[
+        ::-1
+    ]
+    assert small["input"] == {"domain": "acme.com", "token": "[redacted]"}  # the call's input, the secret hidden
+    assert small["output"] == {"echo": "acme.com"}
+    assert big["input"] is None and big["output"] == {"echo": "big.com"}  # over 4 KB: not kept
+    key = small["key"]
+
+    # the table's key is a prefix to pass back, whole even on a narrow terminal
+    table = deepline("receipts", "inspect", "--run", "E", COLUMNS="60", TTY_COMPATIBLE="1", NO_COLOR="1")
+    assert table.code == 0, table.stderr
+    assert key[:12] in table.stdout and big["key"][:12] in table.stdout
+    assert "s3cret-token-value" not in table.stdout
+    by_prefix = deepline("receipts", "inspect", key[:12], "--json").json_lines()
+    assert [r["key"] for r in by_prefix] == [key]
+
+    whole = deepline("receipts", "inspect", key)  # a whole key: that receipt, whole
+    assert whole.code == 0, whole.stderr
+    assert f"key          {key}" in whole.stdout
+    assert 'input        {"domain":"acme.com","token":"[redacted]"}' in whole.stdout
+    assert 'output       {"echo":"acme.com"}' in whole.stdout
+    full = deepline("receipts", "inspect", "--run", "E", "--full")
+    assert full.stdout.count("key          ") == 2
+    assert "input        not kept (larger than 4 KB, or not JSON)" in full.stdout
+    assert "s3cret-token-value" not in full.stdout + whole.stdout
