@@ -439,10 +439,8 @@ def certificate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tup
         check=True,
         capture_output=True,
     )
-    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
-    tls_context.cache_clear()
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # tls_context() reads it on every call
     yield cert, key
-    tls_context.cache_clear()
 
 
 def test_https_verifies_the_host_name_and_keeps_the_connection(certificate: tuple[Path, Path]) -> None:

@@ -646,6 +646,7 @@ class Transport:
         self._oldest_idle: dict[Connection, Route] = {}  # insertion order: least recently used first
         self._address_check = address_check
         self._proxies = proxies if proxies is not None else Proxies()
+        self._open: set[Connection] = set()  # every connection not closed yet, idle or in use
         self._closed = False
 
     async def request(
@@ -678,7 +679,10 @@ class Transport:
             request = _absolute(request, proxy)  # to the proxy itself: the whole URL, and its credentials
         await self._slot(timeout_s)
         try:
-            connection = self._reused(route) or await self._connect(request.origin, timeout_s, proxy)
+            connection = self._reused(route)
+            if connection is None:
+                connection = await self._connect(request.origin, timeout_s, proxy)
+                self._open.add(connection)
             try:
                 response = await connection.exchange(request, timeout_s)
             except h11.ProtocolError as exc:
@@ -708,11 +712,13 @@ class Transport:
             if connection.reusable(now):
                 return connection
             connection.close()
+            self._open.discard(connection)
         return None
 
     def _keep(self, route: Route, connection: Connection) -> None:
         if self._closed or not connection.reusable(time.monotonic()):
             connection.close()
+            self._open.discard(connection)
             return
         self._idle.setdefault(route, {})[connection] = None
         self._oldest_idle[connection] = route
@@ -722,6 +728,7 @@ class Transport:
             if not self._idle[its_origin]:
                 del self._idle[its_origin]
             oldest.close()
+            self._open.discard(oldest)
 
     async def _connect(self, origin: Origin, timeout_s: float, proxy: Proxy | None) -> Connection:
         scheme, host, port = origin
@@ -742,8 +749,10 @@ class Transport:
                 return await _first_to_connect(addresses, port, host if scheme == "https" else None)
 
     async def aclose(self) -> None:
+        """Close every connection, those a cancelled request left in use too."""
         self._closed = True
-        for connection in self._oldest_idle:
+        for connection in self._open:
             connection.close()
+        self._open.clear()
         self._idle.clear()
         self._oldest_idle.clear()
