@@ -27,7 +27,7 @@ from deepline_cli.errors import ProviderTransientError, ToolExecutionError
 from deepline_cli.runtime.governor import Governor
 from deepline_cli.runtime.http import Http, Request
 from deepline_cli.runtime.secrets import Secrets
-from deepline_cli.runtime.transport import Response, Transport, tls_context
+from deepline_cli.runtime.transport import Response, Transport
 from tests.provider import Provider, ProviderServer
 
 SECRET = "sk-live-7f3c9a1e5b2d4c6e"

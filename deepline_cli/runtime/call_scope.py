@@ -9,7 +9,7 @@ the answer it holds is older than the cell's time to live. Outside maps there is
 from __future__ import annotations
 
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +17,11 @@ class CellScope:
     map: str
     row_key: str
     refresh_after_s: float | None = None  # a stale cell's calls: answers older than this are paid again
+    # What the cell's calls did, in order: the receipt keys that answered (live, reused or
+    # shared) and those that failed. A waterfall reads which step's calls answered; the
+    # map settles the row's failures (fallen back from, or final) when the row ends.
+    answered: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
 
 
 _CELL: ContextVar[CellScope | None] = ContextVar("deepline_cell", default=None)

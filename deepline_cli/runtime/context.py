@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,7 +79,9 @@ class Tools:
         governor, tool = self._s.governor, definition.id
         if governor.unlimited(tool) and timeout_s is None:
             return await definition.invoke(input, info)
+        asked = time.monotonic()
         async with governor.slot(tool):
+            info.waited_s += time.monotonic() - asked
             # The wait for a slot may have outlasted the lease (a paused process): the call
             # goes out only if it is still ours.
             info.ensure_lease()

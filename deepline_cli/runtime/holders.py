@@ -23,6 +23,15 @@ def holder_id() -> str:
     return f"{base}:{token}" if token else base
 
 
+def holder_words(holder: str | None) -> str:
+    """A holder as a person reads it: `pid 4242 on build-7` (the process start token,
+    there to tell a reused PID, is left out)."""
+    if not holder:
+        return ""
+    host, pid, _ = _parse(holder)
+    return f"pid {pid} on {host}" if pid is not None else holder
+
+
 def holder_alive(record: RunRecord, now: float) -> bool:
     """Does a live process still hold this run?"""
     if not record.holder or record.status not in ("running", "queued"):

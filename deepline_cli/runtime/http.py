@@ -111,6 +111,7 @@ class Http:
                     self.governor.back_off(tool, delay)  # slow the tool down for everyone
                 if call is not None:
                     call.note_retry(_retry_reason(exc))
+                    call.waited_s += delay
                 attempt += 1
                 await asyncio.sleep(delay)
 

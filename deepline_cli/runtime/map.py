@@ -27,23 +27,23 @@ from deepline_cli.errors import (
     MapAccountingError,
     RunInterrupted,
     SheetVisibilityError,
-    ToolExecutionError,
     UsageError,
 )
 from deepline_cli.runtime import failures
 from deepline_cli.runtime.call_scope import CellScope, enter_cell
 from deepline_cli.runtime.columns import Column, ResolvedColumn, Staleness, resolve_columns
 from deepline_cli.runtime.dataset import Dataset
+from deepline_cli.runtime.found import is_found
 from deepline_cli.runtime.pilot import scan_rest
 from deepline_cli.runtime.reuse import ReusePolicy, previous_value, refresh_after
 from deepline_cli.runtime.rows import CsvSource, RowKey, input_columns, key_function, row_digest
 from deepline_cli.runtime.services import log_fields
 from deepline_cli.runtime.tools import ToolResult
 from deepline_cli.runtime.waterfall import Found, Waterfall
-from deepline_cli.store.base import NOT_FOUND, MapRecord, MapRow, SheetRow
+from deepline_cli.store.base import FOUND_PREFIX, NOT_FOUND, MapRecord, MapRow, SheetRow
 
 if TYPE_CHECKING:
-    from deepline_cli.runtime.context import Context, Tools
+    from deepline_cli.runtime.context import Context
     from deepline_cli.runtime.services import RunServices
 
 DEFAULT_CONCURRENCY = 50
@@ -60,7 +60,7 @@ class RowContext:
     def __init__(self, ctx: Context, services: RunServices, map_name: str, row_key: str, index: int) -> None:
         self._ctx = ctx
         self._s = services
-        self.tools = RowTools(ctx.tools)
+        self.tools = ctx.tools
         self.row_key = row_key
         self.index = index
         self.previous: Any = None  # the cell's value in the sheet before (None: none, or an error)
@@ -88,22 +88,6 @@ class RowContext:
         return await self._ctx.run_play(self._scoped(id), play_ref, input, description=description, _journal=False)
 
 
-class RowTools:
-    """`rc.tools`: the run's durable tool calls, noting which of them failed in this row,
-    so a failure the row got past (a waterfall falling through) is told from a final one."""
-
-    def __init__(self, tools: Tools) -> None:
-        self._tools = tools
-        self.failed: list[str] = []
-
-    async def execute(self, id: str, tool: str, input: Any, **options: Any) -> ToolResult:
-        try:
-            return await self._tools.execute(id, tool, input, **options)
-        except ToolExecutionError:
-            self.failed.append(tool)
-            raise
-
-
 @dataclass(slots=True)
 class _Job:
     idx: int
@@ -120,8 +104,11 @@ class _Tally:
         self.succeeded = 0
         self.failed = 0
         self.duplicate = 0
-        self.reused = 0
-        self.seeded = 0
+        self.reused = 0  # rows taken whole from sheet rows earlier runs wrote (every attempt)
+        self.reused_cells = 0  # cells taken from the sheet (every attempt)
+        self.seeded = 0  # rows an earlier attempt finished well: not run again
+        self.seeded_reused = 0  # of those, rows that attempt took whole from earlier runs
+        self.kept = 0  # rows an earlier attempt failed, taken back whole with their errors
         self.read = 0
         self.steps: dict[str, dict[str, int]] = {}  # waterfall column -> step (or "none") -> rows
 
@@ -131,7 +118,10 @@ class _Tally:
             "failed": self.failed,
             "duplicate": self.duplicate,
             "reused": self.reused,
+            "reused_cells": self.reused_cells,
             "seeded": self.seeded,
+            # The rows earlier attempts of this run finished (those they reused aside).
+            "earlier": self.seeded - self.seeded_reused + self.kept,
             "steps": {column: dict(hits) for column, hits in self.steps.items()},
         }
 
@@ -202,6 +192,9 @@ class MapRun:
         seeded = await s.io.call(s.io.store.succeeded_map_rows, self.run_id, self.name)
         for idx in seeded:
             self._mark(idx)
+        if seeded:  # what those rows reused counts in this map's figures
+            rows, cells = await s.io.call(s.io.store.map_reuse, self.run_id, self.name, True)
+            self.tally.reused, self.tally.seeded_reused, self.tally.reused_cells = rows, rows, cells
         if self.waterfalls and seeded:  # their steps' hits count in this map's figures
             found = await s.io.call(s.io.store.map_steps, self.run_id, succeeded_only=True)
             self.tally.steps = found.get(self.name, {})
@@ -245,6 +238,8 @@ class MapRun:
             failed=record.failed,
             duplicate=record.duplicate,
             reused=record.reused,
+            reused_cells=self.tally.reused_cells,
+            earlier=self.tally.as_dict()["earlier"],
             steps=self.tally.steps,
             elapsed_s=round(time.monotonic() - self.started, 3),
         )
@@ -359,9 +354,17 @@ class MapRun:
         if cells is None:
             return False
         error = next((cell[1] for cell in cells if cell[1] is not None), None)
-        self.tally.reused += 1
+        assert job.previous is not None
+        # A row an earlier attempt of this run wrote (a failed one, its errors kept) is
+        # that attempt's work, not a reuse of an earlier run's.
+        earlier_run = job.previous.run_id != self.run_id
+        if earlier_run:
+            self.tally.reused += 1
+            self.tally.reused_cells += len(cells)
+        else:
+            self.tally.kept += 1
         steps = self._steps(dict(zip((c.name for c in self.columns), cells, strict=False))) if self.waterfalls else None
-        self._record(job, None, error, steps)
+        self._record(job, None, error, steps, reused=(earlier_run, len(cells) if earlier_run else 0))
         return True
 
     def _steps(self, cells: Mapping[str, list[Any]]) -> dict[str, str | None] | None:
@@ -371,7 +374,7 @@ class MapRun:
         found = {
             name: cell[4].get("step")
             for name, cell in cells.items()
-            if name in self.waterfalls and cell[1] is None and len(cell) > 4
+            if name in self.waterfalls and cell[1] is None and len(cell) > 4 and "step" in cell[4]
         }
         for name, step in found.items():
             self.tally.steps.setdefault(name, {}).setdefault(step or NOT_FOUND, 0)
@@ -398,9 +401,13 @@ class MapRun:
         changed = False
         error: str | None = None
         failure: BaseException | None = None
+        scopes: list[CellScope] = []
+        found: set[str] = set()  # receipt keys whose answers the play found a value with
+        reused_cells = 0
         for position, column in enumerate(self.columns):
             cell = self.reuse.cell(job.previous, job.digest, column, changed)
             if cell is not None:
+                reused_cells += 1
                 row[column.name] = cell[0]
                 if cell[1] is not None:
                     error = cell[1]
@@ -410,9 +417,11 @@ class MapRun:
             rc.previous = previous_value(before)
             # Calls made for this cell: recorded with its row, refreshed when their answer is
             # older than the cell may be.
-            enter_cell(CellScope(self.name, job.key, refresh_after(column, before)))
+            scope = CellScope(self.name, job.key, refresh_after(column, before))
+            scopes.append(scope)
+            enter_cell(scope)
             try:
-                value, meta = await self._resolve(column, row, rc)
+                value, meta, hits = await self._resolve(column, row, rc)
             except DeeplineError as exc:
                 if exc.fatal or exc.exit_code != 1:
                     raise  # budget, lease, store, usage…: fail the run, record nothing
@@ -430,12 +439,15 @@ class MapRun:
             changed = changed or before is None or before[0] != value
             cells[column.name] = [value, None, self.s.io.now(), column.fingerprint, *([meta] if meta else [])]
             row[column.name] = value
-        self._record(job, cells, error, self._steps(cells))
+            found.update(key for key in scope.answered if (key in hits if hits is not None else is_found(value)))
+        if job.previous is not None and job.previous.run_id == self.run_id:
+            reused_cells = 0  # this run's own cells, from an earlier attempt: not a reuse
+        self.tally.reused_cells += reused_cells
+        self._record(job, cells, error, self._steps(cells), reused=(False, reused_cells), found=found)
+        # The row's failed calls settle: fallen back from if it succeeded, else final.
+        self.s.stats.row_ended([key for scope in scopes for key in scope.failed], failure is None)
         if failure is not None:
             self._watch_for_systemic(failure, error or "")
-        elif rc.tools.failed:
-            for tool in rc.tools.failed:  # the row succeeded all the same: fallen through, not final
-                self.s.stats.tool(tool).recovered += 1
 
     def _play_bug(self, job: _Job, column: str, exc: BaseException) -> failures.PlayCodeError:
         place = failures.where(exc)
@@ -460,25 +472,26 @@ class MapRun:
 
     async def _resolve(
         self, column: ResolvedColumn, row: dict[str, Any], rc: RowContext
-    ) -> tuple[Any, dict[str, Any] | None]:
-        """The cell's value, and what a waterfall column keeps beside it (the step that
-        found it)."""
+    ) -> tuple[Any, dict[str, Any] | None, tuple[str, ...] | None]:
+        """The cell's value; what the cell keeps beside it (the step of a waterfall that
+        found it, or that its `run_if` said no); and for a waterfall, the receipts whose
+        answers its winning step used (None: judge every answer by the value)."""
         spec = column.column
         if spec.run_if is not None:
             wanted = spec.run_if(row, rc.index) if column.run_if_arity >= 2 else spec.run_if(row)
             if inspect.isawaitable(wanted):
                 wanted = await wanted
             if not wanted:
-                return None, None
+                return None, {"run_if": False}, ()
         result = spec.fn(row, rc) if column.arity != 1 else spec.fn(row)
         if inspect.isawaitable(result):
             result = await result
-        meta = None
+        meta, hits = None, None
         if isinstance(result, Found):
-            result, meta = result.value, {"step": result.step}
+            result, meta, hits = result.value, {"step": result.step}, result.keys
         if isinstance(result, ToolResult):
             result = result.output
-        return _json.loads(_json.dumps(result)), meta
+        return _json.loads(_json.dumps(result)), meta, hits
 
     def _record(
         self,
@@ -486,6 +499,9 @@ class MapRun:
         cells: dict[str, list[Any]] | None,
         error: str | None,
         steps: dict[str, str | None] | None = None,
+        *,
+        reused: tuple[bool, int] = (False, 0),
+        found: set[str] | None = None,
     ) -> None:
         outcome = "failed" if error is not None else "succeeded"
         if outcome == "failed":
@@ -513,6 +529,9 @@ class MapRun:
         rev = previous.rev if sheet_row is None and previous is not None else None
         row = MapRow(self.run_id, self.name, job.idx, job.input_index, job.key, outcome, error, self.sheet, rev)
         row.attempt, row.steps = self.attempt, steps
+        row.reused_row, row.reused_cells = reused
+        row.found = sorted(key[:FOUND_PREFIX] for key in found) if found else None
+        row.kept = sheet_row is None and previous is not None and previous.run_id == self.run_id
         self.s.writes.sheet(sheet_row, row)
         self._mark(job.idx)
 

@@ -1,7 +1,7 @@
 """Pilot projection: from a `--limit N` run, what the full list would cost and take.
 
 For every map a limit cut short (see runtime/pilot.py), the pilot's own rows give:
-- per column, how often a cell was found (a non-empty value), not found, or failed;
+- per column, how often a cell was found (runtime/found.py), not found, failed or not run;
 - credits per row (from the calls ledger, which records the row of every call) and
   their spread, and seconds per row at the pilot's pace;
 and the rest of the list (rows not yet processed, less those already paid for) is
@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from deepline_cli.runtime.found import is_found
+from deepline_cli.runtime.reuse import not_run
 from deepline_cli.store.base import MapRecord, Store
 from deepline_cli.store.ledger import LedgerQueries
 
@@ -27,13 +29,16 @@ PAGE = 1000
 
 @dataclass
 class CellCounts:
+    """A column's cells (see runtime/found.py): found a value, found nothing, failed, or
+    not run (its `run_if` said no, or an earlier column of the row failed)."""
+
     found: int = 0
     not_found: int = 0
     failed: int = 0
-    not_run: int = 0  # an earlier column of the row failed
+    not_run: int = 0
 
     def add(self, cell: list[Any] | None) -> None:
-        if cell is None:
+        if cell is None or not_run(cell):
             self.not_run += 1
         elif cell[1] is not None:
             self.failed += 1
@@ -63,11 +68,6 @@ class PilotSample:
     row_credits: list[float] = field(default_factory=list)
     elapsed_s: float = 0.0
     reused_rows: int = 0  # rows taken whole from the sheet (nothing paid in this run)
-
-
-def is_found(value: Any) -> bool:
-    """A cell "found" something: a value that is not empty."""
-    return value not in (None, "", {}, [])
 
 
 def mean_sd(values: list[float]) -> tuple[float, float]:

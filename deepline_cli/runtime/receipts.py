@@ -243,6 +243,8 @@ class ReceiptBook:
             request=call.request,
             description=call.description,
             input=self._kept_input(call.input),
+            map=cell.map if cell is not None else None,
+            row_key=cell.row_key if cell is not None else None,
         )
         # If this waiter is cancelled, the write queue releases the claim once written.
         return await self._writes.claim(claim)
@@ -325,10 +327,18 @@ class ReceiptBook:
         return Outcome(value, "live", call.key, credits)
 
     def _record(self, call: DurableCall, started: float, info: ToolCall) -> CallRecord:
-        scope = self._scope
-        cell = current_cell()
-        where = (cell.map, cell.row_key) if cell is not None else (None, None)
-        return CallRecord(scope.run_id, scope.attempt, call.kind, call.tool, started, info.retries, *where)
+        scope, cell = self._scope, current_cell()
+        return CallRecord(
+            scope.run_id,
+            scope.attempt,
+            call.kind,
+            call.tool,
+            started,
+            info.retries,
+            map=cell.map if cell is not None else None,
+            row_key=cell.row_key if cell is not None else None,
+            waited_s=info.waited_s,
+        )
 
     def _check_recorded(self, call: DurableCall, applied: bool | BaseException) -> None:
         """The circuit breaker: a billed call that was not recorded stops the run."""
@@ -452,6 +462,8 @@ class ReceiptBook:
         return idle
 
     def _count(self, call: DurableCall, execution: str, credits: float, *, counted: bool = False) -> None:
+        if call.kind != "step":
+            self._note_outcome(call, execution)
         if not counted:
             self._tally(call, execution, credits)
         if self._bus.per_call:
@@ -471,12 +483,25 @@ class ReceiptBook:
             return
         counts = self._stats.tool(call.tool or f"ctx.{call.kind}")  # fetch, run_play: not tools
         if execution == "failed":
-            counts.failed += 1
-        elif execution == "live":
+            return  # counted once per key, by its final outcome (_note_outcome)
+        if execution == "live":
             counts.live += 1
             counts.credits += credits
         else:
             counts.reused += 1
+
+    def _note_outcome(self, call: DurableCall, execution: str) -> None:
+        """What the call's cell (if any) and the failure counts learn from its outcome,
+        however it was counted (a failure or answer an earlier attempt paid counts too)."""
+        cell = current_cell()
+        if execution == "failed":
+            self._stats.call_failed(call.key, call.tool or f"ctx.{call.kind}", in_row=cell is not None)
+            if cell is not None:
+                cell.failed.append(call.key)
+            return
+        self._stats.call_answered(call.key)
+        if cell is not None:
+            cell.answered.append(call.key)
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -74,3 +74,8 @@ def refresh_after(column: ResolvedColumn, previous: Cell | None) -> float | None
     (None: any age)."""
     ttl = column.column.staleness(previous_value(previous))
     return None if ttl is None else max(0.0, float(ttl))
+
+
+def not_run(cell: Cell) -> bool:
+    """A cell whose `run_if` said no: it holds None, and nothing was asked for it."""
+    return len(cell) > 4 and isinstance(cell[4], dict) and cell[4].get("run_if") is False

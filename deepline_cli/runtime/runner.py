@@ -37,7 +37,7 @@ from deepline_cli.runtime.builtin import BUILTIN_PLAYS
 from deepline_cli.runtime.config import find_config, load_config
 from deepline_cli.runtime.events import EventBus
 from deepline_cli.runtime.governor import Governor
-from deepline_cli.runtime.holders import holder_alive, holder_id
+from deepline_cli.runtime.holders import holder_alive, holder_id, holder_words
 from deepline_cli.runtime.http import Http, HttpTools
 from deepline_cli.runtime.play import PlayDef, load_module, load_play, tools_in
 from deepline_cli.runtime.projection import projection_stats
@@ -50,7 +50,7 @@ from deepline_cli.runtime.storeio import Reconnecting, StoreIO, WriteQueue, unwr
 from deepline_cli.runtime.suspension import next_wake, ready_to_resume, waiting_on
 from deepline_cli.runtime.transport import Transport
 from deepline_cli.store import open_store
-from deepline_cli.store.base import RunRecord, Store
+from deepline_cli.store.base import FailedCall, RunRecord, Store
 
 PROGRESS_EVERY_S = 0.5
 # How often an attempt looks in the store for a stop asked by `deepline runs stop` (one
@@ -265,7 +265,7 @@ class Runner:
         if record.status in ("queued", "completed"):
             return _result_of(record, reported=True)
         if holder_alive(record, self.store.now()):
-            raise RunBusyError(f"Run {record.run_id} is held by a live process ({record.holder}).")
+            raise RunBusyError(f"Run {record.run_id} is held by a live process ({holder_words(record.holder)}).")
         self.store.update_run(record.run_id, status="queued", holder=None, lease_expires_at=0.0)
         self.store.notify()
         return RunResult(record.run_id, "queued", record.attempt, reported=True)
@@ -287,7 +287,7 @@ class Runner:
                 return result
         if holder_alive(record, self.store.now()):
             raise RunBusyError(
-                f"Run {run_id} is held by a live process ({record.holder}); "
+                f"Run {run_id} is held by a live process ({holder_words(record.holder)}); "
                 "wait for it to finish or stop that process first."
             )
         attempt = record.attempt + 1
@@ -460,7 +460,12 @@ class _Attempt:
 
         self.io.report = report
         history = await self.io.call(_History.read, store, record, self.io.now())
-        self.stats = RunStats.since(history.stats, recovered=record.stats.get("tools") or {})
+        self.stats = RunStats.since(
+            history.stats,
+            recovered=record.stats.get("tools") or {},
+            failures=history.failures,
+            refresh_failed=self.options.refresh_failed,
+        )
         services = self._services(history)
         self.bus.emit(
             "run.started",
@@ -588,10 +593,11 @@ class _Attempt:
         stats.update(projection_stats(store, record.run_id))  # a pilot (--limit): the full list projected
         stats["store_s"] = round(record.stats.get("store_s", 0.0) + self.io.busy_s, 3)  # the store thread's busy time
         for tool_id in self.stats.tools:  # a tool whose calls all ended unrecorded too
-            stats["tools"].setdefault(tool_id, {"live": 0, "reused": 0, "failed": 0, "credits": 0.0, "retries": 0})
+            stats["tools"].setdefault(
+                tool_id, {"live": 0, "reused": 0, "failed": 0, "credits": 0.0, "retries": 0, "recovered": 0}
+            )
         for tool_id, counts in stats["tools"].items():  # counted in memory only
             known = self.stats.tool(tool_id)
-            counts["recovered"] = known.recovered  # failures a waterfall got past
             counts["retry_reasons"] = dict(known.retry_reasons)  # the attempts that ended with an outcome
             # The ledger counts a call's retries when it ends; one abandoned by an interrupt
             # retried too (and the live view showed it).
@@ -739,6 +745,7 @@ class _History:
     journal: list[str]
     logged: set[str]
     stats: dict[str, Any]
+    failures: list[FailedCall]  # calls whose final outcome so far is a failure
     tool_calls: int
     child_plays: int
     costs: dict[str, float]  # what answers of tools that say their cost have cost (the budget's guide)
@@ -754,6 +761,7 @@ class _History:
             journal=store.journal(record.run_id),
             logged=store.logged(record.run_id),
             stats=store.run_stats(record.run_id),
+            failures=store.final_failures(record.run_id),
             tool_calls=tool_calls,
             child_plays=child_plays,
             costs=store.tool_costs(),

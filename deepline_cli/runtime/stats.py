@@ -10,19 +10,23 @@ was killed is counted too.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from deepline_cli.store.base import FailedCall
 
 
 @dataclass(slots=True)
 class ToolCounts:
     live: int = 0
     reused: int = 0
-    failed: int = 0
+    failed: int = 0  # calls whose final outcome is a failure (their row settled, or outside maps)
     credits: float = 0.0
     retries: int = 0
     retry_reasons: Counter[str] = field(default_factory=Counter)  # "429", "5xx", "network"
-    recovered: int = 0  # failures of rows that still succeeded (a waterfall fell through)
+    recovered: int = 0  # of the failed, those whose row still succeeded (a waterfall fell through)
+    pending: int = 0  # failed calls whose row is still running: neither final nor fallen back yet
 
     def note_retry(self, reason: str) -> None:
         self.retries += 1
@@ -37,26 +41,40 @@ class ToolCounts:
             "retries": self.retries,
             "retry_reasons": dict(self.retry_reasons),
             "recovered": self.recovered,
+            "pending": self.pending,
         }
+
+
+PENDING, FINAL, RECOVERED = "pending", "final", "recovered"
 
 
 @dataclass(slots=True)
 class RunStats:
+    """The live counts. A failed call is counted once per receipt key, by its final
+    outcome, as `Store.run_stats` counts it: while its row runs it is pending (shown
+    neither as failed nor as fallen back), and it settles when the row ends (fallen back
+    if the row succeeded). So no count on screen goes down while the run goes on."""
+
     tools: dict[str, ToolCounts] = field(default_factory=dict)
     steps: dict[str, int] = field(default_factory=lambda: {"live": 0, "reused": 0})
+    failures: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (tool, pending|final|recovered)
 
     @classmethod
-    def since(cls, before: dict[str, Any], recovered: dict[str, Any]) -> RunStats:
-        """Counts that start from what earlier attempts did (`Store.run_stats`, and the
-        recovered failures and retries the run's last stats kept)."""
+    def since(cls, before: dict[str, Any], recovered: dict[str, Any], failures: Iterable[FailedCall] = (),
+              *, refresh_failed: bool = False) -> RunStats:  # fmt: skip
+        """Counts that start from what earlier attempts did (`Store.run_stats` and its
+        `final_failures`, and the retries the run's last stats kept). A failure this
+        attempt may settle again starts pending: one whose row was not recorded (in flight
+        when the last attempt stopped), one the attempt may retry (transient, outside
+        maps; any, with --refresh-failed, in a failed row)."""
         stats = cls()
         for tool_id, c in (before.get("tools") or {}).items():
-            stats.tools[tool_id] = ToolCounts(
-                c.get("live", 0), c.get("reused", 0), c.get("failed", 0), c.get("credits", 0.0), c.get("retries", 0)
-            )
+            stats.tools[tool_id] = ToolCounts(c.get("live", 0), c.get("reused", 0), 0, c.get("credits", 0.0),
+                                              c.get("retries", 0))  # fmt: skip
+        for f in failures:
+            stats._enter(f.key, f.tool, _state_at_start(f, refresh_failed))
         for tool_id, c in recovered.items():
             counts = stats.tool(tool_id)
-            counts.recovered = int(c.get("recovered", 0))
             # Retries of calls an interruption abandoned are in no ledger row: the last
             # attempt's outcome counted them.
             counts.retries = max(counts.retries, int(c.get("retries", 0)))
@@ -73,3 +91,53 @@ class RunStats:
     @property
     def credits(self) -> float:
         return sum(c.credits for c in self.tools.values())
+
+    def call_failed(self, key: str, tool: str, *, in_row: bool) -> None:
+        """A call failed (or reused a stored failure). Counted once per key: in a map row it
+        waits for the row to end; outside maps it is final at once."""
+        known = self.failures.get(key)
+        if known is None:
+            self._enter(key, tool, PENDING if in_row else FINAL)
+        elif known[1] == PENDING and not in_row:
+            self._move(key, FINAL)
+
+    def call_answered(self, key: str) -> None:
+        """A call answered: a failure of it still pending (retried by this attempt) is no
+        failure any more. One already shown stays shown until the run ends."""
+        known = self.failures.get(key)
+        if known is not None and known[1] == PENDING:
+            del self.failures[key]
+            self.tool(known[0]).pending -= 1
+
+    def row_ended(self, keys: Iterable[str], succeeded: bool) -> None:
+        """A map row ended: the failures of its calls settle (fallen back if it succeeded)."""
+        for key in keys:
+            known = self.failures.get(key)
+            if known is not None and known[1] == PENDING:
+                self._move(key, RECOVERED if succeeded else FINAL)
+
+    def _enter(self, key: str, tool: str, state: str) -> None:
+        self.failures[key] = (tool, state)
+        counts = self.tool(tool)
+        if state == PENDING:
+            counts.pending += 1
+        else:
+            counts.failed += 1
+            counts.recovered += state == RECOVERED
+
+    def _move(self, key: str, state: str) -> None:
+        tool, _ = self.failures[key]
+        counts = self.tool(tool)
+        counts.pending -= 1
+        self.failures[key] = (tool, state)
+        counts.failed += 1
+        counts.recovered += state == RECOVERED
+
+
+def _state_at_start(f: FailedCall, refresh_failed: bool) -> str:
+    if f.row == "succeeded":
+        return RECOVERED
+    may_retry = refresh_failed or (f.row == "" and f.retryable)  # a failed row's cell is kept
+    if f.row is None or (may_retry and f.row in ("", "failed")):
+        return PENDING
+    return FINAL

@@ -48,6 +48,9 @@ class ToolCall:
     # What the provider said this call cost (a remote answer's `credits`); None: the
     # tool's declared credits.
     credits: float | None = None
+    # Seconds spent waiting rather than at the provider: for a concurrency slot, the rate
+    # limit, a 429 pause, Retry-After and backoff between retries (the report's latency).
+    waited_s: float = 0.0
     _owner: CallOwner | None = field(default=None, repr=False, compare=False)
     _call: Any = field(default=None, repr=False, compare=False)
 

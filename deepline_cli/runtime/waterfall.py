@@ -9,8 +9,9 @@
     rows = await ctx.map("leads", leads, columns={"email": email})
 
 A step is `(row)` or `(row, rc)`, sync or async, with an optional `run_if(row[, index])`.
-It found the value when its answer (a ToolResult's output, or what it returned) is not
-empty (None, "", [] and {} are empty; `steps(found=...)` decides otherwise). The first
+It found the value when its answer (a ToolResult's output, or what it returned) is found
+(runtime/found.py: not None, "", nor a list or object holding nothing found;
+`steps(found=...)` decides otherwise). The first
 step that finds it ends the waterfall, and the cell records which step that was (`runs
 show`, the export's `<column>_step`, the live view, `plan` and the report count hits per
 step). A step whose provider is unavailable (`ProviderTransientError`, after its retries)
@@ -27,7 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepline_cli.errors import ProviderTransientError, ToolExecutionError, UsageError
+from deepline_cli.runtime.call_scope import current_cell
 from deepline_cli.runtime.columns import arity
+from deepline_cli.runtime.found import is_found
 from deepline_cli.runtime.tools import ToolResult
 from deepline_cli.store.base import NOT_FOUND
 
@@ -38,6 +41,7 @@ class Found:
 
     value: Any
     step: str | None
+    keys: tuple[str, ...] = ()  # the receipts whose answers the step that found it used
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +51,6 @@ class Step:
     run_if: Callable[..., Any] | None = None
     takes_rc: bool = True  # fn(row, rc), else fn(row)
     takes_index: bool = False  # run_if(row, index), else run_if(row)
-
-
-def is_found(value: Any) -> bool:
-    return value not in (None, "", [], {})
 
 
 class Waterfall:
@@ -86,9 +86,11 @@ class Waterfall:
         if not self.steps:
             raise UsageError("A waterfall needs at least one step: steps().step(name, fn).")
         unavailable: tuple[str, ProviderTransientError] | None = None
+        cell = current_cell()
         for step in self.steps:
             if step.run_if is not None and not await _ask(step.run_if, row, rc.index if step.takes_index else None):
                 continue
+            asked = len(cell.answered) if cell is not None else 0
             try:
                 value = await _ask(step.fn, row, rc if step.takes_rc else None)
             except ProviderTransientError as down:
@@ -101,7 +103,7 @@ class Waterfall:
             if isinstance(value, ToolResult):
                 value = value.output
             if (self.found or is_found)(value):
-                return Found(value, step.name)
+                return Found(value, step.name, tuple(cell.answered[asked:]) if cell is not None else ())
         if unavailable is not None:
             name, last = unavailable
             raise ProviderTransientError(

@@ -32,6 +32,7 @@ LOG_KINDS: tuple[str, ...] = (
 # released: given back after the provider may have been called (a crash, an interrupt, a
 # lost lease); the next claim repeats the call under the same idempotency key.
 RECEIPT_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "skipped", "released")
+FOUND_PREFIX = 16
 NOT_FOUND = "none"  # a waterfall's rows that no step found a value for (its hits per step)
 
 
@@ -140,6 +141,8 @@ class Claim:
     request: Any = None
     description: str | None = None
     input: Any = None  # kept on the receipt for `receipts inspect` (redacted, small)
+    map: str | None = None  # the map row the call is made for (None: outside maps)
+    row_key: str | None = None
 
 
 # superseded: the claiming attempt's run was taken over by a later attempt (fencing).
@@ -194,6 +197,22 @@ class CallRecord:
     retries: int = 0
     map: str | None = None  # the map row the call was made for (see runtime/ledger.py)
     row_key: str | None = None
+    waited_s: float = 0.0  # waiting, not the provider's time: slots, rate limit, 429 pauses, backoff
+
+
+@dataclass(frozen=True, slots=True)
+class FailedCall:
+    """A call whose final outcome in a run is a failure: its last execution failed (an
+    earlier failure an attempt retried is not one), or it reused another run's failure.
+
+    `row` is how the map row it was made for ended: "succeeded" (the row got past it: a
+    waterfall fell back), "failed", None while the row is not recorded (in flight when an
+    attempt stopped), "" outside maps."""
+
+    key: str
+    tool: str  # the tool, or ctx.<kind> for a fetch or child play
+    row: str | None
+    retryable: bool
 
 
 @dataclass(slots=True)
@@ -248,6 +267,12 @@ class MapRow:
     rev: int | None = None  # the sheet row revision it finished with (None: the one written with it)
     attempt: int = 0  # the run attempt writing it (fencing: a superseded one writes nothing)
     steps: dict[str, str | None] | None = None  # waterfall columns: the step that found each value
+    reused_row: bool = False  # taken whole from a sheet row an earlier run wrote
+    kept: bool = False  # taken whole from the row an earlier attempt of the run wrote: still its work
+    reused_cells: int = 0  # cells taken from the sheet as they were
+    # The answers the play found a value with: their receipt keys' first FOUND_PREFIX
+    # characters (unique enough within a run, and small beside a million rows).
+    found: list[str] | None = None
 
 
 @dataclass(slots=True)
@@ -522,6 +547,16 @@ class Store(Protocol):
 
     def map_steps(self, run_id: str, *, succeeded_only: bool = False) -> dict[str, dict[str, dict[str, int]]]:
         """Waterfall hits of a run's maps: map → column → step (or "none") → rows."""
+        ...
+
+    def map_reuse(self, run_id: str, map: str, succeeded_only: bool = False) -> tuple[int, int]:
+        """A map of a run: rows taken whole from sheet rows earlier runs wrote, and cells
+        taken from the sheet (of its succeeded rows only, with `succeeded_only`)."""
+        ...
+
+    def final_failures(self, run_id: str) -> list[FailedCall]:
+        """Every call of the run (and its child runs) whose final outcome is a failure,
+        each once (see store/ledger.py)."""
         ...
 
     def map_rows_page(

@@ -11,10 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepline_cli import _json
-from deepline_cli.store.base import NOT_FOUND
+from deepline_cli.store.base import NOT_FOUND, FailedCall
 
 _TREE = "(SELECT run_id FROM runs WHERE run_id = ? OR root_run_id = ?)"  # a run and its child runs
-_EMPTY = "(r.output IS NULL OR r.output IN ('null', '{}', '[]', '\"\"'))"  # an answer that found nothing
+# How a call's map row ended: '' outside maps, NULL while the row is not recorded.
+_ROW = "CASE WHEN {t}.map IS NULL THEN '' ELSE m.outcome END"
+_ROW_OF = "LEFT JOIN map_rows m ON m.run_id = {t}.run_id AND m.map = {t}.map AND m.row_key = {t}.row_key"
 
 
 @dataclass(slots=True)
@@ -34,7 +36,8 @@ class CallRow:
     category: str | None
     map: str | None
     row_key: str | None
-    found: bool = False  # completed with a non-empty output
+    waited_s: float = 0.0  # waiting for a slot, the rate limit, a 429 pause, Retry-After: not the provider
+    outside_map: bool = False
 
 
 @dataclass(slots=True)
@@ -48,7 +51,7 @@ class ReuseRow:
     tool: str | None
     label: str
     status: str
-    output_empty: bool
+    outside_map: bool
 
 
 @dataclass(slots=True)
@@ -63,11 +66,15 @@ class AttemptRow:
 
 
 def _call_row(r: Sequence[Any]) -> CallRow:
-    run_id, attempt, key, kind, tool, status, credits, started, ended, retries, category, map, row_key, found = r
+    run_id, attempt, key, kind, tool, status, credits, started, ended, retries, category, map, row_key, waited = r
     return CallRow(
         run_id, attempt, key, kind, tool, status, float(credits), started, ended, int(retries), category, map,
-        row_key, bool(found),
+        row_key, float(waited or 0.0), map is None,
     )  # fmt: skip
+
+
+def _tool_counts() -> dict[str, Any]:
+    return {"live": 0, "reused": 0, "failed": 0, "credits": 0.0, "retries": 0, "recovered": 0}
 
 
 class LedgerQueries:
@@ -76,12 +83,129 @@ class LedgerQueries:
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         raise NotImplementedError
 
+    def map_steps(self, run_id: str, *, succeeded_only: bool = False) -> dict[str, dict[str, dict[str, int]]]:
+        raise NotImplementedError
+
+    def run_stats(self, run_id: str) -> dict[str, Any]:
+        """What the run (and its child runs) did over every attempt (see `Store.run_stats`).
+
+        Per tool: `live` executions (each one paid) and their credits and retries; `reused`
+        answers of other runs' receipts; `failed`, the calls whose final outcome is a
+        failure, each counted once however many attempts tried it; `recovered`, those of
+        them whose row still succeeded (a waterfall fell back to its next step)."""
+        tools: dict[str, dict[str, Any]] = {}
+        steps = {"live": 0, "reused": 0}
+        executed = self._read(
+            "SELECT kind, tool, count(*), coalesce(sum(credits), 0), coalesce(sum(retries), 0)"
+            f" FROM calls WHERE run_id IN {_TREE} AND status = 'completed' GROUP BY kind, tool",
+            (run_id, run_id),
+        )
+        for kind, tool, n, credits, retries in executed:
+            if kind == "step":
+                steps["live"] += n
+                continue
+            counts = tools.setdefault(tool or f"ctx.{kind}", _tool_counts())
+            counts["live"] += n
+            counts["credits"] += float(credits)
+            counts["retries"] += int(retries)
+        failed_retries = self._read(
+            "SELECT kind, tool, coalesce(sum(retries), 0) FROM calls"
+            f" WHERE run_id IN {_TREE} AND status = 'failed' AND kind <> 'step' GROUP BY kind, tool",
+            (run_id, run_id),
+        )
+        for kind, tool, retries in failed_retries:
+            tools.setdefault(tool or f"ctx.{kind}", _tool_counts())["retries"] += int(retries)
+        for failure in self.final_failures(run_id):
+            counts = tools.setdefault(failure.tool, _tool_counts())
+            counts["failed"] += 1
+            counts["recovered"] += failure.row == "succeeded"
+        used = self._read(
+            "SELECT r.kind, r.tool, count(*) FROM run_receipts u JOIN receipts r ON r.key = u.key"
+            f" WHERE u.used_at IS NOT NULL AND u.run_id IN {_TREE} AND r.status = 'completed' GROUP BY r.kind, r.tool",
+            (run_id, run_id),
+        )
+        for kind, tool, n in used:
+            if kind == "step":
+                steps["reused"] += n
+            else:
+                tools.setdefault(tool or f"ctx.{kind}", _tool_counts())["reused"] += n
+        return {
+            "waterfalls": self.map_steps(run_id),
+            "rows": self.row_stats(run_id),
+            "tools": tools,
+            "steps": steps,
+            "credits": sum(c["credits"] for c in tools.values()),
+            **self._attempt_stats(run_id),
+        }
+
+    def final_failures(self, run_id: str) -> list[FailedCall]:
+        """Every call of the run (and its child runs) whose final outcome is a failure."""
+        rows = self._read(
+            f"SELECT f.key, f.kind, f.tool, {_ROW.format(t='f')}, r.retryable FROM calls f"
+            # The last execution of each key that ever failed in the run (few keys, one pass).
+            f" JOIN (SELECT key, max(id) AS last FROM calls WHERE run_id IN {_TREE} AND key IN"
+            f" (SELECT key FROM calls WHERE run_id IN {_TREE} AND status = 'failed') GROUP BY key) l ON l.last = f.id"
+            f" {_ROW_OF.format(t='f')} LEFT JOIN receipts r ON r.key = f.key"
+            " WHERE f.status = 'failed' AND f.kind <> 'step'"
+            f" UNION ALL SELECT u.key, r.kind, r.tool, {_ROW.format(t='u')}, r.retryable"
+            f" FROM run_receipts u JOIN receipts r ON r.key = u.key {_ROW_OF.format(t='u')}"
+            f" WHERE u.used_at IS NOT NULL AND u.run_id IN {_TREE} AND r.status = 'failed' AND r.kind <> 'step'"
+            f" AND u.key NOT IN (SELECT key FROM calls WHERE run_id IN {_TREE})",
+            (run_id,) * 8,
+        )
+        return [
+            FailedCall(key, tool or f"ctx.{kind}", row, bool(retryable)) for key, kind, tool, row, retryable in rows
+        ]
+
+    def row_stats(self, run_id: str) -> dict[str, int]:
+        """A run's map rows: succeeded, failed, duplicate input rows, rows taken whole from
+        sheet rows earlier runs wrote (`reused`), cells taken from the sheet, and rows an
+        earlier attempt than the run's latest finished (not reused ones)."""
+        outcomes = dict(
+            self._read("SELECT outcome, count(*) FROM map_rows WHERE run_id = ? GROUP BY outcome", (run_id,))
+        )
+        duplicate = self._read("SELECT coalesce(sum(duplicate), 0) FROM maps WHERE run_id = ?", (run_id,))[0][0]
+        reused, cells, earlier = self._read(
+            "SELECT coalesce(sum(reused_row), 0), coalesce(sum(reused_cells), 0), coalesce(sum(CASE WHEN"
+            " coalesce(reused_row, 0) = 0 AND attempt < (SELECT attempt FROM runs WHERE run_id = ?) THEN 1 ELSE 0"
+            " END), 0) FROM map_rows WHERE run_id = ?",
+            (run_id, run_id),
+        )[0]
+        return {
+            "succeeded": int(outcomes.get("succeeded", 0)),
+            "failed": int(outcomes.get("failed", 0)),
+            "duplicate": int(duplicate),
+            "reused": int(reused),
+            "reused_cells": int(cells),
+            "from_earlier_attempts": int(earlier),
+        }
+
+    def map_reuse(self, run_id: str, map: str, succeeded_only: bool = False) -> tuple[int, int]:
+        """A map of a run: rows taken whole from sheet rows earlier runs wrote, and cells
+        taken from the sheet (of its succeeded rows only, with `succeeded_only`)."""
+        only = " AND outcome = 'succeeded'" if succeeded_only else ""
+        rows = self._read(
+            "SELECT coalesce(sum(reused_row), 0), coalesce(sum(reused_cells), 0) FROM map_rows"
+            f" WHERE run_id = ? AND map = ?{only}",
+            (run_id, map),
+        )
+        return int(rows[0][0]), int(rows[0][1])
+
+    def _attempt_stats(self, run_id: str) -> dict[str, Any]:
+        # A killed attempt ended some time after its last heartbeat: at its last call, if later.
+        spans = self._read(
+            "SELECT a.started_at, a.seen_at, a.ended_at, (SELECT max(c.ended_at) FROM calls c"
+            " WHERE c.run_id = a.run_id AND c.attempt = a.attempt) FROM attempts a WHERE a.run_id = ?",
+            (run_id,),
+        )
+        duration = sum((ended or max(seen, last or 0.0)) - began for began, seen, ended, last in spans)
+        return {"attempts": len(spans), "duration_s": round(float(duration), 3)}
+
     def call_rows(self, run_id: str) -> list[CallRow]:
         """Every execution of the run and its child runs, in the order they ended."""
         rows = self._read(
             "SELECT c.run_id, c.attempt, c.key, c.kind, c.tool, c.status, coalesce(c.credits, 0), c.started_at,"
-            " c.ended_at, coalesce(c.retries, 0), c.category, c.map, c.row_key, CASE WHEN c.status = 'completed'"
-            f" AND NOT {_EMPTY} THEN 1 ELSE 0 END FROM calls c LEFT JOIN receipts r ON r.key = c.key"
+            " c.ended_at, coalesce(c.retries, 0), c.category, c.map, c.row_key, c.waited_s FROM calls c"
             f" WHERE c.run_id IN {_TREE} ORDER BY c.id",
             (run_id, run_id),
         )
@@ -90,13 +214,31 @@ class LedgerQueries:
     def reuse_rows(self, run_id: str) -> list[ReuseRow]:
         """Receipts of other runs the run (and its child runs) reused."""
         rows = self._read(
-            "SELECT u.run_id, u.used_at, r.key, r.kind, r.tool, r.label, r.status,"
-            f" CASE WHEN {_EMPTY} THEN 1 ELSE 0 END"
+            "SELECT u.run_id, u.used_at, r.key, r.kind, r.tool, r.label, r.status, u.map"
             " FROM run_receipts u JOIN receipts r ON r.key = u.key"
             f" WHERE u.used_at IS NOT NULL AND u.run_id IN {_TREE} ORDER BY u.used_at",
             (run_id, run_id),
         )
-        return [ReuseRow(r[0], r[1], r[2], r[3], r[4], r[5] or "", r[6], bool(r[7])) for r in rows]
+        return [ReuseRow(r[0], r[1], r[2], r[3], r[4], r[5] or "", r[6], r[7] is None) for r in rows]
+
+    def found_answers(self, run_id: str) -> set[str]:
+        """The answers the run's map rows found a value with (runtime/found.py), as receipt
+        key prefixes (`MapRow.found`); an answer a map row used that is not here found nothing."""
+        found: set[str] = set()
+        for (text,) in self._read(f"SELECT found FROM map_rows WHERE run_id IN {_TREE} AND found IS NOT NULL",
+                                  (run_id, run_id)):  # fmt: skip
+            found.update(_json.loads(text) or [])
+        return found
+
+    def answers(self, keys: Sequence[str]) -> dict[str, Any]:
+        """The stored answers of these receipts (calls made outside maps, judged found or not)."""
+        found: dict[str, Any] = {}
+        for i in range(0, len(keys), 400):
+            chunk = list(keys[i : i + 400])
+            marks = ", ".join("?" * len(chunk))
+            for key, output in self._read(f"SELECT key, output FROM receipts WHERE key IN ({marks})", chunk):
+                found[key] = _json.loads(output) if output is not None else None
+        return found
 
     def call_descriptions(self, run_id: str) -> dict[str, list[str]]:
         """What the play said the calls of each tool were for (`description=`), by tool."""

@@ -244,7 +244,20 @@ MIGRATIONS: list[tuple[str, str | Step]] = [
         -- What answers of tools that say their own cost (remote tools) cost: a budget's
         -- expected cost of their next call, in any run on this store.
         CREATE TABLE tool_costs (
-            tool TEXT PRIMARY KEY, answers INTEGER NOT NULL, credits {float} NOT NULL, max_credits {float} NOT NULL)
+            tool TEXT PRIMARY KEY, answers INTEGER NOT NULL, credits {float} NOT NULL, max_credits {float} NOT NULL);
+        -- How long a call waited before and between its requests (a concurrency slot, its
+        -- rate limit, a 429 pause, Retry-After and backoff): the rest is the provider's time.
+        ALTER TABLE calls ADD COLUMN waited_s {float};
+        -- A map row: the attempt that finished it, whether it was taken whole from a sheet row
+        -- an earlier run wrote, how many of its cells came from the sheet, and the answers
+        -- the play found a value with (receipt key prefixes: a provider's hit rate).
+        ALTER TABLE map_rows ADD COLUMN attempt INTEGER;
+        ALTER TABLE map_rows ADD COLUMN reused_row INTEGER;
+        ALTER TABLE map_rows ADD COLUMN reused_cells INTEGER;
+        ALTER TABLE map_rows ADD COLUMN found TEXT;
+        -- The map row a receipt of another run was used for (fallen back from, or final).
+        ALTER TABLE run_receipts ADD COLUMN map TEXT;
+        ALTER TABLE run_receipts ADD COLUMN row_key TEXT
         """,
     ),
 ]

@@ -313,20 +313,24 @@ class SqlStore(LedgerQueries):
         upsert = (
             " ON CONFLICT (run_id, map, idx) DO UPDATE SET input_index = excluded.input_index,"
             " row_key = excluded.row_key, outcome = excluded.outcome, error = excluded.error, rev = excluded.rev,"
-            " steps = excluded.steps"
+            " steps = excluded.steps, attempt = coalesce(excluded.attempt, map_rows.attempt),"
+            " reused_row = excluded.reused_row, reused_cells = excluded.reused_cells, found = excluded.found"
         )
-        columns = "INSERT INTO map_rows (run_id, map, idx, input_index, row_key, outcome, error, steps, rev)"
+        columns = (
+            "INSERT INTO map_rows (run_id, map, idx, input_index, row_key, outcome, error, steps, attempt,"
+            " reused_row, reused_cells, found, rev)"
+        )
         known = [r for r in rows if r.rev is not None]
         self._many(
             c,
-            f"{columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?){upsert}",
+            f"{columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?){upsert}",
             [(*_map_row_values(r), r.rev) for r in known],
         )
         # Written with their sheet row in this transaction: the revision it just got.
         self._many(
             c,
-            f"{columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?, (SELECT rev FROM sheet_rows WHERE sheet = ? AND row_key = ?))"
-            + upsert,
+            f"{columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+            " (SELECT rev FROM sheet_rows WHERE sheet = ? AND row_key = ?))" + upsert,
             [(*_map_row_values(r), r.sheet, r.row_key) for r in rows if r.rev is None],
         )
 
@@ -388,64 +392,6 @@ class SqlStore(LedgerQueries):
         )
         children = self._read("SELECT count(*) FROM runs WHERE root_run_id = ? AND run_id <> ?", (run_id, run_id))
         return int(calls[0][0]), int(children[0][0])
-
-    def run_stats(self, run_id: str) -> dict[str, Any]:
-        tools: dict[str, dict[str, Any]] = {}
-        steps = {"live": 0, "reused": 0}
-
-        def count(kind: str, tool: str | None) -> dict[str, Any]:
-            return tools.setdefault(
-                tool or f"ctx.{kind}", {"live": 0, "reused": 0, "failed": 0, "credits": 0.0, "retries": 0}
-            )
-
-        executed = self._read(
-            "SELECT kind, tool, status, count(*), coalesce(sum(credits), 0), coalesce(sum(retries), 0)"
-            f" FROM calls WHERE run_id IN {_TREE} GROUP BY kind, tool, status",
-            (run_id, run_id),
-        )
-        for kind, tool, status, n, credits, retries in executed:
-            if kind == "step":
-                steps["live"] += n
-                continue
-            counts = count(kind, tool)
-            counts["live" if status == "completed" else "failed"] += n
-            counts["credits"] += float(credits)
-            counts["retries"] += int(retries)
-        used = self._read(
-            "SELECT r.kind, r.tool, r.status, count(*) FROM run_receipts u JOIN receipts r ON r.key = u.key"
-            f" WHERE u.used_at IS NOT NULL AND u.run_id IN {_TREE} GROUP BY r.kind, r.tool, r.status",
-            (run_id, run_id),
-        )
-        for kind, tool, status, n in used:
-            if kind == "step":
-                steps["reused"] += n
-            elif status in ("completed", "failed"):
-                count(kind, tool)["reused" if status == "completed" else "failed"] += n
-        rows = dict(self._read("SELECT outcome, count(*) FROM map_rows WHERE run_id = ? GROUP BY outcome", (run_id,)))
-        extra = self._read(
-            "SELECT coalesce(sum(duplicate), 0), coalesce(sum(reused), 0) FROM maps WHERE run_id = ?", (run_id,)
-        )[0]
-        # A killed attempt ended some time after its last heartbeat: at its last call, if later.
-        spans = self._read(
-            "SELECT a.started_at, a.seen_at, a.ended_at, (SELECT max(c.ended_at) FROM calls c"
-            " WHERE c.run_id = a.run_id AND c.attempt = a.attempt) FROM attempts a WHERE a.run_id = ?",
-            (run_id,),
-        )
-        attempts = (len(spans), sum((ended or max(seen, last or 0.0)) - began for began, seen, ended, last in spans))
-        return {
-            "waterfalls": self.map_steps(run_id),
-            "rows": {
-                "succeeded": int(rows.get("succeeded", 0)),
-                "failed": int(rows.get("failed", 0)),
-                "duplicate": int(extra[0]),
-                "reused": int(extra[1]),
-            },
-            "tools": tools,
-            "steps": steps,
-            "credits": sum(c["credits"] for c in tools.values()),
-            "attempts": int(attempts[0]),
-            "duration_s": round(float(attempts[1]), 3),
-        }
 
     def query_receipts(self, query: ReceiptQuery) -> list[Receipt]:
         clauses: list[str] = []
@@ -763,6 +709,7 @@ class SqlStore(LedgerQueries):
                 st.failure_kind,
                 st.call.map,
                 st.call.row_key,
+                round(st.call.waited_s, 6),
             )
             for st, applied in zip(settlements, fresh, strict=True)  # applied now, not by an earlier try
             if applied and st.call is not None and st.status in ("completed", "failed")
@@ -770,7 +717,7 @@ class SqlStore(LedgerQueries):
         self._many(
             c,
             "INSERT INTO calls (run_id, attempt, key, kind, tool, status, credits, started_at, ended_at, retries,"
-            " category, map, row_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " category, map, row_key, waited_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             ledger,
         )
         replaced = [
@@ -850,13 +797,18 @@ class SqlStore(LedgerQueries):
         self._point_members(c, claims, ordered)
         # Receipts a run owns are found by their owner column; only receipts it used but
         # another run owns (reuse, or one taken over from it) need a usage row.
-        usage: list[tuple[str, str, float | None]] = [
-            (cl.run_id, o.receipt.key, now)
+        usage: list[tuple[str, str, float | None, str | None, str | None]] = [
+            (cl.run_id, o.receipt.key, now, cl.map, cl.row_key)
             for cl, o in zip(claims, ordered, strict=True)
             if o.verdict in ("reused", "failed") and o.receipt.run_id != cl.run_id
         ]
-        usage += [(before.run_id, before.key, None) for before in replaced if before.run_id]
-        self._many(c, "INSERT INTO run_receipts (run_id, key, used_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING", usage)
+        usage += [(before.run_id, before.key, None, None, None) for before in replaced if before.run_id]
+        self._many(
+            c,
+            "INSERT INTO run_receipts (run_id, key, used_at, map, row_key) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT DO NOTHING",
+            usage,
+        )
         return ordered
 
     def _superseded(self, c: Any, writes: Writes) -> set[tuple[str, int]]:
@@ -963,7 +915,10 @@ def _position(order: list[str]) -> Any:
 
 def _map_row_values(r: MapRow) -> tuple[Any, ...]:
     steps = _json_or_none(r.steps) if r.steps else None
-    return (r.run_id, r.map, r.idx, r.input_index, r.row_key, r.outcome, r.error, steps)
+    found = _json_or_none(r.found) if r.found else None
+    attempt = None if r.kept else r.attempt or None  # a kept row stays the earlier attempt's
+    return (r.run_id, r.map, r.idx, r.input_index, r.row_key, r.outcome, r.error, steps, attempt,
+            int(r.reused_row), r.reused_cells, found)  # fmt: skip
 
 
 def _map_from_row(r: Sequence[Any]) -> MapRecord:

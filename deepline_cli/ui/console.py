@@ -40,6 +40,10 @@ def fit(pieces: list[Piece], width: int, sep: str = "  ") -> str:
     kept = [p for p in pieces if p[0]]
     while kept and len(sep.join(p[0] for p in kept)) > width:
         least = max(range(len(kept)), key=lambda i: (kept[i][1], i))
+        if kept[least][1] <= 1 and sep == "  ":  # the important pieces: closer together before any goes
+            sep = " "
+            kept = [(p[0].rstrip(), *p[1:]) for p in kept]
+            continue
         if kept[least][1] == 0:
             break
         piece = kept[least]
@@ -49,6 +53,41 @@ def fit(pieces: list[Piece], width: int, sep: str = "  ") -> str:
             kept.pop(least)
     line = sep.join(p[0] for p in kept)
     return line if len(line) <= width else line[: max(0, width - 1)] + "…"
+
+
+NEXT = "  Next: "
+
+
+def next_lines(line: str, width: int) -> list[str]:
+    """A verdict line fitted to `width` without breaking a command. A `Next:` line too long
+    for it goes under its label, a step to a line; the words before a step's command are
+    wrapped, and the command (from `deepline` to the step's end) has a line of its own,
+    whole even when wider than the terminal (which then wraps it; copying keeps it whole).
+    Other lines are prose: returned as they are, for the terminal to wrap at words."""
+    if len(line) <= width or not line.startswith(NEXT):
+        return [line]
+    pad = "    "
+    lines = [NEXT.rstrip()]
+    for step in line[len(NEXT) :].split(" · "):
+        if len(pad) + len(step) <= width:
+            lines.append(pad + step)
+            continue
+        at = step.find("deepline ")
+        prose, command = (step[:at].rstrip(), step[at:]) if at >= 0 else (step, "")
+        lines += [pad + words for words in _wrap_words(prose, max(10, width - len(pad)))]
+        if command:
+            lines.append(pad + command)
+    return lines
+
+
+def _wrap_words(text: str, width: int) -> list[str]:
+    lines: list[str] = []
+    for word in text.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
 
 
 def _eta(seconds: float | None) -> str:
@@ -66,8 +105,11 @@ def map_pieces(m: MapView) -> list[Piece]:
         (f"✓ {m.succeeded + m.seeded if not m.completed else m.succeeded:,}", 1),
         (f"✗ {m.failed:,}", 0),
         (f"dup {m.duplicate:,}", 4),
-        (f"reused {m.reused:,}", 4),
-        (f"from earlier attempts {m.seeded:,}" if m.seeded and not m.completed else "", 5),
+        # Rows an earlier attempt of this run finished, and rows taken whole from the sheet
+        # as earlier runs left them: told apart, so a resume's counts explain themselves.
+        (f"from earlier attempts {m.earlier:,}", 2, f"earlier {m.earlier:,}") if m.earlier else ("", 5),
+        (f"reused from earlier runs {m.reused:,}", 4, f"reused {m.reused:,}"),
+        (f"cells reused {m.reused_cells:,}" if m.reused_cells else "", 6),
     ]
 
 
@@ -102,14 +144,18 @@ def tool_pieces(tool_id: str, c: dict[str, Any], paced: dict[str, float], paused
     ]
 
 
+NARROW = 60  # below this many columns the tool lines give up their "tools" label
+
+
 def tool_lines(s: RunView, width: int, lead: str = "tools  ") -> list[str]:
     names = max((len(t) for t in s.tools), default=0)
-    lines = []
-    for index, (tool_id, c) in enumerate(sorted(s.tools.items())):
-        pieces = tool_pieces(tool_id.ljust(names), c, s.paced, s.paused)
-        prefix = lead if index == 0 else " " * len(lead)
-        lines.append(prefix + fit(pieces, width - len(prefix)))
-    return lines
+    if width < NARROW:
+        lead = ""  # the room goes to the counts: live, failed and credits stay whole
+    every = [tool_pieces(tool_id.ljust(names), c, s.paced, s.paused) for tool_id, c in sorted(s.tools.items())]
+    room = width - len(lead)
+    # When what must stay does not fit one line two spaces apart, every line takes one: aligned.
+    sep = " " if any(len("  ".join(p[0] for p in pieces if p[0] and p[1] <= 1)) > room for pieces in every) else "  "
+    return [(lead if index == 0 else " " * len(lead)) + fit(pieces, room, sep) for index, pieces in enumerate(every)]
 
 
 class ConsoleView:
@@ -135,9 +181,14 @@ class ConsoleView:
             self._live = None
         finished = self.state.finished
         if finished is not None:
-            for line in verdict(finished["run_id"], finished["status"], _with_waiting(finished),
-                                finished.get("error"), self.state.play):  # fmt: skip
-                self.console.print(Text(line, style=_style(line)), soft_wrap=not self.live_mode)
+            said = verdict(finished["run_id"], finished["status"], _with_waiting(finished), finished.get("error"),
+                           self.state.play)  # fmt: skip
+            for line in said:
+                if not self.live_mode:
+                    self.console.print(Text(line, style=_style(line)), soft_wrap=True)
+                    continue
+                for part in next_lines(line, self.console.width):  # a command is never broken
+                    self.console.print(Text(part, style=_style(line)), soft_wrap=part is not line)
 
     def handle(self, event: Event) -> None:
         self.state.apply(event)

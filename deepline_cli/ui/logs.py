@@ -18,6 +18,7 @@ from typing import Any
 from deepline_cli import _json
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.events import Event
+from deepline_cli.runtime.holders import holder_words
 from deepline_cli.store.base import LogLine, MapRow, Store
 from deepline_cli.ui.text import printable
 from deepline_cli.ui.verdict import verdict
@@ -148,7 +149,7 @@ def followed_text(event: Event, play: str) -> list[str]:
         return [printable(f"{stamp(event.ts)}  map {d['map']}: {d['done']:,}{total} rows done, {d['failed']:,} failed")]
     if event.event == "run.holder_gone":
         return [
-            f"Run {event.run_id}'s process is gone ({d['holder']}); still following, "
+            f"Run {event.run_id}'s process is gone ({holder_words(d['holder'])}); still following, "
             f"for `deepline resume {event.run_id}` or a worker to take it over."
         ]
     if event.event == "run.finished":

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepline_cli.errors import UsageError
+from deepline_cli.runtime.found import is_found
 from deepline_cli.runtime.projection import CellCounts, read_sample
-from deepline_cli.store.base import MapRecord, MapRow, RunRecord, Store
+from deepline_cli.store.base import FOUND_PREFIX, MapRecord, MapRow, RunRecord, Store
 from deepline_cli.store.ledger import AttemptRow, CallRow, LedgerQueries, ReuseRow
 
 FIRST_FAILURES = 10
@@ -21,20 +22,30 @@ FIRST_FAILURES = 10
 
 @dataclass
 class ToolFigures:
+    """One tool's calls, counted as `runs show` counts them (Store.run_stats), with what
+    only the report shows: latencies, waiting, and how often the play found a value."""
+
     tool: str
     live: int = 0
     reused: int = 0
-    failed: int = 0
-    retried: int = 0
+    failed: int = 0  # calls whose final outcome is a failure, each once
+    recovered: int = 0  # of the failed, those whose row still succeeded (a fall back)
+    retried: int = 0  # executions that needed retries
     retries: int = 0
     credits: float = 0.0
-    found: int = 0  # answers (live or reused) that were not empty
-    latencies: list[float] = field(default_factory=list)
+    found: int = 0  # answers (live or reused) the play found a value with (runtime/found.py)
+    latencies: list[float] = field(default_factory=list)  # the provider's own time, per execution
+    waits: list[float] = field(default_factory=list)  # time waited per execution (pacing, 429, backoff)
     descriptions: list[str] = field(default_factory=list)  # what the play said its calls were for
 
     @property
     def answered(self) -> int:
         return self.live + self.reused
+
+    @property
+    def final(self) -> int:
+        """Failed calls no step got past."""
+        return self.failed - self.recovered
 
     def percentile(self, q: float) -> float:
         return percentile(self.latencies, q)
@@ -45,6 +56,8 @@ class MapFigures:
     record: MapRecord
     columns: dict[str, CellCounts]
     failures: list[MapRow]
+    reused_rows: int = 0  # rows taken whole from sheet rows earlier runs wrote
+    reused_cells: int = 0  # cells taken from the sheet (rows reused whole, and inside recomputed rows)
 
 
 @dataclass
@@ -88,12 +101,15 @@ def read_report(store: Store, run_id: str) -> Report:
     calls, reuses = store.call_rows(run_id), store.reuse_rows(run_id)
     maps = [
         MapFigures(
-            m, read_sample(store, store, run_id, m).columns, store.failed_map_rows(run_id, m.map, FIRST_FAILURES)
+            m,
+            read_sample(store, store, run_id, m).columns,
+            store.failed_map_rows(run_id, m.map, FIRST_FAILURES),
+            *store.map_reuse(run_id, m.map),
         )
         for m in store.get_maps(run_id)
     ]
     stats = {**run.stats, **store.run_stats(run_id)}
-    tools = tool_figures(calls, reuses)
+    tools = tool_figures(stats.get("tools") or {}, calls, reuses, _found(store, run_id, calls, reuses))
     for tool_id, counts in (run.stats.get("tools") or {}).items():
         # Retries of calls an interrupt abandoned are in the run's outcome, not the ledger.
         if int(counts.get("retries", 0)) > 0:
@@ -105,25 +121,63 @@ def read_report(store: Store, run_id: str) -> Report:
     return Report(run, stats, calls, reuses, store.attempt_rows(run_id), tools, maps)
 
 
-def tool_figures(calls: list[CallRow], reuses: list[ReuseRow]) -> dict[str, ToolFigures]:
-    tools: dict[str, ToolFigures] = {}
+def _found(store: LedgerQueries, run_id: str, calls: list[CallRow], reuses: list[ReuseRow]) -> set[str]:
+    """The answers the play found a value with (receipt key prefixes): as the map rows
+    recorded them, and for a call outside maps, its answer judged by itself."""
+    found = store.found_answers(run_id)
+    outside = [c.key for c in calls if c.outside_map and c.status == "completed"]
+    outside += [r.key for r in reuses if r.outside_map and r.status == "completed"]
+    found.update(key[:FOUND_PREFIX] for key, answer in store.answers(sorted(set(outside))).items() if is_found(answer))
+    return found
+
+
+def tool_figures(
+    counted: dict[str, dict[str, Any]], calls: list[CallRow], reuses: list[ReuseRow], found: set[str]
+) -> dict[str, ToolFigures]:
+    """Per tool: the store's counts (`counted`, Store.run_stats), and from the ledger each
+    execution's latency and wait, and how many answers the play found a value with."""
+    tools = {
+        tool_id: ToolFigures(
+            tool_id,
+            live=int(c.get("live", 0)),
+            reused=int(c.get("reused", 0)),
+            failed=int(c.get("failed", 0)),
+            recovered=int(c.get("recovered", 0)),
+            retries=int(c.get("retries", 0)),
+            credits=float(c.get("credits", 0.0)),
+        )
+        for tool_id, c in counted.items()
+    }
     for c in calls:
         if c.kind == "step":
             continue
-        t = tools.setdefault(c.tool or f"ctx.{c.kind}", ToolFigures(c.tool or f"ctx.{c.kind}"))
+        t = tools.setdefault(_tool(c.tool, c.kind), ToolFigures(_tool(c.tool, c.kind)))
         if c.status == "completed":
-            t.live += 1
-            t.found += c.found
-        else:
-            t.failed += 1
+            t.found += c.key[:FOUND_PREFIX] in found
         t.retried += c.retries > 0
-        t.retries += c.retries
-        t.credits += c.credits
-        t.latencies.append(max(0.0, c.ended_at - c.started_at))
+        t.latencies.append(provider_time(c))
+        t.waits.append(min(c.waited_s, max(0.0, c.ended_at - c.started_at)))
     for r in reuses:
         if r.kind == "step" or r.status != "completed":
             continue
-        t = tools.setdefault(r.tool or f"ctx.{r.kind}", ToolFigures(r.tool or f"ctx.{r.kind}"))
-        t.reused += 1
-        t.found += not r.output_empty
+        t = tools.setdefault(_tool(r.tool, r.kind), ToolFigures(_tool(r.tool, r.kind)))
+        t.found += r.key[:FOUND_PREFIX] in found
     return tools
+
+
+def provider_time(c: CallRow) -> float:
+    """An execution's time at the provider: from its start to its end, less the time it
+    waited (a concurrency slot, the rate limit, a 429 pause, Retry-After and backoff)."""
+    return max(0.0, c.ended_at - c.started_at - c.waited_s)
+
+
+def superseded(calls: list[CallRow]) -> set[int]:
+    """The failed executions a later attempt tried again (by position): not final."""
+    last: dict[str, int] = {}
+    for i, c in enumerate(calls):
+        last[c.key] = i
+    return {i for i, c in enumerate(calls) if c.status != "completed" and last[c.key] != i}
+
+
+def _tool(tool: str | None, kind: str) -> str:
+    return tool or f"ctx.{kind}"

@@ -9,14 +9,15 @@ from __future__ import annotations
 import datetime as dt
 import html
 from collections.abc import Iterable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from deepline_cli import __version__
 from deepline_cli._format import format_credits
+from deepline_cli.runtime.holders import holder_words
 from deepline_cli.runtime.projection import CellCounts, describe
 from deepline_cli.store.base import MapRecord
 from deepline_cli.store.ledger import CallRow
-from deepline_cli.ui.report_data import MapFigures, Report, ToolFigures
+from deepline_cli.ui.report_data import MapFigures, Report, ToolFigures, percentile, superseded
 from deepline_cli.ui.text import printable
 
 _T = TypeVar("_T")
@@ -27,6 +28,7 @@ LABEL = 170
 MAX_MARKS = 6000  # calls drawn on the timeline; more are sampled evenly (the tables count all)
 MAX_STACK = 16  # rows a lane stacks calls in flight together in
 COLORS = {"live": "#2e7d32", "retried": "#ef6c00", "failed": "#c62828", "reused": "#78909c"}
+SUPERSEDED = "#ef9a9a"  # a failed execution a later attempt tried again: not a final failure
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
@@ -38,11 +40,13 @@ h2{font-size:17px;margin:32px 0 10px;border-bottom:1px solid #dde1e7;padding-bot
 .card{background:#fff;border:1px solid #dde1e7;border-radius:8px;padding:10px 16px;min-width:120px}
 .card b{display:block;font-size:22px}
 .card span{color:#5b6475;font-size:12px;text-transform:uppercase;letter-spacing:.04em}
+.card small{display:block;color:#5b6475;font-size:12px}
 table{border-collapse:collapse;background:#fff;border:1px solid #dde1e7;width:100%;margin:6px 0}
 th,td{text-align:left;padding:5px 10px;border-bottom:1px solid #eef0f3;vertical-align:top}
 th{background:#f0f2f5;font-weight:600;font-size:12px;color:#3a4354}
 td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
 svg{background:#fff;border:1px solid #dde1e7;border-radius:6px;display:block}
+svg.timeline{width:100%;height:auto}
 .legend span{display:inline-block;margin-right:14px;font-size:12px}
 .legend i{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:4px;vertical-align:-1px}
 .ok{color:#2e7d32}.bad{color:#c62828}.muted{color:#5b6475}code{font-size:12px}
@@ -80,16 +84,17 @@ def _header(report: Report) -> str:
     live = sum(t.live for t in report.tools.values())
     reused = sum(t.reused for t in report.tools.values())
     failed = sum(t.failed for t in report.tools.values())
+    recovered = sum(t.recovered for t in report.tools.values())
     status = f'<span class="{"ok" if run.status == "completed" else "bad"}">{_e(run.status)}</span>'
     cards = [
-        ("credits", format_credits(stats.get("credits", 0))),
-        ("tool calls", f"{live + failed:,}"),
-        ("reused", f"{reused:,}"),
-        ("failed calls", f"{failed:,}"),
-        ("rows", f"{rows.get('succeeded', 0) + rows.get('failed', 0):,}"),
-        ("failed rows", f"{rows.get('failed', 0):,}"),
-        ("attempts", f"{len(report.attempts):,}"),
-        ("duration", f"{stats.get('duration_s', 0):,.1f} s"),
+        ("credits", format_credits(stats.get("credits", 0)), ""),
+        ("tool calls", f"{live + failed:,}", f"{live:,} answered · {failed:,} failed"),
+        ("reused", f"{reused:,}", "answers from receipts"),
+        ("failed calls", f"{failed:,}", f"{recovered:,} fell back · {failed - recovered:,} final" if failed else ""),
+        ("rows", f"{rows.get('succeeded', 0) + rows.get('failed', 0):,}", _row_origin(rows)),
+        ("failed rows", f"{rows.get('failed', 0):,}", ""),
+        ("attempts", f"{len(report.attempts):,}", ""),
+        ("duration", f"{stats.get('duration_s', 0):,.1f} s", ""),
     ]
     error = f'<p class="err">{_e((run.error or {}).get("message", ""))}</p>' if run.error else ""
     return (
@@ -98,10 +103,40 @@ def _header(report: Report) -> str:
         f" · {_e(run.play_ref)}</div>{error}"
         '<div class="cards">'
         + "".join(
-            f'<div class="card" id="card-{_e(k.replace(" ", "-"))}"><span>{k}</span><b>{v}</b></div>' for k, v in cards
+            f'<div class="card" id="card-{_e(k.replace(" ", "-"))}"><span>{k}</span><b>{v}</b>'
+            + (f"<small>{_e(note)}</small>" if note else "")
+            + "</div>"
+            for k, v, note in cards
         )
         + "</div>"
+        + f'<p id="failures-said">{_e(failures_said(report))}</p>'
     )
+
+
+def failures_said(report: Report) -> str:
+    """What failed, and what became of it, in one sentence a person can act on."""
+    failed = sum(t.failed for t in report.tools.values())
+    recovered = sum(t.recovered for t in report.tools.values())
+    rows = int((report.stats.get("rows") or {}).get("failed", 0))
+    row_words = f"{rows:,} row{'s' if rows != 1 else ''} failed"
+    if not failed:
+        return f"No call failed; {row_words}." if rows else "No call failed and no row failed."
+    calls = f"{failed:,} call{'s' if failed != 1 else ''} failed (counted once each, however many attempts tried)"
+    if recovered == failed:
+        return f"{calls}; every one fell back to the next provider, whose answer the row kept; {row_words}."
+    final = failed - recovered
+    fell = f"{recovered:,} of them fell back to the next provider, " if recovered else ""
+    return f"{calls}: {fell}{final:,} {'were' if final != 1 else 'was'} final; {row_words}."
+
+
+def _row_origin(rows: dict[str, Any]) -> str:
+    """Where the rows came from: earlier attempts, earlier runs (reused), this attempt."""
+    parts = []
+    if rows.get("from_earlier_attempts"):
+        parts.append(f"{rows['from_earlier_attempts']:,} from earlier attempts")
+    if rows.get("reused"):
+        parts.append(f"{rows['reused']:,} reused from earlier runs")
+    return " · ".join(parts)
 
 
 def _timeline(report: Report) -> str:
@@ -118,6 +153,7 @@ def _timeline(report: Report) -> str:
         return LABEL + (t - start) / span * plot
 
     rows = {lane: _pack([c for c in calls if _lane(c.tool, c.kind) == lane]) for lane in lanes}
+    tried_again = {id(report.calls[i]) for i in superseded(report.calls)}
     tops, y = {}, 24
     for lane in lanes:
         tops[lane] = y
@@ -128,10 +164,13 @@ def _timeline(report: Report) -> str:
     for c in calls:
         lane = _lane(c.tool, c.kind)
         kind = "failed" if c.status != "completed" else "retried" if c.retries else "live"
+        color = COLORS[kind]
+        if id(c) in tried_again:
+            kind, color = "tried-again", SUPERSEDED
         left = x(c.started_at)
         marks.append(
             f'<rect class="call {kind}" x="{left:.1f}" y="{tops[lane] + 4 * rows[lane][id(c)]}"'
-            f' width="{max(1.0, x(c.ended_at) - left):.1f}" height="3" fill="{COLORS[kind]}"/>'
+            f' width="{max(1.0, x(c.ended_at) - left):.1f}" height="3" fill="{color}"/>'
         )
     for r in reuses:
         lane = _lane(r.tool, r.kind)
@@ -153,12 +192,16 @@ def _timeline(report: Report) -> str:
     total = sum(1 for c in report.calls if c.kind != "step")
     shown = "" if total <= MAX_MARKS else f" (showing {MAX_MARKS:,} of {total:,} calls, evenly sampled)"
     legend = "".join(f'<span><i style="background:{color}"></i>{kind}</span>' for kind, color in COLORS.items())
+    if tried_again:
+        legend += f'<span><i style="background:{SUPERSEDED}"></i>failed, tried again by a later attempt</span>'
+
     height = bottom + 24
     return (
         f'<div class="legend">{legend}<span class="muted">x: seconds since the run started; calls in flight'
         f" together stack{shown}</span></div>"
-        f'<svg width="{TIMELINE_WIDTH}" height="{height}" viewBox="0 0 {TIMELINE_WIDTH} {height}"'
-        f' role="img" aria-label="tool calls over time">{"".join(ticks)}{"".join(marks)}{"".join(labels)}</svg>'
+        f'<svg class="timeline" width="100%" viewBox="0 0 {TIMELINE_WIDTH} {height}"'
+        f' preserveAspectRatio="xMinYMin meet" role="img" aria-label="tool calls over time">'
+        f"{''.join(ticks)}{''.join(marks)}{''.join(labels)}</svg>"
     )
 
 
@@ -191,6 +234,8 @@ def _attempt_band(attempt: int, left: float, right: float, bottom: float) -> str
 
 
 def _latency(report: Report) -> str:
+    """The provider's own time per call; the time calls waited (for a concurrency slot,
+    the rate limit, a 429 pause, Retry-After and backoff) apart."""
     tools = [t for t in report.tools.values() if t.latencies]
     if not tools:
         return '<p class="muted">No calls were made by this run (everything came from receipts).</p>'
@@ -202,6 +247,7 @@ def _latency(report: Report) -> str:
             f'<rect x="0" y="{i * 7}" width="{max(1.0, t.percentile(q) / top * width):.1f}" height="6" fill="{color}"/>'
             for i, (q, color) in enumerate(((50, "#42a5f5"), (90, "#1e88e5"), (99, "#0d47a1")))
         )
+        waited = [w for w in t.waits if w > 0.0005]
         rows.append(
             [
                 _e(t.tool),
@@ -210,10 +256,19 @@ def _latency(report: Report) -> str:
                 _ms(t.percentile(90)),
                 _ms(t.percentile(99)),
                 _ms(max(t.latencies)),
-                f'<svg width="{width}" height="21" style="border:0">{bars}</svg>',
+                f"{len(waited):,} calls, {_s(sum(waited))} in all (p50 {_s(percentile(waited, 50))})"
+                if waited
+                else "none",
+                _scaling_svg(width, 21, bars),
             ]
         )
-    return _table(["tool", "calls", "p50", "p90", "p99", "max", "p50 · p90 · p99"], rows, numeric={1, 2, 3, 4, 5})
+    note = (
+        "<p class=\"muted\">Latency is the provider's own time: from a call's start to its end, less the time "
+        "it waited for a concurrency slot, its rate limit, a 429 pause, Retry-After and backoff between "
+        "retries (shown apart).</p>"
+    )
+    headers = ["tool", "calls", "p50", "p90", "p99", "max", "waited (not in the latency)", "p50 · p90 · p99"]
+    return note + _table(headers, rows, numeric={1, 2, 3, 4, 5})
 
 
 def _providers(report: Report) -> str:
@@ -224,24 +279,46 @@ def _providers(report: Report) -> str:
             _e(t.tool) + "".join(f'<br><span class="muted">{_e(d)}</span>' for d in t.descriptions),
             f"{t.live:,}",
             f"{t.reused:,}",
-            f"{t.failed:,}",
+            f"{t.failed:,}" + (f' <span class="muted">({t.recovered:,} fell back)</span>' if t.recovered else ""),
             f"{t.retried:,} ({t.retries:,} retries)",
             format_credits(t.credits),
-            _rate(t.found, t.answered),
+            f"{_rate(t.found, t.answered)}"
+            + (f' <span class="muted">{t.found:,}/{t.answered:,}</span>' if t.answered else ""),
             _bar([t.found, t.answered - t.found, t.failed], ["#2e7d32", "#b0bec5", "#c62828"]),
         ]
         for t in sorted(report.tools.values(), key=_by_credits)
     ]
-    headers = ["tool", "live", "reused", "failed", "retried", "credits", "found", "found · empty · failed"]
-    return _table(headers, rows, numeric={1, 2, 3, 5, 6})
+    headers = ["tool", "live", "reused", "failed", "retried", "credits", "found", "found · nothing found · failed"]
+    note = (
+        '<p class="muted">Found: answers the play found a value with (the waterfall step that made the call '
+        "found the value, or the cell it was made for holds a value: not empty, nor a list or object holding "
+        "only empty values), of the answers live and reused. Failed: calls whose final outcome is a failure, "
+        "each once; those that fell back were got past by the next provider.</p>"
+    )
+    return note + _table(headers, rows, numeric={1, 2, 3, 5, 6})
 
 
 def _map_section(report: Report, m: MapFigures) -> str:
     r = m.record
     outcome = _table(
-        ["rows", "succeeded", "failed", "duplicate keys", "reused from the sheet", "status"],
-        [[f"{r.total:,}", f"{r.succeeded:,}", f"{r.failed:,}", f"{r.duplicate:,}", f"{r.reused:,}", _e(r.status)]],
-        numeric={0, 1, 2, 3, 4},
+        ["rows", "succeeded", "failed", "duplicate keys", "rows reused whole", "cells reused", "status"],
+        [
+            [
+                f"{r.total:,}",
+                f"{r.succeeded:,}",
+                f"{r.failed:,}",
+                f"{r.duplicate:,}",
+                f"{m.reused_rows:,}",
+                f"{m.reused_cells:,}",
+                _e(r.status),
+            ]
+        ],
+        numeric={0, 1, 2, 3, 4, 5},
+    )
+    reuse = (
+        '<p class="muted">Rows reused whole: taken from the sheet as an earlier run left them (no resolver ran). '
+        "Cells reused: cells taken from the sheet, in those rows and in rows whose other cells were computed "
+        "again.</p>"
     )
     columns = _table(
         ["column", "found", "not found", "failed", "not run", ""],
@@ -258,6 +335,10 @@ def _map_section(report: Report, m: MapFigures) -> str:
         ],
         numeric={1, 2, 3, 4},
     )
+    not_run = (
+        '<p class="muted">Not run: the column\'s <code>run_if</code> said no, or an earlier column of the row '
+        "failed. Not found: the column ran and its value is empty.</p>"
+    )
     failures = (
         _table(
             ["input row", "row key", "error"],
@@ -269,7 +350,7 @@ def _map_section(report: Report, m: MapFigures) -> str:
     )
     return _section(
         f"Map {r.map}" + (f" ({r.description})" if r.description else ""),
-        f"<h3>Row outcomes</h3>{outcome}<h3>Columns</h3>{columns}{_waterfalls(report, r)}"
+        f"<h3>Row outcomes</h3>{outcome}{reuse}<h3>Columns</h3>{columns}{not_run}{_waterfalls(report, r)}"
         f"<h3>Barriers</h3>{_barriers(r)}<h3>First failures</h3>{failures}",
     )
 
@@ -319,7 +400,7 @@ def _attempts(report: Report) -> str:
     rows = [
         [
             str(a.attempt),
-            _e(a.holder or ""),
+            _e(holder_words(a.holder)),
             _when(a.started_at),
             _when(a.ended_at) or f"last seen {_when(a.seen_at)}",
             _e(a.status or ""),
@@ -355,7 +436,15 @@ def _bar(values: Sequence[int], colors: Sequence[str], width: int = 200) -> str:
         if w > 0:
             rects.append(f'<rect x="{x:.1f}" y="2" width="{w:.1f}" height="12" fill="{color}"/>')
         x += w
-    return f'<svg width="{width}" height="16" style="border:0">{"".join(rects)}</svg>'
+    return _scaling_svg(width, 16, "".join(rects))
+
+
+def _scaling_svg(width: int, height: int, content: str) -> str:
+    """A small chart that shrinks with its column on a narrow page (never wider than `width`)."""
+    return (
+        f'<svg viewBox="0 0 {width} {height}" width="100%" preserveAspectRatio="xMinYMid meet"'
+        f' style="border:0;max-width:{width}px;min-width:{width // 3}px">{content}</svg>'
+    )
 
 
 def _sample(items: list[_T], limit: int) -> list[_T]:
@@ -375,6 +464,10 @@ def _by_credits(t: ToolFigures) -> tuple[float, str]:
 
 def _rate(part: int, whole: int) -> str:
     return f"{part / whole:.0%}" if whole else "–"
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds * 1000:,.0f} ms" if seconds < 1 else f"{seconds:,.1f} s"
 
 
 def _ms(seconds: float) -> str:

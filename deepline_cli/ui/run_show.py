@@ -13,6 +13,7 @@ from typing import Any
 
 from deepline_cli import _json
 from deepline_cli._format import format_credits
+from deepline_cli.runtime.holders import holder_words
 from deepline_cli.store.base import Boundary, MapRecord, RunRecord, Store
 from deepline_cli.store.ledger import AttemptRow, LedgerQueries
 
@@ -85,7 +86,7 @@ def merged_tools(counted: dict[str, Any], recorded: dict[str, Any]) -> dict[str,
             # with the run's outcome.
             "retries": max(int(ledger.get("retries", 0)), int(kept.get("retries", 0))),
             "retry_reasons": dict(kept.get("retry_reasons") or {}),
-            "recovered": int(kept.get("recovered", 0)),
+            "recovered": int(ledger.get("recovered", 0)),  # of the failed, those whose row got past them
         }
     return tools
 
@@ -161,10 +162,10 @@ def shown_lines(s: Shown, when: Any) -> list[str]:
                          f"started {when(m.started_at)}  finished {when(m.finished_at) or '-'}")  # fmt: skip
     rows = stats.get("rows") or {}
     if any(rows.values()):
-        lines.append("rows      " + "  ".join(f"{k} {v:,}" for k, v in rows.items()))
+        lines.append("rows      " + "  ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in rows.items()))
     lines += _tool_lines(s, stats)
     for a in s.attempts:
-        lines.append(f"attempt   #{a.attempt}  {a.holder or '-'}  started {when(a.started_at)}  "
+        lines.append(f"attempt   #{a.attempt}  {holder_words(a.holder) or '-'}  started {when(a.started_at)}  "
                      f"ended {when(a.ended_at) or '-'}  [{a.status or 'running'}]")  # fmt: skip
     for b in s.boundaries:
         detail = {
@@ -185,21 +186,28 @@ def shown_lines(s: Shown, when: Any) -> list[str]:
 
 
 def _tool_lines(s: Shown, stats: dict[str, Any]) -> list[str]:
+    """As the live view says it: `failed` the final failures, `fell back` those a later
+    step got past (the JSON's `failed` counts both, `recovered` the latter)."""
     if not s.full:
         return [
-            f"tool      {tool_id}: live {c['live']:,}  reused {c['reused']:,}  "
-            f"failed {c['failed']:,}  credits {format_credits(c['credits'])}"
+            f"tool      {tool_id}: live {c['live']:,}  reused {c['reused']:,}  {_failures(c)}  "
+            f"credits {format_credits(c['credits'])}"
             for tool_id, c in sorted((stats.get("tools") or {}).items())
         ]
     lines = []
     for tool_id, c in s.tools.items():
         reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(c["retry_reasons"].items()))
         lines.append(
-            f"tool      {tool_id}: live {c['live']:,}  reused {c['reused']:,}  failed {c['failed']:,}  "
-            f"retries {c['retries']:,}{f' ({reasons})' if reasons else ''}  fell back {c['recovered']:,}  "
-            f"credits {format_credits(c['credits'])}"
+            f"tool      {tool_id}: live {c['live']:,}  reused {c['reused']:,}  {_failures(c)}  "
+            f"retries {c['retries']:,}{f' ({reasons})' if reasons else ''}  credits {format_credits(c['credits'])}"
         )
     return lines
+
+
+def _failures(c: dict[str, Any]) -> str:
+    recovered = int(c.get("recovered", 0))
+    final = f"failed {int(c.get('failed', 0)) - recovered:,}"
+    return f"{final}  fell back {recovered:,}" if recovered else final
 
 
 def _error_lines(s: Shown) -> list[str]:

@@ -18,8 +18,10 @@ class MapView:
     succeeded: int = 0
     failed: int = 0
     duplicate: int = 0
-    reused: int = 0
-    seeded: int = 0
+    reused: int = 0  # rows taken whole from the sheet as earlier runs left them (every attempt)
+    reused_cells: int = 0  # cells taken from the sheet
+    seeded: int = 0  # rows an earlier attempt finished well (not run again)
+    earlier: int = 0  # rows earlier attempts of this run finished (those they reused aside)
     rows_per_s: float = 0.0
     eta_s: float | None = None
     completed: bool = False
@@ -86,12 +88,14 @@ class RunView:
             view.completed = True
             view.succeeded, view.failed = data["succeeded"], data["failed"]
             view.duplicate, view.reused = data["duplicate"], data["reused"]
+            view.reused_cells, view.earlier = data.get("reused_cells", 0), data.get("earlier", 0)
             view.steps = data.get("steps") or view.steps
             view.done = view.succeeded + view.failed
             view.total = view.done + view.duplicate
 
 
-_PROGRESS = ("total", "done", "succeeded", "failed", "duplicate", "reused", "seeded", "rows_per_s", "eta_s", "steps")
+_PROGRESS = ("total", "done", "succeeded", "failed", "duplicate", "reused", "reused_cells", "seeded", "earlier",
+             "rows_per_s", "eta_s", "steps")  # fmt: skip
 
 
 def step_hits(order: list[str], hits: dict[str, int]) -> str:

@@ -33,6 +33,8 @@ def _completed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: 
     if live == 0 and (reused or rows.get("reused")):
         came = [f"{n:,} {what}" for n, what in ((rows.get("reused", 0), "rows"), (reused, "calls")) if n]
         lines.append(f"  Nothing was paid: {' and '.join(came)} came from earlier runs.")
+    elif origin := row_origin(rows):
+        lines.append(f"  Rows: {origin}.")
     for map_name, columns in (stats.get("waterfalls") or {}).items():
         for column, hits in columns.items():
             lines.append(f"  {map_name} {column} found by: {step_hits([], hits)}")
@@ -76,7 +78,7 @@ def _interrupted(run_id: str, stats: dict[str, Any], error: dict[str, Any], play
 def _waiting(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str) -> list[str]:
     return [
         f"… Run {run_id} is waiting: {describe_waiting(stats.get('waiting') or [])}.",
-        f"  Next: deepline resume {run_id} once it is due (a worker does it by itself)",
+        f"  Next: once it is due (a worker does it by itself): deepline resume {run_id}",
     ]
 
 
@@ -101,6 +103,22 @@ def _rows(rows: dict[str, Any]) -> str:
     if rows.get("duplicate"):
         parts.append(f"{rows['duplicate']:,} duplicate")
     return f": {total:,} rows ({', '.join(parts)})"
+
+
+def row_origin(rows: dict[str, Any]) -> str:
+    """Where a run's rows came from, when not all from this attempt's work:
+    `170 from earlier attempts · 30 reused from earlier runs · 90 computed now; 45 cells reused`
+    (earlier attempts: rows an earlier attempt of this run finished; reused: rows taken
+    whole from the sheet as earlier runs left them; cells reused: cells taken from the
+    sheet, in those rows and inside rows computed again)."""
+    total = int(rows.get("succeeded", 0)) + int(rows.get("failed", 0))
+    earlier, reused, cells = (int(rows.get(k, 0)) for k in ("from_earlier_attempts", "reused", "reused_cells"))
+    if not (earlier or reused):
+        return f"{cells:,} cells reused from earlier runs" if cells else ""
+    parts = [f"{n:,} {what}" for n, what in ((earlier, "from earlier attempts"), (reused, "reused from earlier runs"))
+             if n]  # fmt: skip
+    parts.append(f"{max(0, total - earlier - reused):,} computed now")
+    return " · ".join(parts) + (f"; {cells:,} cells reused" if cells else "")
 
 
 def _credits(stats: dict[str, Any]) -> str:

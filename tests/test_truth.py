@@ -1,0 +1,379 @@
+"""Every figure a user reads equals what the store says: the HTML report, the live view,
+`runs show` and the verdict, against runs whose counts are known."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from deepline_cli.runtime.events import EventBus
+from deepline_cli.store import open_store
+from deepline_cli.ui.console import ConsoleView, fit, map_pieces, tool_lines, tool_pieces
+from deepline_cli.ui.report_data import read_report
+from deepline_cli.ui.report_html import render
+from deepline_cli.ui.state import RunView
+from deepline_cli.ui.verdict import verdict
+from tests.conftest import ROOT
+from tests.helpers import resume_run, run_play
+from tests.provider import Provider, ProviderServer
+
+# 12 rows with known answers. Provider "first" finds 3 (its other answers hold nothing:
+# {"email": None}, {}, and {"email": "", "tags": []}); "second", asked for the 9 others,
+# finds 6; "company" finds 8 ([] for the last 4); "skip" is run for 3 rows only (run_if).
+PLAY = """
+from pathlib import Path
+from deepline_cli import Column, play, steps, tool
+
+ROWS = Path(__file__).with_name("rows.txt")  # how many rows: not the play's input, so cells are reused
+
+@tool("t.first", credits=1)
+def first(input):
+    n = input["n"]
+    return [{"email": f"{n}@a.com"}, {"email": None}, {}, {"email": "", "tags": []}][n % 4]
+
+@tool("t.second", credits=1)
+def second(input):
+    n = input["n"]
+    return {"email": f"{n}@b.com"} if n % 2 else {"email": None}
+
+@tool("t.company", credits=1)
+def company(input):
+    return {"name": "acme", "size": None} if input["n"] < 8 else []
+
+@tool("t.skip", credits=1)
+def skip(input):
+    return {"v": 1}
+
+EMAIL = (
+    steps()
+    .step("first", lambda row, rc: rc.tools.execute("a", "t.first", {"n": row["n"]}))
+    .step("second", lambda row, rc: rc.tools.execute("b", "t.second", {"n": row["n"]}))
+)
+
+@play("truth")
+async def truth(ctx, input):
+    count = int(ROWS.read_text()) if ROWS.exists() else 12
+    rows = await ctx.map("rows", [{"n": n} for n in range(count)], key="n", columns={
+        "email": EMAIL,
+        "company": lambda row, rc: rc.tools.execute("c", "t.company", {"n": row["n"]}),
+        "skipped": Column(lambda row, rc: rc.tools.execute("s", "t.skip", {"n": row["n"]}),
+                          run_if=lambda row: row["n"] < 3),
+    })
+    return len(rows)
+"""
+
+
+def _report_text(store_path: Path | str, run_id: str) -> tuple[Any, str]:
+    store = open_store(str(store_path))
+    try:
+        report = read_report(store, run_id)
+    finally:
+        store.close()
+    return report, render(report)
+
+
+def test_found_is_what_the_play_found_a_value_with(write_play, store_path) -> None:
+    """Item 1: a provider's hit rate counts the answers the play found a value with;
+    `{"email": null}`, `{}`, `[]` and `""`-valued answers are not found. One definition
+    for the waterfall, the columns and the providers."""
+    result = run_play(write_play(PLAY), store_path)
+    assert result.status == "completed", result.error
+    report, html = _report_text(store_path, result.run_id)
+    found = {t: (f.found, f.answered) for t, f in report.tools.items()}
+    assert found == {"t.first": (3, 12), "t.second": (6, 9), "t.company": (8, 12), "t.skip": (3, 3)}
+    assert re.search(r"<td>t\.first</td>.*?25% <span class=\"muted\">3/12</span>", html)
+    assert result.stats["waterfalls"]["rows"]["email"] == {"first": 3, "second": 6, "none": 3}
+    email = report.maps[0].columns["email"]
+    assert (email.found, email.not_found, email.failed, email.not_run) == (9, 3, 0, 0)
+    company = report.maps[0].columns["company"]
+    assert (company.found, company.not_found) == (8, 4)
+
+
+def test_rows_run_if_skipped_are_not_run_never_not_found(write_play, store_path) -> None:
+    """Item 2: a cell whose run_if said no is "not run"."""
+    result = run_play(write_play(PLAY), store_path)
+    report, html = _report_text(store_path, result.run_id)
+    skipped = report.maps[0].columns["skipped"]
+    assert (skipped.found, skipped.not_found, skipped.failed, skipped.not_run) == (3, 0, 0, 9)
+    assert "<td>skipped</td><td class=n>25%</td><td class=n>0%</td><td class=n>0%</td><td class=n>75%</td>" in html
+
+
+def test_sheet_reuse_counts_rows_reused_whole_and_cells_in_recomputed_rows(write_play, store_path) -> None:
+    """Item 3: the rows taken whole from the sheet count across a resume, and cells taken
+    from the sheet inside rows computed again count too."""
+    play = write_play(PLAY)
+    assert run_play(play, store_path).status == "completed"
+    # 24 rows: the first 12 come whole from the sheet; the budget stops the run after 3 new
+    # rows (3 calls of t.first at 1 credit... and more per row): resumed with a larger one.
+    play.with_name("rows.txt").write_text("24")
+    stopped = run_play(play, store_path, max_credits=6, run_id="more")
+    assert stopped.status == "failed", stopped.stats
+    done = resume_run("more", store_path, max_credits=1000)
+    assert done.status == "completed", done.error
+    rows = done.stats["rows"]
+    assert rows["reused"] == 12 and rows["reused_cells"] == 12 * 3, rows
+    report, html = _report_text(store_path, "more")
+    (m,) = report.maps
+    assert (m.reused_rows, m.reused_cells) == (12, 36)
+    assert m.record.reused == 12  # the map's own record counts every attempt's reuse
+    assert "<td class=n>12</td><td class=n>36</td><td>completed</td>" in html
+
+    # The company column's code changes: its cells are computed again (through their
+    # receipts), the two other columns' cells are taken from the sheet.
+    play.with_name("rows.txt").write_text("12")
+    play.write_text(PLAY.replace('rc.tools.execute("c", "t.company"', 'rc.tools.execute("c2", "t.company"'))
+    again = run_play(play, store_path)
+    assert again.status == "completed"
+    assert again.stats["rows"]["reused"] == 0 and again.stats["rows"]["reused_cells"] == 12 * 2, again.stats
+    _, html = _report_text(store_path, again.run_id)
+    assert "<td class=n>0</td><td class=n>24</td><td>completed</td>" in html
+
+
+PACED = """
+from deepline_cli import play
+
+@play("paced")
+async def paced(ctx, input):
+    rows = await ctx.map("calls", [{"n": n} for n in range(6)], key="n", columns={
+        "got": lambda row, rc: rc.tools.execute("c", "slow.tool", {"n": row["n"]}),
+    })
+    return len(rows)
+"""
+
+
+def test_latency_is_the_providers_own_time_waiting_apart(tmp_path, write_play, store_path, monkeypatch) -> None:
+    """Item 4: pacing (a rate limit) and a Retry-After wait are recorded apart from the
+    provider's own time; the report's latency leaves them out."""
+    monkeypatch.setenv("DEEPLINE_RETRY_BASE_S", "0.01")
+    with ProviderServer(Provider()) as provider:
+        provider.script("/v1/slow", ["429:0.3"])  # the first request: come back in 0.3 s
+        write_play(PACED)
+        (tmp_path / "deepline.toml").write_text(
+            f'[tools."slow.tool"]\nurl = "{provider.url}/v1/slow"\nrate_limit = "10/s"\ncredits = 1\n'
+        )
+        result = run_play(tmp_path / "play.py", store_path)
+    assert result.status == "completed", result.error
+    report, html = _report_text(store_path, result.run_id)
+    tool = report.tools["slow.tool"]
+    calls = [c for c in report.calls if c.tool == "slow.tool"]
+    assert len(calls) == 6 and len(tool.latencies) == 6
+    for c in calls:  # the provider's time plus the wait is the call's whole time
+        assert c.waited_s >= 0 and c.waited_s <= c.ended_at - c.started_at + 1e-6
+    # Six calls at 10/s: the last waited about half a second for its turn; one waited out a 0.3 s 429.
+    assert max(c.waited_s for c in calls) >= 0.3, [c.waited_s for c in calls]
+    assert sum(c.waited_s for c in calls) >= 1.0, [c.waited_s for c in calls]
+    assert max(tool.latencies) < max(c.waited_s for c in calls), (tool.latencies, [c.waited_s for c in calls])
+    assert "waited (not in the latency)" in html
+
+
+def test_the_timeline_scales_and_holders_read_as_a_person_reads_them(write_play, store_path) -> None:
+    """Items 5 and 6: the timeline's SVG takes the page's width; an attempt's holder is its
+    process and host, not `host:pid:start`."""
+    from deepline_cli.runtime.holders import holder_words
+
+    result = run_play(write_play(PLAY), store_path)
+    report, html = _report_text(store_path, result.run_id)
+    assert re.search(r'<svg class="timeline" width="100%" viewBox="0 0 1040 \d+"', html)
+    assert 'width="1040"' not in html
+    (attempt,) = report.attempts
+    assert attempt.holder and attempt.holder.count(":") >= 1
+    assert attempt.holder not in html
+    words = holder_words(attempt.holder)
+    assert re.fullmatch(r"pid \d+ on \S+", words) and f"<td>{words}</td>" in html
+    assert holder_words("build-7:4242:boot-9f3e-1234") == "pid 4242 on build-7"
+
+
+def test_failed_calls_say_what_failed_and_what_became_of_it(deepline, tmp_path) -> None:
+    """Item 7: the lead enrichment example: finder A fails 37 calls (28 fall back to B),
+    B fails 9 (404): 46 calls failed, 28 fell back, 18 final, 9 rows failed."""
+    example = ROOT / "examples" / "lead_enrichment"
+    run = deepline("run", str(example / "play.py"), "--csv", str(example / "leads.csv"), "--set", "latency=0",
+                   "--run-id", "f7", "--json")  # fmt: skip
+    assert run.code == 0, run.stderr
+    stats = run.json_lines()[-1]["stats"]
+    tools = stats["tools"]
+    assert (tools["demo.finder_a"]["failed"], tools["demo.finder_a"]["recovered"]) == (37, 28)
+    assert (tools["demo.finder_b"]["failed"], tools["demo.finder_b"]["recovered"]) == (9, 0)
+    out = tmp_path / "f7.html"
+    assert deepline("runs", "report", "f7", "--html", "--out", str(out)).code == 0
+    html = out.read_text()
+    said = (
+        "46 calls failed (counted once each, however many attempts tried): 28 of them fell back to the next "
+        "provider, 18 were final; 9 rows failed."
+    )
+    assert f'<p id="failures-said">{said}</p>' in html
+    assert "<small>28 fell back · 18 final</small>" in html
+    assert '<td class=n>37 <span class="muted">(28 fell back)</span></td>' in html
+
+
+# A row's first provider fails at once; its fallback answers after a moment, so the live
+# counts are seen while the failure is not yet fallen back from.
+FALLBACK = """
+import asyncio
+from deepline_cli import ProviderTransientError, play, steps, tool
+
+@tool("t.down", credits=1)
+def down(input):
+    raise ProviderTransientError("503 from t.down", category="upstream", status_code=503)
+
+@tool("t.slow", credits=1)
+async def slow(input):
+    # Longer than a progress tick (0.5 s); the last row longer still, so ticks come after the
+    # first two rows fell back, while the run goes on.
+    await asyncio.sleep(0.7 if input["n"] < 2 else 1.6)
+    return {"email": "x@y.z"}
+
+EMAIL = steps().step("down", lambda row, rc: rc.tools.execute("d", "t.down", {"n": row["n"]})).step(
+    "slow", lambda row, rc: rc.tools.execute("s", "t.slow", {"n": row["n"]}))
+
+@play("fallback")
+async def fallback(ctx, input):
+    return len(await ctx.map("rows", [{"n": n} for n in range(3)], key="n", columns={"email": EMAIL}))
+"""
+
+
+def test_a_failed_count_on_screen_never_goes_down_while_the_run_goes_on(write_play, store_path) -> None:
+    """Item 8: a failure is shown as final or as fallen back once its row ended; while the
+    row runs it is neither, so neither count goes down (the live view shows failed - fell back)."""
+    seen: list[dict[str, Any]] = []
+    bus = EventBus()
+    bus.subscribe(lambda e: seen.append(e.data["tools"]) if e.event == "run.progress" else None)
+    result = run_play(write_play(FALLBACK), store_path, bus=bus)
+    assert result.status == "completed", result.error
+    shown = [(int(t.get("failed", 0)) - int(t.get("recovered", 0)), int(t.get("recovered", 0)))
+             for t in (tools.get("t.down") or {} for tools in seen)]  # fmt: skip
+    assert (0, 2) in shown, shown  # seen while the third row still ran
+    for (final_before, fell_before), (final, fell) in itertools.pairwise(shown):
+        assert final >= final_before and fell >= fell_before, shown
+    down = result.stats["tools"]["t.down"]
+    assert (down["failed"], down["recovered"]) == (3, 3)  # the store agrees at the end
+
+
+# Calls that fail in a first attempt and are tried again by the next: n=0 fails for good
+# (transiently, every time), n=1 only while the flag file exists. The budget stops the
+# first attempt after its rows; a resume with --refresh-failed tries both again.
+RETRIED = """
+from pathlib import Path
+from deepline_cli import ProviderTransientError, play, tool
+
+FLAG = Path(__file__).with_name("flaky.on")
+
+@tool("t.flaky", credits=1)
+def flaky(input):
+    if input["n"] == 0 or (input["n"] == 1 and FLAG.exists()):
+        raise ProviderTransientError("503 from t.flaky", category="upstream", status_code=503)
+    return {"ok": input["n"]}
+
+@play("retried")
+async def retried(ctx, input):
+    rows = await ctx.map("rows", [{"n": n} for n in range(6)], key="n", concurrency=1, columns={
+        "v": lambda row, rc: rc.tools.execute("f", "t.flaky", {"n": row["n"]}),
+    })
+    return len(rows)
+"""
+
+
+def test_a_call_retried_by_a_resumed_attempt_counts_once(write_play, store_url, tmp_path, deepline) -> None:
+    """Item 9: each call's final outcome counts once: the report and `runs show` agree
+    with the rows that really failed."""
+    play = write_play(RETRIED)
+    (tmp_path / "flaky.on").write_text("")
+    first = run_play(play, store_url, max_credits=3, run_id="twice")
+    assert first.status == "failed", first.stats
+    (tmp_path / "flaky.on").unlink()
+    done = resume_run("twice", store_url, max_credits=100, refresh_failed=True)
+    assert done.status == "completed", done.error
+    assert done.stats["rows"]["failed"] == 1  # n=0, for good
+    flaky = done.stats["tools"]["t.flaky"]
+    assert (flaky["live"], flaky["failed"]) == (5, 1), flaky
+    shown = deepline("runs", "show", "twice", "--json", DEEPLINE_STORE=store_url)
+    assert shown.code == 0, shown.stderr
+    tool = json.loads(shown.stdout)["stats"]["tools"]["t.flaky"]
+    assert (tool["live"], tool["failed"]) == (5, 1), tool
+    text = deepline("runs", "show", "twice", DEEPLINE_STORE=store_url).stdout
+    assert "tool      t.flaky: live 5  reused 0  failed 1  credits 5" in text, text
+    report, html = _report_text(store_url, "twice")
+    assert report.tools["t.flaky"].failed == 1
+    assert 'id="card-failed-calls"><span>failed calls</span><b>1</b>' in html
+    # The earlier failures tried again are drawn as such, not as failed calls.
+    assert html.count('class="call failed"') == 1 and html.count('class="call tried-again"') == 2
+
+
+def test_rows_from_earlier_attempts_and_earlier_runs_are_told_apart(write_play, store_path) -> None:
+    """Item 10: after a resume, the verdict and the live view say where the rows came from."""
+    play = write_play(PLAY)
+    assert run_play(play, store_path).status == "completed"
+    bus, events = EventBus(), []
+    bus.subscribe(events.append)
+    play.with_name("rows.txt").write_text("24")
+    stopped = run_play(play, store_path, max_credits=6, run_id="told", concurrency=1)  # two new rows, then no credit
+    assert stopped.status == "failed"
+    done = resume_run("told", store_path, max_credits=1000, bus=bus)
+    rows = done.stats["rows"]
+    earlier = rows["from_earlier_attempts"]
+    assert rows["reused"] == 12 and earlier >= 1 and rows["succeeded"] == 24, rows
+    said = verdict("told", "completed", done.stats, None, "truth")
+    origin = f"{earlier} from earlier attempts · 12 reused from earlier runs · {12 - earlier} computed now"
+    assert f"  Rows: {origin}; 36 cells reused." in said, said
+    view = RunView()
+    for event in events:
+        view.apply(event)
+    m = view.maps["rows"]
+    assert (m.earlier, m.reused) == (earlier, 12), (m.earlier, m.reused)
+    line = fit(map_pieces(m), 200)
+    assert f"from earlier attempts {earlier}" in line and "reused from earlier runs 12" in line, line
+
+
+def test_a_narrow_terminal_keeps_live_and_never_breaks_a_command() -> None:
+    """Item 11: at 50 columns the tool lines keep `live`, failures and credits whole; a
+    `Next:` line too long for the terminal puts each command on a line of its own."""
+    from deepline_cli.ui.console import next_lines
+
+    view = RunView()
+    view.tools = {
+        "apollo.people_match": {"live": 55, "failed": 2, "credits": 110, "recovered": 1},
+        "hunter.email_finder": {"live": 120, "failed": 0, "credits": 120},
+    }
+    for line in tool_lines(view, 50):
+        assert len(line) <= 50 and not line.endswith("…"), line
+        assert re.search(r"live \d+ +failed \d+ +credits \d+$", line), line
+    pieces = tool_pieces("acme.firmographics", {"live": 271, "failed": 0, "credits": 542}, {}, {})
+    assert fit(pieces, 50) == "acme.firmographics live 271 failed 0 credits 542"
+
+    line = "  Next: deepline export r-9533f2ab747f --out lead-enrichment.csv · every failed row: deepline runs logs r-9533f2ab747f"  # noqa: E501
+    assert next_lines(line, 200) == [line]
+    assert next_lines(line, 80) == [
+        "  Next:",
+        "    deepline export r-9533f2ab747f --out lead-enrichment.csv",
+        "    every failed row: deepline runs logs r-9533f2ab747f",
+    ]
+    assert next_lines(line, 50) == [
+        "  Next:",
+        "    deepline export r-9533f2ab747f --out lead-enrichment.csv",  # wider than 50, but whole
+        "    every failed row:",
+        "    deepline runs logs r-9533f2ab747f",
+    ]
+    waiting = "  Next: once it is due (a worker does it by itself): deepline resume r-9533f2ab747f"
+    assert next_lines(waiting, 50)[-1] == "    deepline resume r-9533f2ab747f"
+
+
+def test_the_live_verdict_on_a_narrow_terminal_keeps_commands_whole() -> None:
+    import io
+
+    class Narrow(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Narrow()
+    view = ConsoleView(stream, live=True)
+    view.console.width = 50
+    stats = {"rows": {"succeeded": 281, "failed": 9, "duplicate": 12}, "credits": 714, "duration_s": 18}
+    view.state.finished = {"run_id": "r-9533f2ab747f", "status": "completed", "stats": stats}
+    view.state.play = "lead-enrichment"
+    view.__exit__(None, None, None)
+    lines = stream.getvalue().splitlines()
+    assert "    deepline export r-9533f2ab747f --out lead-enrichment.csv" in lines, lines
+    assert "    deepline runs logs r-9533f2ab747f" in lines, lines
