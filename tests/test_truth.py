@@ -376,4 +376,4 @@ def test_the_live_verdict_on_a_narrow_terminal_keeps_commands_whole() -> None:
     view.__exit__(None, None, None)
     lines = stream.getvalue().splitlines()
     assert "    deepline export r-9533f2ab747f --out lead-enrichment.csv" in lines, lines
-    assert "    deepline runs logs r-9533f2ab747f" in lines, lines
+    assert "    deepline runs logs r-9533f2ab747f --kind row.failed" in lines, lines
