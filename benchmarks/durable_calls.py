@@ -61,8 +61,8 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=64)
     args = parser.parse_args()
 
-    from deepline_cli.runtime.events import EventBus
-    from deepline_cli.runtime.runner import Runner, RunOptions
+    from deepline_cli.runtime.calls.events import EventBus
+    from deepline_cli.runtime.run.runner import Runner, RunOptions
 
     with tempfile.TemporaryDirectory() as tmp:
         play_file = Path(tmp) / "bench_play.py"

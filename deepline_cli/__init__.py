@@ -26,25 +26,25 @@ if TYPE_CHECKING:
         StoreError,
         ToolExecutionError,
     )
-    from deepline_cli.runtime.columns import Column
-    from deepline_cli.runtime.context import Context
-    from deepline_cli.runtime.dataset import Dataset
-    from deepline_cli.runtime.play import play
-    from deepline_cli.runtime.tools import ToolCall, ToolResult, tool
-    from deepline_cli.runtime.waterfall import Waterfall, steps
+    from deepline_cli.runtime.map.columns import Column
+    from deepline_cli.runtime.map.dataset import Dataset
+    from deepline_cli.runtime.map.waterfall import Waterfall, steps
+    from deepline_cli.runtime.providers.tools import ToolCall, ToolResult, tool
+    from deepline_cli.runtime.run.context import Context
+    from deepline_cli.runtime.run.play import play
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "play": "deepline_cli.runtime.play",
-    "tool": "deepline_cli.runtime.tools",
-    "ToolCall": "deepline_cli.runtime.tools",
-    "ToolResult": "deepline_cli.runtime.tools",
-    "Context": "deepline_cli.runtime.context",
-    "Column": "deepline_cli.runtime.columns",
-    "Dataset": "deepline_cli.runtime.dataset",
-    "Waterfall": "deepline_cli.runtime.waterfall",
-    "steps": "deepline_cli.runtime.waterfall",
+    "play": "deepline_cli.runtime.run.play",
+    "tool": "deepline_cli.runtime.providers.tools",
+    "ToolCall": "deepline_cli.runtime.providers.tools",
+    "ToolResult": "deepline_cli.runtime.providers.tools",
+    "Context": "deepline_cli.runtime.run.context",
+    "Column": "deepline_cli.runtime.map.columns",
+    "Dataset": "deepline_cli.runtime.map.dataset",
+    "Waterfall": "deepline_cli.runtime.map.waterfall",
+    "steps": "deepline_cli.runtime.map.waterfall",
     "BudgetExceededError": "deepline_cli.errors",
     "DeeplineError": "deepline_cli.errors",
     "GovernanceError": "deepline_cli.errors",

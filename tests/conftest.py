@@ -114,7 +114,8 @@ def deepline(tmp_path: Path, cli_env: dict[str, str]) -> Callable[..., Result]:
 def a_new_process() -> Iterator[None]:
     """What a command sees as a process of its own: no plays or tools registered by earlier
     commands of this test process (each command loads its play again)."""
-    from deepline_cli.runtime import play, tools
+    from deepline_cli.runtime.providers import tools
+    from deepline_cli.runtime.run import play
 
     saved = (dict(play._ALL_PLAYS), dict(tools._REGISTRY))
     play._ALL_PLAYS.clear()

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from deepline_cli.runtime.events import EventBus
-from deepline_cli.runtime.runner import Runner, RunOptions, RunResult
+from deepline_cli.runtime.calls.events import EventBus
+from deepline_cli.runtime.run.runner import Runner, RunOptions, RunResult
 from deepline_cli.store.base import Store
 
 

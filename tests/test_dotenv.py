@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deepline_cli.runtime.secrets import read_dotenv
+from deepline_cli.runtime.providers.secrets import read_dotenv
 
 DOTENV = """\
 # the keys of the prod account

@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from deepline_cli.runtime import map as map_engine
-from deepline_cli.runtime.events import Event, EventBus
-from deepline_cli.runtime.runner import RunResult
+from deepline_cli.runtime.calls.events import Event, EventBus
+from deepline_cli.runtime.map import engine as map_engine
+from deepline_cli.runtime.run.runner import RunResult
 from deepline_cli.store import open_store
 from deepline_cli.store.base import Store
 from deepline_cli.store.sqlite import SQLiteStore

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from deepline_cli.errors import PlayLoadError
-from deepline_cli.runtime.play import PlayDef, load_play
+from deepline_cli.runtime.run.play import PlayDef, load_play
 
 
 @pytest.fixture(autouse=True)

@@ -5,11 +5,13 @@ refuses, in one sentence."""
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -37,10 +39,19 @@ class ProxyProcess:
         self.port = int(wait_until(lambda: port_file.exists() and port_file.read_text().strip(), what="proxy.py"))
         self.url = f"http://127.0.0.1:{self.port}"
 
-    def carried(self) -> list[str]:
-        """The access-log lines: one per request or tunnel that went through."""
-        time.sleep(0.2)  # the proxy writes its access line once the connection closes
+    def lines(self) -> list[str]:
         return [line for line in self.log.read_text().splitlines() if "access_log" in line]
+
+    def carried(self, server: Provider) -> list[str]:
+        """The access-log lines of what went through, up to a marker request sent through the
+        proxy now (the proxy logs a request once its connection closes: the marker's line
+        says every earlier one is written)."""
+        marker = f"/_marker/{time.monotonic_ns()}"
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": self.url}))
+        with contextlib.suppress(OSError), opener.open(server.url.replace("https:", "http:") + marker, timeout=10):
+            pass
+        wait_until(lambda: any(marker in line for line in self.lines()), what="the proxy's marker line")
+        return [line for line in self.lines() if "/_marker/" not in line]
 
     def close(self) -> None:
         self.process.terminate()
@@ -115,7 +126,7 @@ def test_https_goes_through_the_proxy_in_a_connect_tunnel_with_the_company_ca(
     result = deepline("run", str(play), HTTPS_PROXY=proxy.url, SSL_CERT_FILE=str(ca[1]))
     assert result.code == 0, result.stderr
     assert https_provider.count("/v1/lookup") == 1
-    assert any(f"CONNECT 127.0.0.1:{https_provider.port}" in line for line in proxy.carried())
+    assert any(f"CONNECT 127.0.0.1:{https_provider.port}" in line for line in proxy.carried(https_provider))
 
 
 def test_the_company_ca_is_needed_for_a_certificate_it_signed(
@@ -134,12 +145,12 @@ def test_http_goes_through_the_proxy_and_no_proxy_goes_direct(
     play = project(tmp_path, http_provider.url)
     through = deepline("run", str(play), HTTP_PROXY=proxy.url)
     assert through.code == 0, through.stderr
-    assert any(f"GET 127.0.0.1:{http_provider.port}/v1/lookup" in line for line in proxy.carried())
+    assert any(f"GET 127.0.0.1:{http_provider.port}/v1/lookup" in line for line in proxy.carried(http_provider))
 
     direct = deepline("run", str(play), "--force-refresh", HTTP_PROXY=proxy.url, NO_PROXY="localhost,127.0.0.1")
     assert direct.code == 0, direct.stderr
     assert http_provider.count("/v1/lookup") == 2
-    assert len(proxy.carried()) == 1  # the second call did not go through it
+    assert len(proxy.carried(http_provider)) == 1  # the second call did not go through it
 
 
 def test_a_tool_may_name_its_own_proxy_or_none(
@@ -147,10 +158,10 @@ def test_a_tool_may_name_its_own_proxy_or_none(
 ) -> None:
     play = project(tmp_path, http_provider.url, f'proxy = "{proxy.url}"')
     assert deepline("run", str(play)).code == 0
-    assert len(proxy.carried()) == 1
+    assert len(proxy.carried(http_provider)) == 1
     play = project(tmp_path, http_provider.url, 'proxy = ""')  # direct, whatever the environment says
     assert deepline("run", str(play), "--force-refresh", HTTP_PROXY=proxy.url).code == 0
-    assert len(proxy.carried()) == 1 and http_provider.count("/v1/lookup") == 2
+    assert len(proxy.carried(http_provider)) == 1 and http_provider.count("/v1/lookup") == 2
 
 
 def test_a_proxy_that_refuses_is_one_sentence(

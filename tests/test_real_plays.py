@@ -373,9 +373,9 @@ FINGERPRINTS = """\
 import json
 import sys
 
-from deepline_cli.runtime.columns import Column, resolve_columns
-from deepline_cli.runtime.play import load_module
-from deepline_cli.runtime.rows import key_function, row_digest
+from deepline_cli.runtime.map.columns import Column, resolve_columns
+from deepline_cli.runtime.run.play import load_module
+from deepline_cli.runtime.map.rows import key_function, row_digest
 
 module = load_module(__import__("pathlib").Path(sys.argv[1]))
 columns = resolve_columns(module.COLUMNS, {"provider": "alpha", "tiers": ["a", "b"]})

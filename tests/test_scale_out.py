@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from deepline_cli import _json
-from deepline_cli.runtime.events import EventBus
-from deepline_cli.runtime.runner import Runner, RunOptions
+from deepline_cli.runtime.calls.events import EventBus
+from deepline_cli.runtime.run.runner import Runner, RunOptions
 from deepline_cli.store import open_store
 from deepline_cli.store.base import ReceiptQuery
 from tests.conftest import ROOT, Result

@@ -10,7 +10,7 @@ from typing import Any, Literal, NotRequired, Optional, TypedDict
 
 import pytest
 
-from deepline_cli.runtime.schema import SchemaDefinitionError, compile_schema, fields, violation
+from deepline_cli.runtime.run.schema import SchemaDefinitionError, compile_schema, fields, violation
 
 
 def message(schema: Any, value: Any) -> str | None:

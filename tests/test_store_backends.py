@@ -8,8 +8,8 @@ import subprocess
 import sys
 import threading
 
-from deepline_cli.runtime.events import EventBus
-from deepline_cli.runtime.runner import Runner, RunOptions
+from deepline_cli.runtime.calls.events import EventBus
+from deepline_cli.runtime.run.runner import Runner, RunOptions
 from deepline_cli.store import open_store
 from deepline_cli.store.base import RunRecord
 from tests.conftest import ROOT, counts

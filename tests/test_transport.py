@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 
 from deepline_cli.errors import ProviderTransientError, ToolExecutionError
-from deepline_cli.runtime.governor import Governor
-from deepline_cli.runtime.http import Http, Request
-from deepline_cli.runtime.secrets import Secrets
-from deepline_cli.runtime.transport import Response, Transport
+from deepline_cli.runtime.providers.governor import Governor
+from deepline_cli.runtime.providers.http import Http, Request
+from deepline_cli.runtime.providers.secrets import Secrets
+from deepline_cli.runtime.providers.transport import Response, Transport
 from tests.provider import Provider, ProviderServer
 
 SECRET = "sk-live-7f3c9a1e5b2d4c6e"

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from deepline_cli.runtime.events import EventBus
+from deepline_cli.runtime.calls.events import EventBus
 from deepline_cli.store import open_store
 from deepline_cli.ui.console import ConsoleView, fit, map_pieces, tool_lines, tool_pieces
 from deepline_cli.ui.report_data import read_report
@@ -172,7 +172,7 @@ def test_latency_is_the_providers_own_time_waiting_apart(tmp_path, write_play, s
 def test_the_timeline_scales_and_holders_read_as_a_person_reads_them(write_play, store_path) -> None:
     """Items 5 and 6: the timeline's SVG takes the page's width; an attempt's holder is its
     process and host, not `host:pid:start`."""
-    from deepline_cli.runtime.holders import holder_words
+    from deepline_cli.runtime.run.holders import holder_words
 
     result = run_play(write_play(PLAY), store_path)
     report, html = _report_text(store_path, result.run_id)

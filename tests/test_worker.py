@@ -641,7 +641,7 @@ def test_a_partly_written_snapshot_file_is_not_trusted(
     """A worker materializes a snapshot into its cache directory; a file left half
     written there (a worker killed mid-write, or a second worker thread reading while
     the first still writes) must not be loaded as the play."""
-    from deepline_cli.runtime.snapshot import materialize_snapshot
+    from deepline_cli.runtime.run.snapshot import materialize_snapshot
 
     cli = CLI(str(store_path), tmp_path)
     try:

@@ -30,7 +30,7 @@ def send(
     """
     from deepline_cli.cli.inputs import parse_json_flag
     from deepline_cli.errors import UsageError
-    from deepline_cli.runtime.suspension import event_targets
+    from deepline_cli.runtime.run.suspension import event_targets
     from deepline_cli.store import open_store
 
     value = parse_json_flag(payload, flag="--payload") if payload is not None else None

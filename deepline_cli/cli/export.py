@@ -33,7 +33,7 @@ def export(
     import sys
 
     from deepline_cli.errors import UsageError
-    from deepline_cli.runtime.dataset import Dataset
+    from deepline_cli.runtime.map.dataset import Dataset
     from deepline_cli.store import open_store
 
     db = open_store(store)
@@ -75,7 +75,7 @@ def _write(out: Path | None, format: str, dataset: Any) -> int:
     """Write the rows; a file that cannot be written (a full disk, no permission) is one
     sentence, exit 2."""
     from deepline_cli.errors import UsageError
-    from deepline_cli.runtime.dataset import open_output, write_csv, write_jsonl
+    from deepline_cli.runtime.map.dataset import open_output, write_csv, write_jsonl
 
     writer = write_csv if format == "csv" else write_jsonl
     try:

@@ -36,9 +36,9 @@ def plan(
 ) -> None:
     """Plan a run without calling any provider: rows, calls already paid, new calls, credits."""
     from deepline_cli.cli.inputs import build_input
-    from deepline_cli.runtime.config import find_config
-    from deepline_cli.runtime.plan import PlanOptions, plan_play
-    from deepline_cli.runtime.play import load_play
+    from deepline_cli.runtime.planning.planner import PlanOptions, plan_play
+    from deepline_cli.runtime.providers.config import find_config
+    from deepline_cli.runtime.run.play import load_play
     from deepline_cli.store import open_store
 
     payload = build_input(input, csv, set_ or [], cwd=Path.cwd())

@@ -46,7 +46,7 @@ def list_runs(
       deepline runs list --play lead-emails --json
     """
     from deepline_cli.errors import UsageError
-    from deepline_cli.runtime.holders import holder_alive
+    from deepline_cli.runtime.run.holders import holder_alive
     from deepline_cli.store import open_store
     from deepline_cli.store.base import RUN_STATUSES
     from deepline_cli.ui.run_show import run_dict
@@ -216,7 +216,7 @@ def tail(
 
     from deepline_cli import _json
     from deepline_cli.cli import stop_quietly
-    from deepline_cli.runtime.follow import Follower
+    from deepline_cli.runtime.run.follow import Follower
     from deepline_cli.ui.logs import followed_text
 
     stop_quietly()  # Ctrl-C stops following (exit 130), quietly; the run goes on
@@ -260,7 +260,7 @@ def stop(
       deepline runs stop r-8f2c1a9b3e4d --reason "budget review" --no-wait
     """
     from deepline_cli.errors import UsageError
-    from deepline_cli.runtime.stop import stop_run
+    from deepline_cli.runtime.run.stop import stop_run
     from deepline_cli.store import open_store
 
     reason = reason.strip()

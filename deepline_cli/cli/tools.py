@@ -15,9 +15,9 @@ from deepline_cli.cli.run import WorkspaceOption
 from deepline_cli.cli.tables import print_json, print_json_lines, print_table
 
 if TYPE_CHECKING:
-    from deepline_cli.runtime.catalog import Catalog
-    from deepline_cli.runtime.play import PlayDef
-    from deepline_cli.runtime.runner import RunResult
+    from deepline_cli.runtime.run.catalog import Catalog
+    from deepline_cli.runtime.run.play import PlayDef
+    from deepline_cli.runtime.run.runner import RunResult
 
 app = typer.Typer(help="List, describe and call the tools a play can call.", no_args_is_help=True)
 
@@ -30,7 +30,7 @@ ToolArgument = Annotated[str, typer.Argument(metavar="TOOL", help="The tool id, 
 
 
 def _catalog(play: str | None, config: Path | None) -> Catalog:
-    from deepline_cli.runtime.catalog import open_catalog
+    from deepline_cli.runtime.run.catalog import open_catalog
 
     return open_catalog(play, config, Path.cwd())
 
@@ -199,9 +199,9 @@ def execute(
     from deepline_cli.cli.inputs import read_input
     from deepline_cli.cli.run import execute as execute_run
     from deepline_cli.errors import UsageError
-    from deepline_cli.runtime.builtin import TOOLS_EXECUTE
-    from deepline_cli.runtime.play import BUILTIN_PREFIX
-    from deepline_cli.runtime.runner import RunOptions
+    from deepline_cli.runtime.run.builtin import TOOLS_EXECUTE
+    from deepline_cli.runtime.run.play import BUILTIN_PREFIX
+    from deepline_cli.runtime.run.runner import RunOptions
 
     cwd = Path.cwd()
     payload = read_input(input, cwd=cwd)
@@ -264,7 +264,7 @@ def check(
       deepline check plays/leads.py:lead_emails --config prod.toml
     """
     from deepline_cli.errors import UsageError
-    from deepline_cli.runtime.play import load_module, plays_in, split_ref
+    from deepline_cli.runtime.run.play import load_module, plays_in, split_ref
 
     raw, selector = split_ref(play)
     path = Path(raw).resolve()
@@ -315,8 +315,8 @@ def _unknown_tools(play_file: Path, catalog: Catalog) -> list[tuple[str, str, in
     import contextlib
 
     from deepline_cli.errors import UsageError
-    from deepline_cli.runtime.snapshot import local_modules
-    from deepline_cli.runtime.toolscan import called_tools
+    from deepline_cli.runtime.planning.toolscan import called_tools
+    from deepline_cli.runtime.run.snapshot import local_modules
 
     files = [play_file]
     with contextlib.suppress(UsageError):  # a module linked from outside the folder: `run --enqueue` says so
@@ -355,7 +355,7 @@ def _play_dict(p: PlayDef) -> dict[str, Any]:
 
 
 def _print_check(path: Path, plays: list[PlayDef], report: dict[str, Any], tool_rows: list[Any], is_set: Any) -> None:
-    from deepline_cli.runtime.schema import fields
+    from deepline_cli.runtime.run.schema import fields
 
     typer.echo(f"play file  {path}")
     for p in plays:

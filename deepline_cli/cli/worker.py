@@ -32,7 +32,7 @@ def worker(
       deepline worker --store postgresql://user@db.internal/deepline --concurrency 4
       deepline worker --once          # drain what is due on the default SQLite store
     """
-    from deepline_cli.runtime.worker import Worker
+    from deepline_cli.runtime.run.worker import Worker
 
     def report(line: str) -> None:
         sys.stderr.write(line + "\n")

@@ -21,7 +21,7 @@ from rich.live import Live
 from rich.text import Text
 
 from deepline_cli._format import format_credits
-from deepline_cli.runtime.events import Event
+from deepline_cli.runtime.calls.events import Event
 from deepline_cli.ui.logs import shown_message
 from deepline_cli.ui.state import MapView, RunView, step_hits
 from deepline_cli.ui.text import printable

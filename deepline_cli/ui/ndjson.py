@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from deepline_cli import _json
-from deepline_cli.runtime.events import Event
+from deepline_cli.runtime.calls.events import Event
 
 
 class NdjsonView:

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepline_cli.errors import UsageError
-from deepline_cli.runtime.found import is_found
-from deepline_cli.runtime.projection import CellCounts, read_sample
+from deepline_cli.runtime.map.projection import CellCounts, read_sample
+from deepline_cli.runtime.providers.found import is_found
 from deepline_cli.store.base import FOUND_PREFIX, MapRecord, MapRow, RunRecord, Store
 from deepline_cli.store.ledger import AttemptRow, CallRow, LedgerQueries, ReuseRow
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from deepline_cli import _json
 from deepline_cli._format import format_credits
-from deepline_cli.runtime.holders import holder_words
+from deepline_cli.runtime.run.holders import holder_words
 from deepline_cli.store.base import Boundary, MapRecord, RunRecord, Store
 from deepline_cli.store.ledger import AttemptRow, LedgerQueries
 

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from deepline_cli.runtime.events import Event
+from deepline_cli.runtime.calls.events import Event
 from deepline_cli.store.base import NOT_FOUND
 
 

@@ -39,7 +39,7 @@ def _completed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: 
         for column, hits in columns.items():
             lines.append(f"  {map_name} {column} found by: {step_hits([], hits)}")
     if stats.get("projection"):  # a pilot (--limit): what the full list would cost and take
-        from deepline_cli.runtime.projection import describe
+        from deepline_cli.runtime.map.projection import describe
 
         lines.extend(f"  {line}" for line in describe(stats["projection"]))
     steps = []

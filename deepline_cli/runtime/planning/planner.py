@@ -32,28 +32,28 @@ from pathlib import Path
 from typing import Any, Literal
 
 from deepline_cli.errors import DeeplineError
-from deepline_cli.runtime.budget import Budget
-from deepline_cli.runtime.call_scope import CellScope, current_cell, enter_cell
-from deepline_cli.runtime.columns import Column, ResolvedColumn, Staleness
-from deepline_cli.runtime.config import Config, load_config
-from deepline_cli.runtime.context import Context, Tools, staleness_of
-from deepline_cli.runtime.events import EventBus
-from deepline_cli.runtime.governor import Governor
-from deepline_cli.runtime.http import FetchResult, Http, HttpTools
-from deepline_cli.runtime.map import MapRun, RowContext, _Job
-from deepline_cli.runtime.pilot import whole_row_reusable
-from deepline_cli.runtime.play import PlayDef
-from deepline_cli.runtime.play_input import play_input
-from deepline_cli.runtime.receipts import ReceiptBook, RunScope, receipt_key, stored_failure
-from deepline_cli.runtime.reuse import previous_value, refresh_after
-from deepline_cli.runtime.rows import CsvSource, RowKey
-from deepline_cli.runtime.secrets import Secrets
-from deepline_cli.runtime.services import RunServices
-from deepline_cli.runtime.stats import RunStats
-from deepline_cli.runtime.storeio import StoreIO, WriteQueue
-from deepline_cli.runtime.tools import ToolDef, ToolResult, find_tool
-from deepline_cli.runtime.toolscan import tool_ids
-from deepline_cli.runtime.transport import Transport
+from deepline_cli.runtime.calls.budget import Budget
+from deepline_cli.runtime.calls.call_scope import CellScope, current_cell, enter_cell
+from deepline_cli.runtime.calls.events import EventBus
+from deepline_cli.runtime.calls.receipts import ReceiptBook, RunScope, receipt_key, stored_failure
+from deepline_cli.runtime.calls.stats import RunStats
+from deepline_cli.runtime.calls.store_thread import StoreIO, WriteQueue
+from deepline_cli.runtime.map.columns import Column, ResolvedColumn, Staleness
+from deepline_cli.runtime.map.engine import MapRun, RowContext, _Job
+from deepline_cli.runtime.map.pilot import whole_row_reusable
+from deepline_cli.runtime.map.reuse import previous_value, refresh_after
+from deepline_cli.runtime.map.rows import CsvSource, RowKey
+from deepline_cli.runtime.planning.toolscan import tool_ids
+from deepline_cli.runtime.providers.config import Config, load_config
+from deepline_cli.runtime.providers.governor import Governor
+from deepline_cli.runtime.providers.http import FetchResult, Http, HttpTools
+from deepline_cli.runtime.providers.secrets import Secrets
+from deepline_cli.runtime.providers.tools import ToolDef, ToolResult, find_tool
+from deepline_cli.runtime.providers.transport import Transport
+from deepline_cli.runtime.run.context import Context, Tools, staleness_of
+from deepline_cli.runtime.run.play import PlayDef
+from deepline_cli.runtime.run.play_input import play_input
+from deepline_cli.runtime.run.services import RunServices
 from deepline_cli.store.base import Claim, Store, decide_claim
 from deepline_cli.store.ledger import LedgerQueries
 

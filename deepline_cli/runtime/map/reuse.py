@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deepline_cli.runtime.columns import ResolvedColumn
+from deepline_cli.runtime.map.columns import ResolvedColumn
 from deepline_cli.store.base import SheetRow
 
 Cell = list[Any]  # [value, error, completed_at, fingerprint, (meta)]

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepline_cli.errors import ProviderTransientError, ToolExecutionError, UsageError
-from deepline_cli.runtime.call_scope import current_cell
-from deepline_cli.runtime.columns import arity
-from deepline_cli.runtime.found import is_found
-from deepline_cli.runtime.tools import ToolResult
+from deepline_cli.runtime.calls.call_scope import current_cell
+from deepline_cli.runtime.map.columns import arity
+from deepline_cli.runtime.providers.found import is_found
+from deepline_cli.runtime.providers.tools import ToolResult
 from deepline_cli.store.base import NOT_FOUND
 
 

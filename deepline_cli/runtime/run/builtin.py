@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from deepline_cli.runtime.context import Context
-from deepline_cli.runtime.play import PlayDef, builtin, play
+from deepline_cli.runtime.run.context import Context
+from deepline_cli.runtime.run.play import PlayDef, builtin, play
 
 TOOLS_EXECUTE = "tools.execute"
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from deepline_cli import _json
 from deepline_cli.errors import UsageError
-from deepline_cli.runtime.secrets import Secrets
+from deepline_cli.runtime.providers.secrets import Secrets
 
 _TOKEN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\{\{|\}\}|\{([A-Za-z_][\w.-]*)\}")
 _EXACT_FIELD = re.compile(r"\{([A-Za-z_][\w.-]*)\}")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepline_cli.errors import UsageError
-from deepline_cli.runtime.holders import holder_alive
+from deepline_cli.runtime.run.holders import holder_alive
 from deepline_cli.store.base import RunRecord, Store
 
 DEFAULT_REASON = "stopped by user"

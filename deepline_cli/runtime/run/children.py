@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING, Any
 
 from deepline_cli import _json
 from deepline_cli.errors import DeeplineError, GovernanceError, InputError, PlayLoadError
-from deepline_cli.runtime.holders import holder_id
-from deepline_cli.runtime.play import PlayDef, find_play_by_name, load_play
-from deepline_cli.runtime.receipts import DurableCall, receipt_key
-from deepline_cli.runtime.services import Journal
-from deepline_cli.runtime.snapshot import take_snapshot
-from deepline_cli.runtime.suspension import Suspended
+from deepline_cli.runtime.calls.receipts import DurableCall, receipt_key
+from deepline_cli.runtime.run.holders import holder_id
+from deepline_cli.runtime.run.play import PlayDef, find_play_by_name, load_play
+from deepline_cli.runtime.run.services import Journal
+from deepline_cli.runtime.run.snapshot import take_snapshot
+from deepline_cli.runtime.run.suspension import Suspended
 from deepline_cli.store.base import Boundary, RunRecord
 
 if TYPE_CHECKING:
-    from deepline_cli.runtime.services import RunServices
+    from deepline_cli.runtime.run.services import RunServices
 
 
 class ChildPlayError(DeeplineError):
@@ -137,7 +137,7 @@ async def _schedule_child(
 async def _execute_child(
     s: RunServices, call_id: str, play: PlayDef, child_id: str, input: Any, description: str
 ) -> Any:
-    from deepline_cli.runtime.body import execute_body
+    from deepline_cli.runtime.run.body import execute_body
 
     store, now = s.io.store, s.io.now()
     record = await s.io.call(store.get_run, child_id)

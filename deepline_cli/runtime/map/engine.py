@@ -29,22 +29,22 @@ from deepline_cli.errors import (
     SheetVisibilityError,
     UsageError,
 )
-from deepline_cli.runtime import failures
-from deepline_cli.runtime.call_scope import CellScope, enter_cell
-from deepline_cli.runtime.columns import Column, ResolvedColumn, Staleness, resolve_columns
-from deepline_cli.runtime.dataset import Dataset
-from deepline_cli.runtime.found import is_found
-from deepline_cli.runtime.pilot import scan_rest
-from deepline_cli.runtime.reuse import ReusePolicy, previous_value, refresh_after
-from deepline_cli.runtime.rows import CsvSource, RowKey, input_columns, key_function, row_digest
-from deepline_cli.runtime.services import log_fields
-from deepline_cli.runtime.tools import ToolResult
-from deepline_cli.runtime.waterfall import Found, Waterfall
+from deepline_cli.runtime.calls.call_scope import CellScope, enter_cell
+from deepline_cli.runtime.map import failures
+from deepline_cli.runtime.map.columns import Column, ResolvedColumn, Staleness, resolve_columns
+from deepline_cli.runtime.map.dataset import Dataset
+from deepline_cli.runtime.map.pilot import scan_rest
+from deepline_cli.runtime.map.reuse import ReusePolicy, previous_value, refresh_after
+from deepline_cli.runtime.map.rows import CsvSource, RowKey, input_columns, key_function, row_digest
+from deepline_cli.runtime.map.waterfall import Found, Waterfall
+from deepline_cli.runtime.providers.found import is_found
+from deepline_cli.runtime.providers.tools import ToolResult
+from deepline_cli.runtime.run.services import log_fields
 from deepline_cli.store.base import FOUND_PREFIX, NOT_FOUND, MapRecord, MapRow, SheetRow
 
 if TYPE_CHECKING:
-    from deepline_cli.runtime.context import Context
-    from deepline_cli.runtime.services import RunServices
+    from deepline_cli.runtime.run.context import Context
+    from deepline_cli.runtime.run.services import RunServices
 
 DEFAULT_CONCURRENCY = 50
 CHUNK = 256  # rows looked up in the sheet per store read

@@ -17,7 +17,7 @@ from typing import Any
 
 from deepline_cli import _json
 from deepline_cli.errors import UsageError
-from deepline_cli.runtime.play import PlayDef
+from deepline_cli.runtime.run.play import PlayDef
 
 MAX_SNAPSHOT_BYTES = 2 * 1024 * 1024  # the play and its local modules, together
 

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from deepline_cli.errors import UsageError
-from deepline_cli.runtime.governor import parse_rate
-from deepline_cli.runtime.templates import references
-from deepline_cli.runtime.transport import InvalidRequest, Proxy
+from deepline_cli.runtime.providers.governor import parse_rate
+from deepline_cli.runtime.providers.templates import references
+from deepline_cli.runtime.providers.transport import InvalidRequest, Proxy
 
 CONFIG_NAME = "deepline.toml"
 METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})

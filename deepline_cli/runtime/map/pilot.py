@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from deepline_cli.runtime.rows import row_digest
+from deepline_cli.runtime.map.rows import row_digest
 
 if TYPE_CHECKING:
-    from deepline_cli.runtime.map import MapRun, _Job
+    from deepline_cli.runtime.map.engine import MapRun, _Job
 
 CHUNK = 256
 
@@ -44,7 +44,7 @@ async def scan_rest(engine: MapRun) -> dict[str, Any] | None:
 
 def rest_jobs(engine: MapRun, counts: RestCounts) -> Iterator[list[_Job]]:
     """The distinct rows after the ones the map read, in chunks (keys seen by the map skipped)."""
-    from deepline_cli.runtime.map import _Job
+    from deepline_cli.runtime.map.engine import _Job
 
     seen = set(engine.seen)
     chunk: list[_Job] = []

@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from deepline_cli.errors import UsageError
-from deepline_cli.runtime.events import Event
-from deepline_cli.runtime.holders import holder_alive
-from deepline_cli.runtime.runner import RunResult
-from deepline_cli.runtime.suspension import waiting_on
+from deepline_cli.runtime.calls.events import Event
+from deepline_cli.runtime.run.holders import holder_alive
+from deepline_cli.runtime.run.runner import RunResult
+from deepline_cli.runtime.run.suspension import waiting_on
 from deepline_cli.store.base import LogLine, RunRecord, Store
 
 ENDED = ("completed", "failed", "interrupted", "waiting")  # the run's process has stopped

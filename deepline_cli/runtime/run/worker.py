@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from deepline_cli.errors import DeeplineError, RunBusyError, StoreError, StoreUnreachable
-from deepline_cli.runtime.events import Event, EventBus
-from deepline_cli.runtime.holders import holder_alive, holder_id
-from deepline_cli.runtime.runner import Runner, RunOptions, RunResult, lease_ttl_from_env
-from deepline_cli.runtime.storeio import reconnecting
-from deepline_cli.runtime.suspension import next_wake, ready_to_resume
+from deepline_cli.runtime.calls.events import Event, EventBus
+from deepline_cli.runtime.calls.store_thread import reconnecting
+from deepline_cli.runtime.run.holders import holder_alive, holder_id
+from deepline_cli.runtime.run.runner import Runner, RunOptions, RunResult, lease_ttl_from_env
+from deepline_cli.runtime.run.suspension import next_wake, ready_to_resume
 from deepline_cli.store import open_store
 from deepline_cli.store.base import RunRecord, Store
 

@@ -35,13 +35,13 @@ from deepline_cli.errors import (
     StoreError,
     ToolExecutionError,
 )
-from deepline_cli.runtime.budget import Budget, Reservation
-from deepline_cli.runtime.call_scope import current_cell
-from deepline_cli.runtime.events import EventBus
-from deepline_cli.runtime.secrets import Secrets
-from deepline_cli.runtime.stats import RunStats
-from deepline_cli.runtime.storeio import StoreIO, WriteQueue
-from deepline_cli.runtime.tools import Execution, ToolCall
+from deepline_cli.runtime.calls.budget import Budget, Reservation
+from deepline_cli.runtime.calls.call_scope import current_cell
+from deepline_cli.runtime.calls.events import EventBus
+from deepline_cli.runtime.calls.stats import RunStats
+from deepline_cli.runtime.calls.store_thread import StoreIO, WriteQueue
+from deepline_cli.runtime.providers.secrets import Secrets
+from deepline_cli.runtime.providers.tools import Execution, ToolCall
 from deepline_cli.store.base import CallRecord, Claim, ClaimOutcome, LogLine, Receipt, Settlement
 
 BUSY_POLL_S = 0.25

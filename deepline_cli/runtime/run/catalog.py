@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from deepline_cli.errors import UsageError
-from deepline_cli.runtime.config import Config, HttpToolSpec, RemoteSpec, find_config, load_config
-from deepline_cli.runtime.play import load_module, split_ref, tools_in
-from deepline_cli.runtime.secrets import Secrets
-from deepline_cli.runtime.tools import ToolDef, registered_tools
+from deepline_cli.runtime.providers.config import Config, HttpToolSpec, RemoteSpec, find_config, load_config
+from deepline_cli.runtime.providers.secrets import Secrets
+from deepline_cli.runtime.providers.tools import ToolDef, registered_tools
+from deepline_cli.runtime.run.play import load_module, split_ref, tools_in
 
 
 @dataclass

@@ -31,24 +31,24 @@ from deepline_cli.errors import (
     UsageError,
     error_dict,
 )
-from deepline_cli.runtime.body import BodyOutcome, describe, execute_body
-from deepline_cli.runtime.budget import Budget
-from deepline_cli.runtime.builtin import BUILTIN_PLAYS
-from deepline_cli.runtime.config import find_config, load_config
-from deepline_cli.runtime.events import EventBus
-from deepline_cli.runtime.governor import Governor
-from deepline_cli.runtime.holders import holder_alive, holder_id, holder_words
-from deepline_cli.runtime.http import Http, HttpTools
-from deepline_cli.runtime.play import PlayDef, load_module, load_play, tools_in
-from deepline_cli.runtime.projection import projection_stats
-from deepline_cli.runtime.receipts import ReceiptBook, RunScope, RunTakenOver
-from deepline_cli.runtime.secrets import Secrets
-from deepline_cli.runtime.services import DEFAULT_MAX_DEPTH, Caps, Journal, RunServices
-from deepline_cli.runtime.snapshot import materialize_snapshot, take_snapshot
-from deepline_cli.runtime.stats import RunStats
-from deepline_cli.runtime.storeio import Reconnecting, StoreIO, WriteQueue, unwrapped
-from deepline_cli.runtime.suspension import next_wake, ready_to_resume, waiting_on
-from deepline_cli.runtime.transport import Transport
+from deepline_cli.runtime.calls.budget import Budget
+from deepline_cli.runtime.calls.events import EventBus
+from deepline_cli.runtime.calls.receipts import ReceiptBook, RunScope, RunTakenOver
+from deepline_cli.runtime.calls.stats import RunStats
+from deepline_cli.runtime.calls.store_thread import Reconnecting, StoreIO, WriteQueue, unwrapped
+from deepline_cli.runtime.map.projection import projection_stats
+from deepline_cli.runtime.providers.config import find_config, load_config
+from deepline_cli.runtime.providers.governor import Governor
+from deepline_cli.runtime.providers.http import Http, HttpTools
+from deepline_cli.runtime.providers.secrets import Secrets
+from deepline_cli.runtime.providers.transport import Transport
+from deepline_cli.runtime.run.body import BodyOutcome, describe, execute_body
+from deepline_cli.runtime.run.builtin import BUILTIN_PLAYS
+from deepline_cli.runtime.run.holders import holder_alive, holder_id, holder_words
+from deepline_cli.runtime.run.play import PlayDef, load_module, load_play, tools_in
+from deepline_cli.runtime.run.services import DEFAULT_MAX_DEPTH, Caps, Journal, RunServices
+from deepline_cli.runtime.run.snapshot import materialize_snapshot, take_snapshot
+from deepline_cli.runtime.run.suspension import next_wake, ready_to_resume, waiting_on
 from deepline_cli.store import open_store
 from deepline_cli.store.base import FailedCall, RunRecord, Store
 

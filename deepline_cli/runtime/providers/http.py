@@ -26,12 +26,12 @@ from deepline_cli.errors import (
     ToolExecutionError,
     UsageError,
 )
-from deepline_cli.runtime.config import Config, HttpToolSpec, RemoteSpec
-from deepline_cli.runtime.governor import Governor
-from deepline_cli.runtime.secrets import MIN_SECRET_LENGTH, Secrets
-from deepline_cli.runtime.templates import render
-from deepline_cli.runtime.tools import ToolCall, ToolDef
-from deepline_cli.runtime.transport import (
+from deepline_cli.runtime.providers.config import Config, HttpToolSpec, RemoteSpec
+from deepline_cli.runtime.providers.governor import Governor
+from deepline_cli.runtime.providers.secrets import MIN_SECRET_LENGTH, Secrets
+from deepline_cli.runtime.providers.templates import render
+from deepline_cli.runtime.providers.tools import ToolCall, ToolDef
+from deepline_cli.runtime.providers.transport import (
     InvalidRequest,
     InvalidResponse,
     ProxyRefused,

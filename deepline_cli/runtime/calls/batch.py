@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from deepline_cli.errors import DeeplineError, ProviderTransientError
-from deepline_cli.runtime.receipts import DurableCall, ReceiptBook, receipt_key
-from deepline_cli.runtime.tools import ToolCall, ToolDef
+from deepline_cli.runtime.calls.receipts import DurableCall, ReceiptBook, receipt_key
+from deepline_cli.runtime.providers.tools import ToolCall, ToolDef
 
 Send = Callable[[list[Any], ToolCall], Awaitable[Any]]
 Member = tuple[ToolCall, Any, asyncio.Future[Any]]

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from deepline_cli.errors import MissingInputField
-from deepline_cli.runtime.failures import is_play_file
+from deepline_cli.runtime.map.failures import is_play_file
 
 
 class PlayInput(dict[str, Any]):

@@ -12,14 +12,14 @@ from typing import Any, Literal
 
 from deepline_cli import _json
 from deepline_cli.errors import InputError, ToolExecutionError, UsageError
-from deepline_cli.runtime.batch import Batcher
-from deepline_cli.runtime.columns import Column, Staleness
-from deepline_cli.runtime.dataset import Dataset
-from deepline_cli.runtime.http import CredentialChanged, FetchResult, Request, fetch_once
-from deepline_cli.runtime.receipts import DurableCall, ReceiptBook, receipt_key
-from deepline_cli.runtime.rows import CsvSource, RowKey
-from deepline_cli.runtime.services import RunServices, log_fields
-from deepline_cli.runtime.tools import ToolCall, ToolDef, ToolResult, find_tool
+from deepline_cli.runtime.calls.batch import Batcher
+from deepline_cli.runtime.calls.receipts import DurableCall, ReceiptBook, receipt_key
+from deepline_cli.runtime.map.columns import Column, Staleness
+from deepline_cli.runtime.map.dataset import Dataset
+from deepline_cli.runtime.map.rows import CsvSource, RowKey
+from deepline_cli.runtime.providers.http import CredentialChanged, FetchResult, Request, fetch_once
+from deepline_cli.runtime.providers.tools import ToolCall, ToolDef, ToolResult, find_tool
+from deepline_cli.runtime.run.services import RunServices, log_fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,19 +267,19 @@ class Context:
         self, id: str, play_ref: str, input: Any = None, *, description: str = "", _journal: bool = True
     ) -> Any:
         """Run a child play (a play name, or "path/to/file.py[:function]") → its output."""
-        from deepline_cli.runtime.children import run_play
+        from deepline_cli.runtime.run.children import run_play
 
         return await run_play(self._s, id, play_ref, {} if input is None else input, description, _journal)
 
     async def sleep(self, id: str, seconds: float) -> None:
         """A durable timer: short waits sleep inline, long ones suspend the run (`waiting`)."""
-        from deepline_cli.runtime.suspension import sleep
+        from deepline_cli.runtime.run.suspension import sleep
 
         await sleep(self._s, id, seconds)
 
     async def wait_for_event(self, id: str, *, timeout_s: float | None = None) -> Any:
         """Suspend until `deepline events send RUN_ID ID --payload JSON`; returns the payload."""
-        from deepline_cli.runtime.suspension import wait_for_event
+        from deepline_cli.runtime.run.suspension import wait_for_event
 
         return await wait_for_event(self._s, id, timeout_s)
 
@@ -317,7 +317,7 @@ class Context:
         limit: int | None = None,
     ) -> Dataset:
         """Resolve `columns` for every distinct row; persisted as a sheet (see the map engine)."""
-        from deepline_cli.runtime.map import MapRun
+        from deepline_cli.runtime.map.engine import MapRun
 
         engine = MapRun(
             self,

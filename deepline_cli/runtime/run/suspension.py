@@ -10,7 +10,7 @@ from deepline_cli.errors import DeeplineError
 from deepline_cli.store.base import Boundary, Store
 
 if TYPE_CHECKING:
-    from deepline_cli.runtime.services import RunServices
+    from deepline_cli.runtime.run.services import RunServices
 
 EVENT_POLL_S = 0.25
 

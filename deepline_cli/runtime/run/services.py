@@ -8,13 +8,13 @@ from typing import Any
 
 from deepline_cli import _json
 from deepline_cli.errors import DeeplineError, GovernanceError, UsageError
-from deepline_cli.runtime.events import EventBus
-from deepline_cli.runtime.governor import Governor
-from deepline_cli.runtime.http import Http, HttpTools
-from deepline_cli.runtime.receipts import ReceiptBook, RunScope
-from deepline_cli.runtime.secrets import Secrets
-from deepline_cli.runtime.stats import RunStats
-from deepline_cli.runtime.storeio import StoreIO, WriteQueue
+from deepline_cli.runtime.calls.events import EventBus
+from deepline_cli.runtime.calls.receipts import ReceiptBook, RunScope
+from deepline_cli.runtime.calls.stats import RunStats
+from deepline_cli.runtime.calls.store_thread import StoreIO, WriteQueue
+from deepline_cli.runtime.providers.governor import Governor
+from deepline_cli.runtime.providers.http import Http, HttpTools
+from deepline_cli.runtime.providers.secrets import Secrets
 from deepline_cli.store.base import LogLine
 
 DEFAULT_MAX_DEPTH = 8

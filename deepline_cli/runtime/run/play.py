@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 
 from deepline_cli import _json
 from deepline_cli.errors import InputError, PlayLoadError, UsageError
-from deepline_cli.runtime.failures import is_play_file
-from deepline_cli.runtime.schema import Schema, SchemaDefinitionError, compile_schema, violation
+from deepline_cli.runtime.map.failures import is_play_file
+from deepline_cli.runtime.run.schema import Schema, SchemaDefinitionError, compile_schema, violation
 
 F = TypeVar("F", bound=Callable[..., Any])
 BUILTIN_PREFIX = "builtin:"

@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from deepline_cli.runtime.found import is_found
-from deepline_cli.runtime.reuse import not_run
+from deepline_cli.runtime.map.reuse import not_run
+from deepline_cli.runtime.providers.found import is_found
 from deepline_cli.store.base import MapRecord, Store
 from deepline_cli.store.ledger import LedgerQueries
 
