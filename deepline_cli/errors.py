@@ -17,6 +17,7 @@
     └── StoreError                     the store cannot be read or written
         ├── StoreOpenError             exit 2: the store cannot be opened (path, URL, server)
         ├── StoreLockedError           exit 2: another process holds the store's write lock too long
+        ├── StoreConflict              a transaction aborted to break a deadlock: run it again
         ├── StoreConnectionLost        the connection dropped: reconnect and try again
         ├── StoreUnreachable           ... and did not come back in time
         └── StoreLostError             the store file was deleted or replaced under a run
@@ -197,6 +198,10 @@ class StoreLockedError(StoreError):
     (it may be stopped: Ctrl-Z, a debugger, a closed laptop)."""
 
     exit_code = 2
+
+
+class StoreConflict(StoreError):
+    """The database aborted a transaction to break a deadlock; it can be run again."""
 
 
 class StoreConnectionLost(StoreError):

@@ -14,7 +14,7 @@ import pytest
 
 from deepline_cli.runtime.calls.events import EventBus
 from deepline_cli.runtime.run.runner import Runner, RunOptions, RunResult
-from deepline_cli.store.base import Store
+from deepline_cli.store.roles import Store
 
 
 def is_postgres(url: str) -> bool:

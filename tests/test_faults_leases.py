@@ -21,7 +21,7 @@ import pytest
 
 from deepline_cli import _json
 from deepline_cli.store import open_store
-from deepline_cli.store.base import ReceiptQuery, RunRecord
+from deepline_cli.store.records import ReceiptQuery, RunRecord
 from tests.conftest import Result
 from tests.faults import MAP_PLAY, TimedProvider, ensure_alive, finish, kill, start, tool_config
 from tests.helpers import wait_until

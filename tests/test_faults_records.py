@@ -15,7 +15,7 @@ import pytest
 
 from deepline_cli import _json
 from deepline_cli.store import open_store
-from deepline_cli.store.base import ReceiptQuery
+from deepline_cli.store.records import ReceiptQuery
 from tests.conftest import Result
 from tests.faults import ensure_alive, finish, kill, start
 from tests.helpers import show, wait_until

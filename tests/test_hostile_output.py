@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from deepline_cli.store.base import LogLine, RunRecord, Writes
+from deepline_cli.store.records import LogLine, RunRecord, Writes
 from deepline_cli.store.sqlite import SQLiteStore
 from tests.conftest import ROOT, Result
 
@@ -33,8 +33,9 @@ def test_stored_control_characters_are_shown_escaped(deepline: Run, store_path: 
     store = SQLiteStore(store_path)
     now = time.time()
     hostile = "r-\x1b[2Jx/../../esc"
-    store.insert_run(RunRecord(run_id=hostile, play="play\x1b[31m", play_ref="p.py", input={}, status="failed",
-                               error={"message": "boom\x00\x1b[0m"}, created_at=now, updated_at=now))  # fmt: skip
+    store.insert_run(RunRecord(run_id=hostile, play="play\x1b[31m", play_ref="p.py", input={}, status="running",
+                               created_at=now, updated_at=now))  # fmt: skip
+    store.set_status(hostile, "failed", error={"message": "boom\x00\x1b[0m"})
     store.apply(Writes(logs=[LogLine(hostile, 1, now, "info", "clear\x1b[2J screen\x00 nul")]), now)
     store.close()
 

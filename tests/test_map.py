@@ -27,7 +27,7 @@ from deepline_cli.runtime.calls.events import Event, EventBus
 from deepline_cli.runtime.map import engine as map_engine
 from deepline_cli.runtime.run.runner import RunResult
 from deepline_cli.store import open_store
-from deepline_cli.store.base import Store
+from deepline_cli.store.roles import Store
 from deepline_cli.store.sqlite import SQLiteStore
 from tests.helpers import is_postgres, resume_run, run_play
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from deepline_cli.runtime.map.projection import PilotSample, describe, mean_sd, project_map
-from deepline_cli.store.base import MapRecord
+from deepline_cli.store.records import MapRecord
 
 # A waterfall with a realistic hit rate: finder A finds ~60% of rows, B half of the rest;
 # a found email is validated. Deterministic per domain, so runs agree.

@@ -5,12 +5,12 @@ refuses, in one sentence."""
 
 from __future__ import annotations
 
-import contextlib
 import ssl
 import subprocess
 import sys
 import textwrap
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,7 +48,11 @@ class ProxyProcess:
         says every earlier one is written)."""
         marker = f"/_marker/{time.monotonic_ns()}"
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": self.url}))
-        with contextlib.suppress(OSError), opener.open(server.url.replace("https:", "http:") + marker, timeout=10):
+        try:
+            opener.open(server.url.replace("https:", "http:") + marker, timeout=10).close()
+        except urllib.error.HTTPError as refused:  # an https server asked in plain http: still logged
+            refused.close()
+        except OSError:  # …or the proxy hung up: logged all the same
             pass
         wait_until(lambda: any(marker in line for line in self.lines()), what="the proxy's marker line")
         return [line for line in self.lines() if "/_marker/" not in line]

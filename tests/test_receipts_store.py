@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from deepline_cli.store.base import Receipt, ReceiptQuery, decide_claim
+from deepline_cli.store.claims import decide_claim
+from deepline_cli.store.records import Receipt, ReceiptQuery
 from deepline_cli.store.sqlite import SQLiteStore
 from tests.helpers import resume_run, run_play
 from tests.test_store_contract import T0, mk_claim

@@ -17,7 +17,7 @@ from deepline_cli import _json
 from deepline_cli.runtime.calls.events import EventBus
 from deepline_cli.runtime.run.runner import Runner, RunOptions
 from deepline_cli.store import open_store
-from deepline_cli.store.base import ReceiptQuery
+from deepline_cli.store.records import ReceiptQuery
 from tests.conftest import ROOT, Result
 from tests.faults import finish, kill, start
 from tests.helpers import wait_until

@@ -11,7 +11,7 @@ import threading
 from deepline_cli.runtime.calls.events import EventBus
 from deepline_cli.runtime.run.runner import Runner, RunOptions
 from deepline_cli.store import open_store
-from deepline_cli.store.base import RunRecord
+from deepline_cli.store.records import RunRecord
 from tests.conftest import ROOT, counts
 
 
@@ -66,7 +66,7 @@ def test_a_process_frozen_inside_a_postgres_transaction_does_not_stall_the_other
             [sys.executable, "-c", FROZEN_IN_A_TRANSACTION, pg_url], env=env, stdout=subprocess.PIPE, text=True
         )
         written = threading.Event()
-        writer = threading.Thread(target=lambda: (db.update_run("frozen", status="interrupted"), written.set()))
+        writer = threading.Thread(target=lambda: (db.set_status("frozen", "interrupted"), written.set()))
         try:
             assert frozen.stdout is not None and frozen.stdout.readline().strip() == "locked"
             os.kill(frozen.pid, signal.SIGSTOP)

@@ -32,7 +32,8 @@ import pytest
 from deepline_cli import _json
 from deepline_cli.errors import StoreError
 from deepline_cli.store import open_store
-from deepline_cli.store.base import (
+from deepline_cli.store.claims import claim, settle
+from deepline_cli.store.records import (
     Boundary,
     CallRecord,
     Claim,
@@ -45,11 +46,9 @@ from deepline_cli.store.base import (
     RunRecord,
     Settlement,
     SheetRow,
-    Store,
     Writes,
-    claim,
-    settle,
 )
+from deepline_cli.store.roles import Store
 from tests.helpers import is_postgres
 
 T0 = 1_700_000_000.0
@@ -122,6 +121,16 @@ def stored(store: Store, key: str) -> Receipt:
 
 def keys_of(receipts: list[Receipt]) -> set[str]:
     return {r.key for r in receipts}
+
+
+def seed(store: Any, record: RunRecord) -> bool:
+    """Put a run in the store as it would be after its life so far: inserted running, then
+    moved (through the run state machine) to the status the test wants."""
+    status, record.status = record.status, "running"
+    inserted = bool(store.insert_run(record))
+    if inserted and status != "running":
+        assert store.set_status(record.run_id, status), status
+    return inserted
 
 
 def make_run(run_id: str = "run-1", **fields: Any) -> RunRecord:
@@ -690,7 +699,7 @@ def test_insert_run_twice_is_refused(store: Store) -> None:
 
 
 def test_lease_run_is_compare_and_set_on_the_attempt(store: Store, other: Store) -> None:
-    store.insert_run(make_run(status="failed", holder=None))
+    seed(store, make_run(status="failed", holder=None))
 
     assert store.lease_run("run-1", holder="A:1", expires_at=T0 + 60, attempt=2, expect_attempt=1)
     assert not other.lease_run("run-1", holder="B:2", expires_at=T0 + 90, attempt=2, expect_attempt=1)
@@ -720,7 +729,7 @@ def test_an_attempt_whose_run_was_taken_over_writes_nothing(store: Store, other:
 
     store.apply(writes(1, "stale"), T0)
     store.save_map(MapRecord("run-1", "leads", "play/leads", status="interrupted", attempt=1))
-    assert not store.update_run("run-1", only_attempt=1, status="completed")
+    assert not store.set_status("run-1", "completed", only_attempt=1)
 
     assert store.load_sheet_rows("play/leads", ["stale"]) == {}
     assert other.count_map_rows("run-1", "leads") == {}
@@ -731,7 +740,7 @@ def test_an_attempt_whose_run_was_taken_over_writes_nothing(store: Store, other:
 
     other.apply(writes(2, "fresh"), T0)
     other.save_map(MapRecord("run-1", "leads", "play/leads", status="completed", attempt=2))
-    assert other.update_run("run-1", only_attempt=2, status="completed")
+    assert other.set_status("run-1", "completed", only_attempt=2)
     store.apply(Writes(logs=[LogLine("run-1", 0, T0, "info", "outside any attempt")]), T0)
 
     assert list(store.load_sheet_rows("play/leads", ["fresh"])) == ["fresh"]
@@ -760,9 +769,9 @@ def test_update_run_sets_the_given_fields_and_touches_updated_at(store: Store, o
     store.insert_run(make_run())
     before = store.get_run("run-1")
 
-    store.update_run(
+    store.set_status(
         "run-1",
-        status="completed",
+        "completed",
         output={"rows": 3, "list": [1, 2]},
         stats={"credits": 1.5},
         error=None,
@@ -788,15 +797,16 @@ def test_update_run_sets_the_given_fields_and_touches_updated_at(store: Store, o
         before.attempt,
         before.created_at,
     )
-    store.update_run("run-1", error={"message": "later"}, status="failed")
+    assert not store.set_status("run-1", "failed", error={"message": "later"})  # completed is final
+    store.update_run("run-1", error={"message": "later"})  # a field that is not the status: as it is
     again = other.get_run("run-1")
-    assert again is not None and (again.status, again.error) == ("failed", {"message": "later"})
+    assert again is not None and (again.status, again.error) == ("completed", {"message": "later"})
 
 
 def test_list_runs_newest_first_with_status_play_and_limit_filters(store: Store) -> None:
-    store.insert_run(make_run("a", play="p1", status="completed", created_at=T0 + 1))
-    store.insert_run(make_run("b", play="p2", status="failed", created_at=T0 + 3))
-    store.insert_run(make_run("c", play="p1", status="failed", created_at=T0 + 2))
+    seed(store, make_run("a", play="p1", status="completed", created_at=T0 + 1))
+    seed(store, make_run("b", play="p2", status="failed", created_at=T0 + 3))
+    seed(store, make_run("c", play="p1", status="failed", created_at=T0 + 2))
     store.insert_run(make_run("d", play="p1", status="queued", created_at=T0 + 4))
 
     def ids(**filters: Any) -> list[str]:
@@ -847,7 +857,7 @@ def test_claim_queued_run_takes_the_oldest_queued_run_once(store: Store, other: 
     assert (second.run_id, second.holder) == ("q2", "W2:2")
     assert store.claim_queued_run(holder="W1:1", expires_at=T0 + 60) is None
     # A run put back in the queue (a drained worker) is taken again as its next attempt.
-    store.update_run("q1", status="queued")
+    store.set_status("q1", "queued")
     again = other.claim_queued_run(holder="W3:3", expires_at=T0 + 80)
     assert again is not None and (again.run_id, again.attempt, again.holder) == ("q1", 2, "W3:3")
 
@@ -889,16 +899,16 @@ def test_two_workers_claiming_queued_runs_at_once_never_share_one(store_url: str
 
 
 def test_due_runs_are_waiting_runs_whose_wake_up_came_and_running_ones_whose_lease_expired(store: Store) -> None:
-    store.insert_run(make_run("w", status="waiting", wake_at=T0 + 3))
-    store.insert_run(make_run("w-later", status="waiting", wake_at=T0 + 50))
-    store.insert_run(make_run("w-event", status="waiting", wake_at=None))  # woken only by an event or child
+    seed(store, make_run("w", status="waiting", wake_at=T0 + 3))
+    seed(store, make_run("w-later", status="waiting", wake_at=T0 + 50))
+    seed(store, make_run("w-event", status="waiting", wake_at=None))  # woken only by an event or child
     store.insert_run(make_run("r", status="running", lease_expires_at=T0 + 1))
     store.insert_run(make_run("r-held", status="running", lease_expires_at=T0 + 60))
-    store.insert_run(make_run("child", status="waiting", parent_run_id="r", wake_at=T0))
-    store.insert_run(make_run("scheduled", status="waiting", parent_run_id="r", scheduled=True, wake_at=T0 + 1))
-    store.insert_run(make_run("done", status="completed", wake_at=T0))
+    seed(store, make_run("child", status="waiting", parent_run_id="r", wake_at=T0))
+    seed(store, make_run("scheduled", status="waiting", parent_run_id="r", scheduled=True, wake_at=T0 + 1))
+    seed(store, make_run("done", status="completed", wake_at=T0))
     store.insert_run(make_run("q", status="queued"))
-    store.insert_run(make_run("w2", status="waiting", wake_at=T0 + 2))
+    seed(store, make_run("w2", status="waiting", wake_at=T0 + 2))
 
     assert [r.run_id for r in store.due_runs(10, T0 + 10)] == ["scheduled", "w2", "w", "r"]
     assert [r.run_id for r in store.due_runs(2, T0 + 10)] == ["scheduled", "w2", "r"]  # each kind, by limit
@@ -1649,3 +1659,36 @@ def test_two_processes_running_the_same_rows_pay_each_call_once(store_url: str, 
         store.close()
     # Both processes really raced (each executed some calls) — informative, not required.
     print(f"live calls per run: {live}, executing pids: {len(pids)}")
+
+
+# --- the run state machine ------------------------------------------------------------------
+
+
+def test_a_run_moves_only_as_the_run_state_machine_allows(store_url: str) -> None:
+    """Every status write goes through it: a move it does not draw changes nothing."""
+    from deepline_cli.store.run_states import TRANSITIONS
+
+    store = open_store(store_url)
+    try:
+        now = store.now()
+        with pytest.raises(ValueError, match="starts"):
+            store.insert_run(RunRecord("born-done", "p", "p.py", {}, status="completed", created_at=now))
+        with pytest.raises(ValueError, match="set_status"):
+            store.update_run("anything", status="failed")
+        statuses = sorted(TRANSITIONS)
+        for start in ("queued", "running"):
+            for to in statuses:
+                for via in statuses:
+                    run_id = f"sm-{start}-{via}-{to}"
+                    assert store.insert_run(RunRecord(run_id, "p", "p.py", {}, status=start, created_at=now))
+                    reached = start
+                    if via != start and start in TRANSITIONS[via]:
+                        assert store.set_status(run_id, via)
+                        reached = via
+                    moved = store.set_status(run_id, to)
+                    assert moved == (reached in TRANSITIONS[to]), (start, via, to)
+                    assert store.get_run(run_id).status == (to if moved else reached)  # type: ignore[union-attr]
+        assert not TRANSITIONS["completed"] - {"running"}
+        assert all("completed" not in allowed for allowed in TRANSITIONS.values())  # completed is final
+    finally:
+        store.close()

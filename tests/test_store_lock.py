@@ -19,7 +19,7 @@ from tests.conftest import ROOT, Result
 HOLDER = """
 import sys, time
 from deepline_cli.runtime.run.holders import holder_id
-from deepline_cli.store.base import RunRecord
+from deepline_cli.store.records import RunRecord
 from deepline_cli.store.sqlite import SQLiteStore
 
 store = SQLiteStore(sys.argv[1])

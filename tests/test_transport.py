@@ -10,11 +10,13 @@ keep-alive connection), or a TLS server with a certificate made for the test.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import ipaddress
 import shutil
 import ssl
 import subprocess
+import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -458,3 +460,47 @@ def test_https_verifies_the_host_name_and_keeps_the_connection(certificate: tupl
         return [a.content for a in answers], script.connections
 
     assert run(secure()) == ([b"one", b"two"], 1)  # one handshake for both requests
+
+
+def test_tls_connections_leave_no_socket_open_once_the_run_ends(certificate: tuple[Path, Path]) -> None:
+    """A worker runs many runs, each on a loop of its own: the TLS connections of one (kept
+    alive, failed to verify) must all be closed when it ends, not left to a shutdown
+    timeout that outlives its loop."""
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(*certificate)
+
+    async def one_run(port: int) -> None:
+        async with client() as http:
+            await send(http, f"https://localhost:{port}/")
+            with pytest.raises(ProviderTransientError, match="certificate"):
+                await send(http, f"https://127.0.0.1:{port}/")
+
+    def open_sockets() -> int:
+        count = 0
+        for fd in list(Path("/proc/self/fd").iterdir()):
+            with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
+                count += "socket" in str(fd.readlink())
+        return count
+
+    async def serve(ready: threading.Event, port: list[int], stop: threading.Event) -> None:
+        script = Scripted([(answer(b"ok"), False)] * 50)
+        server = await asyncio.start_server(script.handle, "127.0.0.1", 0, ssl=server_tls)
+        port.append(server.sockets[0].getsockname()[1])
+        ready.set()
+        async with server:
+            while not stop.is_set():
+                await asyncio.sleep(0.01)
+
+    ready, stop, port = threading.Event(), threading.Event(), []  # type: ignore[var-annotated]
+    thread = threading.Thread(target=lambda: asyncio.run(serve(ready, port, stop)))
+    thread.start()
+    try:
+        ready.wait(10)
+        run(one_run(port[0]))
+        before = open_sockets()
+        for _ in range(5):
+            run(one_run(port[0]))
+        assert open_sockets() <= before
+    finally:
+        stop.set()
+        thread.join(10)

@@ -29,7 +29,8 @@ from typing import Any
 import pytest
 
 from deepline_cli.store import open_store
-from deepline_cli.store.base import ReceiptQuery, RunRecord, Store
+from deepline_cli.store.records import ReceiptQuery, RunRecord
+from deepline_cli.store.roles import Store
 from tests.helpers import logged, wait_until
 
 RUN_ID = re.compile(r"^r-[0-9a-f]{12}$")

@@ -71,7 +71,7 @@ def inspect(
     """
     from deepline_cli.errors import UsageError
     from deepline_cli.store import open_store
-    from deepline_cli.store.base import RECEIPT_STATUSES, ReceiptQuery
+    from deepline_cli.store.records import RECEIPT_STATUSES, ReceiptQuery
 
     if status is not None and status not in RECEIPT_STATUSES:
         raise UsageError(f"--status must be one of {', '.join(RECEIPT_STATUSES)}, not {status!r}.")

@@ -48,7 +48,7 @@ def list_runs(
     from deepline_cli.errors import UsageError
     from deepline_cli.runtime.run.holders import holder_alive
     from deepline_cli.store import open_store
-    from deepline_cli.store.base import RUN_STATUSES
+    from deepline_cli.store.records import RUN_STATUSES
     from deepline_cli.ui.run_show import run_dict
 
     if status is not None and status not in RUN_STATUSES:
@@ -156,7 +156,7 @@ def logs(
 
     from deepline_cli import _json
     from deepline_cli.errors import UsageError
-    from deepline_cli.store.base import LOG_KINDS
+    from deepline_cli.store.records import LOG_KINDS
     from deepline_cli.ui.logs import Where, every_failed_row, line_dict, line_text, matches_all
 
     unknown = [k for k in kind or [] if k not in LOG_KINDS]

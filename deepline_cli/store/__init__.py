@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from deepline_cli.errors import UsageError
-from deepline_cli.store.base import Store
+from deepline_cli.store.roles import Store
 
 
 def default_store_path() -> Path:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepline_cli import _json
-from deepline_cli.store.base import NOT_FOUND, FailedCall
+from deepline_cli.store.records import NOT_FOUND, FailedCall
 
 _TREE = "(SELECT run_id FROM runs WHERE run_id = ? OR root_run_id = ?)"  # a run and its child runs
 # How a call's map row ended: '' outside maps, NULL while the row is not recorded.

@@ -18,11 +18,11 @@ from typing import Any
 import psycopg
 import psycopg.errors
 
-from deepline_cli.errors import StoreConnectionLost, StoreError, StoreOpenError
+from deepline_cli.errors import StoreConflict, StoreConnectionLost, StoreError, StoreOpenError
 from deepline_cli.store import safe_url
-from deepline_cli.store.base import Settlement
 from deepline_cli.store.migrations import POSTGRES, migrate
-from deepline_cli.store.sql import SqlStore, StoreConflict, settle_statement
+from deepline_cli.store.records import Settlement
+from deepline_cli.store.sql import SqlStore, settle_statement
 
 _MIGRATION_LOCK = 7_283_551  # pg_advisory_xact_lock key: one migrating process at a time
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from deepline_cli.errors import StoreError, StoreLockedError, StoreLostError, StoreOpenError
-from deepline_cli.store.base import Claim, Receipt, Settlement
 from deepline_cli.store.migrations import MIGRATIONS, SQLITE, migrate
+from deepline_cli.store.records import Claim, Receipt, Settlement
 from deepline_cli.store.sql import CLAIM_INSERT_COLUMNS, CLAIM_ROW, SqlStore, claim_row, settle_statement
 
 

@@ -19,7 +19,8 @@ from deepline_cli import _json
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.calls.events import Event
 from deepline_cli.runtime.run.holders import holder_words
-from deepline_cli.store.base import LogLine, MapRow, Store
+from deepline_cli.store.records import LogLine, MapRow
+from deepline_cli.store.roles import Store
 from deepline_cli.ui.text import printable
 from deepline_cli.ui.verdict import verdict
 

@@ -14,8 +14,9 @@ from typing import Any
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.map.projection import CellCounts, read_sample
 from deepline_cli.runtime.providers.found import is_found
-from deepline_cli.store.base import FOUND_PREFIX, MapRecord, MapRow, RunRecord, Store
 from deepline_cli.store.ledger import AttemptRow, CallRow, LedgerQueries, ReuseRow
+from deepline_cli.store.records import FOUND_PREFIX, MapRecord, MapRow, RunRecord
+from deepline_cli.store.roles import Store
 
 FIRST_FAILURES = 10
 

@@ -15,8 +15,8 @@ from deepline_cli import __version__
 from deepline_cli._format import format_credits
 from deepline_cli.runtime.map.projection import CellCounts, describe
 from deepline_cli.runtime.run.holders import holder_words
-from deepline_cli.store.base import MapRecord
 from deepline_cli.store.ledger import CallRow
+from deepline_cli.store.records import MapRecord
 from deepline_cli.ui.report_data import MapFigures, Report, ToolFigures, percentile, superseded
 from deepline_cli.ui.text import printable
 

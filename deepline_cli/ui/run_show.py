@@ -14,8 +14,9 @@ from typing import Any
 from deepline_cli import _json
 from deepline_cli._format import format_credits
 from deepline_cli.runtime.run.holders import holder_words
-from deepline_cli.store.base import Boundary, MapRecord, RunRecord, Store
 from deepline_cli.store.ledger import AttemptRow, LedgerQueries
+from deepline_cli.store.records import Boundary, MapRecord, RunRecord
+from deepline_cli.store.roles import Store
 
 SHORT_OUTPUT = 2000  # characters of output `runs show` prints without --full
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepline_cli.runtime.calls.events import Event
-from deepline_cli.store.base import NOT_FOUND
+from deepline_cli.store.records import NOT_FOUND
 
 
 @dataclass

@@ -42,7 +42,7 @@ from deepline_cli.runtime.calls.stats import RunStats
 from deepline_cli.runtime.calls.store_thread import StoreIO, WriteQueue
 from deepline_cli.runtime.providers.secrets import Secrets
 from deepline_cli.runtime.providers.tools import Execution, ToolCall
-from deepline_cli.store.base import CallRecord, Claim, ClaimOutcome, LogLine, Receipt, Settlement
+from deepline_cli.store.records import CallRecord, Claim, ClaimOutcome, LogLine, Receipt, Settlement
 
 BUSY_POLL_S = 0.25
 KEPT_INPUT_BYTES = 4096  # a call's input larger than this (as JSON) is not kept on its receipt

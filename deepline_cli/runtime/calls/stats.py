@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from deepline_cli.store.base import FailedCall
+from deepline_cli.store.records import FailedCall
 
 
 @dataclass(slots=True)

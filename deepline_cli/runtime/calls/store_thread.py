@@ -17,16 +17,8 @@ from functools import partial
 from typing import Any, TypeVar
 
 from deepline_cli.errors import StoreConnectionLost, StoreUnreachable
-from deepline_cli.store.base import (
-    Claim,
-    ClaimOutcome,
-    LogLine,
-    MapRow,
-    Settlement,
-    SheetRow,
-    Store,
-    Writes,
-)
+from deepline_cli.store.records import Claim, ClaimOutcome, LogLine, MapRow, Settlement, SheetRow, Writes
+from deepline_cli.store.roles import Store
 
 R = TypeVar("R")
 Checked = Callable[[bool | BaseException], None]  # a settlement's fate: applied, or the store's error

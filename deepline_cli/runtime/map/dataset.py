@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from deepline_cli import _json
-from deepline_cli.store.base import DatasetRow, MapRecord, Store
+from deepline_cli.store.records import DatasetRow, MapRecord
+from deepline_cli.store.roles import Store
 
 PAGE = 1000
 ERROR_COLUMN = "_error"

@@ -40,7 +40,7 @@ from deepline_cli.runtime.map.waterfall import Found, Waterfall
 from deepline_cli.runtime.providers.found import is_found
 from deepline_cli.runtime.providers.tools import ToolResult
 from deepline_cli.runtime.run.services import log_fields
-from deepline_cli.store.base import FOUND_PREFIX, NOT_FOUND, MapRecord, MapRow, SheetRow
+from deepline_cli.store.records import FOUND_PREFIX, NOT_FOUND, MapRecord, MapRow, SheetRow
 
 if TYPE_CHECKING:
     from deepline_cli.runtime.run.context import Context

@@ -20,8 +20,9 @@ from typing import Any
 
 from deepline_cli.runtime.map.reuse import not_run
 from deepline_cli.runtime.providers.found import is_found
-from deepline_cli.store.base import MapRecord, Store
 from deepline_cli.store.ledger import LedgerQueries
+from deepline_cli.store.records import MapRecord
+from deepline_cli.store.roles import Store
 
 Z95 = 1.96
 PAGE = 1000

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepline_cli.runtime.map.columns import ResolvedColumn
-from deepline_cli.store.base import SheetRow
+from deepline_cli.store.records import SheetRow
 
 Cell = list[Any]  # [value, error, completed_at, fingerprint, (meta)]
 

@@ -32,7 +32,7 @@ from deepline_cli.runtime.calls.call_scope import current_cell
 from deepline_cli.runtime.map.columns import arity
 from deepline_cli.runtime.providers.found import is_found
 from deepline_cli.runtime.providers.tools import ToolResult
-from deepline_cli.store.base import NOT_FOUND
+from deepline_cli.store.records import NOT_FOUND
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,8 +54,10 @@ from deepline_cli.runtime.run.context import Context, Tools, staleness_of
 from deepline_cli.runtime.run.play import PlayDef
 from deepline_cli.runtime.run.play_input import play_input
 from deepline_cli.runtime.run.services import RunServices
-from deepline_cli.store.base import Claim, Store, decide_claim
+from deepline_cli.store.claims import decide_claim
 from deepline_cli.store.ledger import LedgerQueries
+from deepline_cli.store.records import Claim
+from deepline_cli.store.roles import Store
 
 PLAN_RUN_ID = "plan"
 _TOOL_ID = re.compile(r"^[a-z0-9_-]+(\.[a-z0-9_-]+)+$")

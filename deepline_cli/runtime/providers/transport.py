@@ -484,9 +484,13 @@ class Connection(asyncio.Protocol):
         return not self.closed and self.h11.our_state is h11.IDLE and now - self.idle_since < KEEPALIVE_S
 
     def close(self) -> None:
+        """Drop the connection at once. A connection is closed only between requests (an
+        idle one, or one an error ended), so nothing is left to flush; a TLS one is not
+        shut down politely either: asyncio would wait for the server's reply up to its
+        shutdown timeout, and a run's loop that ends first leaves the socket open."""
         self.closed = True
         if self.transport is not None:
-            self.transport.close()
+            self.transport.abort()
 
     async def exchange(self, request: Outgoing, timeout_s: float) -> Response:
         """Send the request in one write and read the whole answer; the connection is idle
@@ -577,11 +581,28 @@ async def _resolved(host: str, port: int) -> list[str]:
 async def _first_to_connect(addresses: list[str], port: int, tls_host: str | None) -> Connection:
     """A connection to the first address that accepts one; TLS checks `tls_host`'s certificate."""
     loop = asyncio.get_running_loop()
-    tls = tls_context() if tls_host else None
     for address in addresses[:-1]:
         with contextlib.suppress(OSError):
-            return (await loop.create_connection(Connection, address, port, ssl=tls, server_hostname=tls_host))[1]
-    return (await loop.create_connection(Connection, addresses[-1], port, ssl=tls, server_hostname=tls_host))[1]
+            return await _secured((await loop.create_connection(Connection, address, port))[1], tls_host)
+    return await _secured((await loop.create_connection(Connection, addresses[-1], port))[1], tls_host)
+
+
+async def _secured(connection: Connection, tls_host: str | None) -> Connection:
+    """TLS over a connection made (when `tls_host` is given), checking its certificate. A
+    failed handshake aborts the connection at once: asyncio, left to close it, waits up to
+    its shutdown timeout, and a loop that ends first leaves the socket open."""
+    if tls_host is None:
+        return connection
+    assert connection.transport is not None
+    raw = connection.transport
+    try:
+        tls = await asyncio.get_running_loop().start_tls(raw, connection, tls_context(), server_hostname=tls_host)
+    except BaseException:
+        raw.abort()
+        raise
+    assert isinstance(tls, asyncio.Transport)
+    connection.transport = tls
+    return connection
 
 
 async def _through(proxy: Proxy, origin: Origin, timeout_s: float) -> Connection:
@@ -594,16 +615,11 @@ async def _through(proxy: Proxy, origin: Origin, timeout_s: float) -> Connection
         return connection
     try:
         await connection.tunnel(origin, proxy, timeout_s)
-        assert connection.transport is not None
-        loop = asyncio.get_running_loop()
-        with _connect_errors(host, origin[2], timeout_s):
-            tls = await loop.start_tls(connection.transport, connection, tls_context(), server_hostname=host)
     except BaseException:
         connection.close()
         raise
-    assert isinstance(tls, asyncio.Transport)
-    connection.transport = tls
-    return connection
+    with _connect_errors(host, origin[2], timeout_s):
+        return await _secured(connection, host)
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:
@@ -756,3 +772,4 @@ class Transport:
         self._open.clear()
         self._idle.clear()
         self._oldest_idle.clear()
+        await asyncio.sleep(0)  # the sockets close on the loop's next turn: let it come

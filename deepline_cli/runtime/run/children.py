@@ -19,7 +19,7 @@ from deepline_cli.runtime.run.play import PlayDef, find_play_by_name, load_play
 from deepline_cli.runtime.run.services import Journal
 from deepline_cli.runtime.run.snapshot import take_snapshot
 from deepline_cli.runtime.run.suspension import Suspended
-from deepline_cli.store.base import Boundary, RunRecord
+from deepline_cli.store.records import Boundary, RunRecord
 
 if TYPE_CHECKING:
     from deepline_cli.runtime.run.services import RunServices
@@ -125,7 +125,7 @@ async def _schedule_child(
             await s.io.call(store.update_run, child_id, failure_seen_by=s.scope.attempt)
             message = (record.error or {}).get("message", "unknown error")
             raise ChildPlayError(f"Child play {play.name!r} (run {child_id}) failed: {message}")
-        await s.io.call(store.update_run, child_id, status="queued", failure_seen_by=None, holder=None)
+        await s.io.call(store.set_status, child_id, "queued", failure_seen_by=None, holder=None)
         await s.io.call(store.notify)
     boundary = await s.io.call(
         store.put_boundary,
@@ -167,9 +167,9 @@ async def _execute_child(
     else:
         record.attempt += 1
         await s.io.call(
-            store.update_run,
+            store.set_status,
             child_id,
-            status="running",
+            "running",
             attempt=record.attempt,
             holder=holder_id(),
             lease_expires_at=now + s.scope.lease_ttl,
@@ -182,9 +182,9 @@ async def _execute_child(
     finally:
         s.books.remove(child.book)  # its calls are over: no more heartbeats for it
     await s.io.call(
-        store.update_run,
+        store.set_status,
         child_id,
-        status=outcome.status,
+        outcome.status,
         output=outcome.output,
         error=outcome.error,
         holder=None,

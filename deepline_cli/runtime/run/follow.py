@@ -23,7 +23,8 @@ from deepline_cli.runtime.calls.events import Event
 from deepline_cli.runtime.run.holders import holder_alive
 from deepline_cli.runtime.run.runner import RunResult
 from deepline_cli.runtime.run.suspension import waiting_on
-from deepline_cli.store.base import LogLine, RunRecord, Store
+from deepline_cli.store.records import LogLine, RunRecord
+from deepline_cli.store.roles import Store
 
 ENDED = ("completed", "failed", "interrupted", "waiting")  # the run's process has stopped
 POLL_S = 0.3

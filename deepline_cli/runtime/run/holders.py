@@ -13,7 +13,7 @@ import functools
 import os
 import socket
 
-from deepline_cli.store.base import RunRecord
+from deepline_cli.store.records import RunRecord
 
 
 def holder_id() -> str:

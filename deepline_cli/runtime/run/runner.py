@@ -50,7 +50,8 @@ from deepline_cli.runtime.run.services import DEFAULT_MAX_DEPTH, Caps, Journal, 
 from deepline_cli.runtime.run.snapshot import materialize_snapshot, take_snapshot
 from deepline_cli.runtime.run.suspension import next_wake, ready_to_resume, waiting_on
 from deepline_cli.store import open_store
-from deepline_cli.store.base import FailedCall, RunRecord, Store
+from deepline_cli.store.records import FailedCall, RunRecord
+from deepline_cli.store.roles import Store
 
 PROGRESS_EVERY_S = 0.5
 # How often an attempt looks in the store for a stop asked by `deepline runs stop` (one
@@ -266,7 +267,7 @@ class Runner:
             return _result_of(record, reported=True)
         if holder_alive(record, self.store.now()):
             raise RunBusyError(f"Run {record.run_id} is held by a live process ({holder_words(record.holder)}).")
-        self.store.update_run(record.run_id, status="queued", holder=None, lease_expires_at=0.0)
+        self.store.set_status(record.run_id, "queued", holder=None, lease_expires_at=0.0)
         self.store.notify()
         return RunResult(record.run_id, "queued", record.attempt, reported=True)
 
@@ -311,7 +312,7 @@ class Runner:
             play = self._load(record)
             self._prepare(play, record.cwd)
         except DeeplineError as exc:
-            self.store.update_run(record.run_id, status="failed", holder=None, error=error_dict(exc))
+            self.store.set_status(record.run_id, "failed", holder=None, error=error_dict(exc))
             raise
         return self._execute(play, record)
 
@@ -474,7 +475,7 @@ class _Attempt:
             attempt=record.attempt,
             parent_run_id=record.parent_run_id,
         )
-        await self.io.call(store.update_run, record.run_id, status="running", options=record.options)
+        await self.io.call(store.set_status, record.run_id, "running", options=record.options)
         keeper = asyncio.create_task(self._keep_leases(services))
         ticker = asyncio.create_task(self._tick(services))
         self.task = asyncio.create_task(execute_body(self.play, services, record.input))
@@ -607,10 +608,10 @@ class _Attempt:
             wake = next_wake(
                 store, record.run_id, record.root_run_id or record.run_id, now, self.options.max_inline_wait
             )
-        recorded = store.update_run(
+        recorded = store.set_status(
             record.run_id,
+            status,
             only_attempt=record.attempt,
-            status=status,
             output=outcome.output,
             error=outcome.error,
             stats=stats,

@@ -15,7 +15,7 @@ from deepline_cli.runtime.calls.store_thread import StoreIO, WriteQueue
 from deepline_cli.runtime.providers.governor import Governor
 from deepline_cli.runtime.providers.http import Http, HttpTools
 from deepline_cli.runtime.providers.secrets import Secrets
-from deepline_cli.store.base import LogLine
+from deepline_cli.store.records import LogLine
 
 DEFAULT_MAX_DEPTH = 8
 

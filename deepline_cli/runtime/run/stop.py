@@ -17,7 +17,8 @@ from typing import Any
 
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.run.holders import holder_alive
-from deepline_cli.store.base import RunRecord, Store
+from deepline_cli.store.records import RunRecord
+from deepline_cli.store.roles import Store
 
 DEFAULT_REASON = "stopped by user"
 POLL_S = 0.2

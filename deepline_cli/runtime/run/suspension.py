@@ -7,7 +7,8 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from deepline_cli.errors import DeeplineError
-from deepline_cli.store.base import Boundary, Store
+from deepline_cli.store.records import Boundary
+from deepline_cli.store.roles import Store
 
 if TYPE_CHECKING:
     from deepline_cli.runtime.run.services import RunServices

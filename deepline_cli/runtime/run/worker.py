@@ -27,7 +27,8 @@ from deepline_cli.runtime.run.holders import holder_alive, holder_id
 from deepline_cli.runtime.run.runner import Runner, RunOptions, RunResult, lease_ttl_from_env
 from deepline_cli.runtime.run.suspension import next_wake, ready_to_resume
 from deepline_cli.store import open_store
-from deepline_cli.store.base import RunRecord, Store
+from deepline_cli.store.records import RunRecord
+from deepline_cli.store.roles import Store
 
 POLL_S = 1.0
 DUE_SCAN = 50
@@ -212,7 +213,7 @@ class Worker:
         try:
             result = action(runner)
             if result.status == "interrupted" and self._draining.is_set():
-                runner.store.update_run(run_id, status="queued")  # another worker continues it
+                runner.store.set_status(run_id, "queued")  # another worker continues it
                 runner.store.notify()
                 self.stats.requeued += 1
         except RunBusyError:
@@ -226,7 +227,7 @@ class Worker:
             self.stats.failed += 1
             self.report(f"worker: {run_id} crashed: {type(exc).__name__}: {exc}")
             with contextlib.suppress(DeeplineError):
-                runner.store.update_run(run_id, status="interrupted", holder=None, lease_expires_at=0.0)
+                runner.store.set_status(run_id, "interrupted", holder=None, lease_expires_at=0.0)
             if not isinstance(exc, Exception):
                 raise
             return

@@ -1,0 +1,83 @@
+"""The receipt state machine: may a claim own a receipt, or what else happens, and which
+provider idempotency key the winner sends. A pure function both stores share, so SQLite
+and PostgreSQL cannot disagree about it.
+
+    none, skipped, released ──claim──► running ──settle──► completed │ failed │ released │ skipped
+    completed ──reuse (no call)      unless forced, stale, or refreshed by another run
+    failed    ──report the failure   unless transient, --refresh-failed, forced or refreshed
+    running   ──busy (wait)          unless its lease expired or an earlier attempt of this run holds it
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from deepline_cli.store.records import Claim, ClaimOutcome, ClaimVerdict, Receipt, Settlement, Writes
+
+if TYPE_CHECKING:
+    from deepline_cli.store.roles import ReceiptStore
+
+
+def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVerdict:
+    """The receipt state machine: may `claim` own the receipt, or what else happens.
+
+    - no receipt, a skipped or released one, or a transient (or explicitly refreshed)
+      failure: claim
+    - completed: reuse, unless older than `stale_after_s`, or forced (or older than
+      `refresh_after_s`) by a run that did not complete it itself
+    - failed for good (not transient, no --refresh-failed, not refreshed): report the
+      stored failure
+    - running: take over when its lease expired or it belongs to an earlier attempt of
+      the same run (that attempt is dead: we hold the run's lease); else it is busy
+    """
+    if existing is None or existing.status in ("skipped", "released"):
+        return "claimed"
+    if existing.status == "running" and existing.lease_id == claim.lease_id:
+        return "claimed"  # this very claim, applied before its connection dropped: it is ours
+    # A forced or refreshed call is made once per run: a resume reuses what this run paid for.
+    other_run = existing.run_id != claim.run_id
+    refreshed = other_run and claim.refresh_after_s is not None and _is_stale(existing, claim.refresh_after_s, now)
+    if existing.status == "completed":
+        forced = claim.force and other_run
+        if forced or refreshed or _is_stale(existing, claim.stale_after_s, now):
+            return "claimed"
+        return "reused"
+    if existing.status == "failed":
+        retry = claim.refresh_failed or existing.retryable or claim.force or refreshed
+        return "claimed" if retry else "failed"
+    expired = (existing.lease_expires_at or 0.0) <= now
+    dead_attempt = existing.run_id == claim.run_id and existing.attempt < claim.attempt
+    return "claimed" if (expired or dead_attempt) else "busy"
+
+
+def claim_idempotency_key(existing: Receipt | None, claim: Claim) -> str:
+    """The provider idempotency key a claim that won the receipt sends.
+
+    - a takeover of a call that may have been sent (running, released), or the retry of
+      a transient failure: the key it was sent with, so the provider bills it once;
+    - a new paid call of a receipt that has an answer (forced or stale refresh), or of a
+      failure the user asked to refresh: a fresh key, so the provider does not replay;
+    - otherwise: the call's own key.
+    """
+    if existing is None or existing.status == "skipped":
+        return claim.idempotency_key
+    if existing.status in ("running", "released") or (existing.status == "failed" and existing.retryable):
+        return existing.idempotency_key or claim.idempotency_key
+    return claim.fresh_idempotency_key or claim.idempotency_key
+
+
+def _is_stale(receipt: Receipt, stale_after_s: float | None, now: float) -> bool:
+    if stale_after_s is None:
+        return False
+    if stale_after_s <= 0:
+        return True
+    return now - (receipt.completed_at or 0.0) > stale_after_s
+
+
+def claim(store: ReceiptStore, claims: Sequence[Claim], now: float) -> list[ClaimOutcome]:
+    return store.apply(Writes(claims=list(claims)), now).outcomes
+
+
+def settle(store: ReceiptStore, settlements: Sequence[Settlement], now: float) -> list[bool]:
+    return store.apply(Writes(settlements=list(settlements)), now).settled

@@ -1,0 +1,344 @@
+"""The store's records: what runs, receipts, sheets, maps and logs hold, as the runtime and
+the store exchange them. Plain data: no behaviour beyond a property or two."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from deepline_cli.store.run_states import RUN_STATUSES
+
+# What a log line is about (logs.kind): `log` is a play's own line (`ctx.log`, `rc.log`) and
+# the runtime's notes; the others are the runtime's, with fields a filter can use.
+LOG_KINDS: tuple[str, ...] = (
+    "log",
+    "row.failed",  # map, row_key, error: a map's first failed rows
+    "row.failed.omitted",  # map, omitted: the failed rows the map's log left out
+    "map.completed",  # map, total, succeeded, failed, duplicate
+    "run.interrupted",  # reason: Ctrl-C, SIGTERM, a draining worker, `deepline runs stop`
+    "store.reconnected",  # the store dropped its connection and the run reconnected
+)
+# released: given back after the provider may have been called (a crash, an interrupt, a
+# lost lease); the next claim repeats the call under the same idempotency key.
+RECEIPT_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "skipped", "released")
+FOUND_PREFIX = 16
+NOT_FOUND = "none"  # a waterfall's rows that no step found a value for (its hits per step)
+
+
+@dataclass(slots=True)
+class RunRecord:
+    run_id: str
+    play: str
+    play_ref: str
+    input: Any
+    status: str = "running"
+    attempt: int = 1
+    workspace: str = "default"
+    cwd: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+    parent_run_id: str | None = None
+    root_run_id: str | None = None
+    holder: str | None = None
+    lease_expires_at: float = 0.0
+    output: Any = None
+    error: dict[str, Any] | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    finished_at: float | None = None
+    # When a waiting run may get further (a timer due, an event or a child's result in):
+    # what workers look up, by index, instead of scanning every waiting run.
+    wake_at: float | None = None
+    scheduled: bool = False  # a child play run as a queued run of its own (under workers)
+    ancestors: list[str] = field(default_factory=list)  # play names from the root down to the parent
+    description: str = ""
+    snapshot: str | None = None  # the digest of the play's source in `snapshots` (enqueued runs)
+    failure_seen_by: int | None = None  # a scheduled child's failure: the parent attempt that saw it
+    # `deepline runs stop`: why the run was asked to stop (cleared when an attempt takes the lease)
+    stop_reason: str | None = None
+
+
+@dataclass(slots=True)
+class Receipt:
+    key: str
+    kind: str
+    label: str
+    tool: str | None
+    status: str
+    run_id: str
+    attempt: int
+    lease_id: str | None = None
+    lease_expires_at: float | None = None
+    idempotency_key: str | None = None
+    output: Any = None
+    error: dict[str, Any] | None = None
+    failure_kind: str | None = None
+    retryable: bool = False
+    credits: float = 0.0
+    created_at: float = 0.0
+    completed_at: float | None = None
+    batch_key: str | None = None  # a batch member: the aggregate receipt it was sent in
+    request: Any = None  # a batch aggregate: [[member key, input], ...] in the order sent
+    generation: int = 1  # how many answers it has had: a refresh makes a new one
+    description: str | None = None  # what the call is for, in the play's words
+    input: Any = None  # the call's input, secrets redacted (None: not kept, see runtime/receipts.py)
+
+
+@dataclass(slots=True)
+class ReceiptGeneration:
+    """An earlier answer of a receipt that was paid for again (its history)."""
+
+    key: str
+    generation: int
+    run_id: str | None
+    attempt: int | None
+    idempotency_key: str | None
+    output: Any
+    credits: float
+    completed_at: float | None
+    replaced_at: float | None
+
+
+@dataclass(slots=True)
+class Claim:
+    """A request to own a receipt for one execution.
+
+    `idempotency_key` is the call's own key; `fresh_idempotency_key` (derived from the
+    lease) is used instead when the claim makes a new paid call of a receipt that has
+    an answer already (a forced or stale refresh), so a provider honouring keys does not
+    replay its old answer.
+    """
+
+    key: str
+    kind: str
+    label: str
+    tool: str | None
+    run_id: str
+    attempt: int
+    lease_id: str
+    lease_expires_at: float
+    idempotency_key: str
+    fresh_idempotency_key: str = ""
+    force: bool = False
+    stale_after_s: float | None = None
+    # A stale map cell's call: an answer older than this, made by another run, is paid for
+    # again (a refresh exists to get new data); a younger one, or this run's own, is reused.
+    refresh_after_s: float | None = None
+    refresh_failed: bool = False
+    # A batch aggregate: the member receipts (key, lease id) it is sent for, and what is sent.
+    members: list[tuple[str, str]] | None = None
+    request: Any = None
+    description: str | None = None
+    input: Any = None  # kept on the receipt for `receipts inspect` (redacted, small)
+    map: str | None = None  # the map row the call is made for (None: outside maps)
+    row_key: str | None = None
+
+
+# superseded: the claiming attempt's run was taken over by a later attempt (fencing).
+ClaimVerdict = Literal["claimed", "reused", "failed", "busy", "superseded"]
+
+
+@dataclass(slots=True)
+class ClaimOutcome:
+    verdict: ClaimVerdict
+    receipt: Receipt
+    # The receipt as it was before this claim took it (None: a new receipt).
+    prior_status: str | None = None
+    prior_run_id: str | None = None
+    # The earlier answer this claim may replace (a refresh, or a takeover of one): kept in
+    # the receipt's history once the new answer is settled.
+    replaces: Receipt | None = None
+
+    @property
+    def resumed(self) -> bool:
+        """A takeover of a call that may have been sent already (same idempotency key)."""
+        return self.verdict == "claimed" and self.prior_status in ("running", "released")
+
+
+@dataclass(slots=True)
+class Settlement:
+    """The end of a claimed execution: completed, failed, or released unfinished."""
+
+    key: str
+    lease_id: str
+    # released: given back, the call may have reached the provider; skipped: given back
+    # before the provider was called.
+    status: Literal["completed", "failed", "released", "skipped"]
+    output: Any = None
+    error: dict[str, Any] | None = None
+    failure_kind: str | None = None
+    retryable: bool = False
+    credits: float = 0.0
+    call: CallRecord | None = None  # an execution that ended (completed or failed): the ledger row
+    replaces: Receipt | None = None  # the earlier answer a new one ends (see ClaimOutcome)
+    reported: bool = False  # the provider said what the call cost (remote tools): learned in tool_costs
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """One execution a run made: written to the calls ledger with its settlement."""
+
+    run_id: str
+    attempt: int
+    kind: str
+    tool: str | None
+    started_at: float
+    retries: int = 0
+    map: str | None = None  # the map row the call was made for (see runtime/ledger.py)
+    row_key: str | None = None
+    waited_s: float = 0.0  # waiting, not the provider's time: slots, rate limit, 429 pauses, backoff
+
+
+@dataclass(frozen=True, slots=True)
+class FailedCall:
+    """A call whose final outcome in a run is a failure: its last execution failed (an
+    earlier failure an attempt retried is not one), or it reused another run's failure.
+
+    `row` is how the map row it was made for ended: "succeeded" (the row got past it: a
+    waterfall fell back), "failed", None while the row is not recorded (in flight when an
+    attempt stopped), "" outside maps."""
+
+    key: str
+    tool: str  # the tool, or ctx.<kind> for a fetch or child play
+    row: str | None
+    retryable: bool
+
+
+@dataclass(slots=True)
+class LogLine:
+    run_id: str
+    attempt: int
+    ts: float
+    level: str
+    message: str
+    key: str | None = None  # a play body's line: where in the body (written once per run)
+    # What kind of line (`log` for a play's own, `row.failed`, `map.completed`, …) and its
+    # structured fields (JSON values): `deepline runs logs --kind --where`.
+    kind: str = "log"
+    fields: dict[str, Any] | None = None
+    # Given by the store when written (not part of what the line says): lines are read back in
+    # this order, and followed by it.
+    id: int = field(default=0, compare=False)
+
+
+@dataclass(slots=True)
+class SheetRow:
+    """One row of a map's persisted sheet, shared by every run of the play.
+
+    `cells` maps a column to `[value, error, completed_at, fingerprint]`.
+    """
+
+    sheet: str
+    row_key: str
+    input: Any
+    input_digest: str
+    cells: dict[str, list[Any]]
+    status: str  # succeeded | failed
+    run_id: str
+    updated_at: float
+    rev: int = 1  # the revision: each write of the row makes a new one
+    replaces: bool = False  # another run's revision is being recomputed: keep it in the history
+    attempt: int = 0  # the run attempt writing it (fencing: a superseded one writes nothing)
+
+
+@dataclass(slots=True)
+class MapRow:
+    """A distinct row a run's map finished: its place in input order and its outcome."""
+
+    run_id: str
+    map: str
+    idx: int  # position among the map's distinct rows
+    input_index: int  # position in the input, duplicates included
+    row_key: str
+    outcome: str  # succeeded | failed
+    error: str | None = None
+    sheet: str = ""
+    rev: int | None = None  # the sheet row revision it finished with (None: the one written with it)
+    attempt: int = 0  # the run attempt writing it (fencing: a superseded one writes nothing)
+    steps: dict[str, str | None] | None = None  # waterfall columns: the step that found each value
+    reused_row: bool = False  # taken whole from a sheet row an earlier run wrote
+    kept: bool = False  # taken whole from the row an earlier attempt of the run wrote: still its work
+    reused_cells: int = 0  # cells taken from the sheet as they were
+    # The answers the play found a value with: their receipt keys' first FOUND_PREFIX
+    # characters (unique enough within a run, and small beside a million rows).
+    found: list[str] | None = None
+
+
+@dataclass(slots=True)
+class MapRecord:
+    run_id: str
+    map: str
+    sheet: str
+    input_columns: list[str] = field(default_factory=list)
+    columns: list[str] = field(default_factory=list)
+    status: str = "running"
+    total: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    duplicate: int = 0
+    reused: int = 0
+    started_at: float = 0.0
+    finished_at: float | None = None
+    pilot: dict[str, Any] | None = None  # cut short by a limit: the rest of its input (runtime/pilot.py)
+    attempt: int = 0  # the run attempt saving it (fencing: a superseded one saves nothing)
+    steps: dict[str, list[str]] = field(default_factory=dict)  # waterfall columns and their steps, in order
+    description: str = ""  # what the rows are (ctx.csv(description=...)), for the views
+
+
+@dataclass(slots=True)
+class DatasetRow:
+    idx: int
+    row_key: str
+    outcome: str
+    error: str | None
+    input: Any
+    cells: dict[str, list[Any]]
+
+
+@dataclass(slots=True)
+class Boundary:
+    """Where a run waits: a timer, an event, or child plays (suspension)."""
+
+    run_id: str
+    id: str
+    kind: str  # sleep | event | child
+    status: str = "waiting"  # waiting | resolved
+    due_at: float | None = None
+    event_id: str | None = None
+    child_run_id: str | None = None
+    payload: Any = None
+    created_at: float = 0.0
+    resolved_at: float | None = None
+
+
+@dataclass(slots=True)
+class Writes:
+    """One transaction's worth of hot writes (group commit).
+
+    Applied in this order: settlements, claims, sheet rows, map rows, log lines — so a
+    claim sees a receipt completed in the same batch.
+    """
+
+    settlements: list[Settlement] = field(default_factory=list)
+    claims: list[Claim] = field(default_factory=list)
+    logs: list[LogLine] = field(default_factory=list)
+    sheet_rows: list[SheetRow] = field(default_factory=list)
+    map_rows: list[MapRow] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Applied:
+    settled: list[bool]
+    outcomes: list[ClaimOutcome]
+
+
+@dataclass(slots=True)
+class ReceiptQuery:
+    key_prefix: str | None = None
+    run_id: str | None = None
+    status: str | None = None
+    tool: str | None = None
+    limit: int | None = None
+
+
+__all__ = ["RUN_STATUSES"]  # the run statuses are drawn in run_states.py

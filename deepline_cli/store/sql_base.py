@@ -1,0 +1,43 @@
+"""What every SQL role of the store stands on: a connection that a backend supplies, and
+the fencing check every write shares."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+
+class SqlBase:
+    """The connection as the SQL roles use it; SQLiteStore and PostgresStore supply it."""
+
+    url: str
+    row_lock = ""  # " FOR UPDATE" where the database locks rows
+    skip_locked = ""  # " FOR UPDATE SKIP LOCKED" where workers can pass over each other's rows
+
+    def _write(self) -> AbstractContextManager[Any]:
+        raise NotImplementedError
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def _many(self, c: Any, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if rows:
+            c.executemany(sql, rows)
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def reconnect(self) -> None:
+        return None  # a file has no connection to lose (PostgresStore has)
+
+    def now(self) -> float:
+        raise NotImplementedError
+
+    def _superseded_pairs(self, c: Any, attempts: set[tuple[str, int]]) -> set[tuple[str, int]]:
+        if not attempts:
+            return set()
+        run_ids = sorted({run_id for run_id, _ in attempts})
+        marks = ", ".join("?" * len(run_ids))
+        current = dict(c.execute(f"SELECT run_id, attempt FROM runs WHERE run_id IN ({marks})", run_ids).fetchall())
+        return {(run_id, attempt) for run_id, attempt in attempts if current.get(run_id, attempt) > attempt}

@@ -1,0 +1,200 @@
+"""Claims and settlements in SQL: the receipt state machine (store/base.py) applied under row locks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from deepline_cli.store.claims import decide_claim
+from deepline_cli.store.records import Claim, ClaimOutcome, Receipt, Settlement
+from deepline_cli.store.sql_base import SqlBase
+from deepline_cli.store.sql_rows import (
+    CLAIM_INSERT_COLUMNS,
+    CLAIM_ROW,
+    CLAIM_UPDATE,
+    KEEP_HISTORY,
+    RECEIPT_COLUMNS,
+    chunks,
+    claim_row,
+    claimed_receipt,
+    json_or_none,
+    receipt_from_row,
+    replaced_answer,
+    settle_statement,
+)
+
+
+class ClaimsSql(SqlBase):
+    """Claims and settlements in SQL: the receipt state machine (store/base.py) applied under row locks."""
+
+    def _claim(
+        self, c: Any, claims: Sequence[Claim], now: float, superseded: set[tuple[str, int]]
+    ) -> list[ClaimOutcome]:
+        """Decide every claim against the stored receipt, under a row lock where the
+        database has them; a key another process inserted meanwhile is decided again.
+        A claim of a `superseded` attempt is refused (fencing)."""
+        existing = self._load_for_update(c, [cl.key for cl in claims])
+        outcomes: dict[int, ClaimOutcome] = {}
+        replaced: list[Receipt] = []
+        pending = []
+        for position, cl in enumerate(claims):
+            if (cl.run_id, cl.attempt) in superseded:
+                outcomes[position] = ClaimOutcome("superseded", claimed_receipt(None, cl, now))
+            else:
+                pending.append((position, cl))
+        while pending:
+            inserts: list[tuple[int, Claim, Receipt]] = []
+            for position, cl in pending:
+                current = existing.get(cl.key)
+                verdict = decide_claim(current, cl, now)
+                prior = (current.status, current.run_id) if current is not None else (None, None)
+                replacing = replaced_answer(current, cl) if verdict == "claimed" else None
+                if verdict == "claimed":
+                    if current is not None and current.run_id != cl.run_id:
+                        replaced.append(current)
+                    claimed = claimed_receipt(current, cl, now)
+                    if current is None:
+                        inserts.append((position, cl, claimed))
+                    else:
+                        c.execute(CLAIM_UPDATE, claim_row(claimed))
+                    existing[cl.key] = current = claimed
+                assert current is not None
+                outcomes[position] = ClaimOutcome(
+                    verdict, current, prior_status=prior[0], prior_run_id=prior[1], replaces=replacing
+                )
+            lost = self._insert_claims(c, inserts, now)
+            for _, cl, _ in lost:  # another process inserted it since we looked: decide again
+                existing.pop(cl.key, None)
+            existing.update(self._load_for_update(c, [cl.key for _, cl, _ in lost]))
+            pending = [(position, cl) for position, cl, _ in lost]
+        ordered = [outcomes[i] for i in range(len(claims))]
+        self._point_members(c, claims, ordered)
+        # Receipts a run owns are found by their owner column; only receipts it used but
+        # another run owns (reuse, or one taken over from it) need a usage row.
+        usage: list[tuple[str, str, float | None, str | None, str | None]] = [
+            (cl.run_id, o.receipt.key, now, cl.map, cl.row_key)
+            for cl, o in zip(claims, ordered, strict=True)
+            if o.verdict in ("reused", "failed") and o.receipt.run_id != cl.run_id
+        ]
+        usage += [(before.run_id, before.key, None, None, None) for before in replaced if before.run_id]
+        self._many(
+            c,
+            "INSERT INTO run_receipts (run_id, key, used_at, map, row_key) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT DO NOTHING",
+            usage,
+        )
+        return ordered
+
+    def _point_members(self, c: Any, claims: Sequence[Claim], outcomes: Sequence[ClaimOutcome]) -> None:
+        """A batch about to be sent: each member receipt records the aggregate it goes in."""
+        pointers = [
+            (cl.key, member, lease_id)
+            for cl, o in zip(claims, outcomes, strict=True)
+            if cl.members and o.verdict == "claimed"
+            for member, lease_id in cl.members
+        ]
+        self._many(
+            c,
+            "UPDATE receipts SET batch_key = ? WHERE key = ? AND lease_id = ? AND status = 'running'",
+            pointers,
+        )
+
+    def _insert_claims(
+        self, c: Any, inserts: list[tuple[int, Claim, Receipt]], now: float
+    ) -> list[tuple[int, Claim, Receipt]]:
+        """Insert new receipts; return the ones that lost a race to another process."""
+        lost: list[tuple[int, Claim, Receipt]] = []
+        inserts = sorted(inserts, key=lambda item: item[1].key)
+        step = 200  # rows per INSERT: 13 parameters each stays under every backend's limit
+        for start in range(0, len(inserts), step):
+            chunk = inserts[start : start + step]
+            rows = ", ".join([CLAIM_ROW] * len(chunk))
+            params = [v for _, _, claimed in chunk for v in claim_row(claimed)]
+            sql = (
+                f"INSERT INTO receipts ({CLAIM_INSERT_COLUMNS}) VALUES {rows}"
+                " ON CONFLICT (key) DO NOTHING RETURNING key"
+            )
+            inserted = {r[0] for r in c.execute(sql, params).fetchall()}
+            lost += [item for item in chunk if item[1].key not in inserted]
+        return lost
+
+    def _load_for_update(self, c: Any, keys: Sequence[str]) -> dict[str, Receipt]:
+        found: dict[str, Receipt] = {}
+        for chunk in chunks(list(dict.fromkeys(keys))):
+            marks = ", ".join("?" * len(chunk))
+            sql = f"SELECT {RECEIPT_COLUMNS} FROM receipts WHERE key IN ({marks}) ORDER BY key{self.row_lock}"
+            for row in c.execute(sql, chunk).fetchall():
+                found[row[0]] = receipt_from_row(row)
+        return found
+
+    def _settle_all(self, c: Any, settlements: Sequence[Settlement], now: float) -> list[bool]:
+        """Apply each settlement if its lease is still current (one statement each)."""
+        return [bool(c.execute(*settle_statement(s, now)).rowcount == 1) for s in settlements]
+
+    def _settle(self, c: Any, settlements: Sequence[Settlement], now: float) -> list[bool]:
+        """Settle in key order (rows lock in one order, so two processes rarely deadlock),
+        and add the executions that ended to the calls ledger."""
+        order = sorted(range(len(settlements)), key=lambda i: settlements[i].key)
+        results = self._settle_all(c, [settlements[i] for i in order], now)
+        done = dict(zip(order, results, strict=True))
+        fresh = [done[i] for i in range(len(settlements))]
+        settled = fresh
+        if not all(fresh):
+            before = self._settled_before(c, [s for s, ok in zip(settlements, fresh, strict=True) if not ok])
+            settled = [ok or s.key in before for s, ok in zip(settlements, fresh, strict=True)]
+        ledger = [
+            (
+                st.call.run_id,
+                st.call.attempt,
+                st.key,
+                st.call.kind,
+                st.call.tool,
+                st.status,
+                st.credits,
+                st.call.started_at,
+                now,
+                st.call.retries,
+                st.failure_kind,
+                st.call.map,
+                st.call.row_key,
+                round(st.call.waited_s, 6),
+            )
+            for st, applied in zip(settlements, fresh, strict=True)  # applied now, not by an earlier try
+            if applied and st.call is not None and st.status in ("completed", "failed")
+        ]
+        self._many(
+            c,
+            "INSERT INTO calls (run_id, attempt, key, kind, tool, status, credits, started_at, ended_at, retries,"
+            " category, map, row_key, waited_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            ledger,
+        )
+        replaced = [
+            (r.key, r.generation, r.run_id, r.attempt, r.idempotency_key, json_or_none(r.output), r.credits,
+             r.completed_at, now)
+            for st, applied in zip(settlements, fresh, strict=True)
+            if applied and (r := st.replaces) is not None and st.status in ("completed", "failed")
+        ]  # fmt: skip
+        self._many(c, KEEP_HISTORY, replaced)
+        costs: dict[str, list[float]] = {}
+        for st, applied in zip(settlements, fresh, strict=True):
+            if applied and st.reported and st.status == "completed" and st.call is not None and st.call.tool:
+                costs.setdefault(st.call.tool, []).append(st.credits)
+        self._many(
+            c,
+            "INSERT INTO tool_costs (tool, answers, credits, max_credits) VALUES (?, ?, ?, ?) ON CONFLICT (tool)"
+            " DO UPDATE SET answers = tool_costs.answers + excluded.answers, credits = tool_costs.credits"
+            " + excluded.credits, max_credits = CASE WHEN excluded.max_credits > tool_costs.max_credits"
+            " THEN excluded.max_credits ELSE tool_costs.max_credits END",
+            [(tool, len(paid), sum(paid), max(paid)) for tool, paid in sorted(costs.items())],
+        )
+        return settled
+
+    def _settled_before(self, c: Any, settlements: Sequence[Settlement]) -> set[str]:
+        """Keys these very settlements already ended (a transaction run again after its
+        connection dropped, though it had committed): applied, not taken over."""
+        keys = [s.key for s in settlements]
+        marks = ", ".join("?" * len(keys))
+        rows = c.execute(f"SELECT key, lease_id, status FROM receipts WHERE key IN ({marks})", keys).fetchall()
+        found = {key: (lease, status) for key, lease, status in rows}
+        # A skip of a receipt with an earlier paid answer ends it `completed` again.
+        return {s.key for s in settlements if found.get(s.key) in ((s.lease_id, s.status), (s.lease_id, "completed"))}

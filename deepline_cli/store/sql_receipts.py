@@ -1,0 +1,167 @@
+"""Receipts in SQL: reading them, their leases' heartbeats, rate slots and credits."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from itertools import chain
+from typing import Any
+
+from deepline_cli import _json
+from deepline_cli.errors import StoreConflict
+from deepline_cli.store.records import (
+    Applied,
+    Claim,
+    LogLine,
+    MapRow,
+    Receipt,
+    ReceiptGeneration,
+    ReceiptQuery,
+    SheetRow,
+    Writes,
+)
+from deepline_cli.store.sql_claims import ClaimsSql
+from deepline_cli.store.sql_rows import CONFLICT_RETRIES, RECEIPT_COLUMNS, TREE, json_or_none, receipt_from_row
+from deepline_cli.store.sql_sheets import SheetsSql
+
+
+class ReceiptsSql(ClaimsSql, SheetsSql):
+    """Receipts in SQL: reading them, their leases' heartbeats, rate slots and credits."""
+
+    def apply(self, writes: Writes, now: float) -> Applied:
+        # A transaction the database aborted to break a deadlock with another process rolled
+        # back whole (nothing of it is kept), so running it again is safe.
+        for attempt in range(CONFLICT_RETRIES):
+            try:
+                return self._apply(writes, now)
+            except StoreConflict:
+                if attempt == CONFLICT_RETRIES - 1:
+                    raise
+                time.sleep(0.005 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _apply(self, writes: Writes, now: float) -> Applied:
+        with self._write() as c:
+            # Fencing: an attempt whose run another process took over writes nothing more.
+            # Its settlements are refused by their leases; its claims, rows and log lines here.
+            stale = self._superseded(c, writes)
+            settled = self._settle(c, writes.settlements, now)
+            outcomes = self._claim(c, writes.claims, now, stale) if writes.claims else []
+            sheet_rows = [r for r in writes.sheet_rows if (r.run_id, r.attempt) not in stale]
+            if sheet_rows:
+                self._write_sheet_rows(c, sheet_rows)
+            map_rows = [r for r in writes.map_rows if (r.run_id, r.attempt) not in stale]
+            if map_rows:
+                self._write_map_rows(c, map_rows)
+            logs = [ln for ln in writes.logs if (ln.run_id, ln.attempt) not in stale]
+            if logs:
+                self._many(
+                    c,
+                    "INSERT INTO logs (run_id, attempt, ts, level, message, key, kind, fields)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    [
+                        (ln.run_id, ln.attempt, ln.ts, ln.level, ln.message, ln.key, ln.kind, json_or_none(ln.fields))
+                        for ln in logs
+                    ],
+                )
+        return Applied(settled, outcomes)
+
+    def _superseded(self, c: Any, writes: Writes) -> set[tuple[str, int]]:
+        """The (run, attempt) pairs writing here whose run has moved on to a later attempt:
+        another process took the run over, so this attempt may write nothing more (fencing).
+        Attempt 0 is a write made outside any attempt: never fenced."""
+        writers: Iterable[Claim | SheetRow | MapRow | LogLine] = chain(
+            writes.claims, writes.sheet_rows, writes.map_rows, writes.logs
+        )
+        return self._superseded_pairs(c, {(w.run_id, w.attempt) for w in writers if w.attempt})
+
+    def heartbeat_receipts(self, leases: Sequence[tuple[str, str]], expires_at: float) -> set[str]:
+        # Fencing: a lease held by an attempt whose run another process took over is not
+        # extended, even before the new owner released that attempt's receipts.
+        lost: set[str] = set()
+        with self._write() as c:
+            for key, lease_id in leases:
+                cur = c.execute(
+                    "UPDATE receipts SET lease_expires_at = ? WHERE key = ? AND lease_id = ? AND status = 'running'"
+                    " AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.run_id = receipts.run_id"
+                    " AND runs.attempt > receipts.attempt)",
+                    (expires_at, key, lease_id),
+                )
+                if cur.rowcount != 1:
+                    lost.add(lease_id)
+        return lost
+
+    def expire_run_receipts(self, run_id: str) -> int:
+        # The attempt that held them is dead: its calls may have been sent (released).
+        with self._write() as c:
+            cur = c.execute(
+                "UPDATE receipts SET status = 'released', lease_expires_at = NULL"
+                " WHERE run_id = ? AND status = 'running'",
+                (run_id,),
+            )
+            return int(cur.rowcount)
+
+    def get_receipt(self, key: str) -> Receipt | None:
+        rows = self._read(f"SELECT {RECEIPT_COLUMNS} FROM receipts WHERE key = ?", (key,))
+        return receipt_from_row(rows[0]) if rows else None
+
+    def receipt_history(self, key: str) -> list[ReceiptGeneration]:
+        rows = self._read(
+            "SELECT key, generation, run_id, attempt, idempotency_key, output, credits, completed_at, replaced_at"
+            " FROM receipt_history WHERE key = ? ORDER BY generation",
+            (key,),
+        )
+        return [
+            ReceiptGeneration(key, gen, run_id, attempt, idem, _json.loads(output), credits or 0.0, done, replaced)
+            for key, gen, run_id, attempt, idem, output, credits, done, replaced in rows
+        ]
+
+    def query_receipts(self, query: ReceiptQuery) -> list[Receipt]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        source = "receipts"
+        if query.run_id:
+            clauses.append("(receipts.run_id = ? OR receipts.key IN (SELECT key FROM run_receipts WHERE run_id = ?))")
+            params += [query.run_id, query.run_id]
+        if query.key_prefix:
+            clauses.append("receipts.key >= ? AND receipts.key < ?")
+            params += [query.key_prefix, query.key_prefix + "\uffff"]
+        for name in ("status", "tool"):
+            value = getattr(query, name)
+            if value:
+                clauses.append(f"receipts.{name} = ?")
+                params.append(value)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        cols = ", ".join(f"receipts.{c.strip()}" for c in RECEIPT_COLUMNS.split(","))
+        sql = f"SELECT {cols} FROM {source}{where} ORDER BY receipts.created_at, receipts.key"
+        if query.limit:
+            sql += f" LIMIT {int(query.limit)}"
+        return [receipt_from_row(r) for r in self._read(sql, params)]
+
+    def take_rate_slot(self, tool: str, interval_s: float, now: float, count: int = 1) -> float:
+        with self._write() as c:
+            c.execute("INSERT INTO rate_slots (tool, next_at) VALUES (?, ?) ON CONFLICT (tool) DO NOTHING", (tool, now))
+            row = c.execute(
+                "UPDATE rate_slots SET next_at = (CASE WHEN next_at > ? THEN next_at ELSE ? END) + ?"
+                " WHERE tool = ? RETURNING next_at",
+                (now, now, interval_s * count, tool),
+            ).fetchone()
+        return float(row[0]) - interval_s * count
+
+    def tool_costs(self) -> dict[str, float]:
+        return {tool: float(most) for tool, most in self._read("SELECT tool, max_credits FROM tool_costs")}
+
+    def credits_spent(self, run_id: str) -> float:
+        rows = self._read(
+            f"SELECT coalesce(sum(credits), 0) FROM calls WHERE status = 'completed' AND run_id IN {TREE}",
+            (run_id, run_id),
+        )
+        return float(rows[0][0])
+
+    def run_usage(self, run_id: str) -> tuple[int, int]:
+        calls = self._read(
+            f"SELECT count(*) FROM calls WHERE kind = 'tool' AND run_id IN {TREE}",
+            (run_id, run_id),
+        )
+        children = self._read("SELECT count(*) FROM runs WHERE root_run_id = ? AND run_id <> ?", (run_id, run_id))
+        return int(calls[0][0]), int(children[0][0])

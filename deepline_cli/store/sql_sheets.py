@@ -1,0 +1,194 @@
+"""Sheets and maps in SQL: sheet rows with their revisions, a run's map rows and map records."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from deepline_cli import _json
+from deepline_cli.store.records import NOT_FOUND, DatasetRow, MapRecord, MapRow, SheetRow
+from deepline_cli.store.sql_base import SqlBase
+from deepline_cli.store.sql_rows import chunks, json_or_none, map_from_row, map_row_values, position
+
+
+class SheetsSql(SqlBase):
+    """Sheets and maps in SQL: sheet rows with their revisions, a run's map rows and map records."""
+
+    def load_sheet_rows(self, sheet: str, row_keys: Sequence[str]) -> dict[str, SheetRow]:
+        found: dict[str, SheetRow] = {}
+        for chunk in chunks(row_keys):
+            marks = ", ".join("?" * len(chunk))
+            rows = self._read(
+                "SELECT row_key, input, input_digest, cells, status, run_id, updated_at, rev"
+                f" FROM sheet_rows WHERE sheet = ? AND row_key IN ({marks})",
+                [sheet, *chunk],
+            )
+            for key, inp, digest, cells, status, run_id, updated, rev in rows:
+                found[key] = SheetRow(
+                    sheet, key, _json.loads(inp), digest, _json.loads(cells), status, run_id, updated, rev
+                )
+        return found
+
+    def map_steps(self, run_id: str, *, succeeded_only: bool = False) -> dict[str, dict[str, dict[str, int]]]:
+        only = " AND outcome = 'succeeded'" if succeeded_only else ""
+        rows = self._read(
+            "SELECT map, steps, count(*) FROM map_rows"
+            f" WHERE run_id = ? AND steps IS NOT NULL{only} GROUP BY map, steps",
+            (run_id,),
+        )
+        hits: dict[str, dict[str, dict[str, int]]] = {}
+        for map_name, steps, n in rows:
+            for column, step in (_json.loads(steps) or {}).items():
+                per_step = hits.setdefault(map_name, {}).setdefault(column, {})
+                per_step[step or NOT_FOUND] = per_step.get(step or NOT_FOUND, 0) + int(n)
+        if hits:  # in the waterfall's own order, "none" last
+            for map_name, declared in self._read("SELECT map, steps FROM maps WHERE run_id = ?", (run_id,)):
+                for column, names in (_json.loads(declared) or {}).items():
+                    found = hits.get(map_name, {}).get(column)
+                    if found is not None:
+                        order = [*names, NOT_FOUND]
+                        hits[map_name][column] = {k: found[k] for k in sorted(found, key=position(order))}
+        return hits
+
+    def finished_map_rows(self, run_id: str, map: str) -> list[int]:
+        rows = self._read("SELECT idx FROM map_rows WHERE run_id = ? AND map = ?", (run_id, map))
+        return [r[0] for r in rows]
+
+    def succeeded_map_rows(self, run_id: str, map: str) -> list[int]:
+        rows = self._read(
+            "SELECT idx FROM map_rows WHERE run_id = ? AND map = ? AND outcome = 'succeeded'", (run_id, map)
+        )
+        return [r[0] for r in rows]
+
+    def count_map_rows(self, run_id: str, map: str) -> dict[str, int]:
+        rows = self._read(
+            "SELECT outcome, count(*) FROM map_rows WHERE run_id = ? AND map = ? GROUP BY outcome",
+            (run_id, map),
+        )
+        return {outcome: n for outcome, n in rows}
+
+    def failed_map_rows(self, run_id: str, map: str, limit: int, *, after_idx: int = -1) -> list[MapRow]:
+        rows = self._read(
+            "SELECT run_id, map, idx, input_index, row_key, outcome, error, '', rev FROM map_rows"
+            " WHERE run_id = ? AND map = ? AND outcome = 'failed' AND idx > ? ORDER BY idx LIMIT ?",
+            (run_id, map, after_idx, limit),
+        )
+        return [MapRow(*r) for r in rows]
+
+    def map_rows_page(
+        self, run_id: str, map: str, sheet: str, after_idx: int, limit: int, *, failed_only: bool = False
+    ) -> list[DatasetRow]:
+        failed = " AND m.outcome = 'failed'" if failed_only else ""
+        # The revision the run finished with: current, or in the history if a later run
+        # recomputed the row (map rows older than revisions have none: the current one).
+        rows = self._read(
+            "SELECT m.idx, m.row_key, m.outcome, m.error,"
+            " CASE WHEN h.rev IS NULL THEN s.input ELSE h.input END,"
+            " CASE WHEN h.rev IS NULL THEN s.cells ELSE h.cells END FROM map_rows m"
+            " LEFT JOIN sheet_rows s ON s.sheet = ? AND s.row_key = m.row_key"
+            " LEFT JOIN sheet_history h ON h.sheet = ? AND h.row_key = m.row_key AND h.rev = m.rev AND s.rev <> m.rev"
+            f" WHERE m.run_id = ? AND m.map = ? AND m.idx > ?{failed} ORDER BY m.idx LIMIT ?",
+            (sheet, sheet, run_id, map, after_idx, limit),
+        )
+        return [
+            DatasetRow(idx, key, outcome, error, _json.loads(inp), _json.loads(cells) or {})
+            for idx, key, outcome, error, inp, cells in rows
+        ]
+
+    def save_map(self, record: MapRecord) -> None:
+        with self._write() as c:
+            if record.attempt and self._superseded_pairs(c, {(record.run_id, record.attempt)}):
+                return  # fencing: the run was taken over; its new owner keeps the map's record
+            c.execute(
+                "INSERT INTO maps (run_id, map, sheet, input_columns, columns, status, total, succeeded,"
+                " failed, duplicate, reused, started_at, finished_at, pilot, steps, description)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, map) DO UPDATE SET"
+                " sheet = excluded.sheet, input_columns = excluded.input_columns, columns = excluded.columns,"
+                " status = excluded.status, total = excluded.total, succeeded = excluded.succeeded,"
+                " failed = excluded.failed, duplicate = excluded.duplicate, reused = excluded.reused,"
+                " finished_at = excluded.finished_at, pilot = excluded.pilot, steps = excluded.steps,"
+                " description = excluded.description",
+                (
+                    record.run_id,
+                    record.map,
+                    record.sheet,
+                    _json.dumps_str(record.input_columns),
+                    _json.dumps_str(record.columns),
+                    record.status,
+                    record.total,
+                    record.succeeded,
+                    record.failed,
+                    record.duplicate,
+                    record.reused,
+                    record.started_at,
+                    record.finished_at,
+                    json_or_none(record.pilot),
+                    json_or_none(record.steps or None),
+                    record.description or None,
+                ),
+            )
+
+    def get_maps(self, run_id: str) -> list[MapRecord]:
+        rows = self._read(
+            "SELECT run_id, map, sheet, input_columns, columns, status, total, succeeded, failed,"
+            " duplicate, reused, started_at, finished_at, pilot, steps, description FROM maps WHERE run_id = ?"
+            " ORDER BY started_at",
+            (run_id,),
+        )
+        return [map_from_row(r) for r in rows]
+
+    def _write_sheet_rows(self, c: Any, rows: Sequence[SheetRow]) -> None:
+        """A new revision of each row; one another run finished with goes to the history."""
+        self._many(
+            c,
+            "INSERT INTO sheet_history (sheet, row_key, rev, input, cells, run_id, updated_at)"
+            " SELECT sheet, row_key, rev, input, cells, run_id, updated_at FROM sheet_rows"
+            " WHERE sheet = ? AND row_key = ? AND run_id <> ? ON CONFLICT DO NOTHING",
+            [(r.sheet, r.row_key, r.run_id) for r in rows if r.replaces],
+        )
+        self._many(
+            c,
+            "INSERT INTO sheet_rows (sheet, row_key, input, input_digest, cells, status, run_id, updated_at, rev)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1) ON CONFLICT (sheet, row_key) DO UPDATE SET"
+            " input = excluded.input, input_digest = excluded.input_digest, cells = excluded.cells,"
+            " status = excluded.status, run_id = excluded.run_id, updated_at = excluded.updated_at,"
+            " rev = sheet_rows.rev + 1",
+            [
+                (
+                    r.sheet,
+                    r.row_key,
+                    _json.dumps_str(r.input),
+                    r.input_digest,
+                    _json.dumps_str(r.cells),
+                    r.status,
+                    r.run_id,
+                    r.updated_at,
+                )
+                for r in rows
+            ],
+        )
+
+    def _write_map_rows(self, c: Any, rows: Sequence[MapRow]) -> None:
+        upsert = (
+            " ON CONFLICT (run_id, map, idx) DO UPDATE SET input_index = excluded.input_index,"
+            " row_key = excluded.row_key, outcome = excluded.outcome, error = excluded.error, rev = excluded.rev,"
+            " steps = excluded.steps, attempt = coalesce(excluded.attempt, map_rows.attempt),"
+            " reused_row = excluded.reused_row, reused_cells = excluded.reused_cells, found = excluded.found"
+        )
+        columns = (
+            "INSERT INTO map_rows (run_id, map, idx, input_index, row_key, outcome, error, steps, attempt,"
+            " reused_row, reused_cells, found, rev)"
+        )
+        known = [r for r in rows if r.rev is not None]
+        self._many(
+            c,
+            f"{columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?){upsert}",
+            [(*map_row_values(r), r.rev) for r in known],
+        )
+        # Written with their sheet row in this transaction: the revision it just got.
+        self._many(
+            c,
+            f"{columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+            " (SELECT rev FROM sheet_rows WHERE sheet = ? AND row_key = ?))" + upsert,
+            [(*map_row_values(r), r.sheet, r.row_key) for r in rows if r.rev is None],
+        )
