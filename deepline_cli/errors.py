@@ -11,6 +11,7 @@
     │   └── ProviderTransientError     rate_limit / network / upstream: try the next provider
     ├── BudgetExceededError            --max-credits (or max_credits_per_run) would be exceeded
     ├── GovernanceError                depth, cycle or cap of child plays / tool calls
+    ├── DeterminismError               a resumed play reached other durable calls than before
     ├── ReceiptLeaseLostError          another owner took a receipt or run this process held
     ├── MapAccountingError             a map input row is not accounted for
     ├── SheetVisibilityError           written sheet rows are not visible in the store
@@ -161,6 +162,11 @@ class GovernanceError(DeeplineError):
     """A child-play depth, cycle or per-run cap was exceeded."""
 
     fatal = True
+
+
+class DeterminismError(DeeplineError):
+    """A resumed play reached a different durable id than its earlier attempt did: its code
+    changed since the run started."""
 
 
 class ReceiptLeaseLostError(DeeplineError):

@@ -560,7 +560,7 @@ async def backoff(ctx, input):
     first = asyncio.create_task(ctx.tools.execute("a", "ht.paced", {"p": "a"}))
     # Wait (on a condition, not a guess) until the 429 put the tool on hold, then call it
     # with another input: that call must wait for the hold as well.
-    while "ht.paced" not in ctx._s.governor.paused():
+    while "ht.paced" not in ctx._s.effects.governor.paused():
         await asyncio.sleep(0.005)
     second = await ctx.tools.execute("b", "ht.paced", {"p": "b"})
     return [(await first).execution, second.execution]

@@ -11,6 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from deepline_cli import _json
+from deepline_cli.errors import UsageError
+
 
 @dataclass(slots=True)
 class Event:
@@ -43,3 +46,14 @@ class EventBus:
         event = Event(name, run_id, time.time(), data)
         for listener in self._listeners:
             listener(event)
+
+
+def log_fields(fields: dict[str, Any]) -> dict[str, Any] | None:
+    """The fields a play attached to a log line (`ctx.log(msg, **fields)`): JSON values only,
+    so they read back the same from either store."""
+    for name, value in fields.items():
+        try:
+            _json.canonical(value)
+        except TypeError as exc:
+            raise UsageError(f"Log field {name!r} is not a JSON value: {exc}.") from None
+    return dict(fields) or None

@@ -38,6 +38,7 @@ from deepline_cli.errors import (
 from deepline_cli.runtime.calls.budget import Budget, Reservation
 from deepline_cli.runtime.calls.call_scope import current_cell
 from deepline_cli.runtime.calls.events import EventBus
+from deepline_cli.runtime.calls.identity import Identity
 from deepline_cli.runtime.calls.stats import RunStats
 from deepline_cli.runtime.calls.store_thread import StoreIO, WriteQueue
 from deepline_cli.runtime.providers.secrets import Secrets
@@ -46,19 +47,6 @@ from deepline_cli.store.records import CallRecord, Claim, ClaimOutcome, LogLine,
 
 BUSY_POLL_S = 0.25
 KEPT_INPUT_BYTES = 4096  # a call's input larger than this (as JSON) is not kept on its receipt
-
-
-@dataclass(frozen=True, slots=True)
-class RunScope:
-    """Who is claiming: the run, its attempt, and the run-wide refresh flags."""
-
-    run_id: str
-    attempt: int
-    play: str
-    workspace: str
-    lease_ttl: float
-    force_refresh: bool = False
-    refresh_failed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +114,7 @@ class ReceiptBook:
         self,
         io: StoreIO,
         writes: WriteQueue,
-        scope: RunScope,
+        scope: Identity,
         bus: EventBus,
         stats: RunStats,
         *,
@@ -153,10 +141,10 @@ class ReceiptBook:
         self._stopped: list[BaseException] = []
 
     @property
-    def scope(self) -> RunScope:
+    def scope(self) -> Identity:
         return self._scope
 
-    def for_scope(self, scope: RunScope) -> ReceiptBook:
+    def for_scope(self, scope: Identity) -> ReceiptBook:
         """A book for a child run: its own claims, the same writes, budget and secrets."""
         child = ReceiptBook(
             self._io, self._writes, scope, self._bus, self._stats, budget=self._budget, secrets=self._secrets
@@ -554,4 +542,4 @@ def stored_failure(receipt: Receipt) -> ToolExecutionError:
     )
 
 
-__all__ = ["DurableCall", "Outcome", "ReceiptBook", "RunScope", "idempotency_key", "receipt_key"]
+__all__ = ["DurableCall", "Identity", "Outcome", "ReceiptBook", "idempotency_key", "receipt_key"]

@@ -27,11 +27,8 @@ from typing import Any
 
 from deepline_cli import _json
 from deepline_cli.errors import UsageError
+from deepline_cli.runtime.calls.tool_calls import Staleness
 from deepline_cli.runtime.map.failures import is_play_file
-
-# `stale_after_seconds`: a number of seconds, or a function of the cell's previous value
-# giving one (None: never stale), e.g. re-check a not-found sooner than a found.
-Staleness = float | Callable[[Any], float | None] | None
 
 
 @dataclass(frozen=True)

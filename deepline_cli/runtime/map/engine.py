@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from deepline_cli import _json
 from deepline_cli.errors import (
@@ -30,21 +30,19 @@ from deepline_cli.errors import (
     UsageError,
 )
 from deepline_cli.runtime.calls.call_scope import CellScope, enter_cell
+from deepline_cli.runtime.calls.events import log_fields
+from deepline_cli.runtime.calls.tool_calls import Staleness
 from deepline_cli.runtime.map import failures
-from deepline_cli.runtime.map.columns import Column, ResolvedColumn, Staleness, resolve_columns
+from deepline_cli.runtime.map.columns import Column, ResolvedColumn, resolve_columns
 from deepline_cli.runtime.map.dataset import Dataset
+from deepline_cli.runtime.map.host import MapHost, MapParts
 from deepline_cli.runtime.map.pilot import scan_rest
 from deepline_cli.runtime.map.reuse import ReusePolicy, previous_value, refresh_after
 from deepline_cli.runtime.map.rows import CsvSource, RowKey, input_columns, key_function, row_digest
 from deepline_cli.runtime.map.waterfall import Found, Waterfall
 from deepline_cli.runtime.providers.found import is_found
 from deepline_cli.runtime.providers.tools import ToolResult
-from deepline_cli.runtime.run.services import log_fields
 from deepline_cli.store.records import FOUND_PREFIX, NOT_FOUND, MapRecord, MapRow, SheetRow
-
-if TYPE_CHECKING:
-    from deepline_cli.runtime.run.context import Context
-    from deepline_cli.runtime.run.services import RunServices
 
 DEFAULT_CONCURRENCY = 50
 CHUNK = 256  # rows looked up in the sheet per store read
@@ -57,10 +55,10 @@ SAME_ERROR_STOP = 20  # the first rows of a map all failing the same way: a syst
 class RowContext:
     """`rc`: what a column resolver can do for its row."""
 
-    def __init__(self, ctx: Context, services: RunServices, map_name: str, row_key: str, index: int) -> None:
-        self._ctx = ctx
-        self._s = services
-        self.tools = ctx.tools
+    def __init__(self, host: MapHost, parts: MapParts, map_name: str, row_key: str, index: int) -> None:
+        self._ctx = host
+        self._s = parts
+        self.tools = host.tools
         self.row_key = row_key
         self.index = index
         self.previous: Any = None  # the cell's value in the sheet before (None: none, or an error)
@@ -129,8 +127,8 @@ class _Tally:
 class MapRun:
     def __init__(
         self,
-        ctx: Context,
-        services: RunServices,
+        host: MapHost,
+        parts: MapParts,
         name: str,
         rows: Iterable[Mapping[str, Any]],
         columns: Mapping[str, Callable[..., Any] | Column],
@@ -142,17 +140,17 @@ class MapRun:
     ) -> None:
         if on_row_error not in ("isolate", "fail"):
             raise UsageError(f"Map {name!r}: on_row_error must be 'isolate' or 'fail', not {on_row_error!r}.")
-        self.ctx, self.s, self.name, self.rows = ctx, services, name, rows
+        self.ctx, self.s, self.name, self.rows = host, parts, name, rows
         # A CSV's path is left out of the input a cell is keyed on: its rows are keyed by content.
         path = getattr(rows, "path", None)
         rows_path = str(path) if isinstance(path, Path) else None
-        self.columns = resolve_columns(columns, ctx.play_input, rows_path=rows_path)
+        self.columns = resolve_columns(columns, host.play_input, rows_path=rows_path)
         self.key_of = key_function(key)
         self.on_row_error = on_row_error
-        self.concurrency = max(1, concurrency or services.options.get("concurrency") or DEFAULT_CONCURRENCY)
-        limits = [n for n in (limit, services.options.get("limit")) if n is not None]
+        self.concurrency = max(1, concurrency or parts.concurrency or DEFAULT_CONCURRENCY)
+        limits = [n for n in (limit, parts.limit) if n is not None]
         self.limit = min(limits) if limits else None
-        scope = services.scope
+        scope = parts.identity
         self.sheet = f"{scope.workspace}/{scope.play}/{name}"
         self.run_id, self.attempt = scope.run_id, scope.attempt
         self.tally = _Tally()
@@ -164,7 +162,7 @@ class MapRun:
         self.first_failures: list[tuple[object, ...]] = []  # signatures, while no row succeeded
         self.started = time.monotonic()
         self.total_estimate = _estimate_total(rows, self.limit)
-        self.reuse = ReusePolicy(services.io.now, scope.force_refresh, scope.refresh_failed)
+        self.reuse = ReusePolicy(parts.io.now, scope.force_refresh, scope.refresh_failed)
         self.waterfalls = {c.name: c.column.fn.names for c in self.columns if isinstance(c.column.fn, Waterfall)}
         self.csv = rows if isinstance(rows, CsvSource) else None
         self.clashes: set[tuple[str, str]] = set()  # column names told apart by case only, warned of
@@ -327,9 +325,10 @@ class MapRun:
                 pair = (min(name, column), max(name, column))
                 if name != column and name.lower() == column.lower() and pair not in self.clashes:
                     self.clashes.add(pair)
-                    self.ctx.warn(
-                        f"Map {self.name!r}: the columns {pair[0]!r} and {pair[1]!r} differ only in case; the "
-                        "export keeps both, but spreadsheets and many CSV readers take them for one: rename one."
+                    self.s.log(
+                        level="warning",
+                        message=f"Map {self.name!r}: the columns {pair[0]!r} and {pair[1]!r} differ only in case; the "
+                        "export keeps both, but spreadsheets and many CSV readers take them for one: rename one.",
                     )
 
     # --- one row --------------------------------------------------------------------------------
@@ -389,7 +388,7 @@ class MapRun:
             if self.stop is not None:
                 continue  # stopping: drain the queue without work, so the producer never blocks
             try:
-                self.s.book.check_open()  # interrupted (Ctrl-C, a closed pipe…): start no new row
+                self.s.check_open()  # interrupted (Ctrl-C, a closed pipe…): start no new row
                 await self._process(job)
             except Exception as exc:  # fatal for the run (budget, lease, store…): stop the map
                 self.stop = exc

@@ -34,26 +34,26 @@ from typing import Any, Literal
 from deepline_cli.errors import DeeplineError
 from deepline_cli.runtime.calls.budget import Budget
 from deepline_cli.runtime.calls.call_scope import CellScope, current_cell, enter_cell
+from deepline_cli.runtime.calls.caps import Caps
 from deepline_cli.runtime.calls.events import EventBus
-from deepline_cli.runtime.calls.receipts import ReceiptBook, RunScope, receipt_key, stored_failure
+from deepline_cli.runtime.calls.identity import Identity
+from deepline_cli.runtime.calls.receipts import receipt_key, stored_failure
 from deepline_cli.runtime.calls.stats import RunStats
-from deepline_cli.runtime.calls.store_thread import StoreIO, WriteQueue
-from deepline_cli.runtime.map.columns import Column, ResolvedColumn, Staleness
+from deepline_cli.runtime.calls.store_thread import StoreIO
+from deepline_cli.runtime.calls.tool_calls import Staleness, Tools, staleness_of
+from deepline_cli.runtime.map.columns import Column, ResolvedColumn
 from deepline_cli.runtime.map.engine import MapRun, RowContext, _Job
 from deepline_cli.runtime.map.pilot import whole_row_reusable
 from deepline_cli.runtime.map.reuse import previous_value, refresh_after
 from deepline_cli.runtime.map.rows import CsvSource, RowKey
 from deepline_cli.runtime.planning.toolscan import tool_ids
 from deepline_cli.runtime.providers.config import Config, load_config
-from deepline_cli.runtime.providers.governor import Governor
-from deepline_cli.runtime.providers.http import FetchResult, Http, HttpTools
-from deepline_cli.runtime.providers.secrets import Secrets
+from deepline_cli.runtime.providers.http import FetchResult
 from deepline_cli.runtime.providers.tools import ToolDef, ToolResult, find_tool
-from deepline_cli.runtime.providers.transport import Transport
-from deepline_cli.runtime.run.context import Context, Tools, staleness_of
+from deepline_cli.runtime.run.context import Context
+from deepline_cli.runtime.run.parts import Journal, RunParts, Settings, build_parts
 from deepline_cli.runtime.run.play import PlayDef
 from deepline_cli.runtime.run.play_input import play_input
-from deepline_cli.runtime.run.services import RunServices
 from deepline_cli.store.claims import decide_claim
 from deepline_cli.store.ledger import LedgerQueries
 from deepline_cli.store.records import Claim
@@ -247,8 +247,10 @@ class Plan:
 class PlanTools(Tools):
     """`ctx.tools` / `rc.tools` while planning: receipts are looked up, never claimed."""
 
-    def __init__(self, services: RunServices, planner: Planner) -> None:
-        super().__init__(services)
+    def __init__(self, parts: RunParts, planner: Planner) -> None:
+        who, effects = parts.identity, parts.effects
+        super().__init__(who, effects.book, effects.governor, effects.tools, effects.caps, parts.log)
+        self._parts = parts
         self._planner = planner
 
     async def execute(
@@ -266,21 +268,21 @@ class PlanTools(Tools):
         tracker = _TRACKER.get() or self._planner.plan.body
         definition = self._resolve(tool)
         key = self.receipt_key(definition, input)  # exactly the key a real call claims
-        stale = await staleness_of(self._s.book, key, stale_after_seconds)
+        stale = await staleness_of(self._parts.effects.book, key, stale_after_seconds)
         return await self._planner.tool_call(tracker, definition, key, force, stale)
 
     def declared(self, tool_id: str) -> ToolDef | None:
         """The tool's definition if `tool_id` names one this run could call. Any id could be
         a remote tool: only ids `[remote] credits` names, or shaped like one (`vendor.tool`)."""
-        s = self._s
-        local = s.local_tools.get(tool_id) or find_tool(tool_id)
-        config = s.http_tools.config
+        tools = self._parts.effects.tools
+        local = tools.local.get(tool_id) or find_tool(tool_id)
+        config = tools.http_tools.config
         if local is not None or tool_id in config.tools:
-            return local or s.http_tools.definition(tool_id)
+            return local or tools.http_tools.definition(tool_id)
         if config.remote is None or not (tool_id in config.remote.credits or _TOOL_ID.match(tool_id)):
             return None
         try:
-            return s.http_tools.definition(tool_id)
+            return tools.http_tools.definition(tool_id)
         except DeeplineError:  # its API key is not set: a real call says so
             return None
 
@@ -310,9 +312,9 @@ class PlanDataset:
 class PlanContext(Context):
     """`ctx` while planning: nothing with an effect happens."""
 
-    def __init__(self, services: RunServices, play_name: str, planner: Planner, play_input: Any = None) -> None:
-        super().__init__(services, play_name, play_input)
-        self.tools: PlanTools = PlanTools(services, planner)
+    def __init__(self, parts: RunParts, planner: Planner, play_input: Any = None) -> None:
+        super().__init__(parts, planner, play_input)
+        self.tools: PlanTools = PlanTools(parts, planner)
         self._planner = planner
 
     def log(self, message: str, **fields: Any) -> None:
@@ -368,7 +370,7 @@ class PlanContext(Context):
         # part of a cell's fingerprint, its required columns are checked per row).
         engine = MapRun(
             self,
-            self._s,
+            self.map_parts(),
             name,
             rows if bounded.finite else bounded,
             columns,
@@ -583,9 +585,11 @@ class Planner:
     def close(self) -> None:
         self.io.close()
 
-    def _services(self, config: Config, config_path: Path | None) -> RunServices:
+    def _services(self, config: Config, config_path: Path | None) -> RunParts:
+        """The parts of a run, built as a run builds them: planning claims nothing, but keys
+        and looks up receipts exactly as the run would."""
         options = self.options
-        scope = RunScope(
+        identity = Identity(
             run_id=PLAN_RUN_ID,
             attempt=1,
             play=self.play.name,
@@ -593,24 +597,36 @@ class Planner:
             lease_ttl=30.0,
             force_refresh=options.force_refresh,
             refresh_failed=options.refresh_failed,
+            ancestors=(self.play.name,),
+            play_file=self.play.file,
+            cwd=str(Path.cwd()),
         )
-        bus, stats, writes = EventBus(), RunStats(), WriteQueue(self.io)
-        secrets = Secrets(Path(self.play.file).parent)
-        governor = Governor(None)
-        http = Http(Transport(1), secrets, governor)
-        return RunServices(
-            io=self.io, scope=scope, bus=bus, governor=governor, secrets=secrets, writes=writes, stats=stats,
-            book=ReceiptBook(self.io, writes, scope, bus, stats, budget=Budget(None), secrets=secrets),
-            http=http, http_tools=HttpTools(config, http), play_file=self.play.file, play_name=self.play.name,
-            cwd=str(Path.cwd()), options={"limit": options.limit, "config": str(config_path or "") or None},
+        config_file = str(config_path) if config_path else None
+        return build_parts(
+            identity,
+            self.io,
+            EventBus(),
+            RunStats(),
+            config=config,
+            budget=Budget(None),
+            caps=Caps(),
+            journal=Journal([]),
             local_tools=self.play.tools(),
-        )  # fmt: skip
+            settings=Settings(concurrency=1, limit=options.limit, config=config_file),
+            env_folder=Path(self.play.file).parent,
+        )
+
+    async def run_play(
+        self, parts: RunParts, id: str, play_ref: str, input: Any, description: str, journal: bool
+    ) -> Any:
+        """Child plays while planning (the `ChildPlays` port): what the reference run stored."""
+        return await self.stored("run_play", id)
 
     async def run(self, input: Any) -> Plan:
         self.reference = await self.io.call(self._reference_run, input)
         self.plan.reference_run = self.reference
         input = play_input(input)
-        ctx = PlanContext(self.services, self.play.name, self, input)
+        ctx = PlanContext(self.services, self, input)
         self.plan.body_tools = self._credits_of(tool_ids([self.play.fn], lambda t: ctx.tools.declared(t) is not None))
         try:
             await self.play.fn(ctx, input)
@@ -637,7 +653,7 @@ class Planner:
         receipt = await self.io.call(self.store.get_receipt, key)
         verdict = "claimed"
         if receipt is not None:
-            scope = self.services.scope
+            scope = self.services.identity
             claim = Claim(
                 key=key, kind="tool", label="", tool=definition.id, run_id=PLAN_RUN_ID, attempt=1, lease_id="",
                 lease_expires_at=0.0, idempotency_key="", force=force or scope.force_refresh,
@@ -663,7 +679,7 @@ class Planner:
         what = {"run_play": "child play"}.get(kind, kind)
         if self.reference is None:
             raise NotPlanned(f"{what} {id!r} runs only in a real run (no earlier run with this input)")
-        scope = self.services.scope
+        scope = self.services.identity
         receipt = await self.io.call(self.store.get_receipt, receipt_key(kind, scope.workspace, self.reference, id))
         if receipt is None or receipt.status != "completed":
             raise NotPlanned(f"{what} {id!r} has no stored result in run {self.reference}")

@@ -8,10 +8,10 @@ from typing import Any
 from deepline_cli import _json
 from deepline_cli.errors import DeeplineError, RunInterrupted, error_dict
 from deepline_cli.runtime.map import failures
-from deepline_cli.runtime.run.context import Context
+from deepline_cli.runtime.run.context import ChildPlays, Context
+from deepline_cli.runtime.run.parts import RunParts
 from deepline_cli.runtime.run.play import PlayDef
 from deepline_cli.runtime.run.play_input import play_input
-from deepline_cli.runtime.run.services import RunServices
 from deepline_cli.runtime.run.suspension import Suspended
 
 
@@ -23,10 +23,11 @@ class BodyOutcome:
     raised: BaseException | None = None  # what must stop the whole run, not just this play
 
 
-async def execute_body(play: PlayDef, s: RunServices, input: Any) -> BodyOutcome:
+async def execute_body(play: PlayDef, s: RunParts, input: Any, children: ChildPlays) -> BodyOutcome:
+    """Run the play's body once with a fresh `ctx`; `children` runs the child plays it starts."""
     try:
-        given = play_input(input, child=s.depth > 0)
-        value = await play.fn(Context(s, play.name, given), given)
+        given = play_input(input, child=s.identity.depth > 0)
+        value = await play.fn(Context(s, children, given), given)
     except Suspended:
         await _flush_journal(s)
         return BodyOutcome("waiting")
@@ -34,7 +35,7 @@ async def execute_body(play: PlayDef, s: RunServices, input: Any) -> BodyOutcome
         await _flush_journal(s)
         # When the circuit breaker tripped, its reason is the run's error, not the next
         # claim that failed after it.
-        failure = s.book.tripped or exc
+        failure = s.effects.book.tripped or exc
         stop = (
             failure
             if isinstance(failure, RunInterrupted) or (isinstance(failure, DeeplineError) and failure.fatal)
@@ -42,23 +43,23 @@ async def execute_body(play: PlayDef, s: RunServices, input: Any) -> BodyOutcome
         )
         return BodyOutcome("failed", error=describe(failure, s, play.file), raised=stop)
     await _flush_journal(s)
-    tripped = s.book.tripped
+    tripped = s.effects.book.tripped
     if tripped is not None:
         return BodyOutcome("failed", error=describe(tripped, s, play.file), raised=tripped)
-    return BodyOutcome("completed", output=s.secrets.redact_json(_json.loads(_json.dumps(value))))
+    return BodyOutcome("completed", output=s.infra.secrets.redact_json(_json.loads(_json.dumps(value))))
 
 
-async def _flush_journal(s: RunServices) -> None:
-    pending, s.journal.pending = s.journal.pending, []
+async def _flush_journal(s: RunParts) -> None:
+    pending, s.effects.journal.pending = s.effects.journal.pending, []
     for position, durable_id in pending:
-        await s.io.call(s.io.store.append_journal, s.scope.run_id, position, durable_id)
+        await s.infra.io.call(s.infra.io.store.append_journal, s.identity.run_id, position, durable_id)
 
 
-def describe(exc: BaseException, s: RunServices, play_file: str) -> dict[str, Any]:
+def describe(exc: BaseException, s: RunParts, play_file: str) -> dict[str, Any]:
     """The error kept on the run: one sentence, secrets redacted, where in the play, and
     (for --debug) the traceback of an error the play's own code raised."""
     error = error_dict(exc)
-    error["message"] = s.secrets.redact(error["message"])
+    error["message"] = s.infra.secrets.redact(error["message"])
     if isinstance(exc, DeeplineError):
         error["exit_code"] = exc.exit_code
     else:
@@ -67,5 +68,5 @@ def describe(exc: BaseException, s: RunServices, play_file: str) -> dict[str, An
             error["where"] = place
     origin = exc.__cause__ if isinstance(exc, failures.PlayCodeError) and exc.__cause__ else exc
     if not isinstance(origin, DeeplineError):
-        error["traceback"] = s.secrets.redact(failures.formatted(origin))
+        error["traceback"] = s.infra.secrets.redact(failures.formatted(origin))
     return error

@@ -9,20 +9,18 @@ that suspends suspends its parent; a failed child raises in the parent.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from deepline_cli import _json
 from deepline_cli.errors import DeeplineError, GovernanceError, InputError, PlayLoadError
 from deepline_cli.runtime.calls.receipts import DurableCall, receipt_key
+from deepline_cli.runtime.run.body import execute_body
 from deepline_cli.runtime.run.holders import holder_id
+from deepline_cli.runtime.run.parts import Journal, RunParts
 from deepline_cli.runtime.run.play import PlayDef, find_play_by_name, load_play
-from deepline_cli.runtime.run.services import Journal
 from deepline_cli.runtime.run.snapshot import take_snapshot
 from deepline_cli.runtime.run.suspension import Suspended
 from deepline_cli.store.records import Boundary, RunRecord
-
-if TYPE_CHECKING:
-    from deepline_cli.runtime.run.services import RunServices
 
 
 class ChildPlayError(DeeplineError):
@@ -48,44 +46,53 @@ def child_run_id(parent_run_id: str, call_id: str, play: PlayDef, input: Any) ->
     return "r-" + _json.digest("child", parent_run_id, call_id, play.name, content)[:12]
 
 
-async def run_play(
-    s: RunServices, id: str, play_ref: str, input: Any, description: str = "", journal: bool = True
-) -> Any:
+class ChildRunner:
+    """How a run runs the child plays its body starts (the `ChildPlays` port of `ctx`)."""
+
+    async def run_play(
+        self, parts: RunParts, id: str, play_ref: str, input: Any, description: str, journal: bool
+    ) -> Any:
+        return await run_play(parts, id, play_ref, input, description, journal)
+
+
+CHILDREN = ChildRunner()
+
+
+async def run_play(s: RunParts, id: str, play_ref: str, input: Any, description: str = "", journal: bool = True) -> Any:
     if journal:
-        s.journal.reach(f"run_play:{id}", s.scope.run_id)
-    play = resolve_play_ref(play_ref, s.play_file)
+        s.effects.journal.reach(f"run_play:{id}", s.identity.run_id)
+    play = resolve_play_ref(play_ref, s.identity.play_file)
     # Before the child exists: a refused input or a missing secret fails the call in its parent.
     play.check_input(input, subject=f"Child play {play.name!r} (run_play {id!r}): input")
-    play.require_secrets(s.secrets.lookup, s.secrets.env_file)
-    if play.name in s.ancestors:
-        cycle = " → ".join([*s.ancestors[s.ancestors.index(play.name) :], play.name])
+    play.require_secrets(s.infra.secrets.lookup, s.infra.secrets.env_file)
+    if play.name in s.identity.ancestors:
+        cycle = " → ".join([*s.identity.ancestors[s.identity.ancestors.index(play.name) :], play.name])
         raise GovernanceError(f"Play cycle: {cycle} (a play cannot call one of its ancestors).")
-    if s.depth + 1 > s.caps.max_depth:
+    if s.identity.depth + 1 > s.effects.caps.max_depth:
+        deepest = s.effects.caps.max_depth
         raise GovernanceError(
-            f"Child play {play.name!r} would be {s.depth + 1} calls deep; the limit is {s.caps.max_depth}."
+            f"Child play {play.name!r} would be {s.identity.depth + 1} calls deep; the limit is {deepest}."
         )
-    key = receipt_key("run_play", s.scope.workspace, s.scope.run_id, id)
+    key = receipt_key("run_play", s.identity.workspace, s.identity.run_id, id)
     call = DurableCall(key=key, kind="run_play", label=id, input=input)
-    child_id = child_run_id(s.scope.run_id, id, play, input)
+    child_id = child_run_id(s.identity.run_id, id, play, input)
 
     async def invoke(_: Any) -> Any:
-        if s.schedule_children:
+        if s.settings.schedule_children:
             return await _schedule_child(s, id, play, child_id, input, description)
         return await _execute_child(s, id, play, child_id, input, description)
 
-    return (await s.book.execute(call, invoke)).value
+    return (await s.effects.book.execute(call, invoke)).value
 
 
-async def _schedule_child(
-    s: RunServices, call_id: str, play: PlayDef, child_id: str, input: Any, description: str
-) -> Any:
+async def _schedule_child(s: RunParts, call_id: str, play: PlayDef, child_id: str, input: Any, description: str) -> Any:
     """Under workers: the child is its own queued run (any worker may take it); the parent
     waits at a child boundary until it has finished, then reads its result."""
-    store, now = s.io.store, s.io.now()
-    record = await s.io.call(store.get_run, child_id)
+    store, now = s.infra.io.store, s.infra.io.now()
+    record = await s.infra.io.call(store.get_run, child_id)
     if record is None:
-        s.caps.count_child_play()  # per run: children started by earlier attempts count too
-        digest, snapshot = take_snapshot(play, Path(s.options["config"]) if s.options.get("config") else None)
+        s.effects.caps.count_child_play()  # per run: children started by earlier attempts count too
+        digest, snapshot = take_snapshot(play, Path(s.settings.config) if s.settings.config else None)
         record = RunRecord(
             run_id=child_id,
             play=play.name,
@@ -93,56 +100,52 @@ async def _schedule_child(
             input=input,
             status="queued",
             attempt=0,
-            workspace=s.scope.workspace,
-            cwd=s.cwd,
-            options=dict(s.options),
-            parent_run_id=s.scope.run_id,
-            root_run_id=s.root_run_id or s.scope.run_id,
+            workspace=s.identity.workspace,
+            cwd=s.identity.cwd,
+            options=dict(s.settings.persisted),
+            parent_run_id=s.identity.run_id,
+            root_run_id=s.identity.root or s.identity.run_id,
             created_at=now,
             updated_at=now,
             scheduled=True,
-            ancestors=list(s.ancestors),
+            ancestors=list(s.identity.ancestors),
             description=description,
             snapshot=digest,
         )
-        await s.io.call(store.put_snapshot, digest, snapshot)
-        await s.io.call(store.insert_run, record)
-        await s.io.call(store.notify)
+        await s.infra.io.call(store.put_snapshot, digest, snapshot)
+        await s.infra.io.call(store.insert_run, record)
+        await s.infra.io.call(store.notify)
     boundary_id = f"child:{call_id}"
     if record.status == "completed":
-        await s.io.call(store.resolve_boundary, s.scope.run_id, boundary_id, None, s.io.now())
+        await s.infra.io.call(store.resolve_boundary, s.identity.run_id, boundary_id, None, s.infra.io.now())
         return record.output
     if record.status == "failed":
         seen = record.failure_seen_by
         # A parent attempt that saw the failure and failed with it, then was resumed: someone
         # retried it, so the failed child gets one more go. Seen by an attempt that ended
         # otherwise (it waited for a sibling still running): reported again, not retried.
-        retried = seen is not None and seen < s.scope.attempt
+        retried = seen is not None and seen < s.identity.attempt
         if retried:
-            retried = await s.io.call(store.attempt_status, s.scope.run_id, seen) == "failed"
+            retried = await s.infra.io.call(store.attempt_status, s.identity.run_id, seen) == "failed"
         if not retried:
             # Report it (the parent fails, unless it catches this); remember which attempt saw it.
-            await s.io.call(store.update_run, child_id, failure_seen_by=s.scope.attempt)
+            await s.infra.io.call(store.update_run, child_id, failure_seen_by=s.identity.attempt)
             message = (record.error or {}).get("message", "unknown error")
             raise ChildPlayError(f"Child play {play.name!r} (run {child_id}) failed: {message}")
-        await s.io.call(store.set_status, child_id, "queued", failure_seen_by=None, holder=None)
-        await s.io.call(store.notify)
-    boundary = await s.io.call(
+        await s.infra.io.call(store.set_status, child_id, "queued", failure_seen_by=None, holder=None)
+        await s.infra.io.call(store.notify)
+    boundary = await s.infra.io.call(
         store.put_boundary,
-        Boundary(s.scope.run_id, boundary_id, "child", child_run_id=child_id, created_at=s.io.now()),
+        Boundary(s.identity.run_id, boundary_id, "child", child_run_id=child_id, created_at=s.infra.io.now()),
     )
     raise Suspended(boundary)
 
 
-async def _execute_child(
-    s: RunServices, call_id: str, play: PlayDef, child_id: str, input: Any, description: str
-) -> Any:
-    from deepline_cli.runtime.run.body import execute_body
-
-    store, now = s.io.store, s.io.now()
-    record = await s.io.call(store.get_run, child_id)
+async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str, input: Any, description: str) -> Any:
+    store, now = s.infra.io.store, s.infra.io.now()
+    record = await s.infra.io.call(store.get_run, child_id)
     if record is None:
-        s.caps.count_child_play()
+        s.effects.caps.count_child_play()
         record = RunRecord(
             run_id=child_id,
             play=play.name,
@@ -150,38 +153,39 @@ async def _execute_child(
             input=input,
             status="running",
             attempt=1,
-            workspace=s.scope.workspace,
-            cwd=s.cwd,
-            options=dict(s.options),
+            workspace=s.identity.workspace,
+            cwd=s.identity.cwd,
+            options=dict(s.settings.persisted),
             description=description,
-            parent_run_id=s.scope.run_id,
-            root_run_id=s.root_run_id or s.scope.run_id,
+            parent_run_id=s.identity.run_id,
+            root_run_id=s.identity.root or s.identity.run_id,
             holder=holder_id(),  # the root's process runs its children
-            lease_expires_at=now + s.scope.lease_ttl,
+            lease_expires_at=now + s.identity.lease_ttl,
             created_at=now,
             updated_at=now,
         )
-        await s.io.call(store.insert_run, record)
+        await s.infra.io.call(store.insert_run, record)
     elif record.status == "completed":
         return record.output
     else:
         record.attempt += 1
-        await s.io.call(
+        await s.infra.io.call(
             store.set_status,
             child_id,
             "running",
             attempt=record.attempt,
             holder=holder_id(),
-            lease_expires_at=now + s.scope.lease_ttl,
+            lease_expires_at=now + s.identity.lease_ttl,
         )
-    journal = Journal(await s.io.call(store.journal, child_id), logged=await s.io.call(store.logged, child_id))
+    io = s.infra.io
+    journal = Journal(await io.call(store.journal, child_id), logged=await io.call(store.logged, child_id))
     child = s.for_child(child_id, record.attempt, play.name, play.file, journal, play.tools())
-    s.bus.emit("child.started", s.scope.run_id, child_run_id=child_id, play=play.name, attempt=record.attempt)
+    s.infra.bus.emit("child.started", s.identity.run_id, child_run_id=child_id, play=play.name, attempt=record.attempt)
     try:
-        outcome = await execute_body(play, child, input)
+        outcome = await execute_body(play, child, input, CHILDREN)
     finally:
-        s.books.remove(child.book)  # its calls are over: no more heartbeats for it
-    await s.io.call(
+        s.effects.books.remove(child.effects.book)  # its calls are over: no more heartbeats for it
+    await s.infra.io.call(
         store.set_status,
         child_id,
         outcome.status,
@@ -189,13 +193,13 @@ async def _execute_child(
         error=outcome.error,
         holder=None,
         lease_expires_at=0.0,
-        finished_at=s.io.now() if outcome.status in ("completed", "failed") else None,
+        finished_at=s.infra.io.now() if outcome.status in ("completed", "failed") else None,
     )
-    s.bus.emit("child.finished", s.scope.run_id, child_run_id=child_id, status=outcome.status)
+    s.infra.bus.emit("child.finished", s.identity.run_id, child_run_id=child_id, status=outcome.status)
     if outcome.status == "waiting":
-        boundary = await s.io.call(
+        boundary = await s.infra.io.call(
             store.put_boundary,
-            Boundary(s.scope.run_id, f"child:{call_id}", "child", child_run_id=child_id, created_at=s.io.now()),
+            Boundary(s.identity.run_id, f"child:{call_id}", "child", child_run_id=child_id, created_at=io.now()),
         )
         raise Suspended(boundary)
     if outcome.raised is not None:
@@ -203,5 +207,5 @@ async def _execute_child(
     if outcome.status == "failed":
         message = (outcome.error or {}).get("message", "unknown error")
         raise ChildPlayError(f"Child play {play.name!r} (run {child_id}) failed: {message}")
-    await s.io.call(store.resolve_boundary, s.scope.run_id, f"child:{call_id}", None, s.io.now())
+    await s.infra.io.call(store.resolve_boundary, s.identity.run_id, f"child:{call_id}", None, s.infra.io.now())
     return outcome.output

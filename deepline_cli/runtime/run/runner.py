@@ -32,21 +32,21 @@ from deepline_cli.errors import (
     error_dict,
 )
 from deepline_cli.runtime.calls.budget import Budget
+from deepline_cli.runtime.calls.caps import DEFAULT_MAX_DEPTH, Caps
 from deepline_cli.runtime.calls.events import EventBus
-from deepline_cli.runtime.calls.receipts import ReceiptBook, RunScope, RunTakenOver
+from deepline_cli.runtime.calls.identity import Identity
+from deepline_cli.runtime.calls.receipts import RunTakenOver
 from deepline_cli.runtime.calls.stats import RunStats
-from deepline_cli.runtime.calls.store_thread import Reconnecting, StoreIO, WriteQueue, unwrapped
+from deepline_cli.runtime.calls.store_thread import Reconnecting, StoreIO, unwrapped
 from deepline_cli.runtime.map.projection import projection_stats
 from deepline_cli.runtime.providers.config import find_config, load_config
-from deepline_cli.runtime.providers.governor import Governor
-from deepline_cli.runtime.providers.http import Http, HttpTools
 from deepline_cli.runtime.providers.secrets import Secrets
-from deepline_cli.runtime.providers.transport import Transport
 from deepline_cli.runtime.run.body import BodyOutcome, describe, execute_body
 from deepline_cli.runtime.run.builtin import BUILTIN_PLAYS
+from deepline_cli.runtime.run.children import CHILDREN
 from deepline_cli.runtime.run.holders import holder_alive, holder_id, holder_words
+from deepline_cli.runtime.run.parts import Journal, RunParts, Settings, build_parts
 from deepline_cli.runtime.run.play import PlayDef, load_module, load_play, tools_in
-from deepline_cli.runtime.run.services import DEFAULT_MAX_DEPTH, Caps, Journal, RunServices
 from deepline_cli.runtime.run.snapshot import materialize_snapshot, take_snapshot
 from deepline_cli.runtime.run.suspension import next_wake, ready_to_resume, waiting_on
 from deepline_cli.store import open_store
@@ -384,14 +384,14 @@ class _Attempt:
         self.stop_requested = False
         self.stop_reason: str | None = None  # a stop asked through the store (`deepline runs stop`)
         self.task: asyncio.Task[BodyOutcome] | None = None
-        self.services: RunServices | None = None
+        self.services: RunParts | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.lease_lost = False  # another process owns the run now: leave its record alone
 
-    def _services(self, history: _History) -> RunServices:
-        options, record, io = self.options, self.record, self.io
-        config = load_config(Path(options.config) if options.config else None)
-        scope = RunScope(
+    def _parts(self, history: _History) -> RunParts:
+        options, record = self.options, self.record
+        budget = run_budget(self.play, options, record, history.spent, history.costs)
+        identity = Identity(
             run_id=record.run_id,
             attempt=record.attempt,
             play=record.play,
@@ -399,57 +399,40 @@ class _Attempt:
             lease_ttl=options.lease_ttl,
             force_refresh=options.force_refresh,
             refresh_failed=options.refresh_failed,
-        )
-        writes = WriteQueue(io)
-        secrets = Secrets(env_folder(self.play, options, record.cwd))
-        budget = run_budget(self.play, options, record, history.spent, history.costs)
-
-        async def shared_slot(tool: str, interval: float, count: int) -> float:
-            start = await io.call(io.store.take_rate_slot, tool, interval, io.now(), count)
-            return start - io.now()
-
-        governor = Governor(options.concurrency, shared_slot=shared_slot)
-        http = Http(
-            Transport(max(64, options.concurrency or 0)), secrets, governor, public_only=options.fetch_public_only
-        )
-        book = ReceiptBook(
-            io,
-            writes,
-            scope,
-            self.bus,
-            self.stats,
-            budget=budget,
-            secrets=secrets,
-        )
-        return RunServices(
-            io=io,
-            scope=scope,
-            bus=self.bus,
-            book=book,
-            governor=governor,
-            secrets=secrets,
-            http=http,
-            http_tools=HttpTools(config, http),
-            writes=writes,
-            stats=self.stats,
-            play_file=self.play.file,
-            play_name=self.play.name,
-            cwd=record.cwd,
-            # A child run started by this one (scheduled under workers) has this run's budget.
-            options={**options.persisted(), "max_credits": budget.max_credits},
             root_run_id=record.root_run_id or record.run_id,
             ancestors=(*record.ancestors, self.play.name),
+            play_file=self.play.file,
+            cwd=record.cwd,
+        )
+        settings = Settings(
+            concurrency=options.concurrency,
+            limit=options.limit,
+            max_inline_wait=options.max_inline_wait,
             schedule_children=options.schedule_children,
+            config=options.config,
+            # A child run started by this one (scheduled under workers) has this run's budget.
+            persisted={**options.persisted(), "max_credits": budget.max_credits},
+        )
+        caps = Caps(  # counted per run: what earlier attempts did counts too
+            max_depth=options.max_depth,
+            max_child_plays=options.max_child_plays,
+            max_tool_calls=options.max_tool_calls,
+            tool_calls=history.tool_calls,
+            child_plays=history.child_plays,
+        )
+        return build_parts(
+            identity,
+            self.io,
+            self.bus,
+            self.stats,
+            config=load_config(Path(options.config) if options.config else None),
+            budget=budget,
+            caps=caps,
             journal=Journal(history.journal, logged=history.logged),
-            books=[book],
             local_tools={**self.runner.borrowed_tools, **self.play.tools()},
-            caps=Caps(  # counted per run: what earlier attempts did counts too
-                max_depth=options.max_depth,
-                max_child_plays=options.max_child_plays,
-                max_tool_calls=options.max_tool_calls,
-                tool_calls=history.tool_calls,
-                child_plays=history.child_plays,
-            ),
+            settings=settings,
+            env_folder=env_folder(self.play, options, record.cwd),
+            fetch_public_only=options.fetch_public_only,
         )
 
     async def run(self) -> RunResult:
@@ -467,7 +450,7 @@ class _Attempt:
             failures=history.failures,
             refresh_failed=self.options.refresh_failed,
         )
-        services = self._services(history)
+        services = self._parts(history)
         self.bus.emit(
             "run.started",
             record.run_id,
@@ -478,7 +461,7 @@ class _Attempt:
         await self.io.call(store.set_status, record.run_id, "running", options=record.options)
         keeper = asyncio.create_task(self._keep_leases(services))
         ticker = asyncio.create_task(self._tick(services))
-        self.task = asyncio.create_task(execute_body(self.play, services, record.input))
+        self.task = asyncio.create_task(execute_body(self.play, services, record.input, CHILDREN))
         restore = self._install_signals(services)
         watcher = asyncio.create_task(self._watch_stop())
         try:
@@ -487,7 +470,7 @@ class _Attempt:
             ticker.cancel()
             watcher.cancel()
             await self._settle(services)
-            tripped = next((b.tripped for b in services.books if b.tripped is not None), None)
+            tripped = next((b.tripped for b in services.effects.books if b.tripped is not None), None)
             if isinstance(tripped, RunTakenOver):  # found out at a claim, before the heartbeat did
                 self.lease_lost = True
             if tripped is not None and outcome.status != "failed":
@@ -497,14 +480,14 @@ class _Attempt:
         finally:
             restore()
 
-    async def _outcome(self, services: RunServices) -> BodyOutcome:
+    async def _outcome(self, services: RunParts) -> BodyOutcome:
         assert self.task is not None
         try:
             outcome = await self.task
         except asyncio.CancelledError:
             if self.stop_requested:
                 return self._interrupted()
-            tripped = services.book.tripped
+            tripped = services.effects.book.tripped
             if tripped is None:
                 raise
             return BodyOutcome("failed", error=describe(tripped, services, self.play.file))
@@ -513,7 +496,7 @@ class _Attempt:
         if outcome.status == "waiting":
             # Siblings may be about to suspend too (several children at once): let them
             # reach their boundaries so every one is recorded.
-            await services.book.settle_all(self.options.interrupt_grace_s)
+            await services.effects.book.settle_all(self.options.interrupt_grace_s)
         return outcome
 
     def _interrupted(self) -> BodyOutcome:
@@ -528,19 +511,19 @@ class _Attempt:
             return "The run was interrupted."
         return f"The run was stopped: {self.stop_reason}."
 
-    async def _settle(self, services: RunServices) -> None:
+    async def _settle(self, services: RunParts) -> None:
         """Let calls in flight finish briefly, record them, and stop the stragglers."""
-        await services.book.settle_all(self.options.interrupt_grace_s)
+        await services.effects.book.settle_all(self.options.interrupt_grace_s)
         current = asyncio.current_task()
         stragglers = [
-            t for t in asyncio.all_tasks() if t is not current and not t.done() and not services.writes.owns(t)
+            t for t in asyncio.all_tasks() if t is not current and not t.done() and not services.infra.writes.owns(t)
         ]
         for task in stragglers:
             task.cancel()
         await asyncio.gather(*stragglers, return_exceptions=True)
-        await services.book.settle_all(0)
-        await services.writes.flushed()
-        await services.http.aclose()
+        await services.effects.book.settle_all(0)
+        await services.infra.writes.flushed()
+        await services.effects.http.aclose()
 
     async def _finish(self, outcome: BodyOutcome) -> RunResult:
         record, status = self.record, outcome.status
@@ -627,7 +610,7 @@ class _Attempt:
             store.set_wake(record.parent_run_id, now)  # its parent waits for this result
         return stats
 
-    async def _tick(self, services: RunServices) -> None:
+    async def _tick(self, services: RunParts) -> None:
         """Progress for the views: counters a few times a second, never per call."""
         while True:
             await asyncio.sleep(PROGRESS_EVERY_S)
@@ -635,11 +618,11 @@ class _Attempt:
                 "run.progress",
                 self.record.run_id,
                 tools={t: c.to_dict() for t, c in self.stats.tools.items()},
-                paced=services.governor.paced(),
-                paused=services.governor.paused(),
+                paced=services.effects.governor.paced(),
+                paused=services.effects.governor.paused(),
             )
 
-    async def _keep_leases(self, services: RunServices) -> None:
+    async def _keep_leases(self, services: RunParts) -> None:
         """Heartbeat the run's lease and every receipt lease in flight."""
         interval = max(0.05, self.options.lease_ttl / 3)
         record, store = self.record, self.io.store
@@ -656,12 +639,12 @@ class _Attempt:
                 if not held:
                     lost = ReceiptLeaseLostError(f"Run {record.run_id} was taken over by another process; stopping.")
                     self.lease_lost = True
-                    services.book.close(lost)
+                    services.effects.book.close(lost)
                     if self.task is not None:
                         self.task.cancel()
                     return
-                for book in list(services.books):
-                    if book is not services.book:  # a child run in this process: its lease too
+                for book in list(services.effects.books):
+                    if book is not services.effects.book:  # a child run in this process: its lease too
                         scope = book.scope
                         await self.io.call(
                             store.heartbeat_run,
@@ -672,7 +655,7 @@ class _Attempt:
                         )
                     await book.heartbeat()
             except (StoreLostError, StoreUnreachable) as exc:
-                services.book.close(exc)  # nothing this run does can be recorded any more
+                services.effects.book.close(exc)  # nothing this run does can be recorded any more
                 if self.task is not None:
                     self.task.cancel()
                 return
@@ -705,7 +688,7 @@ class _Attempt:
         self.stop_requested = True
         self.stop_reason = reason
         if self.services is not None:
-            self.services.book.close(RunInterrupted(self._interrupt_message()))
+            self.services.effects.book.close(RunInterrupted(self._interrupt_message()))
             said = "interrupt received" if reason is None else f"stop requested ({reason})"
             self.services.log(
                 f"{said}: finishing calls in flight, then stopping",
@@ -716,7 +699,7 @@ class _Attempt:
         if self.task is not None:
             asyncio.get_running_loop().call_later(self.options.interrupt_grace_s, self.task.cancel)
 
-    def _install_signals(self, services: RunServices) -> Any:
+    def _install_signals(self, services: RunParts) -> Any:
         """Ctrl-C and SIGTERM stop the attempt gracefully until it has finished; then the
         handlers the process had before come back (asyncio would put the defaults back)."""
         loop = asyncio.get_running_loop()

@@ -11,7 +11,7 @@ from deepline_cli.store.records import Boundary
 from deepline_cli.store.roles import Store
 
 if TYPE_CHECKING:
-    from deepline_cli.runtime.run.services import RunServices
+    from deepline_cli.runtime.run.parts import RunParts
 
 EVENT_POLL_S = 0.25
 
@@ -31,47 +31,47 @@ class EventTimeoutError(DeeplineError):
     """An awaited event did not arrive in time."""
 
 
-async def sleep(s: RunServices, id: str, seconds: float) -> None:
+async def sleep(s: RunParts, id: str, seconds: float) -> None:
     """Wait until a wake-up time stored on first reach; long waits suspend the run."""
     boundary_id = f"sleep:{id}"
-    s.journal.reach(boundary_id, s.scope.run_id)
-    now = s.io.now()
-    boundary = await s.io.call(
-        s.io.store.put_boundary,
-        Boundary(s.scope.run_id, boundary_id, "sleep", due_at=now + max(0.0, seconds), created_at=now),
+    s.effects.journal.reach(boundary_id, s.identity.run_id)
+    now = s.infra.io.now()
+    boundary = await s.infra.io.call(
+        s.infra.io.store.put_boundary,
+        Boundary(s.identity.run_id, boundary_id, "sleep", due_at=now + max(0.0, seconds), created_at=now),
     )
     if boundary.status == "resolved":
         return
     remaining = (boundary.due_at or now) - now
-    if remaining > s.max_inline_wait:
+    if remaining > s.settings.max_inline_wait:
         raise Suspended(boundary)
     if remaining > 0:
         await asyncio.sleep(remaining)
-    await s.io.call(s.io.store.resolve_boundary, s.scope.run_id, boundary_id, None, s.io.now())
+    await s.infra.io.call(s.infra.io.store.resolve_boundary, s.identity.run_id, boundary_id, None, s.infra.io.now())
 
 
-async def wait_for_event(s: RunServices, id: str, timeout_s: float | None) -> Any:
+async def wait_for_event(s: RunParts, id: str, timeout_s: float | None) -> Any:
     """The payload `deepline events send RUN_ID EVENT_ID` delivers; suspends until then."""
     boundary_id = f"event:{id}"
-    run_id = s.scope.run_id
-    s.journal.reach(boundary_id, run_id)
-    now = s.io.now()
+    run_id = s.identity.run_id
+    s.effects.journal.reach(boundary_id, run_id)
+    now = s.infra.io.now()
     due = now + timeout_s if timeout_s is not None else None
-    boundary = await s.io.call(
-        s.io.store.put_boundary,
+    boundary = await s.infra.io.call(
+        s.infra.io.store.put_boundary,
         Boundary(run_id, boundary_id, "event", due_at=due, event_id=id, created_at=now),
     )
     if boundary.status == "resolved":
         return boundary.payload
     while True:
-        delivered, payload = await s.io.call(_event_for, s.io.store, run_id, s.root_run_id, id)
+        delivered, payload = await s.infra.io.call(_event_for, s.infra.io.store, run_id, s.identity.root, id)
         if delivered:
-            await s.io.call(s.io.store.resolve_boundary, run_id, boundary_id, payload, s.io.now())
+            await s.infra.io.call(s.infra.io.store.resolve_boundary, run_id, boundary_id, payload, s.infra.io.now())
             return payload
-        now = s.io.now()
+        now = s.infra.io.now()
         if boundary.due_at is not None and now >= boundary.due_at:
             raise EventTimeoutError(f"Event {id!r} did not arrive within {timeout_s:g}s (run {run_id}).")
-        if boundary.due_at is None or boundary.due_at - now > s.max_inline_wait:
+        if boundary.due_at is None or boundary.due_at - now > s.settings.max_inline_wait:
             raise Suspended(boundary)
         await asyncio.sleep(min(EVENT_POLL_S, boundary.due_at - now))
 

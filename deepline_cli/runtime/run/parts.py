@@ -1,0 +1,183 @@
+"""The parts one attempt of a run is made of, typed by what they are, and the one function
+that builds them, for a run and for `deepline plan` alike.
+
+    Identity        who: the run, its attempt, play, workspace, root and flags   (calls/identity.py)
+    Infrastructure  where things go: the store thread, the write queue, events, stats, secrets
+    Effects         what has an effect: receipts, the governor, HTTP, the run's tools, caps, the journal
+    Settings        how: concurrency, limit, how long to wait inline, how child plays run
+
+A child play run in its parent's process gets parts of its own identity, receipts and
+journal; everything else is its parent's.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from deepline_cli.errors import DeterminismError
+from deepline_cli.runtime.calls.budget import Budget
+from deepline_cli.runtime.calls.caps import Caps
+from deepline_cli.runtime.calls.events import EventBus
+from deepline_cli.runtime.calls.identity import Identity
+from deepline_cli.runtime.calls.receipts import ReceiptBook
+from deepline_cli.runtime.calls.stats import RunStats
+from deepline_cli.runtime.calls.store_thread import StoreIO, WriteQueue
+from deepline_cli.runtime.calls.tool_calls import RunTools
+from deepline_cli.runtime.providers.config import Config
+from deepline_cli.runtime.providers.governor import Governor
+from deepline_cli.runtime.providers.http import Http, HttpTools
+from deepline_cli.runtime.providers.secrets import Secrets
+from deepline_cli.runtime.providers.tools import ToolDef
+from deepline_cli.runtime.providers.transport import Transport
+from deepline_cli.store.records import LogLine
+
+
+@dataclass
+class Journal:
+    """The order in which a run reached its id-addressed durable calls (step, fetch,
+    run_play, sleep, wait_for_event), to notice a resume running changed code."""
+
+    recorded: list[str]
+    position: int = 0
+    pending: list[tuple[int, str]] = field(default_factory=list)
+    logged: set[str] = field(default_factory=set)  # the play body's log lines earlier attempts wrote
+    logs_here: int = 0  # log lines since the last durable call
+
+    def log_key(self) -> str:
+        """Where a log line of the play body is: after which durable call, and which line
+        after it. A resume replaying the body reaches the same places: a line it already
+        wrote is not written (or shown) again."""
+        self.logs_here += 1
+        return f"{self.position}.{self.logs_here}"
+
+    def reach(self, durable_id: str, run_id: str) -> None:
+        position = self.position
+        self.position += 1
+        self.logs_here = 0
+        if position >= len(self.recorded):
+            self.recorded.append(durable_id)
+            self.pending.append((position, durable_id))
+            return
+        before = self.recorded[position]
+        if before != durable_id and durable_id not in self.recorded:
+            raise DeterminismError(
+                f"Run {run_id} reached {durable_id!r} where its earlier attempt reached {before!r}: "
+                "the play's code changed since the run started. Start a new run, or restore the old code "
+                "to resume this one."
+            )
+
+
+@dataclass
+class Infrastructure:
+    """Where a run's records go: the store (one thread), the write queue, events, stats."""
+
+    io: StoreIO
+    writes: WriteQueue
+    bus: EventBus
+    stats: RunStats
+    secrets: Secrets
+
+
+@dataclass
+class Effects:
+    """What a run does that has an effect, each through a receipt."""
+
+    book: ReceiptBook
+    governor: Governor
+    http: Http
+    tools: RunTools  # where its tools' definitions come from
+    caps: Caps
+    journal: Journal
+    books: list[ReceiptBook]  # every book whose leases need heartbeats (child runs in this process too)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a run goes: its flags, as given or as the run was started with."""
+
+    concurrency: int | None = None
+    limit: int | None = None
+    max_inline_wait: float = 30.0
+    schedule_children: bool = False  # under workers: child plays become queued runs of their own
+    config: str | None = None  # the deepline.toml in use
+    persisted: dict[str, Any] = field(default_factory=dict)  # the flags kept with the run (a child's too)
+
+
+@dataclass
+class RunParts:
+    """One attempt of a run: who it is, where its records go, what it does and how."""
+
+    identity: Identity
+    infra: Infrastructure
+    effects: Effects
+    settings: Settings
+
+    def log(
+        self,
+        message: str,
+        *,
+        level: str = "info",
+        key: str | None = None,
+        kind: str = "log",
+        fields: dict[str, Any] | None = None,
+    ) -> None:
+        """A run log line: kept in the store (with its kind and fields, for `runs logs
+        --kind --where`) and shown live. A play body's line (`key`) is written once per run."""
+        if key is not None and key in self.effects.journal.logged:
+            return  # written by an earlier attempt
+        infra, who = self.infra, self.identity
+        text = infra.secrets.redact(str(message))
+        shown = infra.secrets.redact_json(fields) if fields else None
+        infra.writes.log(LogLine(who.run_id, who.attempt, time.time(), level, text, key, kind, shown))
+        extra = {"fields": shown} if shown else {}
+        infra.bus.emit("log", who.run_id, level=level, message=text, kind=kind, attempt=who.attempt, **extra)
+
+    def for_child(self, run_id: str, attempt: int, play: str, play_file: str, journal: Journal,
+                  tools: dict[str, ToolDef]) -> RunParts:  # fmt: skip
+        """The parts of a child run in this process: its own identity, receipts, journal and
+        tools; the rest is its parent's."""
+        identity = self.identity.child(run_id, attempt, play, play_file)
+        book = self.effects.book.for_scope(identity)
+        self.effects.books.append(book)
+        effects = replace(
+            self.effects, book=book, journal=journal, tools=RunTools(tools, self.effects.tools.http_tools)
+        )
+        return replace(self, identity=identity, effects=effects)
+
+
+def build_parts(
+    identity: Identity,
+    io: StoreIO,
+    bus: EventBus,
+    stats: RunStats,
+    *,
+    config: Config,
+    budget: Budget,
+    caps: Caps,
+    journal: Journal,
+    local_tools: dict[str, ToolDef],
+    settings: Settings,
+    env_folder: Path,
+    fetch_public_only: bool = False,
+) -> RunParts:
+    """Everything an attempt needs, wired once: a run and the planner both build theirs here.
+    `env_folder`: where the run's `.env` is (its play's folder)."""
+    writes = WriteQueue(io)
+    secrets = Secrets(env_folder)
+
+    async def shared_slot(tool: str, interval: float, count: int) -> float:
+        start = await io.call(io.store.take_rate_slot, tool, interval, io.now(), count)
+        return start - io.now()
+
+    governor = Governor(settings.concurrency, shared_slot=shared_slot)
+    http = Http(Transport(max(64, settings.concurrency or 0)), secrets, governor, public_only=fetch_public_only)
+    book = ReceiptBook(io, writes, identity, bus, stats, budget=budget, secrets=secrets)
+    return RunParts(
+        identity,
+        Infrastructure(io, writes, bus, stats, secrets),
+        Effects(book, governor, http, RunTools(local_tools, HttpTools(config, http)), caps, journal, [book]),
+        settings,
+    )
