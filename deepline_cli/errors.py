@@ -13,6 +13,7 @@
     ├── GovernanceError                depth, cycle or cap of child plays / tool calls
     ├── DeterminismError               a resumed play reached other durable calls than before
     ├── ReceiptLeaseLostError          another owner took a receipt or run this process held
+    ├── SystemicFailure                a map's first rows all failed the same way: it stopped
     ├── MapAccountingError             a map input row is not accounted for
     ├── SheetVisibilityError           written sheet rows are not visible in the store
     └── StoreError                     the store cannot be read or written
@@ -171,6 +172,13 @@ class DeterminismError(DeeplineError):
 
 class ReceiptLeaseLostError(DeeplineError):
     """Another owner took over a receipt or run this process held."""
+
+    fatal = True
+
+
+class SystemicFailure(DeeplineError):
+    """A map's first rows all failed the same way (a revoked key, a provider down): it
+    stopped instead of paying for the whole list to fail."""
 
     fatal = True
 

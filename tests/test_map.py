@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from deepline_cli.runtime.calls.events import Event, EventBus
-from deepline_cli.runtime.map import engine as map_engine
+from deepline_cli.runtime.map import barriers
 from deepline_cli.runtime.run.runner import RunResult
 from deepline_cli.store import open_store
 from deepline_cli.store.roles import Store
@@ -1139,7 +1139,7 @@ def double_of(behaviour: type, url: str, **settings: Any) -> Any:
 @pytest.fixture
 def quick_visibility(monkeypatch: pytest.MonkeyPatch) -> tuple[float, ...]:
     tries = (0.0, 0.01, 0.01, 0.01)
-    monkeypatch.setattr(map_engine, "VISIBILITY_TRIES", tries)
+    monkeypatch.setattr(barriers, "VISIBILITY_WAITS", tries)
     return tries
 
 

@@ -8,14 +8,41 @@ that and the pilot's own figures into a projection of the full list.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from deepline_cli.runtime.calls.store_thread import StoreIO
+from deepline_cli.runtime.map.columns import ResolvedColumn
+from deepline_cli.runtime.map.reuse import ReusePolicy
+from deepline_cli.runtime.map.row_context import PendingRow
 from deepline_cli.runtime.map.rows import row_digest
 
-if TYPE_CHECKING:
-    from deepline_cli.runtime.map.engine import MapRun, _Job
+
+class PilotMap(Protocol):
+    """What the pilot reads of a map that finished (MapRun is one)."""
+
+    @property
+    def rows(self) -> Iterable[Mapping[str, Any]]: ...
+    @property
+    def limit(self) -> int | None: ...
+    @property
+    def read(self) -> int: ...
+    @property
+    def distinct(self) -> int: ...
+    @property
+    def seen(self) -> set[str]: ...
+    @property
+    def key_of(self) -> Callable[[Mapping[str, Any]], str]: ...
+    @property
+    def sheet(self) -> str: ...
+    @property
+    def reuse(self) -> ReusePolicy: ...
+    @property
+    def columns(self) -> Sequence[ResolvedColumn]: ...
+    @property
+    def io(self) -> StoreIO: ...
+
 
 CHUNK = 256
 
@@ -30,11 +57,11 @@ class RestCounts:
         return {"rest_rows": self.rows, "rest_distinct": self.distinct, "rest_paid": self.paid}
 
 
-async def scan_rest(engine: MapRun) -> dict[str, Any] | None:
+async def scan_rest(engine: PilotMap) -> dict[str, Any] | None:
     """The rest of a map's input beyond its limit, or None when the limit cut nothing
     (or the rows can be read only once, like a generator)."""
     rows: Any = engine.rows
-    if engine.limit is None or len(engine.input_index_of) < engine.limit or iter(rows) is rows:
+    if engine.limit is None or engine.distinct < engine.limit or iter(rows) is rows:
         return None
     counts = RestCounts()
     for chunk in rest_jobs(engine, counts):
@@ -42,14 +69,12 @@ async def scan_rest(engine: MapRun) -> dict[str, Any] | None:
     return counts.as_dict() if counts.rows else None
 
 
-def rest_jobs(engine: MapRun, counts: RestCounts) -> Iterator[list[_Job]]:
+def rest_jobs(engine: PilotMap, counts: RestCounts) -> Iterator[list[PendingRow]]:
     """The distinct rows after the ones the map read, in chunks (keys seen by the map skipped)."""
-    from deepline_cli.runtime.map.engine import _Job
-
     seen = set(engine.seen)
-    chunk: list[_Job] = []
+    chunk: list[PendingRow] = []
     for input_index, raw in enumerate(engine.rows):
-        if input_index < engine.tally.read:
+        if input_index < engine.read:
             continue
         counts.rows += 1
         row = dict(raw)
@@ -58,7 +83,7 @@ def rest_jobs(engine: MapRun, counts: RestCounts) -> Iterator[list[_Job]]:
             continue
         seen.add(key)
         counts.distinct += 1
-        chunk.append(_Job(-1, input_index, key, row, row_digest(row), None))
+        chunk.append(PendingRow(-1, input_index, key, row, row_digest(row), None))
         if len(chunk) >= CHUNK:
             yield chunk
             chunk = []
@@ -66,9 +91,9 @@ def rest_jobs(engine: MapRun, counts: RestCounts) -> Iterator[list[_Job]]:
         yield chunk
 
 
-async def count_paid(engine: MapRun, chunk: list[_Job]) -> int:
+async def count_paid(engine: PilotMap, chunk: list[PendingRow]) -> int:
     """How many of these rows the map engine would take whole from the sheet (no call)."""
-    io = engine.s.io
+    io = engine.io
     previous = await io.call(io.store.load_sheet_rows, engine.sheet, [job.key for job in chunk])
     paid = 0
     for job in chunk:
@@ -78,6 +103,6 @@ async def count_paid(engine: MapRun, chunk: list[_Job]) -> int:
     return paid
 
 
-def whole_row_reusable(engine: MapRun, job: _Job) -> bool:
+def whole_row_reusable(engine: PilotMap, job: PendingRow) -> bool:
     """The map engine's fast path, decided without recording anything."""
     return engine.reuse.whole_row(job.previous, job.digest, engine.columns) is not None

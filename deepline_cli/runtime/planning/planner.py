@@ -42,9 +42,10 @@ from deepline_cli.runtime.calls.stats import RunStats
 from deepline_cli.runtime.calls.store_thread import StoreIO
 from deepline_cli.runtime.calls.tool_calls import Staleness, Tools, staleness_of
 from deepline_cli.runtime.map.columns import Column, ResolvedColumn
-from deepline_cli.runtime.map.engine import MapRun, RowContext, _Job
+from deepline_cli.runtime.map.engine import MapRun
 from deepline_cli.runtime.map.pilot import whole_row_reusable
 from deepline_cli.runtime.map.reuse import previous_value, refresh_after
+from deepline_cli.runtime.map.row_context import PendingRow, RowContext
 from deepline_cli.runtime.map.rows import CsvSource, RowKey
 from deepline_cli.runtime.planning.toolscan import tool_ids
 from deepline_cli.runtime.providers.config import Config, load_config
@@ -457,7 +458,7 @@ class RowPlanner:
         self.rows: list[dict[str, Any]] | None = []  # None once a row's values are unknown
         self.failed = 0
 
-    async def row(self, job: _Job) -> None:
+    async def row(self, job: PendingRow) -> None:
         engine = self.engine
         row, changed = job.row, False
         unknown: list[str] = []  # columns whose values only a real run can tell
@@ -491,7 +492,7 @@ class RowPlanner:
         tracker = Tracker()
         token = _TRACKER.set(tracker)
         try:
-            return _Value((await self.engine._resolve(column, row, rc))[0])
+            return _Value((await self.engine.resolve_cell(column, row, rc))[0])
         except NewCall as stop:
             self._stopped_at(plan, stop, tracker)
             return _Stopped()
@@ -720,7 +721,7 @@ class Planner:
     async def plan_map(self, engine: MapRun, rows: RowPlanner, source: Bounded) -> PlanDataset:
         plan = MapPlan(engine.name, limit=engine.limit, columns=rows.columns, history_rows=rows.history.rows)
         self.plan.maps.append(plan)
-        for chunk in engine._chunks():
+        for chunk in engine.pending_rows():
             previous = await self.io.call(self.store.load_sheet_rows, engine.sheet, [job.key for job in chunk])
             for job in chunk:
                 job.previous = previous.get(job.key)
@@ -734,8 +735,8 @@ class Planner:
                     rows._keep(_sheet_values(job), _first_error(job))
                 else:
                     await rows.row(job)
-        plan.input_rows, plan.duplicate = engine.tally.read, engine.tally.duplicate
-        plan.distinct = len(engine.input_index_of)
+        plan.input_rows, plan.duplicate = engine.read, engine.duplicate
+        plan.distinct = engine.distinct
         if source.cut:
             raise NotPlanned(
                 f"map {engine.name!r} reads its rows from a source of unknown length (a generator) that did not end "
@@ -746,14 +747,14 @@ class Planner:
         return PlanDataset(engine.name, rows.rows, rows.failed)
 
 
-def _sheet_values(job: _Job) -> dict[str, Any]:
+def _sheet_values(job: PendingRow) -> dict[str, Any]:
     values = dict(job.row)
     for name, cell in (job.previous.cells if job.previous else {}).items():
         values[name] = cell[0]
     return values
 
 
-def _first_error(job: _Job) -> str | None:
+def _first_error(job: PendingRow) -> str | None:
     cells = job.previous.cells if job.previous else {}
     return next((cell[1] for cell in cells.values() if cell[1] is not None), None)
 

@@ -1,0 +1,211 @@
+"""What a map has done, kept as it goes: its counts, which distinct rows are finished, each
+finished row written (sheet row and map row, with the receipts), progress for the views,
+the summary it logs, and a failure that is every row's (a systemic one) noticed early."""
+
+from __future__ import annotations
+
+import array
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from deepline_cli.errors import DeeplineError, SystemicFailure
+from deepline_cli.runtime.map import failures
+from deepline_cli.runtime.map.columns import ResolvedColumn
+from deepline_cli.runtime.map.host import MapParts
+from deepline_cli.runtime.map.row_context import PendingRow
+from deepline_cli.store.records import FOUND_PREFIX, NOT_FOUND, MapRecord, MapRow, SheetRow
+
+FAILURES_LOGGED = 3
+SAME_ERROR_STOP = 20  # the first rows of a map all failing the same way: a systemic failure
+
+Cells = dict[str, list[Any]]
+
+
+class Tally:
+    """A map's counts, as the live view shows them."""
+
+    def __init__(self) -> None:
+        self.succeeded = 0
+        self.failed = 0
+        self.duplicate = 0
+        self.reused = 0  # rows taken whole from sheet rows earlier runs wrote (every attempt)
+        self.reused_cells = 0  # cells taken from the sheet (every attempt)
+        self.seeded = 0  # rows an earlier attempt finished well: not run again
+        self.seeded_reused = 0  # of those, rows that attempt took whole from earlier runs
+        self.kept = 0  # rows an earlier attempt failed, taken back whole with their errors
+        self.read = 0
+        self.steps: dict[str, dict[str, int]] = {}  # waterfall column -> step (or "none") -> rows
+
+    @property
+    def earlier(self) -> int:
+        """The rows earlier attempts of this run finished (those they reused aside)."""
+        return self.seeded - self.seeded_reused + self.kept
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+            "duplicate": self.duplicate,
+            "reused": self.reused,
+            "reused_cells": self.reused_cells,
+            "seeded": self.seeded,
+            "earlier": self.earlier,
+            "steps": {column: dict(hits) for column, hits in self.steps.items()},
+        }
+
+
+class MapBook:
+    """The record of one map of one run attempt, kept while it runs."""
+
+    def __init__(self, parts: MapParts, name: str, sheet: str, columns: list[ResolvedColumn],
+                 waterfalls: dict[str, list[str]], fail_fast: bool) -> None:  # fmt: skip
+        self.s, self.name, self.sheet, self.columns = parts, name, sheet, columns
+        self.run_id, self.attempt = parts.identity.run_id, parts.identity.attempt
+        self.waterfalls = waterfalls
+        self.fail_fast = fail_fast  # on_row_error="fail": a failed row stops the map
+        self.tally = Tally()
+        self.input_index_of = array.array("q")  # distinct idx -> input index
+        self.finished = bytearray()  # distinct idx -> 1 once finished (this or an earlier attempt)
+        self.first_failures: list[tuple[object, ...]] = []  # signatures, while no row succeeded
+        self.started = time.monotonic()
+
+    @property
+    def distinct(self) -> int:
+        return len(self.input_index_of)
+
+    def mark(self, idx: int) -> None:
+        if idx >= len(self.finished):
+            self.finished.extend(b"\0" * (idx + 1 - len(self.finished) + 1024))
+        self.finished[idx] = 1
+
+    def is_finished(self, idx: int) -> bool:
+        return idx < len(self.finished) and bool(self.finished[idx])
+
+    def steps(self, cells: Mapping[str, list[Any]]) -> dict[str, str | None] | None:
+        """Which step of each waterfall column found the row's value (None: no step did)."""
+        if not self.waterfalls:
+            return None
+        found = {
+            name: cell[4].get("step")
+            for name, cell in cells.items()
+            if name in self.waterfalls and cell[1] is None and len(cell) > 4 and "step" in cell[4]
+        }
+        for name, step in found.items():
+            self.tally.steps.setdefault(name, {}).setdefault(step or NOT_FOUND, 0)
+            self.tally.steps[name][step or NOT_FOUND] += 1
+        return found or None
+
+    def record(
+        self,
+        job: PendingRow,
+        cells: Cells | None,
+        error: str | None,
+        steps: dict[str, str | None] | None = None,
+        *,
+        reused: tuple[bool, int] = (False, 0),
+        found: set[str] | None = None,
+    ) -> DeeplineError | None:
+        """Write a finished row (its sheet row too, unless every cell was reused); returns
+        why the map must stop, for a failed row of a map that fails on one."""
+        outcome = "failed" if error is not None else "succeeded"
+        if outcome == "failed":
+            self.tally.failed += 1
+        else:
+            self.tally.succeeded += 1
+        sheet_row, previous = None, job.previous
+        if cells is not None:
+            sheet_row = SheetRow(
+                self.sheet,
+                job.key,
+                _input_only(job.row, self.columns),
+                job.digest,
+                cells,
+                outcome,
+                self.run_id,
+                self.s.io.now(),
+                replaces=previous is not None and previous.run_id != self.run_id,
+                attempt=self.attempt,
+            )
+        # A row reused whole finished with the revision it was read at; a written one with
+        # the revision its write makes.
+        rev = previous.rev if sheet_row is None and previous is not None else None
+        row = MapRow(self.run_id, self.name, job.idx, job.input_index, job.key, outcome, error, self.sheet, rev)
+        row.attempt, row.steps = self.attempt, steps
+        row.reused_row, row.reused_cells = reused
+        row.found = sorted(key[:FOUND_PREFIX] for key in found) if found else None
+        row.kept = sheet_row is None and previous is not None and previous.run_id == self.run_id
+        self.s.writes.sheet(sheet_row, row)
+        self.mark(job.idx)
+        if error is not None and self.fail_fast:
+            return DeeplineError(f"Map {self.name!r} stopped: row {job.key} failed: {error}")
+        return None
+
+    def systemic(self, failure: BaseException, error: str) -> SystemicFailure | None:
+        """The map's first rows all failing the same way (a revoked API key, a provider
+        down) stop it, instead of paying for the whole list to fail."""
+        if self.tally.succeeded or len(self.first_failures) >= SAME_ERROR_STOP:
+            return None
+        self.first_failures.append(failures.signature(failure))
+        if len(self.first_failures) == SAME_ERROR_STOP and len(set(self.first_failures)) == 1:
+            return SystemicFailure(
+                f"Map {self.name!r} stopped: its first {SAME_ERROR_STOP} rows all failed the same way ({error}). "
+                f"Fix the cause, then: deepline resume {self.run_id} --refresh-failed"
+            )
+        return None
+
+    def progress(self, total: int | None) -> None:
+        t = self.tally
+        done = t.succeeded + t.failed + t.seeded
+        elapsed = max(time.monotonic() - self.started, 1e-6)
+        rate = (t.succeeded + t.failed) / elapsed
+        eta = (total - done - t.duplicate) / rate if total and rate > 0 else None
+        self.s.bus.emit(
+            "map.progress",
+            self.run_id,
+            map=self.name,
+            done=done,
+            total=total,
+            rows_per_s=round(rate, 1),
+            eta_s=None if eta is None else max(0.0, round(eta, 1)),
+            **t.as_dict(),
+        )
+
+    async def log_summary(self, record: MapRecord) -> None:
+        """The map's log lines (exact wording: the SPEC's): its first failed rows, how many
+        more were left out, and how it ended."""
+        s = self.s
+        if record.failed:
+            failed = await s.io.call(s.io.store.failed_map_rows, self.run_id, self.name, FAILURES_LOGGED)
+            for row in failed:
+                s.log(
+                    f"row {row.row_key} failed: {row.error}",
+                    level="warning",
+                    kind="row.failed",
+                    fields={"map": self.name, "row_key": row.row_key, "error": row.error},
+                )
+            if record.failed > FAILURES_LOGGED:
+                omitted = record.failed - FAILURES_LOGGED
+                s.log(
+                    f"{omitted} additional row failure(s) omitted from map log",
+                    level="warning",
+                    kind="row.failed.omitted",
+                    fields={"map": self.name, "omitted": omitted},
+                )
+        s.log(
+            f"Map completed: {record.total} results ({record.succeeded} succeeded, {record.failed} "
+            f"failed, {record.duplicate} duplicate keys skipped)",
+            kind="map.completed",
+            fields={
+                "map": self.name,
+                "total": record.total,
+                "succeeded": record.succeeded,
+                "failed": record.failed,
+                "duplicate": record.duplicate,
+            },
+        )
+
+
+def _input_only(row: dict[str, Any], columns: list[ResolvedColumn]) -> dict[str, Any]:
+    names = {c.name for c in columns}
+    return {k: v for k, v in row.items() if k not in names}
