@@ -36,6 +36,7 @@ from deepline_cli.store.claims import claim, settle
 from deepline_cli.store.records import (
     Boundary,
     CallRecord,
+    Cell,
     Claim,
     ClaimOutcome,
     LogLine,
@@ -1005,9 +1006,9 @@ def test_any_text_round_trips_and_never_sinks_the_batch_it_rides_in(store: Store
 def sheet_row(
     key: str, *, status: str = "succeeded", value: Any = None, run_id: str = "r1", at: float = T0
 ) -> SheetRow:
-    cells = {"email": [value if value is not None else f"{key}@x.io", None, at, "fp1"]}
+    cells = {"email": Cell(value if value is not None else f"{key}@x.io", None, at, "fp1")}
     if status == "failed":
-        cells = {"email": [None, f"{key} broke", at, "fp1"]}
+        cells = {"email": Cell(None, f"{key} broke", at, "fp1")}
     return SheetRow("play/leads", key, {"domain": f"{key}.io", "n": 1}, f"digest-{key}", cells, status, run_id, at)
 
 
@@ -1049,7 +1050,7 @@ def test_a_runs_rows_keep_the_revision_it_finished_with(store: Store, other: Sto
 
     def email(run_id: str) -> Any:
         [row] = other.map_rows_page(run_id, "leads", "play/leads", -1, 10)
-        return row.cells["email"][0]
+        return row.cells["email"].value
 
     assert (email("r1"), email("r2"), email("r3")) == ("old@x.io", "new@x.io", "new@x.io")
 

@@ -3,8 +3,9 @@ the store exchange them. Plain data: no behaviour beyond a property or two."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from deepline_cli.store.run_states import RUN_STATUSES
 
@@ -221,18 +222,51 @@ class LogLine:
     id: int = field(default=0, compare=False)
 
 
+class Cell(NamedTuple):
+    """One cell of a sheet row: what its column gave for the row (or the error it raised),
+    when, and the column's fingerprint then. Stored as the JSON list
+    `[value, error, completed_at, fingerprint]`, with `meta` after it when there is any
+    (the step of a waterfall that found the value; `{"run_if": false}`)."""
+
+    value: Any
+    error: str | None
+    completed_at: float | None
+    fingerprint: str | None
+    meta: dict[str, Any] | None = None
+
+    @property
+    def step(self) -> str | None:
+        """The waterfall step that found the value (None: none did, or not a waterfall)."""
+        return self.meta.get("step") if self.meta else None
+
+    @property
+    def not_run(self) -> bool:
+        """Its `run_if` said no: it holds None, and nothing was asked for it."""
+        return bool(self.meta) and self.meta.get("run_if") is False  # type: ignore[union-attr]
+
+    def stored(self) -> list[Any]:
+        head = [self.value, self.error, self.completed_at, self.fingerprint]
+        return [*head, self.meta] if self.meta else head
+
+
+def cells_of(stored: Any) -> dict[str, Cell]:
+    """A sheet row's cells from their stored JSON form."""
+    return {name: Cell(*cell[:5]) for name, cell in (stored or {}).items()}
+
+
+def stored_cells(cells: Mapping[str, Cell]) -> dict[str, list[Any]]:
+    return {name: cell.stored() for name, cell in cells.items()}
+
+
 @dataclass(slots=True)
 class SheetRow:
-    """One row of a map's persisted sheet, shared by every run of the play.
-
-    `cells` maps a column to `[value, error, completed_at, fingerprint]`.
-    """
+    """One row of a map's persisted sheet, shared by every run of the play."""
 
     sheet: str
     row_key: str
     input: Any
     input_digest: str
-    cells: dict[str, list[Any]]
+    cells: dict[str, Cell]
     status: str  # succeeded | failed
     run_id: str
     updated_at: float
@@ -292,7 +326,7 @@ class DatasetRow:
     outcome: str
     error: str | None
     input: Any
-    cells: dict[str, list[Any]]
+    cells: dict[str, Cell]
 
 
 @dataclass(slots=True)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from deepline_cli import _json
-from deepline_cli.store.records import NOT_FOUND, DatasetRow, MapRecord, MapRow, SheetRow
+from deepline_cli.store.records import NOT_FOUND, DatasetRow, MapRecord, MapRow, SheetRow, cells_of, stored_cells
 from deepline_cli.store.sql_base import SqlBase
 from deepline_cli.store.sql_rows import chunks, json_or_none, map_from_row, map_row_values, position
 
@@ -25,7 +25,7 @@ class SheetsSql(SqlBase):
             )
             for key, inp, digest, cells, status, run_id, updated, rev in rows:
                 found[key] = SheetRow(
-                    sheet, key, _json.loads(inp), digest, _json.loads(cells), status, run_id, updated, rev
+                    sheet, key, _json.loads(inp), digest, cells_of(_json.loads(cells)), status, run_id, updated, rev
                 )
         return found
 
@@ -91,7 +91,7 @@ class SheetsSql(SqlBase):
             (sheet, sheet, run_id, map, after_idx, limit),
         )
         return [
-            DatasetRow(idx, key, outcome, error, _json.loads(inp), _json.loads(cells) or {})
+            DatasetRow(idx, key, outcome, error, _json.loads(inp), cells_of(_json.loads(cells)))
             for idx, key, outcome, error, inp, cells in rows
         ]
 
@@ -159,7 +159,7 @@ class SheetsSql(SqlBase):
                     r.row_key,
                     _json.dumps_str(r.input),
                     r.input_digest,
-                    _json.dumps_str(r.cells),
+                    _json.dumps_str(stored_cells(r.cells)),
                     r.status,
                     r.run_id,
                     r.updated_at,

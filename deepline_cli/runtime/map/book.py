@@ -14,12 +14,12 @@ from deepline_cli.runtime.map import failures
 from deepline_cli.runtime.map.columns import ResolvedColumn
 from deepline_cli.runtime.map.host import MapParts
 from deepline_cli.runtime.map.row_context import PendingRow
-from deepline_cli.store.records import FOUND_PREFIX, NOT_FOUND, MapRecord, MapRow, SheetRow
+from deepline_cli.store.records import FOUND_PREFIX, NOT_FOUND, Cell, MapRecord, MapRow, SheetRow
 
 FAILURES_LOGGED = 3
 SAME_ERROR_STOP = 20  # the first rows of a map all failing the same way: a systemic failure
 
-Cells = dict[str, list[Any]]
+Cells = dict[str, Cell]
 
 
 class Tally:
@@ -82,14 +82,14 @@ class MapBook:
     def is_finished(self, idx: int) -> bool:
         return idx < len(self.finished) and bool(self.finished[idx])
 
-    def steps(self, cells: Mapping[str, list[Any]]) -> dict[str, str | None] | None:
+    def steps(self, cells: Mapping[str, Cell]) -> dict[str, str | None] | None:
         """Which step of each waterfall column found the row's value (None: no step did)."""
         if not self.waterfalls:
             return None
         found = {
-            name: cell[4].get("step")
+            name: cell.step
             for name, cell in cells.items()
-            if name in self.waterfalls and cell[1] is None and len(cell) > 4 and "step" in cell[4]
+            if name in self.waterfalls and cell.error is None and cell.meta and "step" in cell.meta
         }
         for name, step in found.items():
             self.tally.steps.setdefault(name, {}).setdefault(step or NOT_FOUND, 0)

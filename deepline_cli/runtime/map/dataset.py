@@ -87,9 +87,9 @@ class Dataset:
         values: dict[str, Any] = dict(row.input or {})
         for column in self.record.columns:
             cell = row.cells.get(column)
-            values[column] = cell[0] if cell else None
+            values[column] = cell.value if cell else None
             if column in self.record.steps:
-                values[step_column(column)] = cell[4].get("step") if cell and len(cell) > 4 else None
+                values[step_column(column)] = cell.step if cell else None
         if row.outcome == "failed":
             values[ERROR_COLUMN] = row.error
         return values

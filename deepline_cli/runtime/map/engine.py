@@ -35,7 +35,7 @@ from deepline_cli.runtime.map.rows import CsvSource, RowKey, input_columns, key_
 from deepline_cli.runtime.map.waterfall import Found, Waterfall
 from deepline_cli.runtime.providers.found import is_found
 from deepline_cli.runtime.providers.tools import ToolResult
-from deepline_cli.store.records import MapRecord
+from deepline_cli.store.records import Cell, MapRecord
 
 DEFAULT_CONCURRENCY = 50
 CHUNK = 256  # rows looked up in the sheet per store read
@@ -278,20 +278,20 @@ class MapRun:
         run paid for): a map with no columns has no cell to keep its failure in."""
         return job.blank is None or bool(self.columns)
 
-    def _blank_cells(self, job: PendingRow) -> dict[str, list[Any]]:
+    def _blank_cells(self, job: PendingRow) -> dict[str, Cell]:
         """A blank required cell's failure, kept as the first column's error cell: later runs
         give it back like any failed cell (`--refresh-failed` checks the row again)."""
         if not self.columns:
             return {}
         first = self.columns[0]
-        return {first.name: [None, job.blank, self.s.io.now(), first.fingerprint]}
+        return {first.name: Cell(None, job.blank, self.s.io.now(), first.fingerprint)}
 
     def _reuse_whole_row(self, job: PendingRow) -> bool:
         """The fast path: every cell is reusable, so record the row without any call."""
         cells = self.reuse.whole_row(job.previous, job.digest, self.columns)
         if cells is None:
             return False
-        error = next((cell[1] for cell in cells if cell[1] is not None), None)
+        error = next((cell.error for cell in cells if cell.error is not None), None)
         assert job.previous is not None
         # A row an earlier attempt of this run wrote (a failed one, its errors kept) is
         # that attempt's work, not a reuse of an earlier run's.
@@ -332,7 +332,7 @@ class MapRun:
 
     async def _process(self, job: PendingRow) -> None:
         row = job.row
-        cells: dict[str, list[Any]] = dict(job.previous.cells) if job.previous else {}
+        cells: dict[str, Cell] = dict(job.previous.cells) if job.previous else {}
         rc = RowContext(self.ctx, self.s, self.name, job.key, job.idx)
         changed = False
         error: str | None = None
@@ -344,9 +344,9 @@ class MapRun:
             cell = self.reuse.cell(job.previous, job.digest, column, changed)
             if cell is not None:
                 reused_cells += 1
-                row[column.name] = cell[0]
-                if cell[1] is not None:
-                    error = cell[1]
+                row[column.name] = cell.value
+                if cell.error is not None:
+                    error = cell.error
                     break
                 continue
             before = cells.get(column.name)
@@ -368,12 +368,12 @@ class MapRun:
                 failure = exc
             if failure is not None:
                 error = self.s.secrets.redact(failures.describe(failure))
-                cells[column.name] = [None, error, self.s.io.now(), column.fingerprint]
+                cells[column.name] = Cell(None, error, self.s.io.now(), column.fingerprint)
                 for later in self.columns[position + 1 :]:  # not computed on a failed row
                     cells.pop(later.name, None)
                 break
-            changed = changed or before is None or before[0] != value
-            cells[column.name] = [value, None, self.s.io.now(), column.fingerprint, *([meta] if meta else [])]
+            changed = changed or before is None or before.value != value
+            cells[column.name] = Cell(value, None, self.s.io.now(), column.fingerprint, meta)
             row[column.name] = value
             found.update(key for key in scope.answered if (key in hits if hits is not None else is_found(value)))
         if job.previous is not None and job.previous.run_id == self.run_id:

@@ -18,10 +18,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from deepline_cli.runtime.map.reuse import not_run
 from deepline_cli.runtime.providers.found import is_found
 from deepline_cli.store.ledger import LedgerQueries
-from deepline_cli.store.records import MapRecord
+from deepline_cli.store.records import Cell, MapRecord
 from deepline_cli.store.roles import Store
 
 Z95 = 1.96
@@ -38,12 +37,12 @@ class CellCounts:
     failed: int = 0
     not_run: int = 0
 
-    def add(self, cell: list[Any] | None) -> None:
-        if cell is None or not_run(cell):
+    def add(self, cell: Cell | None) -> None:
+        if cell is None or cell.not_run:
             self.not_run += 1
-        elif cell[1] is not None:
+        elif cell.error is not None:
             self.failed += 1
-        elif is_found(cell[0]):
+        elif is_found(cell.value):
             self.found += 1
         else:
             self.not_found += 1

@@ -16,9 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepline_cli.runtime.map.columns import ResolvedColumn
-from deepline_cli.store.records import SheetRow
-
-Cell = list[Any]  # [value, error, completed_at, fingerprint, (meta)]
+from deepline_cli.store.records import Cell, SheetRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +33,11 @@ class ReusePolicy:
             return None
         cell = previous.cells.get(column.name)
         spec = column.column
-        if cell is None or cell[3] != column.fingerprint or self.force_refresh or spec.recompute:
+        if cell is None or cell.fingerprint != column.fingerprint or self.force_refresh or spec.recompute:
             return None
         if self.is_stale(column, cell):
             return None
-        if cell[1] is not None and (spec.recompute_on_error or self.refresh_failed):
+        if cell.error is not None and (spec.recompute_on_error or self.refresh_failed):
             return None
         return cell
 
@@ -54,19 +52,19 @@ class ReusePolicy:
             if cell is None:
                 return None
             cells.append(cell)
-            if cell[1] is not None:
+            if cell.error is not None:
                 break
         return cells
 
     def is_stale(self, column: ResolvedColumn, cell: Cell) -> bool:
         ttl = column.column.staleness(previous_value(cell))
-        return ttl is not None and (ttl <= 0 or self.now() - (cell[2] or 0.0) > ttl)
+        return ttl is not None and (ttl <= 0 or self.now() - (cell.completed_at or 0.0) > ttl)
 
 
 def previous_value(cell: Cell | None) -> Any:
     """What a cell held, for `rc.previous` and a staleness function (None: nothing found,
     or an error)."""
-    return cell[0] if cell is not None and cell[1] is None else None
+    return cell.value if cell is not None and cell.error is None else None
 
 
 def refresh_after(column: ResolvedColumn, previous: Cell | None) -> float | None:
@@ -74,8 +72,3 @@ def refresh_after(column: ResolvedColumn, previous: Cell | None) -> float | None
     (None: any age)."""
     ttl = column.column.staleness(previous_value(previous))
     return None if ttl is None else max(0.0, float(ttl))
-
-
-def not_run(cell: Cell) -> bool:
-    """A cell whose `run_if` said no: it holds None, and nothing was asked for it."""
-    return len(cell) > 4 and isinstance(cell[4], dict) and cell[4].get("run_if") is False

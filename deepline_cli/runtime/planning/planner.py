@@ -469,9 +469,9 @@ class RowPlanner:
             cell = engine.reuse.cell(job.previous, job.digest, column, changed or bool(unknown))
             if cell is not None:
                 plan.reused_cells += 1
-                row[column.name] = cell[0]
-                if cell[1] is not None:
-                    return self._keep(row, cell[1])
+                row[column.name] = cell.value
+                if cell.error is not None:
+                    return self._keep(row, cell.error)
                 continue
             before = job.previous.cells.get(column.name) if job.previous else None
             rc.previous = previous_value(before)
@@ -482,7 +482,7 @@ class RowPlanner:
             if isinstance(outcome, _Stopped):
                 unknown.append(column.name)
                 continue
-            changed = changed or before is None or before[0] != outcome.value
+            changed = changed or before is None or before.value != outcome.value
             row[column.name] = outcome.value
         if unknown:
             self.rows = None
@@ -750,13 +750,13 @@ class Planner:
 def _sheet_values(job: PendingRow) -> dict[str, Any]:
     values = dict(job.row)
     for name, cell in (job.previous.cells if job.previous else {}).items():
-        values[name] = cell[0]
+        values[name] = cell.value
     return values
 
 
 def _first_error(job: PendingRow) -> str | None:
     cells = job.previous.cells if job.previous else {}
-    return next((cell[1] for cell in cells.values() if cell[1] is not None), None)
+    return next((cell.error for cell in cells.values() if cell.error is not None), None)
 
 
 def plan_play(play: PlayDef, input: Any, config_path: Path | None, store: Store, options: PlanOptions) -> Plan:
