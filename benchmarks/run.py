@@ -22,6 +22,7 @@ FULL = [
     ["durable_calls.py", "--calls", "100000", "--in-flight", "64"],
     ["map_rows.py", "--rows", "1000000", "--rerun-rows", "100000"],
     ["headline.py", "--rows", "10000"],
+    ["rate_limit.py", "--calls", "40", "--rounds", "3"],
 ]
 POSTGRES = [
     ["workers.py", "--workers", "1,2,4"],
@@ -36,6 +37,7 @@ QUICK = [
     ["durable_calls.py", "--calls", "10000"],
     ["map_rows.py", "--rows", "20000", "--rerun-rows", "20000"],
     ["headline.py", "--rows", "1000", "--skip-dbos"],
+    ["rate_limit.py", "--calls", "40", "--rounds", "1"],
 ]
 
 

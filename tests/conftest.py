@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import compileall
 import contextlib
-import fcntl
 import os
 import signal
 import subprocess
@@ -14,7 +13,6 @@ import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import pytest
 
@@ -38,15 +36,12 @@ _SUBPROCESS_FIXTURES = {"deepline_process", "spawn", "cli", "pg_cli"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run order for xdist's workers: `alone` tests first (they stop every other worker,
-    which costs least before the others have started), then tests that start `deepline`
-    processes, then the short in-process ones, which fill the workers' last gaps."""
+    """Run order for xdist's workers: tests that start `deepline` processes first, then the
+    short in-process ones, which fill the workers' last gaps."""
 
     def rank(item: pytest.Item) -> int:
-        if _alone(item):
-            return 0
         starts_processes = _SUBPROCESS_FIXTURES & set(getattr(item, "fixturenames", ()))
-        return 1 if starts_processes or item.get_closest_marker("slow") is not None else 2
+        return 1 if starts_processes or item.get_closest_marker("process") is not None else 2
 
     items.sort(key=rank)
 
@@ -192,56 +187,6 @@ def _isolated_store(monkeypatch: pytest.MonkeyPatch, store_path: Path, tmp_path:
     monkeypatch.setenv("DEEPLINE_STORE", str(store_path))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     yield
-
-
-# --- tests that measure time ------------------------------------------------------------------
-
-
-_held: list[IO[str]] = []  # the lock files this worker holds (across tests: see below)
-
-
-def _alone(item: pytest.Item | None) -> bool:
-    return item is not None and item.get_closest_marker("alone") is not None
-
-
-def _lock(path: Path, mode: int) -> IO[str]:
-    handle = path.open("a")
-    fcntl.flock(handle, mode)
-    return handle
-
-
-def _unlock(handles: list[IO[str]]) -> None:
-    for handle in reversed(handles):
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        handle.close()
-    handles.clear()
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """Under xdist, a test marked `alone` runs while no other test of the session runs.
-
-    Such a test asserts on time as a provider sees it (a rate limit, a wake-up latency); on
-    a machine busy with other tests the process under test is descheduled and its timing
-    is the scheduler's, not its own. Every other test holds a shared lock, an `alone` test
-    the exclusive one; the turnstile stops new shared holders while an `alone` test waits.
-    `alone` tests that follow each other on a worker keep the lock between them, so the
-    machine is emptied once for them all.
-    """
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        yield
-        return
-    folder = Path(item.config.option.basetemp).parent  # the session's, shared by its workers
-    if not _held:
-        if _alone(item):
-            _held.append(_lock(folder / "deepline-turnstile.lock", fcntl.LOCK_EX))
-            _held.append(_lock(folder / "deepline-share.lock", fcntl.LOCK_EX))
-        else:
-            _unlock([_lock(folder / "deepline-turnstile.lock", fcntl.LOCK_EX)])
-            _held.append(_lock(folder / "deepline-share.lock", fcntl.LOCK_SH))
-    yield
-    if not (_alone(item) and _alone(nextitem)):
-        _unlock(_held)
 
 
 # --- PostgreSQL ---------------------------------------------------------------------------

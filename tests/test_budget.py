@@ -130,7 +130,7 @@ def test_answers_of_varying_price_overspend_at_most_what_was_in_flight(
         assert f"{spent - 20:g} over" in event["error"]["message"]
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_a_budget_holds_across_sigkill_and_resume(
     deepline: Run,
     spawn: Callable[..., subprocess.Popen[str]],

@@ -557,6 +557,7 @@ def test_resume_refuses_a_live_run_then_takes_over_a_killed_one(deepline, spawn,
 # --- interrupts -----------------------------------------------------------------------------
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("signum", "tool_id"),
     [(signal.SIGINT, "t.limited"), (signal.SIGTERM, "t.free")],

@@ -93,7 +93,7 @@ def count_completed(store: Path) -> int:
         conn.close()
 
 
-@pytest.mark.slow
+@pytest.mark.process
 @pytest.mark.parametrize("kill_at", [100, 200, 300])
 def test_sigkill_then_resume_pays_each_completed_call_once(
     deepline, cli_env, tmp_path, store_path, write_play, kill_at: int

@@ -27,7 +27,7 @@ from tests.faults import MAP_PLAY, TimedProvider, ensure_alive, finish, kill, st
 from tests.helpers import wait_until
 from tests.provider import ProviderServer
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from tests.conftest import Result
 from tests.faults import ensure_alive, finish, kill, start
 from tests.helpers import show, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 COUNTING_PLAY = """
 import asyncio

@@ -18,7 +18,7 @@ import pytest
 
 from deepline_cli import _json
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 DISTINCT = 1000
 DUPLICATES = 50

@@ -14,7 +14,7 @@ def _plan(deepline, *args: str) -> dict:
 
 
 def test_plan_bounds_the_real_run_and_then_everything_is_paid(deepline) -> None:
-    args = (str(EXAMPLE / "play.py"), "--csv", str(EXAMPLE / "leads.csv"))
+    args = (str(EXAMPLE / "play.py"), "--csv", str(EXAMPLE / "leads.csv"), "--set", "latency=0")
     before = _plan(deepline, *args)
     (m,) = before["maps"]
     assert (m["input_rows"], m["distinct"], m["duplicate"], m["paid_rows"]) == (302, 290, 12, 0)
@@ -46,7 +46,7 @@ def test_plan_bounds_the_real_run_and_then_everything_is_paid(deepline) -> None:
 
 
 def test_a_pilot_teaches_the_expected_case(deepline) -> None:
-    args = (str(EXAMPLE / "play.py"), "--csv", str(EXAMPLE / "leads.csv"))
+    args = (str(EXAMPLE / "play.py"), "--csv", str(EXAMPLE / "leads.csv"), "--set", "latency=0")
     assert deepline("run", *args, "--limit", "60", "--quiet").code == 0
     plan = _plan(deepline, *args)
     (m,) = plan["maps"]

@@ -36,7 +36,7 @@ def _run(deepline, *args: str) -> dict:
 
 @pytest.fixture
 def example_run(deepline) -> dict:
-    return _run(deepline, str(EXAMPLE / "play.py"), "--csv", str(EXAMPLE / "leads.csv"))
+    return _run(deepline, str(EXAMPLE / "play.py"), "--csv", str(EXAMPLE / "leads.csv"), "--set", "latency=0")
 
 
 def test_the_report_renders_in_headless_chromium(deepline, example_run, tmp_path) -> None:
@@ -83,17 +83,20 @@ def test_reused_calls_attempts_and_a_pilot_projection_are_reported(deepline, tmp
     assert text.count('class="call reused"') == 6 and 'class="call live"' not in text
     assert "No calls were made by this run" in text
 
-    pilot = _run(deepline, str(EXAMPLE / "play.py"), "--csv", str(EXAMPLE / "leads.csv"), "--limit", "40")
+    pilot = _run(
+        deepline, str(EXAMPLE / "play.py"), "--csv", str(EXAMPLE / "leads.csv"), "--limit", "40", "--set", "latency=0"
+    )
     assert deepline("runs", "report", pilot["run_id"], "--html", "--out", str(out)).code == 0
     text = out.read_text()
     assert "<h2>Pilot projection</h2>" in text and "full list of 290 rows ≈" in text
     assert "<td>completed</td>" in text  # the attempt and its status
 
 
-def test_report_errors_are_one_sentence(deepline, example_run) -> None:
+def test_report_errors_are_one_sentence(deepline) -> None:
     unknown = deepline("runs", "report", "r-nope", "--html")
     assert unknown.code == 2 and unknown.stderr.startswith("Error: No run 'r-nope'")
-    no_format = deepline("runs", "report", example_run["run_id"])
+    hello = _run(deepline, str(ROOT / "examples" / "hello" / "play.py"))
+    no_format = deepline("runs", "report", hello["run_id"])
     assert no_format.code == 2 and "--html" in no_format.stderr
 
 

@@ -24,7 +24,7 @@ from deepline_cli.store import open_store
 from tests.conftest import Result
 from tests.helpers import logged, no_traceback, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 Run = Callable[..., Result]
 Spawn = Callable[..., "subprocess.Popen[str]"]
 

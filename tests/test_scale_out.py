@@ -23,7 +23,7 @@ from tests.faults import finish, kill, start
 from tests.helpers import wait_until
 from tests.pgproxy import PgProxy
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 Run = Callable[..., Result]
 
 
@@ -296,7 +296,7 @@ def test_a_worker_rides_out_a_dropped_connection_and_gives_up_loudly_when_it_sta
     assert (
         deepline("run", "play.py", "--input", payload, "--run-id", "w1", "--enqueue", DEEPLINE_STORE=pg_url).code == 0
     )
-    env = {**cli_env, "DEEPLINE_STORE": proxy.url, "DEEPLINE_STORE_RECONNECT_S": "4"}
+    env = {**cli_env, "DEEPLINE_STORE": proxy.url, "DEEPLINE_STORE_RECONNECT_S": "2.5"}
     worker = start(["worker", "--once"], env, tmp_path)
     try:
         wait_until(lambda: _calls(pg_url) >= 60, what="60 calls recorded")
@@ -321,7 +321,7 @@ def test_a_worker_rides_out_a_dropped_connection_and_gives_up_loudly_when_it_sta
         kill(worker)
     assert code == 1, err
     assert "unreachable" in err and "Traceback" not in err
-    # Once, for the bound (4 s): recording how the run ended and putting it back try once
-    # more each, not for the whole bound again (that took 35 s; now about 7 s: the bound is
-    # reached at the first backoff delay that passes it).
-    assert gave_up_after < 2 * 4 + 6, gave_up_after
+    # Once, for the bound (2.5 s): recording how the run ended and putting it back try once
+    # more each, not for the whole bound again (the bound is reached at the first backoff
+    # delay that passes it).
+    assert gave_up_after < 2 * 2.5 + 6, gave_up_after

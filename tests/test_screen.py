@@ -26,7 +26,7 @@ from tests.faults import finish, kill, start
 from tests.helpers import wait_until
 from tests.provider import Provider, ProviderServer
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 Run = Callable[..., Result]
 LEADS = ROOT / "examples/lead_enrichment/play.py"

@@ -12,7 +12,7 @@ import pytest
 
 from tests.soak import Soak
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 
 def test_a_run_under_random_faults_bills_every_call_once(tmp_path: Path, store_url: str) -> None:

@@ -1563,7 +1563,7 @@ async def race(ctx, input):
 """
 
 
-@pytest.mark.slow
+@pytest.mark.process
 @pytest.mark.parametrize("order", ["same", "opposite"])
 def test_two_processes_running_the_same_rows_pay_each_call_once(store_url: str, tmp_path: Path, order: str) -> None:
     """Issue 6: two `deepline run` processes started at once on the same rows pay each

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.helpers import as_json, logged, no_traceback, runs, show, wait_until
 
 # `t.work` appends its label to a log file when invoked, so a test can count how often a
@@ -192,6 +194,7 @@ def test_sleep_resumed_after_due_time_continues_past_it(deepline, write_play, tm
     assert nap["due_at"] == due
 
 
+@pytest.mark.process
 def test_sigkill_while_sleeping_inline_then_resume_takes_over(deepline, write_play, tmp_path, spawn):
     """A run killed while it sleeps inline is `running` with a dead holder: `runs list`
     marks it stale, and `resume` takes it over at once (no lease wait) and sleeps only

@@ -19,7 +19,7 @@ from tests.conftest import Result
 from tests.faults import finish, kill, start
 from tests.helpers import wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 Run = Callable[..., Result]
 

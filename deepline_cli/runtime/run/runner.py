@@ -387,6 +387,7 @@ class _Attempt:
         self.services: RunParts | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.lease_lost = False  # another process owns the run now: leave its record alone
+        self.decided = False  # `run.finished` is out: a late stop request changes nothing
 
     def _parts(self, history: _History) -> RunParts:
         options, record = self.options, self.record
@@ -536,7 +537,7 @@ class _Attempt:
             # and never report a run the store does not know finished as completed.
             error = {**error_dict(exc), "exit_code": 1}
             result = RunResult(record.run_id, "failed", record.attempt, None, error, {})
-            self.bus.emit("run.finished", record.run_id, **result.finished_event())
+            self._announce(result)
             return result
         if stats is None:  # taken over after the last heartbeat: the new owner's record stands
             return self._taken_over()
@@ -554,8 +555,12 @@ class _Attempt:
         if status == "waiting":
             result.waiting = await self.io.call(waiting_on, self.io.store, record.run_id)
             self.bus.emit("run.waiting", record.run_id, boundaries=result.waiting)
-        self.bus.emit("run.finished", record.run_id, **result.finished_event())
+        self._announce(result)
         return result
+
+    def _announce(self, result: RunResult) -> None:
+        self.decided = True
+        self.bus.emit("run.finished", result.run_id, **result.finished_event())
 
     def _warn(self, message: str, kind: str = "log") -> None:
         if self.services is not None:
@@ -565,7 +570,7 @@ class _Attempt:
         record = self.record
         error = error_dict(RunBusyError(f"Run {record.run_id} was taken over by another process; this one stopped."))
         result = RunResult(record.run_id, "taken_over", record.attempt, None, {**error, "exit_code": 4}, {})
-        self.bus.emit("run.finished", record.run_id, **result.finished_event())
+        self._announce(result)
         return result
 
     def _record_end(self, outcome: BodyOutcome) -> dict[str, Any] | None:
@@ -680,7 +685,9 @@ class _Attempt:
     def request_stop(self, reason: str | None = None) -> None:
         """Ctrl-C, SIGTERM, a draining worker or `deepline runs stop` (with its reason): stop
         dispatching, finish calls in flight briefly, and end the run `interrupted`. A second
-        request stops at once."""
+        request stops at once. Once the outcome is announced, a request changes nothing."""
+        if self.decided:
+            return
         if self.stop_requested:
             if self.task is not None:
                 self.task.cancel()

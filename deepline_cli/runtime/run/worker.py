@@ -13,6 +13,7 @@ finish and are recorded) and put back in the queue for another worker.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import threading
@@ -30,7 +31,7 @@ from deepline_cli.store import open_store
 from deepline_cli.store.records import RunRecord
 from deepline_cli.store.roles import Store
 
-POLL_S = 1.0
+POLL_S = 1.0  # how often an idle worker looks for due runs (PostgreSQL's NOTIFY wakes it sooner)
 DUE_SCAN = 50
 RECHECK_S = 5.0  # a run found not due yet is looked at again no sooner than this
 
@@ -57,6 +58,7 @@ class Worker:
         fetch_public_only: bool = False,
     ) -> None:
         self.store_url = store_url
+        self.poll_s = float(os.environ.get("DEEPLINE_WORKER_POLL_S", POLL_S))
         self.fetch_public_only = fetch_public_only
         self.concurrency = max(1, concurrency)
         self.once = once
@@ -117,7 +119,7 @@ class Worker:
         try:
             wait = getattr(store, "wait_for_notify", None)
             while wait is not None and not self._draining.is_set():
-                if reconnecting(store, wait, POLL_S):
+                if reconnecting(store, wait, self.poll_s):
                     self._wake.set()
         except DeeplineError:
             return
@@ -156,7 +158,7 @@ class Worker:
                     done = self.once and len(self._idle) == self.concurrency and not self._runners
                 if done:  # --once: every thread found nothing due
                     return
-                self._wake.wait(POLL_S)
+                self._wake.wait(self.poll_s)
                 self._wake.clear()
         finally:
             store.close()
