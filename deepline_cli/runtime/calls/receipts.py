@@ -35,12 +35,15 @@ from deepline_cli.errors import (
     StoreError,
     ToolExecutionError,
 )
+from deepline_cli.runtime.calls.breaker import Breaker
 from deepline_cli.runtime.calls.budget import Budget, Reservation
 from deepline_cli.runtime.calls.call_scope import current_cell
 from deepline_cli.runtime.calls.events import EventBus
 from deepline_cli.runtime.calls.identity import Identity
+from deepline_cli.runtime.calls.leases import HeldLeases
 from deepline_cli.runtime.calls.stats import RunStats
 from deepline_cli.runtime.calls.store_thread import StoreIO, WriteQueue
+from deepline_cli.runtime.calls.tally import CallTally
 from deepline_cli.runtime.providers.secrets import Secrets
 from deepline_cli.runtime.providers.tools import Execution, ToolCall
 from deepline_cli.store.records import CallRecord, Claim, ClaimOutcome, LogLine, Receipt, Settlement
@@ -109,7 +112,43 @@ class LeaseIds:
         return f"{self._token}-{next(self._next)}"
 
 
+class InFlight:
+    """Identical calls at once in one process: the first makes the call, the others share
+    its answer (or its error). The waiters' future is made only when a second one arrives."""
+
+    def __init__(self) -> None:
+        self._calls: dict[str, asyncio.Future[Outcome] | None] = {}
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._calls
+
+    async def run(self, key: str, work: Awaitable[Outcome]) -> Outcome:
+        self._calls[key] = None
+        try:
+            outcome = await work
+        except BaseException as exc:
+            shared = self._calls.pop(key, None)
+            if shared is not None:
+                shared.set_exception(exc)
+            raise
+        shared = self._calls.pop(key, None)
+        if shared is not None:
+            shared.set_result(outcome)
+        return outcome
+
+    async def share(self, key: str) -> Outcome:
+        shared = self._calls[key]
+        if shared is None:
+            shared = self._calls[key] = asyncio.get_running_loop().create_future()
+            shared.add_done_callback(_retrieve)
+        return await asyncio.shield(shared)
+
+
 class ReceiptBook:
+    """Every durable call of one run (or child run) goes through its book: claim the
+    receipt, invoke the tool while holding its lease, settle the outcome, count it. The
+    module docstring draws the path."""
+
     def __init__(
         self,
         io: StoreIO,
@@ -129,16 +168,10 @@ class ReceiptBook:
         self._bus = bus
         self._stats = stats
         self._lease_ids = LeaseIds()
-        self._inflight: dict[str, asyncio.Future[Outcome] | None] = {}
-        # lease id -> (receipt key, expiry last confirmed in the store)
-        self._held: dict[str, tuple[str, float]] = {}
-        self._lost: set[str] = set()
-        self._invoking = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-        # Why dispatching stopped (interrupt, breaker…); one list shared by a run and its
-        # child runs, so stopping one stops them all.
-        self._stopped: list[BaseException] = []
+        self._inflight = InFlight()
+        self._leases = HeldLeases(io, scope.lease_ttl)
+        self._tally = CallTally(stats, bus, scope.run_id)
+        self._breaker = Breaker()  # shared with child runs: stopping one stops them all
 
     @property
     def scope(self) -> Identity:
@@ -149,36 +182,19 @@ class ReceiptBook:
         child = ReceiptBook(
             self._io, self._writes, scope, self._bus, self._stats, budget=self._budget, secrets=self._secrets
         )
-        child._stopped = self._stopped
+        child._breaker = self._breaker
         return child
 
     # --- the call path -------------------------------------------------------------------
 
     async def execute(self, call: DurableCall, invoke: Callable[[ToolCall], Awaitable[Any]]) -> Outcome:
+        """One durable call: its answer from a receipt, from an identical call in flight, or
+        from the provider (then settled on a receipt)."""
         if not call.force and call.key in self._inflight:
-            return await self._share(call)
-        # The waiters' future is made only when a second identical call arrives.
-        self._inflight[call.key] = None
-        try:
-            outcome = await self._execute(call, invoke)
-        except BaseException as exc:
-            shared = self._inflight.pop(call.key, None)
-            if shared is not None:
-                shared.set_exception(exc)
-            raise
-        shared = self._inflight.pop(call.key, None)
-        if shared is not None:
-            shared.set_result(outcome)
-        return outcome
-
-    async def _share(self, call: DurableCall) -> Outcome:
-        shared = self._inflight[call.key]
-        if shared is None:
-            shared = self._inflight[call.key] = asyncio.get_running_loop().create_future()
-            shared.add_done_callback(_retrieve)
-        outcome = await asyncio.shield(shared)
-        self._count(call, "in_flight", outcome.credits)
-        return Outcome(outcome.value, "in_flight", call.key, outcome.credits)
+            outcome = await self._inflight.share(call.key)
+            self._tally.count(call, "in_flight", outcome.credits)
+            return Outcome(outcome.value, "in_flight", call.key, outcome.credits)
+        return await self._inflight.run(call.key, self._execute(call, invoke))
 
     async def _execute(self, call: DurableCall, invoke: Callable[[ToolCall], Awaitable[Any]]) -> Outcome:
         waited = 0.0
@@ -189,17 +205,17 @@ class ReceiptBook:
             # A receipt this run paid for in an earlier attempt is already in its counts.
             own = receipt.run_id == self._scope.run_id
             if outcome.verdict == "reused":
-                self._count(call, "reused", receipt.credits, counted=own)
+                self._tally.count(call, "reused", receipt.credits, counted=own)
                 kind: Execution = "checkpoint" if call.kind == "step" else "receipt"
                 return Outcome(receipt.output, kind, call.key, receipt.credits)
             if outcome.verdict == "failed":
-                self._count(call, "failed", 0.0, counted=own)
+                self._tally.count(call, "failed", 0.0, counted=own)
                 raise stored_failure(receipt)
             if outcome.verdict == "busy":
-                waited = await self._wait_busy(call, receipt, waited)
+                waited = await wait_busy(call, receipt, waited, self._io.now())
                 continue
             if outcome.verdict == "superseded":
-                raise self._trip(
+                raise self._breaker.trip(
                     RunTakenOver(f"Run {self._scope.run_id} was taken over by another process; this one stopped.")
                 )
             try:
@@ -230,33 +246,19 @@ class ReceiptBook:
             members=call.members,
             request=call.request,
             description=call.description,
-            input=self._kept_input(call.input),
+            input=kept_input(call.input, self._secrets),
             map=cell.map if cell is not None else None,
             row_key=cell.row_key if cell is not None else None,
         )
         # If this waiter is cancelled, the write queue releases the claim once written.
         return await self._writes.claim(claim)
 
-    def _kept_input(self, value: Any) -> Any:
-        """A call's input as its receipt keeps it, for a person to see (`receipts inspect`):
-        secrets redacted, and only when small — the receipt is not a copy of a large payload."""
-        if value is None:
-            return None
-        kept = self._secrets.redact_json(value)
-        try:
-            size = len(_json.dumps(kept))
-        except TypeError:  # not JSON (a fetch body the request encodes itself): not kept
-            return None
-        return kept if size <= KEPT_INPUT_BYTES else None
-
     async def _invoke(
         self, call: DurableCall, claimed: ClaimOutcome, invoke: Callable[[ToolCall], Awaitable[Any]]
     ) -> Outcome:
         receipt = claimed.receipt
         lease_id = receipt.lease_id or ""
-        self._held[lease_id] = (call.key, receipt.lease_expires_at or 0.0)
-        self._invoking += 1
-        self._idle.clear()
+        self._leases.hold(lease_id, call.key, receipt.lease_expires_at or 0.0)
         info = ToolCall(
             idempotency_key=receipt.idempotency_key or "",
             run_id=self._scope.run_id,
@@ -283,55 +285,38 @@ class ReceiptBook:
                 value = self._secrets.redact_json(await invoke(info))
             except BaseException as exc:
                 self._budget.release(reserved)
-                self._settle_failure(call, claimed, exc, self._record(call, started, info))
+                self._settle_failure(call, claimed, exc, call_record(self._scope, call, started, info))
                 if _is_call_failure(call, exc) and not isinstance(exc, ToolExecutionError):
                     # The same error type live as when replayed from the failed receipt.
                     raise tool_error(exc, call.tool) from exc
                 raise
         finally:
-            self._held.pop(lease_id, None)
-            self._invoking -= 1
-            if self._invoking == 0:
-                self._idle.set()
+            self._leases.release(lease_id)
         # Write-behind: the completion commits with the next batch, in order, before any
         # later claim of this run; a crash before that commit makes this call one of
         # those "in flight", repeated on resume under the same idempotency key.
         credits = call.credits if info.credits is None else info.credits  # what the provider said it cost
         overrun = self._budget.settle(reserved, credits)
         if overrun is not None:
-            self._trip(overrun)  # nothing more is sent; the calls in flight finish and are recorded
+            self._breaker.trip(overrun)  # nothing more is sent; the calls in flight finish and are recorded
         settlement = Settlement(
             call.key,
             lease_id,
             "completed",
             output=value,
             credits=credits,
-            call=self._record(call, started, info),
+            call=call_record(self._scope, call, started, info),
             replaces=claimed.replaces,
             reported=info.credits is not None,
         )
         self._writes.settle(settlement, partial(self._check_recorded, call))
-        self._count(call, "live", credits)
+        self._tally.count(call, "live", credits)
         return Outcome(value, "live", call.key, credits)
-
-    def _record(self, call: DurableCall, started: float, info: ToolCall) -> CallRecord:
-        scope, cell = self._scope, current_cell()
-        return CallRecord(
-            scope.run_id,
-            scope.attempt,
-            call.kind,
-            call.tool,
-            started,
-            info.retries,
-            map=cell.map if cell is not None else None,
-            row_key=cell.row_key if cell is not None else None,
-            waited_s=info.waited_s,
-        )
 
     def _check_recorded(self, call: DurableCall, applied: bool | BaseException) -> None:
         """The circuit breaker: a billed call that was not recorded stops the run."""
         if isinstance(applied, BaseException):
-            self._trip(
+            self._breaker.trip(
                 StoreError(
                     f"A completed call ({call.label}) could not be recorded in the "
                     f"store ({applied}); stopping this run so nothing is paid twice."
@@ -356,140 +341,117 @@ class ReceiptBook:
         return await self._io.call(self._io.store.get_receipt, key)
 
     def _settle_failure(self, call: DurableCall, claimed: ClaimOutcome, exc: BaseException, record: CallRecord) -> None:
-        lease_id = claimed.receipt.lease_id or ""
-        if not _is_call_failure(call, exc):
-            # Not the call's own failure (interrupt, lost lease, budget…): record nothing,
-            # so a resume runs the call again.
-            settlement = Settlement(call.key, lease_id, "released")
-        else:
-            error = tool_error(exc, call.tool)
-            recorded = error.to_dict()
-            recorded["message"] = self._secrets.redact(recorded["message"])  # never a secret in clear
-            settlement = Settlement(
-                call.key,
-                lease_id,
-                "failed",
-                error=recorded,
-                failure_kind=error.category,
-                retryable=error.retryable,
-                call=record,
-                replaces=claimed.replaces,
-            )
-            self._count(call, "failed", 0.0)
+        settlement = failure_settlement(call, claimed, exc, record, self._secrets)
+        if settlement.status == "failed":
+            self._tally.count(call, "failed", 0.0)
         # If this write fails the lease simply expires: the call's own error is what matters.
         self._writes.settle(settlement)
-
-    async def _wait_busy(self, call: DurableCall, receipt: Receipt, waited: float) -> float:
-        if call.receipt_wait_s is not None and waited >= call.receipt_wait_s:
-            raise ToolExecutionError(
-                f"{call.label}: the same call is running under run {receipt.run_id} and did not "
-                f"finish within {call.receipt_wait_s:g}s.",
-                origin="runtime",
-                category="conflict",
-                retryable=True,
-                tool=call.tool,
-            )
-        expires = receipt.lease_expires_at or 0.0
-        delay = max(0.01, min(BUSY_POLL_S, expires - self._io.now() + 0.01))
-        await asyncio.sleep(delay)
-        return waited + delay
 
     # --- leases ---------------------------------------------------------------------------
 
     def note_retry(self, call: DurableCall, reason: str) -> None:
-        self._stats.tool(call.tool or f"ctx.{call.kind}").note_retry(reason)
+        self._tally.note_retry(call, reason)
 
     def ensure_owned(self, call: DurableCall, lease_id: str) -> None:
         """At the moment of dispatch and before every retry: is the run still dispatching,
         and the lease still ours? The lease counts as ours until the expiry the store last
         confirmed: a process paused past it (SIGSTOP, a laptop lid) sends nothing."""
         self.check_open()
-        if lease_id in self._lost or self._held.get(lease_id, ("", 0.0))[1] <= self._io.now():
+        if not self._leases.owned(lease_id):
             raise LeaseLost(f"The lease on {call.kind} {call.label!r} was lost before the call was made.")
 
     async def heartbeat(self) -> None:
         """Extend every lease of a call in flight; remember the ones another owner took."""
-        if not self._held:
-            return
-        leases = [(key, lease_id) for lease_id, (key, _) in self._held.items()]
-        expires = self._io.now() + self._scope.lease_ttl
-        lost = await self._io.call(self._io.store.heartbeat_receipts, leases, expires)
-        self._lost.update(lost)
-        for key, lease_id in leases:
-            if lease_id in self._held and lease_id not in lost:
-                self._held[lease_id] = (key, expires)
+        await self._leases.heartbeat()
 
     # --- lifecycle ------------------------------------------------------------------------
 
     def check_open(self) -> None:
-        if self._stopped:
-            raise self._stopped[0]
+        self._breaker.check()
 
     def close(self, reason: BaseException) -> None:
         """Stop dispatching: every later claim raises `reason`."""
-        if not self._stopped:
-            self._stopped.append(reason)
-
-    def _trip(self, exc: DeeplineError) -> DeeplineError:
-        self.close(exc)
-        return exc
+        self._breaker.stop(reason)
 
     @property
     def tripped(self) -> BaseException | None:
-        reason = self._stopped[0] if self._stopped else None
-        return reason if isinstance(reason, DeeplineError) and reason.fatal else None
+        return self._breaker.tripped
 
     async def settle_all(self, timeout: float) -> bool:
         """Wait (up to `timeout`) for calls being invoked to finish, then flush writes."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-            idle = True
-        except TimeoutError:
-            idle = False
+        idle = await self._leases.idle(timeout)
         await self._writes.flushed()
         return idle
 
-    def _count(self, call: DurableCall, execution: str, credits: float, *, counted: bool = False) -> None:
-        if call.kind != "step":
-            self._note_outcome(call, execution)
-        if not counted:
-            self._tally(call, execution, credits)
-        if self._bus.per_call:
-            self._bus.emit(
-                "tool.call",
-                self._scope.run_id,
-                kind=call.kind,
-                label=call.label,
-                tool=call.tool,
-                key=call.key,
-                execution=execution,
-            )
 
-    def _tally(self, call: DurableCall, execution: str, credits: float) -> None:
-        if call.kind == "step":
-            self._stats.steps["live" if execution == "live" else "reused"] += 1
-            return
-        counts = self._stats.tool(call.tool or f"ctx.{call.kind}")  # fetch, run_play: not tools
-        if execution == "failed":
-            return  # counted once per key, by its final outcome (_note_outcome)
-        if execution == "live":
-            counts.live += 1
-            counts.credits += credits
-        else:
-            counts.reused += 1
+def failure_settlement(
+    call: DurableCall, claimed: ClaimOutcome, exc: BaseException, record: CallRecord, secrets: Secrets
+) -> Settlement:
+    """A call that raised: `failed` (kept, with its error) when the failure is the call's
+    own; `released` otherwise (interrupt, lost lease, budget…), so a resume runs it again."""
+    lease_id = claimed.receipt.lease_id or ""
+    if not _is_call_failure(call, exc):
+        return Settlement(call.key, lease_id, "released")
+    error = tool_error(exc, call.tool)
+    recorded = error.to_dict()
+    recorded["message"] = secrets.redact(recorded["message"])  # never a secret in clear
+    return Settlement(
+        call.key,
+        lease_id,
+        "failed",
+        error=recorded,
+        failure_kind=error.category,
+        retryable=error.retryable,
+        call=record,
+        replaces=claimed.replaces,
+    )
 
-    def _note_outcome(self, call: DurableCall, execution: str) -> None:
-        """What the call's cell (if any) and the failure counts learn from its outcome,
-        however it was counted (a failure or answer an earlier attempt paid counts too)."""
-        cell = current_cell()
-        if execution == "failed":
-            self._stats.call_failed(call.key, call.tool or f"ctx.{call.kind}", in_row=cell is not None)
-            if cell is not None:
-                cell.failed.append(call.key)
-            return
-        self._stats.call_answered(call.key)
-        if cell is not None:
-            cell.answered.append(call.key)
+
+async def wait_busy(call: DurableCall, receipt: Receipt, waited: float, now: float) -> float:
+    """Another live owner runs the call: wait a little (no longer than its lease), or give
+    up with a `conflict` once the call's `receipt_wait_s` has passed."""
+    if call.receipt_wait_s is not None and waited >= call.receipt_wait_s:
+        raise ToolExecutionError(
+            f"{call.label}: the same call is running under run {receipt.run_id} and did not "
+            f"finish within {call.receipt_wait_s:g}s.",
+            origin="runtime",
+            category="conflict",
+            retryable=True,
+            tool=call.tool,
+        )
+    expires = receipt.lease_expires_at or 0.0
+    delay = max(0.01, min(BUSY_POLL_S, expires - now + 0.01))
+    await asyncio.sleep(delay)
+    return waited + delay
+
+
+def kept_input(value: Any, secrets: Secrets) -> Any:
+    """A call's input as its receipt keeps it, for a person to see (`receipts inspect`):
+    secrets redacted, and only when small — the receipt is not a copy of a large payload."""
+    if value is None:
+        return None
+    kept = secrets.redact_json(value)
+    try:
+        size = len(_json.dumps(kept))
+    except TypeError:  # not JSON (a fetch body the request encodes itself): not kept
+        return None
+    return kept if size <= KEPT_INPUT_BYTES else None
+
+
+def call_record(scope: Identity, call: DurableCall, started: float, info: ToolCall) -> CallRecord:
+    """The calls ledger's line for one call made (a live answer or a failure)."""
+    cell = current_cell()
+    return CallRecord(
+        scope.run_id,
+        scope.attempt,
+        call.kind,
+        call.tool,
+        started,
+        info.retries,
+        map=cell.map if cell is not None else None,
+        row_key=cell.row_key if cell is not None else None,
+        waited_s=info.waited_s,
+    )
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
