@@ -5,11 +5,13 @@ the summary it logs, and a failure that is every row's (a systemic one) noticed 
 from __future__ import annotations
 
 import array
+import asyncio
+import contextlib
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from deepline_cli.errors import DeeplineError, SystemicFailure
+from deepline_cli.errors import DeeplineError, RunInterrupted, SystemicFailure
 from deepline_cli.runtime.map import failures
 from deepline_cli.runtime.map.columns import ResolvedColumn
 from deepline_cli.runtime.map.host import MapParts
@@ -153,6 +155,58 @@ class MapBook:
                 f"Fix the cause, then: deepline resume {self.run_id} --refresh-failed"
             )
         return None
+
+    async def start(self, record: MapRecord, total: int | None, limit: int | None) -> None:
+        """Record the map started, seed what earlier attempts finished, and announce it."""
+        await self.s.io.call(self.s.io.store.save_map, record)
+        seeded = await self.seed()
+        self.s.bus.emit(
+            "map.started", self.run_id, map=self.name, columns=record.columns, total=total, seeded=len(seeded),
+            limit=limit, steps=self.waterfalls, description=record.description,
+        )  # fmt: skip
+
+    async def seed(self) -> list[int]:
+        """Rows an earlier attempt of this run finished well are seeded (not done again), with
+        what they reused and their steps' hits in this map's figures. Failed ones go through
+        the sheet again, where their error cell is kept, or recomputed with --refresh-failed."""
+        io, run_id = self.s.io, self.run_id
+        seeded = await io.call(io.store.succeeded_map_rows, run_id, self.name)
+        for idx in seeded:
+            self.mark(idx)
+        if seeded:
+            rows, cells = await io.call(io.store.map_reuse, run_id, self.name, True)
+            self.tally.reused, self.tally.seeded_reused, self.tally.reused_cells = rows, rows, cells
+        if self.waterfalls and seeded:
+            found = await io.call(io.store.map_steps, run_id, succeeded_only=True)
+            self.tally.steps = found.get(self.name, {})
+        return seeded
+
+    async def complete(self, record: MapRecord, counts: Mapping[str, int]) -> None:
+        """Record the map completed with the counts the barriers read back, log its summary
+        and announce it."""
+        s, tally = self.s, self.tally
+        record.status = "completed"
+        record.succeeded, record.failed = counts.get("succeeded", 0), counts.get("failed", 0)
+        record.duplicate, record.reused = tally.duplicate, tally.reused
+        record.total = record.succeeded + record.failed
+        record.finished_at = s.io.now()
+        await s.io.call(s.io.store.save_map, record)
+        await self.log_summary(record)
+        s.bus.emit(
+            "map.completed", self.run_id, map=self.name, total=record.total, succeeded=record.succeeded,
+            failed=record.failed, duplicate=record.duplicate, reused=record.reused,
+            reused_cells=tally.reused_cells, earlier=tally.as_dict()["earlier"], steps=tally.steps,
+            elapsed_s=round(time.monotonic() - self.started, 3),
+        )  # fmt: skip
+
+    async def save_unfinished(self, record: MapRecord, exc: BaseException) -> None:
+        """A map that did not finish says so, with what it did (`runs show`, `export`)."""
+        interrupted = isinstance(exc, asyncio.CancelledError | RunInterrupted)
+        record.status = "interrupted" if interrupted else "failed"
+        record.succeeded = self.tally.succeeded + self.tally.seeded
+        record.failed, record.duplicate, record.reused = self.tally.failed, self.tally.duplicate, self.tally.reused
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await self.s.io.call(self.s.io.store.save_map, record)
 
     def progress(self, total: int | None) -> None:
         t = self.tally

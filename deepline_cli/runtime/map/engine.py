@@ -12,15 +12,13 @@ sheet rows + map rows written with the receipts (group commit) ◄┘
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from deepline_cli import _json
-from deepline_cli.errors import DeeplineError, RunInterrupted, UsageError
+from deepline_cli.errors import DeeplineError, UsageError
 from deepline_cli.runtime.calls.call_scope import CellScope, enter_cell
 from deepline_cli.runtime.calls.store_thread import StoreIO
 from deepline_cli.runtime.map import barriers, failures
@@ -28,17 +26,17 @@ from deepline_cli.runtime.map.book import MapBook
 from deepline_cli.runtime.map.columns import Column, ResolvedColumn, resolve_columns
 from deepline_cli.runtime.map.dataset import Dataset
 from deepline_cli.runtime.map.host import MapHost, MapParts
+from deepline_cli.runtime.map.intake import Intake
 from deepline_cli.runtime.map.pilot import scan_rest
 from deepline_cli.runtime.map.reuse import ReusePolicy, previous_value, refresh_after
 from deepline_cli.runtime.map.row_context import PendingRow, RowContext
-from deepline_cli.runtime.map.rows import CsvSource, RowKey, input_columns, key_function, row_digest
+from deepline_cli.runtime.map.rows import RowKey, key_function
 from deepline_cli.runtime.map.waterfall import Found, Waterfall
 from deepline_cli.runtime.providers.found import is_found
 from deepline_cli.runtime.providers.tools import ToolResult
 from deepline_cli.store.records import Cell, MapRecord
 
 DEFAULT_CONCURRENCY = 50
-CHUNK = 256  # rows looked up in the sheet per store read
 PROGRESS_EVERY_S = 0.5
 
 
@@ -75,16 +73,13 @@ class MapRun:
         scope = parts.identity
         self.sheet = f"{scope.workspace}/{scope.play}/{name}"
         self.run_id, self.attempt = scope.run_id, scope.attempt
-        self.seen: set[str] = set()
-        self.input_columns: dict[str, None] = {c: None for c in input_columns(rows)}
         self.stop: BaseException | None = None
-        self.total_estimate = _estimate_total(rows, self.limit)
         self.reuse = ReusePolicy(parts.io.now, scope.force_refresh, scope.refresh_failed)
         self.waterfalls = {c.name: c.column.fn.names for c in self.columns if isinstance(c.column.fn, Waterfall)}
         self.book = MapBook(parts, name, self.sheet, self.columns, self.waterfalls, on_row_error == "fail")
-        self.csv = rows if isinstance(rows, CsvSource) else None
-        self.clashes: set[tuple[str, str]] = set()  # column names told apart by case only, warned of
-        self.warn_of_case(self.input_columns)
+        names = [c.name for c in self.columns]
+        self.intake = Intake(name, rows, self.key_of, self.limit, self.book, names, self._warn)
+        self.total_estimate = self.intake.total_estimate
 
     # --- the whole map -----------------------------------------------------------------------
 
@@ -94,7 +89,7 @@ class MapRun:
             self.run_id,
             self.name,
             self.sheet,
-            list(self.input_columns),
+            list(self.intake.input_columns),
             [c.name for c in self.columns],
             total=self.total_estimate or 0,  # the input's size until the map has counted its rows
             started_at=s.io.now(),
@@ -102,77 +97,22 @@ class MapRun:
             steps=self.waterfalls,
             description=getattr(self.rows, "description", "") or "",
         )
-        await s.io.call(s.io.store.save_map, record)
-        # Rows an earlier attempt finished well are seeded; failed ones go through the sheet
-        # again, where their error cell is kept, or recomputed with --refresh-failed.
-        seeded = await s.io.call(s.io.store.succeeded_map_rows, self.run_id, self.name)
-        for idx in seeded:
-            self.book.mark(idx)
-        if seeded:  # what those rows reused counts in this map's figures
-            rows, cells = await s.io.call(s.io.store.map_reuse, self.run_id, self.name, True)
-            self.book.tally.reused, self.book.tally.seeded_reused, self.book.tally.reused_cells = rows, rows, cells
-        if self.waterfalls and seeded:  # their steps' hits count in this map's figures
-            found = await s.io.call(s.io.store.map_steps, self.run_id, succeeded_only=True)
-            self.book.tally.steps = found.get(self.name, {})
-        s.bus.emit(
-            "map.started",
-            self.run_id,
-            map=self.name,
-            columns=record.columns,
-            total=self.total_estimate,
-            seeded=len(seeded),
-            limit=self.limit,
-            steps=self.waterfalls,
-            description=record.description,
-        )
+        await self.book.start(record, self.total_estimate, self.limit)
         ticker = asyncio.create_task(self._tick())
         try:
             await self._execute()
         except BaseException as exc:
-            await self._save_unfinished(record, exc)
+            await self.book.save_unfinished(record, exc)
             raise
         finally:
             ticker.cancel()
         self.book.progress(self.total_estimate)
         counts = await barriers.visibility(self.book)
         await barriers.finalization(self.book, counts)
-        record.input_columns = list(self.input_columns)
-        record.status = "completed"
-        record.succeeded, record.failed = counts.get("succeeded", 0), counts.get("failed", 0)
-        record.duplicate, record.reused = self.book.tally.duplicate, self.book.tally.reused
-        record.total = record.succeeded + record.failed
-        record.finished_at = s.io.now()
+        record.input_columns = list(self.intake.input_columns)
         record.pilot = await scan_rest(self)  # a limit cut the input: what the rest holds (projection)
-        await s.io.call(s.io.store.save_map, record)
-        await self.book.log_summary(record)
-        s.bus.emit(
-            "map.completed",
-            self.run_id,
-            map=self.name,
-            total=record.total,
-            succeeded=record.succeeded,
-            failed=record.failed,
-            duplicate=record.duplicate,
-            reused=record.reused,
-            reused_cells=self.book.tally.reused_cells,
-            earlier=self.book.tally.as_dict()["earlier"],
-            steps=self.book.tally.steps,
-            elapsed_s=round(time.monotonic() - self.book.started, 3),
-        )
+        await self.book.complete(record, counts)
         return Dataset(s.io.store, record)
-
-    async def _save_unfinished(self, record: MapRecord, exc: BaseException) -> None:
-        """A map that did not finish says so, with what it did (`runs show`, `export`)."""
-        interrupted = isinstance(exc, asyncio.CancelledError | RunInterrupted)
-        record.status = "interrupted" if interrupted else "failed"
-        record.succeeded = self.book.tally.succeeded + self.book.tally.seeded
-        record.failed, record.duplicate, record.reused = (
-            self.book.tally.failed,
-            self.book.tally.duplicate,
-            self.book.tally.reused,
-        )
-        with contextlib.suppress(Exception, asyncio.CancelledError):
-            await self.s.io.call(self.s.io.store.save_map, record)
 
     async def _execute(self) -> None:
         queue: asyncio.Queue[PendingRow | None] = asyncio.Queue(maxsize=self.concurrency * 2)
@@ -210,7 +150,7 @@ class MapRun:
     # --- producing rows ---------------------------------------------------------------------
 
     async def _produce(self, queue: asyncio.Queue[PendingRow | None]) -> None:
-        for chunk in self.pending_rows():
+        for chunk in self.intake.chunks():
             if self.stop is not None:
                 return
             previous = await self.s.io.call(self.s.io.store.load_sheet_rows, self.sheet, [job.key for job in chunk])
@@ -224,51 +164,8 @@ class MapRun:
                 if self.stop is not None:
                     return
 
-    def pending_rows(self) -> Iterator[list[PendingRow]]:
-        chunk: list[PendingRow] = []
-        distinct = 0
-        for input_index, raw in enumerate(self.rows):
-            if self.limit is not None and distinct >= self.limit:
-                break
-            self.book.tally.read += 1
-            row = dict(raw)
-            blank = self.csv.blank(row) if self.csv is not None else None
-            new = [column for column in row if column not in self.input_columns]
-            if new:  # every field any row has is an input column (for export)
-                self.input_columns.update(dict.fromkeys(new))
-                self.warn_of_case(new)
-            key = self.key_of(row)
-            if key in self.seen:
-                self.book.tally.duplicate += 1
-                continue
-            self.seen.add(key)
-            idx = distinct
-            distinct += 1
-            self.book.input_index_of.append(input_index)
-            if self.book.is_finished(idx):
-                self.book.tally.seeded += 1
-                continue
-            chunk.append(PendingRow(idx, input_index, key, row, row_digest(row), None, blank))
-            if len(chunk) >= CHUNK:
-                yield chunk
-                chunk = []
-        if chunk:
-            yield chunk
-
-    def warn_of_case(self, input_columns: Iterable[str]) -> None:
-        """Columns whose names differ only in case (`Company` in the CSV, a `company` column):
-        the export keeps both, but spreadsheets and many CSV readers take them for one."""
-        ours = [c.name for c in self.columns]
-        for name in [*input_columns, *ours]:
-            for column in ours:
-                pair = (min(name, column), max(name, column))
-                if name != column and name.lower() == column.lower() and pair not in self.clashes:
-                    self.clashes.add(pair)
-                    self.s.log(
-                        level="warning",
-                        message=f"Map {self.name!r}: the columns {pair[0]!r} and {pair[1]!r} differ only in case; the "
-                        "export keeps both, but spreadsheets and many CSV readers take them for one: rename one.",
-                    )
+    def _warn(self, message: str) -> None:
+        self.s.log(level="warning", message=message)
 
     # --- one row --------------------------------------------------------------------------------
 
@@ -357,14 +254,14 @@ class MapRun:
             scopes.append(scope)
             enter_cell(scope)
             try:
-                value, meta, hits = await self.resolve_cell(column, row, rc)
+                value, meta, hits = await resolve_cell(column, row, rc)
             except DeeplineError as exc:
                 if exc.fatal or exc.exit_code != 1:
                     raise  # budget, lease, store, usage…: fail the run, record nothing
                 failure = exc
             except Exception as exc:
                 if failures.is_play_bug(exc):  # it would fail every row: stop, record nothing
-                    raise self._play_bug(job, column.name, exc) from exc
+                    raise play_bug(self.name, job.key, column.name, exc, self.s.secrets.redact) from exc
                 failure = exc
             if failure is not None:
                 error = self.s.secrets.redact(failures.describe(failure))
@@ -387,54 +284,38 @@ class MapRun:
         if failure is not None:
             self._stop_on(self.book.systemic(failure, error or ""))
 
-    def _play_bug(self, job: PendingRow, column: str, exc: BaseException) -> failures.PlayCodeError:
-        place = failures.where(exc)
-        return failures.PlayCodeError(
-            self.s.secrets.redact(
-                f"Map {self.name!r} stopped at row {job.key}, column {column!r}: {type(exc).__name__}: {exc} "
-                f"({place}); an error in the play's code fails every row, so nothing more was called"
-            )
+
+async def resolve_cell(
+    column: ResolvedColumn, row: dict[str, Any], rc: RowContext
+) -> tuple[Any, dict[str, Any] | None, tuple[str, ...] | None]:
+    """The cell's value; what the cell keeps beside it (the step of a waterfall that
+    found it, or that its `run_if` said no); and for a waterfall, the receipts whose
+    answers its winning step used (None: judge every answer by the value)."""
+    spec = column.column
+    if spec.run_if is not None:
+        wanted = spec.run_if(row, rc.index) if column.run_if_arity >= 2 else spec.run_if(row)
+        if inspect.isawaitable(wanted):
+            wanted = await wanted
+        if not wanted:
+            return None, {"run_if": False}, ()
+    result = spec.fn(row, rc) if column.arity != 1 else spec.fn(row)
+    if inspect.isawaitable(result):
+        result = await result
+    meta, hits = None, None
+    if isinstance(result, Found):
+        result, meta, hits = result.value, {"step": result.step}, result.keys
+    if isinstance(result, ToolResult):
+        result = result.output
+    return _json.loads(_json.dumps(result)), meta, hits
+
+
+def play_bug(
+    name: str, key: str, column: str, exc: BaseException, redact: Callable[[str], str]
+) -> failures.PlayCodeError:
+    place = failures.where(exc)
+    return failures.PlayCodeError(
+        redact(
+            f"Map {name!r} stopped at row {key}, column {column!r}: {type(exc).__name__}: {exc} "
+            f"({place}); an error in the play's code fails every row, so nothing more was called"
         )
-
-    async def resolve_cell(
-        self, column: ResolvedColumn, row: dict[str, Any], rc: RowContext
-    ) -> tuple[Any, dict[str, Any] | None, tuple[str, ...] | None]:
-        """The cell's value; what the cell keeps beside it (the step of a waterfall that
-        found it, or that its `run_if` said no); and for a waterfall, the receipts whose
-        answers its winning step used (None: judge every answer by the value)."""
-        spec = column.column
-        if spec.run_if is not None:
-            wanted = spec.run_if(row, rc.index) if column.run_if_arity >= 2 else spec.run_if(row)
-            if inspect.isawaitable(wanted):
-                wanted = await wanted
-            if not wanted:
-                return None, {"run_if": False}, ()
-        result = spec.fn(row, rc) if column.arity != 1 else spec.fn(row)
-        if inspect.isawaitable(result):
-            result = await result
-        meta, hits = None, None
-        if isinstance(result, Found):
-            result, meta, hits = result.value, {"step": result.step}, result.keys
-        if isinstance(result, ToolResult):
-            result = result.output
-        return _json.loads(_json.dumps(result)), meta, hits
-
-
-def _estimate_total(rows: Any, limit: int | None) -> int | None:
-    total: int | None = None
-    if isinstance(rows, CsvSource):
-        total = _count_lines(rows.path) - 1
-    elif hasattr(rows, "__len__"):
-        total = len(rows)
-    if total is not None and limit is not None:
-        total = min(total, limit)
-    return total
-
-
-def _count_lines(path: Path) -> int:
-    count, last = 0, b"\n"
-    with path.open("rb") as handle:
-        while block := handle.read(1 << 20):
-            count += block.count(b"\n")
-            last = block
-    return count + (0 if last.endswith(b"\n") else 1)
+    )

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from deepline_cli.runtime.calls.store_thread import StoreIO
 from deepline_cli.runtime.map.columns import ResolvedColumn
+from deepline_cli.runtime.map.intake import CHUNK, Intake
 from deepline_cli.runtime.map.reuse import ReusePolicy
 from deepline_cli.runtime.map.row_context import PendingRow
 from deepline_cli.runtime.map.rows import row_digest
@@ -31,7 +32,7 @@ class PilotMap(Protocol):
     @property
     def distinct(self) -> int: ...
     @property
-    def seen(self) -> set[str]: ...
+    def intake(self) -> Intake: ...
     @property
     def key_of(self) -> Callable[[Mapping[str, Any]], str]: ...
     @property
@@ -42,9 +43,6 @@ class PilotMap(Protocol):
     def columns(self) -> Sequence[ResolvedColumn]: ...
     @property
     def io(self) -> StoreIO: ...
-
-
-CHUNK = 256
 
 
 @dataclass
@@ -71,7 +69,7 @@ async def scan_rest(engine: PilotMap) -> dict[str, Any] | None:
 
 def rest_jobs(engine: PilotMap, counts: RestCounts) -> Iterator[list[PendingRow]]:
     """The distinct rows after the ones the map read, in chunks (keys seen by the map skipped)."""
-    seen = set(engine.seen)
+    seen = set(engine.intake.seen)
     chunk: list[PendingRow] = []
     for input_index, raw in enumerate(engine.rows):
         if input_index < engine.read:

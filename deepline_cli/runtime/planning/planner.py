@@ -42,7 +42,7 @@ from deepline_cli.runtime.calls.stats import RunStats
 from deepline_cli.runtime.calls.store_thread import StoreIO
 from deepline_cli.runtime.calls.tool_calls import Staleness, Tools, staleness_of
 from deepline_cli.runtime.map.columns import Column, ResolvedColumn
-from deepline_cli.runtime.map.engine import MapRun
+from deepline_cli.runtime.map.engine import MapRun, resolve_cell
 from deepline_cli.runtime.map.pilot import whole_row_reusable
 from deepline_cli.runtime.map.reuse import previous_value, refresh_after
 from deepline_cli.runtime.map.row_context import PendingRow, RowContext
@@ -492,7 +492,7 @@ class RowPlanner:
         tracker = Tracker()
         token = _TRACKER.set(tracker)
         try:
-            return _Value((await self.engine.resolve_cell(column, row, rc))[0])
+            return _Value((await resolve_cell(column, row, rc))[0])
         except NewCall as stop:
             self._stopped_at(plan, stop, tracker)
             return _Stopped()
@@ -721,7 +721,7 @@ class Planner:
     async def plan_map(self, engine: MapRun, rows: RowPlanner, source: Bounded) -> PlanDataset:
         plan = MapPlan(engine.name, limit=engine.limit, columns=rows.columns, history_rows=rows.history.rows)
         self.plan.maps.append(plan)
-        for chunk in engine.pending_rows():
+        for chunk in engine.intake.chunks():
             previous = await self.io.call(self.store.load_sheet_rows, engine.sheet, [job.key for job in chunk])
             for job in chunk:
                 job.previous = previous.get(job.key)

@@ -1,0 +1,103 @@
+"""A map's input, row by row: read up to the limit, keyed, duplicates skipped, rows an
+earlier attempt finished skipped, the rest handed on in chunks (one sheet read each).
+Every field any row has becomes an input column (for the export)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from deepline_cli.runtime.map.book import MapBook
+from deepline_cli.runtime.map.row_context import PendingRow
+from deepline_cli.runtime.map.rows import CsvSource, input_columns, row_digest
+
+CHUNK = 256  # rows looked up in the sheet per store read
+
+
+class Intake:
+    def __init__(
+        self,
+        name: str,
+        rows: Iterable[Mapping[str, Any]],
+        key_of: Callable[[dict[str, Any]], str],
+        limit: int | None,
+        book: MapBook,
+        column_names: list[str],
+        warn: Callable[[str], None],
+    ) -> None:
+        self.name, self.rows, self.key_of, self.limit, self.book = name, rows, key_of, limit, book
+        self.column_names = column_names
+        self.warn = warn
+        self.seen: set[str] = set()
+        self.input_columns: dict[str, None] = {c: None for c in input_columns(rows)}
+        self.csv = rows if isinstance(rows, CsvSource) else None
+        self.clashes: set[tuple[str, str]] = set()  # column names told apart by case only, warned of
+        self.total_estimate = _estimate_total(rows, limit)
+        self.warn_of_case(self.input_columns)
+
+    def chunks(self) -> Iterator[list[PendingRow]]:
+        """The rows still to do, CHUNK at a time; counts what it reads, skips and seeds."""
+        chunk: list[PendingRow] = []
+        distinct = 0
+        for input_index, raw in enumerate(self.rows):
+            if self.limit is not None and distinct >= self.limit:
+                break
+            self.book.tally.read += 1
+            row = dict(raw)
+            blank = self.csv.blank(row) if self.csv is not None else None
+            new = [column for column in row if column not in self.input_columns]
+            if new:  # every field any row has is an input column (for export)
+                self.input_columns.update(dict.fromkeys(new))
+                self.warn_of_case(new)
+            key = self.key_of(row)
+            if key in self.seen:
+                self.book.tally.duplicate += 1
+                continue
+            self.seen.add(key)
+            idx = distinct
+            distinct += 1
+            self.book.input_index_of.append(input_index)
+            if self.book.is_finished(idx):
+                self.book.tally.seeded += 1
+                continue
+            chunk.append(PendingRow(idx, input_index, key, row, row_digest(row), None, blank))
+            if len(chunk) >= CHUNK:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
+    def warn_of_case(self, input_columns: Iterable[str]) -> None:
+        """Columns whose names differ only in case (`Company` in the CSV, a `company` column):
+        the export keeps both, but spreadsheets and many CSV readers take them for one."""
+        ours = self.column_names
+        for name in [*input_columns, *ours]:
+            for column in ours:
+                pair = (min(name, column), max(name, column))
+                if name != column and name.lower() == column.lower() and pair not in self.clashes:
+                    self.clashes.add(pair)
+                    self.warn(
+                        f"Map {self.name!r}: the columns {pair[0]!r} and {pair[1]!r} differ only in case; the "
+                        "export keeps both, but spreadsheets and many CSV readers take them for one: rename one."
+                    )
+
+
+def _estimate_total(rows: Any, limit: int | None) -> int | None:
+    total: int | None = None
+    if isinstance(rows, CsvSource):
+        total = _count_lines(rows.path) - 1
+    elif hasattr(rows, "__len__"):
+        total = len(rows)
+    if total is not None and limit is not None:
+        total = min(total, limit)
+    return total
+
+
+def _count_lines(path: Path) -> int:
+    count, last = 0, b"\n"
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 20):
+            count += block.count(b"\n")
+            last = block
+    return count + (0 if last.endswith(b"\n") else 1)
