@@ -62,7 +62,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from deepline_cli.runtime.calls.events import EventBus
-    from deepline_cli.runtime.run.runner import Runner, RunOptions
+    from deepline_cli.runtime.run.options import RunOptions
+    from deepline_cli.runtime.run.runner import Runner
 
     with tempfile.TemporaryDirectory() as tmp:
         play_file = Path(tmp) / "bench_play.py"

@@ -317,7 +317,8 @@ async def raw_part(ports: list[int], rows: int, in_flight: int) -> int:
 
 def deepline_part(ports: list[int], rows: int, in_flight: int, profile: str | None) -> dict[str, Any]:
     from deepline_cli.runtime.calls.events import EventBus
-    from deepline_cli.runtime.run.runner import Runner, RunOptions
+    from deepline_cli.runtime.run.options import RunOptions
+    from deepline_cli.runtime.run.runner import Runner
 
     bases = [f"http://{HOST}:{ports[i % len(ports)]}" for i in range(3)]  # A, B, C
     with tempfile.TemporaryDirectory(prefix="deepline-headline-") as tmp:

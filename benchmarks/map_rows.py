@@ -60,7 +60,8 @@ def write_csv(path: Path, rows: int) -> None:
 def one_run(store: str, play: str, csv_path: str) -> None:
     """Child process: run the play once, print seconds, stats and peak RSS as JSON."""
     from deepline_cli.runtime.calls.events import EventBus
-    from deepline_cli.runtime.run.runner import Runner, RunOptions
+    from deepline_cli.runtime.run.options import RunOptions
+    from deepline_cli.runtime.run.runner import Runner
 
     runner = Runner(RunOptions(store=store), EventBus())
     start = time.perf_counter()

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from deepline_cli.runtime.calls.events import EventBus
-from deepline_cli.runtime.run.runner import Runner, RunOptions, RunResult
+from deepline_cli.runtime.run.options import RunOptions, RunResult
+from deepline_cli.runtime.run.runner import Runner
 from deepline_cli.store.roles import Store
 
 

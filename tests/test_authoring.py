@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from deepline_cli.runtime.calls.events import Event, EventBus
-from deepline_cli.runtime.run.runner import RunResult
+from deepline_cli.runtime.run.options import RunResult
 from deepline_cli.testing import FakeProvider, Request
 from tests.conftest import Result
 from tests.helpers import run_play

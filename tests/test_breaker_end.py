@@ -6,7 +6,8 @@ from pathlib import Path
 
 from deepline_cli.errors import StoreError
 from deepline_cli.runtime.calls.events import EventBus
-from deepline_cli.runtime.run.runner import Runner, RunOptions
+from deepline_cli.runtime.run.options import RunOptions
+from deepline_cli.runtime.run.runner import Runner
 from deepline_cli.store.records import Applied, Writes
 from deepline_cli.store.sqlite import SQLiteStore
 

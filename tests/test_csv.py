@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from deepline_cli.runtime.run.runner import RunResult
+from deepline_cli.runtime.run.options import RunResult
 from tests.helpers import run_play
 
 # Tool invocations of the current test (the in-process plays import this list).

@@ -13,7 +13,8 @@ import pytest
 
 from deepline_cli import _json
 from deepline_cli.runtime.calls.events import EventBus
-from deepline_cli.runtime.run.runner import Runner, RunOptions
+from deepline_cli.runtime.run.options import RunOptions
+from deepline_cli.runtime.run.runner import Runner
 from tests.conftest import ROOT
 
 PEOPLE = "Zeta,Alpha,Mid\nz1,a1,m1\nz2,bad,m2\nz3,a3,\nz1,a1,m1\n"

@@ -28,7 +28,8 @@ import pytest
 from deepline_cli.errors import StoreError
 from deepline_cli.runtime.calls.events import Event, EventBus
 from deepline_cli.runtime.calls.receipts import idempotency_key
-from deepline_cli.runtime.run.runner import Runner, RunOptions, RunResult
+from deepline_cli.runtime.run.options import RunOptions, RunResult
+from deepline_cli.runtime.run.runner import Runner
 from deepline_cli.store.records import Applied, Receipt, ReceiptQuery, Writes
 from deepline_cli.store.sqlite import SQLiteStore
 from tests.conftest import counts

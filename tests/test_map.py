@@ -25,7 +25,7 @@ import pytest
 
 from deepline_cli.runtime.calls.events import Event, EventBus
 from deepline_cli.runtime.map import barriers
-from deepline_cli.runtime.run.runner import RunResult
+from deepline_cli.runtime.run.options import RunResult
 from deepline_cli.store import open_store
 from deepline_cli.store.roles import Store
 from deepline_cli.store.sqlite import SQLiteStore

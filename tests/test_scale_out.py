@@ -15,7 +15,8 @@ import pytest
 
 from deepline_cli import _json
 from deepline_cli.runtime.calls.events import EventBus
-from deepline_cli.runtime.run.runner import Runner, RunOptions
+from deepline_cli.runtime.run.options import RunOptions
+from deepline_cli.runtime.run.runner import Runner
 from deepline_cli.store import open_store
 from deepline_cli.store.records import ReceiptQuery
 from tests.conftest import ROOT, Result

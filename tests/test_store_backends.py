@@ -9,7 +9,8 @@ import sys
 import threading
 
 from deepline_cli.runtime.calls.events import EventBus
-from deepline_cli.runtime.run.runner import Runner, RunOptions
+from deepline_cli.runtime.run.options import RunOptions
+from deepline_cli.runtime.run.runner import Runner
 from deepline_cli.store import open_store
 from deepline_cli.store.records import RunRecord
 from tests.conftest import ROOT, counts

@@ -15,7 +15,8 @@ import typer
 from deepline_cli.cli.common import JsonOption, Settings, StoreOption, cli_errors
 
 if TYPE_CHECKING:
-    from deepline_cli.runtime.run.runner import Runner, RunOptions, RunResult
+    from deepline_cli.runtime.run.options import RunOptions, RunResult
+    from deepline_cli.runtime.run.runner import Runner
 
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
 ConcurrencyOption = Annotated[
@@ -121,7 +122,7 @@ def run(
 ) -> None:
     """Run a play. Every tool call goes through a durable receipt."""
     from deepline_cli.cli.inputs import build_input
-    from deepline_cli.runtime.run.runner import RunOptions
+    from deepline_cli.runtime.run.options import RunOptions
 
     cwd = Path.cwd()
     payload = build_input(input, csv, set_ or [], cwd=cwd)
@@ -167,7 +168,7 @@ def resume(
       deepline resume r-8f2c1a9b3e4d
       deepline resume r-8f2c1a9b3e4d --refresh-failed --json
     """
-    from deepline_cli.runtime.run.runner import RunOptions
+    from deepline_cli.runtime.run.options import RunOptions
 
     options = RunOptions(
         store=store,

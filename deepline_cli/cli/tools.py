@@ -16,8 +16,8 @@ from deepline_cli.cli.tables import print_json, print_json_lines, print_table
 
 if TYPE_CHECKING:
     from deepline_cli.runtime.run.catalog import Catalog
+    from deepline_cli.runtime.run.options import RunResult
     from deepline_cli.runtime.run.play import PlayDef
-    from deepline_cli.runtime.run.runner import RunResult
 
 app = typer.Typer(help="List, describe and call the tools a play can call.", no_args_is_help=True)
 
@@ -200,8 +200,8 @@ def execute(
     from deepline_cli.cli.run import execute as execute_run
     from deepline_cli.errors import UsageError
     from deepline_cli.runtime.run.builtin import TOOLS_EXECUTE
+    from deepline_cli.runtime.run.options import RunOptions
     from deepline_cli.runtime.run.play import BUILTIN_PREFIX
-    from deepline_cli.runtime.run.runner import RunOptions
 
     cwd = Path.cwd()
     payload = read_input(input, cwd=cwd)

@@ -8,6 +8,7 @@ from itertools import chain
 from typing import Any
 
 from deepline_cli import _json
+from deepline_cli.backoff import delays
 from deepline_cli.errors import StoreConflict
 from deepline_cli.store.records import (
     Applied,
@@ -31,13 +32,13 @@ class ReceiptsSql(ClaimsSql, SheetsSql):
     def apply(self, writes: Writes, now: float) -> Applied:
         # A transaction the database aborted to break a deadlock with another process rolled
         # back whole (nothing of it is kept), so running it again is safe.
-        for attempt in range(CONFLICT_RETRIES):
+        for wait in (*delays(0.005, tries=CONFLICT_RETRIES - 1), None):
             try:
                 return self._apply(writes, now)
             except StoreConflict:
-                if attempt == CONFLICT_RETRIES - 1:
+                if wait is None:
                     raise
-                time.sleep(0.005 * 2**attempt)
+                time.sleep(wait)
         raise AssertionError("unreachable")
 
     def _apply(self, writes: Writes, now: float) -> Applied:

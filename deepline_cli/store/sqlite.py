@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from deepline_cli.backoff import delays
 from deepline_cli.errors import StoreError, StoreLockedError, StoreLostError, StoreOpenError
 from deepline_cli.store.migrations import MIGRATIONS, SQLITE, migrate
 from deepline_cli.store.records import Claim, Receipt, Settlement
@@ -71,14 +72,14 @@ def write_lock_holder(path: str) -> int | None:
 def _enable_wal(conn: sqlite3.Connection) -> None:
     # Switching a brand-new file to WAL can fail at once with "database is locked" when
     # several processes open it together (the busy timeout does not cover it): retry.
-    for attempt in range(50):
+    for wait in (*delays(0.02, factor=1, tries=49), None):
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             return
         except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or attempt == 49:
+            if "locked" not in str(exc) or wait is None:
                 raise
-            time.sleep(0.02)
+            time.sleep(wait)
 
 
 def _identity(path: str) -> tuple[int, int] | None:

@@ -13,6 +13,7 @@ import datetime as dt
 from typing import Any
 
 from deepline_cli._format import format_credits
+from deepline_cli.runtime.map.projection import describe
 from deepline_cli.ui.state import step_hits
 from deepline_cli.ui.text import printable
 
@@ -39,8 +40,6 @@ def _completed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: 
         for column, hits in columns.items():
             lines.append(f"  {map_name} {column} found by: {step_hits([], hits)}")
     if stats.get("projection"):  # a pilot (--limit): what the full list would cost and take
-        from deepline_cli.runtime.map.projection import describe
-
         lines.extend(f"  {line}" for line in describe(stats["projection"]))
     steps = []
     if rows.get("succeeded") or rows.get("failed"):

@@ -16,15 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
+from deepline_cli.backoff import delays
 from deepline_cli.errors import StoreConnectionLost, StoreUnreachable
 from deepline_cli.store.records import Claim, ClaimOutcome, LogLine, MapRow, Settlement, SheetRow, Writes
 from deepline_cli.store.roles import Store
 
 R = TypeVar("R")
 Checked = Callable[[bool | BaseException], None]  # a settlement's fate: applied, or the store's error
-
-
-RECONNECT_DELAYS_S = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0)  # then every 5 s, until the bound
 
 
 def reconnect_bound_s() -> float:
@@ -44,11 +42,7 @@ def _waits(once: bool) -> Iterator[float]:
     if once:
         yield 0.0
         return
-    waited, delays = 0.0, iter(RECONNECT_DELAYS_S)
-    while waited < reconnect_bound_s():
-        delay = next(delays, RECONNECT_DELAYS_S[-1])
-        waited += delay
-        yield delay
+    yield from delays(0.1, cap=5.0, until=reconnect_bound_s())  # 0.1, 0.2, 0.4 … then every 5 s
 
 
 def reconnecting(store: Store, fn: Callable[..., R], *args: Any, report: Callable[[str], None] | None = None) -> R:

@@ -11,7 +11,6 @@ import asyncio
 import email.utils
 import ipaddress
 import os
-import random
 import time
 import urllib.parse
 import uuid
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepline_cli import _json
+from deepline_cli.backoff import delays
 from deepline_cli.errors import (
     Category,
     DeeplineError,
@@ -93,7 +93,7 @@ class Http:
         """The provider's answer (2xx, and 4xx other than 429 with `client_errors`), or a
         ToolExecutionError after the retries allowed. Before every attempt the call's lease
         is checked: a call another process took over is not sent again."""
-        attempt = 0
+        attempt, waits = 0, delays(backoff_base_s(), cap=MAX_BACKOFF_S, jitter=True)
         while True:
             if call is not None:
                 call.ensure_lease()
@@ -106,7 +106,7 @@ class Http:
             except ToolExecutionError as exc:
                 if not exc.retryable or attempt >= retries:
                     raise self._final(exc, attempt) from None
-                delay = _delay(attempt, exc.retry_after_s)
+                delay = max(next(waits), exc.retry_after_s or 0.0)  # never shorter than the provider asked
                 if exc.category == "rate_limit":
                     self.governor.back_off(tool, delay)  # slow the tool down for everyone
                 if call is not None:
@@ -245,13 +245,6 @@ def _retry_after(response: Response) -> float | None:
     except (TypeError, ValueError):
         return None  # unreadable: the usual backoff applies
     return max(0.0, parsed.timestamp() - time.time())
-
-
-def _delay(attempt: int, retry_after_s: float | None) -> float:
-    """Exponential backoff with full jitter, never shorter than the provider asked."""
-    ceiling = min(MAX_BACKOFF_S, backoff_base_s() * (2**attempt))
-    delay = random.uniform(ceiling / 2, ceiling)
-    return max(delay, retry_after_s or 0.0)
 
 
 class CredentialChanged(DeeplineError):

@@ -21,7 +21,7 @@ from typing import Any
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.calls.events import Event
 from deepline_cli.runtime.run.holders import holder_alive
-from deepline_cli.runtime.run.runner import RunResult
+from deepline_cli.runtime.run.options import RunResult
 from deepline_cli.runtime.run.suspension import waiting_on
 from deepline_cli.store.records import LogLine, RunRecord
 from deepline_cli.store.roles import Store

@@ -25,7 +25,8 @@ from deepline_cli.errors import DeeplineError, RunBusyError, StoreError, StoreUn
 from deepline_cli.runtime.calls.events import Event, EventBus
 from deepline_cli.runtime.calls.store_thread import reconnecting
 from deepline_cli.runtime.run.holders import holder_alive, holder_id
-from deepline_cli.runtime.run.runner import Runner, RunOptions, RunResult, lease_ttl_from_env
+from deepline_cli.runtime.run.options import RunOptions, RunResult, lease_ttl_from_env
+from deepline_cli.runtime.run.runner import Runner
 from deepline_cli.runtime.run.suspension import next_wake, ready_to_resume
 from deepline_cli.store import open_store
 from deepline_cli.store.records import RunRecord

@@ -1,0 +1,492 @@
+"""One attempt of a run: from `run.started` to `run.finished`.
+
+history of earlier attempts ─► parts ─► run.started ─► the play's body
+    │  beside it: lease heartbeat · progress ticks · stop requests (signal, `runs stop`)
+    ▼
+outcome ─► calls in flight settle ─► record the end (unless taken over) ─► run.finished
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Protocol
+
+from deepline_cli.errors import (
+    DeeplineError,
+    ReceiptLeaseLostError,
+    RunBusyError,
+    RunInterrupted,
+    StoreError,
+    StoreLostError,
+    StoreUnreachable,
+    error_dict,
+)
+from deepline_cli.runtime.calls.budget import Budget
+from deepline_cli.runtime.calls.caps import Caps
+from deepline_cli.runtime.calls.events import EventBus
+from deepline_cli.runtime.calls.identity import Identity
+from deepline_cli.runtime.calls.receipts import RunTakenOver
+from deepline_cli.runtime.calls.stats import RunStats
+from deepline_cli.runtime.calls.store_thread import StoreIO
+from deepline_cli.runtime.map.projection import projection_stats
+from deepline_cli.runtime.providers.config import load_config
+from deepline_cli.runtime.run.body import BodyOutcome, describe, execute_body
+from deepline_cli.runtime.run.children import CHILDREN
+from deepline_cli.runtime.run.holders import holder_id
+from deepline_cli.runtime.run.options import RunOptions, RunResult
+from deepline_cli.runtime.run.parts import Journal, RunParts, Settings, build_parts
+from deepline_cli.runtime.run.play import PlayDef
+from deepline_cli.runtime.run.suspension import next_wake, waiting_on
+from deepline_cli.store.records import FailedCall, RunRecord
+from deepline_cli.store.roles import Store
+
+PROGRESS_EVERY_S = 0.5
+# How often an attempt looks in the store for a stop asked by `deepline runs stop` (one
+# indexed read of the run's row): the lease heartbeat, at a third of the lease, is too slow.
+STOP_POLL_S = 0.4
+
+
+class AttemptHost(Protocol):
+    """What an attempt needs of the Runner that starts it."""
+
+    options: RunOptions
+    bus: EventBus
+    borrowed_tools: dict[str, Any]  # the @tools of options.tools_from
+    stop_pending: bool  # a stop asked before the attempt could hear it
+
+
+@dataclass
+class History:
+    """What earlier attempts of a run did, read when an attempt starts."""
+
+    spent: float
+    journal: list[str]
+    logged: set[str]
+    stats: dict[str, Any]
+    failures: list[FailedCall]  # calls whose final outcome so far is a failure
+    tool_calls: int
+    child_plays: int
+    costs: dict[str, float]  # what answers of tools that say their cost have cost (the budget's guide)
+
+    @staticmethod
+    def read(store: Store, record: RunRecord, now: float) -> History:
+        """On the store thread: record the attempt's start, then read its history."""
+        store.begin_attempt(record.run_id, record.attempt, record.holder or holder_id(), now)
+        root = record.root_run_id or record.run_id
+        tool_calls, child_plays = store.run_usage(root)
+        return History(
+            spent=store.credits_spent(root),
+            journal=store.journal(record.run_id),
+            logged=store.logged(record.run_id),
+            stats=store.run_stats(record.run_id),
+            failures=store.final_failures(record.run_id),
+            tool_calls=tool_calls,
+            child_plays=child_plays,
+            costs=store.tool_costs(),
+        )
+
+
+def env_folder(play: PlayDef, options: RunOptions, cwd: str) -> Path:
+    """The folder whose `.env` a run reads: its play's; for a built-in play, the folder of
+    the play file whose tools it calls, else of its config, else the one it started in."""
+    if not play.builtin:
+        return Path(play.file).parent
+    source = options.tools_from or options.config
+    return Path(source).parent if source else Path(cwd)
+
+
+def run_budget(play: PlayDef, options: RunOptions, record: RunRecord, spent: float, costs: dict[str, float]) -> Budget:
+    """`--max-credits` (given now or when the run started), else the play's
+    `max_credits_per_run`. A child run spends its root's budget: a child play's own
+    declaration counts only when it runs on its own. `costs`: what metered tools' answers
+    have cost on this store (see budget.py)."""
+    if options.max_credits is not None or record.parent_run_id or play.max_credits_per_run is None:
+        return Budget(options.max_credits, spent, costs)
+    return Budget(play.max_credits_per_run, spent, costs, declared_by=play.name)
+
+
+class Attempt:
+    """One execution of a play body, from `run.started` to `run.finished`."""
+
+    def __init__(self, runner: AttemptHost, play: PlayDef, record: RunRecord, io: StoreIO) -> None:
+        self.runner = runner
+        self.options = runner.options
+        self.bus = runner.bus
+        self.play = play
+        self.record = record
+        self.io = io
+        self.stats = RunStats()
+        self.stop_requested = False
+        self.stop_reason: str | None = None  # a stop asked through the store (`deepline runs stop`)
+        self.task: asyncio.Task[BodyOutcome] | None = None
+        self.services: RunParts | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.lease_lost = False  # another process owns the run now: leave its record alone
+        self.decided = False  # `run.finished` is out: a late stop request changes nothing
+
+    async def run(self) -> RunResult:
+        store, record = self.io.store, self.record
+        loop = asyncio.get_running_loop()
+
+        def report(message: str) -> None:  # from the store thread: a reconnect
+            loop.call_soon_threadsafe(partial(self._warn, message, "store.reconnected"))
+
+        self.io.report = report
+        history = await self.io.call(History.read, store, record, self.io.now())
+        self.stats = RunStats.since(
+            history.stats,
+            recovered=record.stats.get("tools") or {},
+            failures=history.failures,
+            refresh_failed=self.options.refresh_failed,
+        )
+        services = attempt_parts(self.play, self.options, self.record, self.io, self.bus, self.stats, history,
+                                  self.runner.borrowed_tools)  # fmt: skip
+        self.bus.emit(
+            "run.started",
+            record.run_id,
+            play=record.play,
+            attempt=record.attempt,
+            parent_run_id=record.parent_run_id,
+        )
+        await self.io.call(store.set_status, record.run_id, "running", options=record.options)
+        keeper = asyncio.create_task(self._keep_leases(services))
+        ticker = asyncio.create_task(tick(self.bus, self.record.run_id, self.stats, services))
+        self.task = asyncio.create_task(execute_body(self.play, services, record.input, CHILDREN))
+        restore = self._install_signals(services)
+        watcher = asyncio.create_task(self._watch_stop())
+        try:
+            outcome = await self._outcome(services)
+            keeper.cancel()
+            ticker.cancel()
+            watcher.cancel()
+            await settle(services, self.options.interrupt_grace_s)
+            tripped = next((b.tripped for b in services.effects.books if b.tripped is not None), None)
+            if isinstance(tripped, RunTakenOver):  # found out at a claim, before the heartbeat did
+                self.lease_lost = True
+            if tripped is not None and outcome.status != "failed":
+                # A completion could not be recorded after the body returned: fail loudly.
+                outcome = BodyOutcome("failed", error=describe(tripped, services, self.play.file))
+            return await self._finish(outcome)
+        finally:
+            restore()
+
+    async def _outcome(self, services: RunParts) -> BodyOutcome:
+        assert self.task is not None
+        try:
+            outcome = await self.task
+        except asyncio.CancelledError:
+            if self.stop_requested:
+                return self._interrupted()
+            tripped = services.effects.book.tripped
+            if tripped is None:
+                raise
+            return BodyOutcome("failed", error=describe(tripped, services, self.play.file))
+        if self.stop_requested and outcome.status == "failed" and isinstance(outcome.raised, RunInterrupted):
+            return self._interrupted()
+        if outcome.status == "waiting":
+            # Siblings may be about to suspend too (several children at once): let them
+            # reach their boundaries so every one is recorded.
+            await services.effects.book.settle_all(self.options.interrupt_grace_s)
+        return outcome
+
+    def _interrupted(self) -> BodyOutcome:
+        """How an interrupted attempt ends: a stop asked through the store keeps its reason."""
+        error = error_dict(RunInterrupted(self._interrupt_message()))
+        if self.stop_reason is not None:
+            error["reason"] = self.stop_reason
+        return BodyOutcome("interrupted", error=error)
+
+    def _interrupt_message(self) -> str:
+        if self.stop_reason is None:
+            return "The run was interrupted."
+        return f"The run was stopped: {self.stop_reason}."
+
+    async def _finish(self, outcome: BodyOutcome) -> RunResult:
+        record, status = self.record, outcome.status
+        if self.lease_lost:
+            return self._taken_over()
+        try:
+            stats = await self.io.call(
+                record_end,
+                self.io.store,
+                self.record,
+                outcome,
+                self.stats,
+                self.io.busy_s,
+                self.options.max_inline_wait,
+            )
+        except StoreError as exc:
+            # The outcome cannot be recorded (the store is gone or unreachable): say so,
+            # and never report a run the store does not know finished as completed.
+            error = {**error_dict(exc), "exit_code": 1}
+            result = RunResult(record.run_id, "failed", record.attempt, None, error, {})
+            self._announce(result)
+            return result
+        if stats is None:  # taken over after the last heartbeat: the new owner's record stands
+            return self._taken_over()
+        result = RunResult(
+            record.run_id,
+            status,
+            record.attempt,
+            outcome.output,
+            outcome.error,
+            stats,
+            fail_on_row_errors=self.options.fail_on_row_errors,
+        )
+        if record.parent_run_id:
+            await self.io.call(self.io.store.notify)  # a scheduled child ended: its parent may be due
+        if status == "waiting":
+            result.waiting = await self.io.call(waiting_on, self.io.store, record.run_id)
+            self.bus.emit("run.waiting", record.run_id, boundaries=result.waiting)
+        self._announce(result)
+        return result
+
+    def _announce(self, result: RunResult) -> None:
+        self.decided = True
+        self.bus.emit("run.finished", result.run_id, **result.finished_event())
+
+    def _warn(self, message: str, kind: str = "log") -> None:
+        if self.services is not None:
+            self.services.log(message, level="warning", kind=kind)
+
+    def _taken_over(self) -> RunResult:
+        record = self.record
+        error = error_dict(RunBusyError(f"Run {record.run_id} was taken over by another process; this one stopped."))
+        result = RunResult(record.run_id, "taken_over", record.attempt, None, {**error, "exit_code": 4}, {})
+        self._announce(result)
+        return result
+
+    async def _keep_leases(self, services: RunParts) -> None:
+        """Heartbeat the run's lease and every receipt lease in flight."""
+        interval = max(0.05, self.options.lease_ttl / 3)
+        record, store = self.record, self.io.store
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                held = await self.io.call(
+                    store.heartbeat_run,
+                    record.run_id,
+                    holder=record.holder or holder_id(),
+                    attempt=record.attempt,
+                    expires_at=self.io.now() + self.options.lease_ttl,
+                )
+                if not held:
+                    lost = ReceiptLeaseLostError(f"Run {record.run_id} was taken over by another process; stopping.")
+                    self.lease_lost = True
+                    services.effects.book.close(lost)
+                    if self.task is not None:
+                        self.task.cancel()
+                    return
+                for book in list(services.effects.books):
+                    if book is not services.effects.book:  # a child run in this process: its lease too
+                        scope = book.scope
+                        await self.io.call(
+                            store.heartbeat_run,
+                            scope.run_id,
+                            holder=record.holder or holder_id(),
+                            attempt=scope.attempt,
+                            expires_at=self.io.now() + self.options.lease_ttl,
+                        )
+                    await book.heartbeat()
+            except (StoreLostError, StoreUnreachable) as exc:
+                services.effects.book.close(exc)  # nothing this run does can be recorded any more
+                if self.task is not None:
+                    self.task.cancel()
+                return
+            except DeeplineError as exc:
+                # A store hiccup: keep trying; the lease is long enough to ride it out.
+                services.log(f"lease heartbeat failed: {exc}", level="warning")
+
+    async def _watch_stop(self) -> None:
+        """`deepline runs stop`, from any terminal or host: a stop asked through the store is
+        heard within STOP_POLL_S and taken as Ctrl-C is, with its reason."""
+        record, store = self.record, self.io.store
+        while not self.stop_requested:
+            await asyncio.sleep(STOP_POLL_S)
+            try:
+                reason = await self.io.call(store.stop_requested, record.run_id, record.attempt)
+            except DeeplineError:
+                continue  # a store hiccup; the heartbeat finds out about a store that is gone
+            if reason is not None:
+                self.request_stop(reason)
+                return
+
+    def request_stop(self, reason: str | None = None) -> None:
+        """Ctrl-C, SIGTERM, a draining worker or `deepline runs stop` (with its reason): stop
+        dispatching, finish calls in flight briefly, and end the run `interrupted`. A second
+        request stops at once. Once the outcome is announced, a request changes nothing."""
+        if self.decided:
+            return
+        if self.stop_requested:
+            if self.task is not None:
+                self.task.cancel()
+            return
+        self.stop_requested = True
+        self.stop_reason = reason
+        if self.services is not None:
+            self.services.effects.book.close(RunInterrupted(self._interrupt_message()))
+            said = "interrupt received" if reason is None else f"stop requested ({reason})"
+            self.services.log(
+                f"{said}: finishing calls in flight, then stopping",
+                level="warning",
+                kind="run.interrupted",
+                fields={"reason": reason or "interrupt"},
+            )
+        if self.task is not None:
+            asyncio.get_running_loop().call_later(self.options.interrupt_grace_s, self.task.cancel)
+
+    def _install_signals(self, services: RunParts) -> Callable[[], None]:
+        """Ctrl-C and SIGTERM stop the attempt gracefully until it has finished."""
+        self.services, self.loop = services, asyncio.get_running_loop()
+        restore = install_signals(self.loop, self.request_stop)
+        if self.runner.stop_pending:  # a drain asked before this attempt could hear it
+            self.request_stop()
+        return restore
+
+
+def attempt_parts(
+    play: PlayDef, options: RunOptions, record: RunRecord, io: StoreIO, bus: EventBus, stats: RunStats,
+    history: History, borrowed_tools: dict[str, Any],
+) -> RunParts:  # fmt: skip
+    """The parts one attempt runs with: its identity, settings, caps (counted per run),
+    budget and journal from what earlier attempts did."""
+    budget = run_budget(play, options, record, history.spent, history.costs)
+    identity = Identity(
+        run_id=record.run_id,
+        attempt=record.attempt,
+        play=record.play,
+        workspace=record.workspace,
+        lease_ttl=options.lease_ttl,
+        force_refresh=options.force_refresh,
+        refresh_failed=options.refresh_failed,
+        root_run_id=record.root_run_id or record.run_id,
+        ancestors=(*record.ancestors, play.name),
+        play_file=play.file,
+        cwd=record.cwd,
+    )
+    settings = Settings(
+        concurrency=options.concurrency,
+        limit=options.limit,
+        max_inline_wait=options.max_inline_wait,
+        schedule_children=options.schedule_children,
+        config=options.config,
+        # A child run started by this one (scheduled under workers) has this run's budget.
+        persisted={**options.persisted(), "max_credits": budget.max_credits},
+    )
+    caps = Caps(  # counted per run: what earlier attempts did counts too
+        max_depth=options.max_depth,
+        max_child_plays=options.max_child_plays,
+        max_tool_calls=options.max_tool_calls,
+        tool_calls=history.tool_calls,
+        child_plays=history.child_plays,
+    )
+    return build_parts(
+        identity,
+        io,
+        bus,
+        stats,
+        config=load_config(Path(options.config) if options.config else None),
+        budget=budget,
+        caps=caps,
+        journal=Journal(history.journal, logged=history.logged),
+        local_tools={**borrowed_tools, **play.tools()},
+        settings=settings,
+        env_folder=env_folder(play, options, record.cwd),
+        fetch_public_only=options.fetch_public_only,
+    )
+
+
+def record_end(
+    store: Store, record: RunRecord, outcome: BodyOutcome, known: RunStats, busy_s: float, max_inline_wait: float
+) -> dict[str, Any] | None:
+    """On the store thread: end the attempt, count the run's stats, record the outcome —
+    unless another process took the run over meanwhile (then None: nothing recorded)."""
+    now, status = store.now(), outcome.status
+    store.end_attempt(record.run_id, record.attempt, status, now)
+    stats = store.run_stats(record.run_id)
+    stats.update(projection_stats(store, record.run_id))  # a pilot (--limit): the full list projected
+    stats["store_s"] = round(record.stats.get("store_s", 0.0) + busy_s, 3)  # the store thread's busy time
+    for tool_id in known.tools:  # a tool whose calls all ended unrecorded too
+        stats["tools"].setdefault(
+            tool_id, {"live": 0, "reused": 0, "failed": 0, "credits": 0.0, "retries": 0, "recovered": 0}
+        )
+    for tool_id, counts in stats["tools"].items():  # counted in memory only
+        counted = known.tool(tool_id)
+        counts["retry_reasons"] = dict(counted.retry_reasons)  # the attempts that ended with an outcome
+        # The ledger counts a call's retries when it ends; one abandoned by an interrupt
+        # retried too (and the live view showed it).
+        counts["retries"] = max(counts["retries"], counted.retries)
+    wake = None
+    if status == "waiting":
+        wake = next_wake(store, record.run_id, record.root_run_id or record.run_id, now, max_inline_wait)
+    recorded = store.set_status(
+        record.run_id,
+        status,
+        only_attempt=record.attempt,
+        output=outcome.output,
+        error=outcome.error,
+        stats=stats,
+        holder=None,
+        lease_expires_at=0.0,
+        finished_at=now if status in ("completed", "failed") else None,
+        wake_at=wake,
+    )
+    if not recorded:
+        store.end_attempt(record.run_id, record.attempt, "taken_over", now)
+        return None
+    if record.scheduled and record.parent_run_id and status in ("completed", "failed"):
+        store.set_wake(record.parent_run_id, now)  # its parent waits for this result
+    return stats
+
+
+async def settle(services: RunParts, grace_s: float) -> None:
+    """Let calls in flight finish briefly, record them, and stop the stragglers."""
+    await services.effects.book.settle_all(grace_s)
+    current = asyncio.current_task()
+    stragglers = [
+        t for t in asyncio.all_tasks() if t is not current and not t.done() and not services.infra.writes.owns(t)
+    ]
+    for task in stragglers:
+        task.cancel()
+    await asyncio.gather(*stragglers, return_exceptions=True)
+    await services.effects.book.settle_all(0)
+    await services.infra.writes.flushed()
+    await services.effects.http.aclose()
+
+
+def install_signals(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]) -> Callable[[], None]:
+    """Ctrl-C and SIGTERM call `handler` on the loop; the returned function puts back the
+    handlers the process had before (asyncio would put the defaults back)."""
+    installed: dict[int, Any] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            before = signal.getsignal(sig)
+            loop.add_signal_handler(sig, handler)
+            installed[sig] = before
+
+    def restore() -> None:
+        for sig, before in installed.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, before)
+
+    return restore
+
+
+async def tick(bus: EventBus, run_id: str, stats: RunStats, services: RunParts) -> None:
+    """Progress for the views: counters a few times a second, never per call."""
+    governor = services.effects.governor
+    while True:
+        await asyncio.sleep(PROGRESS_EVERY_S)
+        bus.emit(
+            "run.progress",
+            run_id,
+            tools={t: c.to_dict() for t, c in stats.tools.items()},
+            paced=governor.paced(),
+            paused=governor.paused(),
+        )
