@@ -140,14 +140,15 @@ def test_ci_logs_get_steady_progress_lines_and_barriers_in_words(
     deepline: Run, write_play: Callable[..., Path]
 ) -> None:
     write_play(SLOW_PLAY)
-    result = deepline("run", "play.py", "--set", "n=600")  # about 8 s at 4 rows of 50 ms at a time
+    # About 2 s at 4 rows of 50 ms at a time, a progress line every 0.5 s (5 s by default).
+    result = deepline("run", "play.py", "--set", "n=150", DEEPLINE_PROGRESS_EVERY_S="0.5")
     assert result.code == 0, result.stderr
-    progress = [line for line in result.stderr.splitlines() if re.match(r"\d+:\d\d leads +[\d,]+/600 +\d+%", line)]
+    progress = [line for line in result.stderr.splitlines() if re.match(r"\d+:\d\d leads +[\d,]+/150 +\d+%", line)]
     assert len(progress) >= 2, result.stderr  # one every few seconds, not one per row
     assert all("rows/s" in line and "ETA" in line for line in progress)
-    assert "leads  checking 600 rows are stored…" in result.stderr
-    assert "leads  ✓ 600/600 rows stored and read back" in result.stderr
-    assert "leads  ✓ all 600 input rows accounted for (600 distinct)" in result.stderr
+    assert "leads  checking 150 rows are stored…" in result.stderr
+    assert "leads  ✓ 150/150 rows stored and read back" in result.stderr
+    assert "leads  ✓ all 150 input rows accounted for (150 distinct)" in result.stderr
     assert len(result.stderr.splitlines()) < 40  # progress people can read, not log spam
 
 

@@ -12,6 +12,7 @@ stay in view and nothing wraps into the next line.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import IO, Any
@@ -27,7 +28,7 @@ from deepline_cli.ui.state import MapView, RunView, step_hits
 from deepline_cli.ui.text import printable
 from deepline_cli.ui.verdict import clock, verdict
 
-PLAIN_PROGRESS_EVERY_S = 5.0
+PLAIN_PROGRESS_EVERY_S = 5.0  # a progress line per map in logs (no terminal); DEEPLINE_PROGRESS_EVERY_S sets it
 BAR_WIDTH = 24
 # text, importance (0: always shown; higher goes first when space is short), and optionally a
 # shorter text that stands in before the piece goes (one step more important than it was)
@@ -168,6 +169,7 @@ class ConsoleView:
         self.state = RunView()
         self._live: Live | None = None
         self._printed: dict[str, float] = {}  # plain mode: when each progress line was last printed
+        self._every_s = float(os.environ.get("DEEPLINE_PROGRESS_EVERY_S", PLAIN_PROGRESS_EVERY_S))
 
     def __enter__(self) -> ConsoleView:
         if self.live_mode:
@@ -211,7 +213,7 @@ class ConsoleView:
 
     def _due(self, what: str) -> bool:
         now = time.monotonic()
-        if now - self._printed.get(what, -PLAIN_PROGRESS_EVERY_S) < PLAIN_PROGRESS_EVERY_S:
+        if now - self._printed.get(what, -self._every_s) < self._every_s:
             return False
         self._printed[what] = now
         return True
