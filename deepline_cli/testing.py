@@ -53,6 +53,10 @@ Handler = Callable[[Request], Any]
 
 @dataclass
 class FakeProvider:
+    """A paid provider on 127.0.0.1 for tests and offline tries: routes answer JSON, every
+    request is counted by path, and a request carrying an idempotency key already billed
+    is answered again without billing twice (`billed`), as real providers do."""
+
     name: str = "provider"
     api_key: str | None = None
     routes: dict[tuple[str, str], Handler] = field(default_factory=dict)

@@ -84,6 +84,9 @@ def _connect(url: str) -> psycopg.Connection[Any]:
 
 
 class PostgresStore(SqlStore):
+    """The store on PostgreSQL: row locks instead of SQLite's single writer, SKIP LOCKED for
+    workers claiming runs, LISTEN/NOTIFY to wake them."""
+
     row_lock = " FOR UPDATE"
     skip_locked = " FOR UPDATE SKIP LOCKED"
 

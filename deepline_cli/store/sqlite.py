@@ -91,6 +91,9 @@ def _identity(path: str) -> tuple[int, int] | None:
 
 
 class SQLiteStore(SqlStore):
+    """The store in one SQLite file (WAL): one writer at a time, readers never blocked;
+    opened without a lock, so a busy file names the process holding it."""
+
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self.url = f"sqlite:///{self.path}"

@@ -38,6 +38,9 @@ class MapView:
 
 @dataclass
 class RunView:
+    """What the views show of a run, folded from its events: tools' counts, pacing and
+    pauses, and each map's progress."""
+
     run_id: str = ""
     play: str = ""
     attempt: int = 0

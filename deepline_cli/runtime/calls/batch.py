@@ -28,6 +28,9 @@ Member = tuple[ToolCall, Any, asyncio.Future[Any]]
 
 
 class Batcher:
+    """Calls to a batching tool, gathered for up to `max_wait_ms` or `max_size` members and
+    sent as one request under one batch receipt; each member keeps its own receipt."""
+
     def __init__(self, definition: ToolDef, book: ReceiptBook, send: Send) -> None:
         batch = definition.batch or {}
         self.tool = definition.id

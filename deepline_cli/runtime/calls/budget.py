@@ -36,6 +36,10 @@ class Reservation:
 
 
 class Budget:
+    """`--max-credits` (or a play's `max_credits_per_run`): a call is admitted only if what
+    is spent, plus what calls in flight may cost, plus its own cost fits; a tool that
+    reports its cost is reserved at the most it has cost so far."""
+
     def __init__(
         self,
         max_credits: float | None,

@@ -203,6 +203,9 @@ class MapPlan:
 
 @dataclass
 class Plan:
+    """What `deepline plan` found: per map its rows, paid rows and columns' calls and credits,
+    the calls the body makes itself, and why planning stopped early, if it did."""
+
     play: str
     maps: list[MapPlan] = field(default_factory=list)
     body: Tracker = field(default_factory=Tracker)
@@ -574,6 +577,11 @@ class PlanOptions:
 
 
 class Planner:
+    """Runs a play's body without calling any provider: every call is looked up in the
+    store (paid already, or new), maps walk their input through the same intake and reuse
+    decisions as a run, and a new call's answer is unknown, so what depends on it is
+    counted as a range. Nothing is written."""
+
     def __init__(self, play: PlayDef, config_path: Path | None, store: Store, options: PlanOptions) -> None:
         self.play, self.store, self.options = play, store, options
         self.config = load_config(config_path)

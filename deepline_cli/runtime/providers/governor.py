@@ -96,6 +96,10 @@ class Pacer:
 
 
 class Governor:
+    """How fast calls go out: the run's concurrency, each tool's concurrency and rate limit
+    (paced, optionally shared with other processes through the store), and a tool's pause
+    after a 429."""
+
     def __init__(self, concurrency: int | None = None, shared_slot: SharedSlots | None = None) -> None:
         self._run = asyncio.Semaphore(concurrency) if concurrency else None
         self._shared_slot = shared_slot

@@ -44,6 +44,9 @@ def encoded_forms(secret: str) -> set[str]:
 
 
 class Secrets:
+    """The secrets a run may use: the environment, then the play folder's `.env`. Every value
+    read is remembered so that it is redacted from outputs, errors, logs and receipts."""
+
     def __init__(self, dotenv_dir: Path | None = None) -> None:
         self._dotenv_dir = dotenv_dir
         self._known: set[str] = set()

@@ -21,6 +21,9 @@ from deepline_cli.runtime.run.play import load_module, split_ref, tools_in
 
 @dataclass
 class Catalog:
+    """Every tool a run can call: the play's own @tools (and any it borrows) over the ones
+    `deepline.toml` declares."""
+
     config: Config
     local: dict[str, ToolDef]  # @tools: the play file's own over any other loaded
     play_file: Path | None

@@ -24,6 +24,9 @@ _SECRET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 @dataclass(frozen=True, slots=True)
 class PlayDef:
+    """A play as `@play` declared it: its function, its file, and what is checked before
+    anything runs (the input schema, the secrets it needs, its budget)."""
+
     name: str
     description: str
     fn: Callable[..., Any]

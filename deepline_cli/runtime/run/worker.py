@@ -49,6 +49,10 @@ class WorkerStats:
 
 
 class Worker:
+    """`deepline worker`: claims queued and due runs from the store (PostgreSQL's NOTIFY
+    wakes it, else it polls), runs up to `concurrency` at once with the play source they
+    were enqueued with, and on SIGTERM drains: runs in flight stop and go back to the queue."""
+
     def __init__(
         self,
         store_url: str | None,
