@@ -20,7 +20,7 @@ from deepline_cli.errors import UsageError
 from deepline_cli.runtime.calls.events import Event
 from deepline_cli.runtime.run.holders import holder_words
 from deepline_cli.store.records import LogLine, MapRow
-from deepline_cli.store.roles import Store
+from deepline_cli.store.roles import SheetStore
 from deepline_cli.ui.text import printable
 from deepline_cli.ui.verdict import verdict
 
@@ -98,7 +98,7 @@ def _text(ts: float, attempt: int, level: str, message: str, kind: str, fields: 
     return printable(text)
 
 
-def every_failed_row(lines: Iterable[LogLine], store: Store, run_id: str, attempt: int) -> Iterator[LogLine]:
+def every_failed_row(lines: Iterable[LogLine], store: SheetStore, run_id: str, attempt: int) -> Iterator[LogLine]:
     """The run's log lines with every failed row of its maps as a `row.failed` line.
 
     A map logs only its first failed rows (and a count of the rest); the store keeps them
@@ -122,7 +122,7 @@ def every_failed_row(lines: Iterable[LogLine], store: Store, run_id: str, attemp
             yield from _failed_lines(store, run_id, record.map, at)
 
 
-def _failed_lines(store: Store, run_id: str, map_name: str, at: LogLine) -> Iterator[LogLine]:
+def _failed_lines(store: SheetStore, run_id: str, map_name: str, at: LogLine) -> Iterator[LogLine]:
     """The map's failed rows as `row.failed` lines worded as the map logs them, dated like `at`."""
     after = -1
     while page := store.failed_map_rows(run_id, map_name, FAILED_PAGE, after_idx=after):

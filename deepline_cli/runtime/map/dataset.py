@@ -12,7 +12,7 @@ from typing import IO, Any
 
 from deepline_cli import _json
 from deepline_cli.store.records import DatasetRow, MapRecord
-from deepline_cli.store.roles import Store
+from deepline_cli.store.roles import SheetStore
 
 PAGE = 1000
 ERROR_COLUMN = "_error"
@@ -24,7 +24,7 @@ class Dataset:
     Rows are read from the store page by page, so a million-row map never sits in memory.
     """
 
-    def __init__(self, store: Store, record: MapRecord) -> None:
+    def __init__(self, store: SheetStore, record: MapRecord) -> None:
         self._store = store
         self.record = record
 

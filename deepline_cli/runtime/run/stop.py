@@ -18,7 +18,7 @@ from typing import Any
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.run.holders import holder_alive
 from deepline_cli.store.records import RunRecord
-from deepline_cli.store.roles import Store
+from deepline_cli.store.roles import RunStore
 
 DEFAULT_REASON = "stopped by user"
 POLL_S = 0.2
@@ -41,7 +41,7 @@ class Stopped:
 
 
 def stop_run(
-    store: Store,
+    store: RunStore,
     run_id: str,
     reason: str = DEFAULT_REASON,
     *,
@@ -80,7 +80,7 @@ def stop_run(
                             error=stop_error(reason), now=now, expect_expires=expect)  # fmt: skip
 
 
-def _read(store: Store, run_id: str) -> RunRecord:
+def _read(store: RunStore, run_id: str) -> RunRecord:
     record = store.get_run(run_id)
     if record is None:
         raise UsageError(f"No run {run_id!r} in the store {store.url}.")
