@@ -23,6 +23,7 @@ FULL = [
     ["map_rows.py", "--rows", "1000000", "--rerun-rows", "100000"],
     ["headline.py", "--rows", "10000"],
     ["rate_limit.py", "--calls", "40", "--rounds", "3"],
+    ["map_floor.py", "--rows", "100000", "--rounds", "3"],
 ]
 POSTGRES = [
     ["workers.py", "--workers", "1,2,4"],
@@ -38,6 +39,7 @@ QUICK = [
     ["map_rows.py", "--rows", "20000", "--rerun-rows", "20000"],
     ["headline.py", "--rows", "1000", "--skip-dbos"],
     ["rate_limit.py", "--calls", "40", "--rounds", "1"],
+    ["map_floor.py", "--rows", "20000", "--rounds", "1"],
 ]
 
 
