@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from deepline_cli import __version__
-from deepline_cli.cli import events, export, plan, receipts, runs, store, tools, worker
+from deepline_cli.cli import events, export, plan, receipts, runs, schedules, serve, store, tools, worker
 from deepline_cli.cli import run as run_cmd
 from deepline_cli.cli.common import Command, Settings
 
@@ -59,8 +59,10 @@ app.command("plan", cls=Command, epilog=plan.PLAN_EPILOG)(plan.plan)
 app.command("export", cls=Command)(export.export)
 app.command("check", cls=Command)(tools.check)
 app.command("worker", cls=Command)(worker.worker)
+app.command("serve", cls=Command)(serve.serve)
 app.add_typer(tools.app, name="tools")
 app.add_typer(events.app, name="events")
 app.add_typer(receipts.app, name="receipts")
 app.add_typer(runs.app, name="runs")
 app.add_typer(store.app, name="store")
+app.add_typer(schedules.app, name="schedules")

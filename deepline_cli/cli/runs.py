@@ -72,8 +72,9 @@ def list_runs(
         shown = r.status
         if r.status == "running" and not holder_alive(r, now):
             shown = "running (stale: holder gone)"
-        table.append((r.run_id, r.play, shown, r.attempt, r.parent_run_id or "", when(r.created_at)))
-    print_table(["run", "play", "status", "attempt", "parent", "created"], table, empty="No runs yet.")
+        trigger = r.options.get("trigger") or ""
+        table.append((r.run_id, r.play, shown, r.attempt, r.parent_run_id or "", trigger, when(r.created_at)))
+    print_table(["run", "play", "status", "attempt", "parent", "trigger", "created"], table, empty="No runs yet.")
 
 
 @app.command("show", cls=Command)

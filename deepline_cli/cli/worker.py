@@ -23,6 +23,14 @@ def worker(
             help="ctx.fetch may reach public addresses only (no cloud metadata, private network or loopback).",
         ),
     ] = False,
+    plays: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--play",
+            metavar="FILE",
+            help="A play file whose @play(schedule=...) this worker fires (repeat for several).",
+        ),
+    ] = None,
 ) -> None:
     """Take queued runs (deepline run --enqueue), due timers, delivered events and runs whose
     holder died, and run them. SIGTERM drains: runs in progress are interrupted and re-queued.
@@ -31,6 +39,7 @@ def worker(
     Examples:
       deepline worker --store postgresql://user@db.internal/deepline --concurrency 4
       deepline worker --once          # drain what is due on the default SQLite store
+      deepline worker --play refresh.py   # and fire refresh.py's schedule: one run per tick
     """
     from deepline_cli.runtime.run.worker import Worker
 
@@ -39,8 +48,16 @@ def worker(
         sys.stderr.flush()
 
     from deepline_cli.cli.common import fail
+    from deepline_cli.runtime.run.play import load_play
 
-    running = Worker(store, concurrency=concurrency, once=once, report=report, fetch_public_only=fetch_public_only)
+    scheduled = [load_play(path) for path in plays or []]
+    for play in scheduled:
+        if play.schedule is None:
+            raise fail(f'{play.file} has no schedule: declare one with @play(..., schedule="0 6 * * *").', 2)
+    running = Worker(
+        store, concurrency=concurrency, once=once, report=report, fetch_public_only=fetch_public_only,
+        scheduled=scheduled,
+    )  # fmt: skip
     stats = running.run()
     report(
         f"worker: done — {stats.started} started, {stats.completed} completed, {stats.failed} failed, "

@@ -27,6 +27,7 @@ def run_dict(r: RunRecord) -> dict[str, Any]:
         "play": r.play,
         "status": r.status,
         "attempt": r.attempt,
+        "trigger": r.options.get("trigger"),  # "schedule …", "webhook …", or None: started by hand
         "parent_run_id": r.parent_run_id,
         "root_run_id": r.root_run_id,
         "play_ref": r.play_ref,

@@ -15,9 +15,11 @@ __all__ = [
     "play",
     "play_input",
     "runner",
+    "schedules",
     "schema",
     "snapshot",
     "stop",
     "suspension",
+    "triggers",
     "worker",
 ]

@@ -16,6 +16,7 @@ from deepline_cli import _json
 from deepline_cli.errors import InputError, PlayLoadError, UsageError
 from deepline_cli.runtime.map.failures import is_play_file
 from deepline_cli.runtime.run.schema import Schema, SchemaDefinitionError, compile_schema, violation
+from deepline_cli.runtime.run.triggers import Schedule, schedule_of
 
 F = TypeVar("F", bound=Callable[..., Any])
 BUILTIN_PREFIX = "builtin:"
@@ -35,6 +36,8 @@ class PlayDef:
     secrets: tuple[str, ...] = ()  # names that must be set before the run makes any call
     max_credits_per_run: float | None = None  # the budget when --max-credits is not given
     builtin: bool = False  # shipped with deepline (runtime/builtin.py), found by name
+    schedule: Schedule | None = None  # fired by `deepline worker --play FILE`
+    webhook_secret: str | None = None  # the secret's name: `deepline serve` checks deliveries with it
 
     @property
     def function(self) -> str:
@@ -95,6 +98,11 @@ def play(
     input: Any = None,
     secrets: Sequence[str] | None = None,
     max_credits_per_run: float | None = None,
+    schedule: str | None = None,
+    schedule_input: Any = None,
+    timezone: str | None = None,
+    catch_up: str | None = None,
+    webhook_secret: str | None = None,
 ) -> Callable[[F], F]:
     """Declare an `async def (ctx, input)` as a play named `name`.
 
@@ -102,17 +110,30 @@ def play(
     a JSON Schema), checked before a run is recorded. `secrets`: names that must be set
     (environment or `.env` next to the play) before any call. `max_credits_per_run`: the
     run's credit budget when `--max-credits` is not given.
+
+    `schedule`: a cron expression (`"0 6 * * *"`; a sixth field is seconds) that `deepline
+    worker --play FILE` fires with `schedule_input`, read in `timezone` (default UTC); a tick
+    missed while no worker ran fires once when one returns (`catch_up="latest"`) or not at
+    all (`"none"`). `webhook_secret`: the name of the secret `deepline serve` checks a
+    delivery's signature with.
     """
     schema = _schema(name, input)
     names = _secret_names(name, secrets)
     budget = _budget(name, max_credits_per_run)
+    when = schedule_of(name, schedule, schedule_input, timezone, catch_up)
+    if when is not None:
+        when_input = when.input
+        if schema is not None and (found := violation(schema, when_input)) is not None:
+            raise PlayLoadError(f"Play {name!r}: schedule_input: {found.sentence('Input')}")
+    hook_secret = _secret_names(name, [webhook_secret])[0] if webhook_secret is not None else None
 
     def register(fn: F) -> F:
         if not inspect.iscoroutinefunction(fn):
             raise PlayLoadError(f"Play {name!r} must be an async function `async def (ctx, input)`.")
         file = str(Path(inspect.getfile(fn)).resolve())
         definition = PlayDef(name=name, description=description, fn=fn, file=file, input_schema=schema,
-                             secrets=names, max_credits_per_run=budget)  # fmt: skip
+                             secrets=names, max_credits_per_run=budget, schedule=when,
+                             webhook_secret=hook_secret)  # fmt: skip
         fn.__deepline_play__ = definition  # type: ignore[attr-defined]
         _ALL_PLAYS[name] = definition
         return fn

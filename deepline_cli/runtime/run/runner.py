@@ -123,6 +123,31 @@ class Runner:
             return RunResult(run_id, "queued", 0, reported=True)
         return self._execute(play, record)
 
+    def enqueue_new(self, play: PlayDef, input: Any, run_id: str, trigger: str) -> bool:
+        """Queue a run of `play` under `run_id` for a worker, unless a run with that id exists
+        (a tick another worker fired, a delivery sent again): then nothing is queued, and
+        nothing is re-queued either. True if this call queued it. `trigger` says what
+        started it (`runs list`)."""
+        play.check_input(input)
+        config_path = find_config(Path(play.file), self.options.config)
+        load_config(config_path)
+        self.options.config = str(config_path) if config_path else None
+        if self.store.get_run(check_run_id(run_id)) is not None:
+            return False
+        digest, snapshot = take_snapshot(play, config_path)
+        self.store.put_snapshot(digest, snapshot)
+        now = self.store.now()
+        record = RunRecord(
+            run_id=run_id, play=play.name, play_ref=play.ref, input=input, status="queued", attempt=0,
+            workspace=self.options.workspace, cwd=os.getcwd(),
+            options={**self.options.persisted(), "trigger": trigger}, root_run_id=run_id,
+            holder=None, lease_expires_at=0.0, created_at=now, updated_at=now, snapshot=digest,
+        )  # fmt: skip
+        if not self.store.insert_run(record):
+            return False
+        self.store.notify()
+        return True
+
     def _requeue(self, record: RunRecord) -> RunResult:
         """`run --enqueue --run-id` of an existing run: report it, or queue it again for a
         worker (never run it here)."""

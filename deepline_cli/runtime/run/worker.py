@@ -18,7 +18,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from deepline_cli.errors import DeeplineError, RunBusyError, StoreError, StoreUnreachable
@@ -26,7 +26,9 @@ from deepline_cli.runtime.calls.events import Event, EventBus
 from deepline_cli.runtime.calls.store_thread import reconnecting
 from deepline_cli.runtime.run.holders import holder_alive, holder_id
 from deepline_cli.runtime.run.options import RunOptions, RunResult, lease_ttl_from_env
+from deepline_cli.runtime.run.play import PlayDef
 from deepline_cli.runtime.run.runner import Runner
+from deepline_cli.runtime.run.schedules import Ticks
 from deepline_cli.runtime.run.suspension import next_wake, ready_to_resume
 from deepline_cli.store import open_store
 from deepline_cli.store.records import RunRecord
@@ -61,8 +63,10 @@ class Worker:
         once: bool = False,
         report: Report = print,
         fetch_public_only: bool = False,
+        scheduled: Sequence[PlayDef] = (),
     ) -> None:
         self.store_url = store_url
+        self.scheduled = [p for p in scheduled if p.schedule is not None]
         self.poll_s = float(os.environ.get("DEEPLINE_WORKER_POLL_S", POLL_S))
         self.fetch_public_only = fetch_public_only
         self.concurrency = max(1, concurrency)
@@ -80,6 +84,13 @@ class Worker:
 
     def run(self) -> WorkerStats:
         restore = self._install_signals()
+        if self.scheduled:  # ticks missed while no worker ran go first (and with --once, only they)
+            ticks = Ticks(self.store_url, self.scheduled, self.report, self._wake.set)
+            started = time.time()
+            ticks.catch_up(started)
+            if not self.once:
+                fire = threading.Thread(target=ticks.fire, args=(started, self._draining, self.poll_s), daemon=True)
+                fire.start()
         threads = [threading.Thread(target=self._loop, name=f"deepline-worker-{i}") for i in range(self.concurrency)]
         for thread in threads:
             thread.start()

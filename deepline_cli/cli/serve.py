@@ -1,0 +1,72 @@
+"""`deepline serve`: webhooks that queue runs (see server/webhooks.py for the protocol)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Annotated
+
+import typer
+
+from deepline_cli.cli.common import StoreOption, cli_errors
+
+
+@cli_errors
+def serve(
+    plays: Annotated[list[str], typer.Argument(metavar="PLAY_FILE...", help="Plays served at /hooks/{play name}.")],
+    host: Annotated[str, typer.Option("--host", metavar="ADDRESS", help="The address to listen on.")] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option("--port", metavar="PORT", min=0, max=65535, help="The port to listen on.")
+    ] = 8787,
+    run_here: Annotated[
+        bool, typer.Option("--run-here", help="Also run the queued runs in this process (else workers do).")
+    ] = False,
+    max_body_bytes: Annotated[
+        int, typer.Option("--max-body-bytes", metavar="N", min=1, help="Larger deliveries get 413.")
+    ] = 1 << 20,
+    tolerance: Annotated[
+        float,
+        typer.Option("--tolerance", metavar="SECONDS", min=1, help="How far a delivery's timestamp may be from now."),
+    ] = 300.0,
+    store: StoreOption = None,
+) -> None:
+    """Receive webhooks: a signed POST /hooks/{play} queues a run of that play with the JSON
+    body as its input and answers 202 {"run_id": ...} at once; a delivery sent again (the
+    same webhook-id) answers the same run id and queues nothing. GET /runs/{run_id} gives a
+    run's status and counts, GET /healthz answers {"ok": true}. Signatures: the Standard
+    Webhooks scheme (webhook-id, webhook-timestamp, webhook-signature: v1,<base64 HMAC-SHA256
+    of "id.timestamp.body">) under the play's @play(webhook_secret="NAME") secret.
+
+    \b
+    Examples:
+      deepline serve inbound.py --run-here
+      deepline serve plays/*.py --host 0.0.0.0 --port 8080 --store postgresql://db/deepline
+    """
+    import uvicorn
+
+    from deepline_cli.runtime.run.play import load_play
+    from deepline_cli.runtime.run.worker import Worker
+    from deepline_cli.server.webhooks import create_app, hooks_for
+
+    hooks = hooks_for([load_play(path) for path in plays])
+    app = create_app(hooks, store, max_body_bytes=max_body_bytes, tolerance_s=tolerance)
+    worker, runs_here = None, None
+    if run_here:
+        worker = Worker(store, concurrency=4, report=_say)
+        runs_here = threading.Thread(target=worker.run, daemon=True, name="deepline-serve-worker")
+        runs_here.start()
+    _say(
+        f"deepline serve: http://{host}:{port}/hooks/{{{'|'.join(hooks)}}}"
+        + (" (running them here)" if run_here else "")
+    )
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    finally:
+        if worker is not None and runs_here is not None:
+            worker.drain()  # runs in progress end `interrupted`, queued again for the next worker
+            runs_here.join(timeout=30)
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()

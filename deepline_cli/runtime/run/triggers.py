@@ -1,0 +1,87 @@
+"""What starts a run besides a person: a schedule's tick or a webhook's delivery.
+
+Exactly once comes from the run id: it is derived from what triggered the run (the play
+and the tick, or the play and the delivery id), so a second worker firing the same tick,
+or a sender retrying the same delivery, inserts a run that already exists and starts
+nothing new (`Runner.enqueue_new`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+
+from deepline_cli.errors import PlayLoadError
+
+CatchUp = Literal["latest", "none"]
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """`@play(schedule="0 6 * * *", schedule_input={...}, timezone="Europe/Paris")`: a cron
+    expression (five fields, or six with seconds last), read in `timezone`."""
+
+    cron: str
+    input: Any
+    timezone: str = "UTC"
+    catch_up: CatchUp = "latest"  # a tick missed while no worker ran: fire the latest once, or none
+
+    def next_tick(self, after: float) -> float:
+        """The first tick strictly after `after` (a Unix time)."""
+        return float(croniter(self.cron, self._at(after)).get_next(float))
+
+    def last_tick(self, at: float) -> float | None:
+        """The latest tick at or before `at`."""
+        base = self._at(at + 0.001)
+        tick = float(croniter(self.cron, base).get_prev(float))
+        return tick if tick <= at else None
+
+    def words(self) -> str:
+        return f"{self.cron} ({self.timezone})"
+
+    def _at(self, when: float) -> dt.datetime:
+        return dt.datetime.fromtimestamp(when, ZoneInfo(self.timezone))
+
+
+def schedule_of(play: str, cron: str | None, input: Any, timezone: str | None, catch_up: str | None) -> Schedule | None:
+    """The play's schedule as declared, checked now (a bad one fails when the play loads)."""
+    if cron is None:
+        if input is not None or timezone is not None or catch_up is not None:
+            raise PlayLoadError(f"Play {play!r}: schedule_input, timezone and catch_up need a schedule=.")
+        return None
+    if not isinstance(cron, str) or not croniter.is_valid(cron):
+        raise PlayLoadError(
+            f'Play {play!r}: schedule {cron!r} is not a cron expression; write it like "0 6 * * *" '
+            "(minute hour day month weekday), with an optional sixth field for seconds."
+        )
+    zone = timezone or "UTC"
+    try:
+        ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise PlayLoadError(f'Play {play!r}: timezone {zone!r} is not known; use a name like "Europe/Paris".') from None
+    if catch_up not in (None, "latest", "none"):
+        raise PlayLoadError(f'Play {play!r}: catch_up must be "latest" or "none", not {catch_up!r}.')
+    return Schedule(cron, {} if input is None else input, zone, "none" if catch_up == "none" else "latest")
+
+
+def tick_run_id(play: str, tick: float) -> str:
+    """`sched-<play>-<UTC time of the tick>`: the same for every worker that fires it."""
+    stamp = dt.datetime.fromtimestamp(tick, dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    return f"sched-{_slug(play)}-{stamp}"
+
+
+def delivery_run_id(play: str, delivery_id: str) -> str:
+    """`hook-<play>-<digest of the delivery id>`: the same for every retry of a delivery."""
+    digest = hashlib.sha256(delivery_id.encode()).hexdigest()[:20]
+    return f"hook-{_slug(play)}-{digest}"
+
+
+def _slug(name: str) -> str:
+    return _UNSAFE.sub("-", name).strip("-")[:60] or "play"

@@ -1,0 +1,205 @@
+"""`deepline serve`: webhooks that queue runs, exactly once per delivery.
+
+    POST /hooks/{play}   a signed delivery ─► checked ─► a queued run ─► 202 {"run_id": …}
+    GET  /runs/{run_id}  the run's status and counts
+    GET  /healthz        for load balancers
+
+Signatures follow the Standard Webhooks scheme (standardwebhooks.com): the sender signs
+`{webhook-id}.{webhook-timestamp}.{body}` with HMAC-SHA256 under the play's secret and
+sends `webhook-id`, `webhook-timestamp` (Unix seconds) and `webhook-signature: v1,<base64>`
+(several space-separated signatures are accepted, for secret rotation). A secret written
+`whsec_<base64>` is base64-decoded; any other is used as its UTF-8 bytes. A delivery older
+or newer than the tolerance is refused (a replay). The run id is derived from the play and
+the delivery id, so a delivery sent again returns the same run id and queues nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from deepline_cli import _json
+from deepline_cli.errors import DeeplineError, InputError, UsageError
+from deepline_cli.runtime.calls.events import EventBus
+from deepline_cli.runtime.providers.secrets import Secrets
+from deepline_cli.runtime.run.options import RunOptions
+from deepline_cli.runtime.run.play import PlayDef
+from deepline_cli.runtime.run.runner import Runner
+from deepline_cli.runtime.run.triggers import delivery_run_id
+from deepline_cli.store import open_store
+
+MAX_BODY_BYTES = 1 << 20
+TOLERANCE_S = 300.0
+
+
+@dataclass
+class Hook:
+    """A play served at /hooks/{name}, with the secret its deliveries are signed with."""
+
+    play: PlayDef
+    secret: bytes
+
+
+def hooks_for(plays: Sequence[PlayDef]) -> dict[str, Hook]:
+    """Every play must declare its `webhook_secret`, and the secret must be set."""
+    hooks: dict[str, Hook] = {}
+    for play in plays:
+        if play.webhook_secret is None:
+            raise UsageError(
+                f'Play {play.name!r} declares no webhook_secret; add @play(..., webhook_secret="HOOK_SECRET") '
+                "so deliveries can be checked."
+            )
+        secrets = Secrets(_folder(play))
+        value = secrets.lookup(play.webhook_secret)
+        if not value:
+            raise UsageError(
+                f"Play {play.name!r} needs the secret {play.webhook_secret}, which is not set; "
+                f"export it or add it to {secrets.env_file}."
+            )
+        if play.name in hooks:
+            raise UsageError(f"Two plays are named {play.name!r}; each webhook needs its own name.")
+        hooks[play.name] = Hook(play, _secret_bytes(value))
+    return hooks
+
+
+def sign(secret: bytes, delivery_id: str, timestamp: str, body: bytes) -> str:
+    """The `v1,<base64>` signature of a delivery (what a sender computes)."""
+    mac = hmac.new(secret, f"{delivery_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(mac).decode()
+
+
+class Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def create_app(
+    hooks: dict[str, Hook],
+    store_url: str | None,
+    *,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    tolerance_s: float = TOLERANCE_S,
+    clock: Callable[[], float] = time.time,
+) -> Starlette:
+    """The ASGI app (Starlette); `deepline serve` runs it on uvicorn."""
+
+    async def hook(request: Request) -> JSONResponse:
+        try:
+            found = hooks.get(request.path_params["play"])
+            if found is None:
+                raise Refused(404, f"No play {request.path_params['play']!r} is served here.")
+            delivery_id, body = await _checked(request, found, max_body_bytes, tolerance_s, clock)
+            input = _input(body)
+            run_id = delivery_run_id(found.play.name, delivery_id)
+            queued = await run_in_threadpool(_enqueue, store_url, found.play, input, run_id, delivery_id)
+        except Refused as refused:
+            return JSONResponse({"error": str(refused)}, status_code=refused.status)
+        except InputError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=422)
+        except DeeplineError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=503)
+        return JSONResponse({"run_id": run_id, "queued": queued}, status_code=202)
+
+    async def run_status(request: Request) -> JSONResponse:
+        record = await run_in_threadpool(_get_run, store_url, request.path_params["run_id"])
+        if record is None:
+            return JSONResponse({"error": f"No run {request.path_params['run_id']!r}."}, status_code=404)
+        rows = (record.stats or {}).get("rows") or {}
+        return JSONResponse(
+            {
+                "run_id": record.run_id, "play": record.play, "status": record.status, "attempt": record.attempt,
+                "trigger": record.options.get("trigger"), "rows": rows, "credits": (record.stats or {}).get("credits"),
+                "output": record.output, "error": record.error,
+            }
+        )  # fmt: skip
+
+    async def healthz(request: Request) -> JSONResponse:
+        return JSONResponse({"ok": True})
+
+    return Starlette(
+        routes=[
+            Route("/hooks/{play}", hook, methods=["POST"]),
+            Route("/runs/{run_id}", run_status, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+        ]
+    )
+
+
+async def _checked(
+    request: Request, hook: Hook, max_body_bytes: int, tolerance_s: float, clock: Callable[[], float]
+) -> tuple[str, bytes]:
+    """The delivery id and body of a delivery that passes every check, else Refused."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise Refused(415, f"The body must be JSON (Content-Type: application/json), not {kind or 'none'!r}.")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+        raise Refused(413, f"The body is over {max_body_bytes:,} bytes.")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_body_bytes:
+            raise Refused(413, f"The body is over {max_body_bytes:,} bytes.")
+    delivery_id = request.headers.get("webhook-id", "")
+    timestamp = request.headers.get("webhook-timestamp", "")
+    signatures = request.headers.get("webhook-signature", "")
+    if not delivery_id or not timestamp or not signatures:
+        raise Refused(400, "A delivery needs the headers webhook-id, webhook-timestamp and webhook-signature.")
+    if not timestamp.isdigit() or abs(clock() - int(timestamp)) > tolerance_s:
+        raise Refused(401, f"The delivery's timestamp is not within {tolerance_s:g}s of now (a replay?).")
+    expected = sign(hook.secret, delivery_id, timestamp, bytes(body))
+    if not any(hmac.compare_digest(expected, given) for given in signatures.split()):
+        raise Refused(401, "The delivery's signature does not match the play's webhook secret.")
+    return delivery_id, bytes(body)
+
+
+def _input(body: bytes) -> Any:
+    try:
+        value = _json.loads(body)
+    except ValueError:
+        raise Refused(400, "The body is not valid JSON.") from None
+    if not isinstance(value, dict):
+        raise Refused(422, "The body must be a JSON object: the play's input.")
+    return value
+
+
+def _enqueue(store_url: str | None, play: PlayDef, input: Any, run_id: str, delivery_id: str) -> bool:
+    runner = Runner(RunOptions(store=store_url), EventBus([]))
+    try:
+        return runner.enqueue_new(play, input, run_id, f"webhook {delivery_id[:80]}")
+    finally:
+        runner.close()
+
+
+def _get_run(store_url: str | None, run_id: str) -> Any:
+    store = open_store(store_url)
+    try:
+        return store.get_run(run_id)
+    finally:
+        store.close()
+
+
+def _secret_bytes(value: str) -> bytes:
+    if value.startswith("whsec_"):
+        try:
+            return base64.b64decode(value[len("whsec_") :], validate=True)
+        except ValueError:
+            raise UsageError("A webhook secret written whsec_… must be base64 after the prefix.") from None
+    return value.encode()
+
+
+def _folder(play: PlayDef) -> Path:
+    return Path(play.file).parent

@@ -1,0 +1,228 @@
+"""Plays that run themselves: schedules fired by `deepline worker --play FILE`, one run per
+tick however many workers fire it, and webhooks received by `deepline serve`, one run per
+delivery however often it is sent. Real processes, a real HTTP client."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from deepline_cli.runtime.run.triggers import Schedule, tick_run_id
+from deepline_cli.server.webhooks import sign
+from deepline_cli.store import open_store
+from tests.faults import finish, kill, start
+from tests.helpers import wait_until
+
+TICK_PLAY = """
+from deepline_cli import play
+
+@play("tick", schedule="* * * * * *", schedule_input={"log": "LOG"})
+async def tick(ctx, input):
+    with open(input["log"], "a") as log:
+        log.write(ctx.run.id + "\\n")
+    return {"ok": True}
+"""
+
+HOOK_PLAY = """
+from deepline_cli import play
+
+@play("inbound", input={"email": str}, webhook_secret="HOOK_SECRET")
+async def inbound(ctx, input):
+    return {"lead": input["email"].lower()}
+"""
+SECRET = "hook-secret-for-tests"
+
+
+def runs_of(store: str, play: str) -> list:
+    db = open_store(store)
+    try:
+        return db.list_runs(play=play, limit=10_000)
+    finally:
+        db.close()
+
+
+# --- schedules -------------------------------------------------------------------------------
+
+
+@pytest.mark.process
+@pytest.mark.postgres
+def test_two_workers_fire_one_run_per_tick(tmp_path: Path, cli_env: dict[str, str], pg_url: str) -> None:
+    log = tmp_path / "ran.log"
+    (tmp_path / "play.py").write_text(TICK_PLAY.replace("LOG", str(log)))
+    env = {**cli_env, "DEEPLINE_STORE": pg_url}
+    workers = [start(["worker", "--play", "play.py"], env, tmp_path) for _ in range(2)]
+    try:
+        wait_until(lambda: len(set(log.read_text().split())) >= 12 if log.exists() else False,
+                   what="12 ticks run", timeout=60)  # fmt: skip
+    finally:
+        for worker in workers:
+            worker.send_signal(signal.SIGTERM)
+        outcomes = [finish(worker, timeout=30) for worker in workers]
+        for worker in workers:
+            kill(worker)
+    for code, _, err in outcomes:
+        assert code == 0, err
+    ran = Counter(log.read_text().split())
+    assert all(count == 1 for count in ran.values()), ran  # no tick's play ran twice
+    runs = [r for r in runs_of(pg_url, "tick") if r.status == "completed"]
+    assert {r.run_id for r in runs} == set(ran)
+    assert all(r.attempt == 1 and r.options["trigger"].startswith("schedule ") for r in runs)
+    # The ticks are consecutive seconds: none was skipped while both workers ran.
+    stamps = sorted(time.mktime(time.strptime(r.run_id[-16:], "%Y%m%dT%H%M%SZ")) for r in runs)
+    assert len(stamps) >= 12 and stamps[-1] - stamps[0] == len(stamps) - 1, stamps
+    # Both workers fired: each queued ticks (whoever inserted first), never the same one.
+    queued = [set(re.findall(r"queued run (\S+) for", err)) for _, _, err in outcomes]
+    assert all(queued), outcomes
+    assert not queued[0] & queued[1] and queued[0] | queued[1] == set(ran)
+
+
+@pytest.mark.process
+def test_a_worker_back_after_missed_ticks_fires_the_latest_once(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    log = tmp_path / "ran.log"
+    (tmp_path / "play.py").write_text(TICK_PLAY.replace("LOG", str(log)).replace("* * * * * *", "* * * * * */2"))
+    worker = start(["worker", "--play", "play.py"], cli_env, tmp_path)
+    try:
+        wait_until(lambda: log.exists() and len(log.read_text().split()) >= 2, what="2 ticks run", timeout=30)
+        worker.send_signal(signal.SIGTERM)
+        code, _, err = finish(worker, timeout=30)
+        assert code == 0, err
+    finally:
+        kill(worker)
+    stopped = time.time()
+    schedule = Schedule("* * * * * */2", {})
+    time.sleep(max(0.0, schedule.next_tick(schedule.next_tick(stopped)) - time.time()) + 0.3)  # two ticks missed
+    returned = time.time()
+    again = start(["worker", "--play", "play.py", "--once"], cli_env, tmp_path)
+    code, _, err = finish(again, timeout=30)
+    assert code == 0, err
+    latest = tick_run_id("tick", schedule.last_tick(returned) or 0)
+    missed = tick_run_id("tick", schedule.next_tick(stopped))
+    ids = {r.run_id for r in runs_of(cli_env["DEEPLINE_STORE"], "tick")}
+    assert latest in ids and missed not in ids, (latest, missed, sorted(ids))
+    assert Counter(log.read_text().split())[latest] == 1
+    assert "1 started, 1 completed" in err
+
+
+def test_a_schedule_that_is_not_cron_fails_when_the_play_loads(deepline, write_play) -> None:
+    write_play(TICK_PLAY.replace("* * * * * *", "every morning"))
+    result = deepline("worker", "--play", "play.py", "--once")
+    assert result.code == 2 and "is not a cron expression" in result.stderr, result.stderr
+
+
+def test_schedules_list_shows_the_next_tick_and_the_last_run(deepline, write_play, tmp_path: Path) -> None:
+    write_play(TICK_PLAY.replace("LOG", str(tmp_path / "ran.log")).replace("* * * * * *", "0 6 * * *"))
+    before = deepline("schedules", "list", "play.py", "--json")
+    assert before.code == 0, before.stderr
+    [row] = before.json_lines()
+    assert (row["play"], row["schedule"], row["last_run_id"]) == ("tick", "0 6 * * *", None)
+    assert time.gmtime(row["next_tick"]).tm_hour == 6 and row["next_tick"] > time.time()
+    assert deepline("worker", "--play", "play.py", "--once").code == 0  # today's (or yesterday's) 06:00, once
+    [after] = deepline("schedules", "list", "play.py", "--json").json_lines()
+    assert after["last_run_id"].startswith("sched-tick-") and after["last_status"] == "completed"
+    listed = deepline("runs", "list")
+    assert "schedule " in listed.stdout and "06:00:00 UTC" in listed.stdout
+
+
+# --- webhooks --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def served(tmp_path: Path, cli_env: dict[str, str]) -> Iterator[str]:
+    (tmp_path / "inbound.py").write_text(HOOK_PLAY)
+    (tmp_path / ".env").write_text(f"HOOK_SECRET={SECRET}\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = start(["serve", "inbound.py", "--run-here", "--port", str(port)], cli_env, tmp_path)
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        if server.poll() is not None:
+            raise AssertionError(finish(server)[2])
+        try:
+            return httpx.get(f"{url}/healthz").json() == {"ok": True}
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_until(up, what="deepline serve to answer", timeout=30, every=0.1)
+        yield url
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            finish(server, timeout=30)
+        finally:
+            kill(server)
+
+
+def deliver(url: str, body: bytes, delivery: str = "d-1", *, at: float | None = None, **headers: str) -> httpx.Response:
+    stamp = str(int(time.time() if at is None else at))
+    sent = {
+        "content-type": "application/json",
+        "webhook-id": delivery,
+        "webhook-timestamp": stamp,
+        "webhook-signature": sign(SECRET.encode(), delivery, stamp, body),
+        **headers,
+    }
+    return httpx.post(f"{url}/hooks/inbound", content=body, headers=sent, timeout=30)
+
+
+@pytest.mark.process
+def test_a_signed_delivery_runs_once_however_often_it_is_sent(served: str, cli_env: dict[str, str]) -> None:
+    body = json.dumps({"email": "Ada@Example.com"}).encode()
+    first = deliver(served, body)
+    assert first.status_code == 202, first.text
+    run_id = first.json()["run_id"]
+    again = deliver(served, body)  # the sender retries the same delivery
+    assert again.status_code == 202 and again.json() == {"run_id": run_id, "queued": False}
+
+    def completed() -> dict | None:
+        shown = httpx.get(f"{served}/runs/{run_id}").json()
+        return shown if shown["status"] == "completed" else None
+
+    shown = wait_until(completed, what="the delivered run to complete", timeout=30, every=0.1)
+    assert shown["output"] == {"lead": "ada@example.com"} and shown["trigger"] == "webhook d-1"
+    assert [r.run_id for r in runs_of(cli_env["DEEPLINE_STORE"], "inbound")] == [run_id]
+    assert httpx.get(f"{served}/runs/r-unknown").status_code == 404
+
+
+@pytest.mark.process
+def test_bad_deliveries_get_4xx_with_one_sentence_and_queue_nothing(served: str, cli_env: dict[str, str]) -> None:
+    body = json.dumps({"email": "ada@example.com"}).encode()
+    cases = {
+        "bad signature": deliver(served, body, **{"webhook-signature": "v1,bm90IHRoZSBzaWduYXR1cmU="}),
+        "replayed": deliver(served, body, at=time.time() - 3600),
+        "10 MB body": deliver(served, b'{"email": "' + b"a" * (10 << 20) + b'"}'),
+        "unknown play": httpx.post(f"{served}/hooks/nope", content=body, headers={"content-type": "application/json"}),
+        "not JSON": deliver(served, body, **{"content-type": "text/plain"}),
+        "no delivery id": httpx.post(f"{served}/hooks/inbound", content=body,
+                                     headers={"content-type": "application/json"}),
+        "input refused": deliver(served, json.dumps({"email": 5}).encode(), "d-2"),
+    }  # fmt: skip
+    codes = {name: response.status_code for name, response in cases.items()}
+    assert codes == {
+        "bad signature": 401, "replayed": 401, "10 MB body": 413, "unknown play": 404, "not JSON": 415,
+        "no delivery id": 400, "input refused": 422,
+    }  # fmt: skip
+    for name, response in cases.items():
+        message = response.json()["error"]
+        assert message.endswith(".") and "\n" not in message, (name, message)
+    assert runs_of(cli_env["DEEPLINE_STORE"], "inbound") == []
+
+
+def test_serve_refuses_a_play_without_a_webhook_secret(deepline, write_play) -> None:
+    write_play(HOOK_PLAY.replace(', webhook_secret="HOOK_SECRET"', ""))
+    result = deepline("serve", "play.py")
+    assert result.code == 2 and "declares no webhook_secret" in result.stderr, result.stderr
+    write_play(HOOK_PLAY)
+    unset = deepline("serve", "play.py")
+    assert unset.code == 2 and "needs the secret HOOK_SECRET" in unset.stderr, unset.stderr
