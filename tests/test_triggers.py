@@ -4,6 +4,7 @@ delivery however often it is sent. Real processes, a real HTTP client."""
 
 from __future__ import annotations
 
+import calendar
 import json
 import re
 import signal
@@ -77,7 +78,7 @@ def test_two_workers_fire_one_run_per_tick(tmp_path: Path, cli_env: dict[str, st
     assert {r.run_id for r in runs} == set(ran)
     assert all(r.attempt == 1 and r.options["trigger"].startswith("schedule ") for r in runs)
     # The ticks are consecutive seconds: none was skipped while both workers ran.
-    stamps = sorted(time.mktime(time.strptime(r.run_id[-16:], "%Y%m%dT%H%M%SZ")) for r in runs)
+    stamps = sorted(calendar.timegm(time.strptime(r.run_id[-16:], "%Y%m%dT%H%M%SZ")) for r in runs)
     assert len(stamps) >= 12 and stamps[-1] - stamps[0] == len(stamps) - 1, stamps
     # Both workers fired: each queued ticks (whoever inserted first), never the same one.
     queued = [set(re.findall(r"queued run (\S+) for", err)) for _, _, err in outcomes]

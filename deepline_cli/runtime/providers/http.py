@@ -93,7 +93,7 @@ class Http:
         """The provider's answer (2xx, and 4xx other than 429 with `client_errors`), or a
         ToolExecutionError after the retries allowed. Before every attempt the call's lease
         is checked: a call another process took over is not sent again."""
-        attempt, waits = 0, delays(backoff_base_s(), cap=MAX_BACKOFF_S, jitter=True)
+        attempt, waits = 0, None  # the backoff schedule, made at the first retry
         while True:
             if call is not None:
                 call.ensure_lease()
@@ -106,6 +106,8 @@ class Http:
             except ToolExecutionError as exc:
                 if not exc.retryable or attempt >= retries:
                     raise self._final(exc, attempt) from None
+                if waits is None:
+                    waits = delays(backoff_base_s(), cap=MAX_BACKOFF_S, jitter=True)
                 delay = max(next(waits), exc.retry_after_s or 0.0)  # never shorter than the provider asked
                 if exc.category == "rate_limit":
                     self.governor.back_off(tool, delay)  # slow the tool down for everyone

@@ -48,17 +48,7 @@ def log_event(line: LogLine) -> Event:
 
 def result_of(store: Store, record: RunRecord) -> RunResult:
     """How a run ended, as the process that ran it reported it (its exit code included)."""
-    result = RunResult(
-        record.run_id,
-        record.status,
-        record.attempt,
-        record.output,
-        record.error,
-        record.stats,
-        reported=True,
-        finished_at=record.finished_at or record.updated_at,
-        fail_on_row_errors=bool(record.options.get("fail_on_row_errors")),
-    )
+    result = RunResult.of_record(record)
     if record.status == "waiting":
         result.waiting = waiting_on(store, record.run_id)
     return result

@@ -9,6 +9,7 @@ from typing import Any
 
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.calls.caps import DEFAULT_MAX_DEPTH
+from deepline_cli.store.records import RunRecord
 
 # taken_over: another process took the run's lease while this one ran it (this process
 # stopped without recording anything); the run's own status is whatever the new owner makes it.
@@ -96,6 +97,17 @@ class RunResult:
         if self.status == "completed" and self.fail_on_row_errors and self.failed_rows:
             return 1
         return EXIT_CODES.get(self.status, 1)
+
+    @classmethod
+    def of_record(cls, record: RunRecord, *, fail_on_row_errors: bool | None = None) -> RunResult:
+        """A run that is not run here, reported as its record says; its exit code counts
+        failed rows as the run was started to (or as `fail_on_row_errors` says)."""
+        if fail_on_row_errors is None:
+            fail_on_row_errors = bool(record.options.get("fail_on_row_errors"))
+        return cls(
+            record.run_id, record.status, record.attempt, record.output, record.error, record.stats,
+            reported=True, finished_at=record.finished_at or record.updated_at, fail_on_row_errors=fail_on_row_errors,
+        )  # fmt: skip
 
     def finished_event(self) -> dict[str, Any]:
         event = {

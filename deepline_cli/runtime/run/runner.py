@@ -152,7 +152,7 @@ class Runner:
         """`run --enqueue --run-id` of an existing run: report it, or queue it again for a
         worker (never run it here)."""
         if record.status in ("queued", "completed"):
-            return _result_of(record, reported=True)
+            return RunResult.of_record(record, fail_on_row_errors=False)
         if holder_alive(record, self.store.now()):
             raise RunBusyError(f"Run {record.run_id} is held by a live process ({holder_words(record.holder)}).")
         self.store.set_status(record.run_id, "queued", holder=None, lease_expires_at=0.0)
@@ -165,13 +165,12 @@ class Runner:
         if record is None:
             raise UsageError(f"No run {run_id!r} in the store {self.store.url}.")
         if record.status == "completed":
-            result = _result_of(record, reported=True)
-            result.fail_on_row_errors = self.options.fail_on_row_errors
+            result = RunResult.of_record(record, fail_on_row_errors=self.options.fail_on_row_errors)
             return result
         if record.status == "waiting":
             self._apply_persisted(record)
             if not ready_to_resume(self.store, run_id, self.store.now(), self.options.max_inline_wait):
-                result = _result_of(record, reported=True)
+                result = RunResult.of_record(record, fail_on_row_errors=False)
                 result.waiting = waiting_on(self.store, run_id)
                 return result
         if holder_alive(record, self.store.now()):
@@ -256,16 +255,3 @@ class Runner:
         attempt = self.attempt
         if attempt is not None and attempt.loop is not None:
             attempt.loop.call_soon_threadsafe(attempt.request_stop)
-
-
-def _result_of(record: RunRecord, *, reported: bool) -> RunResult:
-    return RunResult(
-        record.run_id,
-        record.status,
-        record.attempt,
-        record.output,
-        record.error,
-        record.stats,
-        reported=reported,
-        finished_at=record.finished_at or record.updated_at,
-    )
