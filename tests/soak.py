@@ -197,7 +197,7 @@ class Soak:
 
         db = open_store(self.store)
         try:
-            record = db.get_run("soak-run")
+            record = db.runs.get_run("soak-run")
             return record.attempt if record else 0
         finally:
             db.close()
@@ -218,7 +218,7 @@ class Soak:
 
         db = open_store(self.store)
         try:
-            return float(db.run_stats("soak-run")["credits"])
+            return float(db.ledger.run_stats("soak-run")["credits"])
         finally:
             db.close()
 

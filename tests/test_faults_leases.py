@@ -205,7 +205,7 @@ def test_a_run_taken_over_while_paused_exits_4_and_leaves_the_new_owners_record(
     assert "taken over" in err
     db = open_store(env["DEEPLINE_STORE"])
     try:
-        record = db.get_run("held")
+        record = db.runs.get_run("held")
         assert record is not None and record.status == "completed"
         assert record.output == {"total": 15}
     finally:
@@ -215,7 +215,7 @@ def test_a_run_taken_over_while_paused_exits_4_and_leaves_the_new_owners_record(
 def _completed(env: dict[str, str], tool: str) -> list[object]:
     db = open_store(env["DEEPLINE_STORE"])
     try:
-        return list(db.query_receipts(ReceiptQuery(tool=tool, status="completed")))
+        return list(db.receipts.query_receipts(ReceiptQuery(tool=tool, status="completed")))
     finally:
         db.close()
 
@@ -223,7 +223,7 @@ def _completed(env: dict[str, str], tool: str) -> list[object]:
 def _status(env: dict[str, str], run_id: str) -> str | None:
     db = open_store(env["DEEPLINE_STORE"])
     try:
-        record = db.get_run(run_id)
+        record = db.runs.get_run(run_id)
         return record.status if record else None
     finally:
         db.close()
@@ -251,7 +251,7 @@ def test_a_reused_pid_does_not_hold_a_run(
         holder, expires = (f"{host}:{other.pid}", now - 5) if legacy else (f"{host}:{other.pid}:bootx-123", now + 600)
         db = open_store(env["DEEPLINE_STORE"])
         try:
-            db.insert_run(
+            db.runs.insert_run(
                 RunRecord(
                     run_id="orphan", play="slow", play_ref=f"{tmp_path / 'play.py'}:slow", input={"n": 2, "s": 0.0},
                     status="running", attempt=1, cwd=str(tmp_path), root_run_id="orphan", holder=holder,
@@ -318,9 +318,9 @@ def test_a_process_woken_after_a_takeover_writes_no_rows(
         assert code == 4, err
         db = open_store(env["DEEPLINE_STORE"])
         try:
-            assert db.count_map_rows("woken", "rows") == {}, "the taken-over process wrote a map row"
-            assert db.load_sheet_rows("default/faults/rows", ["d0.com"]) == {}, "... and its sheet row"
-            assert [m.status for m in db.get_maps("woken")] == ["running"], "... or its map's record over B's"
+            assert db.sheets.count_map_rows("woken", "rows") == {}, "the taken-over process wrote a map row"
+            assert db.sheets.load_sheet_rows("default/faults/rows", ["d0.com"]) == {}, "... and its sheet row"
+            assert [m.status for m in db.sheets.get_maps("woken")] == ["running"], "... or its map's record over B's"
         finally:
             db.close()
         c = deepline("run", "play.py", "--input", '{"n": 1}', "--run-id", "woken", "--quiet", **env)

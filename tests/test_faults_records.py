@@ -50,7 +50,7 @@ async def counting(ctx, input):
 def completed(store: str, tool: str) -> int:
     db = open_store(store)
     try:
-        return len(db.query_receipts(ReceiptQuery(tool=tool, status="completed")))
+        return len(db.receipts.query_receipts(ReceiptQuery(tool=tool, status="completed")))
     finally:
         db.close()
 

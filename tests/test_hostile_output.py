@@ -33,10 +33,10 @@ def test_stored_control_characters_are_shown_escaped(deepline: Run, store_path: 
     store = SQLiteStore(store_path)
     now = time.time()
     hostile = "r-\x1b[2Jx/../../esc"
-    store.insert_run(RunRecord(run_id=hostile, play="play\x1b[31m", play_ref="p.py", input={}, status="running",
+    store.runs.insert_run(RunRecord(run_id=hostile, play="play\x1b[31m", play_ref="p.py", input={}, status="running",
                                created_at=now, updated_at=now))  # fmt: skip
-    store.set_status(hostile, "failed", error={"message": "boom\x00\x1b[0m"})
-    store.apply(Writes(logs=[LogLine(hostile, 1, now, "info", "clear\x1b[2J screen\x00 nul")]), now)
+    store.runs.set_status(hostile, "failed", error={"message": "boom\x00\x1b[0m"})
+    store.receipts.apply(Writes(logs=[LogLine(hostile, 1, now, "info", "clear\x1b[2J screen\x00 nul")]), now)
     store.close()
 
     for args in (("runs", "list"), ("runs", "show", hostile), ("runs", "logs", hostile)):

@@ -226,7 +226,7 @@ class Project:
     def receipts(self, *, tool: str | None = None, status: str | None = None) -> list[Receipt]:
         store = SQLiteStore(self.store)
         try:
-            return store.query_receipts(ReceiptQuery(tool=tool, status=status))
+            return store.receipts.query_receipts(ReceiptQuery(tool=tool, status=status))
         finally:
             store.close()
 

@@ -148,7 +148,7 @@ def map_rows(store: str | Path, run_id: str) -> list[tuple[int, int, str, str, s
 def stored_logs(store: str | Path, run_id: str) -> list[str]:
     opened = open_store(str(store))
     try:
-        return [line.message for line in opened.get_logs(run_id)]
+        return [line.message for line in opened.ledger.get_logs(run_id)]
     finally:
         opened.close()
 

@@ -59,7 +59,7 @@ def write_play(tmp_path: Path, body: str, name: str = "play.py") -> Path:
 def receipts_of(store_file: Path, **query: Any) -> list[Receipt]:
     opened = SQLiteStore(store_file)
     try:
-        return opened.query_receipts(ReceiptQuery(**query))
+        return opened.receipts.query_receipts(ReceiptQuery(**query))
     finally:
         opened.close()
 

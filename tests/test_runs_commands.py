@@ -133,7 +133,7 @@ def stderr_of(proc: subprocess.Popen[str]) -> str:
 def store_logs(store_url: str, run_id: str, kind: str) -> list[Any]:
     store = open_store(store_url)
     try:
-        return store.logs_after(run_id, 0, 100, kinds=[kind])
+        return store.ledger.logs_after(run_id, 0, 100, kinds=[kind])
     finally:
         store.close()
 

@@ -221,7 +221,7 @@ def proxy(pg_url: str) -> Iterator[PgProxy]:
 def _calls(pg_url: str) -> int:
     db = open_store(pg_url)
     try:
-        return len(db.query_receipts(ReceiptQuery(tool="pg.work", status="completed")))
+        return len(db.receipts.query_receipts(ReceiptQuery(tool="pg.work", status="completed")))
     finally:
         db.close()
 

@@ -51,7 +51,7 @@ def run_status(store: Path, run_id: str) -> str | None:
         return None
     opened = open_store(str(store))
     try:
-        record = opened.get_run(run_id)
+        record = opened.runs.get_run(run_id)
     finally:
         opened.close()
     return record.status if record else None

@@ -40,7 +40,7 @@ def test_hello_example_runs_and_replays_on_each_backend(store_url: str) -> None:
     }
     store = open_store(store_url)
     try:
-        assert {r.run_id for r in store.list_runs()} == {result.run_id, replay.run_id}
+        assert {r.run_id for r in store.runs.list_runs()} == {result.run_id, replay.run_id}
     finally:
         store.close()
 
@@ -61,13 +61,13 @@ def test_a_process_frozen_inside_a_postgres_transaction_does_not_stall_the_other
     bound, so another process's write to that row goes through while it is still frozen."""
     db = open_store(pg_url)
     try:
-        db.insert_run(RunRecord(run_id="frozen", play="p", play_ref="p.py:p", input={}, status="running"))
+        db.runs.insert_run(RunRecord(run_id="frozen", play="p", play_ref="p.py:p", input={}, status="running"))
         env = {**os.environ, "DEEPLINE_PG_IDLE_IN_TRANSACTION_S": "1"}
         frozen = subprocess.Popen(
             [sys.executable, "-c", FROZEN_IN_A_TRANSACTION, pg_url], env=env, stdout=subprocess.PIPE, text=True
         )
         written = threading.Event()
-        writer = threading.Thread(target=lambda: (db.set_status("frozen", "interrupted"), written.set()))
+        writer = threading.Thread(target=lambda: (db.runs.set_status("frozen", "interrupted"), written.set()))
         try:
             assert frozen.stdout is not None and frozen.stdout.readline().strip() == "locked"
             os.kill(frozen.pid, signal.SIGSTOP)
@@ -80,7 +80,7 @@ def test_a_process_frozen_inside_a_postgres_transaction_does_not_stall_the_other
             if writer.is_alive():
                 writer.join()
         assert went_through and still_frozen  # its session was ended for it, while it was frozen
-        record = db.get_run("frozen")
+        record = db.runs.get_run("frozen")
         assert record is not None and record.status == "interrupted"
     finally:
         db.close()

@@ -24,7 +24,7 @@ from deepline_cli.store.sqlite import SQLiteStore
 
 store = SQLiteStore(sys.argv[1])
 now = store.now()
-store.insert_run(RunRecord(run_id="r-holder", play="hello", play_ref="x", input={}, holder=holder_id(),
+store.runs.insert_run(RunRecord(run_id="r-holder", play="hello", play_ref="x", input={}, holder=holder_id(),
                            lease_expires_at=now + 600, created_at=now, updated_at=now))
 with store._write():
     print("locked", flush=True)

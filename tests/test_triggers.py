@@ -46,7 +46,7 @@ SECRET = "hook-secret-for-tests"
 def runs_of(store: str, play: str) -> list:
     db = open_store(store)
     try:
-        return db.list_runs(play=play, limit=10_000)
+        return db.runs.list_runs(play=play, limit=10_000)
     finally:
         db.close()
 

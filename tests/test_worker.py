@@ -375,13 +375,13 @@ def write(path: Path, source: str) -> Path:
 
 
 def run_of(store: Store, run_id: str) -> RunRecord:
-    record = store.get_run(run_id)
+    record = store.runs.get_run(run_id)
     assert record is not None, run_id
     return record
 
 
 def receipt_labels(store: Store, run_id: str, status: str) -> set[str]:
-    return {r.label for r in store.query_receipts(ReceiptQuery(run_id=run_id, status=status))}
+    return {r.label for r in store.receipts.query_receipts(ReceiptQuery(run_id=run_id, status=status))}
 
 
 def ids_of(labels: set[str]) -> set[int]:
@@ -479,7 +479,7 @@ def test_worker_continues_a_sleeping_run_after_its_stored_due_time(cli: CLI, tmp
     with opened(cli.store) as store:
         run = run_of(store, run_id)
         assert (run.status, run.attempt) == ("waiting", 1)
-        [nap] = [b for b in store.boundaries(run_id) if b.id == "sleep:nap"]
+        [nap] = [b for b in store.suspension.boundaries(run_id) if b.id == "sleep:nap"]
         assert (nap.kind, nap.status) == ("sleep", "waiting")
         due = nap.due_at
         assert due is not None
@@ -494,7 +494,7 @@ def test_worker_continues_a_sleeping_run_after_its_stored_due_time(cli: CLI, tmp
         run = run_of(store, run_id)
         assert (run.status, run.attempt) == ("completed", 2), run.error
         assert run.output == {"before": "BEFORE", "after": "AFTER", "attempt": 2}
-        assert [b.status for b in store.boundaries(run_id) if b.id == "sleep:nap"] == ["resolved"]
+        assert [b.status for b in store.suspension.boundaries(run_id) if b.id == "sleep:nap"] == ["resolved"]
     assert logged(log) == ["before", "after"], "the first call replays from its receipt"
 
 
@@ -591,7 +591,7 @@ def test_sigterm_drains_the_worker_and_requeues_the_run(cli: CLI, tmp_path: Path
         assert run.holder is None
         # Calls in flight finished and were recorded; claims not yet invoked were released
         # (their lease ended): nothing is left held.
-        left = store.query_receipts(ReceiptQuery(run_id=run_id, status="running"))
+        left = store.receipts.query_receipts(ReceiptQuery(run_id=run_id, status="running"))
         assert [r.label for r in left if r.lease_expires_at] == [], "a drained run holds no receipt lease"
         completed_at_stop = ids_of(receipt_labels(store, run_id, "completed"))
         assert 20 <= len(completed_at_stop) < CALLS, "the drain did not land mid-run"
@@ -656,7 +656,7 @@ def test_a_partly_written_snapshot_file_is_not_trusted(
         with opened(cli.store) as store:
             digest = run_of(store, run_id).snapshot
             assert digest is not None
-            snapshot = store.get_snapshot(digest)
+            snapshot = store.queue.get_snapshot(digest)
         assert snapshot is not None
         ref, _ = materialize_snapshot(digest, snapshot)
         cached = Path(ref.rpartition(":")[0])
@@ -716,7 +716,7 @@ def test_two_runs_at_once_pay_each_distinct_call_once(pg_cli: CLI, tmp_path: Pat
     }  # fmt: skip
     with opened(pg_cli.store) as store:
         # Both are running (waiting at the `go` file) before either makes a call.
-        wait_until(lambda: {r.run_id for r in store.list_runs(status="running")} == set(procs),
+        wait_until(lambda: {r.run_id for r in store.runs.list_runs(status="running")} == set(procs),
                    what="both runs to start")  # fmt: skip
         go.touch()
         results = {run_id: pg_cli.finish(proc) for run_id, proc in procs.items()}
@@ -735,7 +735,9 @@ def test_two_runs_at_once_pay_each_distinct_call_once(pg_cli: CLI, tmp_path: Pat
             assert s["live"] + s["reused"] == n, stats
         # Both really ran at once: each paid for part of the calls and reused the rest.
         assert all(v > 0 for v in live.values()), stats
-        owners = Counter(r.run_id for r in store.query_receipts(ReceiptQuery(tool="w.pay", status="completed")))
+        owners = Counter(
+            r.run_id for r in store.receipts.query_receipts(ReceiptQuery(tool="w.pay", status="completed"))
+        )
         assert owners == Counter(live), (owners, live)
 
 

@@ -36,18 +36,18 @@ def send(
     value = parse_json_flag(payload, flag="--payload") if payload is not None else None
     db = open_store(store)
     try:
-        record = db.get_run(run_id)
+        record = db.runs.get_run(run_id)
         if record is None:
             raise UsageError(f"No run {run_id!r} in the store {db.url}.")
         targets = event_targets(db, run_id, event_id)
         if not targets and record.status in ("completed", "failed"):
             raise UsageError(f"Run {run_id} has {record.status}; nothing in it waits for events any more.")
         # Not waiting for it yet: kept for the run, and found when it (or a child) waits for it.
-        delivered = [t for t in targets or [run_id] if db.send_event(t, event_id, value, db.now())]
+        delivered = [t for t in targets or [run_id] if db.suspension.send_event(t, event_id, value, db.now())]
         if targets and delivered:
             for woken in {*delivered, run_id}:  # the run that waits, and the root a worker resumes
-                db.set_wake(woken, db.now())
-            db.notify()  # wake workers: the waiting run is due
+                db.queue.set_wake(woken, db.now())
+            db.queue.notify()  # wake workers: the waiting run is due
     finally:
         db.close()
     if not targets:

@@ -38,9 +38,9 @@ def export(
 
     db = open_store(store)
     try:
-        if db.get_run(run_id) is None:
+        if db.runs.get_run(run_id) is None:
             raise UsageError(f"No run {run_id!r} in the store {db.url}.")
-        maps = {m.map: m for m in db.get_maps(run_id)}
+        maps = {m.map: m for m in db.sheets.get_maps(run_id)}
         if not maps:
             raise UsageError(f"Run {run_id} has no map to export.")
         if map is None:
@@ -55,7 +55,7 @@ def export(
             raise UsageError(f"Cannot write {out}: the directory {out.parent} does not exist.")
         if out is not None and out.is_dir():
             raise UsageError(f"Cannot write {out}: it is a directory; give a file name, like {out / 'rows.csv'}.")
-        dataset = Dataset(db, record)
+        dataset = Dataset(db.sheets, record)
         count = _write(out, format, dataset)
         partial = _partial(db, run_id, record)
     finally:
@@ -107,10 +107,10 @@ def _by_case_only(columns: list[str]) -> list[tuple[str, str]]:
 
 def _partial(db: Any, run_id: str, record: Any) -> str | None:
     """A warning when the map did not finish: the export holds only what was done."""
-    run = db.get_run(run_id)
+    run = db.runs.get_run(run_id)
     if record.status == "completed" and run.status == "completed":
         return None
-    done = sum(db.count_map_rows(run_id, record.map).values())
+    done = sum(db.sheets.count_map_rows(run_id, record.map).values())
     of = f" of {record.total:,}" if record.total >= done else ""
     return (
         f"Warning: run {run_id} is {run.status} and map {record.map!r} has {done:,}{of} rows: this export is "

@@ -77,10 +77,10 @@ def inspect(
         raise UsageError(f"--status must be one of {', '.join(RECEIPT_STATUSES)}, not {status!r}.")
     db = open_store(store)
     try:
-        if run is not None and db.get_run(run) is None:
+        if run is not None and db.runs.get_run(run) is None:
             raise UsageError(f"No run {run!r} in the store {db.url}.")
-        found = db.query_receipts(ReceiptQuery(key_prefix, run, status, tool, limit))
-        earlier = {r.key: db.receipt_history(r.key) for r in found} if history else {}
+        found = db.receipts.query_receipts(ReceiptQuery(key_prefix, run, status, tool, limit))
+        earlier = {r.key: db.receipts.receipt_history(r.key) for r in found} if history else {}
     finally:
         db.close()
     if json:

@@ -21,7 +21,7 @@ def _load(store: str | None, run_id: str) -> Any:
     from deepline_cli.store import open_store
 
     db = open_store(store)
-    record = db.get_run(run_id)
+    record = db.runs.get_run(run_id)
     if record is None:
         url = db.url
         db.close()
@@ -55,7 +55,7 @@ def list_runs(
         raise UsageError(f"--status must be one of {', '.join(RUN_STATUSES)}, not {status!r}.")
     db = open_store(store)
     try:
-        runs = db.list_runs(status=status, play=play, limit=limit)
+        runs = db.runs.list_runs(status=status, play=play, limit=limit)
         now = db.now()
     finally:
         db.close()
@@ -189,7 +189,7 @@ def logs(
 
 def _stored_lines(db: Any, run_id: str, kinds: Sequence[str]) -> Iterator[Any]:
     after = 0
-    while page := db.logs_after(run_id, after, LOG_PAGE, kinds=kinds):
+    while page := db.ledger.logs_after(run_id, after, LOG_PAGE, kinds=kinds):
         after = page[-1].id
         yield from page
 

@@ -39,7 +39,7 @@ def list_schedules(
             if play.schedule is None:
                 continue
             last = next(
-                (r for r in db.list_runs(play=play.name, limit=1000)
+                (r for r in db.runs.list_runs(play=play.name, limit=1000)
                  if str(r.options.get("trigger") or "").startswith("schedule")),
                 None,
             )  # fmt: skip

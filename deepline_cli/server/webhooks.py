@@ -187,7 +187,7 @@ def _enqueue(store_url: str | None, play: PlayDef, input: Any, run_id: str, deli
 def _get_run(store_url: str | None, run_id: str) -> Any:
     store = open_store(store_url)
     try:
-        return store.get_run(run_id)
+        return store.runs.get_run(run_id)
     finally:
         store.close()
 

@@ -114,7 +114,7 @@ class PostgresStore(SqlStore):
         with self._lock, self._errors("written"):
             self._conn.execute(f"NOTIFY {CHANNEL}")
 
-    def wait_for_notify(self, timeout_s: float) -> bool:
+    def wait_for_notify(self, timeout_s: float) -> bool | None:
         """Block until a NOTIFY on the work channel (True) or the timeout (False)."""
         with self._lock, self._errors("read"):
             self._conn.execute(f"LISTEN {CHANNEL}")

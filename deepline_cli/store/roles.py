@@ -1,9 +1,12 @@
-"""What the runtime needs from a store, by role: each consumer sees only the role it uses.
+"""What the runtime needs from a store, by role: each consumer sees only the roles it uses.
 
-`Store` is every role at once (what `open_store` returns); the runtime's parts are typed
-with the narrow ones: the map engine with `SheetStore`, receipts with `ReceiptStore`, the
-run with `RunStore`, workers with `QueueStore`, suspension with `SuspensionStore`, the
-views with `LedgerStore`. Every method is one transaction.
+`Store` (what `open_store` returns) is a connection and six roles, each a protocol of at
+most 15 methods: `runs` (records, attempts, leases, stop requests), `queue` (queued runs
+and play snapshots for workers), `receipts` (claims and settlements), `sheets` (sheet and
+map rows), `suspension` (boundaries, events, the journal) and `ledger` (what was paid,
+reused and logged, for the views). A consumer calls `store.runs.get_run(...)`: the role
+is in the call, and mypy checks it is the only role's method used. Every method is one
+transaction.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class Connection(Protocol):
         ...
 
 
-class RunStore(Connection, Protocol):
+class RunStore(Protocol):
     """Runs: their records, attempts and leases, how they end, and stop requests."""
 
     # runs
@@ -129,7 +132,7 @@ class RunStore(Connection, Protocol):
         ...
 
 
-class QueueStore(Connection, Protocol):
+class QueueStore(Protocol):
     """The work queue: runs waiting for a worker, due runs, wake-ups, play snapshots."""
 
     def claim_queued_run(self, *, holder: str, expires_at: float) -> RunRecord | None:
@@ -150,12 +153,17 @@ class QueueStore(Connection, Protocol):
         """Wake idle workers (PostgreSQL NOTIFY; nothing to do where workers poll)."""
         ...
 
+    def wait_for_notify(self, timeout_s: float) -> bool | None:
+        """Block until `notify` is called anywhere (True) or the timeout (False); None at
+        once from a store that cannot notify (SQLite: workers poll)."""
+        ...
+
     def put_snapshot(self, digest: str, snapshot: dict[str, Any]) -> None: ...
 
     def get_snapshot(self, digest: str) -> dict[str, Any] | None: ...
 
 
-class ReceiptStore(Connection, Protocol):
+class ReceiptStore(Protocol):
     """Receipts: claims and settlements (group commit), leases, rate slots, credits."""
 
     # receipts and logs, written together in one transaction
@@ -198,7 +206,7 @@ class ReceiptStore(Connection, Protocol):
         ...
 
 
-class SheetStore(Connection, Protocol):
+class SheetStore(Protocol):
     """Sheets and maps: sheet rows, a run's map rows and map records."""
 
     # sheets and maps
@@ -239,7 +247,7 @@ class SheetStore(Connection, Protocol):
         ...
 
 
-class SuspensionStore(Connection, Protocol):
+class SuspensionStore(Protocol):
     """Suspension: boundaries, events, the journal of durable ids, the play body's log keys."""
 
     # suspension: boundaries, events, the journal of durable ids
@@ -268,7 +276,7 @@ class SuspensionStore(Connection, Protocol):
         ...
 
 
-class LedgerStore(Connection, Protocol):
+class LedgerStore(Protocol):
     """What runs did, read back: stats, the calls ledger, reuse, attempts, log lines."""
 
     def run_stats(self, run_id: str) -> dict[str, Any]:
@@ -299,5 +307,20 @@ class LedgerStore(Connection, Protocol):
     def answers(self, keys: Sequence[str]) -> dict[str, Any]: ...
 
 
-class Store(RunStore, QueueStore, ReceiptStore, SheetStore, SuspensionStore, LedgerStore, Protocol):
-    """Every role at once: a whole store, as `open_store` returns it."""
+class Store(Connection, Protocol):
+    """A whole store, as `open_store` returns it: its connection, and each role by name
+    (`store.runs.get_run(...)`, `store.sheets.save_map(...)`), so a consumer names the
+    role it calls and sees at most that role's methods."""
+
+    @property
+    def runs(self) -> RunStore: ...
+    @property
+    def queue(self) -> QueueStore: ...
+    @property
+    def receipts(self) -> ReceiptStore: ...
+    @property
+    def sheets(self) -> SheetStore: ...
+    @property
+    def suspension(self) -> SuspensionStore: ...
+    @property
+    def ledger(self) -> LedgerStore: ...

@@ -69,3 +69,6 @@ class QueueSql(SqlBase):
 
     def notify(self) -> None:
         return None
+
+    def wait_for_notify(self, timeout_s: float) -> bool | None:
+        return None

@@ -14,7 +14,7 @@ from typing import Any
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.map.projection import CellCounts, read_sample
 from deepline_cli.runtime.providers.found import is_found
-from deepline_cli.store.ledger import AttemptRow, CallRow, LedgerQueries, ReuseRow
+from deepline_cli.store.ledger import AttemptRow, CallRow, ReuseRow
 from deepline_cli.store.records import FOUND_PREFIX, MapRecord, MapRow, RunRecord
 from deepline_cli.store.roles import Store
 
@@ -94,41 +94,41 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def read_report(store: Store, run_id: str) -> Report:
-    run = store.get_run(run_id)
+    run = store.runs.get_run(run_id)
     if run is None:
         raise UsageError(f"No run {run_id!r} in the store {store.url}.")
-    if not isinstance(store, LedgerQueries):
-        raise UsageError(f"The store {store.url} cannot report on runs.")
-    calls, reuses = store.call_rows(run_id), store.reuse_rows(run_id)
+    calls, reuses = store.ledger.call_rows(run_id), store.ledger.reuse_rows(run_id)
     maps = [
         MapFigures(
             m,
-            read_sample(store, store, run_id, m).columns,
-            store.failed_map_rows(run_id, m.map, FIRST_FAILURES),
-            *store.map_reuse(run_id, m.map),
+            read_sample(store, run_id, m).columns,
+            store.sheets.failed_map_rows(run_id, m.map, FIRST_FAILURES),
+            *store.sheets.map_reuse(run_id, m.map),
         )
-        for m in store.get_maps(run_id)
+        for m in store.sheets.get_maps(run_id)
     ]
-    stats = {**run.stats, **store.run_stats(run_id)}
+    stats = {**run.stats, **store.ledger.run_stats(run_id)}
     tools = tool_figures(stats.get("tools") or {}, calls, reuses, _found(store, run_id, calls, reuses))
     for tool_id, counts in (run.stats.get("tools") or {}).items():
         # Retries of calls an interrupt abandoned are in the run's outcome, not the ledger.
         if int(counts.get("retries", 0)) > 0:
             figures = tools.setdefault(tool_id, ToolFigures(tool_id))
             figures.retries = max(figures.retries, int(counts["retries"]))
-    for tool_id, said in store.call_descriptions(run_id).items():
+    for tool_id, said in store.ledger.call_descriptions(run_id).items():
         if tool_id in tools:
             tools[tool_id].descriptions = said
-    return Report(run, stats, calls, reuses, store.attempt_rows(run_id), tools, maps)
+    return Report(run, stats, calls, reuses, store.ledger.attempt_rows(run_id), tools, maps)
 
 
-def _found(store: LedgerQueries, run_id: str, calls: list[CallRow], reuses: list[ReuseRow]) -> set[str]:
+def _found(store: Store, run_id: str, calls: list[CallRow], reuses: list[ReuseRow]) -> set[str]:
     """The answers the play found a value with (receipt key prefixes): as the map rows
     recorded them, and for a call outside maps, its answer judged by itself."""
-    found = store.found_answers(run_id)
+    found = store.ledger.found_answers(run_id)
     outside = [c.key for c in calls if c.outside_map and c.status == "completed"]
     outside += [r.key for r in reuses if r.outside_map and r.status == "completed"]
-    found.update(key[:FOUND_PREFIX] for key, answer in store.answers(sorted(set(outside))).items() if is_found(answer))
+    found.update(
+        key[:FOUND_PREFIX] for key, answer in store.ledger.answers(sorted(set(outside))).items() if is_found(answer)
+    )
     return found
 
 

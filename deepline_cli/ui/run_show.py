@@ -14,7 +14,7 @@ from typing import Any
 from deepline_cli import _json
 from deepline_cli._format import format_credits
 from deepline_cli.runtime.run.holders import holder_words
-from deepline_cli.store.ledger import AttemptRow, LedgerQueries
+from deepline_cli.store.ledger import AttemptRow
 from deepline_cli.store.records import Boundary, MapRecord, RunRecord
 from deepline_cli.store.roles import Store
 
@@ -65,12 +65,11 @@ class Shown:
 def read_shown(store: Store, record: RunRecord, *, full: bool = False) -> Shown:
     recorded = record.stats or {}
     # Counted from the store, so a run killed mid-way shows what it really did.
-    record.stats = {**recorded, **store.run_stats(record.run_id)}
-    shown = Shown(record, store.get_maps(record.run_id), store.boundaries(record.run_id),
-                  store.child_runs(record.run_id), full)  # fmt: skip
+    record.stats = {**recorded, **store.ledger.run_stats(record.run_id)}
+    shown = Shown(record, store.sheets.get_maps(record.run_id), store.suspension.boundaries(record.run_id),
+                  store.runs.child_runs(record.run_id), full)  # fmt: skip
     if full:
-        if isinstance(store, LedgerQueries):
-            shown.attempts = store.attempt_rows(record.run_id)
+        shown.attempts = store.ledger.attempt_rows(record.run_id)
         shown.tools = merged_tools(record.stats.get("tools") or {}, recorded.get("tools") or {})
     return shown
 

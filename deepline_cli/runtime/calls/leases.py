@@ -45,7 +45,7 @@ class HeldLeases:
             return
         leases = [(key, lease_id) for lease_id, (key, _) in self._held.items()]
         expires = self._io.now() + self._ttl
-        lost = await self._io.call(self._io.store.heartbeat_receipts, leases, expires)
+        lost = await self._io.call(self._io.store.receipts.heartbeat_receipts, leases, expires)
         self._lost.update(lost)
         for key, lease_id in leases:
             if lease_id in self._held and lease_id not in lost:

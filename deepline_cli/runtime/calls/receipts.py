@@ -338,7 +338,7 @@ class ReceiptBook:
 
     async def stored(self, key: str) -> Receipt | None:
         """The receipt as the store has it now."""
-        return await self._io.call(self._io.store.get_receipt, key)
+        return await self._io.call(self._io.store.receipts.get_receipt, key)
 
     def _settle_failure(self, call: DurableCall, claimed: ClaimOutcome, exc: BaseException, record: CallRecord) -> None:
         settlement = failure_settlement(call, claimed, exc, record, self._secrets)

@@ -76,6 +76,9 @@ def reconnecting(store: Store, fn: Callable[..., R], *args: Any, report: Callabl
     raise StoreUnreachable(f"{reason} Gave up after {waited:.0f}s of trying to reconnect.") from None
 
 
+ROLES = frozenset({"runs", "queue", "receipts", "sheets", "suspension", "ledger"})
+
+
 class Reconnecting:
     """A store whose calls connect again (with backoff) when the connection dropped: for
     what a command does on its own thread — looking a run up, taking its lease, loading
@@ -85,6 +88,8 @@ class Reconnecting:
         self.wrapped = store
 
     def __getattr__(self, name: str) -> Any:
+        if name in ROLES:  # `store.runs.get_run(...)` reconnects too
+            return self
         attr = getattr(self.wrapped, name)
         if not callable(attr) or name in ("close", "reconnect"):
             return attr
@@ -205,7 +210,7 @@ class WriteQueue:
                 )
                 self._logs, self._sheet_rows, self._map_rows = [], [], []
                 try:
-                    applied = await self._io.call(self._io.store.apply, writes, self._io.now())
+                    applied = await self._io.call(self._io.store.receipts.apply, writes, self._io.now())
                 except Exception as exc:
                     for _, future in claims:
                         if not future.done():

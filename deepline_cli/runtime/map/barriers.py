@@ -29,7 +29,7 @@ async def visibility(book: MapBook) -> dict[str, int]:
     for delay in VISIBILITY_WAITS:
         await asyncio.sleep(delay)
         reads += 1
-        counts = await s.io.call(s.io.store.count_map_rows, run_id, name)
+        counts = await s.io.call(s.io.store.sheets.count_map_rows, run_id, name)
         seen = sum(counts.values())
         if seen >= expected:
             s.bus.emit("barrier.visibility", run_id, map=name, expected=expected, visible=seen, reads=reads,
@@ -52,7 +52,7 @@ async def finalization(book: MapBook, counts: dict[str, int]) -> None:
     if persisted == distinct and in_memory == distinct and accounted == tally.read:
         s.bus.emit("barrier.finalization", book.run_id, passed=True, **facts)
         return
-    stored = set(await s.io.call(s.io.store.finished_map_rows, book.run_id, book.name))
+    stored = set(await s.io.call(s.io.store.sheets.finished_map_rows, book.run_id, book.name))
     missing = [book.input_index_of[i] for i in range(distinct) if i not in stored or not book.finished[i]]
     s.bus.emit("barrier.finalization", book.run_id, passed=False, missing=missing[:10], **facts)
     shown = ", ".join(str(i) for i in missing[:10]) or "none"

@@ -158,7 +158,7 @@ class MapBook:
 
     async def start(self, record: MapRecord, total: int | None, limit: int | None) -> None:
         """Record the map started, seed what earlier attempts finished, and announce it."""
-        await self.s.io.call(self.s.io.store.save_map, record)
+        await self.s.io.call(self.s.io.store.sheets.save_map, record)
         seeded = await self.seed()
         self.s.bus.emit(
             "map.started", self.run_id, map=self.name, columns=record.columns, total=total, seeded=len(seeded),
@@ -170,14 +170,14 @@ class MapBook:
         what they reused and their steps' hits in this map's figures. Failed ones go through
         the sheet again, where their error cell is kept, or recomputed with --refresh-failed."""
         io, run_id = self.s.io, self.run_id
-        seeded = await io.call(io.store.succeeded_map_rows, run_id, self.name)
+        seeded = await io.call(io.store.sheets.succeeded_map_rows, run_id, self.name)
         for idx in seeded:
             self.mark(idx)
         if seeded:
-            rows, cells = await io.call(io.store.map_reuse, run_id, self.name, True)
+            rows, cells = await io.call(io.store.sheets.map_reuse, run_id, self.name, True)
             self.tally.reused, self.tally.seeded_reused, self.tally.reused_cells = rows, rows, cells
         if self.waterfalls and seeded:
-            found = await io.call(io.store.map_steps, run_id, succeeded_only=True)
+            found = await io.call(io.store.sheets.map_steps, run_id, succeeded_only=True)
             self.tally.steps = found.get(self.name, {})
         return seeded
 
@@ -190,7 +190,7 @@ class MapBook:
         record.duplicate, record.reused = tally.duplicate, tally.reused
         record.total = record.succeeded + record.failed
         record.finished_at = s.io.now()
-        await s.io.call(s.io.store.save_map, record)
+        await s.io.call(s.io.store.sheets.save_map, record)
         await self.log_summary(record)
         s.bus.emit(
             "map.completed", self.run_id, map=self.name, total=record.total, succeeded=record.succeeded,
@@ -206,7 +206,7 @@ class MapBook:
         record.succeeded = self.tally.succeeded + self.tally.seeded
         record.failed, record.duplicate, record.reused = self.tally.failed, self.tally.duplicate, self.tally.reused
         with contextlib.suppress(Exception, asyncio.CancelledError):
-            await self.s.io.call(self.s.io.store.save_map, record)
+            await self.s.io.call(self.s.io.store.sheets.save_map, record)
 
     def progress(self, total: int | None) -> None:
         t = self.tally
@@ -230,7 +230,7 @@ class MapBook:
         more were left out, and how it ended."""
         s = self.s
         if record.failed:
-            failed = await s.io.call(s.io.store.failed_map_rows, self.run_id, self.name, FAILURES_LOGGED)
+            failed = await s.io.call(s.io.store.sheets.failed_map_rows, self.run_id, self.name, FAILURES_LOGGED)
             for row in failed:
                 s.log(
                     f"row {row.row_key} failed: {row.error}",

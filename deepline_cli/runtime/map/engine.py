@@ -112,7 +112,7 @@ class MapRun:
         record.input_columns = list(self.intake.input_columns)
         record.pilot = await scan_rest(self)  # a limit cut the input: what the rest holds (projection)
         await self.book.complete(record, counts)
-        return Dataset(s.io.store, record)
+        return Dataset(s.io.store.sheets, record)
 
     async def _execute(self) -> None:
         queue: asyncio.Queue[PendingRow | None] = asyncio.Queue(maxsize=self.concurrency * 2)
@@ -153,7 +153,9 @@ class MapRun:
         for chunk in self.intake.chunks():
             if self.stop is not None:
                 return
-            previous = await self.s.io.call(self.s.io.store.load_sheet_rows, self.sheet, [job.key for job in chunk])
+            previous = await self.s.io.call(
+                self.s.io.store.sheets.load_sheet_rows, self.sheet, [job.key for job in chunk]
+            )
             for job in chunk:
                 job.previous = previous.get(job.key)
                 if not (self.reusable(job) and self._reuse_whole_row(job)):

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepline_cli.runtime.providers.found import is_found
-from deepline_cli.store.ledger import LedgerQueries
 from deepline_cli.store.records import Cell, MapRecord
 from deepline_cli.store.roles import Store
 
@@ -130,15 +129,15 @@ def combine(maps: list[dict[str, Any]], spent: float) -> dict[str, Any]:
     }
 
 
-def read_sample(store: LedgerQueries, st: Store, run_id: str, record: MapRecord) -> PilotSample:
+def read_sample(store: Store, run_id: str, record: MapRecord) -> PilotSample:
     """A pilot map's rows, cells and per-row credits, read back from the store."""
-    per_row = store.row_credits(run_id, record.map)
+    per_row = store.ledger.row_credits(run_id, record.map)
     sample = PilotSample(record.map, {c: CellCounts() for c in record.columns})
     sample.elapsed_s = max(0.0, (record.finished_at or record.started_at) - record.started_at)
     sample.reused_rows = record.reused
     after = -1
     while True:
-        page = st.map_rows_page(run_id, record.map, record.sheet, after, PAGE)
+        page = store.sheets.map_rows_page(run_id, record.map, record.sheet, after, PAGE)
         for row in page:
             for name, counts in sample.columns.items():
                 counts.add(row.cells.get(name))
@@ -150,13 +149,11 @@ def read_sample(store: LedgerQueries, st: Store, run_id: str, record: MapRecord)
 
 def projection_stats(store: Store, run_id: str) -> dict[str, Any]:
     """`{"projection": …}` for a run whose maps a limit cut short, else `{}` (run stats)."""
-    if not isinstance(store, LedgerQueries):
-        return {}
-    pilots = [m for m in store.get_maps(run_id) if m.pilot and m.status == "completed"]
+    pilots = [m for m in store.sheets.get_maps(run_id) if m.pilot and m.status == "completed"]
     if not pilots:
         return {}
-    maps = [project_map(read_sample(store, store, run_id, m), m, m.pilot or {}) for m in pilots]
-    return {"projection": combine(maps, store.credits_spent(run_id))}
+    maps = [project_map(read_sample(store, run_id, m), m, m.pilot or {}) for m in pilots]
+    return {"projection": combine(maps, store.receipts.credits_spent(run_id))}
 
 
 def describe(projection: dict[str, Any]) -> list[str]:

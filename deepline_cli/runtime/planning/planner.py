@@ -56,7 +56,6 @@ from deepline_cli.runtime.run.parts import Journal, RunParts, Settings, build_pa
 from deepline_cli.runtime.run.play import PlayDef
 from deepline_cli.runtime.run.play_input import play_input
 from deepline_cli.store.claims import decide_claim
-from deepline_cli.store.ledger import LedgerQueries
 from deepline_cli.store.records import Claim
 from deepline_cli.store.roles import Store
 
@@ -649,7 +648,7 @@ class Planner:
 
     def _reference_run(self, input: Any) -> str | None:
         """The play's latest run with the same input: stored steps, fetches and child plays."""
-        for run in self.store.list_runs(play=self.play.name):
+        for run in self.store.runs.list_runs(play=self.play.name):
             if run.parent_run_id is None and run.workspace == self.options.workspace and run.input == input:
                 return run.run_id
         return None
@@ -659,7 +658,7 @@ class Planner:
     async def tool_call(
         self, tracker: Tracker, definition: ToolDef, key: str, force: bool, stale_after_s: float | None
     ) -> ToolResult:
-        receipt = await self.io.call(self.store.get_receipt, key)
+        receipt = await self.io.call(self.store.receipts.get_receipt, key)
         verdict = "claimed"
         if receipt is not None:
             scope = self.services.identity
@@ -689,7 +688,9 @@ class Planner:
         if self.reference is None:
             raise NotPlanned(f"{what} {id!r} runs only in a real run (no earlier run with this input)")
         scope = self.services.identity
-        receipt = await self.io.call(self.store.get_receipt, receipt_key(kind, scope.workspace, self.reference, id))
+        receipt = await self.io.call(
+            self.store.receipts.get_receipt, receipt_key(kind, scope.workspace, self.reference, id)
+        )
         if receipt is None or receipt.status != "completed":
             raise NotPlanned(f"{what} {id!r} has no stored result in run {self.reference}")
         (_TRACKER.get() or self.plan.body).paid += 1
@@ -698,7 +699,7 @@ class Planner:
     async def boundary(self, boundary_id: str) -> Any:
         if self.reference is None:
             raise NotPlanned(f"{boundary_id} waits only in a real run")
-        found = await self.io.call(self.store.get_boundary, self.reference, boundary_id)
+        found = await self.io.call(self.store.suspension.get_boundary, self.reference, boundary_id)
         if found is None or found.status != "resolved":
             raise NotPlanned(f"{boundary_id} has not passed in run {self.reference}")
         return found.payload
@@ -706,15 +707,11 @@ class Planner:
     # --- maps ---------------------------------------------------------------------------
 
     def history(self, map_name: str) -> History:
-        if not isinstance(self.store, LedgerQueries):
-            return History()
-        rows, per_tool = self.store.tool_rows(self.play.name, self.options.workspace, map_name)
+        rows, per_tool = self.store.ledger.tool_rows(self.play.name, self.options.workspace, map_name)
         return History(rows, per_tool)
 
     def step_history(self, map_name: str) -> dict[str, dict[str, int]]:
-        if not isinstance(self.store, LedgerQueries):
-            return {}
-        return self.store.step_rows(self.play.name, self.options.workspace, map_name)
+        return self.store.ledger.step_rows(self.play.name, self.options.workspace, map_name)
 
     def column_plan(self, column: ResolvedColumn) -> ColumnPlan:
         tools: PlanTools = PlanTools(self.services, self)
@@ -730,7 +727,7 @@ class Planner:
         plan = MapPlan(engine.name, limit=engine.limit, columns=rows.columns, history_rows=rows.history.rows)
         self.plan.maps.append(plan)
         for chunk in engine.intake.chunks():
-            previous = await self.io.call(self.store.load_sheet_rows, engine.sheet, [job.key for job in chunk])
+            previous = await self.io.call(self.store.sheets.load_sheet_rows, engine.sheet, [job.key for job in chunk])
             for job in chunk:
                 job.previous = previous.get(job.key)
                 if job.blank is not None and not (engine.reusable(job) and whole_row_reusable(engine, job)):

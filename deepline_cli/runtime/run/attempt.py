@@ -77,18 +77,18 @@ class History:
     @staticmethod
     def read(store: Store, record: RunRecord, now: float) -> History:
         """On the store thread: record the attempt's start, then read its history."""
-        store.begin_attempt(record.run_id, record.attempt, record.holder or holder_id(), now)
+        store.runs.begin_attempt(record.run_id, record.attempt, record.holder or holder_id(), now)
         root = record.root_run_id or record.run_id
-        tool_calls, child_plays = store.run_usage(root)
+        tool_calls, child_plays = store.receipts.run_usage(root)
         return History(
-            spent=store.credits_spent(root),
-            journal=store.journal(record.run_id),
-            logged=store.logged(record.run_id),
-            stats=store.run_stats(record.run_id),
-            failures=store.final_failures(record.run_id),
+            spent=store.receipts.credits_spent(root),
+            journal=store.suspension.journal(record.run_id),
+            logged=store.suspension.logged(record.run_id),
+            stats=store.ledger.run_stats(record.run_id),
+            failures=store.ledger.final_failures(record.run_id),
             tool_calls=tool_calls,
             child_plays=child_plays,
-            costs=store.tool_costs(),
+            costs=store.receipts.tool_costs(),
         )
 
 
@@ -154,7 +154,7 @@ class Attempt:
             attempt=record.attempt,
             parent_run_id=record.parent_run_id,
         )
-        await self.io.call(store.set_status, record.run_id, "running", options=record.options)
+        await self.io.call(store.runs.set_status, record.run_id, "running", options=record.options)
         keeper = asyncio.create_task(self._keep_leases(services))
         ticker = asyncio.create_task(tick(self.bus, self.record.run_id, self.stats, services))
         self.task = asyncio.create_task(execute_body(self.play, services, record.input, CHILDREN))
@@ -240,7 +240,7 @@ class Attempt:
             fail_on_row_errors=self.options.fail_on_row_errors,
         )
         if record.parent_run_id:
-            await self.io.call(self.io.store.notify)  # a scheduled child ended: its parent may be due
+            await self.io.call(self.io.store.queue.notify)  # a scheduled child ended: its parent may be due
         if status == "waiting":
             result.waiting = await self.io.call(waiting_on, self.io.store, record.run_id)
             self.bus.emit("run.waiting", record.run_id, boundaries=result.waiting)
@@ -270,7 +270,7 @@ class Attempt:
             await asyncio.sleep(interval)
             try:
                 held = await self.io.call(
-                    store.heartbeat_run,
+                    store.runs.heartbeat_run,
                     record.run_id,
                     holder=record.holder or holder_id(),
                     attempt=record.attempt,
@@ -287,7 +287,7 @@ class Attempt:
                     if book is not services.effects.book:  # a child run in this process: its lease too
                         scope = book.scope
                         await self.io.call(
-                            store.heartbeat_run,
+                            store.runs.heartbeat_run,
                             scope.run_id,
                             holder=record.holder or holder_id(),
                             attempt=scope.attempt,
@@ -310,7 +310,7 @@ class Attempt:
         while not self.stop_requested:
             await asyncio.sleep(STOP_POLL_S)
             try:
-                reason = await self.io.call(store.stop_requested, record.run_id, record.attempt)
+                reason = await self.io.call(store.runs.stop_requested, record.run_id, record.attempt)
             except DeeplineError:
                 continue  # a store hiccup; the heartbeat finds out about a store that is gone
             if reason is not None:
@@ -408,8 +408,8 @@ def record_end(
     """On the store thread: end the attempt, count the run's stats, record the outcome —
     unless another process took the run over meanwhile (then None: nothing recorded)."""
     now, status = store.now(), outcome.status
-    store.end_attempt(record.run_id, record.attempt, status, now)
-    stats = store.run_stats(record.run_id)
+    store.runs.end_attempt(record.run_id, record.attempt, status, now)
+    stats = store.ledger.run_stats(record.run_id)
     stats.update(projection_stats(store, record.run_id))  # a pilot (--limit): the full list projected
     stats["store_s"] = round(record.stats.get("store_s", 0.0) + busy_s, 3)  # the store thread's busy time
     for tool_id in known.tools:  # a tool whose calls all ended unrecorded too
@@ -425,7 +425,7 @@ def record_end(
     wake = None
     if status == "waiting":
         wake = next_wake(store, record.run_id, record.root_run_id or record.run_id, now, max_inline_wait)
-    recorded = store.set_status(
+    recorded = store.runs.set_status(
         record.run_id,
         status,
         only_attempt=record.attempt,
@@ -438,10 +438,10 @@ def record_end(
         wake_at=wake,
     )
     if not recorded:
-        store.end_attempt(record.run_id, record.attempt, "taken_over", now)
+        store.runs.end_attempt(record.run_id, record.attempt, "taken_over", now)
         return None
     if record.scheduled and record.parent_run_id and status in ("completed", "failed"):
-        store.set_wake(record.parent_run_id, now)  # its parent waits for this result
+        store.queue.set_wake(record.parent_run_id, now)  # its parent waits for this result
     return stats
 
 

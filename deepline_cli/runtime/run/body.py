@@ -52,7 +52,7 @@ async def execute_body(play: PlayDef, s: RunParts, input: Any, children: ChildPl
 async def _flush_journal(s: RunParts) -> None:
     pending, s.effects.journal.pending = s.effects.journal.pending, []
     for position, durable_id in pending:
-        await s.infra.io.call(s.infra.io.store.append_journal, s.identity.run_id, position, durable_id)
+        await s.infra.io.call(s.infra.io.store.suspension.append_journal, s.identity.run_id, position, durable_id)
 
 
 def describe(exc: BaseException, s: RunParts, play_file: str) -> dict[str, Any]:

@@ -89,7 +89,7 @@ async def _schedule_child(s: RunParts, call_id: str, play: PlayDef, child_id: st
     """Under workers: the child is its own queued run (any worker may take it); the parent
     waits at a child boundary until it has finished, then reads its result."""
     store, now = s.infra.io.store, s.infra.io.now()
-    record = await s.infra.io.call(store.get_run, child_id)
+    record = await s.infra.io.call(store.runs.get_run, child_id)
     if record is None:
         s.effects.caps.count_child_play()  # per run: children started by earlier attempts count too
         digest, snapshot = take_snapshot(play, Path(s.settings.config) if s.settings.config else None)
@@ -112,12 +112,12 @@ async def _schedule_child(s: RunParts, call_id: str, play: PlayDef, child_id: st
             description=description,
             snapshot=digest,
         )
-        await s.infra.io.call(store.put_snapshot, digest, snapshot)
-        await s.infra.io.call(store.insert_run, record)
-        await s.infra.io.call(store.notify)
+        await s.infra.io.call(store.queue.put_snapshot, digest, snapshot)
+        await s.infra.io.call(store.runs.insert_run, record)
+        await s.infra.io.call(store.queue.notify)
     boundary_id = f"child:{call_id}"
     if record.status == "completed":
-        await s.infra.io.call(store.resolve_boundary, s.identity.run_id, boundary_id, None, s.infra.io.now())
+        await s.infra.io.call(store.suspension.resolve_boundary, s.identity.run_id, boundary_id, None, s.infra.io.now())
         return record.output
     if record.status == "failed":
         seen = record.failure_seen_by
@@ -126,16 +126,16 @@ async def _schedule_child(s: RunParts, call_id: str, play: PlayDef, child_id: st
         # otherwise (it waited for a sibling still running): reported again, not retried.
         retried = seen is not None and seen < s.identity.attempt
         if retried:
-            retried = await s.infra.io.call(store.attempt_status, s.identity.run_id, seen) == "failed"
+            retried = await s.infra.io.call(store.runs.attempt_status, s.identity.run_id, seen) == "failed"
         if not retried:
             # Report it (the parent fails, unless it catches this); remember which attempt saw it.
-            await s.infra.io.call(store.update_run, child_id, failure_seen_by=s.identity.attempt)
+            await s.infra.io.call(store.runs.update_run, child_id, failure_seen_by=s.identity.attempt)
             message = (record.error or {}).get("message", "unknown error")
             raise ChildPlayError(f"Child play {play.name!r} (run {child_id}) failed: {message}")
-        await s.infra.io.call(store.set_status, child_id, "queued", failure_seen_by=None, holder=None)
-        await s.infra.io.call(store.notify)
+        await s.infra.io.call(store.runs.set_status, child_id, "queued", failure_seen_by=None, holder=None)
+        await s.infra.io.call(store.queue.notify)
     boundary = await s.infra.io.call(
-        store.put_boundary,
+        store.suspension.put_boundary,
         Boundary(s.identity.run_id, boundary_id, "child", child_run_id=child_id, created_at=s.infra.io.now()),
     )
     raise Suspended(boundary)
@@ -143,7 +143,7 @@ async def _schedule_child(s: RunParts, call_id: str, play: PlayDef, child_id: st
 
 async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str, input: Any, description: str) -> Any:
     store, now = s.infra.io.store, s.infra.io.now()
-    record = await s.infra.io.call(store.get_run, child_id)
+    record = await s.infra.io.call(store.runs.get_run, child_id)
     if record is None:
         s.effects.caps.count_child_play()
         record = RunRecord(
@@ -164,13 +164,13 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
             created_at=now,
             updated_at=now,
         )
-        await s.infra.io.call(store.insert_run, record)
+        await s.infra.io.call(store.runs.insert_run, record)
     elif record.status == "completed":
         return record.output
     else:
         record.attempt += 1
         await s.infra.io.call(
-            store.set_status,
+            store.runs.set_status,
             child_id,
             "running",
             attempt=record.attempt,
@@ -178,7 +178,9 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
             lease_expires_at=now + s.identity.lease_ttl,
         )
     io = s.infra.io
-    journal = Journal(await io.call(store.journal, child_id), logged=await io.call(store.logged, child_id))
+    journal = Journal(
+        await io.call(store.suspension.journal, child_id), logged=await io.call(store.suspension.logged, child_id)
+    )
     child = s.for_child(child_id, record.attempt, play.name, play.file, journal, play.tools())
     s.infra.bus.emit("child.started", s.identity.run_id, child_run_id=child_id, play=play.name, attempt=record.attempt)
     try:
@@ -186,7 +188,7 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
     finally:
         s.effects.books.remove(child.effects.book)  # its calls are over: no more heartbeats for it
     await s.infra.io.call(
-        store.set_status,
+        store.runs.set_status,
         child_id,
         outcome.status,
         output=outcome.output,
@@ -198,7 +200,7 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
     s.infra.bus.emit("child.finished", s.identity.run_id, child_run_id=child_id, status=outcome.status)
     if outcome.status == "waiting":
         boundary = await s.infra.io.call(
-            store.put_boundary,
+            store.suspension.put_boundary,
             Boundary(s.identity.run_id, f"child:{call_id}", "child", child_run_id=child_id, created_at=io.now()),
         )
         raise Suspended(boundary)
@@ -207,5 +209,7 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
     if outcome.status == "failed":
         message = (outcome.error or {}).get("message", "unknown error")
         raise ChildPlayError(f"Child play {play.name!r} (run {child_id}) failed: {message}")
-    await s.infra.io.call(store.resolve_boundary, s.identity.run_id, f"child:{call_id}", None, s.infra.io.now())
+    await s.infra.io.call(
+        store.suspension.resolve_boundary, s.identity.run_id, f"child:{call_id}", None, s.infra.io.now()
+    )
     return outcome.output

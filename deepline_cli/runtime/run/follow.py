@@ -79,12 +79,12 @@ class Follower:
     def events(self) -> Iterator[Event]:
         """Every event until the run has ended or waits (then `run.finished`, and stop)."""
         while True:
-            status = self.store.run_status(self.run_id)
+            status = self.store.runs.run_status(self.run_id)
             if status is None:
                 raise UsageError(f"Run {self.run_id} is no longer in the store {self.store.url}.")
             yield from self._new_lines()
             if status in ENDED:
-                record = self.store.get_run(self.run_id)
+                record = self.store.runs.get_run(self.run_id)
                 if record is not None and record.status in ENDED:  # (not resumed in between)
                     yield from self._new_lines()  # up to its end
                     self.result = result_of(self.store, record)
@@ -100,7 +100,7 @@ class Follower:
 
     def _new_lines(self) -> Iterator[Event]:
         while True:
-            lines = self.store.logs_after(self.run_id, self.after, PAGE)
+            lines = self.store.ledger.logs_after(self.run_id, self.after, PAGE)
             for line in lines:
                 self.after = line.id
                 yield log_event(line)
@@ -110,10 +110,10 @@ class Follower:
     def _progress(self, status: str) -> Iterator[Event]:
         """A `map.progress` event per running map whose counts changed since the last one,
         counted from the rows the run's attempts finished."""
-        for m in self.store.get_maps(self.run_id):
+        for m in self.store.sheets.get_maps(self.run_id):
             if m.status != "running":
                 continue
-            counts = self.store.count_map_rows(self.run_id, m.map)
+            counts = self.store.sheets.count_map_rows(self.run_id, m.map)
             succeeded, failed = counts.get("succeeded", 0), counts.get("failed", 0)
             now = (succeeded + failed, failed, m.total)
             if self._shown.get(m.map) == now:
@@ -124,7 +124,7 @@ class Follower:
                 {"map": m.map, "done": now[0], "total": m.total or None, "succeeded": succeeded, "failed": failed},
             )  # fmt: skip
         if status == "running" and not self._told_gone:
-            record = self.store.get_run(self.run_id)
+            record = self.store.runs.get_run(self.run_id)
             if record is not None and record.status == "running" and not holder_alive(record, self.store.now()):
                 self._told_gone = True  # said once; a resume or a worker may take it over
                 yield Event("run.holder_gone", self.run_id, time.time(), {"holder": record.holder})

@@ -169,7 +169,7 @@ def build_parts(
     secrets = Secrets(env_folder)
 
     async def shared_slot(tool: str, interval: float, count: int) -> float:
-        start = await io.call(io.store.take_rate_slot, tool, interval, io.now(), count)
+        start = await io.call(io.store.receipts.take_rate_slot, tool, interval, io.now(), count)
         return start - io.now()
 
     governor = Governor(settings.concurrency, shared_slot=shared_slot)

@@ -87,7 +87,7 @@ class Runner:
         source and config) for a `deepline worker` to execute.
         """
         if self.options.run_id:
-            existing = self.store.get_run(check_run_id(self.options.run_id))
+            existing = self.store.runs.get_run(check_run_id(self.options.run_id))
             if existing is not None:
                 return self._requeue(existing) if enqueue else self.resume(existing.run_id)
         play = find_play(play_ref)
@@ -105,7 +105,7 @@ class Runner:
         digest = None
         if enqueue:
             digest, snapshot = take_snapshot(play, config_path)
-            self.store.put_snapshot(digest, snapshot)
+            self.store.queue.put_snapshot(digest, snapshot)
         record = RunRecord(
             run_id=run_id, play=play.name, play_ref=play.ref, input=input,
             status="queued" if enqueue else "running", attempt=0 if enqueue else 1,
@@ -114,12 +114,12 @@ class Runner:
             created_at=now, updated_at=now, snapshot=digest,
         )  # fmt: skip
         self._recording()
-        if not self.store.insert_run(record):
+        if not self.store.runs.insert_run(record):
             # Another process created this --run-id a moment ago: report it, or resume it
             # (which refuses while that process holds it: busy).
-            return self._requeue(self.store.get_run(run_id) or record) if enqueue else self.resume(run_id)
+            return self._requeue(self.store.runs.get_run(run_id) or record) if enqueue else self.resume(run_id)
         if enqueue:
-            self.store.notify()
+            self.store.queue.notify()
             return RunResult(run_id, "queued", 0, reported=True)
         return self._execute(play, record)
 
@@ -132,10 +132,10 @@ class Runner:
         config_path = find_config(Path(play.file), self.options.config)
         load_config(config_path)
         self.options.config = str(config_path) if config_path else None
-        if self.store.get_run(check_run_id(run_id)) is not None:
+        if self.store.runs.get_run(check_run_id(run_id)) is not None:
             return False
         digest, snapshot = take_snapshot(play, config_path)
-        self.store.put_snapshot(digest, snapshot)
+        self.store.queue.put_snapshot(digest, snapshot)
         now = self.store.now()
         record = RunRecord(
             run_id=run_id, play=play.name, play_ref=play.ref, input=input, status="queued", attempt=0,
@@ -143,9 +143,9 @@ class Runner:
             options={**self.options.persisted(), "trigger": trigger}, root_run_id=run_id,
             holder=None, lease_expires_at=0.0, created_at=now, updated_at=now, snapshot=digest,
         )  # fmt: skip
-        if not self.store.insert_run(record):
+        if not self.store.runs.insert_run(record):
             return False
-        self.store.notify()
+        self.store.queue.notify()
         return True
 
     def _requeue(self, record: RunRecord) -> RunResult:
@@ -155,13 +155,13 @@ class Runner:
             return RunResult.of_record(record, fail_on_row_errors=False)
         if holder_alive(record, self.store.now()):
             raise RunBusyError(f"Run {record.run_id} is held by a live process ({holder_words(record.holder)}).")
-        self.store.set_status(record.run_id, "queued", holder=None, lease_expires_at=0.0)
-        self.store.notify()
+        self.store.runs.set_status(record.run_id, "queued", holder=None, lease_expires_at=0.0)
+        self.store.queue.notify()
         return RunResult(record.run_id, "queued", record.attempt, reported=True)
 
     def resume(self, run_id: str) -> RunResult:
         """`deepline resume`: the next attempt of a run, replaying what it already did."""
-        record = self.store.get_run(run_id)
+        record = self.store.runs.get_run(run_id)
         if record is None:
             raise UsageError(f"No run {run_id!r} in the store {self.store.url}.")
         if record.status == "completed":
@@ -181,7 +181,7 @@ class Runner:
         attempt = record.attempt + 1
         self._recording()
         holder, expires = holder_id(), self.store.now() + self.options.lease_ttl
-        taken = self.store.lease_run(run_id, holder=holder, expires_at=expires, attempt=attempt,
+        taken = self.store.runs.lease_run(run_id, holder=holder, expires_at=expires, attempt=attempt,
                                      expect_attempt=record.attempt,
                                      expect_expires=record.lease_expires_at or 0.0)  # fmt: skip
         if not taken:
@@ -192,14 +192,14 @@ class Runner:
 
     def run_claimed(self, record: RunRecord) -> RunResult:
         """Execute a run this process has just leased (by `resume`, or a worker's claim)."""
-        self.store.expire_run_receipts(record.run_id)
+        self.store.receipts.expire_run_receipts(record.run_id)
         record.status = "running"
         self._apply_persisted(record)
         try:
             play = self._load(record)
             self._prepare(play, record.cwd)
         except DeeplineError as exc:
-            self.store.set_status(record.run_id, "failed", holder=None, error=error_dict(exc))
+            self.store.runs.set_status(record.run_id, "failed", holder=None, error=error_dict(exc))
             raise
         return self._execute(play, record)
 
@@ -214,7 +214,7 @@ class Runner:
     def _load(self, record: RunRecord) -> PlayDef:
         if not record.snapshot:
             return find_play(record.play_ref)
-        snapshot = self.store.get_snapshot(record.snapshot)
+        snapshot = self.store.queue.get_snapshot(record.snapshot)
         if snapshot is None:
             raise PlayLoadError(f"Run {record.run_id}'s play source ({record.snapshot}) is not in the store.")
         play_ref, config = materialize_snapshot(record.snapshot, snapshot)

@@ -18,7 +18,7 @@ from typing import Any
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.run.holders import holder_alive
 from deepline_cli.store.records import RunRecord
-from deepline_cli.store.roles import RunStore
+from deepline_cli.store.roles import Store
 
 DEFAULT_REASON = "stopped by user"
 POLL_S = 0.2
@@ -41,7 +41,7 @@ class Stopped:
 
 
 def stop_run(
-    store: RunStore,
+    store: Store,
     run_id: str,
     reason: str = DEFAULT_REASON,
     *,
@@ -67,7 +67,7 @@ def stop_run(
         now = store.now()
         if record.status == "running" and holder_alive(record, now):
             if asked is None:
-                if not store.ask_stop(run_id, reason, attempt=record.attempt):
+                if not store.runs.ask_stop(run_id, reason, attempt=record.attempt):
                     continue  # it moved on meanwhile (a new attempt, suspended, ended): look again
                 asked = record.attempt
             if wait_s is None or clock() >= deadline:
@@ -76,12 +76,12 @@ def stop_run(
             continue
         # Nobody executes it (or its process died, or it suspended before it heard): end it here.
         expect = (record.lease_expires_at or 0.0) if record.status == "running" else None
-        store.interrupt_run(run_id, reason, attempt=record.attempt, status=record.status,
+        store.runs.interrupt_run(run_id, reason, attempt=record.attempt, status=record.status,
                             error=stop_error(reason), now=now, expect_expires=expect)  # fmt: skip
 
 
-def _read(store: RunStore, run_id: str) -> RunRecord:
-    record = store.get_run(run_id)
+def _read(store: Store, run_id: str) -> RunRecord:
+    record = store.runs.get_run(run_id)
     if record is None:
         raise UsageError(f"No run {run_id!r} in the store {store.url}.")
     return record

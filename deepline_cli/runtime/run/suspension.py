@@ -37,7 +37,7 @@ async def sleep(s: RunParts, id: str, seconds: float) -> None:
     s.effects.journal.reach(boundary_id, s.identity.run_id)
     now = s.infra.io.now()
     boundary = await s.infra.io.call(
-        s.infra.io.store.put_boundary,
+        s.infra.io.store.suspension.put_boundary,
         Boundary(s.identity.run_id, boundary_id, "sleep", due_at=now + max(0.0, seconds), created_at=now),
     )
     if boundary.status == "resolved":
@@ -47,7 +47,9 @@ async def sleep(s: RunParts, id: str, seconds: float) -> None:
         raise Suspended(boundary)
     if remaining > 0:
         await asyncio.sleep(remaining)
-    await s.infra.io.call(s.infra.io.store.resolve_boundary, s.identity.run_id, boundary_id, None, s.infra.io.now())
+    await s.infra.io.call(
+        s.infra.io.store.suspension.resolve_boundary, s.identity.run_id, boundary_id, None, s.infra.io.now()
+    )
 
 
 async def wait_for_event(s: RunParts, id: str, timeout_s: float | None) -> Any:
@@ -58,7 +60,7 @@ async def wait_for_event(s: RunParts, id: str, timeout_s: float | None) -> Any:
     now = s.infra.io.now()
     due = now + timeout_s if timeout_s is not None else None
     boundary = await s.infra.io.call(
-        s.infra.io.store.put_boundary,
+        s.infra.io.store.suspension.put_boundary,
         Boundary(run_id, boundary_id, "event", due_at=due, event_id=id, created_at=now),
     )
     if boundary.status == "resolved":
@@ -66,7 +68,9 @@ async def wait_for_event(s: RunParts, id: str, timeout_s: float | None) -> Any:
     while True:
         delivered, payload = await s.infra.io.call(_event_for, s.infra.io.store, run_id, s.identity.root, id)
         if delivered:
-            await s.infra.io.call(s.infra.io.store.resolve_boundary, run_id, boundary_id, payload, s.infra.io.now())
+            await s.infra.io.call(
+                s.infra.io.store.suspension.resolve_boundary, run_id, boundary_id, payload, s.infra.io.now()
+            )
             return payload
         now = s.infra.io.now()
         if boundary.due_at is not None and now >= boundary.due_at:
@@ -78,9 +82,9 @@ async def wait_for_event(s: RunParts, id: str, timeout_s: float | None) -> Any:
 
 def _event_for(store: Store, run_id: str, root_run_id: str, event_id: str) -> tuple[bool, Any]:
     """An event delivered to this run, or sent to its root before anything waited for it."""
-    delivered, payload = store.get_event(run_id, event_id)
+    delivered, payload = store.suspension.get_event(run_id, event_id)
     if not delivered and root_run_id and root_run_id != run_id:
-        return store.get_event(root_run_id, event_id)
+        return store.suspension.get_event(root_run_id, event_id)
     return delivered, payload
 
 
@@ -99,7 +103,7 @@ def is_ready(boundary: Boundary, now: float, max_inline_wait: float, delivered: 
 def waiting_on(store: Store, run_id: str) -> list[dict[str, Any]]:
     """The boundaries a waiting run (and its waiting children) wait at, innermost included."""
     found: list[dict[str, Any]] = []
-    for b in store.boundaries(run_id):
+    for b in store.suspension.boundaries(run_id):
         if b.status != "waiting":
             continue
         found.append(
@@ -123,7 +127,7 @@ def next_wake(store: Store, run_id: str, root_run_id: str, now: float, max_inlin
     by itself (a timer, an event's timeout), less the wait a resume sleeps inline; None
     while only an event or a child can wake it (they set it when they do)."""
     times = []
-    for b in store.boundaries(run_id):
+    for b in store.suspension.boundaries(run_id):
         if b.status != "waiting":
             continue
         if b.kind == "event" and _event_for(store, run_id, root_run_id, b.event_id or "")[0]:
@@ -131,7 +135,7 @@ def next_wake(store: Store, run_id: str, root_run_id: str, now: float, max_inlin
         elif b.kind in ("sleep", "event") and b.due_at is not None:
             times.append(b.due_at - max_inline_wait)
         elif b.kind == "child" and b.child_run_id:
-            child = store.get_run(b.child_run_id)
+            child = store.runs.get_run(b.child_run_id)
             if child is not None and child.scheduled:
                 times.extend([now] if child.status in ("completed", "failed") else [])
             elif child is not None:
@@ -142,18 +146,18 @@ def next_wake(store: Store, run_id: str, root_run_id: str, now: float, max_inlin
 
 def ready_to_resume(store: Store, run_id: str, now: float, max_inline_wait: float) -> bool:
     """Would a resume now get anywhere? False while every boundary still waits."""
-    pending = [b for b in store.boundaries(run_id) if b.status == "waiting"]
+    pending = [b for b in store.suspension.boundaries(run_id) if b.status == "waiting"]
     if not pending:
         return True
     for b in pending:
         if b.kind == "child" and b.child_run_id:
-            child = store.get_run(b.child_run_id)
+            child = store.runs.get_run(b.child_run_id)
             if child is not None and child.scheduled:
                 if child.status in ("completed", "failed"):  # run by a worker of its own
                     return True
             elif ready_to_resume(store, b.child_run_id, now, max_inline_wait):
                 return True
-        elif is_ready(b, now, max_inline_wait, store.get_event(run_id, b.event_id or "")[0]):
+        elif is_ready(b, now, max_inline_wait, store.suspension.get_event(run_id, b.event_id or "")[0]):
             return True
     return False
 
@@ -163,9 +167,9 @@ def event_targets(store: Store, run_id: str, event_id: str) -> list[str]:
     and not yet got past it."""
     found = [
         run_id
-        for b in store.boundaries(run_id)
+        for b in store.suspension.boundaries(run_id)
         if b.kind == "event" and b.event_id == event_id and b.status == "waiting"
     ]
-    for child in store.child_runs(run_id):
+    for child in store.runs.child_runs(run_id):
         found.extend(event_targets(store, child.run_id, event_id))
     return found

@@ -133,9 +133,11 @@ class Worker:
         this one if the store stays unreachable: the threads find that out themselves)."""
         store = open_store(self.store_url)
         try:
-            wait = getattr(store, "wait_for_notify", None)
-            while wait is not None and not self._draining.is_set():
-                if reconnecting(store, wait, self.poll_s):
+            while not self._draining.is_set():
+                woke = reconnecting(store, store.queue.wait_for_notify, self.poll_s)
+                if woke is None:
+                    return
+                if woke:
                     self._wake.set()
         except DeeplineError:
             return
@@ -183,7 +185,7 @@ class Worker:
         ttl = lease_ttl_from_env()
 
         def claim() -> RunRecord | None:
-            return store.claim_queued_run(holder=holder_id(), expires_at=store.now() + ttl)
+            return store.queue.claim_queued_run(holder=holder_id(), expires_at=store.now() + ttl)
 
         record = reconnecting(store, claim, report=self._reconnected)
         if record is not None:
@@ -191,7 +193,7 @@ class Worker:
             self._execute(claimed.run_id, lambda runner: runner.run_claimed(claimed))
             return True
         here = socket.gethostname()
-        due = reconnecting(store, lambda: store.due_runs(DUE_SCAN, store.now(), here), report=self._reconnected)
+        due = reconnecting(store, lambda: store.queue.due_runs(DUE_SCAN, store.now(), here), report=self._reconnected)
         for candidate in due:
             if self._draining.is_set() or not reconnecting(store, self._is_due, store, candidate):
                 continue
@@ -214,7 +216,7 @@ class Worker:
             return True
         # Not yet after all: look again when it may be (never in a loop on the same run).
         wake = next_wake(store, record.run_id, record.root_run_id or record.run_id, now, wait)
-        store.set_wake(record.run_id, None if wake is None else max(wake, now + RECHECK_S))
+        store.queue.set_wake(record.run_id, None if wake is None else max(wake, now + RECHECK_S))
         return False
 
     def _execute(self, run_id: str, action: Callable[[Runner], RunResult]) -> None:
@@ -231,8 +233,8 @@ class Worker:
         try:
             result = action(runner)
             if result.status == "interrupted" and self._draining.is_set():
-                runner.store.set_status(run_id, "queued")  # another worker continues it
-                runner.store.notify()
+                runner.store.runs.set_status(run_id, "queued")  # another worker continues it
+                runner.store.queue.notify()
                 self.stats.requeued += 1
         except RunBusyError:
             raise
@@ -245,7 +247,7 @@ class Worker:
             self.stats.failed += 1
             self.report(f"worker: {run_id} crashed: {type(exc).__name__}: {exc}")
             with contextlib.suppress(DeeplineError):
-                runner.store.set_status(run_id, "interrupted", holder=None, lease_expires_at=0.0)
+                runner.store.runs.set_status(run_id, "interrupted", holder=None, lease_expires_at=0.0)
             if not isinstance(exc, Exception):
                 raise
             return
