@@ -133,6 +133,113 @@ def test_schedules_list_shows_the_next_tick_and_the_last_run(deepline, write_pla
     assert "schedule " in listed.stdout and "06:00:00 UTC" in listed.stdout
 
 
+ACCOUNTS_PLAY = """
+from deepline_cli import play
+
+@play("refresh", input={"segment": str})
+async def refresh(ctx, input):
+    return {"segment": input["segment"]}
+"""
+
+SCHEDULES_TOML = """
+[schedules.enterprise]
+play = "refresh.py"
+cron = "0 6 * * *"
+timezone = "Europe/Paris"
+input = { segment = "enterprise" }
+
+[schedules.smb]
+play = "refresh.py"
+cron = "30 7 * * 1-5"
+input = { segment = "smb" }
+catch_up = "none"
+"""
+
+
+def test_schedules_in_deepline_toml_give_one_play_two_inputs(
+    deepline, write_play, tmp_path: Path, store_path: Path
+) -> None:
+    write_play(ACCOUNTS_PLAY, "refresh.py")
+    (tmp_path / "deepline.toml").write_text(SCHEDULES_TOML)
+    listed = deepline("schedules", "list", "deepline.toml", "--json")
+    assert listed.code == 0, listed.stderr
+    rows = {row["schedule_id"]: row for row in listed.json_lines()}
+    assert set(rows) == {"enterprise", "smb"}
+    assert (rows["enterprise"]["timezone"], rows["smb"]["catch_up"]) == ("Europe/Paris", "none")
+    assert deepline("worker", "--play", "deepline.toml", "--once").code == 0
+    runs = runs_of(str(store_path), "refresh")
+    # smb does not catch up; enterprise fires its latest 06:00 (Paris) once, with its own input
+    [run] = runs
+    assert run.run_id.startswith("sched-enterprise-") and run.status == "completed", run
+    assert run.input == {"segment": "enterprise"} and run.output == {"segment": "enterprise"}
+    [after] = [
+        r
+        for r in deepline("schedules", "list", "deepline.toml", "--json").json_lines()
+        if r["schedule_id"] == "enterprise"
+    ]
+    assert after["last_run_id"] == run.run_id
+
+
+@pytest.mark.parametrize(
+    ("toml", "said"),
+    [
+        ('[schedules.a]\nplay = "refresh.py"\ninput = { segment = "x" }\n', "needs cron"),
+        ('[schedules.a]\nplay = "refresh.py"\ncron = "0 6 * * *"\ninput = { segment = 3 }\n', "segment"),
+        ('[schedules.a]\nplay = "refresh.py"\ncron = "0 6 * * *"\nevery = "day"\n', "unknown key 'every'"),
+        ('[schedules.a]\nplay = "nowhere.py"\ncron = "0 6 * * *"\n', "does not exist"),
+        ('[schedules.a]\nplay = "refresh.py"\ncron = "at six"\n', "is not a cron expression"),
+        ("[schedules]\n", "declares no schedule"),
+    ],
+)
+def test_a_bad_schedule_in_deepline_toml_is_one_sentence(
+    deepline, write_play, tmp_path: Path, toml: str, said: str
+) -> None:
+    write_play(ACCOUNTS_PLAY, "refresh.py")
+    (tmp_path / "deepline.toml").write_text(toml)
+    for args in (("schedules", "list", "deepline.toml"), ("worker", "--play", "deepline.toml", "--once")):
+        result = deepline(*args)
+        assert result.code == 2 and said in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+NIGHTLY_PLAY = """
+from deepline_cli import play, tool
+
+@tool("crm.account")
+def account(input):
+    return {"domain": input["domain"], "tier": "gold"}
+
+@play("nightly", schedule="* * * * * *", schedule_input={"domains": ["a.com", "b.com", "c.com"]})
+async def nightly(ctx, input):
+    rows = await ctx.map("accounts", [{"domain": d} for d in input["domains"]], key="domain", columns={
+        "account": lambda row, rc: rc.tools.execute("acct", "crm.account", {"domain": row["domain"]}),
+    })
+    return {"rows": len(rows)}
+"""
+
+
+def test_a_scheduled_run_says_it_paid_only_for_new_rows(deepline, write_play, tmp_path: Path) -> None:
+    write_play(NIGHTLY_PLAY)
+    first = deepline("worker", "--play", "play.py", "--once")
+    assert first.code == 0, first.stderr
+    assert "Scheduled (" in first.stderr and "no row was in the sheet yet; 3 rows computed" in first.stderr, (
+        first.stderr
+    )
+    schedule = Schedule("* * * * * *", {})
+    time.sleep(max(0.0, schedule.next_tick(time.time()) - time.time()) + 0.05)  # the next tick: a new run
+    again = deepline("worker", "--play", "play.py", "--once")
+    assert again.code == 0, again.stderr
+    said = [line for line in again.stderr.splitlines() if "Scheduled (" in line]
+    assert len(said) == 1 and "paid only for new or stale rows: 0 computed, 3 reused from earlier runs" in said[0], said
+    # Its HTML report and `runs list` say what started it.
+    run_id = re.search(r"queued run (sched-nightly-\S+)", again.stderr).group(1)
+    out = tmp_path / "report.html"
+    assert deepline("runs", "report", run_id, "--html", "--out", str(out)).code == 0
+    tick = run_id.removeprefix("sched-nightly-")
+    when = f"{tick[:4]}-{tick[4:6]}-{tick[6:8]} {tick[9:11]}:{tick[11:13]}:{tick[13:15]} UTC"
+    assert f'<span id="trigger">started by schedule {when}</span>' in out.read_text()
+
+
 # --- webhooks --------------------------------------------------------------------------------
 
 

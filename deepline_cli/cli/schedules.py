@@ -16,7 +16,10 @@ app = typer.Typer(help="The schedules `deepline worker --play FILE` fires.", no_
 @app.command("list", cls=Command)
 @cli_errors
 def list_schedules(
-    plays: Annotated[list[str], typer.Argument(metavar="PLAY_FILE...", help="Play files with @play(schedule=...).")],
+    plays: Annotated[
+        list[str],
+        typer.Argument(metavar="FILE...", help="Play files with @play(schedule=...), or deepline.toml files."),
+    ],
     store: StoreOption = None,
     json: JsonOption = False,
 ) -> None:
@@ -25,26 +28,25 @@ def list_schedules(
     \b
     Examples:
       deepline schedules list refresh.py
+      deepline schedules list deepline.toml
       deepline schedules list plays/*.py --json
     """
-    from deepline_cli.runtime.run.play import load_play
+    from deepline_cli.runtime.run.schedules import scheduled_plays
+    from deepline_cli.runtime.run.triggers import tick_prefix
     from deepline_cli.store import open_store
 
-    loaded = [load_play(path) for path in plays]
+    loaded = [play for path in plays for play in scheduled_plays(path, required=False)]
     db = open_store(store)
     try:
         now = db.now()
         rows: list[dict[str, Any]] = []
         for play in loaded:
-            if play.schedule is None:
-                continue
-            last = next(
-                (r for r in db.runs.list_runs(play=play.name, limit=1000)
-                 if str(r.options.get("trigger") or "").startswith("schedule")),
-                None,
-            )  # fmt: skip
+            assert play.schedule is not None
+            prefix = tick_prefix(play.schedule.name)
+            last = next((r for r in db.runs.list_runs(play=play.name, limit=1000) if r.run_id.startswith(prefix)), None)
             rows.append(
                 {
+                    "schedule_id": play.schedule.name,
                     "play": play.name,
                     "file": play.file,
                     "schedule": play.schedule.cron,
@@ -61,11 +63,13 @@ def list_schedules(
         print_json_lines(rows)
         return
     table = [
-        (r["play"], f"{r['schedule']} ({r['timezone']})", _utc(r["next_tick"]), r["last_run_id"] or "never run",
-         r["last_status"] or "")
+        (r["schedule_id"], r["play"], f"{r['schedule']} ({r['timezone']})", _utc(r["next_tick"]),
+         r["last_run_id"] or "never run", r["last_status"] or "")
         for r in rows
     ]  # fmt: skip
-    print_table(["play", "schedule", "next tick", "last run", "status"], table, empty="No schedules in these files.")
+    print_table(
+        ["schedule", "play", "cron", "next tick", "last run", "status"], table, empty="No schedules in these files."
+    )
 
 
 def _utc(at: float) -> str:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from deepline_cli.cli.common import StoreOption, cli_errors
+
+if TYPE_CHECKING:
+    from deepline_cli.runtime.run.options import RunResult
 
 
 @cli_errors
@@ -28,7 +31,8 @@ def worker(
         typer.Option(
             "--play",
             metavar="FILE",
-            help="A play file whose @play(schedule=...) this worker fires (repeat for several).",
+            help="A play file whose @play(schedule=...) this worker fires, or a deepline.toml with "
+            "[schedules.NAME] tables (repeat for several).",
         ),
     ] = None,
 ) -> None:
@@ -40,6 +44,7 @@ def worker(
       deepline worker --store postgresql://user@db.internal/deepline --concurrency 4
       deepline worker --once          # drain what is due on the default SQLite store
       deepline worker --play refresh.py   # and fire refresh.py's schedule: one run per tick
+      deepline worker --play deepline.toml   # the [schedules.NAME] it declares
     """
     from deepline_cli.runtime.run.worker import Worker
 
@@ -48,15 +53,18 @@ def worker(
         sys.stderr.flush()
 
     from deepline_cli.cli.common import fail
-    from deepline_cli.runtime.run.play import load_play
+    from deepline_cli.runtime.run.schedules import scheduled_plays
+    from deepline_cli.ui.verdict import verdict
 
-    scheduled = [load_play(path) for path in plays or []]
-    for play in scheduled:
-        if play.schedule is None:
-            raise fail(f'{play.file} has no schedule: declare one with @play(..., schedule="0 6 * * *").', 2)
+    scheduled = [play for path in plays or [] for play in scheduled_plays(path)]
+
+    def finished(result: RunResult) -> None:
+        for line in verdict(result.run_id, result.status, result.stats, result.error, trigger=result.trigger):
+            report(f"  {line}")
+
     running = Worker(
         store, concurrency=concurrency, once=once, report=report, fetch_public_only=fetch_public_only,
-        scheduled=scheduled,
+        scheduled=scheduled, finished=finished,
     )  # fmt: skip
     stats = running.run()
     report(

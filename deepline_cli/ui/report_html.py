@@ -100,7 +100,7 @@ def _header(report: Report) -> str:
     return (
         f"<h1>Run {_e(run.run_id)} · {_e(run.play)}</h1>"
         f'<div class="sub">{status} · started {_when(run.created_at)} · finished {_when(run.finished_at)}'
-        f" · {_e(run.play_ref)}</div>{error}"
+        f" · {_e(run.play_ref)}{_trigger(run.options.get('trigger'))}</div>{error}"
         '<div class="cards">'
         + "".join(
             f'<div class="card" id="card-{_e(k.replace(" ", "-"))}"><span>{k}</span><b>{v}</b>'
@@ -476,6 +476,11 @@ def _ms(seconds: float) -> str:
 
 def _short(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _trigger(trigger: Any) -> str:
+    """What started the run, when not a person: ` · started by schedule 2026-12-05 06:00:00 UTC`."""
+    return f' · <span id="trigger">started by {_e(str(trigger))}</span>' if trigger else ""
 
 
 def _when(ts: float | None) -> str:

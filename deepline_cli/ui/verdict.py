@@ -18,11 +18,32 @@ from deepline_cli.ui.state import step_hits
 from deepline_cli.ui.text import printable
 
 
-def verdict(run_id: str, status: str, stats: dict[str, Any], error: dict[str, Any] | None, play: str = "") -> list[str]:
+def verdict(
+    run_id: str, status: str, stats: dict[str, Any], error: dict[str, Any] | None, play: str = "", trigger: str = ""
+) -> list[str]:
     """One line saying how the run ended, then one with what to do next (stored text in
-    them shown escaped: an error message may hold a provider's control characters)."""
+    them shown escaped: an error message may hold a provider's control characters). A run
+    a schedule started says what it paid for: a nightly refresh pays only for rows that
+    are new or stale since the last one."""
     said = _SAYS.get(status, _failed)
-    return [printable(line) for line in said(run_id, stats, error or {}, play)]
+    lines = said(run_id, stats, error or {}, play)
+    if trigger.startswith("schedule") and status == "completed":
+        lines.insert(1, f"  Scheduled ({trigger.removeprefix('schedule ')}): {_paid_for(stats)}")
+    return [printable(line) for line in lines]
+
+
+def _paid_for(stats: dict[str, Any]) -> str:
+    rows = stats.get("rows") or {}
+    total = int(rows.get("succeeded", 0)) + int(rows.get("failed", 0))
+    reused = int(rows.get("reused", 0))
+    if not total:
+        return f"{_credits(stats)}."
+    if not reused:
+        return f"no row was in the sheet yet; {total:,} rows computed, {_credits(stats)}."
+    return (
+        f"paid only for new or stale rows: {total - reused:,} computed, {reused:,} reused from earlier runs, "
+        f"{_credits(stats)}."
+    )
 
 
 def _completed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str) -> list[str]:

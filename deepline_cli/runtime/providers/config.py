@@ -128,21 +128,28 @@ def find_config(play_file: Path, explicit: str | Path | None) -> Path | None:
 def load_config(path: Path | None) -> Config:
     if path is None:
         return Config(None)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path} is not valid TOML: {exc}.") from None
-    except OSError as exc:
-        raise UsageError(f"{path} cannot be read: {exc.strerror}.") from None
-    unknown = sorted(set(data) - {"tools", "remote"})
+    data = read_toml(path)
+    unknown = sorted(set(data) - {"tools", "remote", "schedules"})  # schedules: runtime/run/schedules.py
     if unknown:
-        raise UsageError(f'{path}: unknown table or key {unknown[0]!r} (expected [tools."ID"] and [remote]).')
+        raise UsageError(
+            f'{path}: unknown table or key {unknown[0]!r} (expected [tools."ID"], [remote] and [schedules.NAME]).'
+        )
     tools = {tool_id: _tool(path, tool_id, spec) for tool_id, spec in (data.get("tools") or {}).items()}
     remote = _remote(path, data["remote"]) if "remote" in data else None
     return Config(path, tools, remote)
 
 
-def _check_keys(path: Path, owner: str, table: Any, allowed: dict[str, Any]) -> None:
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8-sig"))
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path} is not valid TOML: {exc}.") from None
+    except OSError as exc:
+        raise UsageError(f"{path} cannot be read: {exc.strerror}.") from None
+
+
+def check_keys(path: Path, owner: str, table: Any, allowed: dict[str, Any]) -> None:
+    """`table` has only `allowed` keys, each of its type; else one sentence naming the key."""
     if not isinstance(table, dict):
         raise UsageError(f"{path}: {owner} must be a table.")
     for key, value in table.items():
@@ -154,7 +161,7 @@ def _check_keys(path: Path, owner: str, table: Any, allowed: dict[str, Any]) -> 
 
 def _tool(path: Path, tool_id: str, spec: Any) -> HttpToolSpec:
     owner = f"tool {tool_id!r}"
-    _check_keys(path, owner, spec, _TOOL_KEYS)
+    check_keys(path, owner, spec, _TOOL_KEYS)
     for required in ("url",):
         if required not in spec:
             raise UsageError(f"{path}: {owner} needs a {required!r}.")
@@ -181,7 +188,7 @@ def _tool(path: Path, tool_id: str, spec: Any) -> HttpToolSpec:
         if name in spec and spec[name] < (1 if name == "concurrency" else 0):
             raise UsageError(f"{path}: {owner} {name} must be at least {1 if name == 'concurrency' else 0}.")
     if "batch" in spec:
-        _check_keys(path, f"{owner} batch", spec["batch"], _BATCH_KEYS)
+        check_keys(path, f"{owner} batch", spec["batch"], _BATCH_KEYS)
     for name, json_path in (spec.get("extract") or {}).items():
         if not isinstance(json_path, str):
             raise UsageError(f'{path}: {owner} extract {name!r} must be a JSON path string like "data.email".')
@@ -217,7 +224,7 @@ def _authority(url: str) -> str:
 
 
 def _remote(path: Path, spec: Any) -> RemoteSpec:
-    _check_keys(path, "[remote]", spec, _REMOTE_KEYS)
+    check_keys(path, "[remote]", spec, _REMOTE_KEYS)
     if "base_url" not in spec:
         raise UsageError(f"{path}: [remote] needs a 'base_url'.")
     return RemoteSpec(

@@ -238,6 +238,7 @@ class Attempt:
             outcome.error,
             stats,
             fail_on_row_errors=self.options.fail_on_row_errors,
+            trigger=str(record.options.get("trigger") or ""),
         )
         if record.parent_run_id:
             await self.io.call(self.io.store.queue.notify)  # a scheduled child ended: its parent may be due

@@ -120,7 +120,7 @@ def play(
     schema = _schema(name, input)
     names = _secret_names(name, secrets)
     budget = _budget(name, max_credits_per_run)
-    when = schedule_of(name, schedule, schedule_input, timezone, catch_up)
+    when = schedule_of(name, schedule, schedule_input, timezone, catch_up)  # run ids: sched-<name>-…
     if when is not None:
         when_input = when.input
         if schema is not None and (found := violation(schema, when_input)) is not None:

@@ -1,4 +1,15 @@
-"""Schedules fired by `deepline worker --play FILE`: one run per tick, across workers."""
+"""Schedules fired by `deepline worker --play FILE`: one run per tick, across workers.
+
+A schedule is declared on the play (`@play(schedule="0 6 * * *", schedule_input={...})`)
+or in a `deepline.toml`, where one play can have several, each with its input:
+
+    [schedules.enterprise]
+    play = "refresh.py"          # relative to the deepline.toml (`file.py:NAME` picks a play)
+    cron = "0 6 * * *"
+    timezone = "Europe/Paris"    # default UTC
+    input = { segment = "enterprise" }
+    catch_up = "latest"          # or "none"
+"""
 
 from __future__ import annotations
 
@@ -6,13 +17,57 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
 
-from deepline_cli.errors import DeeplineError
+from deepline_cli.errors import DeeplineError, UsageError
 from deepline_cli.runtime.calls.events import EventBus
+from deepline_cli.runtime.providers.config import check_keys, read_toml
 from deepline_cli.runtime.run.options import RunOptions
-from deepline_cli.runtime.run.play import PlayDef
+from deepline_cli.runtime.run.play import PlayDef, load_play
 from deepline_cli.runtime.run.runner import Runner
-from deepline_cli.runtime.run.triggers import tick_run_id
+from deepline_cli.runtime.run.schema import violation
+from deepline_cli.runtime.run.triggers import schedule_of, tick_run_id
+
+SCHEDULE_KEYS: dict[str, type | tuple[type, ...]] = {
+    "play": str, "cron": str, "input": dict, "timezone": str, "catch_up": str,
+}  # fmt: skip
+
+
+def scheduled_plays(ref: str, *, required: bool = True) -> list[PlayDef]:
+    """A play file's schedule, or every `[schedules.NAME]` of a `deepline.toml`: each a play
+    with the schedule it is fired on. A play file without one is an error if `required`."""
+    if ref.endswith(".toml"):
+        return schedules_in(Path(ref).expanduser().resolve())
+    play = load_play(ref)
+    if play.schedule is not None:
+        return [play]
+    if required:
+        raise UsageError(f'{play.file} has no schedule: declare one with @play(..., schedule="0 6 * * *").')
+    return []
+
+
+def schedules_in(path: Path) -> list[PlayDef]:
+    """The `[schedules.NAME]` tables of a `deepline.toml`, each checked whole (its play loads,
+    its cron parses, its input fits the play's input schema) before anything is fired."""
+    tables = read_toml(path).get("schedules")
+    if not tables or not isinstance(tables, dict):
+        raise UsageError(f"{path} declares no schedule: add a [schedules.NAME] table with play = and cron =.")
+    plays = []
+    for name, spec in tables.items():
+        owner = f"{path}: schedule {name!r}"
+        check_keys(path, f"schedule {name!r}", spec, SCHEDULE_KEYS)
+        for needed, example in (("play", '"refresh.py"'), ("cron", '"0 6 * * *"')):
+            if needed not in spec:
+                raise UsageError(f"{owner} needs {needed} = {example}.")
+        play = load_play(spec["play"], base=path.parent)
+        when = schedule_of(name, spec["cron"], spec.get("input", {}), spec.get("timezone"), spec.get("catch_up"),
+                           owner=owner)  # fmt: skip
+        assert when is not None
+        if play.input_schema is not None and (found := violation(play.input_schema, when.input)) is not None:
+            raise UsageError(f"{owner}: input: {found.sentence('Input')}")
+        plays.append(replace(play, schedule=when))
+    return plays
 
 
 class Ticks:
@@ -60,7 +115,7 @@ class Ticks:
     def _fire(self, runner: Runner, play: PlayDef, tick: float) -> None:
         assert play.schedule is not None
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(tick))
-        run_id = tick_run_id(play.name, tick)
+        run_id = tick_run_id(play.schedule.name, tick)
         try:
             queued = runner.enqueue_new(play, play.schedule.input, run_id, f"schedule {when} UTC")
         except DeeplineError as exc:

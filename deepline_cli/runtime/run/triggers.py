@@ -32,6 +32,7 @@ class Schedule:
     input: Any
     timezone: str = "UTC"
     catch_up: CatchUp = "latest"  # a tick missed while no worker ran: fire the latest once, or none
+    name: str = ""  # what its run ids are named after: the play's name, or the table's in deepline.toml
 
     def next_tick(self, after: float) -> float:
         """The first tick strictly after `after` (a Unix time)."""
@@ -50,31 +51,41 @@ class Schedule:
         return dt.datetime.fromtimestamp(when, ZoneInfo(self.timezone))
 
 
-def schedule_of(play: str, cron: str | None, input: Any, timezone: str | None, catch_up: str | None) -> Schedule | None:
-    """The play's schedule as declared, checked now (a bad one fails when the play loads)."""
+def schedule_of(
+    name: str, cron: str | None, input: Any, timezone: str | None, catch_up: str | None, *, owner: str = ""
+) -> Schedule | None:
+    """A schedule as declared (`@play(schedule=...)` or `[schedules.NAME]`), checked now: a
+    bad one fails when it is loaded. `owner` starts each error (default: the play)."""
+    owner = owner or f"Play {name!r}"
     if cron is None:
         if input is not None or timezone is not None or catch_up is not None:
-            raise PlayLoadError(f"Play {play!r}: schedule_input, timezone and catch_up need a schedule=.")
+            raise PlayLoadError(f"{owner}: schedule_input, timezone and catch_up need a schedule=.")
         return None
     if not isinstance(cron, str) or not croniter.is_valid(cron):
         raise PlayLoadError(
-            f'Play {play!r}: schedule {cron!r} is not a cron expression; write it like "0 6 * * *" '
+            f'{owner}: schedule {cron!r} is not a cron expression; write it like "0 6 * * *" '
             "(minute hour day month weekday), with an optional sixth field for seconds."
         )
     zone = timezone or "UTC"
     try:
         ZoneInfo(zone)
     except (ZoneInfoNotFoundError, ValueError):
-        raise PlayLoadError(f'Play {play!r}: timezone {zone!r} is not known; use a name like "Europe/Paris".') from None
+        raise PlayLoadError(f'{owner}: timezone {zone!r} is not known; use a name like "Europe/Paris".') from None
     if catch_up not in (None, "latest", "none"):
-        raise PlayLoadError(f'Play {play!r}: catch_up must be "latest" or "none", not {catch_up!r}.')
-    return Schedule(cron, {} if input is None else input, zone, "none" if catch_up == "none" else "latest")
+        raise PlayLoadError(f'{owner}: catch_up must be "latest" or "none", not {catch_up!r}.')
+    chosen: CatchUp = "none" if catch_up == "none" else "latest"
+    return Schedule(cron, {} if input is None else input, zone, chosen, name)
 
 
-def tick_run_id(play: str, tick: float) -> str:
-    """`sched-<play>-<UTC time of the tick>`: the same for every worker that fires it."""
+def tick_run_id(schedule: str, tick: float) -> str:
+    """`sched-<schedule>-<UTC time of the tick>`: the same for every worker that fires it."""
     stamp = dt.datetime.fromtimestamp(tick, dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    return f"sched-{_slug(play)}-{stamp}"
+    return f"{tick_prefix(schedule)}{stamp}"
+
+
+def tick_prefix(schedule: str) -> str:
+    """What every run id of the schedule's ticks starts with."""
+    return f"sched-{_slug(schedule)}-"
 
 
 def delivery_run_id(play: str, delivery_id: str) -> str:

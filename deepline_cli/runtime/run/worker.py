@@ -64,6 +64,7 @@ class Worker:
         report: Report = print,
         fetch_public_only: bool = False,
         scheduled: Sequence[PlayDef] = (),
+        finished: Callable[[RunResult], None] | None = None,
     ) -> None:
         self.store_url = store_url
         self.scheduled = [p for p in scheduled if p.schedule is not None]
@@ -72,6 +73,7 @@ class Worker:
         self.concurrency = max(1, concurrency)
         self.once = once
         self.report = report
+        self.finished = finished  # each run's outcome, for the worker's log (its verdict)
         self.stats = WorkerStats()
         self._draining = threading.Event()
         self._wake = threading.Event()
@@ -262,6 +264,8 @@ class Worker:
         elif result.status != "interrupted":
             self.stats.failed += 1
         self.report(f"worker: {run_id} {result.status} (attempt {result.attempt}, {time.monotonic() - started:.1f}s)")
+        if self.finished is not None:
+            self.finished(result)
 
     def _reconnected(self, message: str) -> None:
         self.report(f"worker: {message}")
