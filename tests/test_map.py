@@ -440,6 +440,44 @@ def test_rows_from_a_generator_and_concurrency_bound(make_play, store_path: Path
     assert 1 <= out.output["max"] <= 3
 
 
+def test_a_quick_sync_tool_runs_on_the_loop_and_a_blocking_one_on_threads(make_play, store_path: Path) -> None:
+    """A thread hop costs more than a quick sync tool's call: once it proved quick, it runs on
+    the event loop; a tool that blocks (sleeps, waits on I/O) stays on threads, so the map's
+    other rows go on while it waits."""
+    play_file = make_play(
+        """
+        import threading
+        import time
+
+        @tool(P + ".quick")
+        def quick(input):
+            CALLS.append("quick:" + ("loop" if threading.current_thread() is threading.main_thread() else "thread"))
+            return input["i"] + 1
+
+        @tool(P + ".blocking")
+        def blocking(input):
+            CALLS.append("blocking:" + ("loop" if threading.current_thread() is threading.main_thread() else "thread"))
+            time.sleep(0.003)
+            return input["i"] - 1
+
+        @play("places")
+        async def places(ctx, input):
+            ds = await ctx.map("m", [{"i": i} for i in range(200)], key="i", concurrency=10, columns={
+                "up": lambda row, rc: rc.tools.execute("q", P + ".quick", {"i": row["i"]}),
+                "down": lambda row, rc: rc.tools.execute("b", P + ".blocking", {"i": row["i"]}),
+            })
+            return {"up": [r["up"] for r in ds], "down": [r["down"] for r in ds]}
+        """
+    )
+
+    out = run(play_file, store_path)
+
+    assert out.output == {"up": [i + 1 for i in range(200)], "down": [i - 1 for i in range(200)]}
+    where = Counter(CALLS)
+    assert where["blocking:loop"] == 0 and where["blocking:thread"] == 200, where
+    assert where["quick:loop"] >= 150 and where["quick:thread"] >= 16, where  # proven quick first, then inline
+
+
 # --- failed rows and the map log -------------------------------------------------------------------
 
 FAILING = """

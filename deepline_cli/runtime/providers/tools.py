@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
@@ -67,6 +68,33 @@ class ToolCall:
 
 
 @dataclass(slots=True)
+class Placement:
+    """Where a sync tool runs. On a thread at first: it may block (a plain HTTP client, a
+    file). Once INLINE_AFTER calls in a row each took under INLINE_UNDER_S, on the event
+    loop: a thread hop costs more than such a call. An inline call over SLOW_S (a pause, a
+    slow input) sends it back to threads until it proves quick again; one over BLOCKING_S
+    (it waits on something) sends it back for good. Either held the loop up once."""
+
+    INLINE_AFTER = 16
+    INLINE_UNDER_S = 0.0002
+    SLOW_S = 0.002
+    BLOCKING_S = 0.02
+
+    quick: int = 0  # calls in a row under INLINE_UNDER_S
+    blocking: bool = False
+
+    @property
+    def inline(self) -> bool:
+        return not self.blocking and self.quick >= self.INLINE_AFTER
+
+    def took(self, seconds: float) -> None:
+        if self.inline and seconds > self.SLOW_S:
+            self.quick, self.blocking = 0, seconds > self.BLOCKING_S
+        elif not self.inline:
+            self.quick = self.quick + 1 if seconds < self.INLINE_UNDER_S else 0
+
+
+@dataclass(slots=True)
 class ToolDef:
     id: str
     fn: Callable[..., Any]
@@ -79,16 +107,26 @@ class ToolDef:
     auth_digest: str = ""
     wants_call: bool = False
     metered: bool = False  # its answers say what they cost (remote tools): the budget counts those
+    placement: Placement = field(default_factory=Placement)  # a sync tool: a thread, or the loop once proven quick
 
     async def invoke(self, input: Any, call: ToolCall) -> Any:
         args = (input, call) if self.wants_call else (input,)
         if inspect.iscoroutinefunction(self.fn):
             return await self.fn(*args)
-        # A sync tool may block (a plain HTTP client, a file): keep it off the event loop.
-        result = await asyncio.get_running_loop().run_in_executor(None, self.fn, *args)
+        if self.placement.inline:
+            result = self._timed(*args)
+        else:
+            result = await asyncio.get_running_loop().run_in_executor(None, self._timed, *args)
         if inspect.isawaitable(result):
             return await result
         return result
+
+    def _timed(self, *args: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return self.fn(*args)
+        finally:
+            self.placement.took(time.perf_counter() - start)
 
 
 _REGISTRY: dict[str, ToolDef] = {}
