@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,7 +34,7 @@ from deepline_cli.runtime.map.rows import RowKey, key_function
 from deepline_cli.runtime.map.waterfall import Found, Waterfall
 from deepline_cli.runtime.providers.found import is_found
 from deepline_cli.runtime.providers.tools import ToolResult
-from deepline_cli.store.records import Cell, MapRecord
+from deepline_cli.store.records import Cell, MapRecord, SheetRow
 
 DEFAULT_CONCURRENCY = 50
 PROGRESS_EVERY_S = 0.5
@@ -150,21 +150,41 @@ class MapRun:
     # --- producing rows ---------------------------------------------------------------------
 
     async def _produce(self, queue: asyncio.Queue[PendingRow | None]) -> None:
-        for chunk in self.intake.chunks():
-            if self.stop is not None:
-                return
-            previous = await self.s.io.call(
-                self.s.io.store.sheets.load_sheet_rows, self.sheet, [job.key for job in chunk]
-            )
-            for job in chunk:
-                job.previous = previous.get(job.key)
-                if not (self.reusable(job) and self._reuse_whole_row(job)):
-                    if job.blank is not None:
-                        self._stop_on(self.book.record(job, self._blank_cells(job), job.blank))  # no call made for it
-                    else:
-                        await queue.put(job)
+        """Each chunk's sheet rows are read while the chunk before it is handed out."""
+        ahead: tuple[list[PendingRow], asyncio.Future[dict[str, SheetRow]]] | None = None
+        try:
+            for chunk in self.intake.chunks():
+                reading = asyncio.ensure_future(self._previous(chunk))
+                if ahead is not None:
+                    await self._hand_out(*ahead, queue)
+                ahead = (chunk, reading)
                 if self.stop is not None:
                     return
+            if ahead is not None:
+                await self._hand_out(*ahead, queue)
+                ahead = None
+        finally:
+            if ahead is not None:
+                ahead[1].cancel()
+
+    def _previous(self, chunk: list[PendingRow]) -> Awaitable[dict[str, SheetRow]]:
+        return self.s.io.call(self.s.io.store.sheets.load_sheet_rows, self.sheet, [job.key for job in chunk])
+
+    async def _hand_out(
+        self, chunk: list[PendingRow], reading: Awaitable[dict[str, SheetRow]], queue: asyncio.Queue[PendingRow | None]
+    ) -> None:
+        if self.stop is not None:
+            return
+        previous = await reading
+        for job in chunk:
+            job.previous = previous.get(job.key)
+            if not (self.reusable(job) and self._reuse_whole_row(job)):
+                if job.blank is not None:
+                    self._stop_on(self.book.record(job, self._blank_cells(job), job.blank))  # no call made for it
+                else:
+                    await queue.put(job)
+            if self.stop is not None:
+                return
 
     def _warn(self, message: str) -> None:
         self.s.log(level="warning", message=message)

@@ -46,8 +46,8 @@ class Intake:
             self.book.tally.read += 1
             row = dict(raw)
             blank = self.csv.blank(row) if self.csv is not None else None
-            new = [column for column in row if column not in self.input_columns]
-            if new:  # every field any row has is an input column (for export)
+            if not row.keys() <= self.input_columns.keys():  # every field any row has is an input column (for export)
+                new = [column for column in row if column not in self.input_columns]
                 self.input_columns.update(dict.fromkeys(new))
                 self.warn_of_case(new)
             key = self.key_of(row)

@@ -35,7 +35,7 @@ class ReusePolicy:
         spec = column.column
         if cell is None or cell.fingerprint != column.fingerprint or self.force_refresh or spec.recompute:
             return None
-        if self.is_stale(column, cell):
+        if spec.stale_after_seconds is not None and self.is_stale(column, cell):
             return None
         if cell.error is not None and (spec.recompute_on_error or self.refresh_failed):
             return None
@@ -44,7 +44,7 @@ class ReusePolicy:
     def whole_row(self, previous: SheetRow | None, digest: str, columns: Sequence[ResolvedColumn]) -> list[Cell] | None:
         """Every cell the row needs, when all of them may be reused (the fast path: no
         resolver runs); the cells up to the first one holding an error."""
-        if previous is None:
+        if previous is None or previous.input_digest != digest:
             return None
         cells = []
         for column in columns:
