@@ -77,3 +77,54 @@ def test_a_writer_says_who_holds_the_lock_and_exits_2_in_time(
     assert "running r-holder" in result.stderr and f"kill -CONT {stopped_writer}" in result.stderr
     assert "Traceback" not in result.stderr
     assert took < 10, f"took {took:.1f}s with a 1 s lock timeout"
+
+
+def test_a_call_that_would_wait_for_the_lock_is_handed_over_with_nothing_written(store_path: Path) -> None:
+    """The runtime runs a store call on its event loop only when SQLite can answer at once
+    (`try_now`); one that would wait for another writer's lock, or for another thread using
+    the connection, is handed to the store thread, and nothing of it was written."""
+    import sqlite3
+    import threading
+
+    from deepline_cli.store.records import RunRecord
+    from deepline_cli.store.sqlite import SQLiteStore
+
+    store = SQLiteStore(store_path)
+    try:
+        store.runs.insert_run(RunRecord(run_id="r1", play="p", play_ref="x", input={}, created_at=1.0, updated_at=1.0))
+
+        def describe(text: str) -> bool:
+            return store.runs.update_run("r1", description=text)
+
+        other = sqlite3.connect(store_path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+        try:
+            assert store.try_now(lambda: describe("while locked")) == (False, None)
+            done, record = store.try_now(lambda: store.runs.get_run("r1"))  # WAL: reads need no lock
+            assert done and record is not None and record.description == ""
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        assert store.try_now(lambda: describe("after")) == (True, True)
+        assert store.runs.get_run("r1").description == "after"  # type: ignore[union-attr]
+        # Another thread in the middle of a call on the same connection: hand over, no wait.
+        busy, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with store._lock:
+                busy.set()
+                release.wait(10)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        busy.wait(10)
+        started = time.monotonic()
+        assert store.try_now(lambda: describe("while busy")) == (False, None)
+        assert time.monotonic() - started < 1
+        release.set()
+        holder.join()
+        # Once it has committed, the call waits like any other (it cannot be handed over twice).
+        assert store.try_now(lambda: describe("again")) == (True, True)
+        assert store._conn.execute("PRAGMA busy_timeout").fetchone()[0] > 0  # put back after the call
+    finally:
+        store.close()

@@ -10,10 +10,10 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
@@ -23,6 +23,8 @@ from deepline_cli.store import safe_url
 from deepline_cli.store.migrations import POSTGRES, migrate
 from deepline_cli.store.records import Settlement
 from deepline_cli.store.sql import SqlStore, settle_statement
+
+R = TypeVar("R")
 
 _MIGRATION_LOCK = 7_283_551  # pg_advisory_xact_lock key: one migrating process at a time
 
@@ -113,6 +115,9 @@ class PostgresStore(SqlStore):
     def notify(self) -> None:
         with self._lock, self._errors("written"):
             self._conn.execute(f"NOTIFY {CHANNEL}")
+
+    def try_now(self, work: Callable[[], R]) -> tuple[bool, R | None]:
+        return False, None  # every statement is a round trip: never on the event loop
 
     def wait_for_notify(self, timeout_s: float) -> bool | None:
         """Block until a NOTIFY on the work channel (True) or the timeout (False)."""

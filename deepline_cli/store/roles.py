@@ -11,8 +11,8 @@ transaction.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from deepline_cli.store.ledger import AttemptRow, CallRow, ReuseRow
 from deepline_cli.store.records import (
@@ -31,6 +31,8 @@ from deepline_cli.store.records import (
     Writes,
 )
 
+R = TypeVar("R")
+
 
 class Connection(Protocol):
     """What every role of the store has: its URL, its clock, and its connection."""
@@ -45,6 +47,12 @@ class Connection(Protocol):
 
     def now(self) -> float:
         """The store's clock (seconds since the epoch) used for every lease."""
+        ...
+
+    def try_now(self, work: Callable[[], R]) -> tuple[bool, R | None]:
+        """`work()` in this thread when nothing makes it wait (True, its result); (False,
+        None), nothing written, when it would wait on a lock or the network: the caller
+        runs it where waiting is allowed. PostgreSQL always says False."""
         ...
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from itertools import chain
-from typing import Any
+from operator import attrgetter
+from typing import Any, TypeVar
 
 from deepline_cli import _json
 from deepline_cli.backoff import delays
@@ -48,13 +49,13 @@ class ReceiptsSql(ClaimsSql, SheetsSql):
             stale = self._superseded(c, writes)
             settled = self._settle(c, writes.settlements, now)
             outcomes = self._claim(c, writes.claims, now, stale) if writes.claims else []
-            sheet_rows = [r for r in writes.sheet_rows if (r.run_id, r.attempt) not in stale]
+            sheet_rows = _current(writes.sheet_rows, stale)
             if sheet_rows:
                 self._write_sheet_rows(c, sheet_rows)
-            map_rows = [r for r in writes.map_rows if (r.run_id, r.attempt) not in stale]
+            map_rows = _current(writes.map_rows, stale)
             if map_rows:
                 self._write_map_rows(c, map_rows)
-            logs = [ln for ln in writes.logs if (ln.run_id, ln.attempt) not in stale]
+            logs = _current(writes.logs, stale)
             if logs:
                 self._many(
                     c,
@@ -74,7 +75,8 @@ class ReceiptsSql(ClaimsSql, SheetsSql):
         writers: Iterable[Claim | SheetRow | MapRow | LogLine] = chain(
             writes.claims, writes.sheet_rows, writes.map_rows, writes.logs
         )
-        return self._superseded_pairs(c, {(w.run_id, w.attempt) for w in writers if w.attempt})
+        pairs = set(map(_writer, writers))  # at C speed: a batch holds thousands of rows of one attempt
+        return self._superseded_pairs(c, {pair for pair in pairs if pair[1]})
 
     def heartbeat_receipts(self, leases: Sequence[tuple[str, str]], expires_at: float) -> set[str]:
         # Fencing: a lease held by an attempt whose run another process took over is not
@@ -166,3 +168,12 @@ class ReceiptsSql(ClaimsSql, SheetsSql):
         )
         children = self._read("SELECT count(*) FROM runs WHERE root_run_id = ? AND run_id <> ?", (run_id, run_id))
         return int(calls[0][0]), int(children[0][0])
+
+
+_writer = attrgetter("run_id", "attempt")
+W = TypeVar("W", SheetRow, MapRow, LogLine)
+
+
+def _current(written: list[W], stale: set[tuple[str, int]]) -> list[W]:
+    """What was written by attempts still current (all of it, unless a run was taken over)."""
+    return [w for w in written if (w.run_id, w.attempt) not in stale] if stale else written

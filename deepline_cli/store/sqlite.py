@@ -13,16 +13,22 @@ import sqlite3
 import struct
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from deepline_cli.backoff import delays
 from deepline_cli.errors import StoreError, StoreLockedError, StoreLostError, StoreOpenError
 from deepline_cli.store.migrations import MIGRATIONS, SQLITE, migrate
 from deepline_cli.store.records import Claim, Receipt, Settlement
 from deepline_cli.store.sql import CLAIM_INSERT_COLUMNS, CLAIM_ROW, SqlStore, claim_row, settle_statement
+
+R = TypeVar("R")
+
+
+class WouldWait(Exception):
+    """(`SQLiteStore.try_now`) the work would have to wait for a lock; nothing was written."""
 
 
 def configure(conn: sqlite3.Connection) -> None:
@@ -119,6 +125,34 @@ class SQLiteStore(SqlStore):
         # One connection, used from the runtime's store thread and the main thread.
         self._lock = threading.RLock()
         self._identity = _identity(self.path)
+        self._nowait = False  # inside `try_now` before its first commit: a lock to wait for is WouldWait
+
+    def try_now(self, work: Callable[[], R]) -> tuple[bool, R | None]:
+        """Run `work` in this thread at once when nothing makes it wait: (True, its result).
+        (False, None), with nothing of it written, when another thread is using the store or
+        another process holds the write lock: then run it where waiting is allowed (the
+        runtime's store thread). A local file answers in microseconds; a hop to another
+        thread costs more than that, and the event loop stays free to hear Ctrl-C."""
+        if not self._lock.acquire(blocking=False):
+            return False, None
+        try:
+            self._conn.execute("PRAGMA busy_timeout=0")
+            self._nowait = True
+            try:
+                return True, work()
+            except WouldWait:
+                return False, None
+        finally:
+            if self._nowait:
+                self._nowait = False
+                self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s() * 1000)}")
+            self._lock.release()
+
+    def _waited(self, exc: sqlite3.Error) -> None:
+        """Inside `try_now`, before anything was committed: a lock to wait for hands the work
+        to a thread that may wait (WouldWait)."""
+        if self._nowait and ("locked" in str(exc) or "busy" in str(exc)):
+            raise WouldWait() from exc
 
     def _migrate(self) -> None:
         """Bring the schema up to date. A store already current is opened without the write
@@ -240,11 +274,16 @@ class SQLiteStore(SqlStore):
                     raise
                 self._conn.execute("COMMIT")
             except sqlite3.Error as exc:
+                self._waited(exc)
                 raise self._locked(exc) from exc
+            if self._nowait:  # written: from here `try_now` waits like any caller, never hands over
+                self._nowait = False
+                self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s() * 1000)}")
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
             try:
                 return self._conn.execute(sql, params).fetchall()
             except sqlite3.Error as exc:
+                self._waited(exc)
                 raise StoreError(f"The store {self.path} could not be read: {exc}.") from exc

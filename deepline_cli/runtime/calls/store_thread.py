@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from deepline_cli.backoff import delays
 from deepline_cli.errors import StoreConnectionLost, StoreUnreachable
@@ -112,13 +112,25 @@ class StoreIO:
         # Leases use the store's clock; measure its offset once instead of asking per call.
         self._offset = store.now() - time.time()
         self.busy_s = 0.0
+        self._queued = 0  # calls handed to the store thread and not yet answered
 
     def now(self) -> float:
         return time.time() + self._offset
 
     async def call(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, partial(self._timed, fn, *args, **kwargs))
+        """`fn(*args)` on the store: here and now when the store can answer without waiting
+        (a local SQLite file nobody else is writing: no thread hop) and no earlier call is
+        still on the store thread (calls keep their order); else on the store thread."""
+        work = partial(self._timed, fn, *args, **kwargs)
+        if not self._queued:
+            done, result = self.store.try_now(work)
+            if done:
+                return cast(R, result)
+        self._queued += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, work)
+        finally:
+            self._queued -= 1
 
     def _timed(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
         """Runs on the store thread; `busy_s` is how long the store kept it busy (run stats)."""

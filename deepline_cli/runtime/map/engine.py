@@ -210,7 +210,7 @@ class MapRun:
         cells = self.reuse.whole_row(job.previous, job.digest, self.columns)
         if cells is None:
             return False
-        error = next((cell.error for cell in cells if cell.error is not None), None)
+        error = cells[-1].error if cells else None  # the cells stop at the first error
         assert job.previous is not None
         # A row an earlier attempt of this run wrote (a failed one, its errors kept) is
         # that attempt's work, not a reuse of an earlier run's.
