@@ -78,6 +78,9 @@ def _finite(value: Any) -> bool:
 
 def digest(*parts: str | bytes) -> str:
     """A hex SHA-256 over length-prefixed parts, so ("ab","c") != ("a","bc")."""
-    raws = [part.encode() if isinstance(part, str) else part for part in parts]
-    framed = b"".join(len(raw).to_bytes(8, "big") + raw for raw in raws)
+    framed = bytearray()
+    for part in parts:
+        raw = part.encode() if isinstance(part, str) else part
+        framed += len(raw).to_bytes(8, "big")
+        framed += raw
     return hashlib.sha256(framed).hexdigest()
