@@ -454,6 +454,11 @@ def test_a_quick_sync_tool_runs_on_the_loop_and_a_blocking_one_on_threads(make_p
             CALLS.append("quick:" + ("loop" if threading.current_thread() is threading.main_thread() else "thread"))
             return input["i"] + 1
 
+        @tool(P + ".timed")
+        def timed(input):  # quick, but called under a timeout: only a thread can be given up on
+            CALLS.append("timed:" + ("loop" if threading.current_thread() is threading.main_thread() else "thread"))
+            return input["i"]
+
         @tool(P + ".blocking")
         def blocking(input):
             CALLS.append("blocking:" + ("loop" if threading.current_thread() is threading.main_thread() else "thread"))
@@ -465,6 +470,7 @@ def test_a_quick_sync_tool_runs_on_the_loop_and_a_blocking_one_on_threads(make_p
             ds = await ctx.map("m", [{"i": i} for i in range(200)], key="i", concurrency=10, columns={
                 "up": lambda row, rc: rc.tools.execute("q", P + ".quick", {"i": row["i"]}),
                 "down": lambda row, rc: rc.tools.execute("b", P + ".blocking", {"i": row["i"]}),
+                "same": lambda row, rc: rc.tools.execute("t", P + ".timed", {"i": row["i"]}, timeout_s=30),
             })
             return {"up": [r["up"] for r in ds], "down": [r["down"] for r in ds]}
         """
@@ -475,6 +481,7 @@ def test_a_quick_sync_tool_runs_on_the_loop_and_a_blocking_one_on_threads(make_p
     assert out.output == {"up": [i + 1 for i in range(200)], "down": [i - 1 for i in range(200)]}
     where = Counter(CALLS)
     assert where["blocking:loop"] == 0 and where["blocking:thread"] == 200, where
+    assert where["timed:loop"] == 0 and where["timed:thread"] == 200, where
     assert where["quick:loop"] >= 150 and where["quick:thread"] >= 16, where  # proven quick first, then inline
 
 

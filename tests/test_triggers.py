@@ -164,20 +164,42 @@ def test_schedules_in_deepline_toml_give_one_play_two_inputs(
     listed = deepline("schedules", "list", "deepline.toml", "--json")
     assert listed.code == 0, listed.stderr
     rows = {row["schedule_id"]: row for row in listed.json_lines()}
-    assert set(rows) == {"enterprise", "smb"}
-    assert (rows["enterprise"]["timezone"], rows["smb"]["catch_up"]) == ("Europe/Paris", "none")
+    assert set(rows) == {"refresh.enterprise", "refresh.smb"}
+    assert (rows["refresh.enterprise"]["timezone"], rows["refresh.smb"]["catch_up"]) == ("Europe/Paris", "none")
     assert deepline("worker", "--play", "deepline.toml", "--once").code == 0
     runs = runs_of(str(store_path), "refresh")
     # smb does not catch up; enterprise fires its latest 06:00 (Paris) once, with its own input
     [run] = runs
-    assert run.run_id.startswith("sched-enterprise-") and run.status == "completed", run
+    assert run.run_id.startswith("sched-refresh.enterprise-") and run.status == "completed", run
     assert run.input == {"segment": "enterprise"} and run.output == {"segment": "enterprise"}
     [after] = [
         r
         for r in deepline("schedules", "list", "deepline.toml", "--json").json_lines()
-        if r["schedule_id"] == "enterprise"
+        if r["schedule_id"] == "refresh.enterprise"
     ]
     assert after["last_run_id"] == run.run_id
+
+
+@pytest.mark.process
+def test_every_schedule_of_one_play_fires_each_tick(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    (tmp_path / "refresh.py").write_text(ACCOUNTS_PLAY)
+    every_second = SCHEDULES_TOML.replace("0 6 * * *", "* * * * * *").replace("30 7 * * 1-5", "* * * * * *")
+    (tmp_path / "deepline.toml").write_text(every_second)
+    worker = start(["worker", "--play", "deepline.toml"], cli_env, tmp_path)
+
+    def ticks() -> Counter[str]:
+        runs = runs_of(cli_env["DEEPLINE_STORE"], "refresh")
+        return Counter(r.input["segment"] for r in runs if r.status == "completed")
+
+    try:
+        wait_until(lambda: min(ticks()["enterprise"], ticks()["smb"]) >= 3, what="3 ticks of each", timeout=30)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        code, _, err = finish(worker, timeout=30)
+        kill(worker)
+    assert code == 0, err
+    ids = [r.run_id for r in runs_of(cli_env["DEEPLINE_STORE"], "refresh")]
+    assert all(i.startswith(("sched-refresh.enterprise-", "sched-refresh.smb-")) for i in ids), ids
 
 
 @pytest.mark.parametrize(
@@ -222,7 +244,7 @@ def test_a_scheduled_run_says_it_paid_only_for_new_rows(deepline, write_play, tm
     write_play(NIGHTLY_PLAY)
     first = deepline("worker", "--play", "play.py", "--once")
     assert first.code == 0, first.stderr
-    assert "Scheduled (" in first.stderr and "no row was in the sheet yet; 3 rows computed" in first.stderr, (
+    assert "Scheduled (" in first.stderr and "3 rows computed now (none reused from earlier runs)" in first.stderr, (
         first.stderr
     )
     schedule = Schedule("* * * * * *", {})
@@ -230,7 +252,9 @@ def test_a_scheduled_run_says_it_paid_only_for_new_rows(deepline, write_play, tm
     again = deepline("worker", "--play", "play.py", "--once")
     assert again.code == 0, again.stderr
     said = [line for line in again.stderr.splitlines() if "Scheduled (" in line]
-    assert len(said) == 1 and "paid only for new or stale rows: 0 computed, 3 reused from earlier runs" in said[0], said
+    assert (
+        len(said) == 1 and "paid only for new or stale rows: 0 computed now, 3 reused from earlier runs" in said[0]
+    ), said
     # Its HTML report and `runs list` say what started it.
     run_id = re.search(r"queued run (sched-nightly-\S+)", again.stderr).group(1)
     out = tmp_path / "report.html"
@@ -334,3 +358,11 @@ def test_serve_refuses_a_play_without_a_webhook_secret(deepline, write_play) -> 
     write_play(HOOK_PLAY)
     unset = deepline("serve", "play.py")
     assert unset.code == 2 and "needs the secret HOOK_SECRET" in unset.stderr, unset.stderr
+
+
+def test_a_schedules_runs_are_told_from_a_longer_names() -> None:
+    from deepline_cli.runtime.run.triggers import is_tick_of
+
+    tick = tick_run_id("daily", 1_780_000_000)
+    assert is_tick_of(tick, "daily") and not is_tick_of(tick_run_id("daily-eu", 1_780_000_000), "daily")
+    assert not is_tick_of("sched-daily-by-hand", "daily")

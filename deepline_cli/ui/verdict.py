@@ -35,13 +35,15 @@ def verdict(
 def _paid_for(stats: dict[str, Any]) -> str:
     rows = stats.get("rows") or {}
     total = int(rows.get("succeeded", 0)) + int(rows.get("failed", 0))
-    reused = int(rows.get("reused", 0))
+    reused, earlier = int(rows.get("reused", 0)), int(rows.get("from_earlier_attempts", 0))
+    now = max(0, total - reused - earlier)
+    attempts = f", {earlier:,} from earlier attempts" if earlier else ""
     if not total:
         return f"{_credits(stats)}."
     if not reused:
-        return f"no row was in the sheet yet; {total:,} rows computed, {_credits(stats)}."
+        return f"{now:,} rows computed now (none reused from earlier runs){attempts}, {_credits(stats)}."
     return (
-        f"paid only for new or stale rows: {total - reused:,} computed, {reused:,} reused from earlier runs, "
+        f"paid only for new or stale rows: {now:,} computed now, {reused:,} reused from earlier runs{attempts}, "
         f"{_credits(stats)}."
     )
 

@@ -114,7 +114,7 @@ class Tools:
             if timeout_s is None:
                 return await definition.invoke(input, info)
             async with asyncio.timeout(timeout_s):
-                return await definition.invoke(input, info)
+                return await definition.invoke(input, info, under_timeout=True)
 
     def _batcher(self, definition: ToolDef, timeout_s: float | None) -> Batcher:
         batcher = self._batchers.get(definition.id)

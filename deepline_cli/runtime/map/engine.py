@@ -151,21 +151,22 @@ class MapRun:
 
     async def _produce(self, queue: asyncio.Queue[PendingRow | None]) -> None:
         """Each chunk's sheet rows are read while the chunk before it is handed out."""
-        ahead: tuple[list[PendingRow], asyncio.Future[dict[str, SheetRow]]] | None = None
+        reads: list[asyncio.Future[dict[str, SheetRow]]] = []  # at most two: this chunk's and the next one's
+        ahead: list[PendingRow] | None = None
         try:
             for chunk in self.intake.chunks():
-                reading = asyncio.ensure_future(self._previous(chunk))
+                reads.append(asyncio.ensure_future(self._previous(chunk)))
                 if ahead is not None:
-                    await self._hand_out(*ahead, queue)
-                ahead = (chunk, reading)
+                    await self._hand_out(ahead, reads.pop(0), queue)
+                ahead = chunk
                 if self.stop is not None:
                     return
             if ahead is not None:
-                await self._hand_out(*ahead, queue)
-                ahead = None
+                await self._hand_out(ahead, reads.pop(0), queue)
         finally:
-            if ahead is not None:
-                ahead[1].cancel()
+            for read in reads:  # not handed out (stopped, failed): its answer or error is dropped
+                read.cancel()
+                read.add_done_callback(_retrieved)
 
     def _previous(self, chunk: list[PendingRow]) -> Awaitable[dict[str, SheetRow]]:
         return self.s.io.call(self.s.io.store.sheets.load_sheet_rows, self.sheet, [job.key for job in chunk])
@@ -329,6 +330,11 @@ async def resolve_cell(
     if isinstance(result, ToolResult):
         result = result.output
     return _json.loads(_json.dumps(result)), meta, hits
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def play_bug(

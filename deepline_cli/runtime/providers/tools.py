@@ -8,6 +8,7 @@ idempotency key so a tool that calls a provider itself can pass it on.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import time
 from collections.abc import Callable
@@ -109,14 +110,18 @@ class ToolDef:
     metered: bool = False  # its answers say what they cost (remote tools): the budget counts those
     placement: Placement = field(default_factory=Placement)  # a sync tool: a thread, or the loop once proven quick
 
-    async def invoke(self, input: Any, call: ToolCall) -> Any:
+    async def invoke(self, input: Any, call: ToolCall, *, under_timeout: bool = False) -> Any:
+        """The tool's answer. A sync tool runs on a thread, or inline once proven quick,
+        never inline under a timeout (`under_timeout`: nothing could interrupt it), and in a
+        copy of the caller's context either way (what it sets does not leak out)."""
         args = (input, call) if self.wants_call else (input,)
         if inspect.iscoroutinefunction(self.fn):
             return await self.fn(*args)
-        if self.placement.inline:
-            result = self._timed(*args)
+        context = contextvars.copy_context()
+        if self.placement.inline and not under_timeout:
+            result = context.run(self._timed, *args)
         else:
-            result = await asyncio.get_running_loop().run_in_executor(None, self._timed, *args)
+            result = await asyncio.get_running_loop().run_in_executor(None, context.run, self._timed, *args)
         if inspect.isawaitable(result):
             return await result
         return result

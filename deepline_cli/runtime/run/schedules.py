@@ -61,8 +61,9 @@ def schedules_in(path: Path) -> list[PlayDef]:
             if needed not in spec:
                 raise UsageError(f"{owner} needs {needed} = {example}.")
         play = load_play(spec["play"], base=path.parent)
-        when = schedule_of(name, spec["cron"], spec.get("input", {}), spec.get("timezone"), spec.get("catch_up"),
-                           owner=owner)  # fmt: skip
+        # Its runs are named after the play and the table: `sched-refresh.enterprise-<tick>`.
+        when = schedule_of(f"{play.name}.{name}", spec["cron"], spec.get("input", {}), spec.get("timezone"),
+                           spec.get("catch_up"), owner=owner)  # fmt: skip
         assert when is not None
         if play.input_schema is not None and (found := violation(play.input_schema, when.input)) is not None:
             raise UsageError(f"{owner}: input: {found.sentence('Input')}")
@@ -94,7 +95,7 @@ class Ticks:
         """The ticks after `since`, as they come (late ones at once, in order, none skipped),
         until `stop` is set."""
         with self._runner() as runner:
-            due = {play.name: (play, play.schedule.next_tick(since)) for play in self.plays if play.schedule}
+            due = {play.schedule.name: (play, play.schedule.next_tick(since)) for play in self.plays if play.schedule}
             while due and not stop.is_set():
                 for name, (play, tick) in list(due.items()):
                     if tick <= time.time():

@@ -88,6 +88,12 @@ def tick_prefix(schedule: str) -> str:
     return f"sched-{_slug(schedule)}-"
 
 
+def is_tick_of(run_id: str, schedule: str) -> bool:
+    """Is this run one of the schedule's ticks (`daily`'s, not `daily-eu`'s)?"""
+    prefix = tick_prefix(schedule)
+    return run_id.startswith(prefix) and re.fullmatch(r"\d{8}T\d{6}Z", run_id[len(prefix) :]) is not None
+
+
 def delivery_run_id(play: str, delivery_id: str) -> str:
     """`hook-<play>-<digest of the delivery id>`: the same for every retry of a delivery."""
     digest = hashlib.sha256(delivery_id.encode()).hexdigest()[:20]
