@@ -40,26 +40,28 @@ class Intake:
         """The rows still to do, CHUNK at a time; counts what it reads, skips and seeds."""
         chunk: list[PendingRow] = []
         distinct = 0
+        book, tally, seen, csv, limit, key_of = self.book, self.book.tally, self.seen, self.csv, self.limit, self.key_of
+        columns = self.input_columns.keys()
         for input_index, raw in enumerate(self.rows):
-            if self.limit is not None and distinct >= self.limit:
+            if limit is not None and distinct >= limit:
                 break
-            self.book.tally.read += 1
-            row = dict(raw)
-            blank = self.csv.blank(row) if self.csv is not None else None
-            if not row.keys() <= self.input_columns.keys():  # every field any row has is an input column (for export)
+            tally.read += 1
+            row = raw if type(raw) is dict and csv is not None else dict(raw)  # a CSV row is a new dict already
+            blank = csv.blank(row) if csv is not None else None
+            if not row.keys() <= columns:  # every field any row has is an input column (for export)
                 new = [column for column in row if column not in self.input_columns]
                 self.input_columns.update(dict.fromkeys(new))
                 self.warn_of_case(new)
-            key = self.key_of(row)
-            if key in self.seen:
-                self.book.tally.duplicate += 1
+            key = key_of(row)
+            if key in seen:
+                tally.duplicate += 1
                 continue
-            self.seen.add(key)
+            seen.add(key)
             idx = distinct
             distinct += 1
-            self.book.input_index_of.append(input_index)
-            if self.book.is_finished(idx):
-                self.book.tally.seeded += 1
+            book.input_index_of.append(input_index)
+            if book.is_finished(idx):
+                tally.seeded += 1
                 continue
             chunk.append(PendingRow(idx, input_index, key, row, row_digest(row), None, blank))
             if len(chunk) >= CHUNK:
