@@ -12,6 +12,7 @@ sheet rows + map rows written with the receipts (group commit) ◄┘
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
@@ -150,42 +151,19 @@ class MapRun:
     # --- producing rows ---------------------------------------------------------------------
 
     async def _produce(self, queue: asyncio.Queue[PendingRow | None]) -> None:
-        """Each chunk's sheet rows are read while the chunk before it is handed out."""
-        reads: list[asyncio.Future[dict[str, SheetRow]]] = []  # at most two: this chunk's and the next one's
-        ahead: list[PendingRow] | None = None
-        try:
-            for chunk in self.intake.chunks():
-                reads.append(asyncio.ensure_future(self._previous(chunk)))
-                if ahead is not None:
-                    await self._hand_out(ahead, reads.pop(0), queue)
-                ahead = chunk
-                if self.stop is not None:
-                    return
-            if ahead is not None:
-                await self._hand_out(ahead, reads.pop(0), queue)
-        finally:
-            for read in reads:  # not handed out (stopped, failed): its answer or error is dropped
-                read.cancel()
-                read.add_done_callback(_retrieved)
+        def sheet_rows(keys: list[str]) -> Awaitable[dict[str, SheetRow]]:
+            return self.s.io.call(self.s.io.store.sheets.load_sheet_rows, self.sheet, keys)
 
-    def _previous(self, chunk: list[PendingRow]) -> Awaitable[dict[str, SheetRow]]:
-        return self.s.io.call(self.s.io.store.sheets.load_sheet_rows, self.sheet, [job.key for job in chunk])
-
-    async def _hand_out(
-        self, chunk: list[PendingRow], reading: Awaitable[dict[str, SheetRow]], queue: asyncio.Queue[PendingRow | None]
-    ) -> None:
-        if self.stop is not None:
-            return
-        previous = await reading
-        for job in chunk:
-            job.previous = previous.get(job.key)
-            if not (self.reusable(job) and self._reuse_whole_row(job)):
-                if job.blank is not None:
-                    self._stop_on(self.book.record(job, self._blank_cells(job), job.blank))  # no call made for it
-                else:
-                    await queue.put(job)
-            if self.stop is not None:
-                return
+        async with contextlib.aclosing(self.intake.read_ahead(sheet_rows)) as chunks:
+            async for chunk in chunks:
+                for job in chunk:
+                    if not (self.reusable(job) and self._reuse_whole_row(job)):
+                        if job.blank is not None:  # no call made for it
+                            self._stop_on(self.book.record(job, self._blank_cells(job), job.blank))
+                        else:
+                            await queue.put(job)
+                    if self.stop is not None:
+                        return
 
     def _warn(self, message: str) -> None:
         self.s.log(level="warning", message=message)
@@ -330,11 +308,6 @@ async def resolve_cell(
     if isinstance(result, ToolResult):
         result = result.output
     return _json.loads(_json.dumps(result)), meta, hits
-
-
-def _retrieved(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 def play_bug(

@@ -4,13 +4,16 @@ Every field any row has becomes an input column (for the export)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import asyncio
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Mapping
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
 from deepline_cli.runtime.map.book import MapBook
 from deepline_cli.runtime.map.row_context import PendingRow
 from deepline_cli.runtime.map.rows import CsvSource, input_columns, row_digest
+from deepline_cli.store.records import SheetRow
 
 CHUNK = 256  # rows looked up in the sheet per store read
 
@@ -70,6 +73,28 @@ class Intake:
         if chunk:
             yield chunk
 
+    async def read_ahead(
+        self, sheet_rows: Callable[[list[str]], Awaitable[dict[str, SheetRow]]]
+    ) -> AsyncGenerator[list[PendingRow], None]:
+        """The chunks, each row with the sheet row earlier runs left for its key (`previous`):
+        the next chunk's are read while this one is handed out. Close it (`aclosing`)."""
+        reads: list[asyncio.Future[dict[str, SheetRow]]] = []  # at most two: this chunk's and the next one's
+        ahead: list[PendingRow] | None = None
+        try:
+            for chunk in chain(self.chunks(), [None]):  # None: the last chunk's turn
+                if chunk is not None:
+                    reads.append(asyncio.ensure_future(sheet_rows([job.key for job in chunk])))
+                if ahead is not None:
+                    previous = await reads.pop(0)
+                    for job in ahead:
+                        job.previous = previous.get(job.key)
+                    yield ahead
+                ahead = chunk
+        finally:
+            for read in reads:  # not handed out (stopped, failed): its answer or error is dropped
+                read.cancel()
+                read.add_done_callback(_retrieved)
+
     def warn_of_case(self, input_columns: Iterable[str]) -> None:
         """Columns whose names differ only in case (`Company` in the CSV, a `company` column):
         the export keeps both, but spreadsheets and many CSV readers take them for one."""
@@ -103,3 +128,8 @@ def _count_lines(path: Path) -> int:
             count += block.count(b"\n")
             last = block
     return count + (0 if last.endswith(b"\n") else 1)
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()

@@ -115,7 +115,7 @@ class CsvSource:
                             f"{self.path} line {line}: {len(record)} fields where the header has "
                             f"{width} (column {min(len(record), width) + 1})."
                         )
-                    row = dict(zip(header, record))  # as long as the header: checked above
+                    row = dict(zip(header, record, strict=False))  # as long as the header: checked above
                     for name in absent:
                         row[name] = ""
                     self.line = line
