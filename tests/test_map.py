@@ -613,6 +613,38 @@ def test_on_row_error_fail_stops_the_map_and_fails_the_run(make_play, store_path
     assert set(recorded) <= {str(i) for i in range(5)}
 
 
+def test_a_map_stopped_early_counts_only_the_rows_it_reached(make_play, store_path: Path) -> None:
+    """The map reads its input a chunk ahead (to look the next rows up in the sheet while
+    these run); a map that stops counts only the rows it reached: `runs show` and the
+    report say what the store holds."""
+    play_file = make_play(
+        """
+        def check(row, rc):
+            if row["n"] == "4":
+                raise ValueError("row four is bad")
+            return "ok"
+
+        @play("strict-long")
+        async def strict_long(ctx, input):
+            rows = [{"n": str(i)} for i in range(1000)] + [{"n": str(i)} for i in range(100)]  # 100 duplicates, late
+            rows = rows[:300] + rows[1000:] + rows[300:1000]  # the duplicates come in the second chunk
+            await ctx.map("m", rows, key="n", concurrency=1, on_row_error="fail", columns={"check": check})
+        """
+    )
+
+    out = run(play_file, store_path)
+
+    assert out.result.status == "failed"
+    opened = open_store(str(store_path))
+    try:
+        [record] = opened.sheets.get_maps(out.result.run_id)
+    finally:
+        opened.close()
+    finished = map_rows(store_path, out.result.run_id)
+    assert record.duplicate == 0, record  # the duplicates were read ahead, never reached
+    assert record.succeeded + record.failed == len(finished) == 5, (record, len(finished))
+
+
 # --- reuse across runs -----------------------------------------------------------------------------
 
 REUSE = """

@@ -16,6 +16,7 @@ from deepline_cli.runtime.map.rows import CsvSource, input_columns, row_digest
 from deepline_cli.store.records import SheetRow
 
 CHUNK = 256  # rows looked up in the sheet per store read
+Counts = tuple[int, int, int]  # rows read, duplicates, rows an earlier attempt finished
 
 
 class Intake:
@@ -41,14 +42,53 @@ class Intake:
 
     def chunks(self) -> Iterator[list[PendingRow]]:
         """The rows still to do, CHUNK at a time; counts what it reads, skips and seeds."""
+        for chunk, read in self._read():
+            self._count(read)
+            if chunk:
+                yield chunk
+
+    async def read_ahead(
+        self, sheet_rows: Callable[[list[str]], Awaitable[dict[str, SheetRow]]]
+    ) -> AsyncGenerator[list[PendingRow], None]:
+        """The chunks, each row with the sheet row earlier runs left for its key (`previous`):
+        the next chunk's are read while this one is handed out. A chunk's rows are counted
+        (read, duplicate, seeded) when it is handed out, so a map stopped early reports only
+        what it reached. Close it (`aclosing`)."""
+        reads: list[asyncio.Future[dict[str, SheetRow]] | None] = []  # this chunk's and the next one's
+        ahead: tuple[list[PendingRow], Counts] | None = None
+        try:
+            for turn in chain(self._read(), [None]):  # None: the last chunk's turn
+                if turn is not None:
+                    keys = [job.key for job in turn[0]]
+                    reads.append(asyncio.ensure_future(sheet_rows(keys)) if keys else None)
+                if ahead is not None:
+                    chunk, read = ahead
+                    reading = reads.pop(0)
+                    previous = {} if reading is None else await reading
+                    for job in chunk:
+                        job.previous = previous.get(job.key)
+                    self._count(read)
+                    if chunk:
+                        yield chunk
+                ahead = turn
+        finally:
+            for reading in reads:  # not handed out (stopped, failed): its answer or error is dropped
+                if reading is not None:
+                    reading.cancel()
+                    reading.add_done_callback(_retrieved)
+
+    def _read(self) -> Iterator[tuple[list[PendingRow], Counts]]:
+        """The input, CHUNK rows to do at a time, each chunk with the rows read for it
+        (duplicates and rows an earlier attempt finished, skipped); the last may hold no
+        row to do. Row keys are known as they are read (duplicates), counts when applied."""
         chunk: list[PendingRow] = []
-        distinct = 0
-        book, tally, seen, csv, limit, key_of = self.book, self.book.tally, self.seen, self.csv, self.limit, self.key_of
+        distinct = read = duplicate = seeded = 0
+        book, seen, csv, limit, key_of = self.book, self.seen, self.csv, self.limit, self.key_of
         columns = self.input_columns.keys()
         for input_index, raw in enumerate(self.rows):
             if limit is not None and distinct >= limit:
                 break
-            tally.read += 1
+            read += 1
             row = raw if type(raw) is dict and csv is not None else dict(raw)  # a CSV row is a new dict already
             blank = csv.blank(row) if csv is not None else None
             if not row.keys() <= columns:  # every field any row has is an input column (for export)
@@ -57,43 +97,28 @@ class Intake:
                 self.warn_of_case(new)
             key = key_of(row)
             if key in seen:
-                tally.duplicate += 1
+                duplicate += 1
                 continue
             seen.add(key)
             idx = distinct
             distinct += 1
             book.input_index_of.append(input_index)
             if book.is_finished(idx):
-                tally.seeded += 1
+                seeded += 1
                 continue
             chunk.append(PendingRow(idx, input_index, key, row, row_digest(row), None, blank))
             if len(chunk) >= CHUNK:
-                yield chunk
-                chunk = []
-        if chunk:
-            yield chunk
+                yield chunk, (read, duplicate, seeded)
+                chunk, read, duplicate, seeded = [], 0, 0, 0
+        if chunk or read:
+            yield chunk, (read, duplicate, seeded)
 
-    async def read_ahead(
-        self, sheet_rows: Callable[[list[str]], Awaitable[dict[str, SheetRow]]]
-    ) -> AsyncGenerator[list[PendingRow], None]:
-        """The chunks, each row with the sheet row earlier runs left for its key (`previous`):
-        the next chunk's are read while this one is handed out. Close it (`aclosing`)."""
-        reads: list[asyncio.Future[dict[str, SheetRow]]] = []  # at most two: this chunk's and the next one's
-        ahead: list[PendingRow] | None = None
-        try:
-            for chunk in chain(self.chunks(), [None]):  # None: the last chunk's turn
-                if chunk is not None:
-                    reads.append(asyncio.ensure_future(sheet_rows([job.key for job in chunk])))
-                if ahead is not None:
-                    previous = await reads.pop(0)
-                    for job in ahead:
-                        job.previous = previous.get(job.key)
-                    yield ahead
-                ahead = chunk
-        finally:
-            for read in reads:  # not handed out (stopped, failed): its answer or error is dropped
-                read.cancel()
-                read.add_done_callback(_retrieved)
+    def _count(self, counts: Counts) -> None:
+        tally = self.book.tally
+        read, duplicate, seeded = counts
+        tally.read += read
+        tally.duplicate += duplicate
+        tally.seeded += seeded
 
     def warn_of_case(self, input_columns: Iterable[str]) -> None:
         """Columns whose names differ only in case (`Company` in the CSV, a `company` column):
