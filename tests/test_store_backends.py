@@ -84,3 +84,24 @@ def test_a_process_frozen_inside_a_postgres_transaction_does_not_stall_the_other
         assert record is not None and record.status == "interrupted"
     finally:
         db.close()
+
+
+def test_postgres_plans_each_statement_with_its_own_values(pg_url: str) -> None:
+    """psycopg prepares a statement after five runs, and PostgreSQL may then keep a generic
+    plan for it, costed when the tables were empty (the first batches of a run): scans of
+    every receipt and sheet row per batch, slower as they fill. The store plans each run of
+    a statement with its values: no prepared statement of its connection uses a generic plan."""
+    db = open_store(pg_url)
+    try:
+        keys = [f"k{n}" for n in range(256)]
+        for _ in range(12):  # prepared from the sixth on; the plan cache decides after five custom plans
+            assert db.sheets.load_sheet_rows("s", keys) == {}
+        conn = db._conn  # type: ignore[attr-defined]
+        plans = conn.execute(
+            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE %s",
+            ("%FROM sheet_rows%",),
+        ).fetchall()
+        assert plans, "the sheet read was never prepared: nothing was checked"
+        assert all(generic == 0 for _, generic, _ in plans), plans
+    finally:
+        db.close()
