@@ -316,3 +316,14 @@ def test_a_local_tool_error_reaches_the_play_as_the_same_tool_error_live_and_rep
     assert second.output["retryable"] is False
     assert first.status == "completed", f"the live failure escaped as {first.error}"
     assert first.output == second.output
+
+
+def test_a_receipt_key_is_the_same_in_every_version_and_process() -> None:
+    """Receipts written by an earlier deepline must be found again: the key of a call is a
+    fixed function of its parts (length-prefixed, SHA-256, 128 bits), pinned here to the
+    value this version's predecessors computed."""
+    from deepline_cli.runtime.calls.receipts import receipt_key
+
+    key = receipt_key("tool", "default", "leads", "hunter.email_finder", b'{"domain":"acme.com"}', "", "1")
+    assert key == "422eab98cb4b006c8b2b55f902159b56"
+    assert receipt_key("ab", "c") != receipt_key("a", "bc")  # the parts' lengths are in the key

@@ -366,3 +366,15 @@ def test_a_schedules_runs_are_told_from_a_longer_names() -> None:
     tick = tick_run_id("daily", 1_780_000_000)
     assert is_tick_of(tick, "daily") and not is_tick_of(tick_run_id("daily-eu", 1_780_000_000), "daily")
     assert not is_tick_of("sched-daily-by-hand", "daily")
+
+
+def test_a_schedule_input_the_plays_schema_refuses_fails_when_the_play_loads(deepline, write_play) -> None:
+    write_play(
+        ACCOUNTS_PLAY.replace(
+            '@play("refresh",', '@play("refresh", schedule="0 6 * * *", schedule_input={"segment": 3},'
+        )
+    )
+    result = deepline("worker", "--play", "play.py", "--once")
+    assert result.code == 2 and "Play 'refresh': schedule_input:" in result.stderr and "segment" in result.stderr, (
+        result.stderr
+    )

@@ -249,14 +249,14 @@ class Cell(NamedTuple):
         return [*head, self.meta] if self.meta else head
 
 
+_new_tuple = tuple.__new__
+
+
 def cells_of(stored: Any) -> dict[str, Cell]:
     """A sheet row's cells from their stored JSON form (`meta` padded in when absent; made
     with tuple.__new__, as NamedTuple._make does, without its per-call length check: a
     re-run reads every cell of every row)."""
     return {name: _new_tuple(Cell, (*cell, None)[:5]) for name, cell in (stored or {}).items()}
-
-
-_new_tuple = tuple.__new__
 
 
 def stored_cells(cells: Mapping[str, Cell]) -> dict[str, list[Any]]:

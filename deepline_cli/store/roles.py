@@ -332,3 +332,7 @@ class Store(Connection, Protocol):
     def suspension(self) -> SuspensionStore: ...
     @property
     def ledger(self) -> LedgerStore: ...
+
+
+ROLES = frozenset(name for name, member in vars(Store).items() if isinstance(member, property))
+"""The role names a store answers to (`runs`, `queue`, ...), as `Store` declares them."""

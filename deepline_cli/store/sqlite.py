@@ -143,10 +143,14 @@ class SQLiteStore(SqlStore):
             except WouldWait:
                 return False, None
         finally:
-            if self._nowait:
-                self._nowait = False
-                self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s() * 1000)}")
+            self._wait_as_usual()
             self._lock.release()
+
+    def _wait_as_usual(self) -> None:
+        """Leave `try_now`'s no-wait mode (after its first commit, or at its end)."""
+        if self._nowait:
+            self._nowait = False
+            self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s() * 1000)}")
 
     def _waited(self, exc: sqlite3.Error) -> None:
         """Inside `try_now`, before anything was committed: a lock to wait for hands the work
@@ -276,9 +280,7 @@ class SQLiteStore(SqlStore):
             except sqlite3.Error as exc:
                 self._waited(exc)
                 raise self._locked(exc) from exc
-            if self._nowait:  # written: from here `try_now` waits like any caller, never hands over
-                self._nowait = False
-                self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s() * 1000)}")
+            self._wait_as_usual()  # written: from here `try_now` waits like any caller, never hands over
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:

@@ -33,10 +33,7 @@ def verdict(
 
 
 def _paid_for(stats: dict[str, Any]) -> str:
-    rows = stats.get("rows") or {}
-    total = int(rows.get("succeeded", 0)) + int(rows.get("failed", 0))
-    reused, earlier = int(rows.get("reused", 0)), int(rows.get("from_earlier_attempts", 0))
-    now = max(0, total - reused - earlier)
+    total, earlier, reused, now, _ = _origins(stats.get("rows") or {})
     attempts = f", {earlier:,} from earlier attempts" if earlier else ""
     if not total:
         return f"{_credits(stats)}."
@@ -133,14 +130,21 @@ def row_origin(rows: dict[str, Any]) -> str:
     (earlier attempts: rows an earlier attempt of this run finished; reused: rows taken
     whole from the sheet as earlier runs left them; cells reused: cells taken from the
     sheet, in those rows and inside rows computed again)."""
-    total = int(rows.get("succeeded", 0)) + int(rows.get("failed", 0))
-    earlier, reused, cells = (int(rows.get(k, 0)) for k in ("from_earlier_attempts", "reused", "reused_cells"))
+    _, earlier, reused, now, cells = _origins(rows)
     if not (earlier or reused):
         return f"{cells:,} cells reused from earlier runs" if cells else ""
     parts = [f"{n:,} {what}" for n, what in ((earlier, "from earlier attempts"), (reused, "reused from earlier runs"))
              if n]  # fmt: skip
-    parts.append(f"{max(0, total - earlier - reused):,} computed now")
+    parts.append(f"{now:,} computed now")
     return " · ".join(parts) + (f"; {cells:,} cells reused" if cells else "")
+
+
+def _origins(rows: dict[str, Any]) -> tuple[int, int, int, int, int]:
+    """A run's rows: all of them, from earlier attempts, reused from earlier runs, computed
+    now; and cells reused."""
+    total = int(rows.get("succeeded", 0)) + int(rows.get("failed", 0))
+    earlier, reused, cells = (int(rows.get(k, 0)) for k in ("from_earlier_attempts", "reused", "reused_cells"))
+    return total, earlier, reused, max(0, total - earlier - reused), cells
 
 
 def _credits(stats: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar, cast
 from deepline_cli.backoff import delays
 from deepline_cli.errors import StoreConnectionLost, StoreUnreachable
 from deepline_cli.store.records import Claim, ClaimOutcome, LogLine, MapRow, Settlement, SheetRow, Writes
-from deepline_cli.store.roles import Store
+from deepline_cli.store.roles import ROLES, Store
 
 R = TypeVar("R")
 Checked = Callable[[bool | BaseException], None]  # a settlement's fate: applied, or the store's error
@@ -74,9 +74,6 @@ def reconnecting(store: Store, fn: Callable[..., R], *args: Any, report: Callabl
         raise StoreUnreachable(f"{reason} Still down, after {reconnect_bound_s():.0f}s of trying earlier.") from None
     _GAVE_UP.add(store.url)
     raise StoreUnreachable(f"{reason} Gave up after {waited:.0f}s of trying to reconnect.") from None
-
-
-ROLES = frozenset({"runs", "queue", "receipts", "sheets", "suspension", "ledger"})
 
 
 class Reconnecting:

@@ -120,11 +120,7 @@ def play(
     schema = _schema(name, input)
     names = _secret_names(name, secrets)
     budget = _budget(name, max_credits_per_run)
-    when = schedule_of(name, schedule, schedule_input, timezone, catch_up)  # run ids: sched-<name>-…
-    if when is not None:
-        when_input = when.input
-        if schema is not None and (found := violation(schema, when_input)) is not None:
-            raise PlayLoadError(f"Play {name!r}: schedule_input: {found.sentence('Input')}")
+    when = schedule_of(name, schedule, schedule_input, timezone, catch_up, schema=schema)  # runs: sched-<name>-…
     hook_secret = _secret_names(name, [webhook_secret])[0] if webhook_secret is not None else None
 
     def register(fn: F) -> F:

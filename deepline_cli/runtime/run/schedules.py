@@ -26,7 +26,6 @@ from deepline_cli.runtime.providers.config import check_keys, read_toml
 from deepline_cli.runtime.run.options import RunOptions
 from deepline_cli.runtime.run.play import PlayDef, load_play
 from deepline_cli.runtime.run.runner import Runner
-from deepline_cli.runtime.run.schema import violation
 from deepline_cli.runtime.run.triggers import schedule_of, tick_run_id
 
 SCHEDULE_KEYS: dict[str, type | tuple[type, ...]] = {
@@ -63,10 +62,7 @@ def schedules_in(path: Path) -> list[PlayDef]:
         play = load_play(spec["play"], base=path.parent)
         # Its runs are named after the play and the table: `sched-refresh.enterprise-<tick>`.
         when = schedule_of(f"{play.name}.{name}", spec["cron"], spec.get("input", {}), spec.get("timezone"),
-                           spec.get("catch_up"), owner=owner)  # fmt: skip
-        assert when is not None
-        if play.input_schema is not None and (found := violation(play.input_schema, when.input)) is not None:
-            raise UsageError(f"{owner}: input: {found.sentence('Input')}")
+                           spec.get("catch_up"), schema=play.input_schema, owner=owner, input_key="input")  # fmt: skip
         plays.append(replace(play, schedule=when))
     return plays
 

@@ -18,6 +18,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 
 from deepline_cli.errors import PlayLoadError
+from deepline_cli.runtime.run.schema import Schema, violation
 
 CatchUp = Literal["latest", "none"]
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -52,10 +53,19 @@ class Schedule:
 
 
 def schedule_of(
-    name: str, cron: str | None, input: Any, timezone: str | None, catch_up: str | None, *, owner: str = ""
+    name: str,
+    cron: str | None,
+    input: Any,
+    timezone: str | None,
+    catch_up: str | None,
+    *,
+    schema: Schema | None = None,
+    owner: str = "",
+    input_key: str = "schedule_input",
 ) -> Schedule | None:
     """A schedule as declared (`@play(schedule=...)` or `[schedules.NAME]`), checked now: a
-    bad one fails when it is loaded. `owner` starts each error (default: the play)."""
+    bad one fails when it is loaded, its input against the play's `schema` too. `owner`
+    starts each error (default: the play), naming the input as `input_key`."""
     owner = owner or f"Play {name!r}"
     if cron is None:
         if input is not None or timezone is not None or catch_up is not None:
@@ -74,7 +84,10 @@ def schedule_of(
     if catch_up not in (None, "latest", "none"):
         raise PlayLoadError(f'{owner}: catch_up must be "latest" or "none", not {catch_up!r}.')
     chosen: CatchUp = "none" if catch_up == "none" else "latest"
-    return Schedule(cron, {} if input is None else input, zone, chosen, name)
+    given = {} if input is None else input
+    if schema is not None and (found := violation(schema, given)) is not None:
+        raise PlayLoadError(f"{owner}: {input_key}: {found.sentence('Input')}")
+    return Schedule(cron, given, zone, chosen, name)
 
 
 def tick_run_id(schedule: str, tick: float) -> str:
