@@ -7,8 +7,6 @@ runtime, the store or an HTTP client. Nothing is imported here at all: the comma
 installs its Ctrl-C handling first thing, and this module runs before it.
 """
 
-from __future__ import annotations
-
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type checkers read it as True)
 if TYPE_CHECKING:
     from typing import Any
@@ -61,7 +59,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> "Any":
     import importlib
 
     module = _EXPORTS.get(name)

@@ -66,6 +66,21 @@ def interpreter_start(code: int, err: str, sig: signal.Signals) -> bool:
     return err.startswith("Traceback") and set(ours) <= {"__init__.py", "__main__.py"} and "cli/" not in err
 
 
+def dropped_by_interpreter(code: int, err: str) -> bool:
+    """Did Python drop the signal while the interpreter started, before deepline's first line?
+    A KeyboardInterrupt raised in an import lock's weakref callback is printed as "Exception
+    ignored"; one raised in a `.pth` file's import is printed by `site` ("Error processing
+    line"). Either way the program goes on: the run completes. Seen 15 times in 2,500 signals
+    that landed in the interpreter's start; deepline cannot run code that early."""
+    before_deepline = err.split("deepline  ", 1)[0]  # what was printed before deepline's header
+    return (
+        code == 0
+        and "KeyboardInterrupt" in before_deepline
+        and ("Exception ignored in" in before_deepline or "Error processing line" in before_deepline)
+        and "/deepline_cli/" not in before_deepline
+    )
+
+
 @pytest.mark.process
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_at_any_moment_stops_the_run_with_one_line(
@@ -95,6 +110,9 @@ def test_a_signal_at_any_moment_stops_the_run_with_one_line(
         took = time.monotonic() - sent
         after = log.stat().st_size if log.exists() else 0
         status = run_status(Path(cli_env["DEEPLINE_STORE"]), run_id)
+        if sig == signal.SIGINT and dropped_by_interpreter(proc.returncode, err):
+            outcomes.append("dropped by the interpreter")
+            continue
         if interpreter_start(proc.returncode, err, sig):
             # While the Python interpreter itself starts (its first few tens of ms, before any
             # of deepline runs), Python handles the signal: the process ends at once, nothing

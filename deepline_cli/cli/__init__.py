@@ -1,9 +1,12 @@
 """The command line: the only package that imports typer."""
 
-from __future__ import annotations
-
+# Nothing here imports more than it must before the handlers are in: until then a Ctrl-C is
+# the interpreter's, and an import in that window is where Python can drop one (a
+# KeyboardInterrupt raised in an import lock's weakref callback is printed and ignored).
+# So no `from __future__` (an import), and `_signal` rather than `signal` (which imports
+# enum: some 6 ms more).
+import _signal  # type: ignore[import-not-found]  # the C module under `signal`, without enum
 import os
-import signal
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing before the handlers are in
 if TYPE_CHECKING:
@@ -12,7 +15,7 @@ if TYPE_CHECKING:
 _said = [b"Interrupted.\n"]  # what Ctrl-C prints before anything durable started
 
 
-def stop_at_once(signum: int, frame: Any) -> None:
+def stop_at_once(signum: int, frame: "Any") -> None:
     """Ctrl-C or SIGTERM while nothing durable has started (imports, loading a play, reading
     the store): end the process here, one line, exit 130. Whatever the store was doing is a
     transaction that is rolled back whole. Raising instead could land where Python ignores
@@ -28,8 +31,8 @@ def stop_quietly() -> None:
 
 
 def install() -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, stop_at_once)
+    for sig in (_signal.SIGINT, _signal.SIGTERM):
+        _signal.signal(sig, stop_at_once)
 
 
 def main() -> None:
