@@ -25,6 +25,12 @@ class SqlBase:
         if rows:
             c.executemany(sql, rows)
 
+    def _insert(self, c: Any, head: str, row: str, tail: str, rows: Sequence[Sequence[Any]]) -> None:
+        """`{head} VALUES {row}{tail}` for each of `rows`: one statement per row here (what
+        an upsert may need when two rows of a batch share a key); SQLite sends many rows in
+        one statement."""
+        self._many(c, f"{head} VALUES {row}{tail}", rows)
+
     def close(self) -> None:
         raise NotImplementedError
 

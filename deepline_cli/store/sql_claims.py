@@ -162,10 +162,12 @@ class ClaimsSql(SqlBase):
             for st, applied in zip(settlements, fresh, strict=True)  # applied now, not by an earlier try
             if applied and st.call is not None and st.status in ("completed", "failed")
         ]
-        self._many(
+        self._insert(
             c,
             "INSERT INTO calls (run_id, attempt, key, kind, tool, status, credits, started_at, ended_at, retries,"
-            " category, map, row_key, waited_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " category, map, row_key, waited_s)",
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "",
             ledger,
         )
         replaced = [

@@ -57,10 +57,11 @@ class ReceiptsSql(ClaimsSql, SheetsSql):
                 self._write_map_rows(c, map_rows)
             logs = _current(writes.logs, stale)
             if logs:
-                self._many(
+                self._insert(
                     c,
-                    "INSERT INTO logs (run_id, attempt, ts, level, message, key, kind, fields)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    "INSERT INTO logs (run_id, attempt, ts, level, message, key, kind, fields)",
+                    "(?, ?, ?, ?, ?, ?, ?, ?)",
+                    " ON CONFLICT DO NOTHING",
                     [
                         (ln.run_id, ln.attempt, ln.ts, ln.level, ln.message, ln.key, ln.kind, json_or_none(ln.fields))
                         for ln in logs

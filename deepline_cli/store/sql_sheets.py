@@ -146,10 +146,11 @@ class SheetsSql(SqlBase):
             " WHERE sheet = ? AND row_key = ? AND run_id <> ? ON CONFLICT DO NOTHING",
             [(r.sheet, r.row_key, r.run_id) for r in rows if r.replaces],
         )
-        self._many(
+        self._insert(
             c,
-            "INSERT INTO sheet_rows (sheet, row_key, input, input_digest, cells, status, run_id, updated_at, rev)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1) ON CONFLICT (sheet, row_key) DO UPDATE SET"
+            "INSERT INTO sheet_rows (sheet, row_key, input, input_digest, cells, status, run_id, updated_at, rev)",
+            "(?, ?, ?, ?, ?, ?, ?, ?, 1)",
+            " ON CONFLICT (sheet, row_key) DO UPDATE SET"
             " input = excluded.input, input_digest = excluded.input_digest, cells = excluded.cells,"
             " status = excluded.status, run_id = excluded.run_id, updated_at = excluded.updated_at,"
             " rev = sheet_rows.rev + 1",
@@ -180,15 +181,14 @@ class SheetsSql(SqlBase):
             " reused_row, reused_cells, found, rev)"
         )
         known = [r for r in rows if r.rev is not None]
-        self._many(
-            c,
-            f"{columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?){upsert}",
-            [(*map_row_values(r), r.rev) for r in known],
+        self._insert(
+            c, columns, "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", upsert, [(*map_row_values(r), r.rev) for r in known]
         )
         # Written with their sheet row in this transaction: the revision it just got.
-        self._many(
+        self._insert(
             c,
-            f"{columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
-            " (SELECT rev FROM sheet_rows WHERE sheet = ? AND row_key = ?))" + upsert,
+            columns,
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, (SELECT rev FROM sheet_rows WHERE sheet = ? AND row_key = ?))",
+            upsert,
             [(*map_row_values(r), r.sheet, r.row_key) for r in rows if r.rev is None],
         )
