@@ -59,11 +59,20 @@ def run_status(store: Path, run_id: str) -> str | None:
 
 def interpreter_start(code: int, err: str, sig: signal.Signals) -> bool:
     """Did the signal end the process while the interpreter started, before deepline's first
-    line of its own (`deepline_cli/cli/__init__.py` installs the handlers) could run?"""
-    if (code == -sig and err == "") or "Fatal Python error: init_import_site" in err:
+    line of its own (`deepline_cli/__main__.py` has the handlers installed) could run?"""
+    if code == -sig and err == "":
         return True
-    ours = re.findall(r'File "[^"]*/deepline_cli/([^"]+)"', err)
-    return err.startswith("Traceback") and set(ours) <= {"__init__.py", "__main__.py"} and "cli/" not in err
+    ours = set(re.findall(r'File "[^"]*/deepline_cli/([^"]+)"', err))
+    if not ours <= {"__init__.py"}:
+        # A traceback through the command's own code is never the interpreter's. The
+        # package's `__init__` is imported first, by Python, and runs no code of the
+        # command (plays import it too): a signal while Python loads it is still Python's.
+        return False
+    # The interpreter's own words when a KeyboardInterrupt stops its start: while it sets up
+    # its streams or `site` ("Fatal Python error: init_…"), while it imports runpy for `-m`,
+    # or a plain traceback from the imports that lead to deepline's first line.
+    said = ("Fatal Python error: init_", "Could not import runpy module", "Traceback")
+    return code != 0 and err.startswith(said)
 
 
 def dropped_by_interpreter(code: int, err: str) -> bool:
