@@ -1055,6 +1055,23 @@ def test_a_runs_rows_keep_the_revision_it_finished_with(store: Store, other: Sto
     assert (email("r1"), email("r2"), email("r3")) == ("old@x.io", "new@x.io", "new@x.io")
 
 
+def test_rows_of_one_batch_that_share_a_key_apply_one_after_the_other(store: Store, other: Store) -> None:
+    """Rows go many to a statement; two writes of one sheet row (or one map row) in a batch
+    must still apply in order, as separate statements would: PostgreSQL refuses an upsert
+    that touches a row twice in one statement, so the second starts the next statement."""
+    first, second = sheet_row("a", value="first@x.io"), sheet_row("a", value="second@x.io", at=T0 + 1)
+    rows = [sheet_row(f"k{i:03d}") for i in range(150)]  # more than one statement's worth
+    map_rows = [MapRow("r1", "leads", 0, 0, "a", "failed", "boom"), MapRow("r1", "leads", 0, 0, "a", "succeeded")]
+
+    store.apply(Writes(sheet_rows=[first, *rows, second], map_rows=map_rows), T0 + 1)
+
+    second.rev = 2  # written twice: two revisions
+    assert other.load_sheet_rows("play/leads", ["a"]) == {"a": second}
+    assert len(other.load_sheet_rows("play/leads", [r.row_key for r in rows])) == 150
+    [row] = other.map_rows_page("r1", "leads", "play/leads", -1, 10)
+    assert (row.outcome, row.error, row.cells["email"].value) == ("succeeded", None, "second@x.io")
+
+
 def test_load_sheet_rows_handles_more_keys_than_one_statement_binds(store: Store) -> None:
     rows = [sheet_row(f"k{i:04d}") for i in range(1000)]
     store.apply(Writes(sheet_rows=rows), T0)
