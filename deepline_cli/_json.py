@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from typing import Any
@@ -78,9 +79,13 @@ def _finite(value: Any) -> bool:
 
 def digest(*parts: str | bytes) -> str:
     """A hex SHA-256 over length-prefixed parts, so ("ab","c") != ("a","bc")."""
-    framed = bytearray()
-    for part in parts:
-        raw = part.encode() if isinstance(part, str) else part
-        framed += len(raw).to_bytes(8, "big")
-        framed += raw
-    return hashlib.sha256(framed).hexdigest()
+    framed = [_framed(part) if isinstance(part, str) else len(part).to_bytes(8, "big") + part for part in parts]
+    return hashlib.sha256(b"".join(framed)).hexdigest()
+
+
+@functools.lru_cache(maxsize=4096)
+def _framed(part: str) -> bytes:
+    """A text part with its length before it: the same few (a workspace, a play, a tool)
+    come in every key, so each is framed once."""
+    raw = part.encode()
+    return len(raw).to_bytes(8, "big") + raw

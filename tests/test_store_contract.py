@@ -1056,9 +1056,9 @@ def test_a_runs_rows_keep_the_revision_it_finished_with(store: Store, other: Sto
 
 
 def test_rows_of_one_batch_that_share_a_key_apply_one_after_the_other(store: Store, other: Store) -> None:
-    """Rows go many to a statement; two writes of one sheet row (or one map row) in a batch
-    must still apply in order, as separate statements would: PostgreSQL refuses an upsert
-    that touches a row twice in one statement, so the second starts the next statement."""
+    """A batch's rows may go many to a statement; two writes of one sheet row (or one map
+    row) in a batch still apply in order, as separate statements would (an upsert that
+    touched one row twice in a statement would fail on PostgreSQL)."""
     first, second = sheet_row("a", value="first@x.io"), sheet_row("a", value="second@x.io", at=T0 + 1)
     rows = [sheet_row(f"k{i:03d}") for i in range(150)]  # more than one statement's worth
     map_rows = [MapRow("r1", "leads", 0, 0, "a", "failed", "boom"), MapRow("r1", "leads", 0, 0, "a", "succeeded")]

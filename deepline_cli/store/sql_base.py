@@ -3,11 +3,9 @@ the fencing check every write shares."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
-
-ROWS_PER_INSERT = 64  # rows in one INSERT: 17 parameters each at most, far below any limit
 
 
 class SqlBase:
@@ -27,34 +25,12 @@ class SqlBase:
         if rows:
             c.executemany(sql, rows)
 
-    def _insert(
-        self,
-        c: Any,
-        head: str,
-        row: str,
-        tail: str,
-        rows: Sequence[Sequence[Any]],
-        key: Callable[[Sequence[Any]], Any] | None = None,
-    ) -> None:
-        """`{head} VALUES {row}{tail}` for each of `rows`, up to ROWS_PER_INSERT rows in one
-        statement: the database runs them one after the other, as separate statements would,
-        at a fraction of the cost. An upsert (`ON CONFLICT … DO UPDATE`) names its conflict
-        `key`: PostgreSQL refuses to update one row twice in a statement, so a row whose key
-        the statement holds already starts the next one."""
-        start = 0
-        while start < len(rows):
-            end = min(len(rows), start + ROWS_PER_INSERT)
-            if key is not None:
-                seen: set[Any] = set()
-                for at in range(start, end):
-                    one = key(rows[at])
-                    if one in seen:
-                        end = at
-                        break
-                    seen.add(one)
-            values = ", ".join([row] * (end - start))
-            c.execute(f"{head} VALUES {values}{tail}", [v for r in rows[start:end] for v in r])
-            start = end
+    def _insert(self, c: Any, head: str, row: str, tail: str, rows: Sequence[Sequence[Any]]) -> None:
+        """`{head} VALUES {row}{tail}` for each of `rows`, applied in order. A statement per
+        row here: with psycopg a long statement of many rows costs more than the rows it
+        saves (it parses and converts every statement over 50 parameters anew); SQLite
+        sends many rows in one statement."""
+        self._many(c, f"{head} VALUES {row}{tail}", rows)
 
     def close(self) -> None:
         raise NotImplementedError

@@ -167,7 +167,6 @@ class SheetsSql(SqlBase):
                 )
                 for r in rows
             ],
-            key=_first_two,  # (sheet, row_key)
         )
 
     def _write_map_rows(self, c: Any, rows: Sequence[MapRow]) -> None:
@@ -183,12 +182,7 @@ class SheetsSql(SqlBase):
         )
         known = [r for r in rows if r.rev is not None]
         self._insert(
-            c,
-            columns,
-            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            upsert,
-            [(*map_row_values(r), r.rev) for r in known],
-            key=_first_three,
+            c, columns, "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", upsert, [(*map_row_values(r), r.rev) for r in known]
         )
         # Written with their sheet row in this transaction: the revision it just got.
         self._insert(
@@ -197,13 +191,4 @@ class SheetsSql(SqlBase):
             "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, (SELECT rev FROM sheet_rows WHERE sheet = ? AND row_key = ?))",
             upsert,
             [(*map_row_values(r), r.sheet, r.row_key) for r in rows if r.rev is None],
-            key=_first_three,  # (run_id, map, idx)
         )
-
-
-def _first_two(values: Sequence[Any]) -> Any:
-    return values[0], values[1]
-
-
-def _first_three(values: Sequence[Any]) -> Any:
-    return values[0], values[1], values[2]
