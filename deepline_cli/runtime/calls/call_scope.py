@@ -12,7 +12,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # one per cell: not frozen, whose fields cost object.__setattr__ each
 class CellScope:
     map: str
     row_key: str
