@@ -1710,3 +1710,15 @@ def test_a_run_moves_only_as_the_run_state_machine_allows(store_url: str) -> Non
         assert all("completed" not in allowed for allowed in TRANSITIONS.values())  # completed is final
     finally:
         store.close()
+
+
+def test_sheet_rows_loaded_without_their_input_keep_everything_else(store: Store) -> None:
+    """What a map's reuse reads: every field but the stored input (None)."""
+    rows = [sheet_row("a"), sheet_row("b", status="failed")]
+    store.apply(Writes(sheet_rows=rows), T0)
+
+    loaded = store.load_sheet_rows("play/leads", ["a", "b"], with_input=False)
+
+    for row in rows:
+        row.input = None
+    assert loaded == {"a": rows[0], "b": rows[1]}

@@ -256,7 +256,12 @@ def cells_of(stored: Any) -> dict[str, Cell]:
     """A sheet row's cells from their stored JSON form (`meta` padded in when absent; made
     with tuple.__new__, as NamedTuple._make does, without its per-call length check: a
     re-run reads every cell of every row)."""
-    return {name: _new_tuple(Cell, (*cell, None)[:5]) for name, cell in (stored or {}).items()}
+    cells = {}
+    for name, cell in (stored or {}).items():
+        if len(cell) == 4:
+            cell.append(None)  # a list just parsed, ours to change
+        cells[name] = _new_tuple(Cell, cell)
+    return cells
 
 
 def stored_cells(cells: Mapping[str, Cell]) -> dict[str, list[Any]]:
@@ -269,7 +274,7 @@ class SheetRow:
 
     sheet: str
     row_key: str
-    input: Any
+    input: Any  # None when loaded `with_input=False`
     input_digest: str
     cells: dict[str, Cell]
     status: str  # succeeded | failed

@@ -218,7 +218,9 @@ class SheetStore(Protocol):
     """Sheets and maps: sheet rows, a run's map rows and map records."""
 
     # sheets and maps
-    def load_sheet_rows(self, sheet: str, row_keys: Sequence[str]) -> dict[str, SheetRow]: ...
+    def load_sheet_rows(self, sheet: str, row_keys: Sequence[str], *, with_input: bool = True) -> dict[str, SheetRow]:
+        """The sheet rows of these keys (absent: none). `with_input=False` leaves each row's
+        stored input out (None): reuse needs only its digest, and a re-run reads every row."""
 
     def finished_map_rows(self, run_id: str, map: str) -> list[int]:
         """The distinct-row indexes this run's map already finished (earlier attempts)."""

@@ -14,12 +14,13 @@ from deepline_cli.store.sql_rows import chunks, json_or_none, map_from_row, map_
 class SheetsSql(SqlBase):
     """Sheets and maps in SQL: sheet rows with their revisions, a run's map rows and map records."""
 
-    def load_sheet_rows(self, sheet: str, row_keys: Sequence[str]) -> dict[str, SheetRow]:
+    def load_sheet_rows(self, sheet: str, row_keys: Sequence[str], *, with_input: bool = True) -> dict[str, SheetRow]:
         found: dict[str, SheetRow] = {}
+        stored_input = "input" if with_input else "NULL"
         for chunk in chunks(row_keys):
             marks = ", ".join("?" * len(chunk))
             rows = self._read(
-                "SELECT row_key, input, input_digest, cells, status, run_id, updated_at, rev"
+                f"SELECT row_key, {stored_input}, input_digest, cells, status, run_id, updated_at, rev"
                 f" FROM sheet_rows WHERE sheet = ? AND row_key IN ({marks})",
                 [sheet, *chunk],
             )

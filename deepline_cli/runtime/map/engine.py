@@ -152,7 +152,7 @@ class MapRun:
 
     async def _produce(self, queue: asyncio.Queue[PendingRow | None]) -> None:
         def sheet_rows(keys: list[str]) -> Awaitable[dict[str, SheetRow]]:
-            return self.s.io.call(self.s.io.store.sheets.load_sheet_rows, self.sheet, keys)
+            return self.s.io.call(self.s.io.store.sheets.load_sheet_rows, self.sheet, keys, with_input=False)
 
         async with contextlib.aclosing(self.intake.read_ahead(sheet_rows)) as chunks:
             async for chunk in chunks:

@@ -92,7 +92,8 @@ def rest_jobs(engine: PilotMap, counts: RestCounts) -> Iterator[list[PendingRow]
 async def count_paid(engine: PilotMap, chunk: list[PendingRow]) -> int:
     """How many of these rows the map engine would take whole from the sheet (no call)."""
     io = engine.io
-    previous = await io.call(io.store.sheets.load_sheet_rows, engine.sheet, [job.key for job in chunk])
+    keys = [job.key for job in chunk]
+    previous = await io.call(io.store.sheets.load_sheet_rows, engine.sheet, keys, with_input=False)
     paid = 0
     for job in chunk:
         job.previous = previous.get(job.key)

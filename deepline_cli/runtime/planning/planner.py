@@ -727,7 +727,8 @@ class Planner:
         plan = MapPlan(engine.name, limit=engine.limit, columns=rows.columns, history_rows=rows.history.rows)
         self.plan.maps.append(plan)
         for chunk in engine.intake.chunks():
-            previous = await self.io.call(self.store.sheets.load_sheet_rows, engine.sheet, [job.key for job in chunk])
+            keys = [job.key for job in chunk]
+            previous = await self.io.call(self.store.sheets.load_sheet_rows, engine.sheet, keys, with_input=False)
             for job in chunk:
                 job.previous = previous.get(job.key)
                 if job.blank is not None and not (engine.reusable(job) and whole_row_reusable(engine, job)):
