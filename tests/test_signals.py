@@ -41,9 +41,37 @@ async def signals(ctx, input):
     return {"rows": len(rows)}
 """
 
-# From the moment the process is started: during imports (~0.1 s), loading the play, creating
-# the run, its first calls, and well into them.
-DELAYS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.6, 0.9, 1.3)
+# From the moment the process is started: during imports, loading the play, creating the run,
+# its first calls, and well into them. The later ones are fractions of the time this machine
+# takes to the play's first call (measured first: from 0.3 s to several on a loaded machine).
+EARLY = (0.0, 0.05, 0.1)
+OF_FIRST_CALL = (0.3, 0.6, 0.8, 0.9, 1.0, 1.1, 1.3, 1.8)
+
+
+def start(tmp_path: Path, cli_env: dict[str, str], log: Path, run_id: str, salt: str) -> subprocess.Popen[str]:
+    payload = json.dumps({"log": str(log), "salt": salt})
+    return subprocess.Popen(
+        [sys.executable, "-m", "deepline_cli", "run", "play.py", "--input", payload, "--run-id", run_id],
+        cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+
+
+def time_to_first_call(tmp_path: Path, cli_env: dict[str, str], log: Path) -> float:
+    """Seconds from the process's start to the play's first call, on this machine now; the
+    run is then interrupted like any other (exit 130)."""
+    began = time.monotonic()
+    proc = start(tmp_path, cli_env, log, "sig-first-call", "first-call")
+    while not (log.exists() and log.stat().st_size):
+        if proc.poll() is not None or time.monotonic() - began > 60:
+            proc.kill()
+            pytest.fail(f"no call within 60 s of the start: {proc.communicate()[1][-2000:]}")
+        time.sleep(0.005)
+    took = time.monotonic() - began
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err[-2000:]
+    return took
 
 
 def run_status(store: Path, run_id: str) -> str | None:
@@ -97,15 +125,11 @@ def test_a_signal_at_any_moment_stops_the_run_with_one_line(
 ) -> None:
     (tmp_path / "play.py").write_text(PLAY)
     log = tmp_path / "calls.log"
-    outcomes = []
-    for n, delay in enumerate(DELAYS):
+    first_call = time_to_first_call(tmp_path, cli_env, log)
+    outcomes: list[str | None] = []
+    for n, delay in enumerate([*EARLY, *(share * first_call for share in OF_FIRST_CALL)]):
         run_id = f"sig-{n}"
-        payload = json.dumps({"log": str(log), "salt": f"{sig.name}-{n}"})
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "deepline_cli", "run", "play.py", "--input", payload, "--run-id", run_id],
-            cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
+        proc = start(tmp_path, cli_env, log, run_id, f"{sig.name}-{n}")
         time.sleep(delay)
         sent = time.monotonic()
         before = log.stat().st_size if log.exists() else 0
@@ -139,4 +163,4 @@ def test_a_signal_at_any_moment_stops_the_run_with_one_line(
         assert status in (None, "interrupted"), f"delay {delay}: the run is {status}"
         outcomes.append(status)
     # Both sides of the run's creation were hit, in deepline's own code.
-    assert "interrupted" in outcomes and None in outcomes, outcomes
+    assert "interrupted" in outcomes and None in outcomes, (outcomes, first_call)
