@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import h11
 import pytest
 
 from deepline_cli.errors import ProviderTransientError, ToolExecutionError
 from deepline_cli.runtime.providers.governor import Governor
 from deepline_cli.runtime.providers.http import Http, Request
 from deepline_cli.runtime.providers.secrets import Secrets
-from deepline_cli.runtime.providers.transport import Response, Transport
+from deepline_cli.runtime.providers.transport import Response, Transport, _wire, build
 from tests.provider import Provider, ProviderServer
 
 SECRET = "sk-live-7f3c9a1e5b2d4c6e"
@@ -355,6 +356,65 @@ def test_chunked_gzip_informational_and_close_delimited_bodies() -> None:
     contents, connections = run(bodies())
     assert contents == [b'{"a": 1}', b"after 100", b'{"zipped": true}', b"to the end", b"new"]
     assert connections == 2  # kept alive until the server closed it
+
+
+def test_a_head_answer_ends_at_its_head_whatever_length_it_names() -> None:
+    """A HEAD's answer names the length of a body it never sends: read up to its head, and
+    the connection is not used again (what follows on it would be misread)."""
+
+    async def head_then_get() -> tuple[Response, Response, int]:
+        async with (
+            scripted(
+                answer(b"", "X-Size: 5").replace(b"content-length: 0", b"content-length: 5"), answer(b"next")
+            ) as server,
+            client() as http,
+        ):
+            first = await send(http, server.url, method="HEAD")
+            second = await send(http, server.url)
+        return first, second, server.connections
+
+    first, second, connections = run(head_then_get())
+    assert (first.status_code, first.content, first.headers["content-length"]) == (200, b"", "5")
+    assert (second.content, connections) == (b"next", 2)
+
+
+@pytest.mark.parametrize(
+    ("script", "said"),
+    [
+        (b"HTTP/1.1 2xx Nope\r\n\r\n", "the server broke HTTP/1.1"),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nonly4", "in the middle of its answer"),
+        (b"", "before answering"),
+    ],
+    ids=["malformed", "cut short", "nothing"],
+)
+def test_a_broken_or_cut_answer_is_a_transient_network_error(script: bytes, said: str) -> None:
+    async def broken() -> None:
+        async with scripted((script, True)) as server, client() as http:
+            await send(http, server.url)
+
+    with pytest.raises(ProviderTransientError) as failure:
+        run(broken())
+    assert failure.value.category == "network"
+    assert said in str(failure.value)
+
+
+@pytest.mark.parametrize(
+    ("method", "headers", "body"),
+    [
+        ("GET", {}, b""),
+        ("POST", {"X-Api-Key": "k", "Content-Type": "application/json"}, b'{"a":1}'),
+        ("POST", {"Transfer-Encoding": "chunked"}, b'{"a":1}'),
+        ("PUT", {"Transfer-Encoding": "chunked"}, b""),
+    ],
+    ids=["get", "post", "chunked", "chunked-empty"],
+)
+def test_a_request_is_written_byte_for_byte_as_h11_writes_it(method: str, headers: dict[str, str], body: bytes) -> None:
+    request = build(method, "http://127.0.0.1:8080/v1/x?q=1", headers, {"p": "2"}, body)
+    conn = h11.Connection(h11.CLIENT)
+    expected = conn.send(request.event) + (conn.send(h11.Data(data=body)) if body else b"")
+    expected += conn.send(h11.EndOfMessage())  # chunked: the closing chunk
+
+    assert _wire(request) == expected
 
 
 def test_an_idle_connection_the_server_closed_is_not_reused() -> None:

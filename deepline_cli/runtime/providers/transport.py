@@ -2,10 +2,11 @@
 
 `Http` (http.py) decides what to retry and how to classify a failure; this module only
 builds a request, sends it over a connection to its origin (scheme, host, port) and
-reads the answer. It drives h11, the HTTP/1.1 state machine under httpx and httpcore,
-straight from an asyncio protocol: httpx's client layer was most of a run's CPU, and
-httpcore's connection layer (its locks yield to the event loop) still cost 1.75x the
-CPU per request of this one (BENCHMARKS.md).
+reads the answer, straight from an asyncio protocol: h11 (the HTTP/1.1 engine under httpx
+and httpcore) checks each request, which is written in one piece, and llhttp (Node's
+parser, through httptools) reads each answer as its bytes arrive. httpx's client layer was
+most of a run's CPU, httpcore's connection layer still 1.75x this one's, and h11's state
+machine a quarter of a run's CPU on a machine where the run waits on it (BENCHMARKS.md).
 
 Errors: `InvalidRequest` (the request cannot be sent as given: nothing reached the
 network), `InvalidResponse` (the provider's answer cannot be used), `TransportTimeout`
@@ -31,6 +32,7 @@ from typing import Any
 from urllib.parse import SplitResult, parse_qsl, quote, unquote, urlencode, urljoin, urlsplit
 
 import h11
+import httptools
 
 from deepline_cli import __version__, _json
 
@@ -443,14 +445,85 @@ def _inflate(content: bytes) -> bytes:
 # --- one connection ----------------------------------------------------------------------------
 
 
+class _Answer:
+    """One response as llhttp reads it (httptools calls these as the bytes come); the 1xx
+    answers before it are passed over. Parse errors are kept, to be raised by the waiter."""
+
+    __slots__ = ("chunks", "complete", "error", "framed", "head_only", "headers", "keep_alive", "parser", "status")
+
+    def __init__(self, head_only: bool) -> None:
+        self.head_only = head_only  # a HEAD's answer: its length names a body that never comes
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.chunks: list[bytes] = []
+        self.complete = False
+        self.keep_alive = False
+        self.framed = False  # its length or chunks say where it ends (else the server's close does)
+        self.error: Exception | None = None
+        self.parser = httptools.HttpResponseParser(self)
+
+    def feed(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.error = exc
+
+    def on_message_begin(self) -> None:
+        if self.complete:  # bytes after the answer, never asked for: the connection is spoilt
+            self.keep_alive = False
+        else:  # the answer after a 1xx: its own headers
+            self.headers, self.chunks = [], []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self.complete:
+            self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        if self.complete:
+            return
+        self.status = self.parser.get_status_code()
+        self.keep_alive = self.parser.should_keep_alive()
+        if self.status >= 200:
+            self.framed = any(name.lower() in (b"content-length", b"transfer-encoding") for name, _ in self.headers)
+            if self.head_only:  # done at its head; llhttp would wait for the body: not reused
+                self.complete, self.keep_alive = True, False
+
+    def on_body(self, body: bytes) -> None:
+        if not self.complete:
+            self.chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.status >= 200:
+            self.complete = True
+
+
+def _wire(request: Outgoing) -> bytes:
+    """The request as bytes, in one piece: its line, its headers as h11 checked them, its body
+    (in one chunk when the play asked for chunked transfer)."""
+    event = request.event
+    wire = [event.method, b" ", event.target, b" HTTP/1.1\r\n"]
+    chunked = False
+    for name, value in event.headers.raw_items():
+        wire += (name, b": ", value, b"\r\n")
+        chunked = chunked or (name.lower() == b"transfer-encoding" and b"chunked" in value.lower())
+    wire.append(b"\r\n")
+    body = request.body
+    if chunked:
+        wire += (b"%x\r\n" % len(body), body, b"\r\n0\r\n\r\n") if body else (b"0\r\n\r\n",)
+    else:
+        wire.append(body)
+    return b"".join(wire)
+
+
 class Connection(asyncio.Protocol):
-    """One keep-alive HTTP/1.1 connection: bytes from the socket go straight into h11."""
+    """One keep-alive HTTP/1.1 connection: each request written in one piece, the answer's
+    bytes parsed by llhttp (httptools) as they arrive. A CONNECT to a proxy goes through h11."""
 
     def __init__(self) -> None:
-        self.h11 = h11.Connection(h11.CLIENT)
         self.transport: asyncio.Transport | None = None
         self.idle_since = 0.0
         self.closed = False
+        self._feed: Callable[[bytes], None] | None = None  # who reads the bytes now (None: nobody asked)
         self._waiter: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -458,9 +531,10 @@ class Connection(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        if self.h11.our_state is h11.IDLE:  # unasked-for bytes on an idle connection: never reuse it
+        if self._feed is None:  # unasked-for bytes on an idle connection: never reuse it
             self.closed = True
-        self.h11.receive_data(data)
+            return
+        self._feed(data)
         self._wake()
 
     def eof_received(self) -> None:
@@ -472,7 +546,6 @@ class Connection(asyncio.Protocol):
     def _lost(self) -> None:
         if not self.closed:
             self.closed = True
-            self.h11.receive_data(b"")
             self._wake()
 
     def _wake(self) -> None:
@@ -481,7 +554,7 @@ class Connection(asyncio.Protocol):
             waiter.set_result(None)
 
     def reusable(self, now: float) -> bool:
-        return not self.closed and self.h11.our_state is h11.IDLE and now - self.idle_since < KEEPALIVE_S
+        return not self.closed and self._feed is None and now - self.idle_since < KEEPALIVE_S
 
     def close(self) -> None:
         """Drop the connection at once. A connection is closed only between requests (an
@@ -495,26 +568,31 @@ class Connection(asyncio.Protocol):
     async def exchange(self, request: Outgoing, timeout_s: float) -> Response:
         """Send the request in one write and read the whole answer; the connection is idle
         again after, unless the server or an error ended it."""
-        conn = self.h11
-        wire = [conn.send(request.event), conn.send(h11.Data(data=request.body)) if request.body else b""]
-        wire.append(conn.send(h11.EndOfMessage()))
+        answer = _Answer(request.method == "HEAD")
         assert self.transport is not None
-        self.transport.write(b"".join(part for part in wire if part))
-        event = await self._next(timeout_s)
-        while isinstance(event, h11.InformationalResponse):  # a 1xx comes before the answer
-            event = await self._next(timeout_s)
-        if not isinstance(event, h11.Response):
-            raise TransportError("the server closed the connection before answering")
-        head, chunks = event, []
-        while isinstance(event := await self._next(timeout_s), h11.Data):
-            chunks.append(event.data)
-        if not isinstance(event, h11.EndOfMessage):
-            raise TransportError("the server closed the connection in the middle of its answer")
-        if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
-            conn.start_next_cycle()
-            self.idle_since = time.monotonic()
-        content = _decoded(b"".join(chunks), _header(head, b"content-encoding")) if chunks else b""
-        return Response(head.status_code, Headers(head.headers), content)
+        self._feed = answer.feed
+        try:
+            self.transport.write(_wire(request))
+            while not answer.complete:
+                if answer.error is not None:
+                    raise TransportError(f"the server broke HTTP/1.1 ({answer.error})")
+                if self.closed:
+                    if answer.status >= 200 and not answer.framed:
+                        break  # its body ends where the connection does
+                    if answer.status:
+                        raise TransportError("the server closed the connection in the middle of its answer")
+                    raise TransportError("the server closed the connection before answering")
+                await self._readable(timeout_s)
+        except BaseException:
+            self.closed = True  # half an exchange: never reused
+            raise
+        finally:
+            self._feed = None
+        if not answer.keep_alive:
+            self.closed = True
+        self.idle_since = time.monotonic()
+        content = _decoded(b"".join(answer.chunks), _header(answer.headers, b"content-encoding"))
+        return Response(answer.status, Headers(answer.headers), content if answer.chunks else b"")
 
     async def tunnel(self, origin: Origin, proxy: Proxy, timeout_s: float) -> None:
         """Ask the proxy for a tunnel to `origin` (CONNECT); after it, this connection starts
@@ -525,12 +603,17 @@ class Connection(asyncio.Protocol):
         if proxy.authorization:
             headers.append((b"Proxy-Authorization", proxy.authorization.encode("ascii")))
         assert self.transport is not None
-        self.transport.write(
-            self.h11.send(h11.Request(method="CONNECT", target=authority.encode("ascii"), headers=headers))
-        )
-        event = await self._next(timeout_s)
-        while isinstance(event, h11.InformationalResponse):
-            event = await self._next(timeout_s)
+        conn = h11.Connection(h11.CLIENT)
+        self._feed = conn.receive_data
+        try:
+            self.transport.write(
+                conn.send(h11.Request(method="CONNECT", target=authority.encode("ascii"), headers=headers))
+            )
+            event = await self._next(conn, timeout_s)
+            while isinstance(event, h11.InformationalResponse):
+                event = await self._next(conn, timeout_s)
+        finally:
+            self._feed = None
         if not isinstance(event, h11.Response):
             raise TransportError(f"the proxy {proxy.url} closed the connection instead of opening a tunnel")
         if not 200 <= event.status_code < 300:
@@ -539,11 +622,13 @@ class Connection(asyncio.Protocol):
             if event.status_code >= 500:
                 raise TransportError(refusal)  # it could not reach the host: worth another attempt
             raise ProxyRefused(refusal)
-        self.h11 = h11.Connection(h11.CLIENT)  # from here on, bytes are the origin's
 
-    async def _next(self, timeout_s: float) -> object:
-        while (event := self.h11.next_event()) is h11.NEED_DATA:
-            await self._readable(timeout_s)
+    async def _next(self, conn: h11.Connection, timeout_s: float) -> object:
+        while (event := conn.next_event()) is h11.NEED_DATA:
+            if self.closed:
+                conn.receive_data(b"")  # the proxy closed: h11 says so next
+            else:
+                await self._readable(timeout_s)
         return event
 
     async def _readable(self, timeout_s: float) -> None:
@@ -627,8 +712,8 @@ def _expire(waiter: asyncio.Future[None]) -> None:
         waiter.set_exception(TransportTimeout("the server did not answer in time"))
 
 
-def _header(head: h11.Response, name: bytes) -> str:
-    return ", ".join(value.decode("latin-1") for key, value in head.headers if key == name)
+def _header(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> str:
+    return ", ".join(value.decode("latin-1") for key, value in headers if key.lower() == name)
 
 
 # --- the pool ----------------------------------------------------------------------------------
