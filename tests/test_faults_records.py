@@ -229,4 +229,8 @@ def test_slots_that_came_due_while_the_process_was_starved_are_not_a_burst(
     assert result.code == 0, result.stderr
     sent = sorted(float(line) for line in log.read_text().split())
     gaps = [b - a for a, b in itertools.pairwise(sent)]
-    assert len(sent) == 12 and min(gaps) >= 0.09, gaps  # 10/s: never closer than ~100 ms
+    # 10/s: a slot every 100 ms. A burst of the slots that came due while the process was
+    # starved would send several within a few ms; the tool runs on a thread, whose start adds
+    # some ms of jitter to each timestamp on a loaded machine (one gap of 73 ms was seen).
+    assert len(sent) == 12 and min(gaps) >= 0.05, gaps
+    assert sum(gaps) >= 11 * 0.1, gaps  # and no faster than 10/s over the whole run
