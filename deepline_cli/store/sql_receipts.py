@@ -32,8 +32,9 @@ class ReceiptsSql(ClaimsSql, SheetsSql):
 
     def apply(self, writes: Writes, now: float) -> Applied:
         # A transaction the database aborted to break a deadlock with another process rolled
-        # back whole (nothing of it is kept), so running it again is safe.
-        for wait in (*delays(0.005, tries=CONFLICT_RETRIES - 1), None):
+        # back whole (nothing of it is kept), so running it again is safe. The waits are
+        # jittered: two processes that deadlocked once, retrying in step, would again.
+        for wait in (*delays(0.005, cap=0.5, tries=CONFLICT_RETRIES - 1, jitter=True), None):
             try:
                 return self._apply(writes, now)
             except StoreConflict:

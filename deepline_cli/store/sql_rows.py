@@ -252,4 +252,4 @@ def chunks(items: Sequence[str]) -> Iterator[list[str]]:
         yield list(items[i : i + CHUNK])
 
 
-CONFLICT_RETRIES = 5  # a transaction the database aborted to break a deadlock is run again
+CONFLICT_RETRIES = 8  # a transaction the database aborted to break a deadlock is run again
