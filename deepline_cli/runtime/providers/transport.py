@@ -591,8 +591,10 @@ class Connection(asyncio.Protocol):
         if not answer.keep_alive:
             self.closed = True
         self.idle_since = time.monotonic()
-        content = _decoded(b"".join(answer.chunks), _header(answer.headers, b"content-encoding"))
-        return Response(answer.status, Headers(answer.headers), content if answer.chunks else b"")
+        content = (
+            _decoded(b"".join(answer.chunks), _header(answer.headers, b"content-encoding")) if answer.chunks else b""
+        )
+        return Response(answer.status, Headers(answer.headers), content)
 
     async def tunnel(self, origin: Origin, proxy: Proxy, timeout_s: float) -> None:
         """Ask the proxy for a tunnel to `origin` (CONNECT); after it, this connection starts
@@ -786,8 +788,6 @@ class Transport:
                 self._open.add(connection)
             try:
                 response = await connection.exchange(request, timeout_s)
-            except h11.ProtocolError as exc:
-                raise TransportError(f"the server broke HTTP/1.1 ({exc})") from None
             finally:
                 self._keep(route, connection)
         finally:
