@@ -28,12 +28,20 @@ class ClaimsSql(SqlBase):
     """Claims and settlements in SQL: the receipt state machine (store/base.py) applied under row locks."""
 
     def _claim(
-        self, c: Any, claims: Sequence[Claim], now: float, superseded: set[tuple[str, int]]
+        self,
+        c: Any,
+        claims: Sequence[Claim],
+        now: float,
+        superseded: set[tuple[str, int]],
+        existing: dict[str, Receipt] | None = None,
+        looked_up: set[str] | frozenset[str] = frozenset(),
     ) -> list[ClaimOutcome]:
         """Decide every claim against the stored receipt, under a row lock where the
         database has them; a key another process inserted meanwhile is decided again.
-        A claim of a `superseded` attempt is refused (fencing)."""
-        existing = self._load_for_update(c, [cl.key for cl in claims])
+        A claim of a `superseded` attempt is refused (fencing). `existing`: the receipts
+        of the keys in `looked_up`, read (and locked) already in this transaction."""
+        existing = {key: existing[key] for key in looked_up if key in existing} if existing else {}
+        existing.update(self._load_for_update(c, [cl.key for cl in claims if cl.key not in looked_up]))
         outcomes: dict[int, ClaimOutcome] = {}
         replaced: list[Receipt] = []
         pending = []
