@@ -25,12 +25,14 @@ from typing import Any
 
 import h11
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deepline_cli.errors import ProviderTransientError, ToolExecutionError
 from deepline_cli.runtime.providers.governor import Governor
 from deepline_cli.runtime.providers.http import Http, Request
 from deepline_cli.runtime.providers.secrets import Secrets
-from deepline_cli.runtime.providers.transport import Response, Transport, _wire, build
+from deepline_cli.runtime.providers.transport import Response, Transport, _wire, build, checked_head
 from tests.provider import Provider, ProviderServer
 
 SECRET = "sk-live-7f3c9a1e5b2d4c6e"
@@ -408,11 +410,65 @@ def test_a_broken_or_cut_answer_is_a_transient_network_error(script: bytes, said
 )
 def test_a_request_is_written_byte_for_byte_as_h11_writes_it(method: str, headers: dict[str, str], body: bytes) -> None:
     request = build(method, "http://127.0.0.1:8080/v1/x?q=1", headers, {"p": "2"}, body)
+    head = request.head
     conn = h11.Connection(h11.CLIENT)
-    expected = conn.send(request.event) + (conn.send(h11.Data(data=body)) if body else b"")
+    event = h11.Request(method=head.method, target=head.target, headers=list(head.headers))
+    expected = conn.send(event) + (conn.send(h11.Data(data=body)) if body else b"")
     expected += conn.send(h11.EndOfMessage())  # chunked: the closing chunk
 
     assert _wire(request) == expected
+
+
+# Bytes where the rules of a request head differ: separators, controls, spaces, obs-text;
+# mostly drawn from well-formed parts, so that heads h11 accepts are common too.
+_TRICKY = st.binary(max_size=12) | st.text(alphabet='aZ09-_.:;, \t\r\n\x00\x7f\x80é(){}"/', max_size=8).map(
+    lambda t: t.encode("utf-8")
+)
+
+
+def _mostly(*good: bytes, odd: st.SearchStrategy[bytes] = _TRICKY) -> st.SearchStrategy[bytes]:
+    """A well-formed part four times in five, else an odd one."""
+    return st.sampled_from([*good, *good, *good, *good, None]).flatmap(lambda g: odd if g is None else st.just(g))
+
+
+_NAMES = _mostly(b"content-length", b"Content-Length", b"Transfer-Encoding", b"X-Key", odd=_TRICKY | st.just(b"Host"))
+_VALUES = _mostly(
+    b"5", b" 5 , 5", b"5, 6", b"chunked", b"CHUNKED", b"gzip", b"a  b", b"a\tb", b"a \t b", b"a\x80b", b""
+)
+_SOUND = [
+    (b"Content-Length", b"5"),
+    (b"content-length", b" 5 , 5"),
+    (b"Content-Length", b"1" * 21),
+    (b"Transfer-Encoding", b"CHUNKED"),
+    (b"Transfer-Encoding", b"chunked"),
+    (b"X-Key", b"a\tb"),
+    (b"X-Key", b"a \t b"),
+    (b"X-Key", b"a\x80b"),
+    (b"X-Key", b""),
+]
+_HEADER = st.sampled_from([*_SOUND, None]).flatmap(lambda h: st.tuples(_NAMES, _VALUES) if h is None else st.just(h))
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    method=_mostly(b"GET", b"POST", b"PATCH"),
+    target=_mostly(b"/v1/x?q=1", b"/", b"/a b"),
+    host=st.sampled_from([1, 1, 1, 1, 0, 2]),
+    headers=st.lists(_HEADER, max_size=3),
+)
+def test_a_request_head_is_refused_where_h11_refuses_it_and_written_as_h11_writes_it(
+    method: bytes, target: bytes, host: int, headers: list[tuple[bytes, bytes]]
+) -> None:
+    """The hand-written check against h11's own, on the bytes where their rules bite."""
+    headers = [(b"Host", b"example.com")] * host + headers
+    try:
+        theirs = h11.Request(method=method, target=target, headers=headers)
+    except h11.LocalProtocolError:
+        with pytest.raises(ValueError):
+            checked_head(method, target, headers)
+        return
+    ours = checked_head(method, target, headers)
+    assert (ours.method, ours.target, list(ours.headers)) == (theirs.method, theirs.target, theirs.headers.raw_items())
 
 
 def test_an_idle_connection_the_server_closed_is_not_reused() -> None:

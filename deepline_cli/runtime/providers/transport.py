@@ -2,9 +2,9 @@
 
 `Http` (http.py) decides what to retry and how to classify a failure; this module only
 builds a request, sends it over a connection to its origin (scheme, host, port) and
-reads the answer, straight from an asyncio protocol: h11 (the HTTP/1.1 engine under httpx
-and httpcore) checks each request, which is written in one piece, and llhttp (Node's
-parser, through httptools) reads each answer as its bytes arrive. httpx's client layer was
+reads the answer, straight from an asyncio protocol: each request is checked as h11 (the
+HTTP/1.1 engine under httpx and httpcore) checks one and written in one piece, and llhttp
+(Node's parser, through httptools) reads each answer as its bytes arrive. httpx's client layer was
 most of a run's CPU, httpcore's connection layer still 1.75x this one's, and h11's state
 machine a quarter of a run's CPU on a machine where the run waits on it (BENCHMARKS.md).
 
@@ -22,6 +22,7 @@ import contextlib
 import functools
 import ipaddress
 import os
+import re
 import socket
 import ssl
 import time
@@ -195,6 +196,59 @@ def _in_network(host: str, entry: str) -> bool:
 # --- building a request ------------------------------------------------------------------------
 
 
+# What h11 (RFC 9110/9112) allows in a request it sends, checked the same way here without
+# its event objects: a method and a header name are tokens, a target is visible ASCII, a
+# header value is visible characters (obs-text included) with single spaces or tabs inside.
+_TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+")
+_TARGET = re.compile(rb"[\x21-\x7e]+")
+_FIELD_VALUE = re.compile(rb"(?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?")
+_CONTENT_LENGTH = re.compile(rb"[0-9]{1,20}")
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A request's line and headers as they go on the wire, checked (`checked_head`)."""
+
+    method: bytes
+    target: bytes
+    headers: tuple[tuple[bytes, bytes], ...]  # (name as given, value)
+
+
+def checked_head(method: bytes, target: bytes, headers: Sequence[tuple[bytes, bytes]]) -> Head:
+    """The head h11 would send for these parts, or ValueError where h11 refuses them: one
+    Host header, Content-Length a single number (repeats that agree are one), at most one
+    Transfer-Encoding and only `chunked` (its value lower-cased, as h11 writes it)."""
+    if not _TOKEN.fullmatch(method):
+        raise ValueError("illegal method characters")
+    if not _TARGET.fullmatch(target):
+        raise ValueError("illegal target characters")
+    kept: list[tuple[bytes, bytes]] = []
+    hosts, length, chunked = 0, None, False
+    for name, value in headers:
+        if not _TOKEN.fullmatch(name) or not _FIELD_VALUE.fullmatch(value):
+            raise ValueError("illegal header")
+        lower = name.lower()
+        if lower == b"host":
+            hosts += 1
+        elif lower == b"content-length":
+            lengths = {part.strip() for part in value.split(b",")}
+            value = lengths.pop()
+            if lengths or not _CONTENT_LENGTH.fullmatch(value) or length not in (None, value):
+                raise ValueError("bad or conflicting Content-Length")
+            if length is not None:
+                continue
+            length = value
+        elif lower == b"transfer-encoding":
+            value = value.lower()
+            if chunked or value != b"chunked":
+                raise ValueError("only one Transfer-Encoding: chunked is supported")
+            chunked = True
+        kept.append((name, value))
+    if hosts != 1:
+        raise ValueError("a request needs exactly one Host header")
+    return Head(method, target, tuple(kept))
+
+
 @dataclass(frozen=True, slots=True)
 class Outgoing:
     """A request ready for the wire, with what a redirect needs to build the next one."""
@@ -202,9 +256,13 @@ class Outgoing:
     method: str
     url: str
     origin: Origin
-    event: h11.Request
+    head: Head
     body: bytes
     headers: Mapping[str, str]
+
+    @property
+    def chunked(self) -> bool:
+        return any(name.lower() == b"transfer-encoding" for name, _ in self.head.headers)
 
     def redirected(self, status: int, location: str) -> Outgoing:
         """The request a redirect asks for, as httpx builds it."""
@@ -233,10 +291,10 @@ def build(method: str, url: str, headers: Mapping[str, str], params: Mapping[str
     target = _target(parts, params)
     wire = _headers(parts, origin, headers, method, body)
     try:
-        event = h11.Request(method=method, target=target, headers=wire)
-    except h11.LocalProtocolError:
+        head = checked_head(method.encode("ascii"), target, wire)
+    except (ValueError, UnicodeEncodeError):
         raise InvalidRequest(_what_is_invalid(method, headers)) from None
-    return Outgoing(method, url, origin, event, body, headers)
+    return Outgoing(method, url, origin, head, body, headers)
 
 
 def _absolute(request: Outgoing, proxy: Proxy) -> Outgoing:
@@ -244,12 +302,12 @@ def _absolute(request: Outgoing, proxy: Proxy) -> Outgoing:
     proxy's credentials."""
     scheme, host, port = request.origin
     netloc = f"[{host}]" if ":" in host else host
-    target = f"{scheme}://{netloc}:{port}".encode("ascii") + request.event.target
-    headers = list(request.event.headers)
+    target = f"{scheme}://{netloc}:{port}".encode("ascii") + request.head.target
+    headers = list(request.head.headers)
     if proxy.authorization:
         headers.append((b"Proxy-Authorization", proxy.authorization.encode("ascii")))
-    event = h11.Request(method=request.event.method, target=target, headers=headers)
-    return Outgoing(request.method, request.url, request.origin, event, request.body, request.headers)
+    head = checked_head(request.head.method, target, headers)
+    return Outgoing(request.method, request.url, request.origin, head, request.body, request.headers)
 
 
 def _origin(parts: SplitResult) -> Origin:
@@ -352,7 +410,7 @@ def _header_value(name: str, value: object) -> str:
 
 
 def _what_is_invalid(method: str, headers: Mapping[str, str]) -> str:
-    """Which part h11 refused, named without its value (a header may carry a secret)."""
+    """Which part was refused, named without its value (a header may carry a secret)."""
     for name, value in headers.items():
         if not name.isascii() or not name or any(c in name for c in ' \t\r\n\0:()<>@,;"/[]?={}\\'):
             return f"header name {name!r} is not valid"
@@ -498,17 +556,15 @@ class _Answer:
 
 
 def _wire(request: Outgoing) -> bytes:
-    """The request as bytes, in one piece: its line, its headers as h11 checked them, its body
-    (in one chunk when the play asked for chunked transfer)."""
-    event = request.event
-    wire = [event.method, b" ", event.target, b" HTTP/1.1\r\n"]
-    chunked = False
-    for name, value in event.headers.raw_items():
+    """The request as bytes, in one piece: its line, its checked headers, its body (in one
+    chunk when the play asked for chunked transfer)."""
+    head = request.head
+    wire = [head.method, b" ", head.target, b" HTTP/1.1\r\n"]
+    for name, value in head.headers:
         wire += (name, b": ", value, b"\r\n")
-        chunked = chunked or (name.lower() == b"transfer-encoding" and b"chunked" in value.lower())
     wire.append(b"\r\n")
     body = request.body
-    if chunked:
+    if request.chunked:
         wire += (b"%x\r\n" % len(body), body, b"\r\n0\r\n\r\n") if body else (b"0\r\n\r\n",)
     else:
         wire.append(body)
