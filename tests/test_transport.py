@@ -229,6 +229,8 @@ def test_waiting_for_a_free_connection_counts_against_the_timeout(provider: Prov
         ("{url}/x", {"X-Api-Key": SECRET + "\0"}, {}, "header 'X-Api-Key' has a line break or NUL"),
         ("{url}/x", {"Bad Name": "v"}, {}, "header name 'Bad Name' is not valid"),
         ("{url}/x", {"X-Name": "Müller"}, {}, "header 'X-Name' has a non-ASCII value"),
+        ("{url}/x", {"Content-Length": "5, 6"}, {}, "or a header is not valid HTTP"),
+        ("{url}/x", {"Transfer-Encoding": "gzip"}, {}, "or a header is not valid HTTP"),
         ("{url}/x", {}, {"filter": {"a": 1}}, "query parameter 'filter' is a dict"),
     ],
 )
