@@ -29,13 +29,15 @@ import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, parse_qsl, quote, unquote, urlencode, urljoin, urlsplit
 
-import h11
 import httptools
 
 from deepline_cli import __version__, _json
+
+if TYPE_CHECKING:
+    import h11
 
 Origin = tuple[str, str, int]  # scheme, host, port
 Route = tuple[Origin, str]  # an origin and the proxy reaching it ("" for none): what a connection is kept for
@@ -661,6 +663,8 @@ class Connection(asyncio.Protocol):
         if proxy.authorization:
             headers.append((b"Proxy-Authorization", proxy.authorization.encode("ascii")))
         assert self.transport is not None
+        import h11  # only a tunnel speaks it: not imported by every run that sends a request
+
         conn = h11.Connection(h11.CLIENT)
         self._feed = conn.receive_data
         try:
@@ -682,6 +686,8 @@ class Connection(asyncio.Protocol):
             raise ProxyRefused(refusal)
 
     async def _next(self, conn: h11.Connection, timeout_s: float) -> object:
+        import h11
+
         while (event := conn.next_event()) is h11.NEED_DATA:
             if self.closed:
                 conn.receive_data(b"")  # the proxy closed: h11 says so next
