@@ -307,6 +307,8 @@ async def resolve_cell(
         result, meta, hits = result.value, {"step": result.step}, result.keys
     if isinstance(result, ToolResult):
         result = result.output
+    if result is None or result is True or result is False or (type(result) is str and result.isascii()):
+        return result, meta, hits  # JSON keeps these as they are (other text may hold a lone surrogate)
     return _json.loads(_json.dumps(result)), meta, hits
 
 

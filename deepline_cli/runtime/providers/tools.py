@@ -109,13 +109,17 @@ class ToolDef:
     wants_call: bool = False
     metered: bool = False  # its answers say what they cost (remote tools): the budget counts those
     placement: Placement = field(default_factory=Placement)  # a sync tool: a thread, or the loop once proven quick
+    is_async: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.is_async = inspect.iscoroutinefunction(self.fn)
 
     async def invoke(self, input: Any, call: ToolCall, *, under_timeout: bool = False) -> Any:
         """The tool's answer. A sync tool runs on a thread, or inline once proven quick,
         never inline under a timeout (`under_timeout`: nothing could interrupt it), and in a
         copy of the caller's context either way (what it sets does not leak out)."""
         args = (input, call) if self.wants_call else (input,)
-        if inspect.iscoroutinefunction(self.fn):
+        if self.is_async:
             return await self.fn(*args)
         context = contextvars.copy_context()
         if self.placement.inline and not under_timeout:
