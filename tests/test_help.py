@@ -85,6 +85,18 @@ def test_python_m_help_lists_the_commands_without_heavy_imports(cli_env) -> None
     assert _heavy_in(imported) == []
 
 
+def test_a_run_without_a_schedule_or_a_proxy_imports_neither_croniter_nor_h11(cli_env) -> None:
+    """Each costs a run's start milliseconds; a schedule or a proxy tunnel imports its own."""
+    probe = (
+        "import sys; import deepline_cli.runtime.run.runner, deepline_cli.runtime.providers.http;"
+        " print(' '.join(sorted(sys.modules)))"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=cli_env, cwd=ROOT)
+    loaded = set(proc.stdout.split())
+    assert "deepline_cli.runtime.providers.transport" in loaded, proc.stderr  # the probe imported the runtime
+    assert sorted(m for m in loaded if m.split(".")[0] in ("croniter", "h11", "dateutil")) == []
+
+
 EXPECTED_ALL = [
     "BudgetExceededError",
     "Column",
