@@ -85,7 +85,7 @@ def test_python_m_help_lists_the_commands_without_heavy_imports(cli_env) -> None
     assert _heavy_in(imported) == []
 
 
-def test_a_run_without_a_schedule_or_a_proxy_imports_neither_croniter_nor_h11(cli_env) -> None:
+def test_the_runtime_a_run_loads_imports_neither_croniter_nor_h11(cli_env) -> None:
     """Each costs a run's start milliseconds; a schedule or a proxy tunnel imports its own."""
     probe = (
         "import sys; import deepline_cli.runtime.run.runner, deepline_cli.runtime.providers.http;"

@@ -229,15 +229,18 @@ def test_waiting_for_a_free_connection_counts_against_the_timeout(provider: Prov
         ("{url}/x", {"X-Api-Key": SECRET + "\0"}, {}, "header 'X-Api-Key' has a line break or NUL"),
         ("{url}/x", {"Bad Name": "v"}, {}, "header name 'Bad Name' is not valid"),
         ("{url}/x", {"X-Name": "Müller"}, {}, "header 'X-Name' has a non-ASCII value"),
-        ("{url}/x", {"Content-Length": "5, 6"}, {}, "or a header is not valid HTTP"),
+        ("{url}/x", {"Content-Length": "5, 6"}, {}, "header 'Content-Length' says 5, 6 bytes but the body has 0"),
         ("{url}/x", {"Transfer-Encoding": "gzip"}, {}, "or a header is not valid HTTP"),
+        ("{url}/x", {"Content-Length": "5"}, {}, "header 'Content-Length' says 5 bytes but the body has 0"),
+        ("{url}/x", {"Transfer-Encoding": "chunked", "Content-Length": "0"}, {}, "both Content-Length and"),
+        ("http://a b:{port}/x", {}, {}, "the URL's host is not valid"),
         ("{url}/x", {}, {"filter": {"a": 1}}, "query parameter 'filter' is a dict"),
     ],
 )
 def test_a_request_that_cannot_be_built_is_a_validation_error_and_reaches_no_server(
     provider: Provider, url: str, headers: dict[str, str], params: dict[str, Any], reason: str
 ) -> None:
-    target = url.format(url=provider.url, host=f"127.0.0.1:{provider.port}")
+    target = url.format(url=provider.url, host=f"127.0.0.1:{provider.port}", port=provider.port)
     with pytest.raises(ToolExecutionError) as failure:
         call(target, headers=headers, params=params, retries=3)
     error = failure.value
@@ -400,6 +403,27 @@ def test_a_broken_or_cut_answer_is_a_transient_network_error(script: bytes, said
     assert said in str(failure.value)
 
 
+def test_a_declared_content_length_is_the_body_s_or_the_request_is_not_sent(provider: Provider) -> None:
+    """A length that is not the body's would leave bytes on a kept-alive connection, read by
+    the server as the start of the next request (another row's call)."""
+    with pytest.raises(ToolExecutionError) as failure:
+        call(f"{provider.url}/x", method="POST", json={"a": 1}, headers={"Content-Length": "1"})
+    assert "header 'Content-Length' says 1 bytes but the body has 7" in str(failure.value)
+    answer = call(f"{provider.url}/x", method="POST", json={"a": 1}, headers={"Content-Length": "7"})
+    assert answer.status_code == 200 and provider.requests[-1].body == {"a": 1}
+    assert provider.connections == 1
+
+
+def test_a_redirect_that_drops_the_body_drops_its_declared_length(provider: Provider) -> None:
+    provider.script("/found", ["302:/as-get"])
+    answer = call(f"{provider.url}/found", method="POST", json={"a": 1}, headers={"Content-Length": "7"})
+    assert answer.status_code == 200
+    assert [(r.method, r.path, r.headers.get("content-length")) for r in provider.requests] == [
+        ("POST", "/found", "7"),
+        ("GET", "/as-get", None),
+    ]
+
+
 @pytest.mark.parametrize(
     ("method", "headers", "body"),
     [
@@ -440,6 +464,8 @@ _VALUES = _mostly(
 _SOUND = [
     (b"Content-Length", b"5"),
     (b"content-length", b" 5 , 5"),
+    (b"content-length", b"5, 5"),
+    (b"Content-Length", b"1" * 20),
     (b"Content-Length", b"1" * 21),
     (b"Transfer-Encoding", b"CHUNKED"),
     (b"Transfer-Encoding", b"chunked"),

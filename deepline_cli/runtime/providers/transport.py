@@ -276,6 +276,8 @@ class Outgoing:
         if _origin_of(url) != self.origin and not _is_https_upgrade(self.origin, url):
             headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
         body = b"" if method == "GET" and method != self.method else self.body
+        if not body and self.body:  # the body is dropped: its framing goes with it (as httpx does)
+            headers = {k: v for k, v in headers.items() if k.lower() not in ("content-length", "transfer-encoding")}
         try:
             return build(method, url, headers, None, body)
         except InvalidRequest as exc:
@@ -294,7 +296,7 @@ def build(method: str, url: str, headers: Mapping[str, str], params: Mapping[str
     wire = _headers(parts, origin, headers, method, body)
     try:
         head = checked_head(method.encode("ascii"), target, wire)
-    except (ValueError, UnicodeEncodeError):
+    except ValueError:  # UnicodeEncodeError too: a method that is not ASCII
         raise InvalidRequest(_what_is_invalid(method, headers)) from None
     return Outgoing(method, url, origin, head, body, headers)
 
@@ -308,7 +310,12 @@ def _absolute(request: Outgoing, proxy: Proxy) -> Outgoing:
     headers = list(request.head.headers)
     if proxy.authorization:
         headers.append((b"Proxy-Authorization", proxy.authorization.encode("ascii")))
-    head = checked_head(request.head.method, target, headers)
+    try:
+        head = checked_head(request.head.method, target, headers)
+    except ValueError:
+        raise InvalidRequest(
+            "the request cannot be sent through the proxy: its URL or the proxy's credentials are not valid"
+        ) from None
     return Outgoing(request.method, request.url, request.origin, head, request.body, request.headers)
 
 
@@ -327,6 +334,8 @@ def _origin(parts: SplitResult) -> Origin:
         host = parts.hostname if parts.hostname.isascii() else parts.hostname.encode("idna").decode("ascii")
     except (ValueError, UnicodeError) as exc:
         raise InvalidRequest(f"the URL's host or port is not valid ({exc})") from None
+    if not host.isprintable() or any(c.isspace() for c in host):
+        raise InvalidRequest("the URL's host is not valid: it holds a space or a control character")
     return scheme, host, port
 
 
@@ -397,12 +406,28 @@ def _headers(
         merged["authorization"] = ("Authorization", "Basic " + base64.b64encode(credentials).decode())
     if body:
         merged.setdefault("content-type", ("Content-Type", "application/json"))
-    if body or method in _BODY_METHODS:
-        merged.setdefault("content-length", ("Content-Length", str(len(body))))
+    _frame(merged, body, method)
     try:
         return [(name.encode("ascii"), value.encode("ascii")) for name, value in merged.values()]
     except UnicodeEncodeError:
         raise InvalidRequest(_what_is_invalid(method, headers)) from None
+
+
+def _frame(merged: dict[str, tuple[str, str]], body: bytes, method: str) -> None:
+    """The body's framing: its length, or chunks when the play asked for them. A declared
+    length that is not the body's is refused: the bytes it leaves over on a kept-alive
+    connection would be read by the server as the start of the next request."""
+    declared = merged.get("content-length")
+    if "transfer-encoding" in merged:
+        if declared is not None:
+            raise InvalidRequest("a request cannot declare both Content-Length and Transfer-Encoding")
+        return
+    length = str(len(body))
+    if declared is not None:
+        if {part.strip() for part in declared[1].split(",")} != {length}:
+            raise InvalidRequest(f"header 'Content-Length' says {declared[1]} bytes but the body has {length}")
+    elif body or method in _BODY_METHODS:
+        merged["content-length"] = ("Content-Length", length)
 
 
 def _header_value(name: str, value: object) -> str:
