@@ -142,12 +142,13 @@ class StoreIO:
 
 
 # Loop turns a batch waits before it is taken, so the answers that arrived together (their
-# settlements, their rows' next claims: a resumed coroutine is one turn, its await chain
-# another) share one commit: on a local SQLite file a batch is written on the event loop at
-# once, and without these turns an HTTP play committed ~2 calls at a time. Two turns cost
-# microseconds and took the headline from 0.47 to 0.18 commits per call (CPU -22%); more
-# gathered little more.
-GATHER_TURNS = 2
+# settlements, their rows' next claims: a resumed coroutine is one turn, each await of its
+# chain another) share one commit: on a local SQLite file a batch is written on the event
+# loop at once, and without these turns an HTTP play committed ~2 calls at a time. Each
+# turn costs microseconds. On the headline (BENCHMARKS.md) two turns took one host from
+# 0.47 to 0.18 commits per call (CPU -22%); four took three hosts' waterfall from 0.35 to
+# 0.30 (CPU -7% more); six gathered no more.
+GATHER_TURNS = 4
 
 
 class WriteQueue:
