@@ -8,6 +8,7 @@ the run is recorded, just before and just after `run.started`, and while calls g
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from deepline_cli.runtime.run.attempt import install_signals
 from deepline_cli.store import open_store
 
 PLAY = """
@@ -173,3 +175,36 @@ def test_a_signal_at_any_moment_stops_the_run_with_one_line(
         outcomes.append(status)
     # Both sides of the run's creation were hit, in deepline's own code.
     assert "interrupted" in outcomes and None in outcomes, (outcomes, first_call)
+
+
+def test_a_sigint_while_the_attempt_gives_its_handlers_back_goes_to_the_process_handler() -> None:
+    """asyncio's removal puts Python's default SIGINT handler back before ours is restored; a
+    signal landing there raised KeyboardInterrupt into a run that had finished (exit 130).
+    Here that moment is made certain: the removal hears a SIGINT with the default in place."""
+    heard: list[int] = []
+
+    def before(signum: int, frame: object) -> None:
+        heard.append(signum)
+
+    async def attempt() -> None:
+        loop = asyncio.get_running_loop()
+        restore = install_signals(loop, lambda: None)
+        real_remove = loop.remove_signal_handler
+
+        def remove_then_interrupted(sig: int) -> bool:
+            removed = real_remove(sig)
+            if sig == signal.SIGINT:
+                signal.raise_signal(signal.SIGINT)  # the default handler is in place: KeyboardInterrupt
+            return removed
+
+        loop.remove_signal_handler = remove_then_interrupted  # type: ignore[method-assign]
+        restore()
+
+    previous = signal.signal(signal.SIGINT, before)
+    try:
+        asyncio.run(attempt())  # no KeyboardInterrupt
+        assert heard == [signal.SIGINT]
+        assert signal.getsignal(signal.SIGINT) is before
+        assert signal.set_wakeup_fd(-1) == -1  # no wakeup fd left pointing at the closed loop
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -219,6 +219,11 @@ def execute(
     finally:
         runner.close()
         finished.set()
+    # The outcome is decided: a late Ctrl-C or SIGTERM changes nothing (`on_signal` ignores
+    # them already), and ignoring them outright keeps it so while the interpreter shuts
+    # down, when Python puts the default action (death by the signal) back.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     (report or report_run)(result, json_mode, view)
     raise typer.Exit(result.exit_code)
 
