@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deepline_cli.store.claims import decide_claim
@@ -33,15 +33,15 @@ class ClaimsSql(SqlBase):
         claims: Sequence[Claim],
         now: float,
         superseded: set[tuple[str, int]],
-        existing: dict[str, Receipt] | None = None,
-        looked_up: set[str] | frozenset[str] = frozenset(),
+        known: Mapping[str, Receipt | None] | None = None,
     ) -> list[ClaimOutcome]:
         """Decide every claim against the stored receipt, under a row lock where the
         database has them; a key another process inserted meanwhile is decided again.
-        A claim of a `superseded` attempt is refused (fencing). `existing`: the receipts
-        of the keys in `looked_up`, read (and locked) already in this transaction."""
-        existing = {key: existing[key] for key in looked_up if key in existing} if existing else {}
-        existing.update(self._load_for_update(c, [cl.key for cl in claims if cl.key not in looked_up]))
+        A claim of a `superseded` attempt is refused (fencing). `known`: receipts this
+        transaction has read (and locked) already, None where there is none."""
+        known = known or {}
+        existing = {key: receipt for key, receipt in known.items() if receipt is not None}
+        existing.update(self._load_for_update(c, [cl.key for cl in claims if cl.key not in known]))
         outcomes: dict[int, ClaimOutcome] = {}
         replaced: list[Receipt] = []
         pending = []

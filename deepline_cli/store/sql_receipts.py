@@ -48,18 +48,18 @@ class ReceiptsSql(ClaimsSql, SheetsSql):
             # Fencing: an attempt whose run another process took over writes nothing more.
             # Its settlements are refused by their leases; its claims, rows and log lines here.
             stale = self._superseded(c, writes)
-            locked: dict[str, Receipt] = {}
-            known: set[str] = set()
+            known: dict[str, Receipt | None] = {}
             if self.row_lock:
                 # Every receipt this transaction settles or claims, locked in one key order
                 # before any is changed: settling some keys and then claiming others, each set
-                # in its own order, let two processes' batches lock in opposite orders.
+                # in its own order, let two processes' batches lock in opposite orders. The
+                # claims are decided on what was read, but for keys this batch settles.
                 settling = {s.key for s in writes.settlements}
                 claiming = {cl.key for cl in writes.claims}
                 locked = self._load_for_update(c, sorted(settling | claiming))
-                known = claiming - settling  # unchanged since: the claims are decided on them
+                known = {key: locked.get(key) for key in claiming - settling}
             settled = self._settle(c, writes.settlements, now)
-            outcomes = self._claim(c, writes.claims, now, stale, locked, known) if writes.claims else []
+            outcomes = self._claim(c, writes.claims, now, stale, known) if writes.claims else []
             sheet_rows = _current(writes.sheet_rows, stale)
             if sheet_rows:
                 self._write_sheet_rows(c, sheet_rows)
