@@ -214,6 +214,7 @@ class Head:
     method: bytes
     target: bytes
     headers: tuple[tuple[bytes, bytes], ...]  # (name as given, value)
+    chunked: bool  # Transfer-Encoding: chunked (the body goes in chunks)
 
 
 def checked_head(method: bytes, target: bytes, headers: Sequence[tuple[bytes, bytes]]) -> Head:
@@ -248,7 +249,7 @@ def checked_head(method: bytes, target: bytes, headers: Sequence[tuple[bytes, by
         kept.append((name, value))
     if hosts != 1:
         raise ValueError("a request needs exactly one Host header")
-    return Head(method, target, tuple(kept))
+    return Head(method, target, tuple(kept), chunked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,10 +262,6 @@ class Outgoing:
     head: Head
     body: bytes
     headers: Mapping[str, str]
-
-    @property
-    def chunked(self) -> bool:
-        return any(name.lower() == b"transfer-encoding" for name, _ in self.head.headers)
 
     def redirected(self, status: int, location: str) -> Outgoing:
         """The request a redirect asks for, as httpx builds it."""
@@ -591,7 +588,7 @@ def _wire(request: Outgoing) -> bytes:
         wire += (name, b": ", value, b"\r\n")
     wire.append(b"\r\n")
     body = request.body
-    if request.chunked:
+    if head.chunked:
         wire += (b"%x\r\n" % len(body), body, b"\r\n0\r\n\r\n") if body else (b"0\r\n\r\n",)
     else:
         wire.append(body)
