@@ -480,10 +480,8 @@ def install_signals(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]
     def restore() -> None:
         for sig, before in installed.items():
             try:
-                try:
-                    loop.remove_signal_handler(sig)
-                finally:
-                    signal.signal(sig, before)
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, before)
             except KeyboardInterrupt:  # the default handler heard a SIGINT in between
                 signal.signal(sig, before)
                 if callable(before):
