@@ -7,6 +7,7 @@ settlements so a transaction carries many calls (group commit).
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import socket
 import sqlite3
@@ -58,6 +59,12 @@ def busy_timeout_s() -> float:
 # (WALINDEX_LOCK_OFFSET + WAL_WRITE_LOCK): F_GETLK there names the process that holds it.
 _WAL_WRITE_LOCK_BYTE = 120
 ROWS_PER_INSERT = 64  # rows in one INSERT (17 parameters each at most: far below the 32,766 allowed)
+
+
+@functools.lru_cache(maxsize=256)
+def _values(head: str, row: str, tail: str, count: int) -> str:
+    """An INSERT of `count` rows (built once: a batch writes the same few shapes)."""
+    return f"{head} VALUES {', '.join([row] * count)}{tail}"
 
 
 def write_lock_holder(path: str) -> int | None:
@@ -233,13 +240,9 @@ class SQLiteStore(SqlStore):
         """Up to ROWS_PER_INSERT rows in one statement: SQLite runs its rows one after the
         other as separate statements would (an upsert sees the rows before it), at a fraction
         of the cost of a statement each."""
-        full = f"{head} VALUES {', '.join([row] * ROWS_PER_INSERT)}{tail}"
-        whole = len(rows) - len(rows) % ROWS_PER_INSERT
-        for start in range(0, whole, ROWS_PER_INSERT):
-            c.execute(full, [v for r in rows[start : start + ROWS_PER_INSERT] for v in r])
-        rest = rows[whole:]
-        if rest:
-            c.execute(f"{head} VALUES {', '.join([row] * len(rest))}{tail}", [v for r in rest for v in r])
+        for start in range(0, len(rows), ROWS_PER_INSERT):
+            part = rows[start : start + ROWS_PER_INSERT]
+            c.execute(_values(head, row, tail, len(part)), [v for r in part for v in r])
 
     def _settle_all(self, c: Any, settlements: Sequence[Settlement], now: float) -> list[bool]:
         """Each kind of settlement in one executemany: when every one of them changed its
