@@ -454,3 +454,40 @@ def test_fingerprints_keys_and_digests_are_the_same_under_every_hash_seed(tmp_pa
         )
         seen.add(out.stdout)
     assert len(seen) == 1, seen
+
+
+# --- a resume replays what the run paid for, however short its staleness --------------------
+
+SNAPSHOT_PLAY = """\
+from deepline_cli import play
+
+
+@play("approval")
+async def approval(ctx, input):
+    # A fresh answer every run (stale at once), then a person approves before the export.
+    snapshot = await ctx.tools.execute("snapshot", "people.alpha", {"first": "Ada", "domain": "analytical.engine"},
+                                       stale_after_seconds=0)
+    forced = await ctx.tools.execute("forced", "people.beta", {"first": "Ada", "domain": "analytical.engine"},
+                                     force=True)
+    approved = await ctx.wait_for_event("approved")
+    return {"serial": snapshot.output["serial"], "forced": forced.output["serial"], "approved": approved}
+"""
+
+
+def test_a_resume_does_not_pay_again_for_a_call_stale_at_once(
+    deepline: Run, project: Callable[[str], Path], provider: DirectoryProvider
+) -> None:
+    """`stale_after_seconds=0` asks again on every run, but a resume of the same run replays
+    what that run was answered (as `force=True` does), it does not pay for it again."""
+    play = project(SNAPSHOT_PLAY)
+    waiting = deepline("run", str(play), "--run-id", "snap-1", "--json")
+    assert waiting.code == 3, waiting.stderr
+    assert provider.count() == 2
+    assert deepline("events", "send", "snap-1", "approved", "--payload", "true").code == 0
+    resumed = finished(deepline("resume", "snap-1", "--json"))
+    assert provider.count() == 2, [r.path for r in provider.requests]  # nothing paid twice
+    assert resumed["output"] == {"serial": 1, "forced": 2, "approved": True}
+    assert resumed["stats"]["credits"] == 3
+    # A new run asks again: stale at once, and forced.
+    assert deepline("run", str(play), "--run-id", "snap-2", "--json").code == 3
+    assert provider.count() == 4

@@ -24,6 +24,7 @@ import warnings
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -279,6 +280,19 @@ def test_stale_after_decides_whether_a_completed_receipt_is_reused(
 
     assert one(store, claim_, T0 + 5 + age)[0] == verdict
     assert stored(store, "k").status == ("completed" if verdict == "reused" else "running")
+
+
+@pytest.mark.parametrize(("kind", "verdict"), [("tool", "reused"), ("step", "claimed")])
+def test_a_stale_answer_of_the_same_run_is_replayed_unless_a_step(store: Store, kind: str, verdict: str) -> None:
+    """A resume (a later attempt of the run) replays a tool call that run was answered,
+    however stale: it is not paid for twice. A step's key is its run's own, so its
+    staleness can only be judged within its run."""
+    one(store, replace(mk_claim("k"), kind=kind), T0)
+    settle(store, [completed("k", output=1)], T0 + 5)
+
+    resumed = replace(mk_claim("k", attempt=2, lease="L2", expires=T0 + 60 + TTL, stale_after_s=0), kind=kind)
+
+    assert one(store, resumed, T0 + 60)[0] == verdict
 
 
 def test_force_reclaims_a_completed_receipt(store: Store) -> None:

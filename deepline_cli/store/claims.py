@@ -24,8 +24,9 @@ def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVer
 
     - no receipt, a skipped or released one, or a transient (or explicitly refreshed)
       failure: claim
-    - completed: reuse, unless older than `stale_after_s`, or forced (or older than
-      `refresh_after_s`) by a run that did not complete it itself
+    - completed: reuse, unless stale (older than `stale_after_s`, or `refresh_after_s`)
+      or forced, by a run that did not complete it itself; a step (its key is its run's)
+      goes stale within its run
     - failed for good (not transient, no --refresh-failed, not refreshed): report the
       stored failure
     - running: take over when its lease expired or it belongs to an earlier attempt of
@@ -35,12 +36,13 @@ def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVer
         return "claimed"
     if existing.status == "running" and existing.lease_id == claim.lease_id:
         return "claimed"  # this very claim, applied before its connection dropped: it is ours
-    # A forced or refreshed call is made once per run: a resume reuses what this run paid for.
+    # A forced or stale call is made once per run: a resume reuses what this run paid for.
     other_run = existing.run_id != claim.run_id
     refreshed = other_run and claim.refresh_after_s is not None and _is_stale(existing, claim.refresh_after_s, now)
     if existing.status == "completed":
         forced = claim.force and other_run
-        if forced or refreshed or _is_stale(existing, claim.stale_after_s, now):
+        stale = (other_run or claim.kind == "step") and _is_stale(existing, claim.stale_after_s, now)
+        if forced or refreshed or stale:
             return "claimed"
         return "reused"
     if existing.status == "failed":
