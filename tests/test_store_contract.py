@@ -282,11 +282,11 @@ def test_stale_after_decides_whether_a_completed_receipt_is_reused(
     assert stored(store, "k").status == ("completed" if verdict == "reused" else "running")
 
 
-@pytest.mark.parametrize(("kind", "verdict"), [("tool", "reused"), ("step", "claimed")])
-def test_a_stale_answer_of_the_same_run_is_replayed_unless_a_step(store: Store, kind: str, verdict: str) -> None:
+@pytest.mark.parametrize(("kind", "verdict"), [("tool", "reused"), ("step", "claimed"), ("fetch", "claimed")])
+def test_a_stale_answer_of_the_same_run_is_replayed_unless_run_scoped(store: Store, kind: str, verdict: str) -> None:
     """A resume (a later attempt of the run) replays a tool call that run was answered,
-    however stale: it is not paid for twice. A step's key is its run's own, so its
-    staleness can only be judged within its run."""
+    however stale: it is not paid for twice. A step's or fetch's key is its run's own,
+    so its staleness can only be judged within its run."""
     one(store, replace(mk_claim("k"), kind=kind), T0)
     settle(store, [completed("k", output=1)], T0 + 5)
 

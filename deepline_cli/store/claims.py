@@ -19,14 +19,17 @@ if TYPE_CHECKING:
     from deepline_cli.store.roles import ReceiptStore
 
 
+RUN_SCOPED = ("step", "fetch")  # kinds keyed by their run and id: reused by no other run
+
+
 def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVerdict:
     """The receipt state machine: may `claim` own the receipt, or what else happens.
 
     - no receipt, a skipped or released one, or a transient (or explicitly refreshed)
       failure: claim
     - completed: reuse, unless stale (older than `stale_after_s`, or `refresh_after_s`)
-      or forced, by a run that did not complete it itself; a step (its key is its run's)
-      goes stale within its run
+      or forced, by a run that did not complete it itself; a step or fetch (its key is
+      its run's own) goes stale within its run
     - failed for good (not transient, no --refresh-failed, not refreshed): report the
       stored failure
     - running: take over when its lease expired or it belongs to an earlier attempt of
@@ -41,7 +44,7 @@ def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVer
     refreshed = other_run and claim.refresh_after_s is not None and _is_stale(existing, claim.refresh_after_s, now)
     if existing.status == "completed":
         forced = claim.force and other_run
-        stale = (other_run or claim.kind == "step") and _is_stale(existing, claim.stale_after_s, now)
+        stale = (other_run or claim.kind in RUN_SCOPED) and _is_stale(existing, claim.stale_after_s, now)
         if forced or refreshed or stale:
             return "claimed"
         return "reused"
