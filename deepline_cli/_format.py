@@ -2,6 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
+CREDIT_PLACES = 9  # credits are decimal amounts (0.1, 0.25…); sums are kept to 9 places
+
+
+def add_credits(*amounts: float) -> float:
+    """A sum of credits without binary-float noise: 30 calls of 0.1 cost 3, not
+    3.0000000000000013, so a budget of 3 holds them and every view shows the same 3."""
+    return round(math.fsum(amounts), CREDIT_PLACES)
+
 
 def format_credits(value: float) -> str:
     """`12,345.5`, `0.5`, `1,000,000`: thousands separated, the decimals the value has (up to

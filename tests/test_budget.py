@@ -155,3 +155,34 @@ def test_a_budget_holds_across_sigkill_and_resume(
     assert resumed.code == 1 and "--max-credits 100 would be exceeded" in event["error"]["message"]
     assert provider.spent() == event["stats"]["credits"] == 100
     assert set(provider.billed.values()) == {1}  # nothing billed twice
+
+
+TENTHS_PLAY = """
+from deepline_cli import play, tool
+
+@tool("cheap.lookup", credits=0.1, concurrency=1)
+def cheap(input):
+    return {"v": input["i"] * 2}
+
+@play("tenths")
+async def tenths(ctx, input):
+    rows = await ctx.map("m", [{"i": i} for i in range(30)], key="i", concurrency=1, columns={
+        "v": lambda row, rc: rc.tools.execute("c", "cheap.lookup", {"i": row["i"]}),
+    })
+    return {"rows": len(rows)}
+"""
+
+
+def test_calls_of_fractional_credits_fill_a_budget_exactly(deepline: Run, tmp_path: Path) -> None:
+    """30 calls of 0.1 credits fit a budget of 3: credits add up as the decimals they are
+    (not 2.9000000000000004 + 0.1 > 3), and every figure says 3."""
+    play = tmp_path / "play.py"
+    play.write_text(TENTHS_PLAY)
+    result = deepline("run", str(play), "--max-credits", "3", "--json", "--run-id", "tenths")
+    assert result.code == 0, result.stdout[-1500:] + result.stderr
+    stats = result.json_lines()[-1]["stats"]
+    assert stats["credits"] == 3
+    assert stats["tools"]["cheap.lookup"]["credits"] == 3
+    shown = json.loads(deepline("runs", "show", "tenths", "--json").stdout)
+    assert shown["stats"]["credits"] == 3
+    assert shown["stats"]["tools"]["cheap.lookup"]["credits"] == 3

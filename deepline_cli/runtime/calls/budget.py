@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from deepline_cli._format import format_credits
+from deepline_cli._format import add_credits, format_credits
 from deepline_cli.errors import BudgetExceededError
 
 
@@ -76,14 +76,14 @@ class Budget:
         if probe and tool is not None and self.max_credits is not None:
             self._probes[tool] = asyncio.get_running_loop().create_future()
         self._inflight.append(reservation)
-        self.reserved += amount
+        self.reserved = add_credits(self.reserved, amount)
         return reservation
 
     def _check(self, amount: float, label: str, *, unknown: bool) -> None:
         limit = self.max_credits
         if limit is None or (not amount and not unknown):
             return
-        total = self.spent + self.reserved + amount
+        total = add_credits(self.spent, self.reserved, amount)
         if total > limit or (unknown and total >= limit):
             cost = "of unknown cost" if unknown else f"expected to cost {format_credits(amount)}"
             raise BudgetExceededError(
@@ -100,7 +100,7 @@ class Budget:
         """A completed call cost `actual` (a metered tool's expected cost is learned from it).
         Returns the error to stop the run with when the spending went past the budget."""
         self._drop(reservation)
-        self.spent += actual
+        self.spent = add_credits(self.spent, actual)
         if reservation.metered and reservation.tool is not None:
             self._learn(reservation.tool, actual)
         self._answered(reservation)
@@ -109,7 +109,7 @@ class Budget:
             return None
         return BudgetExceededError(
             f"{self._limit()} was passed: {format_credits(self.spent)} credits spent, "
-            f"{format_credits(self.spent - limit)} over, "
+            f"{format_credits(add_credits(self.spent, -limit))} over, "
             f"because calls in flight cost more than expected (the last one {format_credits(actual)}, "
             f"{format_credits(reservation.amount)} expected); {self._advice()}"
         )
@@ -132,13 +132,13 @@ class Budget:
         self._known[tool] = actual
         for held in self._inflight:
             if held.tool == tool and held.metered and held.amount < actual:
-                self.reserved += actual - held.amount
+                self.reserved = add_credits(self.reserved, actual, -held.amount)
                 held.amount = actual
 
     def _drop(self, reservation: Reservation) -> None:
         if reservation in self._inflight:
             self._inflight.remove(reservation)
-            self.reserved -= reservation.amount
+            self.reserved = add_credits(self.reserved, -reservation.amount)
 
     def _answered(self, reservation: Reservation) -> None:
         if reservation.probe and reservation.tool is not None:

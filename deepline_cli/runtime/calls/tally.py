@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from deepline_cli._format import add_credits
 from deepline_cli.runtime.calls.call_scope import current_cell
 from deepline_cli.runtime.calls.events import EventBus
 from deepline_cli.runtime.calls.stats import RunStats
@@ -44,7 +45,7 @@ class CallTally:
             return  # counted once per key, by its final outcome (_note_outcome)
         if execution == "live":
             counts.live += 1
-            counts.credits += credits
+            counts.credits = add_credits(counts.credits, credits)
         else:
             counts.reused += 1
 
