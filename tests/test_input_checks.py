@@ -66,6 +66,33 @@ def test_a_blank_required_cell_fails_its_row_without_a_call(
     ]  # fmt: skip
 
 
+def test_rows_whose_blank_required_cell_is_their_key_each_fail_on_their_own(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A CRM export keyed by email, with holes in the email column: each blank row fails and
+    is listed, none is skipped as a "duplicate" of the first blank one."""
+    write_play(LEADS.replace('key="id"', 'key="domain"'))
+    (tmp_path / "leads.csv").write_text("id,domain\n1,acme.com\n2,\n3,   \n4,\n5,b.com\n")
+    (m,) = deepline("plan", "play.py", "--csv", "leads.csv", "--json").json_lines()[-1]["maps"]
+    assert (m["distinct"], m["blank_rows"], m["new_calls"]) == (5, 3, 2)
+
+    run = deepline("run", "play.py", "--csv", "leads.csv", "--run-id", "K", "--json")
+    assert run.code == 0, run.stderr
+    finished = run.json_lines()[-1]
+    assert finished["output"] == {"rows": 5, "failed": 3}
+    assert finished["stats"]["rows"]["duplicate"] == 0
+    failed = deepline("runs", "logs", "K", "--kind", "row.failed", "--json").json_lines()
+    assert [(f["fields"]["row_key"], f["fields"]["error"]) for f in failed] == [
+        ("leads.csv line 3", "InputError: required column 'domain' is blank (leads.csv line 3)"),
+        ("leads.csv line 4", "InputError: required column 'domain' is blank (leads.csv line 4)"),
+        ("leads.csv line 5", "InputError: required column 'domain' is blank (leads.csv line 5)"),
+    ]
+    exported = list(csv.DictReader(io.StringIO(deepline("export", "K").stdout)))
+    assert [(r["id"], r["_error"] != "") for r in exported] == [
+        ("1", False), ("2", True), ("3", True), ("4", True), ("5", False)
+    ]  # fmt: skip
+
+
 def test_a_missing_csv_is_a_usage_error_naming_the_flag(deepline: Run, write_play: Callable[..., Path]) -> None:
     write_play(LEADS)
     run = deepline("run", "play.py")

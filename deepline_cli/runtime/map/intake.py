@@ -96,6 +96,8 @@ class Intake:
                 self.input_columns.update(dict.fromkeys(new))
                 self.warn_of_case(new)
             key = key_of(row)
+            if blank is not None and csv is not None and not key.strip():
+                key = csv.where()  # keyed by its blank cell: each such row fails on its own, none a duplicate
             if key in seen:
                 duplicate += 1
                 continue

@@ -130,8 +130,12 @@ class CsvSource:
         for name in self.required:
             value = row.get(name)
             if value is None or (isinstance(value, str) and not value.strip()):
-                return f"InputError: required column {name!r} is blank ({self.path.name} line {self.line})"
+                return f"InputError: required column {name!r} is blank ({self.where()})"
         return None
+
+    def where(self) -> str:
+        """The row just read, as a person finds it in the file: `leads.csv line 812`."""
+        return f"{self.path.name} line {self.line}"
 
     def has_rows(self) -> bool:
         """Whether the file holds a row after its header (it reads no further than the first)."""
