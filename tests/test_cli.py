@@ -354,6 +354,26 @@ def test_run_id_twice_reports_the_completed_run_without_running_tools(deepline, 
     assert shown["attempt"] == 1
 
 
+def test_run_id_of_another_play_or_input_is_refused_not_reported(deepline, basic, write_play) -> None:
+    """A nightly job with a fixed --run-id and tonight's input must not be told "completed"
+    for last night's run: a run id names one play and one input."""
+    play, log, payload = basic
+    assert deepline("run", str(play), "--input", payload, "--run-id", "nightly").code == 0
+    other_input = _json.dumps_str({**_json.loads(payload), "n": 2})
+    changed = deepline("run", str(play), "--input", other_input, "--run-id", "nightly")
+    assert changed.code == 2, changed.stdout
+    assert changed.stderr.splitlines()[0] == (
+        "Error: Run nightly is a run of play 'basic' with another input; give this run a new "
+        "--run-id, or continue that one as it was with `deepline resume nightly`."
+    )
+    other = write_play(BASIC_PLAY.replace('@play("basic"', '@play("other"'), "other.py")
+    another = deepline("run", str(other), "--input", payload, "--run-id", "nightly")
+    assert another.code == 2
+    assert "Run nightly is a run of play 'basic', not 'other';" in another.stderr
+    assert len(logged(log)) == 3  # nothing ran again
+    assert deepline("run", str(play), "--input", payload, "--run-id", "nightly").code == 0  # the same: reported
+
+
 def test_a_reported_run_finished_event_carries_its_timestamp(deepline, basic) -> None:
     """§5: every --json event has `ts`; a completed run is reported with its stored
     `run.finished` event, so `ts` is when it finished, not null."""

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+from deepline_cli import _json
 from deepline_cli.errors import (
     DeeplineError,
     PlayLoadError,
@@ -89,6 +90,7 @@ class Runner:
         if self.options.run_id:
             existing = self.store.runs.get_run(check_run_id(self.options.run_id))
             if existing is not None:
+                self._check_same_run(existing, play_ref, input)
                 return self._requeue(existing) if enqueue else self.resume(existing.run_id)
         play = find_play(play_ref)
         if enqueue and play.builtin:
@@ -122,6 +124,26 @@ class Runner:
             self.store.queue.notify()
             return RunResult(run_id, "queued", 0, reported=True)
         return self._execute(play, record)
+
+    def _check_same_run(self, existing: RunRecord, play_ref: str, input: Any) -> None:
+        """`--run-id` of an existing run names that run: the same play and input are reported
+        or resumed; another play or input under it is refused (a nightly job with a fixed id
+        must not be told last night's run completed)."""
+        try:
+            name = find_play(play_ref).name
+        except DeeplineError:
+            name = existing.play  # the play no longer loads: the run is reported or resumed as it was
+        run_id = existing.run_id
+        if name != existing.play:
+            differs = f"of play {existing.play!r}, not {name!r}"
+        elif _json.loads(_json.dumps(input)) != existing.input:  # as stored (JSON), in any key order
+            differs = f"of play {existing.play!r} with another input"
+        else:
+            return
+        raise UsageError(
+            f"Run {run_id} is a run {differs}; give this run a new --run-id, or continue that one "
+            f"as it was with `deepline resume {run_id}`."
+        )
 
     def enqueue_new(self, play: PlayDef, input: Any, run_id: str, trigger: str) -> bool:
         """Queue a run of `play` under `run_id` for a worker, unless a run with that id exists
