@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from deepline_cli.runtime.calls.events import EventBus
+from deepline_cli.runtime.run import attempt
+from deepline_cli.runtime.run.options import RunOptions
+from deepline_cli.runtime.run.runner import Runner
 from deepline_cli.store import open_store
 from deepline_cli.ui.console import ConsoleView, fit, map_pieces, tool_lines, tool_pieces
 from deepline_cli.ui.report_data import read_report
@@ -377,3 +380,49 @@ def test_the_live_verdict_on_a_narrow_terminal_keeps_commands_whole() -> None:
     lines = stream.getvalue().splitlines()
     assert "    deepline export r-9533f2ab747f --out lead-enrichment.csv" in lines, lines
     assert "    deepline runs logs r-9533f2ab747f --kind row.failed" in lines, lines
+
+
+# Ten rows, two distinct calls (de, fr): every other row asks what an earlier row asked.
+SHARED = """
+import asyncio
+from deepline_cli import Column, play, tool
+
+@tool("t.country", credits=1)
+async def country(input):
+    await asyncio.sleep(0.002)  # long enough for the live view to look in between
+    return {"country": input["tld"].upper()}
+
+@play("shared")
+async def shared(ctx, input):
+    rows = [{"id": i, "tld": "de" if i % 2 else "fr"} for i in range(10)]
+    done = await ctx.map("m", rows, key="id", concurrency=input["concurrency"], columns={
+        "c": Column(lambda row, rc: rc.tools.execute("geo", "t.country", {"tld": row["tld"]}), recompute=True),
+    })
+    return len(done)
+"""
+
+
+def test_calls_answered_by_this_runs_own_calls_are_not_counted_as_reused(write_play, store_path, monkeypatch) -> None:
+    """A call answered by an identical call of the same run (in flight at once, or its
+    receipt a moment later) was paid once: `live` counts it, and `reused` — receipts of
+    earlier runs, each counted once — does not, on screen while the run goes on and in the
+    store at its end. A later run reuses the two receipts: reused 2."""
+    monkeypatch.setattr(attempt, "PROGRESS_EVERY_S", 0.001)
+    play = write_play(SHARED)
+    for concurrency, (live, reused) in ((10, (2, 0)), (1, (0, 2)), (10, (0, 2))):
+        seen: list[dict[str, Any]] = []
+        bus = EventBus()
+        bus.subscribe(lambda e, seen=seen: seen.append(e.data["tools"]) if e.event == "run.progress" else None)
+        runner = Runner(RunOptions(store=str(store_path)), bus)
+        try:
+            result = runner.start(str(play), {"concurrency": concurrency})
+        finally:
+            runner.close()
+        assert result.status == "completed", result.error
+        stored = result.stats["tools"]["t.country"]
+        assert (stored["live"], stored["reused"]) == (live, reused)
+        assert runner.attempt is not None
+        counted = runner.attempt.stats.tools["t.country"]  # what the live view shows last
+        assert (counted.live, counted.reused) == (live, reused)
+        shown = [(t["t.country"]["live"], t["t.country"]["reused"]) for t in seen if "t.country" in t]
+        assert all(lv <= live and ru <= reused for lv, ru in shown), shown

@@ -149,6 +149,8 @@ class ClaimOutcome:
     # The earlier answer this claim may replace (a refresh, or a takeover of one): kept in
     # the receipt's history once the new answer is settled.
     replaces: Receipt | None = None
+    # A receipt of another run this run had not used before (reused once, however often asked).
+    first_use: bool = False
 
     @property
     def resumed(self) -> bool:

@@ -79,10 +79,17 @@ class ClaimsSql(SqlBase):
         self._point_members(c, claims, ordered)
         # Receipts a run owns are found by their owner column; only receipts it used but
         # another run owns (reuse, or one taken over from it) need a usage row.
-        usage: list[tuple[str, str, float | None, str | None, str | None]] = [
-            (cl.run_id, o.receipt.key, now, cl.map, cl.row_key)
+        using = [
+            (cl, o)
             for cl, o in zip(claims, ordered, strict=True)
             if o.verdict in ("reused", "failed") and o.receipt.run_id != cl.run_id
+        ]
+        used = self._used_before(c, [(cl.run_id, o.receipt.key) for cl, o in using])
+        for cl, o in using:
+            o.first_use = (cl.run_id, o.receipt.key) not in used
+            used.add((cl.run_id, o.receipt.key))
+        usage: list[tuple[str, str, float | None, str | None, str | None]] = [
+            (cl.run_id, o.receipt.key, now, cl.map, cl.row_key) for cl, o in using
         ]
         usage += [(before.run_id, before.key, None, None, None) for before in replaced if before.run_id]
         self._many(
@@ -92,6 +99,17 @@ class ClaimsSql(SqlBase):
             usage,
         )
         return ordered
+
+    def _used_before(self, c: Any, uses: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Which of these (run, receipt key) pairs already have a usage row."""
+        found: set[tuple[str, str]] = set()
+        for run_id in dict.fromkeys(run_id for run_id, _ in uses):
+            keys = list(dict.fromkeys(key for other, key in uses if other == run_id))
+            for chunk in chunks(keys):
+                marks = ", ".join("?" * len(chunk))
+                sql = f"SELECT key FROM run_receipts WHERE run_id = ? AND key IN ({marks})"
+                found.update((run_id, row[0]) for row in c.execute(sql, [run_id, *chunk]).fetchall())
+        return found
 
     def _point_members(self, c: Any, claims: Sequence[Claim], outcomes: Sequence[ClaimOutcome]) -> None:
         """A batch about to be sent: each member receipt records the aggregate it goes in."""

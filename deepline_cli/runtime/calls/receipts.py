@@ -194,7 +194,8 @@ class ReceiptBook:
         from the provider (then settled on a receipt)."""
         if not call.force and call.key in self._inflight:
             outcome = await self._inflight.share(call.key)
-            self._tally.count(call, "in_flight", outcome.credits)
+            # One call answered both: it is counted once, by how it was answered.
+            self._tally.count(call, "in_flight", outcome.credits, counted=True)
             return Outcome(outcome.value, "in_flight", call.key, outcome.credits)
         return await self._inflight.run(call.key, self._execute(call, invoke))
 
@@ -207,7 +208,8 @@ class ReceiptBook:
             # A receipt this run paid for in an earlier attempt is already in its counts.
             own = receipt.run_id == self._scope.run_id
             if outcome.verdict == "reused":
-                self._tally.count(call, "reused", receipt.credits, counted=own)
+                # Reused: a receipt of an earlier run, counted once however often this run asks.
+                self._tally.count(call, "reused", receipt.credits, counted=own or not outcome.first_use)
                 kind: Execution = "checkpoint" if call.kind == "step" else "receipt"
                 return Outcome(receipt.output, kind, call.key, receipt.credits)
             if outcome.verdict == "failed":
