@@ -671,3 +671,66 @@ def test_sigkill_while_a_child_runs_then_resume_takes_over(deepline, plays, tmp_
     child = children_of(runs(deepline), "r-killed")["slowkid"]
     assert child["status"] == "completed"
     assert child["attempt"] == 2
+
+
+WAITING_KID = (
+    TOOL
+    + """
+
+@tool("t.wait")
+async def wait(input):
+    with open(input["log"], "a") as f:
+        f.write("wait\\n")
+    while not os.path.exists(input["flag"]):
+        await asyncio.sleep(0.02)
+    return "done"
+
+
+@play("waitkid")
+async def waitkid(ctx, input):
+    return (await ctx.tools.execute("wait", "t.wait", input)).output
+
+
+@play("loopkid")
+async def loopkid(ctx, input):
+    for n in range(400):  # one call after another, until the flag is up
+        await ctx.tools.execute("w", "t.work", {"label": f"loop-{n}", "log": input["log"]})
+        if os.path.exists(input["flag"]):
+            return "done"
+        await asyncio.sleep(0.01)
+    return "done"
+
+
+@play("host")
+async def host(ctx, input):
+    return {"kid": await ctx.run_play("kid", input["kid"], input)}
+"""
+)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(
+    ("kid", "started"), [("waitkid", "wait"), ("loopkid", "loop-0")], ids=["call-in-flight", "between-calls"]
+)
+def test_a_child_interrupted_with_its_parent_is_interrupted_too(deepline, plays, tmp_path, spawn, kid, started):
+    """Ctrl-C while a child runs (a call in flight, cancelled after the grace; or between
+    calls, stopped at its next one): the parent and its child are both `interrupted` (not
+    the child `failed` or left `running`), and resuming the parent finishes both."""
+    plays("host.py", WAITING_KID)
+    log, flag = tmp_path / "tools.log", tmp_path / "flag"
+    payload = as_json({"log": str(log), "flag": str(flag), "kid": kid})
+    proc = spawn("run", "plays/host.py:host", "--run-id", "r-int", "--json", "--input", payload)
+    wait_until(lambda: started in logged(log), what="the child's first call")
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    listed = runs(deepline)
+    child = children_of(listed, "r-int")[kid]
+    assert (listed["r-int"]["status"], child["status"]) == ("interrupted", "interrupted"), child
+    assert deepline("runs", "list", "--status", "interrupted", "--json").stdout.count(child["run_id"]) == 1
+
+    flag.touch()
+    resumed = deepline("resume", "r-int", "--json")
+    assert resumed.code == 0, resumed.stderr
+    assert resumed.json_lines()[-1]["output"] == {"kid": "done"}
+    assert children_of(runs(deepline), "r-int")[kid]["status"] == "completed"

@@ -8,11 +8,12 @@ that suspends suspends its parent; a failed child raises in the parent.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 from deepline_cli import _json
-from deepline_cli.errors import DeeplineError, GovernanceError, InputError, PlayLoadError
+from deepline_cli.errors import DeeplineError, GovernanceError, InputError, PlayLoadError, RunInterrupted
 from deepline_cli.runtime.calls.receipts import DurableCall, receipt_key
 from deepline_cli.runtime.run.body import execute_body
 from deepline_cli.runtime.run.holders import holder_id
@@ -185,12 +186,17 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
     s.infra.bus.emit("child.started", s.identity.run_id, child_run_id=child_id, play=play.name, attempt=record.attempt)
     try:
         outcome = await execute_body(play, child, input, CHILDREN)
+    except asyncio.CancelledError:  # its parent was stopped: the child stops with it, resumable
+        await asyncio.shield(io.call(store.runs.set_status, child_id, "interrupted", holder=None, lease_expires_at=0.0))
+        raise
     finally:
         s.effects.books.remove(child.effects.book)  # its calls are over: no more heartbeats for it
+    # Interrupted with its parent (Ctrl-C, `runs stop`): resumed with it, not failed.
+    status = "interrupted" if isinstance(outcome.raised, RunInterrupted) else outcome.status
     await s.infra.io.call(
         store.runs.set_status,
         child_id,
-        outcome.status,
+        status,
         output=outcome.output,
         error=outcome.error,
         holder=None,
