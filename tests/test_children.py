@@ -734,3 +734,20 @@ def test_a_child_interrupted_with_its_parent_is_interrupted_too(deepline, plays,
     assert resumed.code == 0, resumed.stderr
     assert resumed.json_lines()[-1]["output"] == {"kid": "done"}
     assert children_of(runs(deepline), "r-int")[kid]["status"] == "completed"
+
+
+def test_a_child_run_has_its_own_attempts_duration_and_figures(deepline, plays, tmp_path):
+    """`runs show` and `runs list` of a child say what its own run did: one attempt, how
+    long it took, its calls."""
+    plays("host.py", WAITING_KID)
+    log, flag = tmp_path / "tools.log", tmp_path / "flag"
+    flag.touch()  # the loop ends after its first call
+    payload = as_json({"log": str(log), "flag": str(flag), "kid": "loopkid"})
+    assert deepline("run", "plays/host.py:host", "--run-id", "r-fig", "--input", payload).code == 0
+    child = children_of(runs(deepline), "r-fig")["loopkid"]
+    assert child["stats"]["tools"]["t.work"]["live"] == 1, child
+    shown = show(deepline, child["run_id"])
+    assert shown["stats"]["attempts"] == 1
+    assert shown["stats"]["duration_s"] > 0
+    full = json.loads(deepline("runs", "show", child["run_id"], "--full", "--json").stdout)
+    assert [a["status"] for a in full["attempts"]] == ["completed"]

@@ -179,6 +179,7 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
             lease_expires_at=now + s.identity.lease_ttl,
         )
     io = s.infra.io
+    await io.call(store.runs.begin_attempt, child_id, record.attempt, holder_id(), now)
     journal = Journal(
         await io.call(store.suspension.journal, child_id), logged=await io.call(store.suspension.logged, child_id)
     )
@@ -187,7 +188,7 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
     try:
         outcome = await execute_body(play, child, input, CHILDREN)
     except asyncio.CancelledError:  # its parent was stopped: the child stops with it, resumable
-        await asyncio.shield(io.call(store.runs.set_status, child_id, "interrupted", holder=None, lease_expires_at=0.0))
+        await asyncio.shield(_interrupted(child))
         raise
     finally:
         s.effects.books.remove(child.effects.book)  # its calls are over: no more heartbeats for it
@@ -197,6 +198,7 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
         store.runs.set_status,
         child_id,
         status,
+        stats=await _ended(child, status),
         output=outcome.output,
         error=outcome.error,
         holder=None,
@@ -219,3 +221,19 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
         store.suspension.resolve_boundary, s.identity.run_id, f"child:{call_id}", None, s.infra.io.now()
     )
     return outcome.output
+
+
+async def _ended(child: RunParts, status: str) -> dict[str, Any]:
+    """End the child's attempt; its figures, once its calls are recorded (the same ledger
+    its parent's are counted from)."""
+    io, run_id = child.infra.io, child.identity.run_id
+    await child.effects.book.settle_all(0.0)
+    await io.call(io.store.runs.end_attempt, run_id, child.identity.attempt, status, io.now())
+    return await io.call(io.store.ledger.run_stats, run_id)
+
+
+async def _interrupted(child: RunParts) -> None:
+    io = child.infra.io
+    stats = await _ended(child, "interrupted")
+    await io.call(io.store.runs.set_status, child.identity.run_id, "interrupted", stats=stats, holder=None,
+                  lease_expires_at=0.0)  # fmt: skip
