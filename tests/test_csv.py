@@ -3,6 +3,7 @@ columns, malformed files, and relative paths that survive a resume from elsewher
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -202,7 +203,7 @@ async def rel(ctx, input):
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
-        (b"Name,Domain\nAda,acme.com\n", "'first_name'"),
+        (b"Name,Domain\nAda,acme.com\n", "required column 'first_name' is missing (looked for 'First Name')"),
         (b"", "empty"),
         (b"First Name,Domain\nAda,acme.com\nGrace\n", "line 3"),
         (b"First Name,Domain\nAda,acme.com\nGr\xe9ce,globex.io\n", "UTF-8"),
@@ -219,6 +220,16 @@ def test_input_errors_exit_2_through_the_cli(deepline, tmp_path: Path, content: 
     assert "leads.csv" in result.stderr
     assert expected in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_rename_finds_its_header_as_columns_aliases_do(deepline, tmp_path: Path) -> None:
+    """An export's header spelt differently (` first name `): `rename` finds it, case and
+    spaces aside, as `columns=` does."""
+    (tmp_path / "play.py").write_text(CLI_PLAY)
+    (tmp_path / "leads.csv").write_text(" first name ,Domain\nAda,acme.com\n")
+    result = deepline("run", "play.py", "--set", "file=leads.csv", "--quiet")
+    assert result.code == 0, result.stderr
+    assert json.loads(result.stdout)["rows"] == ["ADA"]
 
 
 def test_relative_csv_paths_resolve_against_the_run_directory_even_on_resume(deepline, tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ def read_input(raw: str | None, *, cwd: Path) -> dict[str, Any]:
     if raw.startswith("@"):
         path = (cwd / raw[1:]).resolve() if not Path(raw[1:]).is_absolute() else Path(raw[1:])
         if not path.is_file():
-            raise InputError(f"--input file {path} does not exist.")
+            raise _not_a_file("--input", path)
         try:
             text = path.read_text(encoding="utf-8-sig")
         except (OSError, UnicodeDecodeError) as exc:
@@ -74,12 +74,18 @@ def apply_set(target: dict[str, Any], assignment: str) -> None:
     node[parts[-1]] = parse_value(raw)
 
 
+def _not_a_file(flag: str, path: Path) -> InputError:
+    if path.is_dir():
+        return InputError(f"{flag} {path} is a folder, not a file.")
+    return InputError(f"{flag} file {path} does not exist.")
+
+
 def build_input(raw: str | None, csv: Path | None, assignments: list[str], *, cwd: Path) -> dict[str, Any]:
     value = read_input(raw, cwd=cwd)
     if csv is not None:
         path = csv if csv.is_absolute() else cwd / csv
         if not path.is_file():
-            raise InputError(f"--csv file {path} does not exist.")
+            raise _not_a_file("--csv", path)
         value["csv"] = str(path.resolve())
     for assignment in assignments:
         apply_set(value, assignment)

@@ -43,15 +43,15 @@ class CsvSource:
         self.description = description
         self.required = list(required or [])
         self.line = 0  # the file line of the row last read (a row may span lines)
-        self._rename = dict(rename or {})
         header = self._header()
+        self._rename = _renames(header, rename or {})
         self._rename.update(_aliases(header, columns or {}))
         self.columns = [self._rename.get(name, name) for name in header]
         self._refuse_duplicates()
         self._absent = [name for name in (columns or {}) if name not in self.columns]
         missing = [name for name in (required or []) if name not in self.columns]
         if missing:
-            tried = _tried(missing[0], columns or {})
+            tried = _tried(missing[0], columns or {}, rename or {})
             raise InputError(
                 f"{path}: required column {missing[0]!r} is missing{tried} (columns: {', '.join(self.columns)})."
             )
@@ -177,11 +177,26 @@ def _aliases(header: Sequence[str], columns: Mapping[str, str | Sequence[str]]) 
     return found
 
 
-def _tried(name: str, columns: Mapping[str, str | Sequence[str]]) -> str:
-    names = columns.get(name)
-    if names is None:
+def _renames(header: Sequence[str], rename: Mapping[str, str]) -> dict[str, str]:
+    """header name → new name, for each `rename` source a header matches: exactly, or as
+    `columns=` aliases match (case and spaces aside)."""
+    by_fold: dict[str, str] = {}
+    for name in header:
+        by_fold.setdefault(_fold(name), name)
+    found: dict[str, str] = {}
+    for source, target in rename.items():
+        original = source if source in header else by_fold.get(_fold(source))
+        if original is not None:
+            found.setdefault(original, target)
+    return found
+
+
+def _tried(name: str, columns: Mapping[str, str | Sequence[str]], rename: Mapping[str, str]) -> str:
+    names = columns.get(name, [])
+    listed = [source for source, target in rename.items() if target == name]
+    listed += [names] if isinstance(names, str) else list(names)
+    if not listed:
         return ""
-    listed = [names] if isinstance(names, str) else list(names)
     return " (looked for " + ", ".join(repr(n) for n in listed) + ")"
 
 
