@@ -109,7 +109,9 @@ def test_a_missing_csv_is_a_usage_error_naming_the_flag(deepline: Run, write_pla
     assert said.code == 2 and "give it with --set leads=VALUE or --input JSON." in said.stderr
 
 
-def test_a_folder_given_as_the_csv_is_named_a_folder(deepline: Run, write_play: Callable[..., Path], tmp_path: Path) -> None:
+def test_a_folder_given_as_the_csv_is_named_a_folder(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
     write_play(LEADS)
     (tmp_path / "exports").mkdir()
     run = deepline("run", "play.py", "--csv", "exports")
