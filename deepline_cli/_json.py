@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -13,13 +14,21 @@ _OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 
 def _default(value: Any) -> Any:
-    # Sets and tuples-in-odd-places become lists; anything else is shown by repr so a
-    # play returning an odd object still produces a readable result instead of crashing.
+    # Sets and tuples-in-odd-places become lists, a Decimal a number; anything else is
+    # shown by repr so a play returning an odd object still produces a readable result
+    # instead of crashing.
     if isinstance(value, set | frozenset):
         return sorted(value, key=repr)
+    if isinstance(value, Decimal):
+        return _number(value)
     if hasattr(value, "to_json"):
         return value.to_json()
     return repr(value)
+
+
+def _number(value: Decimal) -> int | float:
+    """A Decimal (money parsed from a CSV, a database driver's numeric) as the JSON number it is."""
+    return int(value) if value.is_finite() and value == value.to_integral_value() else float(value)
 
 
 def dumps(value: Any) -> bytes:
@@ -62,6 +71,8 @@ def _plain(message: str) -> str:
 
 
 def _to_json(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return _number(value)
     if hasattr(value, "to_json"):  # a ToolResult, a Dataset…
         return value.to_json()
     raise TypeError(f"a value of type {type(value).__name__} is not JSON")

@@ -491,3 +491,38 @@ def test_a_resume_does_not_pay_again_for_a_call_stale_at_once(
     # A new run asks again: stale at once, and forced.
     assert deepline("run", str(play), "--run-id", "snap-2", "--json").code == 3
     assert provider.count() == 4
+
+
+DECIMAL_PLAY = """\
+from decimal import Decimal
+
+from deepline_cli import Column, play, tool
+
+
+@tool("fx.convert")
+def convert(input):
+    return {"eur": Decimal(str(input["usd"])) * Decimal("0.5")}
+
+
+@play("deals")
+async def deals(ctx, input):
+    rows = [{"id": "a", "amount": "1.50"}, {"id": "b", "amount": "20"}]
+    done = await ctx.map("deals", rows, key="id", columns={
+        "usd": lambda row: Decimal(row["amount"]),
+        "eur": Column(lambda row, rc: rc.tools.execute("fx", "fx.convert", {"usd": Decimal(row["amount"])}),
+                      recompute=True),
+    })
+    return {"rows": len(done)}
+"""
+
+
+def test_decimal_money_is_kept_and_keyed_as_the_number_it_is(deepline: Run, project: Callable[[str], Path]) -> None:
+    """Money parsed with Decimal: a cell holds the number (not the text "Decimal('1.50')"),
+    and a tool input holding one is keyed like any number."""
+    play = project(DECIMAL_PLAY)
+    first = finished(deepline("run", str(play), "--json"))
+    rows = exported(deepline, first["run_id"])
+    assert [(r["usd"], r["eur"]) for r in rows] == [(1.5, {"eur": 0.75}), (20, {"eur": 10})]
+    again = finished(deepline("run", str(play), "--json"))
+    convert = again["stats"]["tools"]["fx.convert"]
+    assert (convert["live"], convert["reused"]) == (0, 2)  # the same keys: the receipts answer
