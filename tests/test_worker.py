@@ -694,6 +694,8 @@ def test_enqueue_with_the_run_id_of_a_queued_run_does_not_execute_it(tmp_path: P
         assert again.code == 0, again.stderr
         assert logged(log) == [], "--enqueue executed the queued run in the enqueuing process"
         assert again.stdout.strip() == "nightly-1", again.stdout
+        assert "Queued run nightly-1;" in first.stderr
+        assert "Run nightly-1 is already queued;" in again.stderr
         with opened(cli.store) as store:
             run = run_of(store, "nightly-1")
         assert (run.status, run.attempt) == ("queued", 0)

@@ -268,7 +268,8 @@ def report_run(result: RunResult, json_mode: bool, view: Any) -> None:
             view.write({"event": "run.queued", "run_id": result.run_id, "ts": time.time()})
         else:
             sys.stdout.write(result.run_id + "\n")
-            err.write(f"Queued run {result.run_id}; a `deepline worker` on this store will run it.\n")
+            queued = f"Run {result.run_id} is already queued" if result.reported else f"Queued run {result.run_id}"
+            err.write(f"{queued}; a `deepline worker` on this store will run it.\n")
         return
     if json_mode:
         if result.reported:

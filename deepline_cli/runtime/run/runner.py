@@ -122,7 +122,7 @@ class Runner:
             return self._requeue(self.store.runs.get_run(run_id) or record) if enqueue else self.resume(run_id)
         if enqueue:
             self.store.queue.notify()
-            return RunResult(run_id, "queued", 0, reported=True)
+            return RunResult(run_id, "queued", 0)
         return self._execute(play, record)
 
     def _check_same_run(self, existing: RunRecord, play_ref: str, input: Any) -> None:
@@ -179,7 +179,7 @@ class Runner:
             raise RunBusyError(f"Run {record.run_id} is held by a live process ({holder_words(record.holder)}).")
         self.store.runs.set_status(record.run_id, "queued", holder=None, lease_expires_at=0.0)
         self.store.queue.notify()
-        return RunResult(record.run_id, "queued", record.attempt, reported=True)
+        return RunResult(record.run_id, "queued", record.attempt)
 
     def resume(self, run_id: str) -> RunResult:
         """`deepline resume`: the next attempt of a run, replaying what it already did."""
