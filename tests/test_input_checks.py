@@ -93,6 +93,16 @@ def test_rows_whose_blank_required_cell_is_their_key_each_fail_on_their_own(
     ]  # fmt: skip
 
 
+def test_the_export_a_reported_run_suggests_is_named_after_its_play(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    write_play(LEADS)
+    (tmp_path / "leads.csv").write_text("id,domain\n1,acme.com\n")
+    assert deepline("run", "play.py", "--csv", "leads.csv", "--run-id", "E").code == 0
+    again = deepline("run", "play.py", "--csv", "leads.csv", "--run-id", "E")
+    assert "Next: deepline export E --out leads.csv" in again.stderr, again.stderr
+
+
 def test_a_missing_csv_is_a_usage_error_naming_the_flag(deepline: Run, write_play: Callable[..., Path]) -> None:
     write_play(LEADS)
     run = deepline("run", "play.py")

@@ -290,7 +290,8 @@ def report_run(result: RunResult, json_mode: bool, view: Any) -> None:
     if result.reported and result.status == "completed":
         err.write(f"Run {result.run_id} already completed (attempt {result.attempt}); not running it again.\n")
     if view is None or result.reported:  # --quiet, or nothing ran: no live view said how it ended
-        lines = verdict(result.run_id, result.status, {**result.stats, "waiting": result.waiting}, result.error)
+        stats = {**result.stats, "waiting": result.waiting}
+        lines = verdict(result.run_id, result.status, stats, result.error, play=result.play)
         err.write("\n".join(lines[:1] if view is None and result.status == "completed" else lines) + "\n")
     if result.status == "completed" and result.exit_code == 1:
         err.write(f"Run {result.run_id} completed with {result.failed_rows} failed row(s) (--fail-on-row-errors).\n")

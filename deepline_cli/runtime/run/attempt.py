@@ -239,6 +239,7 @@ class Attempt:
             stats,
             fail_on_row_errors=self.options.fail_on_row_errors,
             trigger=str(record.options.get("trigger") or ""),
+            play=record.play,
         )
         if record.parent_run_id:
             await self.io.call(self.io.store.queue.notify)  # a scheduled child ended: its parent may be due

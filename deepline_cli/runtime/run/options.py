@@ -86,6 +86,7 @@ class RunResult:
     fail_on_row_errors: bool = False
     waiting: list[dict[str, Any]] = field(default_factory=list)  # boundaries of a waiting run
     trigger: str = ""  # what started it, when not a person: "schedule 2026-12-05 06:00:00 UTC", "webhook <id>"
+    play: str = ""  # the play's name (the export the verdict suggests is named after it)
 
     @property
     def failed_rows(self) -> int:
@@ -108,7 +109,7 @@ class RunResult:
         return cls(
             record.run_id, record.status, record.attempt, record.output, record.error, record.stats,
             reported=True, finished_at=record.finished_at or record.updated_at, fail_on_row_errors=fail_on_row_errors,
-            trigger=str(record.options.get("trigger") or ""),
+            trigger=str(record.options.get("trigger") or ""), play=record.play,
         )  # fmt: skip
 
     def finished_event(self) -> dict[str, Any]:
