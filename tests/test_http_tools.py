@@ -903,6 +903,25 @@ def test_batch_tools_send_members_together_and_keep_a_receipt_per_member(
     assert_billed_once(provider)
 
 
+def test_forced_batch_members_go_out_in_a_new_batch_and_are_billed_as_sent(
+    project: Project, provider: LoopbackProvider
+) -> None:
+    """`force=True` on the members of a batch tool: a new request under a new key, not the
+    earlier batch's answer passed off (and charged) as a new paid call."""
+    project.config(BATCH_TOOL)
+    specs = [call("ht.batch", {"domain": f"d{i}.com"}) for i in range(3)]
+    project.run(calls(*specs, gather=True))
+    assert len(provider.on("/people/batch")) == 1
+    forced = [call("ht.batch", {"domain": f"d{i}.com"}, force=True) for i in range(3)]
+    outcome = project.run(calls(*forced, gather=True))
+    assert [a["execution"] for a in outcome.output] == ["live"] * 3
+    sent = provider.on("/people/batch")
+    assert len(sent) == 2, "the forced members were answered from the earlier batch"
+    assert sent[0].headers["idempotency-key"] != sent[1].headers["idempotency-key"]
+    assert outcome.result.stats["credits"] == 3  # the three members sent, each once
+    assert_billed_once(provider)
+
+
 # --- remote tools ---------------------------------------------------------------------------------
 
 

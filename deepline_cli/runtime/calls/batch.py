@@ -3,7 +3,8 @@
 Every member keeps its own receipt (claimed, reused and billed one by one). The members
 waiting at the same time — up to `max_size`, or whatever arrived within `max_wait_ms` —
 become one provider request under an aggregate receipt, whose key (and so the provider
-idempotency key) is derived from the members' receipt keys.
+idempotency key) is derived from the members' idempotency keys (their receipt keys, or a
+fresh one for a member forced or gone stale).
 
 The aggregate's claim records what it sends (each member's key and input) and points
 every member receipt at it, in the same transaction, before the request goes out. A
@@ -83,7 +84,9 @@ class Batcher:
         if not members:
             return
         call = DurableCall(
-            key=receipt_key("batch", self.tool, *sorted(info.receipt_key for info, _, _ in members)),
+            # Keyed by what the members send: a forced or stale member carries a fresh
+            # idempotency key, so its batch is a new request, never an earlier batch's answer.
+            key=receipt_key("batch", self.tool, *sorted(info.idempotency_key for info, _, _ in members)),
             kind="batch",
             label=f"{self.tool} batch of {len(members)}",
             tool=f"{self.tool}#batch",
