@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import signal
 import sqlite3
@@ -135,6 +136,12 @@ def test_sigkill_mid_map_then_resume(deepline, tmp_path: Path, store_path: Path,
     assert finished["output"] == {"rows": DISTINCT, "failed": 0}
     [started] = [e for e in events if e["event"] == "map.started"]
     assert started["seeded"] == len(at_kill)
+
+    # the killed attempt is shown ended (killed, when it was last heard of), not running
+    full = json.loads(deepline("runs", "show", "crash-1", "--full", "--json").stdout)
+    killed, done = full["attempts"]
+    assert (killed["status"], done["status"]) == ("killed", "completed")
+    assert killed["started_at"] < killed["ended_at"] <= done["started_at"]
 
     # every input row is accounted for
     assert finished_rows(store_path, "crash-1") == {str(i) for i in range(DISTINCT)}

@@ -450,6 +450,20 @@ def test_a_taken_over_attempts_receipt_leases_are_not_extended(store: Store, oth
     assert stored(other, "a").lease_expires_at == T0 + 10
 
 
+def test_an_attempt_that_died_unended_is_ended_killed_when_the_next_begins(store: Store) -> None:
+    """A SIGKILLed attempt never ends itself: the next attempt ends it, `killed`, when it
+    was last heard of (its last call here, later than its last heartbeat)."""
+    store.insert_run(make_run("r1", holder="A:1", attempt=1))
+    store.begin_attempt("r1", 1, "A:1", T0)
+    one(store, mk_claim("k"), T0 + 1)
+    settle(store, [completed("k")], T0 + 7)
+    store.begin_attempt("r1", 2, "B:2", T0 + 60)
+
+    first, second = store.attempt_rows("r1")
+    assert (first.status, first.ended_at) == ("killed", T0 + 7)
+    assert (second.status, second.ended_at) == ("running", None)
+
+
 def test_a_claim_given_back_before_any_call_is_skipped(store: Store) -> None:
     one(store, mk_claim("k"), T0)
     assert settle(store, [Settlement("k", "L1", "skipped")], T0 + 1) == [True]

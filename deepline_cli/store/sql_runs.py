@@ -67,6 +67,14 @@ class RunsSql(SqlBase):
 
     def begin_attempt(self, run_id: str, attempt: int, holder: str, now: float) -> None:
         with self._write() as c:
+            # An earlier attempt still unended died without a word (SIGKILL, a crash, a lost
+            # machine): it ended when it was last heard of, its last heartbeat or call.
+            c.execute(
+                "UPDATE attempts SET status = 'killed', ended_at = coalesce((SELECT max(c.ended_at) FROM calls c"
+                " WHERE c.run_id = attempts.run_id AND c.attempt = attempts.attempt AND c.ended_at > attempts.seen_at),"
+                " seen_at) WHERE run_id = ? AND attempt < ? AND ended_at IS NULL",
+                (run_id, attempt),
+            )
             c.execute(
                 "INSERT INTO attempts (run_id, attempt, holder, started_at, seen_at, status) VALUES (?, ?, ?, ?, ?,"
                 " 'running') ON CONFLICT (run_id, attempt) DO UPDATE SET holder = excluded.holder,"
