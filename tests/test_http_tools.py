@@ -540,6 +540,23 @@ def test_an_http_date_retry_after_is_honoured(project: Project, provider: Loopba
     assert_billed_once(provider)
 
 
+@pytest.mark.parametrize("wait", ["86400", "inf"])
+def test_a_retry_after_longer_than_a_call_waits_fails_the_call_at_once(
+    project: Project, provider: LoopbackProvider, wait: str
+) -> None:
+    """A provider out of its daily quota (`Retry-After: 86400`) does not hang the run for a
+    day: the call fails at once, transient (the next run asks again), saying why."""
+    project.config(echo_tool())
+    provider.script("/v1/echo", [f"429:{wait}", "ok"])
+    started = time.monotonic()
+    out = project.run(calls(call("ht.echo", {"value": 1}), catch=True)).output
+    assert time.monotonic() - started < 10
+    assert len(provider.requests) == 1
+    error = out[0]["error"]
+    assert (out[0]["type"], error["category"], error["retryable"]) == ("ProviderTransientError", "rate_limit", True)
+    assert "asked to wait" in error["message"] and "the next run asks again" in error["message"], error
+
+
 def test_a_429_with_an_unreadable_retry_after_is_still_retried(project: Project, provider: LoopbackProvider) -> None:
     """A provider's odd Retry-After value must not turn a 429 into a permanent failure."""
     project.config(echo_tool())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import ipaddress
+import math
 import os
 import time
 import urllib.parse
@@ -43,6 +44,7 @@ from deepline_cli.runtime.providers.transport import (
 )
 
 MAX_BACKOFF_S = 30.0
+MAX_RETRY_AFTER_S = 300.0  # a longer Retry-After (a quota spent for the day) fails the call instead
 _STATUS_CATEGORY: dict[int, Category] = {
     400: "validation",
     401: "authentication",
@@ -106,6 +108,8 @@ class Http:
             except ToolExecutionError as exc:
                 if not exc.retryable or attempt >= retries:
                     raise self._final(exc, attempt) from None
+                if (exc.retry_after_s or 0.0) > MAX_RETRY_AFTER_S:
+                    raise self._too_long(exc, attempt) from None
                 if waits is None:
                     waits = delays(backoff_base_s(), cap=MAX_BACKOFF_S, jitter=True)
                 delay = max(next(waits), exc.retry_after_s or 0.0)  # never shorter than the provider asked
@@ -174,6 +178,18 @@ class Http:
         )
 
     @staticmethod
+    def _too_long(exc: ToolExecutionError, attempts: int) -> ToolExecutionError:
+        """A provider asking for a longer wait than a call makes (a daily quota spent): the
+        call fails now, transient, and the next run (or a resume) asks again."""
+        wait = exc.retry_after_s or 0.0
+        asked = f"{wait:,.0f}s" if math.isfinite(wait) else "forever"
+        exc.args = (
+            f"{exc.args[0]}; the provider asked to wait {asked} (a call waits at most "
+            f"{MAX_RETRY_AFTER_S:.0f}s), so the call stops here and the next run asks again",
+        )
+        return Http._final(exc, attempts)
+
+    @staticmethod
     def _final(exc: ToolExecutionError, attempts: int) -> ToolExecutionError:
         if attempts:
             exc.args = (f"{exc.args[0]} (retried {attempts}x)",)
@@ -239,9 +255,11 @@ def _retry_after(response: Response) -> float | None:
     if not raw:
         return None
     try:
-        return max(0.0, float(raw))
+        seconds = float(raw)
     except ValueError:
         pass
+    else:
+        return None if math.isnan(seconds) else max(0.0, seconds)
     try:
         parsed = email.utils.parsedate_to_datetime(raw)
     except (TypeError, ValueError):
