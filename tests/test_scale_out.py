@@ -115,6 +115,49 @@ def test_an_enqueued_play_brings_the_modules_it_imports_from_its_folder(
     assert _json.loads(deepline("runs", "show", "q", "--json").stdout)["output"] == ["A!", "B!"]
 
 
+PARENT = """\
+from deepline_cli import play
+
+@play("parent")
+async def parent(ctx, input):
+    return await ctx.run_play("kid", "kids/child.py", {"word": input["word"]})
+"""
+CHILD = """\
+from deepline_cli import play
+from kidlib import shout
+
+@play("child")
+async def child(ctx, input):
+    return await ctx.run_play("grandkid", "grandchild.py:grand", {"word": shout(input["word"])})
+"""
+GRANDCHILD = """\
+from deepline_cli import play
+
+@play("grand")
+async def grand(ctx, input):
+    return input["word"] + "?"
+"""
+
+
+def test_an_enqueued_play_brings_the_child_plays_it_runs_by_path(deepline: Run, tmp_path: Path) -> None:
+    """`ctx.run_play("kid", "kids/child.py")` names a play file the parent never imports: it
+    travels with the run too (with what it imports, and the plays it runs in turn)."""
+    folder = tmp_path / "plays"
+    (folder / "kids").mkdir(parents=True)
+    (folder / "play.py").write_text(PARENT)
+    (folder / "kids" / "child.py").write_text(CHILD)
+    (folder / "kids" / "kidlib.py").write_text("def shout(w):\n    return w.upper()\n")
+    (folder / "kids" / "grandchild.py").write_text(GRANDCHILD)
+    queued = deepline("run", "plays/play.py", "--set", "word=hi", "--run-id", "q", "--enqueue")
+    assert queued.code == 0, queued.stderr
+    shutil.move(folder, tmp_path / "gone")  # the worker has only what the snapshot holds
+
+    worked = deepline("worker", "--once", cwd=tmp_path)
+
+    assert "3 completed, 0 failed" in worked.stderr, worked.stderr  # the parent, its child, its grandchild
+    assert _json.loads(deepline("runs", "show", "q", "--json").stdout)["output"] == "HI?"
+
+
 def test_an_enqueued_play_brings_linked_and_non_utf8_modules_and_refuses_links_outside(
     deepline: Run, tmp_path: Path
 ) -> None:

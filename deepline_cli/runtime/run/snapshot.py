@@ -1,13 +1,15 @@
 """Snapshots of enqueued plays: the source travels with the run in the store.
 
 A snapshot holds the play file, the modules it imported from its own folder (a
-`helpers.py`, a `lib/` package next to it) and its `deepline.toml`, so a worker on
+`helpers.py`, a `lib/` package next to it), the child plays it runs by path
+(`ctx.run_play(id, "kids/enrich.py")`) with theirs, and its `deepline.toml`, so a worker on
 another machine runs exactly what was enqueued. Snapshots are kept once per digest in
 their own table; a run names the one it uses.
 """
 
 from __future__ import annotations
 
+import ast
 import base64
 import os
 import sys
@@ -17,7 +19,7 @@ from typing import Any
 
 from deepline_cli import _json
 from deepline_cli.errors import UsageError
-from deepline_cli.runtime.run.play import PlayDef
+from deepline_cli.runtime.run.play import PlayDef, load_play
 
 MAX_SNAPSHOT_BYTES = 2 * 1024 * 1024  # the play and its local modules, together
 
@@ -28,10 +30,13 @@ Source = str | dict[str, str]
 
 
 def take_snapshot(play: PlayDef, config: Path | None) -> tuple[str, dict[str, Any]]:
-    """(digest, snapshot) of a loaded play: its file, the local modules it imported, its config."""
+    """(digest, snapshot) of a loaded play: its file, the local modules it imported, the
+    child plays it runs by path (loaded, with theirs), its config."""
     folder = Path(play.file).parent
     files: dict[str, Source] = {Path(play.file).name: _source(Path(play.file).read_bytes())}
-    for name, path in local_modules(folder).items():
+    modules = local_modules(folder)
+    modules.update(child_plays(Path(play.file), folder))
+    for name, path in sorted(modules.items()):
         files[name] = _source(path.read_bytes())
     _check_size(files, folder)
     snapshot = {
@@ -41,6 +46,48 @@ def take_snapshot(play: PlayDef, config: Path | None) -> tuple[str, dict[str, An
         "config": _config_text(config) if config else None,
     }
     return _json.digest(_json.canonical(snapshot))[:32], snapshot
+
+
+def child_plays(play_file: Path, folder: Path) -> dict[str, Path]:
+    """The play files `ctx.run_play(id, "path/child.py[:fn]")` names, in this play and in
+    those children in turn, with the local modules each imports, by name in `folder`. Each
+    is loaded (a child that does not load fails the enqueue, not the worker's run after the
+    parent has paid); one outside the play's folder is refused: a worker would not find it."""
+    found: dict[str, Path] = {}
+    done, todo = {play_file.resolve()}, [play_file]
+    while todo:
+        parent = todo.pop()
+        for ref in _run_play_refs(parent):
+            child = Path(load_play(ref, base=parent.parent).file).resolve()
+            if not child.is_relative_to(folder.resolve()):
+                raise UsageError(
+                    f"{parent.name} runs the play {ref!r}, outside the play's folder {folder}: an enqueued run "
+                    "carries only the play's folder; move the child play into it."
+                )
+            found.update(local_modules(folder))  # now: loading the next may forget its folder's modules
+            found[child.relative_to(folder.resolve()).as_posix()] = child
+            if child not in done:
+                done.add(child)
+                todo.append(child)
+    return found
+
+
+def _run_play_refs(path: Path) -> list[str]:
+    """The literal play paths a file's `run_play(...)` calls name (`"kids/enrich.py:main"`)."""
+    try:
+        tree = ast.parse(path.read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    refs = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "run_play"):
+            continue
+        given = (
+            node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "play_ref"), None)
+        )
+        if isinstance(given, ast.Constant) and isinstance(given.value, str) and ".py" in given.value:
+            refs.append(given.value)
+    return refs
 
 
 def local_modules(folder: Path) -> dict[str, Path]:
