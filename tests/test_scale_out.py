@@ -158,6 +158,28 @@ def test_an_enqueued_play_brings_the_child_plays_it_runs_by_path(deepline: Run, 
     assert _json.loads(deepline("runs", "show", "q", "--json").stdout)["output"] == "HI?"
 
 
+SECRETIVE = """\
+from deepline_cli import play
+
+@play("secretive", secrets=["QUEUE_TOKEN"])
+async def secretive(ctx, input):
+    return len(ctx.secrets.get("QUEUE_TOKEN"))
+"""
+
+
+def test_an_enqueued_run_taken_here_reads_the_dotenv_of_the_folder_it_runs_in(deepline: Run, tmp_path: Path) -> None:
+    """Secrets do not travel with a snapshot: a queued run run here (by `run --run-id` or
+    `resume` in the play's folder, or a worker started there) reads that folder's `.env`."""
+    folder = tmp_path / "plays"
+    folder.mkdir()
+    (folder / "play.py").write_text(SECRETIVE)
+    (folder / ".env").write_text("QUEUE_TOKEN=abcdefgh12345\n")
+    assert deepline("run", "play.py", "--run-id", "q", "--enqueue", cwd=folder).code == 0
+    ran = deepline("run", "play.py", "--run-id", "q", cwd=folder)
+    assert ran.code == 0, ran.stderr
+    assert ran.stdout.strip() == "13"
+
+
 def test_an_enqueued_play_brings_linked_and_non_utf8_modules_and_refuses_links_outside(
     deepline: Run, tmp_path: Path
 ) -> None:

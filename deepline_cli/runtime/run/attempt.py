@@ -92,9 +92,13 @@ class History:
         )
 
 
-def env_folder(play: PlayDef, options: RunOptions, cwd: str) -> Path:
-    """The folder whose `.env` a run reads: its play's; for a built-in play, the folder of
-    the play file whose tools it calls, else of its config, else the one it started in."""
+def env_folder(play: PlayDef, options: RunOptions, cwd: str, *, snapshot: bool = False) -> Path:
+    """The folder whose `.env` a run reads: its play's; for an enqueued run (its play comes
+    from a snapshot, which carries no secrets) the folder its worker or resume runs in; for
+    a built-in play, the folder of the play file whose tools it calls, else of its config,
+    else the one it started in."""
+    if snapshot:
+        return Path.cwd()
     if not play.builtin:
         return Path(play.file).parent
     source = options.tools_from or options.config
@@ -399,7 +403,7 @@ def attempt_parts(
         journal=Journal(history.journal, logged=history.logged),
         local_tools={**borrowed_tools, **play.tools()},
         settings=settings,
-        env_folder=env_folder(play, options, record.cwd),
+        env_folder=env_folder(play, options, record.cwd, snapshot=bool(record.snapshot)),
         fetch_public_only=options.fetch_public_only,
     )
 

@@ -219,16 +219,16 @@ class Runner:
         self._apply_persisted(record)
         try:
             play = self._load(record)
-            self._prepare(play, record.cwd)
+            self._prepare(play, record.cwd, snapshot=bool(record.snapshot))
         except DeeplineError as exc:
             self.store.runs.set_status(record.run_id, "failed", holder=None, error=error_dict(exc))
             raise
         return self._execute(play, record)
 
-    def _prepare(self, play: PlayDef, cwd: str) -> None:
+    def _prepare(self, play: PlayDef, cwd: str, *, snapshot: bool = False) -> None:
         """Before any call: every secret the play declares is set, and the tools the run
         borrows (`tools_from`) load."""
-        secrets = Secrets(env_folder(play, self.options, cwd))
+        secrets = Secrets(env_folder(play, self.options, cwd, snapshot=snapshot))
         play.require_secrets(secrets.lookup, secrets.env_file)
         tools_from = self.options.tools_from
         self.borrowed_tools = tools_in(vars(load_module(Path(tools_from)))) if tools_from else {}
