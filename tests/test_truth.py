@@ -359,7 +359,7 @@ def test_a_narrow_terminal_keeps_live_and_never_breaks_a_command() -> None:
         "    every failed row:",
         "    deepline runs logs r-9533f2ab747f",
     ]
-    waiting = "  Next: once it is due (a worker does it by itself): deepline resume r-9533f2ab747f"
+    waiting = "  Next: once it is due (a worker resumes it by itself): deepline resume r-9533f2ab747f"
     assert next_lines(waiting, 50)[-1] == "    deepline resume r-9533f2ab747f"
 
 

@@ -522,6 +522,14 @@ def test_worker_continues_a_run_once_its_event_is_sent(cli: CLI, tmp_path: Path)
     assert logged(log) == ["before"]
 
 
+def test_a_worker_says_which_event_an_enqueued_run_waits_for(cli: CLI, tmp_path: Path) -> None:
+    write(tmp_path / "play.py", EVENT_PLAY)
+    run_id = cli.enqueue("play.py", log=str(tmp_path / "tools.log"))
+    worker = cli.worker_once()
+    assert f"… Run {run_id} is waiting: for event 'approve' (deepline events send {run_id} approve)." in worker.stderr
+    assert "Next: once its event is sent (a worker resumes it by itself)" in worker.stderr, worker.stderr
+
+
 # --- killed and stopped workers ---------------------------------------------------------------
 
 CALLS = 200

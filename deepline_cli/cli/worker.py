@@ -59,7 +59,14 @@ def worker(
     scheduled = [play for path in plays or [] for play in scheduled_plays(path)]
 
     def finished(result: RunResult) -> None:
-        for line in verdict(result.run_id, result.status, result.stats, result.error, result.play, result.trigger):
+        for line in verdict(
+            result.run_id,
+            result.status,
+            {**result.stats, "waiting": result.waiting},
+            result.error,
+            result.play,
+            result.trigger,
+        ):
             report(f"  {line}")
 
     running = Worker(

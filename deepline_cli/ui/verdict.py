@@ -95,9 +95,11 @@ def _interrupted(run_id: str, stats: dict[str, Any], error: dict[str, Any], play
 
 
 def _waiting(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str) -> list[str]:
+    waiting = stats.get("waiting") or []
+    when = "once its event is sent" if any(b["kind"] == "event" for b in waiting) else "once it is due"
     return [
-        f"… Run {run_id} is waiting: {describe_waiting(stats.get('waiting') or [])}.",
-        f"  Next: once it is due (a worker does it by itself): deepline resume {run_id}",
+        f"… Run {run_id} is waiting: {describe_waiting(waiting)}.",
+        f"  Next: {when} (a worker resumes it by itself): deepline resume {run_id}",
     ]
 
 
