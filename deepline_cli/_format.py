@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 CREDIT_PLACES = 9  # credits are decimal amounts (0.1, 0.25…); sums are kept to 9 places
 
 
-def add_credits(*amounts: float) -> float:
-    """A sum of credits without binary-float noise: 30 calls of 0.1 cost 3, not
-    3.0000000000000013, so a budget of 3 holds them and every view shows the same 3."""
+def add_credits(a: float, b: float) -> float:
+    """`a + b` without binary-float noise: 30 calls of 0.1 cost 3, not 3.0000000000000013,
+    so a budget of 3 holds them and every view shows the same 3. (Per call: whole sums, the
+    usual case, skip the rounding.)"""
+    total = a + b
+    return total if total.is_integer() else round(total, CREDIT_PLACES)
+
+
+def sum_credits(amounts: Iterable[float]) -> float:
+    """The sum of many credits, as `add_credits` sums two."""
     return round(math.fsum(amounts), CREDIT_PLACES)
 
 

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from deepline_cli._format import add_credits
+from deepline_cli._format import sum_credits
 from deepline_cli.runtime.calls.events import Event
 from deepline_cli.store.records import NOT_FOUND
 
@@ -74,7 +74,7 @@ class RunView:
 
     @property
     def credits(self) -> float:
-        return add_credits(*(float(c.get("credits", 0)) for c in self.tools.values()))
+        return sum_credits(float(c.get("credits", 0)) for c in self.tools.values())
 
     def _apply_map(self, name: str, data: dict[str, Any]) -> None:
         view = self.maps.setdefault(data["map"], MapView(data["map"]))

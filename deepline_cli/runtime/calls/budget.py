@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from deepline_cli._format import add_credits, format_credits
+from deepline_cli._format import add_credits, format_credits, sum_credits
 from deepline_cli.errors import BudgetExceededError
 
 
@@ -83,7 +83,7 @@ class Budget:
         limit = self.max_credits
         if limit is None or (not amount and not unknown):
             return
-        total = add_credits(self.spent, self.reserved, amount)
+        total = sum_credits((self.spent, self.reserved, amount))
         if total > limit or (unknown and total >= limit):
             cost = "of unknown cost" if unknown else f"expected to cost {format_credits(amount)}"
             raise BudgetExceededError(
@@ -132,7 +132,7 @@ class Budget:
         self._known[tool] = actual
         for held in self._inflight:
             if held.tool == tool and held.metered and held.amount < actual:
-                self.reserved = add_credits(self.reserved, actual, -held.amount)
+                self.reserved = sum_credits((self.reserved, actual, -held.amount))
                 held.amount = actual
 
     def _drop(self, reservation: Reservation) -> None:

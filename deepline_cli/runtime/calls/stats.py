@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from deepline_cli._format import add_credits
+from deepline_cli._format import sum_credits
 from deepline_cli.store.records import FailedCall
 
 
@@ -91,7 +91,7 @@ class RunStats:
 
     @property
     def credits(self) -> float:
-        return add_credits(*(c.credits for c in self.tools.values()))
+        return sum_credits(c.credits for c in self.tools.values())
 
     def call_failed(self, key: str, tool: str, *, in_row: bool) -> None:
         """A call failed (or reused a stored failure). Counted once per key: in a map row it
