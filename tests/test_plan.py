@@ -225,3 +225,41 @@ def test_a_column_depends_on_the_column_it_reads_not_on_the_first_unknown_one(de
         "b: depends on 'a', known only after running (5 rows)",
         "d: depends on 'b', known only after running (5 rows)",
     ]
+
+
+NOT_FOUND = """
+from deepline_cli import ToolExecutionError, play, steps, tool
+
+@tool("nf.first", credits=1)
+def first(input):
+    if input["n"] % 2:  # a 404: failed, not billed; the waterfall asks the next step
+        raise ToolExecutionError("no such person", origin="provider", category="not_found", status_code=404)
+    return {"hit": "first"}
+
+@tool("nf.second", credits=2)
+def second(input):
+    return {"hit": "second"}
+
+@play("not-found")
+async def not_found(ctx, input):
+    rows = await ctx.map("rows", [{"n": n} for n in range(40)], key="n", columns={
+        "hit": steps()
+            .step("first", lambda row, rc: rc.tools.execute("f", "nf.first", {"n": row["n"]}))
+            .step("second", lambda row, rc: rc.tools.execute("s", "nf.second", {"n": row["n"]})),
+    })
+    return {"rows": len(rows)}
+"""
+
+
+def test_the_expected_cost_counts_only_calls_that_are_paid(deepline, write_play) -> None:
+    """A pilot where half the first step's calls answer 404 (failed: not billed, the next
+    step asked): the plan of the rest expects what the run then spends, not a credit for
+    every call made."""
+    play = write_play(NOT_FOUND)
+    assert deepline("run", str(play), "--limit", "10", "--quiet").code == 0
+    credits = _plan(deepline, str(play))["totals"]["credits"]
+    run = deepline("run", str(play), "--json")
+    spent = run.json_lines()[-1]["stats"]["credits"]
+    assert spent == 45  # 15 found by the first step (1), 15 by the second (2)
+    assert credits["min"] <= spent <= credits["max"]
+    assert abs(credits["expected"] - spent) <= 0.1 * spent, credits

@@ -287,9 +287,10 @@ class LedgerQueries:
                 per_step[step or NOT_FOUND] = per_step.get(step or NOT_FOUND, 0) + int(n)
         return hits
 
-    def tool_rows(self, play: str, workspace: str, map: str) -> tuple[int, dict[str, int]]:
-        """Earlier runs of a play: how many rows of its map made calls, and in how many of
-        those rows each tool was called (observed hit rates for `deepline plan`)."""
+    def tool_rows(self, play: str, workspace: str, map: str) -> tuple[int, dict[str, int], dict[str, int]]:
+        """Earlier runs of a play: how many rows of its map made calls, in how many of those
+        rows each tool was called, and in how many it was paid (a completed call; a failed
+        one, a 404 say, costs nothing): observed rates for `deepline plan`."""
         scope = "SELECT run_id FROM runs WHERE play = ? AND workspace = ?"
         total = self._read(
             "SELECT count(*) FROM (SELECT DISTINCT run_id, row_key FROM calls"
@@ -297,8 +298,11 @@ class LedgerQueries:
             (map, play, workspace),
         )
         per_tool = self._read(
-            "SELECT tool, count(*) FROM (SELECT DISTINCT run_id, row_key, tool FROM calls"
-            f" WHERE map = ? AND kind = 'tool' AND row_key IS NOT NULL AND run_id IN ({scope})) t GROUP BY tool",
+            "SELECT tool, count(*), sum(paid) FROM (SELECT run_id, row_key, tool,"
+            " max(CASE WHEN status = 'completed' THEN 1 ELSE 0 END) AS paid FROM calls"
+            f" WHERE map = ? AND kind = 'tool' AND row_key IS NOT NULL AND run_id IN ({scope})"
+            " GROUP BY run_id, row_key, tool) t GROUP BY tool",
             (map, play, workspace),
         )
-        return int(total[0][0]), {str(tool): int(n) for tool, n in per_tool}
+        called = {str(tool): int(n) for tool, n, _ in per_tool}
+        return int(total[0][0]), called, {str(tool): int(paid or 0) for tool, _, paid in per_tool}

@@ -148,18 +148,26 @@ class ColumnPlan:
 
 @dataclass
 class History:
-    """How often earlier runs called each tool per row of a map (the calls ledger)."""
+    """How often earlier runs called each tool per row of a map, and paid for it (a
+    completed call; a failed one costs nothing): the calls ledger."""
 
     rows: int = 0
-    per_tool: dict[str, int] = field(default_factory=dict)
+    per_tool: dict[str, int] = field(default_factory=dict)  # rows where the tool was called
+    paid: dict[str, int] = field(default_factory=dict)  # rows where a call of it completed
 
     def rate(self, tool: str) -> float:
-        return self.per_tool.get(tool, 0) / self.rows if self.rows else 0.0
+        """How often a row pays for `tool`."""
+        return self.paid.get(tool, 0) / self.rows if self.rows else 0.0
 
     def after(self, tool: str, first: str) -> float:
-        """How often `tool` was called in rows where `first` was called (capped at 1)."""
+        """How often a row that called `first` pays for `tool` (capped at 1)."""
         base = self.per_tool.get(first, 0)
-        return min(1.0, self.per_tool.get(tool, 0) / base) if base else self.rate(tool)
+        return min(1.0, self.paid.get(tool, 0) / base) if base else self.rate(tool)
+
+    def pays(self, tool: str) -> float:
+        """How often a call of `tool` is paid for (1 with no history of it)."""
+        called = self.per_tool.get(tool, 0)
+        return self.paid.get(tool, 0) / called if called else 1.0
 
 
 @dataclass
@@ -524,7 +532,8 @@ class RowPlanner:
             plan.shared_calls += 1
         else:
             plan.new_calls += 1
-            plan.credits.add(stop.credits, stop.credits, stop.credits)
+            paid = self.history.pays(stop.tool)  # a call that may fail (a 404) may cost nothing
+            plan.credits.add(stop.credits if paid >= 1.0 else 0.0, stop.credits * paid, stop.credits)
         rest = [t for t in plan.tools if t != stop.tool and t not in tracker.called]
         if rest:
             plan.note(f"after {stop.tool}, may call {', '.join(rest)} depending on its answer")
@@ -707,8 +716,7 @@ class Planner:
     # --- maps ---------------------------------------------------------------------------
 
     def history(self, map_name: str) -> History:
-        rows, per_tool = self.store.ledger.tool_rows(self.play.name, self.options.workspace, map_name)
-        return History(rows, per_tool)
+        return History(*self.store.ledger.tool_rows(self.play.name, self.options.workspace, map_name))
 
     def step_history(self, map_name: str) -> dict[str, dict[str, int]]:
         return self.store.ledger.step_rows(self.play.name, self.options.workspace, map_name)
