@@ -426,3 +426,9 @@ def test_calls_answered_by_this_runs_own_calls_are_not_counted_as_reused(write_p
         assert (counted.live, counted.reused) == (live, reused)
         shown = [(t["t.country"]["live"], t["t.country"]["reused"]) for t in seen if "t.country" in t]
         assert all(lv <= live and ru <= reused for lv, ru in shown), shown
+
+
+def test_a_verdict_says_one_credit_and_two_credits() -> None:
+    one = verdict("r-1", "completed", {"credits": 1, "duration_s": 1}, None)[0]
+    many = verdict("r-2", "completed", {"credits": 2.5, "duration_s": 1}, None)[0]
+    assert one.endswith(", 1 credit.") and many.endswith(", 2.5 credits."), (one, many)

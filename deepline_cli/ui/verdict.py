@@ -152,7 +152,8 @@ def _origins(rows: dict[str, Any]) -> tuple[int, int, int, int, int]:
 def _credits(stats: dict[str, Any]) -> str:
     attempts = stats.get("attempts") or 1
     over = f" over {attempts} attempts" if attempts > 1 else ""
-    return f"{format_credits(stats.get('credits', 0))} credits{over}"
+    credits = stats.get("credits", 0)
+    return f"{format_credits(credits)} credit{'' if credits == 1 else 's'}{over}"
 
 
 def clock(seconds: float) -> str:
