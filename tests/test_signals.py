@@ -208,3 +208,50 @@ def test_a_sigint_while_the_attempt_gives_its_handlers_back_goes_to_the_process_
         assert signal.set_wakeup_fd(-1) == -1  # no wakeup fd left pointing at the closed loop
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+WAITING_PLAY = """
+from deepline_cli import play
+
+@play("patient")
+async def patient(ctx, input):
+    return (await ctx.tools.execute("q", "quota.lookup", {"n": 1})).output
+"""
+
+
+@pytest.mark.process
+def test_ctrl_c_while_a_call_waits_out_a_retry_after_stops_at_once(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """A call waiting 60 s before its next try (a 429's Retry-After) has nothing at the
+    provider: Ctrl-C ends the run at once, not after the grace given to calls in flight;
+    the call is given back, and a resume sends it (the same key)."""
+    from tests.provider import Provider, ProviderServer
+
+    with ProviderServer(Provider()) as provider:
+        provider.script("/quota", ["429:60", "ok"])
+        (tmp_path / "play.py").write_text(WAITING_PLAY)
+        (tmp_path / "deepline.toml").write_text(f'[tools."quota.lookup"]\nurl = "{provider.url}/quota"\n')
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deepline_cli", "run", "play.py", "--run-id", "patient"],
+            cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        began = time.monotonic()
+        while provider.count() < 1:
+            assert proc.poll() is None and time.monotonic() - began < 60, proc.communicate()
+            time.sleep(0.01)
+        time.sleep(0.2)  # into its wait
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+        assert proc.returncode == 130, err
+        assert took < 4, f"{took:.1f}s to stop: the grace for calls in flight (5 s) was waited out"
+        assert provider.count() == 1
+        assert run_status(Path(cli_env["DEEPLINE_STORE"]), "patient") == "interrupted"
+        resumed = subprocess.run(
+            [sys.executable, "-m", "deepline_cli", "resume", "patient"],
+            cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert resumed.returncode == 0, resumed.stderr
+        first, second = (r.headers["idempotency-key"] for r in provider.requests)
+        assert first == second and set(provider.billed.values()) == {1}

@@ -4,12 +4,16 @@ child runs, so stopping one stops them all; the first reason stands."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 from deepline_cli.errors import DeeplineError
 
 
 class Breaker:
     def __init__(self) -> None:
         self._reasons: list[BaseException] = []
+        self._stopped = asyncio.Event()
 
     def check(self) -> None:
         """Raise why dispatching stopped, if it did."""
@@ -19,6 +23,13 @@ class Breaker:
     def stop(self, reason: BaseException) -> None:
         if not self._reasons:
             self._reasons.append(reason)
+            self._stopped.set()
+
+    async def pause(self, seconds: float) -> None:
+        """Sleep `seconds`, or less if dispatching stops meanwhile (a call waiting out a
+        Retry-After has nothing at the provider: an interrupt need not wait for it)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopped.wait(), seconds)
 
     def trip(self, exc: DeeplineError) -> DeeplineError:
         self.stop(exc)

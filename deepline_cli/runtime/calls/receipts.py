@@ -356,6 +356,10 @@ class ReceiptBook:
     def note_retry(self, call: DurableCall, reason: str) -> None:
         self._tally.note_retry(call, reason)
 
+    async def pause(self, seconds: float) -> None:
+        """A call's wait before its next attempt, cut short when the run stops dispatching."""
+        await self._breaker.pause(seconds)
+
     def ensure_owned(self, call: DurableCall, lease_id: str) -> None:
         """At the moment of dispatch and before every retry: is the run still dispatching,
         and the lease still ours? The lease counts as ours until the expiry the store last

@@ -119,7 +119,7 @@ class Http:
                     call.note_retry(_retry_reason(exc))
                     call.waited_s += delay
                 attempt += 1
-                await asyncio.sleep(delay)
+                await (call.pause(delay) if call is not None else asyncio.sleep(delay))
 
     async def aclose(self) -> None:
         await self.pool.aclose()

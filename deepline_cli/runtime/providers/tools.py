@@ -26,6 +26,7 @@ class CallOwner(Protocol):
 
     def ensure_owned(self, call: Any, lease_id: str) -> None: ...
     def note_retry(self, call: Any, reason: str) -> None: ...
+    async def pause(self, seconds: float) -> None: ...
 
 
 @dataclass(slots=True)
@@ -66,6 +67,13 @@ class ToolCall:
         self.retries += 1
         if self._owner is not None:
             self._owner.note_retry(self._call, reason)
+
+    async def pause(self, seconds: float) -> None:
+        """Wait before the next attempt: `seconds`, or until the run stops dispatching."""
+        if self._owner is None:
+            await asyncio.sleep(seconds)
+        else:
+            await self._owner.pause(seconds)
 
 
 @dataclass(slots=True)
