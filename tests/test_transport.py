@@ -625,9 +625,10 @@ def test_tls_connections_leave_no_socket_open_once_the_run_ends(certificate: tup
             with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
                 inodes.add(str(fd.readlink()).removeprefix("socket:[").removesuffix("]"))
         count = 0
-        for line in Path("/proc/self/net/tcp").read_text().splitlines()[1:]:
-            fields = line.split()
-            count += int(fields[2].rsplit(":", 1)[1], 16) == port and fields[9] in inodes
+        for table in ("tcp", "tcp6"):  # "localhost" may be tried over IPv6 first
+            for line in Path(f"/proc/self/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                count += int(fields[2].rsplit(":", 1)[1], 16) == port and fields[9] in inodes
         return count
 
     async def serve(ready: threading.Event, port: list[int], stop: threading.Event) -> None:
