@@ -13,12 +13,17 @@ def add_credits(a: float, b: float) -> float:
     so a budget of 3 holds them and every view shows the same 3. (Per call: whole sums, the
     usual case, skip the rounding.)"""
     total = a + b
-    return total if total.is_integer() else round(total, CREDIT_PLACES)
+    return total if total.is_integer() else round_credits(total)
 
 
 def sum_credits(amounts: Iterable[float]) -> float:
     """The sum of many credits, as `add_credits` sums two."""
-    return round(math.fsum(amounts), CREDIT_PLACES)
+    return round_credits(math.fsum(amounts))
+
+
+def round_credits(value: float) -> float:
+    """A credit figure summed elsewhere (a database's `sum`) without its binary-float noise."""
+    return round(value, CREDIT_PLACES)
 
 
 def format_credits(value: float) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepline_cli import _json
-from deepline_cli._format import add_credits, sum_credits
+from deepline_cli._format import add_credits, round_credits, sum_credits
 from deepline_cli.store.records import NOT_FOUND, FailedCall
 
 _TREE = "(SELECT run_id FROM runs WHERE run_id = ? OR root_run_id = ?)"  # a run and its child runs
@@ -270,7 +270,7 @@ class LedgerQueries:
             " AND row_key IS NOT NULL GROUP BY row_key",
             (run_id, map),
         )
-        return {key: sum_credits([float(credits or 0.0)]) for key, credits in rows}
+        return {key: round_credits(float(credits or 0.0)) for key, credits in rows}
 
     def step_rows(self, play: str, workspace: str, map: str) -> dict[str, dict[str, int]]:
         """Earlier runs of a play: how many rows of its map each waterfall step found a value

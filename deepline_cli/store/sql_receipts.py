@@ -9,7 +9,7 @@ from operator import attrgetter
 from typing import Any, TypeVar
 
 from deepline_cli import _json
-from deepline_cli._format import sum_credits
+from deepline_cli._format import round_credits
 from deepline_cli.backoff import delays
 from deepline_cli.errors import StoreConflict
 from deepline_cli.store.records import (
@@ -172,7 +172,7 @@ class ReceiptsSql(ClaimsSql, SheetsSql):
             f"SELECT coalesce(sum(credits), 0) FROM calls WHERE status = 'completed' AND run_id IN {TREE}",
             (run_id, run_id),
         )
-        return sum_credits([float(rows[0][0])])
+        return round_credits(float(rows[0][0]))
 
     def run_usage(self, run_id: str) -> tuple[int, int]:
         calls = self._read(
