@@ -374,6 +374,35 @@ def test_run_id_of_another_play_or_input_is_refused_not_reported(deepline, basic
     assert deepline("run", str(play), "--input", payload, "--run-id", "nightly").code == 0  # the same: reported
 
 
+def test_run_id_of_a_failed_run_imports_its_play_once(deepline, tmp_path, write_play) -> None:
+    """Checking that `--run-id` names the same play loads it; the resume uses that load, not
+    a second import (the play's module-level code runs once per command)."""
+    loads, flag = tmp_path / "loads.txt", tmp_path / "flag"
+    play = write_play(
+        f"""
+from pathlib import Path
+from deepline_cli import play
+
+with open({str(loads)!r}, "a") as f:
+    f.write("load\\n")
+
+@play("once")
+async def once(ctx, input):
+    if Path({str(flag)!r}).exists():
+        raise RuntimeError("not yet")
+    return "done"
+""",
+        "once.py",
+    )
+    flag.touch()
+    assert deepline("run", str(play), "--run-id", "o-1").code == 1
+    flag.unlink()
+    before = loads.read_text().count("load")
+    again = deepline("run", str(play), "--run-id", "o-1")
+    assert again.code == 0, again.stderr
+    assert loads.read_text().count("load") - before == 1
+
+
 def test_a_reported_run_finished_event_carries_its_timestamp(deepline, basic) -> None:
     """§5: every --json event has `ts`; a completed run is reported with its stored
     `run.finished` event, so `ts` is when it finished, not null."""

@@ -90,8 +90,8 @@ class Runner:
         if self.options.run_id:
             existing = self.store.runs.get_run(check_run_id(self.options.run_id))
             if existing is not None:
-                self._check_same_run(existing, play_ref, input)
-                return self._requeue(existing) if enqueue else self.resume(existing.run_id)
+                loaded = self._same_run(existing, play_ref, input)
+                return self._requeue(existing) if enqueue else self.resume(existing.run_id, loaded)
         play = find_play(play_ref)
         if enqueue and play.builtin:
             raise UsageError(f"The built-in play {play.name!r} runs here only; it cannot be enqueued.")
@@ -125,21 +125,22 @@ class Runner:
             return RunResult(run_id, "queued", 0)
         return self._execute(play, record)
 
-    def _check_same_run(self, existing: RunRecord, play_ref: str, input: Any) -> None:
+    def _same_run(self, existing: RunRecord, play_ref: str, input: Any) -> PlayDef | None:
         """`--run-id` of an existing run names that run: the same play and input are reported
-        or resumed; another play or input under it is refused (a nightly job with a fixed id
-        must not be told last night's run completed)."""
+        or resumed (the play loaded here, for the resume); another play or input under it is
+        refused (a nightly job with a fixed id must not be told last night's run completed)."""
         try:
-            name = find_play(play_ref).name
+            play: PlayDef | None = find_play(play_ref)
         except DeeplineError:
-            name = existing.play  # the play no longer loads: the run is reported or resumed as it was
+            play = None  # the play no longer loads: the run is reported or resumed as it was
+        name = play.name if play is not None else existing.play
         run_id = existing.run_id
         if name != existing.play:
             differs = f"of play {existing.play!r}, not {name!r}"
         elif _json.loads(_json.dumps(input)) != existing.input:  # as stored (JSON), in any key order
             differs = f"of play {existing.play!r} with another input"
         else:
-            return
+            return play
         raise UsageError(
             f"Run {run_id} is a run {differs}; give this run a new --run-id, or continue that one "
             f"as it was with `deepline resume {run_id}`."
@@ -181,8 +182,9 @@ class Runner:
         self.store.queue.notify()
         return RunResult(record.run_id, "queued", record.attempt)
 
-    def resume(self, run_id: str) -> RunResult:
-        """`deepline resume`: the next attempt of a run, replaying what it already did."""
+    def resume(self, run_id: str, loaded: PlayDef | None = None) -> RunResult:
+        """`deepline resume`: the next attempt of a run, replaying what it already did
+        (`loaded`: its play, if this command has loaded it already)."""
         record = self.store.runs.get_run(run_id)
         if record is None:
             raise UsageError(f"No run {run_id!r} in the store {self.store.url}.")
@@ -210,15 +212,15 @@ class Runner:
             raise RunBusyError(f"Run {run_id} was just taken by another process.")
         record.holder, record.lease_expires_at = holder, expires  # this process holds it now
         record.attempt = attempt
-        return self.run_claimed(record)
+        return self.run_claimed(record, loaded)
 
-    def run_claimed(self, record: RunRecord) -> RunResult:
+    def run_claimed(self, record: RunRecord, loaded: PlayDef | None = None) -> RunResult:
         """Execute a run this process has just leased (by `resume`, or a worker's claim)."""
         self.store.receipts.expire_run_receipts(record.run_id)
         record.status = "running"
         self._apply_persisted(record)
         try:
-            play = self._load(record)
+            play = self._load(record, loaded)
             self._prepare(play, record.cwd, snapshot=bool(record.snapshot))
         except DeeplineError as exc:
             self.store.runs.set_status(record.run_id, "failed", holder=None, error=error_dict(exc))
@@ -233,9 +235,11 @@ class Runner:
         tools_from = self.options.tools_from
         self.borrowed_tools = tools_in(vars(load_module(Path(tools_from)))) if tools_from else {}
 
-    def _load(self, record: RunRecord) -> PlayDef:
+    def _load(self, record: RunRecord, loaded: PlayDef | None = None) -> PlayDef:
+        """The run's play: from its file (not imported a second time if `loaded` is it), or
+        from its snapshot."""
         if not record.snapshot:
-            return find_play(record.play_ref)
+            return loaded if loaded is not None and loaded.ref == record.play_ref else find_play(record.play_ref)
         snapshot = self.store.queue.get_snapshot(record.snapshot)
         if snapshot is None:
             raise PlayLoadError(f"Run {record.run_id}'s play source ({record.snapshot}) is not in the store.")
