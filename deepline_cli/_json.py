@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from decimal import Decimal
+import sys
 from typing import Any
 
 import orjson
@@ -19,15 +19,21 @@ def _default(value: Any) -> Any:
     # instead of crashing.
     if isinstance(value, set | frozenset):
         return sorted(value, key=repr)
-    if isinstance(value, Decimal):
-        return _number(value)
+    number = _number(value)
+    if number is not None:
+        return number
     if hasattr(value, "to_json"):
         return value.to_json()
     return repr(value)
 
 
-def _number(value: Decimal) -> int | float:
-    """A Decimal (money parsed from a CSV, a database driver's numeric) as the JSON number it is."""
+def _number(value: Any) -> int | float | None:
+    """A Decimal (money parsed from a CSV, a database driver's numeric) as the JSON number it
+    is; None for anything else. `decimal` is looked up, not imported: whoever made a Decimal
+    imported it, and a run that has none does not pay for the import."""
+    decimal = sys.modules.get("decimal")
+    if decimal is None or not isinstance(value, decimal.Decimal):
+        return None
     return int(value) if value.is_finite() and value == value.to_integral_value() else float(value)
 
 
@@ -71,8 +77,9 @@ def _plain(message: str) -> str:
 
 
 def _to_json(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return _number(value)
+    number = _number(value)
+    if number is not None:
+        return number
     if hasattr(value, "to_json"):  # a ToolResult, a Dataset…
         return value.to_json()
     raise TypeError(f"a value of type {type(value).__name__} is not JSON")

@@ -86,7 +86,8 @@ def test_python_m_help_lists_the_commands_without_heavy_imports(cli_env) -> None
 
 
 def test_the_runtime_a_run_loads_imports_neither_croniter_nor_h11(cli_env) -> None:
-    """Each costs a run's start milliseconds; a schedule or a proxy tunnel imports its own."""
+    """Each costs a run's start milliseconds; a schedule or a proxy tunnel imports its own
+    (and a play that makes a Decimal, `decimal`)."""
     probe = (
         "import sys; import deepline_cli.runtime.run.runner, deepline_cli.runtime.providers.http;"
         " print(' '.join(sorted(sys.modules)))"
@@ -94,7 +95,7 @@ def test_the_runtime_a_run_loads_imports_neither_croniter_nor_h11(cli_env) -> No
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=cli_env, cwd=ROOT)
     loaded = set(proc.stdout.split())
     assert "deepline_cli.runtime.providers.transport" in loaded, proc.stderr  # the probe imported the runtime
-    assert sorted(m for m in loaded if m.split(".")[0] in ("croniter", "h11", "dateutil")) == []
+    assert sorted(m for m in loaded if m.split(".")[0] in ("croniter", "h11", "dateutil", "decimal")) == []
 
 
 EXPECTED_ALL = [
