@@ -1442,3 +1442,32 @@ def test_tools_list_json_describes_every_tool(
     human = cli("tools", "list")
     assert human.code == 0 and "ht.people" in human.stdout
     assert provider.requests == []
+
+
+def test_a_429_pause_and_the_rate_limit_wait_through_the_calls_pause() -> None:
+    """The governor's waits (a tool paused after a 429, a rate limit's next slot) go through
+    the pause it is given: a run's pause raises when the run stops dispatching, so an
+    interrupt never waits for a call that is not out."""
+    from deepline_cli.runtime.providers.governor import Governor
+
+    asked: list[float] = []
+
+    async def stopped(seconds: float) -> None:
+        asked.append(seconds)
+        raise KeyboardInterrupt  # the run stopped: the call gives its slot back
+
+    async def scenario() -> None:
+        governor = Governor()
+        governor.configure_tool("paced", concurrency=1, rate_limit="1/min")
+        async with governor.slot("paced", stopped):  # the first slot is now: no wait
+            pass
+        with pytest.raises(KeyboardInterrupt):
+            async with governor.slot("paced", stopped):  # the next is a minute away
+                raise AssertionError("sent while it should wait")
+        governor.back_off("held", 30)
+        with pytest.raises(KeyboardInterrupt):
+            async with governor.slot("held", stopped):
+                raise AssertionError("sent while it should wait")
+
+    asyncio.run(scenario())
+    assert len(asked) == 2 and 55 < asked[0] <= 60 and 25 < asked[1] <= 30

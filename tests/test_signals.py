@@ -254,3 +254,52 @@ def test_ctrl_c_while_a_call_waits_out_a_retry_after_stops_at_once(tmp_path: Pat
         assert resumed.returncode == 0, resumed.stderr
         first, second = (r.headers["idempotency-key"] for r in provider.requests)
         assert first == second and set(provider.billed.values()) == {1}
+
+
+PACED_PLAY = """
+import asyncio
+from deepline_cli import play
+
+@play("paced")
+async def paced(ctx, input):
+    answers = await asyncio.gather(*(ctx.tools.execute(f"q{n}", "quota.lookup", {"n": n}) for n in range(2)))
+    return [a.output for a in answers]
+"""
+
+
+@pytest.mark.process
+def test_ctrl_c_while_a_call_waits_for_its_rate_limit_or_a_429_pause_stops_at_once(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """A call held back by its tool's rate limit (here 1/min: the second call's slot is a
+    minute away) has nothing at the provider, as one waiting out a Retry-After: Ctrl-C ends
+    the run at once, the call is given back, and the resume sends it."""
+    from tests.provider import Provider, ProviderServer
+
+    with ProviderServer(Provider()) as provider:
+        (tmp_path / "play.py").write_text(PACED_PLAY)
+        toml = f'[tools."quota.lookup"]\nurl = "{provider.url}/quota"\n'
+        (tmp_path / "deepline.toml").write_text(toml + 'rate_limit = "1/min"\n')
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deepline_cli", "run", "play.py", "--run-id", "paced"],
+            cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        began = time.monotonic()
+        while provider.count() < 1:  # the first call went out: the second waits for its slot
+            assert proc.poll() is None and time.monotonic() - began < 60, proc.communicate()
+            time.sleep(0.01)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+        assert proc.returncode == 130, err
+        assert took < 4, f"{took:.1f}s to stop: the grace for calls in flight (5 s) was waited out"
+        assert provider.count() == 1
+        (tmp_path / "deepline.toml").write_text(toml)  # no limit now: the resume need not wait a minute
+        resumed = subprocess.run(
+            [sys.executable, "-m", "deepline_cli", "resume", "paced"],
+            cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert resumed.returncode == 0, resumed.stderr
+        assert provider.count() == 2 and set(provider.billed.values()) == {1}

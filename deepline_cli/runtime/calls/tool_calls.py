@@ -106,10 +106,10 @@ class Tools:
         if governor.unlimited(tool) and timeout_s is None:
             return await definition.invoke(input, info)
         asked = time.monotonic()
-        async with governor.slot(tool):
+        async with governor.slot(tool, info.pause):
             info.waited_s += time.monotonic() - asked
-            # The wait for a slot may have outlasted the lease (a paused process): the call
-            # goes out only if it is still ours.
+            # The wait for a slot may have outlasted the lease (a paused process), or been cut
+            # short by an interrupt: the call goes out only if it is still ours.
             info.ensure_lease()
             if timeout_s is None:
                 return await definition.invoke(input, info)

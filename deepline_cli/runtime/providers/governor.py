@@ -32,6 +32,7 @@ def parse_rate(text: str, *, owner: str) -> float:
 # from now (shared through the store by every process using it).
 SharedSlots = Callable[[str, float, int], Awaitable[float]]
 BLOCK_S = 0.25  # a process reserves up to this much of a tool's schedule at a time
+Pause = Callable[[float], Awaitable[None]]
 
 
 class Pacer:
@@ -57,7 +58,9 @@ class Pacer:
         self.waiting = 0  # calls in wait(): how many slots to reserve at once
         self.sleeping = 0  # calls held back by the pace right now (the live view says "paced")
 
-    async def wait(self) -> None:
+    async def wait(self, pause: Pause = asyncio.sleep) -> None:
+        """Until this call's slot; `pause` sleeps (a run's pause raises when the run stops
+        dispatching)."""
         self.waiting += 1
         try:
             start = await self._slot()
@@ -66,7 +69,7 @@ class Pacer:
             while (moment := max(start, self._last_sent + self.interval)) > time.monotonic():
                 self.sleeping += 1
                 try:
-                    await asyncio.sleep(moment - time.monotonic())
+                    await pause(moment - time.monotonic())
                 finally:
                     self.sleeping -= 1
             self._last_sent = time.monotonic()
@@ -129,7 +132,10 @@ class Governor:
         return {t: round(until - now, 1) for t, until in self._paused_until.items() if until > now}
 
     @asynccontextmanager
-    async def slot(self, tool_id: str) -> AsyncIterator[None]:
+    async def slot(self, tool_id: str, pause: Pause = asyncio.sleep) -> AsyncIterator[None]:
+        """Hold a slot of the run and of the tool while a call goes out. The waits for a
+        429's pause and for the rate limit go through `pause`: a run's pause raises when the
+        run stops dispatching, so an interrupt does not wait for a call that is not out."""
         run, tool = self._run, self._tool_slots.get(tool_id)
         if run is not None:
             await run.acquire()
@@ -139,10 +145,10 @@ class Governor:
             try:
                 paused = self._paused_until.get(tool_id, 0.0) - time.monotonic()
                 if paused > 0:
-                    await asyncio.sleep(paused)
+                    await pause(paused)
                 pacer = self._pacers.get(tool_id)
                 if pacer is not None:
-                    await pacer.wait()
+                    await pacer.wait(pause)
                 yield
             finally:
                 if tool is not None:

@@ -69,11 +69,13 @@ class ToolCall:
             self._owner.note_retry(self._call, reason)
 
     async def pause(self, seconds: float) -> None:
-        """Wait before the next attempt: `seconds`, or until the run stops dispatching."""
+        """Wait before the next attempt: `seconds`, or until the run stops dispatching,
+        then raise as `ensure_lease` does if the call may no longer go out."""
         if self._owner is None:
             await asyncio.sleep(seconds)
         else:
             await self._owner.pause(seconds)
+            self.ensure_lease()
 
 
 @dataclass(slots=True)
