@@ -526,3 +526,64 @@ def test_decimal_money_is_kept_and_keyed_as_the_number_it_is(deepline: Run, proj
     again = finished(deepline("run", str(play), "--json"))
     convert = again["stats"]["tools"]["fx.convert"]
     assert (convert["live"], convert["reused"]) == (0, 2)  # the same keys: the receipts answer
+
+
+# --- a resume matches the rows it finished by their keys, not their places -----------------
+
+EVERY_ROW_PLAY = """\
+from deepline_cli import play
+
+
+async def find_email(row, rc):
+    result = await rc.tools.execute("find", "people.alpha", {"first": row["first"], "domain": row["domain"]})
+    return result.output["email"]
+
+
+@play("every-row")
+async def every_row(ctx, input):
+    rows = await ctx.map("leads", ctx.csv(input["csv"]), key="domain", concurrency=1, columns={"email": find_email})
+    return {"rows": len(rows), "domains": [row["domain"] for row in rows]}
+"""
+
+
+def test_a_resume_over_rows_in_another_order_finishes_each_row_once(
+    deepline: Run, project: Callable[[str], Path], provider: DirectoryProvider, tmp_path: Path
+) -> None:
+    """Rows come back in another order on resume (a list built from a set, whose order
+    changes with the hash seed; a CSV sorted again, or edited): the rows the first attempt
+    finished are matched by key, not by place. Each distinct row is in the result once,
+    none is left out, a row no longer in the input is not in it, and nothing is paid twice."""
+    play = project(EVERY_ROW_PLAY)
+    stopped = deepline("run", str(play), "--csv", "leads.csv", "--run-id", "order", "--max-credits", "2", "--json")
+    assert stopped.code == 1 and provider.count() == 2, stopped.stderr
+    header, *lines = LEADS.splitlines()
+    kept = [line for line in reversed(lines) if not line.startswith("Alan,")]  # reordered, one row dropped
+    (tmp_path / "leads.csv").write_text("\n".join([header, *kept]) + "\n")
+    done = finished(deepline("resume", "order", "--max-credits", "100", "--json"))
+    domains = [line.split(",")[1] for line in kept]
+    assert done["output"] == {"rows": 4, "domains": domains}
+    rows = exported(deepline, "order")
+    assert [(r["domain"], r["email"]) for r in rows] == [
+        (d, None if d == "generic.example" else f"{line.split(',')[0].lower()}@{d}") for line, d in zip(kept, domains)
+    ]
+    assert set(provider.billed.values()) == {1}  # no call paid twice
+    shown = json.loads(deepline("runs", "show", "order", "--json").stdout)
+    assert shown["maps"][0]["rows"] == shown["maps"][0]["succeeded"] == 4, shown["maps"]
+    rows_stats = done["stats"]["rows"]
+    assert (rows_stats["succeeded"], rows_stats["from_earlier_attempts"]) == (4, 2), rows_stats
+
+
+def test_one_map_name_used_twice_in_a_run_is_refused(deepline: Run, project: Callable[[str], Path]) -> None:
+    """A map's name is the identity of its rows in the run: a second `ctx.map` of the same
+    name (a loop over several lists) would be answered with the first one's rows. It fails,
+    saying how to name each one."""
+    play = project(
+        EVERY_ROW_PLAY.replace(
+            'rows = await ctx.map("leads", ctx.csv(input["csv"])',
+            'await ctx.map("leads", [{"first": "Ada", "domain": "analytical.engine"}], key="domain",'
+            ' columns={"email": find_email})\n    rows = await ctx.map("leads", ctx.csv(input["csv"])',
+        )
+    )
+    result = deepline("run", str(play), "--csv", "leads.csv")
+    assert result.code == 2, result.stderr
+    assert "Map 'leads' ran already in this run" in result.stderr, result.stderr

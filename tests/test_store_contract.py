@@ -759,6 +759,9 @@ def test_an_attempt_whose_run_was_taken_over_writes_nothing(store: Store, other:
     store.apply(writes(1, "stale"), T0)
     store.save_map(MapRecord("run-1", "leads", "play/leads", status="interrupted", attempt=1))
     assert not store.set_status("run-1", "completed", only_attempt=1)
+    other.apply(Writes(map_rows=[MapRow("run-1", "leads", 5, 5, "new", "succeeded", attempt=2)]), T0)
+    assert store.trim_map_rows("run-1", "leads", 1, 0) == 0  # attempt 2's row is not attempt 1's to drop
+    assert other.trim_map_rows("run-1", "leads", 2, 0) == 1
 
     assert store.load_sheet_rows("play/leads", ["stale"]) == {}
     assert other.count_map_rows("run-1", "leads") == {}
@@ -1136,7 +1139,9 @@ def test_map_rows_report_finished_succeeded_failed_and_counts(store: Store, othe
     )
 
     assert sorted(other.finished_map_rows("r1", "leads")) == [0, 1, 2, 3, 4, 5]
-    assert sorted(other.succeeded_map_rows("r1", "leads")) == [0, 1, 3, 5]
+    seeded = other.seeded_map_rows("r1", "leads", -1, 10)
+    assert [(r.idx, r.row_key) for r in seeded] == [(0, "k0"), (1, "k1"), (3, "k3"), (5, "k5")]
+    assert [r.idx for r in other.seeded_map_rows("r1", "leads", 0, 2)] == [1, 3]  # paged by idx
     assert other.count_map_rows("r1", "leads") == {"succeeded": 4, "failed": 2}
     assert other.count_map_rows("r2", "leads") == {"succeeded": 2}
     assert other.count_map_rows("r1", "nope") == {}
@@ -1146,6 +1151,10 @@ def test_map_rows_report_finished_succeeded_failed_and_counts(store: Store, othe
     assert other.failed_map_rows("r1", "leads", 1, after_idx=rows[2].idx) == [rows[4]]  # paging
     assert other.failed_map_rows("r1", "leads", 10, after_idx=rows[4].idx) == []
     assert other.failed_map_rows("r2", "leads", 10) == []
+    # A resume whose input ends at row 4 drops the rows past it.
+    assert other.trim_map_rows("r1", "leads", 0, 4) == 2
+    assert other.count_map_rows("r1", "leads") == {"succeeded": 3, "failed": 1}
+    assert other.count_map_rows("r2", "leads") == {"succeeded": 2}
 
 
 def test_a_receipt_keeps_the_input_it_was_claimed_with(store: Store, other: Store) -> None:

@@ -310,6 +310,17 @@ class MapRow:
     found: list[str] | None = None
 
 
+class SeededRow(NamedTuple):
+    """A row an earlier attempt of the run finished well, as a resume seeds it: by its key
+    (the input may come back in another order), with what it reused and its steps' hits."""
+
+    idx: int
+    row_key: str
+    reused_row: bool
+    reused_cells: int
+    steps: dict[str, str | None] | None
+
+
 @dataclass(slots=True)
 class MapRecord:
     run_id: str

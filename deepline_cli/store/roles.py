@@ -27,6 +27,7 @@ from deepline_cli.store.records import (
     ReceiptGeneration,
     ReceiptQuery,
     RunRecord,
+    SeededRow,
     SheetRow,
     Writes,
 )
@@ -226,8 +227,14 @@ class SheetStore(Protocol):
         """The distinct-row indexes this run's map already finished (earlier attempts)."""
         ...
 
-    def succeeded_map_rows(self, run_id: str, map: str) -> list[int]:
-        """The distinct-row indexes an earlier attempt finished successfully (seeded on resume)."""
+    def seeded_map_rows(self, run_id: str, map: str, after_idx: int, limit: int) -> list[SeededRow]:
+        """The rows earlier attempts finished well (seeded on resume), in index order after
+        `after_idx`, up to `limit`."""
+        ...
+
+    def trim_map_rows(self, run_id: str, map: str, attempt: int, keep: int) -> int:
+        """Drop the map's rows at index `keep` and beyond: earlier attempts' rows that the
+        input of this one no longer has (fenced: nothing, once the run was taken over)."""
         ...
 
     def count_map_rows(self, run_id: str, map: str) -> dict[str, int]:

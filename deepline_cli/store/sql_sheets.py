@@ -6,7 +6,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from deepline_cli import _json
-from deepline_cli.store.records import NOT_FOUND, DatasetRow, MapRecord, MapRow, SheetRow, cells_of, stored_cells
+from deepline_cli.store.records import (
+    NOT_FOUND,
+    DatasetRow,
+    MapRecord,
+    MapRow,
+    SeededRow,
+    SheetRow,
+    cells_of,
+    stored_cells,
+)
 from deepline_cli.store.sql_base import SqlBase
 from deepline_cli.store.sql_rows import chunks, json_or_none, map_from_row, map_row_values, position
 
@@ -55,11 +64,23 @@ class SheetsSql(SqlBase):
         rows = self._read("SELECT idx FROM map_rows WHERE run_id = ? AND map = ?", (run_id, map))
         return [r[0] for r in rows]
 
-    def succeeded_map_rows(self, run_id: str, map: str) -> list[int]:
+    def seeded_map_rows(self, run_id: str, map: str, after_idx: int, limit: int) -> list[SeededRow]:
         rows = self._read(
-            "SELECT idx FROM map_rows WHERE run_id = ? AND map = ? AND outcome = 'succeeded'", (run_id, map)
+            "SELECT idx, row_key, reused_row, reused_cells, steps FROM map_rows WHERE run_id = ? AND map = ?"
+            " AND outcome = 'succeeded' AND idx > ? ORDER BY idx LIMIT ?",
+            (run_id, map, after_idx, limit),
         )
-        return [r[0] for r in rows]
+        return [
+            SeededRow(idx, key, bool(reused), cells or 0, _json.loads(steps) if steps else None)
+            for idx, key, reused, cells, steps in rows
+        ]
+
+    def trim_map_rows(self, run_id: str, map: str, attempt: int, keep: int) -> int:
+        with self._write() as c:
+            if attempt and self._superseded_pairs(c, {(run_id, attempt)}):
+                return 0  # fencing: the run was taken over; its new owner keeps the map's rows
+            cur = c.execute("DELETE FROM map_rows WHERE run_id = ? AND map = ? AND idx >= ?", (run_id, map, keep))
+            return int(cur.rowcount)
 
     def count_map_rows(self, run_id: str, map: str) -> dict[str, int]:
         rows = self._read(

@@ -20,6 +20,7 @@ from deepline_cli.store.records import FOUND_PREFIX, NOT_FOUND, Cell, MapRecord,
 
 FAILURES_LOGGED = 3
 SAME_ERROR_STOP = 20  # the first rows of a map all failing the same way: a systemic failure
+SEED_PAGE = 50_000  # rows an earlier attempt finished, read per store call on resume
 
 Cells = dict[str, Cell]
 
@@ -69,6 +70,11 @@ class MapBook:
         self.tally = Tally()
         self.input_index_of = array.array("q")  # distinct idx -> input index
         self.finished = bytearray()  # distinct idx -> 1 once finished (this or an earlier attempt)
+        # Rows an earlier attempt finished well, by idx: their key's hash (this process's:
+        # both sides are hashed here), and what they reused (cells << 1 | whole row).
+        self._seed_key = array.array("q")
+        self._seed_reuse = array.array("q")
+        self._seed_steps: dict[int, dict[str, str | None]] = {}
         self.first_failures: list[tuple[object, ...]] = []  # signatures, while no row succeeded
         self.started = time.monotonic()
 
@@ -81,8 +87,31 @@ class MapBook:
             self.finished.extend(b"\0" * (idx + 1 - len(self.finished) + 1024))
         self.finished[idx] = 1
 
-    def is_finished(self, idx: int) -> bool:
-        return idx < len(self.finished) and bool(self.finished[idx])
+    def is_seeded(self, idx: int, key: str) -> bool:
+        """Did an earlier attempt finish this row well? Only if the row it finished at this
+        place had this key: rows may come back in another order (a list built from a set,
+        a CSV sorted or edited since), and one in another place is done again (the sheet
+        gives it back, nothing is paid twice), its map row written over."""
+        if idx >= len(self.finished) or not self.finished[idx]:
+            return False
+        if self._seed_key[idx] != hash(key):
+            self.finished[idx] = 0
+            self._seed_steps.pop(idx, None)
+            return False
+        return True
+
+    def count_seeded(self, seeded: list[int]) -> None:
+        """Seeded rows handed out: what they reused and their steps' hits in the map's figures."""
+        tally = self.tally
+        for idx in seeded:
+            reuse = self._seed_reuse[idx]
+            tally.reused += reuse & 1
+            tally.seeded_reused += reuse & 1
+            tally.reused_cells += reuse >> 1
+            for column, step in (self._seed_steps.pop(idx, None) or {}).items():
+                hits = tally.steps.setdefault(column, {})
+                hits[step or NOT_FOUND] = hits.get(step or NOT_FOUND, 0) + 1
+        tally.seeded += len(seeded)
 
     def steps(self, cells: Mapping[str, Cell]) -> dict[str, str | None] | None:
         """Which step of each waterfall column found the row's value (None: no step did)."""
@@ -161,25 +190,36 @@ class MapBook:
         await self.s.io.call(self.s.io.store.sheets.save_map, record)
         seeded = await self.seed()
         self.s.bus.emit(
-            "map.started", self.run_id, map=self.name, columns=record.columns, total=total, seeded=len(seeded),
+            "map.started", self.run_id, map=self.name, columns=record.columns, total=total, seeded=seeded,
             limit=limit, steps=self.waterfalls, description=record.description,
         )  # fmt: skip
 
-    async def seed(self) -> list[int]:
-        """Rows an earlier attempt of this run finished well are seeded (not done again), with
-        what they reused and their steps' hits in this map's figures. Failed ones go through
-        the sheet again, where their error cell is kept, or recomputed with --refresh-failed."""
-        io, run_id = self.s.io, self.run_id
-        seeded = await io.call(io.store.sheets.succeeded_map_rows, run_id, self.name)
-        for idx in seeded:
-            self.mark(idx)
-        if seeded:
-            rows, cells = await io.call(io.store.sheets.map_reuse, run_id, self.name, True)
-            self.tally.reused, self.tally.seeded_reused, self.tally.reused_cells = rows, rows, cells
-        if self.waterfalls and seeded:
-            found = await io.call(io.store.sheets.map_steps, run_id, succeeded_only=True)
-            self.tally.steps = found.get(self.name, {})
-        return seeded
+    async def seed(self) -> int:
+        """Rows an earlier attempt of this run finished well are seeded: not done again if
+        the input has them at the same place (`is_seeded`). Failed ones go through the
+        sheet again, where their error cell is kept, or recomputed with --refresh-failed."""
+        io, count, after = self.s.io, 0, -1
+        while page := await io.call(io.store.sheets.seeded_map_rows, self.run_id, self.name, after, SEED_PAGE):
+            for row in page:
+                idx = row.idx
+                self.mark(idx)
+                if idx >= len(self._seed_key):
+                    zeros = array.array("q", bytes(8 * (idx + 1 - len(self._seed_key) + 1024)))
+                    self._seed_key.extend(zeros)
+                    self._seed_reuse.extend(zeros)
+                self._seed_key[idx] = hash(row.row_key)
+                self._seed_reuse[idx] = row.reused_cells << 1 | row.reused_row
+                if row.steps:
+                    self._seed_steps[idx] = row.steps
+            count += len(page)
+            after = page[-1].idx
+        return count
+
+    async def trim(self) -> None:
+        """Drop the rows earlier attempts finished past this input's end (a list that lost
+        rows since): the map holds one row per distinct input row."""
+        io = self.s.io
+        await io.call(io.store.sheets.trim_map_rows, self.run_id, self.name, self.attempt, self.distinct)
 
     async def complete(self, record: MapRecord, counts: Mapping[str, int]) -> None:
         """Record the map completed with the counts the barriers read back, log its summary

@@ -108,6 +108,8 @@ class MapRun:
         finally:
             ticker.cancel()
         self.book.progress(self.total_estimate)
+        if self.attempt > 1:
+            await self.book.trim()
         counts = await barriers.visibility(self.book)
         await barriers.finalization(self.book, counts)
         record.input_columns = list(self.intake.input_columns)

@@ -16,7 +16,7 @@ from deepline_cli.runtime.map.rows import CsvSource, input_columns, row_digest
 from deepline_cli.store.records import SheetRow
 
 CHUNK = 256  # rows looked up in the sheet per store read
-Counts = tuple[int, int, int]  # rows read, duplicates, rows an earlier attempt finished
+Counts = tuple[int, int, list[int]]  # rows read, duplicates, the rows an earlier attempt finished (idx)
 
 
 class Intake:
@@ -82,7 +82,8 @@ class Intake:
         (duplicates and rows an earlier attempt finished, skipped); the last may hold no
         row to do. Row keys are known as they are read (duplicates), counts when applied."""
         chunk: list[PendingRow] = []
-        distinct = read = duplicate = seeded = 0
+        distinct = read = duplicate = 0
+        seeded: list[int] = []
         book, seen, csv, limit, key_of = self.book, self.seen, self.csv, self.limit, self.key_of
         columns = self.input_columns.keys()
         for input_index, raw in enumerate(self.rows):
@@ -105,13 +106,13 @@ class Intake:
             idx = distinct
             distinct += 1
             book.input_index_of.append(input_index)
-            if book.is_finished(idx):
-                seeded += 1
+            if book.is_seeded(idx, key):
+                seeded.append(idx)
                 continue
             chunk.append(PendingRow(idx, input_index, key, row, row_digest(row), None, blank))
             if len(chunk) >= CHUNK:
                 yield chunk, (read, duplicate, seeded)
-                chunk, read, duplicate, seeded = [], 0, 0, 0
+                chunk, read, duplicate, seeded = [], 0, 0, []
         if chunk or read:
             yield chunk, (read, duplicate, seeded)
 
@@ -120,7 +121,8 @@ class Intake:
         read, duplicate, seeded = counts
         tally.read += read
         tally.duplicate += duplicate
-        tally.seeded += seeded
+        if seeded:
+            self.book.count_seeded(seeded)
 
     def warn_of_case(self, input_columns: Iterable[str]) -> None:
         """Columns whose names differ only in case (`Company` in the CSV, a `company` column):

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from deepline_cli import _json
+from deepline_cli.errors import UsageError
 from deepline_cli.runtime.calls.events import log_fields
 from deepline_cli.runtime.calls.receipts import DurableCall, receipt_key
 from deepline_cli.runtime.calls.tool_calls import Staleness, Tools, staleness_of
@@ -58,6 +59,7 @@ class Context:
         self.play = PlayInfo(who.play, who.play_file)
         self.tools = Tools(who, effects.book, effects.governor, effects.tools, effects.caps, parts.log)
         self.secrets = parts.infra.secrets
+        self._maps: set[str] = set()  # the maps this attempt ran: a map's name is its rows' identity
 
     def log(self, message: str, **fields: Any) -> None:
         """A run log line, with optional fields (JSON values) to filter on later (`deepline
@@ -178,6 +180,13 @@ class Context:
         limit: int | None = None,
     ) -> Dataset:
         """Resolve `columns` for every distinct row; persisted as a sheet (see the map engine)."""
+        if name in self._maps:
+            raise UsageError(
+                f"Map {name!r} ran already in this run: a map's name is the identity of its rows, so a "
+                f"second map of that name would be answered with the first one's rows. Give each its own "
+                f"name, e.g. ctx.map(f\"{name}-{{Path(path).stem}}\", ...)."
+            )
+        self._maps.add(name)
         engine = MapRun(
             self,
             self.map_parts(),
