@@ -24,7 +24,10 @@ def _default(value: Any) -> Any:
         return number
     if hasattr(value, "to_json"):
         return value.to_json()
-    return repr(value)
+    try:
+        return repr(value)
+    except Exception:  # a repr that fails must not keep a paid answer from being recorded
+        return f"<{type(value).__name__}>"
 
 
 def _number(value: Any) -> int | float | None:
@@ -38,7 +41,33 @@ def _number(value: Any) -> int | float | None:
 
 
 def dumps(value: Any) -> bytes:
-    return orjson.dumps(value, default=_default, option=_OPTS)
+    try:
+        return orjson.dumps(value, default=_default, option=_OPTS)
+    except orjson.JSONEncodeError:
+        return _dumps_mended(value)
+
+
+def _dumps_mended(value: Any) -> bytes:
+    """What orjson refuses, written as JSON can hold it, never refused: an answer a provider
+    was paid for must be recorded. Text with a lone surrogate (half an emoji, as Python's
+    json reads a cut string) keeps U+FFFD in its place; NaN and Infinity become null (as
+    orjson writes them); an integer past 64 bits is written as the number it is (read back
+    as a float)."""
+    import json  # only for these rare values
+
+    return json.dumps(_mend(value), default=_default, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _mend(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {_mend_key(k): _mend(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_mend(v) for v in value]
+    return value
 
 
 def dumps_str(value: Any) -> str:
@@ -49,6 +78,24 @@ def loads(data: bytes | str | None) -> Any:
     if data is None:
         return None
     return orjson.loads(data)
+
+
+def _mend_key(key: Any) -> Any:
+    if isinstance(key, str):
+        return _mend(key)
+    return key if key is None or isinstance(key, int | float) else str(key)
+
+
+def loads_lenient(data: bytes | str) -> Any:
+    """A provider's JSON, read as Python's json reads it where orjson is stricter (an escaped
+    lone surrogate, NaN, an integer past 64 bits), then mended as `dumps` would record it:
+    the answer the play gets live is the one a replay gives. ValueError if it is no JSON."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        import json  # only for these rare bodies
+
+        return _mend(json.loads(data))
 
 
 def canonical(value: Any) -> bytes:

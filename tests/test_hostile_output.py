@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deepline_cli.store.records import LogLine, RunRecord, Writes
 from deepline_cli.store.sqlite import SQLiteStore
@@ -68,3 +70,39 @@ def test_a_play_logging_escapes_cannot_drive_the_terminal(deepline: Run, write_p
     result = deepline("run", "play.py")
     assert result.code == 0, result.stderr
     assert "\x1b" not in result.stderr and "\\x1b[2J\\x1b[Hgotcha" in result.stderr
+
+
+_ANSWERS = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(st.characters(codec=None)),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(st.characters(codec=None)), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(_ANSWERS)
+@settings(max_examples=300, deadline=None)
+def test_every_answer_a_tool_can_give_is_written_as_json_the_store_reads_back(answer: object) -> None:
+    """A paid answer is always recorded: text with lone surrogates, integers of any size,
+    NaN and Infinity are written as JSON (U+FFFD, the number, null), never refused, and
+    read back (as the store reads it) as the same value wherever JSON holds it as it is."""
+    from deepline_cli import _json
+
+    written = _json.dumps(answer)
+    written.decode("utf-8")  # valid UTF-8: any database column takes it
+    back = _json.loads(written)
+    if _json_holds_as_is(answer):
+        assert back == answer
+
+
+def _json_holds_as_is(value: object) -> bool:
+    if isinstance(value, float):
+        return value == value and abs(value) != float("inf")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return -(2**63) <= value < 2**64
+    if isinstance(value, str):
+        return not any(0xD800 <= ord(c) <= 0xDFFF for c in value)
+    if isinstance(value, list):
+        return all(_json_holds_as_is(v) for v in value)
+    if isinstance(value, dict):
+        return all(_json_holds_as_is(k) and _json_holds_as_is(v) for k, v in value.items())
+    return True

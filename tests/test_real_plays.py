@@ -563,8 +563,9 @@ def test_a_resume_over_rows_in_another_order_finishes_each_row_once(
     domains = [line.split(",")[1] for line in kept]
     assert done["output"] == {"rows": 4, "domains": domains}
     rows = exported(deepline, "order")
+    firsts = [line.split(",")[0].lower() for line in kept]
     assert [(r["domain"], r["email"]) for r in rows] == [
-        (d, None if d == "generic.example" else f"{line.split(',')[0].lower()}@{d}") for line, d in zip(kept, domains)
+        (d, None if d == "generic.example" else f"{first}@{d}") for first, d in zip(firsts, domains, strict=True)
     ]
     assert set(provider.billed.values()) == {1}  # no call paid twice
     shown = json.loads(deepline("runs", "show", "order", "--json").stdout)
@@ -587,3 +588,83 @@ def test_one_map_name_used_twice_in_a_run_is_refused(deepline: Run, project: Cal
     result = deepline("run", str(play), "--csv", "leads.csv")
     assert result.code == 2, result.stderr
     assert "Map 'leads' ran already in this run" in result.stderr, result.stderr
+
+
+# --- every answer a provider gives can be recorded -------------------------------------------
+
+ODD_ANSWER_PLAY = """\
+import json
+from pathlib import Path
+
+from deepline_cli import play, tool
+
+
+@tool("bio.lookup", credits=5)
+def bio(input):
+    with Path("calls.log").open("a") as log:
+        log.write(input["domain"] + "\\n")  # the provider bills this call
+    # Python's json gives half an emoji as a lone surrogate; some ids are past 64 bits.
+    return json.loads('{"bio": "Founder \\\\ud83d", "id": 18446744073709551616, "score": NaN}')
+
+
+@play("odd-answers")
+async def odd_answers(ctx, input):
+    rows = await ctx.map("people", [{"domain": "acme.com"}], key="domain", columns={
+        "bio": lambda row, rc: rc.tools.execute("bio", "bio.lookup", {"domain": row["domain"]}),
+    })
+    alone = await ctx.tools.execute("alone", "bio.lookup", {"domain": "globex.com"})
+    return {"rows": len(rows), "alone": alone.output}
+"""
+
+
+def test_an_answer_json_cannot_hold_as_it_is_is_recorded_and_never_paid_again(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A tool's answer holding text with half an emoji (a lone surrogate, as Python's json
+    reads a truncated string), an integer past 64 bits or NaN could not be recorded: every
+    attempt paid for the call again and the run stayed 'running'. It is recorded as JSON
+    can hold it (U+FFFD for the half emoji, null for NaN), once."""
+    play = write_play(ODD_ANSWER_PLAY)
+    first = finished(deepline("run", str(play), "--run-id", "odd", "--json"))
+    assert first["output"]["alone"]["bio"] == "Founder \ufffd", first["output"]
+    assert first["output"]["alone"]["id"] == 18446744073709551616 and first["output"]["alone"]["score"] is None
+    assert (tmp_path / "calls.log").read_text().split() == ["acme.com", "globex.com"]
+    rows = exported(deepline, "odd")
+    assert rows[0]["bio"]["bio"] == "Founder \ufffd" and rows[0]["_error"] in (None, ""), rows
+    again = finished(deepline("run", str(play), "--json"))  # a new run: every answer is reused
+    assert again["output"] == first["output"] or again["output"]["alone"]["bio"] == "Founder \ufffd"
+    assert (tmp_path / "calls.log").read_text().split() == ["acme.com", "globex.com"]  # paid once each
+
+
+@dataclass
+class HalfEmojiProvider(Provider):
+    """A provider whose JSON carries what Python's json reads and orjson refuses: an escaped
+    lone surrogate (a bio cut mid-emoji) and an integer past 64 bits."""
+
+    def answer(self, seen: Seen) -> tuple[int, dict[str, str], bytes]:
+        self.billed[seen.headers.get("idempotency-key", "")] += 1
+        return 200, {"content-type": "application/json"}, b'{"bio": "Founder \\ud83d", "id": 18446744073709551616}'
+
+
+def test_an_http_answer_with_half_an_emoji_is_kept_not_refused_as_malformed(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The provider was paid for that answer: "malformed JSON" (transient) asked again on
+    every later run, and showed 0 credits. It is read as Python's json reads it, mended."""
+    with ProviderServer(HalfEmojiProvider()) as provider:
+        (tmp_path / "deepline.toml").write_text(f'[tools."bio.http"]\nurl = "{provider.url}/bio"\ncredits = 2\n')
+        play = write_play(
+            """
+            from deepline_cli import play
+
+            @play("bios")
+            async def bios(ctx, input):
+                return (await ctx.tools.execute("bio", "bio.http", {"domain": "acme.com"})).output
+            """
+        )
+        first = finished(deepline("run", str(play), "--json"))
+        assert first["output"] == {"bio": "Founder \ufffd", "id": 18446744073709551616}
+        assert first["stats"]["credits"] == 2
+        again = finished(deepline("run", str(play), "--json"))
+        assert again["output"]["bio"] == "Founder \ufffd"
+        assert list(provider.billed.values()) == [1]

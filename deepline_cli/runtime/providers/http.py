@@ -200,7 +200,7 @@ class Http:
         if not response.content:
             return None
         try:
-            value = _json.loads(response.content)
+            value = _json.loads_lenient(response.content)
         except ValueError:
             if "json" in response.headers.get("content-type", ""):
                 raise ProviderTransientError(

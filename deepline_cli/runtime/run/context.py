@@ -184,7 +184,7 @@ class Context:
             raise UsageError(
                 f"Map {name!r} ran already in this run: a map's name is the identity of its rows, so a "
                 f"second map of that name would be answered with the first one's rows. Give each its own "
-                f"name, e.g. ctx.map(f\"{name}-{{Path(path).stem}}\", ...)."
+                f'name, e.g. ctx.map(f"{name}-{{Path(path).stem}}", ...).'
             )
         self._maps.add(name)
         engine = MapRun(
