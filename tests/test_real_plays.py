@@ -668,3 +668,38 @@ def test_an_http_answer_with_half_an_emoji_is_kept_not_refused_as_malformed(
         again = finished(deepline("run", str(play), "--json"))
         assert again["output"]["bio"] == "Founder \ufffd"
         assert list(provider.billed.values()) == [1]
+
+
+# --- a resume keeps the refresh the run was started with --------------------------------
+
+SERIAL_PLAY = EVERY_ROW_PLAY.replace('return result.output["email"]', 'return result.output["serial"]')
+
+
+def test_a_resumed_force_refresh_refreshes_the_rows_it_had_not_reached(
+    deepline: Run, project: Callable[[str], Path], provider: DirectoryProvider
+) -> None:
+    """`deepline resume` (the command the run itself suggests) continued a `--force-refresh`
+    run without it: the rows the first attempt had not reached kept yesterday's answers."""
+    play = project(SERIAL_PLAY)
+    assert deepline("run", str(play), "--csv", "leads.csv").code == 0  # yesterday: serials 1-5
+    stopped = deepline("run", str(play), "--csv", "leads.csv", "--run-id", "fresh", "--force-refresh",
+                       "--max-credits", "2")  # fmt: skip
+    assert stopped.code == 1, stopped.stderr
+    done = finished(deepline("resume", "fresh", "--max-credits", "100", "--json"))
+    assert done["stats"]["credits"] == 5
+    assert sorted(row["email"] for row in exported(deepline, "fresh")) == [6, 7, 8, 9, 10]
+    assert provider.count() == 10 and set(provider.billed.values()) == {1}
+
+
+def test_a_resumed_refresh_failed_tries_the_failed_rows_it_had_not_reached(
+    deepline: Run, project: Callable[[str], Path], provider: DirectoryProvider
+) -> None:
+    play = project(SERIAL_PLAY)
+    provider.script("/alpha/find", ["404"] * 5)  # yesterday the provider refused every row
+    assert deepline("run", str(play), "--csv", "leads.csv").code == 0
+    stopped = deepline("run", str(play), "--csv", "leads.csv", "--run-id", "again", "--refresh-failed",
+                       "--max-credits", "2")  # fmt: skip
+    assert stopped.code == 1, stopped.stderr
+    done = finished(deepline("resume", "again", "--max-credits", "100", "--json"))
+    assert done["stats"]["rows"]["failed"] == 0, done["stats"]
+    assert sorted(row["email"] for row in exported(deepline, "again")) == [1, 2, 3, 4, 5]

@@ -437,6 +437,21 @@ def test_a_refresh_given_back_before_its_call_keeps_the_earlier_paid_result(stor
     assert one(store, mk_claim("k", run_id="r3", lease="L3"), T0 + 4)[0] == "reused"
 
 
+def test_a_refresh_given_back_before_its_call_leaves_the_receipt_its_earlier_owners(store: Store, other: Store) -> None:
+    """Given back with the answer it would have replaced, the receipt is as it was: the
+    refreshing run's next attempt refreshes it (once per run counts answers it got)."""
+    one(store, mk_claim("k"), T0)
+    settle(store, [completed("k", output={"paid": 1}, credits=2)], T0 + 1)
+    [outcome] = claim(other, [mk_claim("k", run_id="r2", lease="L2", expires=T0 + 100, force=True)], T0 + 2)
+    assert outcome.verdict == "claimed" and outcome.replaces is not None
+    assert settle(other, [Settlement("k", "L2", "skipped", replaces=outcome.replaces)], T0 + 3) == [True]
+
+    row = stored(store, "k")
+    assert (row.status, row.output, row.run_id, row.idempotency_key) == ("completed", {"paid": 1}, "r1", "idem-k")
+    resumed = mk_claim("k", run_id="r2", attempt=2, lease="L3", expires=T0 + 100, force=True)
+    assert one(other, resumed, T0 + 4)[0] == "claimed"
+
+
 def test_a_taken_over_attempts_receipt_leases_are_not_extended(store: Store, other: Store) -> None:
     """Between a new owner leasing the run and releasing the old attempt's receipts, the
     old attempt's heartbeat must not keep its receipts: it would go on dispatching them."""

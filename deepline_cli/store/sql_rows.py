@@ -40,6 +40,13 @@ SETTLE_SKIP = (
     "UPDATE receipts SET status = CASE WHEN output IS NOT NULL THEN 'completed' ELSE 'skipped' END,"
     " lease_expires_at = NULL WHERE key = ? AND lease_id = ? AND status = 'running'"
 )
+# A refresh given back before its call, of a receipt with an earlier answer: the receipt is
+# its earlier owner's again, as it was (a later attempt of the refreshing run refreshes it).
+SETTLE_RESTORE = (
+    "UPDATE receipts SET status = 'completed', kind = ?, label = ?, tool = ?, run_id = ?, attempt = ?,"
+    " idempotency_key = ?, batch_key = ?, request = ?, description = ?, input = ?, lease_expires_at = NULL"
+    " WHERE key = ? AND lease_id = ? AND status = 'running'"
+)
 SETTLE_END = (
     "UPDATE receipts SET status = ?, output = ?, error = ?, failure_kind = ?, retryable = ?, credits = ?,"
     " completed_at = ?, generation = generation + ?, lease_expires_at = NULL"
@@ -56,6 +63,10 @@ def settle_statement(s: Settlement, now: float) -> tuple[str, tuple[Any, ...]]:
     if s.status == "released":
         return SETTLE_RELEASE, (s.key, s.lease_id)
     if s.status == "skipped":
+        if (r := s.replaces) is not None and r.status == "completed":
+            before = (r.kind, r.label, r.tool, r.run_id, r.attempt, r.idempotency_key, r.batch_key)
+            return SETTLE_RESTORE, (*before, json_or_none(r.request), r.description, json_or_none(r.input),
+                                    s.key, s.lease_id)  # fmt: skip
         return SETTLE_SKIP, (s.key, s.lease_id)
     output = json_or_none(s.output) if s.status == "completed" else None
     values = (s.status, output, json_or_none(s.error), s.failure_kind, int(s.retryable), s.credits, now)

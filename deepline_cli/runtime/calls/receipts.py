@@ -282,7 +282,7 @@ class ReceiptBook:
             except BaseException:
                 if reserved is not None:
                     self._budget.release(reserved)
-                self._writes.settle(Settlement(call.key, lease_id, "skipped"))
+                self._writes.settle(Settlement(call.key, lease_id, "skipped", replaces=claimed.replaces))
                 raise
             started = self._io.now()
             try:

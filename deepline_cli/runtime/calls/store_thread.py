@@ -200,7 +200,8 @@ class WriteQueue:
     def _release(self, outcome: ClaimOutcome) -> None:
         """Nobody waits for this claim any more (its caller was cancelled): give it back."""
         receipt = outcome.receipt
-        self._settlements.append((Settlement(receipt.key, receipt.lease_id or "", "skipped"), None))
+        skip = Settlement(receipt.key, receipt.lease_id or "", "skipped", replaces=outcome.replaces)
+        self._settlements.append((skip, None))
 
     async def flushed(self) -> None:
         """Wait until everything submitted so far is committed."""

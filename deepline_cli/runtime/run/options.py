@@ -59,6 +59,8 @@ class RunOptions:
     PERSISTED = (  # snapshot: see take_snapshot
         "concurrency",
         "limit",
+        "force_refresh",  # a resume goes on refreshing the rows the run had not reached
+        "refresh_failed",
         "max_credits",
         "max_inline_wait",
         "fail_on_row_errors",
