@@ -703,3 +703,84 @@ def test_a_resumed_refresh_failed_tries_the_failed_rows_it_had_not_reached(
     done = finished(deepline("resume", "again", "--max-credits", "100", "--json"))
     assert done["stats"]["rows"]["failed"] == 0, done["stats"]
     assert sorted(row["email"] for row in exported(deepline, "again")) == [1, 2, 3, 4, 5]
+
+
+# --- a map column named like an input column -------------------------------------------------
+
+FILL_PLAY = """\
+from deepline_cli import Column, play, tool
+
+
+@tool("finder.email", credits=1)
+def finder(input):
+    return {"email": f"{input['first'].lower()}@{input['domain']}"}
+
+
+async def find_email(row, rc):
+    found = await rc.tools.execute("find", "finder.email", {"first": row["first"], "domain": row["domain"]})
+    return found.get("email")
+
+
+@play("fill-missing")
+async def fill(ctx, input):
+    rows = await ctx.map("leads", ctx.csv(input["csv"]), key="domain", columns={
+        "email": Column(find_email, run_if=lambda row: not row["email"]),  # pay only where it is blank
+        "contact": lambda row: f"{row['first']} <{row['email']}>",
+    })
+    return {"with_email": sum(1 for row in rows if row["email"])}
+"""
+
+
+def test_a_column_filling_an_input_column_keeps_the_values_it_did_not_compute(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    """ "Fill `email` where it is blank": the rows that had an email kept none (in the
+    result, the export and the store), and later columns saw None. A column named like an
+    input column replaces its value where it computes one; where `run_if` says no, the
+    input's value stands."""
+    (tmp_path / "leads.csv").write_text("first,domain,email\nAda,acme.com,ada.l@acme.com\nBob,globex.com,\n")
+    play = write_play(FILL_PLAY)
+    done = finished(deepline("run", str(play), "--csv", "leads.csv", "--run-id", "fill", "--json"))
+    assert done["output"] == {"with_email": 2}
+    assert done["stats"]["credits"] == 1  # only Bob's was looked up
+    rows = exported(deepline, "fill")
+    assert [(r["email"], r["contact"]) for r in rows] == [
+        ("ada.l@acme.com", "Ada <ada.l@acme.com>"),
+        ("bob@globex.com", "Bob <bob@globex.com>"),
+    ]
+    csv_out = deepline("export", "fill").stdout.splitlines()
+    assert csv_out[0] == "first,domain,email,contact,_error" and csv_out[1].startswith("Ada,acme.com,ada.l@acme.com,")
+
+
+ERROR_FIELD_PLAY = """\
+from deepline_cli import play
+
+
+def score(row):
+    if row["domain"] == "bad.example":
+        raise ValueError("no such company")
+    return len(row["domain"])
+
+
+@play("chained")
+async def chained(ctx, input):
+    first = await ctx.map("first", [{"domain": "acme.com"}, {"domain": "bad.example"}], key="domain",
+                          columns={"score": score})
+    second = await ctx.map("second", list(first), key="domain", columns={"checked": lambda row: True})
+    return {"second_failed": second.failed_count}
+"""
+
+
+def test_an_input_field_named_error_does_not_make_a_second_error_column(
+    deepline: Run, write_play: Callable[..., Path]
+) -> None:
+    """A map over another map's rows (a failed one carries `_error`), or over an earlier
+    export: the export had two `_error` columns and a row that succeeded showed an error.
+    `_error` is the map's own: the row's failure in this map, or empty."""
+    play = write_play(ERROR_FIELD_PLAY)
+    done = finished(deepline("run", str(play), "--run-id", "chain", "--json"))
+    assert done["output"] == {"second_failed": 0}
+    lines = deepline("export", "chain", "--map", "second").stdout.splitlines()
+    assert lines[0].split(",").count("_error") == 1, lines[0]
+    rows = [r for r in deepline("export", "chain", "--map", "second", "--format", "jsonl").json_lines()]
+    assert [r["_error"] for r in rows] == [None, None], rows

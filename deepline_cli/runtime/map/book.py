@@ -136,6 +136,7 @@ class MapBook:
         *,
         reused: tuple[bool, int] = (False, 0),
         found: set[str] | None = None,
+        originals: dict[str, Any] | None = None,
     ) -> DeeplineError | None:
         """Write a finished row (its sheet row too, unless every cell was reused); returns
         why the map must stop, for a failed row of a map that fails on one."""
@@ -149,7 +150,7 @@ class MapBook:
             sheet_row = SheetRow(
                 self.sheet,
                 job.key,
-                _input_only(job.row, self.columns),
+                _input_only(job.row, self.columns, originals),
                 job.digest,
                 cells,
                 outcome,
@@ -300,6 +301,12 @@ class MapBook:
         )
 
 
-def _input_only(row: dict[str, Any], columns: list[ResolvedColumn]) -> dict[str, Any]:
+def _input_only(
+    row: dict[str, Any], columns: list[ResolvedColumn], originals: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The row as the input gave it: without the values its columns added, with the input's
+    own values of fields a column of the same name replaced (`originals`)."""
     names = {c.name for c in columns}
-    return {k: v for k, v in row.items() if k not in names}
+    if not originals:
+        return {k: v for k, v in row.items() if k not in names}
+    return {k: originals.get(k, v) for k, v in row.items() if k not in names or k in originals}

@@ -36,13 +36,13 @@ class Dataset:
     def columns(self) -> list[str]:
         """Original columns first, then the map's new columns (a waterfall column followed by
         `<column>_step`: which of its steps found the value)."""
-        original = list(self.record.input_columns)
+        original = [c for c in self.record.input_columns if c != ERROR_COLUMN]  # `_error` is the map's own
         added = []
         for column in self.record.columns:
             if column not in original:
                 added.append(column)
-                if column in self.record.steps:
-                    added.append(step_column(column))
+            if column in self.record.steps and step_column(column) not in original:
+                added.append(step_column(column))
         return original + added
 
     def __len__(self) -> int:
@@ -87,11 +87,14 @@ class Dataset:
         values: dict[str, Any] = dict(row.input or {})
         for column in self.record.columns:
             cell = row.cells.get(column)
-            values[column] = cell.value if cell else None
+            # A column not computed (its row failed before it) leaves an input field of its name as it was.
+            values[column] = cell.value if cell else values.get(column)
             if column in self.record.steps:
                 values[step_column(column)] = cell.step if cell else None
         if row.outcome == "failed":
             values[ERROR_COLUMN] = row.error
+        else:
+            values.pop(ERROR_COLUMN, None)  # an input's `_error` (another map's): this row did not fail here
         return values
 
     def to_csv(self, path: str | Path) -> int:

@@ -79,6 +79,7 @@ class MapRun:
         self.waterfalls = {c.name: c.column.fn.names for c in self.columns if isinstance(c.column.fn, Waterfall)}
         self.book = MapBook(parts, name, self.sheet, self.columns, self.waterfalls, on_row_error == "fail")
         names = [c.name for c in self.columns]
+        self.column_names = frozenset(names)
         self.intake = Intake(name, rows, self.key_of, self.limit, self.book, names, self._warn)
         self.total_estimate = self.intake.total_estimate
 
@@ -232,6 +233,9 @@ class MapRun:
 
     async def _process(self, job: PendingRow) -> None:
         row = job.row
+        # Input fields a column of the same name replaces: their values are the row's input still.
+        shadowed = self.column_names & row.keys()
+        originals = {name: row[name] for name in shadowed} if shadowed else None
         cells: dict[str, Cell] = dict(job.previous.cells) if job.previous else {}
         rc = RowContext(self.ctx, self.s, self.name, job.key, job.idx)
         changed = False
@@ -279,8 +283,9 @@ class MapRun:
         if job.previous is not None and job.previous.run_id == self.run_id:
             reused_cells = 0  # this run's own cells, from an earlier attempt: not a reuse
         self.book.tally.reused_cells += reused_cells
+        steps = self.book.steps(cells)
         self._stop_on(
-            self.book.record(job, cells, error, self.book.steps(cells), reused=(False, reused_cells), found=found)
+            self.book.record(job, cells, error, steps, reused=(False, reused_cells), found=found, originals=originals)
         )
         # The row's failed calls settle: fallen back from if it succeeded, else final.
         self.s.stats.row_ended([key for scope in scopes for key in scope.failed], failure is None)
@@ -299,8 +304,8 @@ async def resolve_cell(
         wanted = spec.run_if(row, rc.index) if column.run_if_arity >= 2 else spec.run_if(row)
         if inspect.isawaitable(wanted):
             wanted = await wanted
-        if not wanted:
-            return None, {"run_if": False}, ()
+        if not wanted:  # an input field of the column's name ("fill where blank") keeps its value
+            return row.get(column.name), {"run_if": False}, ()
     result = spec.fn(row, rc) if column.arity != 1 else spec.fn(row)
     if inspect.isawaitable(result):
         result = await result
