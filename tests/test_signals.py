@@ -21,6 +21,7 @@ import pytest
 
 from deepline_cli.runtime.run.attempt import install_signals
 from deepline_cli.store import open_store
+from deepline_cli.store.records import ReceiptQuery
 
 PLAY = """
 import asyncio
@@ -296,6 +297,13 @@ def test_ctrl_c_while_a_call_waits_for_its_rate_limit_or_a_429_pause_stops_at_on
         assert proc.returncode == 130, err
         assert took < 4, f"{took:.1f}s to stop: the grace for calls in flight (5 s) was waited out"
         assert provider.count() == 1
+        # The call that never left is given back as never sent (skipped), not as maybe sent (released).
+        opened = open_store(cli_env["DEEPLINE_STORE"])
+        try:
+            statuses = sorted(r.status for r in opened.receipts.query_receipts(ReceiptQuery(run_id="paced")))
+        finally:
+            opened.close()
+        assert statuses == ["completed", "skipped"], statuses
         (tmp_path / "deepline.toml").write_text(toml)  # no limit now: the resume need not wait a minute
         resumed = subprocess.run(
             [sys.executable, "-m", "deepline_cli", "resume", "paced"],

@@ -289,7 +289,7 @@ class ReceiptBook:
                 value = self._secrets.redact_json(await invoke(info))
             except BaseException as exc:
                 self._budget.release(reserved)
-                self._settle_failure(call, claimed, exc, call_record(self._scope, call, started, info))
+                self._settle_failure(call, claimed, exc, call_record(self._scope, call, started, info), info.queued)
                 if _is_call_failure(call, exc) and not isinstance(exc, ToolExecutionError):
                     # The same error type live as when replayed from the failed receipt.
                     raise tool_error(exc, call.tool) from exc
@@ -344,8 +344,10 @@ class ReceiptBook:
         """The receipt as the store has it now."""
         return await self._io.call(self._io.store.receipts.get_receipt, key)
 
-    def _settle_failure(self, call: DurableCall, claimed: ClaimOutcome, exc: BaseException, record: CallRecord) -> None:
-        settlement = failure_settlement(call, claimed, exc, record, self._secrets)
+    def _settle_failure(
+        self, call: DurableCall, claimed: ClaimOutcome, exc: BaseException, record: CallRecord, queued: bool = False
+    ) -> None:
+        settlement = failure_settlement(call, claimed, exc, record, self._secrets, queued=queued)
         if settlement.status == "failed":
             self._tally.count(call, "failed", 0.0)
         # If this write fails the lease simply expires: the call's own error is what matters.
@@ -393,12 +395,21 @@ class ReceiptBook:
 
 
 def failure_settlement(
-    call: DurableCall, claimed: ClaimOutcome, exc: BaseException, record: CallRecord, secrets: Secrets
+    call: DurableCall,
+    claimed: ClaimOutcome,
+    exc: BaseException,
+    record: CallRecord,
+    secrets: Secrets,
+    *,
+    queued: bool = False,
 ) -> Settlement:
     """A call that raised: `failed` (kept, with its error) when the failure is the call's
-    own; `released` otherwise (interrupt, lost lease, budget…), so a resume runs it again."""
+    own; otherwise (interrupt, lost lease, budget…) given back so a resume runs it again:
+    `skipped` if it was still `queued` for its slot (never sent), else `released`."""
     lease_id = claimed.receipt.lease_id or ""
     if not _is_call_failure(call, exc):
+        if queued:
+            return Settlement(call.key, lease_id, "skipped", replaces=claimed.replaces)
         return Settlement(call.key, lease_id, "released")
     error = tool_error(exc, call.tool)
     recorded = error.to_dict()

@@ -106,11 +106,13 @@ class Tools:
         if governor.unlimited(tool) and timeout_s is None:
             return await definition.invoke(input, info)
         asked = time.monotonic()
+        info.queued = True
         async with governor.slot(tool, info.pause):
             info.waited_s += time.monotonic() - asked
             # The wait for a slot may have outlasted the lease (a paused process), or been cut
             # short by an interrupt: the call goes out only if it is still ours.
             info.ensure_lease()
+            info.queued = False
             if timeout_s is None:
                 return await definition.invoke(input, info)
             async with asyncio.timeout(timeout_s):

@@ -54,6 +54,9 @@ class ToolCall:
     # Seconds spent waiting rather than at the provider: for a concurrency slot, the rate
     # limit, a 429 pause, Retry-After and backoff between retries (the report's latency).
     waited_s: float = 0.0
+    # True while the call waits for its slot (concurrency, rate limit, a 429 pause): stopped
+    # there, it was never sent, and is given back as such (skipped, not released).
+    queued: bool = False
     _owner: CallOwner | None = field(default=None, repr=False, compare=False)
     _call: Any = field(default=None, repr=False, compare=False)
 
