@@ -93,6 +93,31 @@ def test_rows_whose_blank_required_cell_is_their_key_each_fail_on_their_own(
     ]  # fmt: skip
 
 
+def test_rows_with_a_blank_part_of_a_composite_key_each_fail_on_their_own(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Keyed by (name, domain) with the domain required: two people of one name at unknown
+    companies are two failed rows, not a failed row and a "duplicate" nobody sees."""
+    write_play(LEADS.replace('key="id"', 'key=["name", "domain"]'))
+    (tmp_path / "leads.csv").write_text("id,name,domain\n1,Ada,\n2,Ada,\n3,Ada,acme.com\n")
+    run = deepline("run", "play.py", "--csv", "leads.csv", "--json")
+    assert run.code == 0, run.stderr
+    finished = run.json_lines()[-1]
+    assert finished["output"] == {"rows": 3, "failed": 2}
+    assert finished["stats"]["rows"]["duplicate"] == 0
+
+
+def test_a_key_function_that_raises_names_the_map_the_row_and_the_error(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    write_play(LEADS.replace('key="id"', 'key=lambda row: row["email"].lower()'))
+    (tmp_path / "leads.csv").write_text("id,domain\n1,acme.com\n")
+    run = deepline("run", "play.py", "--csv", "leads.csv")
+    assert run.code == 1, run.stderr
+    assert "Map 'leads' stopped at input row 1: its key function raised KeyError: 'email' (play.py line" in run.stderr
+    assert not (tmp_path / "calls.txt").exists()
+
+
 def test_the_export_a_reported_run_suggests_is_named_after_its_play(
     deepline: Run, write_play: Callable[..., Path], tmp_path: Path
 ) -> None:

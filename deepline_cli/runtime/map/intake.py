@@ -10,9 +10,11 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
+from deepline_cli.errors import InputError
 from deepline_cli.runtime.map.book import MapBook
+from deepline_cli.runtime.map.failures import PlayCodeError, where
 from deepline_cli.runtime.map.row_context import PendingRow
-from deepline_cli.runtime.map.rows import CsvSource, input_columns, row_digest
+from deepline_cli.runtime.map.rows import CsvSource, input_columns, key_fields, row_digest
 from deepline_cli.store.records import SheetRow
 
 CHUNK = 256  # rows looked up in the sheet per store read
@@ -31,6 +33,7 @@ class Intake:
         warn: Callable[[str], None],
     ) -> None:
         self.name, self.rows, self.key_of, self.limit, self.book = name, rows, key_of, limit, book
+        self.key_fields = key_fields(key_of)
         self.column_names = column_names
         self.warn = warn
         self.seen: set[str] = set()
@@ -96,8 +99,13 @@ class Intake:
                 new = [column for column in row if column not in self.input_columns]
                 self.input_columns.update(dict.fromkeys(new))
                 self.warn_of_case(new)
-            key = key_of(row)
-            if blank is not None and csv is not None and not key.strip():
+            try:
+                key = key_of(row)
+            except InputError:
+                raise
+            except Exception as exc:
+                raise self._key_failed(input_index, exc) from exc
+            if blank is not None and csv is not None and (not key.strip() or self._blank_key(row)):
                 key = csv.where()  # keyed by its blank cell: each such row fails on its own, none a duplicate
             if key in seen:
                 duplicate += 1
@@ -115,6 +123,17 @@ class Intake:
                 chunk, read, duplicate, seeded = [], 0, 0, []
         if chunk or read:
             yield chunk, (read, duplicate, seeded)
+
+    def _blank_key(self, row: dict[str, Any]) -> bool:
+        """Is a field the key is made of blank in this row (`key=["name", "domain"]`)?"""
+        return any(not str(row.get(name) or "").strip() for name in self.key_fields)
+
+    def _key_failed(self, input_index: int, exc: Exception) -> PlayCodeError:
+        place = where(exc)
+        return PlayCodeError(
+            f"Map {self.name!r} stopped at input row {input_index + 1}: its key function raised "
+            f"{type(exc).__name__}: {exc}" + (f" ({place})" if place else "") + "; nothing more was called"
+        )
 
     def _count(self, counts: Counts) -> None:
         tally = self.book.tally

@@ -219,6 +219,7 @@ def key_function(key: RowKey) -> Callable[[Mapping[str, Any]], str]:
             except KeyError:
                 raise InputError(f"Row has no key field {name!r} (fields: {', '.join(row)}).") from None
 
+        by_field.fields = (name,)  # type: ignore[attr-defined]
         return by_field
     if callable(key):
         fn = key
@@ -239,7 +240,13 @@ def key_function(key: RowKey) -> Callable[[Mapping[str, Any]], str]:
         except KeyError as exc:
             raise InputError(f"Row has no key field {exc.args[0]!r} (fields: {', '.join(row)}).") from None
 
+    by_fields.fields = tuple(names)  # type: ignore[attr-defined]
     return by_fields
+
+
+def key_fields(key_of: Callable[[Mapping[str, Any]], str]) -> tuple[str, ...]:
+    """The fields a key is made of, when the map names them (`key="email"`, a list)."""
+    return getattr(key_of, "fields", ())
 
 
 def _scalar(value: Any) -> str:
