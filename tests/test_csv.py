@@ -259,3 +259,18 @@ def test_relative_csv_paths_resolve_against_the_run_directory_even_on_resume(dee
     assert finished["event"] == "run.finished"
     assert finished["status"] == "completed"
     assert finished["output"] == {"rows": ["ADA", "GRACE"], "csv": str(start_dir / "leads.csv")}
+
+
+def test_quoted_newlines_and_long_fields_are_rows_as_a_spreadsheet_shows_them(deepline, tmp_path: Path) -> None:
+    """Addresses over three lines made a map of 10 rows "10 of 30" (its total was the file's
+    line count), and a field over 128 KB (a pasted page) was refused as too large."""
+    (tmp_path / "play.py").write_text(CLI_PLAY)
+    rows = [f'P{n},"{n} Main St\nSuite {n}\nSpringfield"' for n in range(9)] + ["Long," + "x" * 200_000]
+    (tmp_path / "leads.csv").write_text("First Name,Address\n" + "\n".join(rows) + "\n")
+    result = deepline("run", "play.py", "--set", "file=leads.csv", "--run-id", "ml", "--json")
+    assert result.code == 0, result.stderr
+    events = result.json_lines()
+    progress = [e for e in events if e["event"] == "map.progress"]
+    assert progress[-1]["total"] == 10 and progress[-1]["done"] == 10, progress[-1]
+    shown = deepline("runs", "show", "ml").stdout
+    assert "leads: 10 rows (10 succeeded" in shown, shown

@@ -81,7 +81,6 @@ class MapRun:
         names = [c.name for c in self.columns]
         self.column_names = frozenset(names)
         self.intake = Intake(name, rows, self.key_of, self.limit, self.book, names, self._warn)
-        self.total_estimate = self.intake.total_estimate
 
     # --- the whole map -----------------------------------------------------------------------
 
@@ -104,6 +103,7 @@ class MapRun:
         try:
             await self._execute()
         except BaseException as exc:
+            record.total = self.total_estimate or 0
             await self.book.save_unfinished(record, exc)
             raise
         finally:
@@ -133,6 +133,11 @@ class MapRun:
             raise
         if self.stop is not None:
             raise self.stop
+
+    @property
+    def total_estimate(self) -> int | None:
+        """The input's rows: estimated (a CSV's lines) until the input has been read."""
+        return self.intake.total_estimate
 
     @property
     def io(self) -> StoreIO:

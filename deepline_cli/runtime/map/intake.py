@@ -89,6 +89,7 @@ class Intake:
         seeded: list[int] = []
         book, seen, csv, limit, key_of = self.book, self.seen, self.csv, self.limit, self.key_of
         columns = self.input_columns.keys()
+        input_index = -1
         for input_index, raw in enumerate(self.rows):
             if limit is not None and distinct >= limit:
                 break
@@ -121,6 +122,8 @@ class Intake:
             if len(chunk) >= CHUNK:
                 yield chunk, (read, duplicate, seeded)
                 chunk, read, duplicate, seeded = [], 0, 0, []
+        else:  # the whole input read: its rows are counted (a line count counted a quoted newline too)
+            self.total_estimate = input_index + 1
         if chunk or read:
             yield chunk, (read, duplicate, seeded)
 

@@ -13,6 +13,9 @@ from deepline_cli import _json
 from deepline_cli.errors import InputError
 
 RowKey = str | Sequence[str] | Callable[[Mapping[str, Any]], Any] | None
+# A cell may hold a whole pasted page: Python's csv refuses a field over 128 KB by default,
+# a spreadsheet does not. 1 GB still stops a file that is not CSV at all from filling memory.
+csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))
 
 
 class CsvSource:
