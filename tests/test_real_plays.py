@@ -784,3 +784,32 @@ def test_an_input_field_named_error_does_not_make_a_second_error_column(
     assert lines[0].split(",").count("_error") == 1, lines[0]
     rows = [r for r in deepline("export", "chain", "--map", "second", "--format", "jsonl").json_lines()]
     assert [r["_error"] for r in rows] == [None, None], rows
+
+
+LIST_PLAY = """\
+from deepline_cli import play, tool
+
+
+@tool("t.email", credits=1)
+def email(input):
+    return "x@" + input["domain"]
+
+
+@play("from-a-list")
+async def from_a_list(ctx, input):
+    rows = [{"name": f"n{i}", "domain": f"d{i}.com"} for i in range(6)]  # rows from an API, not a CSV
+    done = await ctx.map("m", rows, key="domain", concurrency=1,
+                         columns={"email": lambda row, rc: rc.tools.execute("e", "t.email", {"domain": row["domain"]})})
+    return {"rows": len(done)}
+"""
+
+
+def test_the_partial_export_of_a_stopped_map_over_a_list_keeps_its_input_columns(
+    deepline: Run, write_play: Callable[..., Path]
+) -> None:
+    play = write_play(LIST_PLAY)
+    assert deepline("run", str(play), "--run-id", "part", "--max-credits", "3").code == 1
+    partial = deepline("export", "part")
+    assert partial.code == 0, partial.stderr
+    assert partial.stdout.splitlines()[:2] == ["name,domain,email,_error", "n0,d0.com,x@d0.com,"]
+    assert "this export is partial" in partial.stderr

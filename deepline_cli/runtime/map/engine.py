@@ -104,6 +104,7 @@ class MapRun:
             await self._execute()
         except BaseException as exc:
             record.total = self.total_estimate or 0
+            record.input_columns = list(self.intake.input_columns)  # a list's fields: known as it is read
             await self.book.save_unfinished(record, exc)
             raise
         finally:
