@@ -186,3 +186,24 @@ def test_calls_of_fractional_credits_fill_a_budget_exactly(deepline: Run, tmp_pa
     shown = json.loads(deepline("runs", "show", "tenths", "--json").stdout)
     assert shown["stats"]["credits"] == 3
     assert shown["stats"]["tools"]["cheap.lookup"]["credits"] == 3
+
+
+def test_an_overrun_says_what_the_run_spent_once_its_calls_in_flight_ended() -> None:
+    """Four calls in flight, each expected at 5, answer 8: the run passed the budget at the
+    first answer past it, and the later ones added more. The error says what was spent in
+    the end (as `runs show` and the receipts do) and what the calls were expected to cost."""
+    import asyncio
+
+    from deepline_cli.runtime.calls.budget import Budget
+
+    async def scenario() -> str:
+        budget = Budget(40.0, spent=20.0, known={"vendor.person": 5.0})
+        held = [await budget.admit("vendor.person", 1.0, f"c{n}", metered=True) for n in range(4)]
+        errors = [budget.settle(reservation, 8.0) for reservation in held]
+        first = next(e for e in errors if e is not None)
+        assert all(e is first for e in errors if e is not None)  # one error: the breaker keeps the first
+        return str(first)
+
+    message = asyncio.run(scenario())
+    assert "52 credits spent, 12 over" in message, message
+    assert "(the last one 8, 5 expected)" in message, message

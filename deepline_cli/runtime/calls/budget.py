@@ -33,6 +33,7 @@ class Reservation:
     amount: float
     metered: bool
     probe: bool = False  # the first call of a metered tool of unknown cost
+    expected: float = 0.0  # what it was expected to cost when admitted (`amount` may rise since)
 
 
 class Budget:
@@ -55,6 +56,7 @@ class Budget:
         self._known = dict(known or {})  # metered tool -> the most one answer has cost
         self._inflight: list[Reservation] = []
         self._probes: dict[str, asyncio.Future[None]] = {}  # metered tool -> its first answer
+        self._overrun: BudgetExceededError | None = None
 
     def expected(self, tool: str | None, declared: float, *, metered: bool) -> float | None:
         """A call's expected cost; None for a metered tool no answer has priced yet."""
@@ -72,7 +74,7 @@ class Budget:
         probe = expected is None
         amount = declared if expected is None else expected
         self._check(amount, label, unknown=probe)
-        reservation = Reservation(tool, amount, metered, probe)
+        reservation = Reservation(tool, amount, metered, probe, amount)
         if probe and tool is not None and self.max_credits is not None:
             self._probes[tool] = asyncio.get_running_loop().create_future()
         self._inflight.append(reservation)
@@ -107,12 +109,19 @@ class Budget:
         limit = self.max_credits
         if limit is None or self.spent <= limit:
             return None
-        return BudgetExceededError(
+        message = (
             f"{self._limit()} was passed: {format_credits(self.spent)} credits spent, "
             f"{format_credits(add_credits(self.spent, -limit))} over, "
             f"because calls in flight cost more than expected (the last one {format_credits(actual)}, "
-            f"{format_credits(reservation.amount)} expected); {self._advice()}"
+            f"{format_credits(reservation.expected)} expected); {self._advice()}"
         )
+        # One error for the run (the first reason stops it): the calls still in flight
+        # when it was raised add to it, so it says what the run spent in the end.
+        if self._overrun is None:
+            self._overrun = BudgetExceededError(message)
+        else:
+            self._overrun.args = (message,)
+        return self._overrun
 
     def _limit(self) -> str:
         limit = format_credits(self.max_credits or 0)  # only said of a budget that was passed
