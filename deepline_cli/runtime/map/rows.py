@@ -247,7 +247,7 @@ def key_function(key: RowKey) -> Callable[[Mapping[str, Any]], str]:
     return by_fields
 
 
-def key_fields(key_of: Callable[[Mapping[str, Any]], str]) -> tuple[str, ...]:
+def key_fields(key_of: Callable[..., str]) -> tuple[str, ...]:
     """The fields a key is made of, when the map names them (`key="email"`, a list)."""
     return getattr(key_of, "fields", ())
 
