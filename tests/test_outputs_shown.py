@@ -150,3 +150,29 @@ def test_receipts_inspect_shows_the_key_the_input_and_the_output(
     assert full.stdout.count("key          ") == 2
     assert "input        not kept (larger than 4 KB, or not JSON)" in full.stdout
     assert "s3cret-token-value" not in full.stdout + whole.stdout
+
+
+def test_show_counts_the_retries_of_calls_an_interruption_abandoned(deepline: Run, store_path: Path) -> None:
+    """A call retried once (a 429) and abandoned by Ctrl-C has no row in the calls ledger;
+    its retry is kept with the attempt's outcome. `runs show --json` said 0 where the live
+    view, `run.finished` and `runs list` said 1."""
+    import time
+
+    from deepline_cli import _json
+    from deepline_cli.store import open_store
+    from deepline_cli.store.records import RunRecord
+
+    store = open_store(str(store_path))
+    try:
+        now = time.time()
+        store.runs.insert_run(RunRecord(
+            run_id="R", play="demo", play_ref="/tmp/play.py:demo", input={}, status="running", root_run_id="R",
+            created_at=now, updated_at=now,
+            stats={"tools": {"p.email": {"live": 0, "retries": 1, "retry_reasons": {"429": 1}}}},
+        ))  # fmt: skip
+    finally:
+        store.close()
+    shown = _json.loads(deepline("runs", "show", "R", "--json").stdout)
+    assert shown["stats"]["tools"]["p.email"]["retries"] == 1, shown["stats"]
+    listed = _json.loads(deepline("runs", "list", "--json").stdout.splitlines()[0])
+    assert listed["stats"]["tools"]["p.email"]["retries"] == 1

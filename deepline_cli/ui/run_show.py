@@ -66,11 +66,13 @@ def read_shown(store: Store, record: RunRecord, *, full: bool = False) -> Shown:
     recorded = record.stats or {}
     # Counted from the store, so a run killed mid-way shows what it really did.
     record.stats = {**recorded, **store.ledger.run_stats(record.run_id)}
+    # The ledger counts a call's retries when it ends: an interrupted call's are in the run's stats.
+    record.stats["tools"] = merged_tools(record.stats.get("tools") or {}, recorded.get("tools") or {})
     shown = Shown(record, store.sheets.get_maps(record.run_id), store.suspension.boundaries(record.run_id),
                   store.runs.child_runs(record.run_id), full)  # fmt: skip
     if full:
         shown.attempts = store.ledger.attempt_rows(record.run_id)
-        shown.tools = merged_tools(record.stats.get("tools") or {}, recorded.get("tools") or {})
+        shown.tools = record.stats["tools"]
     return shown
 
 
