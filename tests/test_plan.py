@@ -263,3 +263,44 @@ def test_the_expected_cost_counts_only_calls_that_are_paid(deepline, write_play)
     assert spent == 45  # 15 found by the first step (1), 15 by the second (2)
     assert credits["min"] <= spent <= credits["max"]
     assert abs(credits["expected"] - spent) <= 0.1 * spent, credits
+
+
+SHARED_LATER = """
+from deepline_cli import play, tool
+
+@tool("email.find", credits=1)
+def find(input):
+    return {"email": "x@" + input["domain"]}
+
+@tool("co.lookup", credits=2)
+def lookup(input):
+    return {"name": input["domain"].upper()}
+
+async def email(row, rc):
+    return (await rc.tools.execute("email", "email.find", {"domain": row["domain"]})).output["email"]
+
+async def summary(row, rc):
+    # A column calling two tools; the second is the very call the 'email' column made.
+    company = await rc.tools.execute("co", "co.lookup", {"domain": row["domain"]})
+    found = await rc.tools.execute("email", "email.find", {"domain": row["domain"]})
+    return company.output["name"] + " " + found.output["email"]
+
+@play("shared-later")
+async def shared_later(ctx, input):
+    rows = [{"domain": f"d{n}.com"} for n in range(40)]
+    done = await ctx.map("m", rows, key="domain", columns={"email": email, "summary": summary})
+    return {"rows": len(done)}
+"""
+
+
+def test_a_call_a_later_column_repeats_after_another_is_expected_once(deepline, write_play) -> None:
+    """A later column that makes a new call, then repeats the call an earlier column of the
+    row made (the same receipt: paid once): the plan expected it paid twice (450 for 270)."""
+    play = write_play(SHARED_LATER)
+    assert deepline("run", str(play), "--limit", "10", "--quiet").code == 0
+    credits = _plan(deepline, str(play))["totals"]["credits"]
+    run = deepline("run", str(play), "--json")
+    spent = run.json_lines()[-1]["stats"]["credits"]
+    assert spent == 90  # 30 rows × (1 + 2)
+    assert credits["min"] <= spent <= credits["max"]
+    assert abs(credits["expected"] - spent) <= 0.1 * spent, credits

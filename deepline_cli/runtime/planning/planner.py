@@ -472,6 +472,7 @@ class RowPlanner:
         engine = self.engine
         row, changed = job.row, False
         unknown: list[str] = []  # columns whose values only a real run can tell
+        reached: set[str] = set()  # tools this row's earlier columns call: a later call of one is likely shared
         rc = RowContext(engine.ctx, engine.s, engine.name, job.key, job.idx)
         for column, plan in zip(engine.columns, self.columns, strict=True):
             # After an unknown column, a cell is recomputed (its calls may still hit receipts);
@@ -486,7 +487,7 @@ class RowPlanner:
             before = job.previous.cells.get(column.name) if job.previous else None
             rc.previous = previous_value(before)
             enter_cell(CellScope(engine.name, job.key, refresh_after(column, before)))
-            outcome = await self._resolve(column, plan, PlanRow(row, unknown) if unknown else row, rc)
+            outcome = await self._resolve(column, plan, PlanRow(row, unknown) if unknown else row, rc, reached)
             if isinstance(outcome, _Failed):
                 return self._keep(row, outcome.error)
             if isinstance(outcome, _Stopped):
@@ -498,16 +499,19 @@ class RowPlanner:
             self.rows = None
         self._keep(row, None)
 
-    async def _resolve(self, column: ResolvedColumn, plan: ColumnPlan, row: dict[str, Any], rc: RowContext) -> Any:
+    async def _resolve(
+        self, column: ResolvedColumn, plan: ColumnPlan, row: dict[str, Any], rc: RowContext, reached: set[str]
+    ) -> Any:
         tracker = Tracker()
         token = _TRACKER.set(tracker)
         try:
             return _Value((await resolve_cell(column, row, rc))[0])
         except NewCall as stop:
-            self._stopped_at(plan, stop, tracker)
+            self._stopped_at(plan, stop, tracker, reached)
+            reached.add(stop.tool)
             return _Stopped()
         except NotPlanned as stop:
-            self._dependent(plan, stop.reason, tracker)
+            self._dependent(plan, stop.reason, tracker, reached)
             return _Stopped()
         except DeeplineError as exc:
             if exc.fatal or exc.exit_code != 1:
@@ -520,10 +524,12 @@ class RowPlanner:
         finally:
             _TRACKER.reset(token)
             plan.paid_calls += tracker.paid
+            reached.update(tracker.called)
 
-    def _stopped_at(self, plan: ColumnPlan, stop: NewCall, tracker: Tracker) -> None:
+    def _stopped_at(self, plan: ColumnPlan, stop: NewCall, tracker: Tracker, reached: set[str]) -> None:
         """A resolver reached a new call: it is certain; what it may call after depends on
-        the answer (each remaining tool at most once, in the worst case)."""
+        the answer (each remaining tool at most once, in the worst case; expected unless an
+        earlier column of the row calls it: then most likely the same call, paid once)."""
         for tool, credits in [(stop.tool, stop.credits), *((t, 0.0) for t in tracker.called)]:
             if tool not in plan.tools:  # an id the code scan could not see (built at run time)
                 plan.tools.append(tool)
@@ -538,16 +544,19 @@ class RowPlanner:
         if rest:
             plan.note(f"after {stop.tool}, may call {', '.join(rest)} depending on its answer")
             high = sum(plan.credits_each.get(t, 0.0) for t in rest)
-            expected = sum(plan.credits_each.get(t, 0.0) * self.history.after(t, stop.tool) for t in rest)
+            expected = sum(
+                plan.credits_each.get(t, 0.0) * self.history.after(t, stop.tool) for t in rest if t not in reached
+            )
             plan.credits.add(0.0, expected, high)
 
-    def _dependent(self, plan: ColumnPlan, reason: str, tracker: Tracker | None) -> None:
+    def _dependent(self, plan: ColumnPlan, reason: str, tracker: Tracker | None, reached: set[str]) -> None:
         """A cell whose calls cannot be known before running: bounded by the tools it names."""
         plan.dependent_rows += 1
         plan.note(reason + (" (then its run_if decides)" if plan.run_if and reason.startswith("depends on") else ""))
         called = tracker.called if tracker is not None else set()
         rest = [t for t in plan.tools if t not in called]
         high = sum(plan.credits_each.get(t, 0.0) for t in rest)
+        rest = [t for t in rest if t not in reached]  # an earlier column's call: most likely shared
         if self.history.rows:
             expected = sum(plan.credits_each.get(t, 0.0) * self.history.rate(t) for t in rest)
         else:  # no earlier runs: the first tool the column names answers
