@@ -304,3 +304,37 @@ def test_a_call_a_later_column_repeats_after_another_is_expected_once(deepline, 
     assert spent == 90  # 30 rows × (1 + 2)
     assert credits["min"] <= spent <= credits["max"]
     assert abs(credits["expected"] - spent) <= 0.1 * spent, credits
+
+
+CHILD_IN_A_COLUMN = """
+from deepline_cli import play, tool
+
+@tool("kid.lookup", credits=2.5)
+def lookup(input):
+    return {"ok": input["d"]}
+
+@play("kid")
+async def kid(ctx, input):
+    return (await ctx.tools.execute("look", "kid.lookup", {"d": input["d"]})).output
+
+@play("parent")
+async def parent(ctx, input):
+    rows = [{"d": f"y{n}.com"} for n in range(5)]
+    done = await ctx.map("m", rows, key="d", columns={"kid": lambda row, rc: rc.run_play("kid", "play.py:kid", row)})
+    return {"rows": len(done)}
+"""
+
+
+def test_a_column_running_a_child_play_has_no_known_maximum(deepline, write_play) -> None:
+    """A child play's calls are known only by running it: the plan said "max 0 credits" for a
+    run that then spent 12.5, and printed its note once per row. Its maximum is unknown,
+    said once."""
+    play = write_play(CHILD_IN_A_COLUMN)
+    plan = _plan(deepline, f"{play}:parent")
+    (m,) = plan["maps"]
+    assert m["credits"]["max"] is None and plan["totals"]["credits"]["max"] is None, plan["totals"]
+    (column,) = m["columns"]
+    assert column["notes"] == ["child play 'play.py:kid' runs only in a real run; what it calls is not counted (5 rows)"]
+    human = deepline("plan", f"{play}:parent")
+    assert human.code == 0, human.stderr
+    assert "max unknown" in human.stdout and human.stdout.count("runs only in a real run") == 1, human.stdout

@@ -103,7 +103,7 @@ def _print_plan(plan: dict[str, Any]) -> None:
     dependent = f" (+ up to {t['dependent_calls']:,} that depend on data)" if t["dependent_calls"] else ""
     typer.echo(
         f"rows {t['rows']:,} · {t['paid_rows']:,} already paid · {t['paid_calls']:,} paid calls reused · "
-        f"{t['new_calls']:,} new calls{dependent} · max {format_credits(t['credits']['max'])} credits "
+        f"{t['new_calls']:,} new calls{dependent} · max {_max(t['credits'])} "
         f"(expected ≈ {format_credits(t['credits']['expected'])}, at least {format_credits(t['credits']['min'])})"
     )
     sys.stdout.flush()
@@ -124,7 +124,15 @@ def _hits(steps: list[str], hits: dict[str, int]) -> str:
     return f"earlier runs found: {', '.join(shares).replace('none', 'not found')} ({total:,} rows)"
 
 
-def _credits(c: dict[str, float]) -> str:
+def _credits(c: dict[str, Any]) -> str:
     if c["min"] == c["max"]:
         return format_credits(c["max"])
-    return f"{format_credits(c['min'])} – {format_credits(c['max'])} (≈ {format_credits(c['expected'])})"
+    high = "?" if c["max"] is None else format_credits(c["max"])
+    return f"{format_credits(c['min'])} – {high} (≈ {format_credits(c['expected'])})"
+
+
+def _max(c: dict[str, Any]) -> str:
+    """The most a run may spend, or why it is not known."""
+    if c["max"] is None:
+        return "unknown (a child play or a tool id made at run time: only a real run can tell)"
+    return f"{format_credits(c['max'])} credits"

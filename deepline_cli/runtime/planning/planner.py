@@ -69,9 +69,10 @@ class NotPlanned(BaseException):
     A BaseException, so a play's or resolver's `except Exception` cannot swallow it.
     """
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, unbounded: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.unbounded = unbounded  # what follows may call anything (a child play): no maximum is known
 
 
 class NewCall(NotPlanned):
@@ -99,14 +100,19 @@ class Credits:
     min: float = 0.0
     expected: float = 0.0
     max: float = 0.0
+    unbounded: bool = False  # calls only a real run can tell (a child play, a tool id made at run time)
 
-    def add(self, low: float, expected: float, high: float) -> None:
+    def add(self, low: float, expected: float, high: float | None) -> None:
         self.min += low
         self.expected += expected
-        self.max += high
+        if high is None:
+            self.unbounded = True
+        else:
+            self.max += high
 
-    def as_dict(self) -> dict[str, float]:
-        return {"min": round(self.min, 4), "expected": round(self.expected, 4), "max": round(self.max, 4)}
+    def as_dict(self) -> dict[str, float | None]:
+        high = None if self.unbounded else round(self.max, 4)
+        return {"min": round(self.min, 4), "expected": round(self.expected, 4), "max": high}
 
 
 @dataclass
@@ -185,7 +191,7 @@ class MapPlan:
     def as_dict(self) -> dict[str, Any]:
         total = Credits()
         for c in self.columns:
-            total.add(c.credits.min, c.credits.expected, c.credits.max)
+            total.add(c.credits.min, c.credits.expected, None if c.credits.unbounded else c.credits.max)
         return {
             "map": self.map,
             "input_rows": self.input_rows,
@@ -357,7 +363,7 @@ class PlanContext(Context):
     async def run_play(
         self, id: str, play_ref: str, input: Any = None, *, description: str = "", _journal: bool = True
     ) -> Any:
-        return await self._planner.stored("run_play", id)
+        return await self._planner.stored("run_play", id, label=play_ref)
 
     async def sleep(self, id: str, seconds: float) -> None:
         await self._planner.boundary(f"sleep:{id}")
@@ -512,6 +518,7 @@ class RowPlanner:
             return _Stopped()
         except NotPlanned as stop:
             self._dependent(plan, stop.reason, tracker, reached)
+            plan.credits.unbounded = plan.credits.unbounded or stop.unbounded
             return _Stopped()
         except DeeplineError as exc:
             if exc.fatal or exc.exit_code != 1:
@@ -534,6 +541,7 @@ class RowPlanner:
             if tool not in plan.tools:  # an id the code scan could not see (built at run time)
                 plan.tools.append(tool)
                 plan.credits_each.setdefault(tool, credits)
+                plan.credits.unbounded = True  # other rows may build other ids
         if stop.shared:
             plan.shared_calls += 1
         else:
@@ -646,7 +654,7 @@ class Planner:
         self, parts: RunParts, id: str, play_ref: str, input: Any, description: str, journal: bool
     ) -> Any:
         """Child plays while planning (the `ChildPlays` port): what the reference run stored."""
-        return await self.stored("run_play", id)
+        return await self.stored("run_play", id, label=play_ref)
 
     async def run(self, input: Any) -> Plan:
         self.reference = await self.io.call(self._reference_run, input)
@@ -701,9 +709,12 @@ class Planner:
         tracker.new.append((definition.id, definition.credits, shared))
         raise NewCall(definition.id, definition.credits, shared)
 
-    async def stored(self, kind: str, id: str) -> Any:
+    async def stored(self, kind: str, id: str, *, label: str | None = None) -> Any:
         what = {"run_play": "child play"}.get(kind, kind)
         if self.reference is None:
+            if kind == "run_play" and current_cell() is not None:  # one note for every row of the map
+                raise NotPlanned(f"{what} {label or id!r} runs only in a real run; what it calls is not counted",
+                                 unbounded=True)  # fmt: skip
             raise NotPlanned(f"{what} {id!r} runs only in a real run (no earlier run with this input)")
         scope = self.services.identity
         receipt = await self.io.call(
