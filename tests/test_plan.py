@@ -334,7 +334,8 @@ def test_a_column_running_a_child_play_has_no_known_maximum(deepline, write_play
     (m,) = plan["maps"]
     assert m["credits"]["max"] is None and plan["totals"]["credits"]["max"] is None, plan["totals"]
     (column,) = m["columns"]
-    assert column["notes"] == ["child play 'play.py:kid' runs only in a real run; what it calls is not counted (5 rows)"]
+    note = "child play 'play.py:kid' runs only in a real run; what it calls is not counted (5 rows)"
+    assert column["notes"] == [note]
     human = deepline("plan", f"{play}:parent")
     assert human.code == 0, human.stderr
     assert "max unknown" in human.stdout and human.stdout.count("runs only in a real run") == 1, human.stdout
