@@ -274,3 +274,20 @@ def test_quoted_newlines_and_long_fields_are_rows_as_a_spreadsheet_shows_them(de
     assert progress[-1]["total"] == 10 and progress[-1]["done"] == 10, progress[-1]
     shown = deepline("runs", "show", "ml").stdout
     assert "leads: 10 rows (10 succeeded" in shown, shown
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "First Name;Domain\r\nAda;acme.com\r\nGrace;globex.io\r\n",  # Excel in a European locale
+        "First Name\tDomain\nAda\tacme.com\nGrace\tglobex.io\n",  # a tab-separated export
+        "First Name,Domain,,,\nAda,acme.com,,,\nGrace,globex.io,,,\n",  # Excel's empty trailing columns
+    ],
+    ids=["semicolons", "tabs", "empty-trailing-columns"],
+)
+def test_csv_files_as_spreadsheets_save_them_are_read(deepline, tmp_path: Path, content: str) -> None:
+    (tmp_path / "play.py").write_text(CLI_PLAY)
+    (tmp_path / "leads.csv").write_text(content, newline="")
+    result = deepline("run", "play.py", "--set", "file=leads.csv", "--quiet")
+    assert result.code == 0, result.stderr
+    assert json.loads(result.stdout)["rows"] == ["ADA", "GRACE"]

@@ -46,6 +46,7 @@ class CsvSource:
         self.description = description
         self.required = list(required or [])
         self.line = 0  # the file line of the row last read (a row may span lines)
+        self.delimiter = ","
         header = self._header()
         self._rename = _renames(header, rename or {})
         self._rename.update(_aliases(header, columns or {}))
@@ -82,12 +83,21 @@ class CsvSource:
     def _header(self) -> list[str]:
         with self._open() as handle:
             try:
-                header = next(csv.reader(handle), None)
+                first = handle.readline()
+                # A spreadsheet in a European locale saves `;`, some exports a tab: a header
+                # with no comma but one of those is read with it.
+                if "," not in first and (";" in first or "\t" in first):
+                    self.delimiter = ";" if first.count(";") >= first.count("\t") else "\t"
+                handle.seek(0)
+                header = next(csv.reader(handle, delimiter=self.delimiter), None)
             except UnicodeDecodeError:
                 raise self._undecodable() from None
         if not header or not any(h.strip() for h in header):
             raise InputError(f"CSV file {self.path} is empty: it has no header row.")
-        return [h.strip() for h in header]
+        names = [h.strip() for h in header]
+        while not names[-1]:  # empty trailing columns, as a spreadsheet saves them
+            names.pop()
+        return names
 
     def _undecodable(self) -> InputError:
         """The decoder reads in blocks, so find the real line and column of the bad byte."""
@@ -105,7 +115,7 @@ class CsvSource:
         header = self.columns[: len(self.columns) - len(absent)]
         width = len(header)
         with self._open() as handle:
-            reader = csv.reader(handle)
+            reader = csv.reader(handle, delimiter=self.delimiter)
             line = 1
             try:
                 next(reader)
@@ -114,10 +124,13 @@ class CsvSource:
                     if len(record) != width:
                         if not record or record == [""]:
                             continue  # a blank line
-                        raise InputError(
-                            f"{self.path} line {line}: {len(record)} fields where the header has "
-                            f"{width} (column {min(len(record), width) + 1})."
-                        )
+                        if len(record) > width and not any(record[width:]):
+                            record = record[:width]  # empty cells under the empty trailing columns
+                        else:
+                            raise InputError(
+                                f"{self.path} line {line}: {len(record)} fields where the header has "
+                                f"{width} (column {min(len(record), width) + 1})."
+                            )
                     row = dict(zip(header, record, strict=False))  # as long as the header: checked above
                     for name in absent:
                         row[name] = ""
