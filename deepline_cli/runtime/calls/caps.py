@@ -23,9 +23,15 @@ class Caps:
     def count_tool_call(self) -> None:
         self.tool_calls += 1
         if self.max_tool_calls is not None and self.tool_calls > self.max_tool_calls:
-            raise GovernanceError(f"This run made more than {self.max_tool_calls} tool calls (--max-tool-calls).")
+            raise GovernanceError(
+                f"This run made its {self.max_tool_calls} tool calls (--max-tool-calls {self.max_tool_calls}): "
+                "the next one was not made; raise the limit and resume the run."
+            )
 
     def count_child_play(self) -> None:
         self.child_plays += 1
         if self.max_child_plays is not None and self.child_plays > self.max_child_plays:
-            raise GovernanceError(f"This run started more than {self.max_child_plays} child plays (--max-child-plays).")
+            raise GovernanceError(
+                f"This run started its {self.max_child_plays} child plays (--max-child-plays "
+                f"{self.max_child_plays}): the next one was not started; raise the limit and resume the run."
+            )
