@@ -220,3 +220,30 @@ def test_columns_told_apart_by_case_only_warn_and_export_apart(
     assert "differ only in case" in exported.stderr
     lines = deepline("export", "C", "--format", "jsonl").stdout.splitlines()
     assert lines == ['{"id":"1","domain":"acme.com","Company":"Acme Inc","company":{"name":"ACME.COM"},"_error":null}']
+
+
+BLANK_KEYS = """
+from deepline_cli import play
+
+@play("blank-keys")
+async def blank_keys(ctx, input):
+    rows = ctx.csv(input["csv"]) if input.get("csv") else [
+        {"email": "", "name": "Ada"}, {"email": None, "name": "Grace"}, {"email": "a@x.com", "name": "Alan"},
+    ]
+    done = await ctx.map("people", rows, key="email", columns={"upper": lambda row: row["name"].upper()})
+    return {"rows": len(done), "names": [row["upper"] for row in done]}
+"""
+
+
+def test_rows_with_a_blank_key_are_each_a_row_not_duplicates(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A blank key is no identity: two people with no email were one row and a "duplicate"
+    nobody sees. Each is a row of its own, keyed by where it is."""
+    write_play(BLANK_KEYS)
+    listed = deepline("run", "play.py", "--json").json_lines()[-1]
+    assert listed["output"] == {"rows": 3, "names": ["ADA", "GRACE", "ALAN"]}, listed["output"]
+    (tmp_path / "people.csv").write_text("email,name\n,Ada\n,Grace\na@x.com,Alan\na@x.com,Alan again\n")
+    from_csv = deepline("run", "play.py", "--csv", "people.csv", "--json").json_lines()[-1]
+    assert from_csv["output"] == {"rows": 3, "names": ["ADA", "GRACE", "ALAN"]}, from_csv["output"]
+    assert from_csv["stats"]["rows"]["duplicate"] == 1  # the second a@x.com

@@ -106,8 +106,10 @@ class Intake:
                 raise
             except Exception as exc:
                 raise self._key_failed(input_index, exc) from exc
-            if blank is not None and csv is not None and (not key.strip() or self._blank_key(row)):
-                key = csv.where()  # keyed by its blank cell: each such row fails on its own, none a duplicate
+            if not key.strip() or (blank is not None and self._blank_key(row)):
+                # A blank key is no identity: the row is keyed by where it is (each such row is a
+                # row of its own, and one with a blank required cell fails on its own), none a duplicate.
+                key = csv.where() if csv is not None else f"row {input_index + 1}"
             if key in seen:
                 duplicate += 1
                 continue

@@ -252,7 +252,10 @@ def key_function(key: RowKey) -> Callable[[Mapping[str, Any]], str]:
 
     def by_fields(row: Mapping[str, Any]) -> str:
         try:
-            return _json.dumps_str([row[n] for n in names])
+            parts = [row[n] for n in names]
+            if all(part is None or (isinstance(part, str) and not part.strip()) for part in parts):
+                return ""  # every part blank: no identity (the map keys the row by where it is)
+            return _json.dumps_str(parts)
         except KeyError as exc:
             raise InputError(f"Row has no key field {exc.args[0]!r} (fields: {', '.join(row)}).") from None
 
@@ -266,10 +269,12 @@ def key_fields(key_of: Callable[..., str]) -> tuple[str, ...]:
 
 
 def _scalar(value: Any) -> str:
-    """A key as text: a string as it is, anything else as canonical JSON (a dict's keys in
-    order, never a repr holding a memory address: the same row has the same key in every
-    process)."""
-    return value if isinstance(value, str) else _json.canonical(value).decode()
+    """A key as text: a string as it is, None as blank (no identity: the map keys the row by
+    where it is), anything else as canonical JSON (a dict's keys in order, never a repr
+    holding a memory address: the same row has the same key in every process)."""
+    if isinstance(value, str):
+        return value
+    return "" if value is None else _json.canonical(value).decode()
 
 
 def row_digest(row: Mapping[str, Any]) -> str:
