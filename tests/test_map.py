@@ -1011,6 +1011,8 @@ def test_max_credits_fails_the_map_and_a_resume_with_more_budget_pays_nothing_tw
     recorded = map_rows(store_url, first.result.run_id)
     assert {r[3] for r in recorded} == {"succeeded"}  # no row was failed for the budget
     assert not [line for line in first.logs() if " failed: " in line and line.startswith("row ")]
+    # The view's last frame counts every row that finished, as the store does.
+    assert first.of("map.progress")[-1]["done"] == len(recorded)
 
     second = resume(first.result.run_id, store_url, max_credits=100)
 

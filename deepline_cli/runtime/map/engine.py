@@ -103,6 +103,7 @@ class MapRun:
         try:
             await self._execute()
         except BaseException as exc:
+            self.book.progress(self.total_estimate)  # the view's last frame: every row that finished
             record.total = self.total_estimate or 0
             record.input_columns = list(self.intake.input_columns)  # a list's fields: known as it is read
             await self.book.save_unfinished(record, exc)
