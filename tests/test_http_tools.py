@@ -77,6 +77,11 @@ class LoopbackProvider(Provider):
     def answer(self, seen: Seen) -> tuple[int, dict[str, str], bytes]:
         with self._lock:
             self.inflight -= 1
+        if seen.path.endswith("/quote401"):  # a 401 whose message quotes the request, far into its body
+            quoted = f" Request: GET {seen.path}?{seen.query}"
+            pad = 190 - len('{"error": {"message": "') - (quoted.find("api_key=") + len("api_key="))
+            said = "x" * pad + quoted  # the key starts 10 characters before the 200th
+            return 401, {"content-type": "application/json"}, json.dumps({"error": {"message": said}}).encode()
         if seen.path.endswith("/batch") and isinstance(seen.body, dict):
             key = seen.headers.get("idempotency-key", "")
             if key in self.answers:
@@ -1270,6 +1275,42 @@ def test_secrets_are_never_stored_logged_exported_or_printed(
         outputs += [shown.stdout, shown.stderr]
     assert any("[redacted]" in text for text in outputs[4:])
     assert_no_secret(store_path, SECRET.encode(), *outputs)
+
+
+def test_a_secret_a_provider_quotes_far_into_an_error_is_redacted_whole(
+    project: Project, provider: LoopbackProvider, cli: Callable[..., Any], store_path: Path
+) -> None:
+    """An error body is kept to its first 200 characters: cut before it was redacted, a key
+    quoted across the cut kept its first part in clear (in the store, logs and export)."""
+    project.dotenv(HT_DOTENV_TOKEN=SECRET)
+    project.config(
+        """\
+        [tools."ht.quote"]
+        url = "@URL@/quote401"
+        query = { domain = "{domain}", api_key = "${HT_DOTENV_TOKEN}" }
+        """
+    )
+    project.play(
+        """\
+        from deepline_cli import play
+
+        @play("quoted")
+        async def quoted(ctx, input):
+            rows = await ctx.map("rows", [{"domain": "acme.com"}], key="domain", columns={
+                "a": lambda row, rc: rc.tools.execute("q", "ht.quote", {"domain": row["domain"]}),
+            })
+            return {"failed": rows.failed_count}
+        """,
+        "quoted.py",
+    )
+    run = cli("run", "quoted.py", "--run-id", "Q")
+    assert run.code == 0, run.stderr
+    assert SECRET in provider.requests[0].query
+    outputs = [run.stdout, run.stderr]
+    for args in (("runs", "logs", "Q"), ("export", "Q"), ("receipts", "inspect", "--full")):
+        outputs.append(cli(*args).stdout)
+    for piece in (SECRET[:10], SECRET[5:15], SECRET[-10:]):
+        assert_no_secret(store_path, piece.encode(), *outputs)
 
 
 LEAKY_TOOL_PLAY = """\

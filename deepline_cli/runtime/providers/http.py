@@ -161,7 +161,7 @@ class Http:
         status = response.status_code
         if status < 400:
             return None
-        body = self.secrets.redact(response.text[:200].strip())
+        body = self.secrets.excerpt(response.text.lstrip(), 200).rstrip()
         detail = f"{status} from {tool}" + (f": {body}" if body else "")
         if status == 429 or status >= 500:
             category: Category = "rate_limit" if status == 429 else "upstream"

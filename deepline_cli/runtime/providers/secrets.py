@@ -51,6 +51,7 @@ class Secrets:
         self._dotenv_dir = dotenv_dir
         self._known: set[str] = set()
         self._pattern: re.Pattern[str] | None = None
+        self._longest = 0  # the longest form of a secret
         self.reload()
 
     @property
@@ -69,6 +70,7 @@ class Secrets:
             forms = set().union(*(encoded_forms(known) for known in self._known))
             # One pass over a text for every form; the longest first, so none is half replaced.
             self._pattern = re.compile("|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True)))
+            self._longest = max(map(len, forms))
         return value
 
     def get(self, name: str) -> str:
@@ -85,6 +87,14 @@ class Secrets:
         if self._pattern is None:
             return text
         return self._pattern.sub(REDACTED, text)
+
+    def excerpt(self, text: str, limit: int) -> str:
+        """The first `limit` characters of `text`, redacted before it is cut: a secret across
+        the cut is replaced whole, not kept in part (a part no longer matches any form)."""
+        if self._pattern is None:
+            return text[:limit]
+        window = text[: limit + self._longest]  # every form that starts before the cut, whole
+        return self._pattern.sub(REDACTED, window)[:limit]
 
     def redact_json(self, value: Any) -> Any:
         if self._pattern is None:
