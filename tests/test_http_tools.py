@@ -1313,6 +1313,35 @@ def test_a_secret_a_provider_quotes_far_into_an_error_is_redacted_whole(
         assert_no_secret(store_path, piece.encode(), *outputs)
 
 
+SECRET_IN_A_CELL_PLAY = """\
+from deepline_cli import play
+
+
+@play("static-maps")
+async def static_maps(ctx, input):
+    key = ctx.secrets.get("HT_TOKEN")
+    rows = await ctx.map("offices", [{"city": "Paris"}], key="city", columns={
+        "map_url": lambda row: f"https://maps.example/staticmap?center={row['city']}&key={key}",
+        "with_key": lambda row: {"city": row["city"], "auth": key},
+    })
+    return {"rows": len(rows)}
+"""
+
+
+def test_a_secret_a_column_puts_in_its_value_is_not_stored_or_exported(
+    project: Project, cli: Callable[..., Any], store_path: Path
+) -> None:
+    """A cell built with a secret (a signed link, a header kept for later) was written to the
+    sheet and the export in clear, while a step or a tool's answer was redacted."""
+    project.play(SECRET_IN_A_CELL_PLAY, "cells.py")
+    outcome = project.run({}, play="cells.py")
+    assert outcome.output == {"rows": 1}
+    exported = cli("export", outcome.result.run_id, "--format", "jsonl")
+    assert exported.code == 0, exported.stderr
+    assert "key=[redacted]" in exported.stdout
+    assert_no_secret(store_path, SECRET.encode(), exported.stdout)
+
+
 LEAKY_TOOL_PLAY = """\
 from deepline_cli import play, tool
 

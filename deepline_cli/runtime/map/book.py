@@ -150,7 +150,7 @@ class MapBook:
             sheet_row = SheetRow(
                 self.sheet,
                 job.key,
-                _input_only(job.row, self.columns, originals),
+                self.s.secrets.redact_json(_input_only(job.row, self.columns, originals)),
                 job.digest,
                 cells,
                 outcome,
