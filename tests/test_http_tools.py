@@ -18,6 +18,7 @@ import sqlite3
 import textwrap
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -377,6 +378,31 @@ def test_extract_declares_what_tool_result_get_returns(project: Project) -> None
         )
     ).output
     assert out[0]["get"] == {"name": "Grace", "first_tag": "x", "last_tag": "z", "nope": None, "ok": True}
+
+
+@pytest.mark.parametrize("name", ["../../admin/delete", "Ben & Jerry#s", "What? Inc", "AT&T", "100%/50 co"])
+def test_a_field_in_the_url_is_one_path_segment_or_one_query_value(
+    project: Project, provider: LoopbackProvider, name: str
+) -> None:
+    """A CSV cell put into a URL as it was could climb out of its segment (`../`), end the
+    path (`?`, `#`) or add a query parameter (`&`): move where the tool's credentials go.
+    Filled into the path or the query of `url`, a value is percent-encoded as one."""
+    project.config(
+        """\
+        [tools."ht.profile"]
+        url = "@URL@/v1/companies/{name}/profile"
+
+        [tools."ht.find"]
+        url = "@URL@/v2/find?company={name}&country=us"
+        """
+    )
+    project.run(calls(call("ht.profile", {"name": name}), call("ht.find", {"name": name})))
+    profile, find = provider.requests
+    prefix, _, rest = profile.path.partition("/v1/companies/")
+    segment, _, tail = rest.partition("/")
+    assert (prefix, urllib.parse.unquote(segment), tail, profile.query) == ("", name, "profile", "")
+    assert find.path == "/v2/find"
+    assert urllib.parse.parse_qs(find.query) == {"company": [name], "country": ["us"]}
 
 
 def test_a_template_field_missing_from_the_input_fails_the_run_naming_tool_and_field(

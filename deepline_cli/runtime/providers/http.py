@@ -30,7 +30,7 @@ from deepline_cli.errors import (
 from deepline_cli.runtime.providers.config import Config, HttpToolSpec, RemoteSpec
 from deepline_cli.runtime.providers.governor import Governor
 from deepline_cli.runtime.providers.secrets import MIN_SECRET_LENGTH, Secrets
-from deepline_cli.runtime.providers.templates import render
+from deepline_cli.runtime.providers.templates import render, render_url
 from deepline_cli.runtime.providers.tools import ToolCall, ToolDef
 from deepline_cli.runtime.providers.transport import (
     InvalidRequest,
@@ -348,7 +348,7 @@ class HttpTools:
             # A batch tool gets the members' inputs: one request carries all their bodies.
             first = input[0] if spec.batch else input
             items_field = (spec.batch or {}).get("items_field", "items")
-            url = render(spec.url, first, http.secrets, tool=spec.id)
+            url = render_url(spec.url, first, http.secrets, tool=spec.id)
             if spec.allow_hosts:
                 check_host(url, spec.allow_hosts, spec.id)
             request = Request(

@@ -9,6 +9,7 @@ so a value from the input can never expand into a secret.
 from __future__ import annotations
 
 import re
+import urllib.parse
 from typing import Any
 
 from deepline_cli import _json
@@ -59,6 +60,17 @@ def _text(value: Any) -> str:
     return _json.dumps_str(value)
 
 
+def render_url(template: str, input: Any, secrets: Secrets, *, tool: str) -> str:
+    """Fill a tool's `url`: a `{field}` in its path or query is percent-encoded as one path
+    segment or one query value (a row's `../`, `?`, `#` or `&` stays inside it); one in its
+    host is put in as it is, for `allow_hosts` to check."""
+    scheme = template.find("://")
+    after = scheme + 3 if scheme >= 0 else 0
+    ends = [i for i in (template.find(c, after) for c in "/?#") if i >= 0]
+    authority_end = min(ends) if ends else len(template)
+    return _fill(template, input, secrets, tool, encode_from=authority_end)
+
+
 def render(template: Any, input: Any, secrets: Secrets, *, tool: str) -> Any:
     """Fill a template (str, dict or list) from the call's input and the secrets."""
     if isinstance(template, dict):
@@ -70,6 +82,11 @@ def render(template: Any, input: Any, secrets: Secrets, *, tool: str) -> Any:
     exact = _EXACT_FIELD.fullmatch(template)
     if exact:
         return _field(input, exact.group(1), tool)
+    return _fill(template, input, secrets, tool)
+
+
+def _fill(template: str, input: Any, secrets: Secrets, tool: str, *, encode_from: int | None = None) -> str:
+    """One pass over the template's tokens; fields from `encode_from` on are percent-encoded."""
 
     def replace(match: re.Match[str]) -> str:
         secret, name = match.group(1), match.group(2)
@@ -79,7 +96,10 @@ def render(template: Any, input: Any, secrets: Secrets, *, tool: str) -> Any:
                 raise UsageError(f"Tool {tool!r}: secret {secret} is not set; export it or add it to .env.")
             return value
         if name:
-            return _text(_field(input, name, tool))
+            text = _text(_field(input, name, tool))
+            if encode_from is not None and match.start() >= encode_from:
+                return urllib.parse.quote(text, safe="")
+            return text
         return match.group(0)[0]  # "{{" → "{", "}}" → "}"
 
     return _TOKEN.sub(replace, template)
