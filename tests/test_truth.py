@@ -432,3 +432,41 @@ def test_a_verdict_says_one_credit_and_two_credits() -> None:
     one = verdict("r-1", "completed", {"credits": 1, "duration_s": 1}, None)[0]
     many = verdict("r-2", "completed", {"credits": 2.5, "duration_s": 1}, None)[0]
     assert one.endswith(", 1 credit.") and many.endswith(", 2.5 credits."), (one, many)
+
+
+# A waterfall whose first step fails at once and whose second costs a credit: a budget of 1
+# stops the map while a row's first step has failed and its second was not made.
+STOPPED_MID_WATERFALL = """
+from deepline_cli import ProviderTransientError, play, steps, tool
+
+@tool("t.down")
+def down(input):
+    raise ProviderTransientError("503 from t.down", category="upstream", status_code=503)
+
+@tool("t.up", credits=1)
+def up(input):
+    return {"email": "x@y.z"}
+
+EMAIL = steps().step("down", lambda row, rc: rc.tools.execute("d", "t.down", {"n": row["n"]})).step(
+    "up", lambda row, rc: rc.tools.execute("u", "t.up", {"n": row["n"]}))
+
+@play("stopped")
+async def stopped(ctx, input):
+    return len(await ctx.map("rows", [{"n": n} for n in range(3)], key="n", concurrency=1,
+                             columns={"email": EMAIL}))
+"""
+
+
+def test_a_failure_whose_row_did_not_end_is_not_counted_final_by_the_store(write_play, store_path) -> None:
+    """Stopped mid-waterfall, a row's failed first step is neither final nor fallen back:
+    its row did not end. The store counted it failed, and the count went down once the
+    resume fell back from it."""
+    play = write_play(STOPPED_MID_WATERFALL)
+    first = run_play(play, store_path, max_credits=1)
+    assert first.status == "failed", first.error
+    down = first.stats["tools"]["t.down"]
+    assert (down["failed"], down["recovered"]) == (1, 1), down  # row 0 fell back; row 1's is pending
+    done = resume_run(first.run_id, store_path, max_credits=10)
+    assert done.status == "completed", done.error
+    down = done.stats["tools"]["t.down"]
+    assert (down["failed"], down["recovered"]) == (3, 3), down

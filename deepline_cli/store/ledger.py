@@ -92,8 +92,9 @@ class LedgerQueries:
 
         Per tool: `live` executions (each one paid) and their credits and retries; `reused`
         answers of other runs' receipts; `failed`, the calls whose final outcome is a
-        failure, each counted once however many attempts tried it; `recovered`, those of
-        them whose row still succeeded (a waterfall fell back to its next step)."""
+        failure, each counted once however many attempts tried it (not those whose map row
+        did not end: a resume settles them); `recovered`, those of them whose row still
+        succeeded (a waterfall fell back to its next step)."""
         tools: dict[str, dict[str, Any]] = {}
         steps = {"live": 0, "reused": 0}
         executed = self._read(
@@ -118,6 +119,8 @@ class LedgerQueries:
             tools.setdefault(tool or f"ctx.{kind}", _tool_counts())["retries"] += int(retries)
         for failure in self.final_failures(run_id):
             counts = tools.setdefault(failure.tool, _tool_counts())
+            if failure.row is None:
+                continue  # its row did not end (the attempt stopped): neither final nor fallen back yet
             counts["failed"] += 1
             counts["recovered"] += failure.row == "succeeded"
         used = self._read(
