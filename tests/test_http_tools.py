@@ -1416,6 +1416,17 @@ BAD_CONFIGS = {
     "remote-no-url": ('[remote]\napi_key_env = "X"\n', ["[remote]", "base_url"]),
     "zero-timeout": ('[tools."ht.x"]\nurl = "@URL@/x"\ntimeout_s = 0\n', ["ht.x", "timeout_s"]),
     "negative-credits": ('[tools."ht.x"]\nurl = "@URL@/x"\ncredits = -1\n', ["ht.x", "credits"]),
+    "nan-credits": ('[tools."ht.x"]\nurl = "@URL@/x"\ncredits = nan\n', ["ht.x", "credits"]),
+    "inf-credits": ('[tools."ht.x"]\nurl = "@URL@/x"\ncredits = inf\n', ["ht.x", "credits"]),
+    "inf-timeout": ('[tools."ht.x"]\nurl = "@URL@/x"\ntimeout_s = inf\n', ["ht.x", "timeout_s"]),
+    "tools-not-a-table": ('tools = "ht.x"\n', ["deepline.toml", "tools"]),
+    "bad-header-name": ('[tools."ht.x"]\nurl = "@URL@/x"\nheaders = { "X Api Key" = "1" }\n', ["ht.x", "'X Api Key'"]),
+    "bad-idempotency-header": (
+        '[tools."ht.x"]\nurl = "@URL@/x"\nidempotency_header = "Idempotency Key"\n',
+        ["ht.x", "'Idempotency Key'"],
+    ),
+    "zero-batch": ('[tools."ht.x"]\nurl = "@URL@/x"\nbatch = { max_size = 0 }\n', ["ht.x", "max_size"]),
+    "remote-no-scheme": ('[remote]\nbase_url = "127.0.0.1:9"\n', ["[remote]", "base_url"]),
 }
 
 

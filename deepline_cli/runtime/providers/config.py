@@ -18,6 +18,8 @@ Every mistake is one sentence naming the file, the tool and the field.
 
 from __future__ import annotations
 
+import math
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +59,7 @@ _REMOTE_KEYS = {
     "credits": (int, float, dict),
     "proxy": str,
 }
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP token (RFC 9110)
 _BATCH_KEYS = {"max_size": int, "max_wait_ms": (int, float), "items_field": str, "results_field": str}
 
 
@@ -134,7 +137,10 @@ def load_config(path: Path | None) -> Config:
         raise UsageError(
             f'{path}: unknown table or key {unknown[0]!r} (expected [tools."ID"], [remote] and [schedules.NAME]).'
         )
-    tools = {tool_id: _tool(path, tool_id, spec) for tool_id, spec in (data.get("tools") or {}).items()}
+    declared = data.get("tools") or {}
+    if not isinstance(declared, dict):
+        raise UsageError(f'{path}: tools must be tables of tools, like [tools."hunter.email"] with a url.')
+    tools = {tool_id: _tool(path, tool_id, spec) for tool_id, spec in declared.items()}
     remote = _remote(path, data["remote"]) if "remote" in data else None
     return Config(path, tools, remote)
 
@@ -180,15 +186,22 @@ def _tool(path: Path, tool_id: str, spec: Any) -> HttpToolSpec:
         )
     if "rate_limit" in spec:
         parse_rate(spec["rate_limit"], owner=f"{path}: {owner}")
-    if "timeout_s" in spec and spec["timeout_s"] <= 0:
-        raise UsageError(f"{path}: {owner} timeout_s must be more than 0 seconds.")
-    if "credits" in spec and spec["credits"] < 0:
-        raise UsageError(f"{path}: {owner} credits must not be negative.")
+    if "timeout_s" in spec and not 0 < spec["timeout_s"] < math.inf:
+        raise UsageError(f"{path}: {owner} timeout_s must be a number of seconds more than 0.")
+    if "credits" in spec and not 0 <= spec["credits"] < math.inf:
+        raise UsageError(f"{path}: {owner} credits must be a number, 0 or more.")
+    for name in [*(spec.get("headers") or {}), spec.get("idempotency_header", "Idempotency-Key")]:
+        if not _HEADER_NAME.fullmatch(name) and not references(name)[1]:
+            raise UsageError(f"{path}: {owner} header name {name!r} is not valid (letters, digits and -, no spaces).")
     for name in ("concurrency", "retries"):
         if name in spec and spec[name] < (1 if name == "concurrency" else 0):
             raise UsageError(f"{path}: {owner} {name} must be at least {1 if name == 'concurrency' else 0}.")
     if "batch" in spec:
         check_keys(path, f"{owner} batch", spec["batch"], _BATCH_KEYS)
+        if spec["batch"].get("max_size", 1) < 1:
+            raise UsageError(f"{path}: {owner} batch max_size must be at least 1.")
+        if not 0 <= spec["batch"].get("max_wait_ms", 0) < math.inf:
+            raise UsageError(f"{path}: {owner} batch max_wait_ms must be a number of milliseconds, 0 or more.")
     for name, json_path in (spec.get("extract") or {}).items():
         if not isinstance(json_path, str):
             raise UsageError(f'{path}: {owner} extract {name!r} must be a JSON path string like "data.email".')
@@ -227,6 +240,10 @@ def _remote(path: Path, spec: Any) -> RemoteSpec:
     check_keys(path, "[remote]", spec, _REMOTE_KEYS)
     if "base_url" not in spec:
         raise UsageError(f"{path}: [remote] needs a 'base_url'.")
+    if not spec["base_url"].startswith(("http://", "https://")):
+        raise UsageError(f"{path}: [remote] base_url must start with http:// or https:// ({spec['base_url']!r}).")
+    if "timeout_s" in spec and not 0 < spec["timeout_s"] < math.inf:
+        raise UsageError(f"{path}: [remote] timeout_s must be a number of seconds more than 0.")
     return RemoteSpec(
         base_url=spec["base_url"].rstrip("/"),
         api_key_env=spec.get("api_key_env", "DEEPLINE_API_KEY"),
@@ -254,6 +271,6 @@ def _remote_credits(path: Path, declared: Any) -> dict[str, float]:
     """`credits = 2` (every remote tool) or `credits = { "tool.id" = 2, "*" = 1 }`."""
     table = declared if isinstance(declared, dict) else {"*": declared}
     for tool_id, value in table.items():
-        if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+        if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value < math.inf:
             raise UsageError(f"{path}: [remote] credits for {tool_id!r} must be a number of credits (0 or more).")
     return {tool_id: float(value) for tool_id, value in table.items()}
