@@ -195,3 +195,28 @@ def test_a_proxy_that_refuses_is_one_sentence(
     for result in (refused, absent):
         assert "Traceback" not in result.stderr
     assert https_provider.count("/v1/lookup") == 1
+
+
+def test_a_plain_http_proxy_that_wants_credentials_is_one_sentence_and_takes_them_from_env(
+    deepline: Run, tmp_path: Path, http_provider: Provider
+) -> None:
+    """A tool's `proxy` with `${NAME}` for its password, as every other string of a tool
+    may have: it was sent as written. And an http:// request the proxy refuses (407) was
+    recorded as the call's failure and replayed after the fix, instead of stopping the
+    run in one sentence with nothing recorded."""
+    guarded = ProxyProcess(tmp_path, "--basic-auth", "corp:proxy-password-1")
+    try:
+        with_secret = 'proxy = "' + guarded.url.replace("://", "://corp:${CORP_PROXY_PASSWORD}@") + '"'
+        play = project(tmp_path, http_provider.url, with_secret)
+        (tmp_path / ".env").write_text("CORP_PROXY_PASSWORD=wrong-password-1\n")
+        refused = deepline("run", str(play), "--run-id", "px")
+        (tmp_path / ".env").write_text("CORP_PROXY_PASSWORD=proxy-password-1\n")
+        resumed = deepline("resume", "px")
+    finally:
+        guarded.close()
+    assert refused.code == 2, refused.stderr  # configuration: nothing recorded on the receipt
+    assert "407" in refused.stderr and "Traceback" not in refused.stderr
+    assert resumed.code == 0, resumed.stderr
+    assert http_provider.count("/v1/lookup") == 1
+    assert "proxy-password-1" not in refused.stderr + resumed.stderr
+    assert "wrong-password-1" not in refused.stderr

@@ -369,7 +369,7 @@ class HttpTools:
                 timeout_s=spec.timeout_s,
                 retries=spec.retries,
                 call=call,
-                proxy=spec.proxy,
+                proxy=render(spec.proxy, {}, http.secrets, tool=spec.id) if spec.proxy else spec.proxy,
             )
             answer = http.decode(response, spec.id)
             if spec.batch and isinstance(answer, dict):
@@ -414,8 +414,9 @@ class HttpTools:
                     },
                 },
             )
+            proxy = render(remote.proxy, {}, http.secrets, tool=tool_id) if remote.proxy else remote.proxy
             response = await http.send(
-                request, tool=tool_id, timeout_s=remote.timeout_s, retries=remote.retries, call=call, proxy=remote.proxy
+                request, tool=tool_id, timeout_s=remote.timeout_s, retries=remote.retries, call=call, proxy=proxy
             )
             body = http.decode(response, tool_id)
             if not isinstance(body, dict):

@@ -876,6 +876,8 @@ class Transport:
                 self._keep(route, connection)
         finally:
             self._slots.release()
+        if response.status_code == 407 and proxy is not None:  # only a proxy says 407
+            raise ProxyRefused(f"the proxy {proxy.url} refused the request (407 Proxy Authentication Required)")
         return response
 
     async def _slot(self, timeout_s: float) -> None:
