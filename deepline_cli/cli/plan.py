@@ -104,7 +104,7 @@ def _print_plan(plan: dict[str, Any]) -> None:
     typer.echo(
         f"rows {t['rows']:,} · {t['paid_rows']:,} already paid · {t['paid_calls']:,} paid calls reused · "
         f"{t['new_calls']:,} new calls{dependent} · max {_max(t['credits'])} "
-        f"(expected ≈ {format_credits(t['credits']['expected'])}, at least {format_credits(t['credits']['min'])})"
+        f"(expected ≈ {_about(t['credits']['expected'])}, at least {format_credits(t['credits']['min'])})"
     )
     sys.stdout.flush()
 
@@ -128,7 +128,12 @@ def _credits(c: dict[str, Any]) -> str:
     if c["min"] == c["max"]:
         return format_credits(c["max"])
     high = "?" if c["max"] is None else format_credits(c["max"])
-    return f"{format_credits(c['min'])} – {high} (≈ {format_credits(c['expected'])})"
+    return f"{format_credits(c['min'])} – {high} (≈ {_about(c['expected'])})"
+
+
+def _about(expected: float) -> str:
+    """An expected figure, to a tenth of a credit (it is a weighing, not a count)."""
+    return format_credits(round(expected, 1))
 
 
 def _max(c: dict[str, Any]) -> str:
