@@ -91,3 +91,57 @@ def test_a_child_that_failed_while_a_sibling_still_ran_is_not_run_again(deepline
     children = {r["input"]["x"]: r for r in runs.values() if r["parent_run_id"] == "fam-3"}
     assert (children[3]["status"], children[3]["attempt"]) == ("failed", 1), worker.stderr
     assert (children[1]["status"], children[1]["attempt"]) == ("completed", 1)
+
+
+def test_stopping_a_parent_stops_its_queued_children_and_a_resume_runs_them(
+    deepline, write_play, tmp_path, store_path
+) -> None:
+    """Under workers a child play is a queued run of its own: `runs stop` on the parent left
+    them queued, and workers ran every one of them, paying, after the operator stopped the
+    run. They stop with it; the parent's resume runs them."""
+    from deepline_cli.runtime.calls.events import EventBus
+    from deepline_cli.runtime.run.holders import holder_id
+    from deepline_cli.runtime.run.options import RunOptions
+    from deepline_cli.runtime.run.runner import Runner
+    from deepline_cli.store import open_store
+
+    play = write_play(SCHEDULED, "family.py")
+    payload = json.dumps({"xs": [1, 2], "flag": str(tmp_path / "flag")})
+    assert deepline("run", f"{play}:mom", "--enqueue", "--run-id", "fam-s", "--input", payload).code == 0
+    store = open_store(str(store_path))
+    try:  # a worker takes the parent: it queues its children and waits for them
+        claimed = store.queue.claim_queued_run(holder=holder_id(), expires_at=store.now() + 30)
+        assert claimed is not None and claimed.run_id == "fam-s"
+        runner = Runner(RunOptions(store=str(store_path), schedule_children=True), EventBus())
+        try:
+            assert runner.run_claimed(claimed).status == "waiting"
+        finally:
+            runner.close()
+    finally:
+        store.close()
+    assert {r["status"] for r in runs_of(deepline).values() if r["parent_run_id"] == "fam-s"} == {"queued"}
+
+    stopped = deepline("runs", "stop", "fam-s", "--reason", "stop spending")
+    assert stopped.code == 0, stopped.stderr
+    after = runs_of(deepline)
+    assert after["fam-s"]["status"] == "interrupted"
+    assert {r["status"] for r in after.values() if r["parent_run_id"] == "fam-s"} == {"interrupted"}
+    idle = deepline("worker", "--once")
+    assert idle.code == 0 and "0 started" in idle.stderr, idle.stderr  # nothing left to pay for
+    # A child its parent queued just as it was stopped (before it heard): not run either.
+    late = next(r["run_id"] for r in after.values() if r["parent_run_id"] == "fam-s")
+    store = open_store(str(store_path))
+    try:
+        store.runs.set_status(late, "queued", holder=None)
+    finally:
+        store.close()
+    skipped = deepline("worker", "--once")
+    assert f"{late} not run: its root run fam-s was stopped" in skipped.stderr, skipped.stderr
+    assert runs_of(deepline)[late]["status"] == "interrupted"
+    assert deepline("receipts", "inspect", "--json").stdout == ""  # no child made its call
+
+    assert deepline("run", f"{play}:mom", "--enqueue", "--run-id", "fam-s", "--input", payload).code == 0
+    resumed = deepline("worker", "--once", "--concurrency", "2")
+    done = runs_of(deepline)
+    assert done["fam-s"]["status"] == "completed", resumed.stderr
+    assert done["fam-s"]["output"] == {"values": [10, 20]}

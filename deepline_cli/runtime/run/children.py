@@ -135,6 +135,9 @@ async def _schedule_child(s: RunParts, call_id: str, play: PlayDef, child_id: st
             raise ChildPlayError(f"Child play {play.name!r} (run {child_id}) failed: {message}")
         await s.infra.io.call(store.runs.set_status, child_id, "queued", failure_seen_by=None, holder=None)
         await s.infra.io.call(store.queue.notify)
+    if record.status == "interrupted":  # stopped with its parent (`runs stop`): this resume runs it again
+        await s.infra.io.call(store.runs.set_status, child_id, "queued", holder=None)
+        await s.infra.io.call(store.queue.notify)
     boundary = await s.infra.io.call(
         store.suspension.put_boundary,
         Boundary(s.identity.run_id, boundary_id, "child", child_run_id=child_id, created_at=s.infra.io.now()),

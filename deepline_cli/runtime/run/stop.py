@@ -10,6 +10,7 @@ waiting, or held by a process that died) is ended `interrupted` here. Either way
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,8 +50,34 @@ def stop_run(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> Stopped:
-    """Stop the run; with `wait_s`, until its process has recorded it `interrupted` (or the
-    time is up: the record then still says `running`)."""
+    """Stop the run, and its child runs that workers run apart from it (queued ones would
+    still start and pay); with `wait_s`, until its process has recorded it `interrupted`
+    (or the time is up: the record then still says `running`)."""
+    stopped = _stop_one(store, run_id, reason, wait_s=wait_s, sleep=sleep, clock=clock)
+    _stop_children(store, run_id, reason)
+    return stopped
+
+
+def _stop_children(store: Store, run_id: str, reason: str) -> None:
+    """The run's scheduled child runs, and theirs, not ended yet: stopped as it was (a
+    resume of the parent queues them again). A child that runs in its parent's process
+    stops with the parent."""
+    for child in store.runs.child_runs(run_id):
+        if child.scheduled and child.status not in ENDED:
+            with contextlib.suppress(UsageError):  # ended meanwhile
+                _stop_one(store, child.run_id, f"its parent run {run_id} was stopped: {reason}")
+        _stop_children(store, child.run_id, reason)
+
+
+def _stop_one(
+    store: Store,
+    run_id: str,
+    reason: str,
+    *,
+    wait_s: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> Stopped:
     deadline = clock() + (wait_s or 0.0)
     asked: int | None = None
     first = True

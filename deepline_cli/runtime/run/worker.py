@@ -29,6 +29,7 @@ from deepline_cli.runtime.run.options import RunOptions, RunResult, lease_ttl_fr
 from deepline_cli.runtime.run.play import PlayDef
 from deepline_cli.runtime.run.runner import Runner
 from deepline_cli.runtime.run.schedules import Ticks
+from deepline_cli.runtime.run.stop import stop_error
 from deepline_cli.runtime.run.suspension import next_wake, ready_to_resume
 from deepline_cli.store import open_store
 from deepline_cli.store.records import RunRecord
@@ -192,7 +193,8 @@ class Worker:
         record = reconnecting(store, claim, report=self._reconnected)
         if record is not None:
             claimed = record
-            self._execute(claimed.run_id, lambda runner: runner.run_claimed(claimed))
+            if not reconnecting(store, self._root_stopped, store, claimed):
+                self._execute(claimed.run_id, lambda runner: runner.run_claimed(claimed))
             return True
         here = socket.gethostname()
         due = reconnecting(store, lambda: store.queue.due_runs(DUE_SCAN, store.now(), here), report=self._reconnected)
@@ -206,6 +208,19 @@ class Worker:
                 continue  # another worker took it first
             return True
         return False
+
+    def _root_stopped(self, store: Store, record: RunRecord) -> bool:
+        """A child run queued by a parent that was stopped since (`runs stop`, just as it
+        queued the child): it is not run, but stopped as its root was; the root's resume
+        queues it again."""
+        root = record.root_run_id
+        if not record.scheduled or not root or root == record.run_id or store.runs.run_status(root) != "interrupted":
+            return False
+        reason = f"its root run {root} was stopped"
+        store.runs.interrupt_run(record.run_id, reason, attempt=record.attempt, status="running",
+                                 error=stop_error(reason), now=store.now())  # fmt: skip
+        self.report(f"worker: {record.run_id} not run: {reason}")
+        return True
 
     @staticmethod
     def _is_due(store: Store, record: RunRecord) -> bool:
