@@ -138,7 +138,8 @@ def test_stopping_a_parent_stops_its_queued_children_and_a_resume_runs_them(
     skipped = deepline("worker", "--once")
     assert f"{late} not run: its root run fam-s was stopped" in skipped.stderr, skipped.stderr
     assert runs_of(deepline)[late]["status"] == "interrupted"
-    assert deepline("receipts", "inspect", "--json").stdout == ""  # no child made its call
+    made = deepline("receipts", "inspect", "--tool", "sched.t", "--json")
+    assert made.code == 0 and made.stdout == ""  # no child made its tool call
 
     assert deepline("run", f"{play}:mom", "--enqueue", "--run-id", "fam-s", "--input", payload).code == 0
     resumed = deepline("worker", "--once", "--concurrency", "2")
