@@ -113,6 +113,21 @@ def test_a_worker_back_after_missed_ticks_fires_the_latest_once(tmp_path: Path, 
     assert "1 started, 1 completed" in err
 
 
+def test_a_new_schedule_first_runs_at_its_next_tick_not_at_once(deepline, write_play, tmp_path: Path) -> None:
+    """A nightly play deployed in the afternoon: its 06:00 tick of today was missed by no
+    worker (none had it yet), so the first worker does not start a paid run at once. Once
+    the schedule has run, a tick missed while no worker ran is caught up."""
+    write_play(TICK_PLAY.replace("* * * * * *", "0 6 * * *").replace("LOG", str(tmp_path / "ran.log")))
+    first = deepline("worker", "--play", "play.py", "--once")
+    assert first.code == 0 and "0 started" in first.stderr, first.stderr
+    assert deepline("runs", "list", "--json").stdout == ""
+    earlier = tick_run_id("tick", Schedule("0 6 * * *", {}).last_tick(time.time() - 86_400) or 0)
+    log = str(tmp_path / "ran.log")
+    assert deepline("run", "play.py", "--run-id", earlier, "--set", f"log={log}", "--quiet").code == 0  # it ran
+    again = deepline("worker", "--play", "play.py", "--once")
+    assert again.code == 0 and "1 started, 1 completed" in again.stderr, again.stderr
+
+
 def test_a_schedule_that_is_not_cron_fails_when_the_play_loads(deepline, write_play) -> None:
     write_play(TICK_PLAY.replace("* * * * * *", "every morning"))
     result = deepline("worker", "--play", "play.py", "--once")

@@ -26,7 +26,7 @@ from deepline_cli.runtime.providers.config import check_keys, read_toml
 from deepline_cli.runtime.run.options import RunOptions
 from deepline_cli.runtime.run.play import PlayDef, load_play
 from deepline_cli.runtime.run.runner import Runner
-from deepline_cli.runtime.run.triggers import schedule_of, tick_run_id
+from deepline_cli.runtime.run.triggers import is_tick_of, schedule_of, tick_run_id
 
 SCHEDULE_KEYS: dict[str, type | tuple[type, ...]] = {
     "play": str, "cron": str, "input": dict, "timezone": str, "catch_up": str,
@@ -79,13 +79,21 @@ class Ticks:
 
     def catch_up(self, now: float) -> None:
         """Each schedule's latest tick at or before `now`, unless a run has it already (no
-        worker ran across it): fired once; the ticks before it are not."""
+        worker ran across it): fired once; the ticks before it are not. A schedule that
+        never ran has missed nothing: a nightly play deployed in the afternoon first runs
+        at its next tick, not at once."""
         with self._runner() as runner:
             for play in self.plays:
                 assert play.schedule is not None
                 last = play.schedule.last_tick(now) if play.schedule.catch_up == "latest" else None
-                if last is not None:
+                if last is not None and self._has_run(runner, play):
                     self._fire(runner, play, last)
+
+    @staticmethod
+    def _has_run(runner: Runner, play: PlayDef) -> bool:
+        assert play.schedule is not None
+        name = play.schedule.name
+        return any(is_tick_of(r.run_id, name) for r in runner.store.runs.list_runs(play=play.name, limit=1000))
 
     def fire(self, since: float, stop: threading.Event, poll_s: float) -> None:
         """The ticks after `since`, as they come (late ones at once, in order, none skipped),
