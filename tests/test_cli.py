@@ -649,3 +649,13 @@ def test_interrupt_then_resume_does_every_call_once(
     twice = {i for i, count in starts.items() if count > 1}
     assert twice <= started_in_1 - finished_in_1  # only calls in flight at the signal
     assert max(starts.values()) <= 2
+
+
+def test_runs_list_says_when_its_filters_match_nothing(deepline, tmp_path) -> None:
+    assert "No runs yet." in deepline("runs", "list").stdout
+    (tmp_path / "play.py").write_text(
+        "from deepline_cli import play\n\n@play('one')\nasync def one(ctx, input):\n    return 1\n"
+    )
+    assert deepline("run", "play.py", "--quiet").code == 0
+    assert "No run matches these filters." in deepline("runs", "list", "--play", "other").stdout
+    assert "No run matches these filters." in deepline("runs", "list", "--status", "waiting").stdout

@@ -74,7 +74,8 @@ def list_runs(
             shown = "running (stale: holder gone)"
         trigger = r.options.get("trigger") or ""
         table.append((r.run_id, r.play, shown, r.attempt, r.parent_run_id or "", trigger, when(r.created_at)))
-    print_table(["run", "play", "status", "attempt", "parent", "trigger", "created"], table, empty="No runs yet.")
+    empty = "No runs yet." if status is None and play is None else "No run matches these filters."
+    print_table(["run", "play", "status", "attempt", "parent", "trigger", "created"], table, empty=empty)
 
 
 @app.command("show", cls=Command)
