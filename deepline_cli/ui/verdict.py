@@ -104,7 +104,11 @@ def _waiting(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: st
 
 
 def _taken_over(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str) -> list[str]:
-    return [f"✗ Run {run_id} was taken over by another process; this one stopped without recording anything."]
+    return [
+        f"■ Run {run_id} was taken over by another process (this one was paused past its lease); this one "
+        "stopped. What it finished is kept, and the other process goes on with the run: deepline runs show "
+        f"{run_id}"
+    ]
 
 
 _SAYS = {

@@ -49,6 +49,7 @@ class WorkerStats:
     failed: int = 0
     waiting: int = 0
     requeued: int = 0
+    taken_over: int = 0  # runs another process took over while this one ran them (paused past the lease)
 
 
 class Worker:
@@ -254,6 +255,8 @@ class Worker:
                 runner.store.queue.notify()
                 self.stats.requeued += 1
         except RunBusyError:
+            self.stats.started -= 1  # another worker leased it first: this one did not run it
+            self.report(f"worker: {run_id} was taken by another worker first")
             raise
         except DeeplineError as exc:
             self.stats.failed += 1
@@ -276,9 +279,12 @@ class Worker:
             self.stats.completed += 1
         elif result.status == "waiting":
             self.stats.waiting += 1
+        elif result.status == "taken_over":
+            self.stats.taken_over += 1
         elif result.status != "interrupted":
             self.stats.failed += 1
-        self.report(f"worker: {run_id} {result.status} (attempt {result.attempt}, {time.monotonic() - started:.1f}s)")
+        said = "taken over by another process" if result.status == "taken_over" else result.status
+        self.report(f"worker: {run_id} {said} (attempt {result.attempt}, {time.monotonic() - started:.1f}s)")
         if self.finished is not None:
             self.finished(result)
 
