@@ -176,3 +176,39 @@ def test_show_counts_the_retries_of_calls_an_interruption_abandoned(deepline: Ru
     assert shown["stats"]["tools"]["p.email"]["retries"] == 1, shown["stats"]
     listed = _json.loads(deepline("runs", "list", "--json").stdout.splitlines()[0])
     assert listed["stats"]["tools"]["p.email"]["retries"] == 1
+
+
+def test_show_of_a_run_whose_process_died_says_so_and_counts_its_rows_from_the_store(
+    deepline: Run, store_path: Path
+) -> None:
+    """A run SIGKILLed mid-map: `runs show` said `running`, its map "0 succeeded" (the map's
+    record is written at its start and end) next to "rows succeeded 240", and the attempt
+    `[running]`. It says the holder is gone and counts the map's rows as the store has them."""
+    import socket
+    import time
+
+    from deepline_cli import _json
+    from deepline_cli.store import open_store
+    from deepline_cli.store.records import MapRecord, MapRow, RunRecord, Writes
+
+    now = time.time()
+    dead = f"{socket.gethostname()}:999999"  # no such process
+    store = open_store(str(store_path))
+    try:
+        store.runs.insert_run(RunRecord(
+            run_id="K", play="demo", play_ref="/tmp/play.py:demo", input={}, status="running", root_run_id="K",
+            attempt=1, holder=dead, lease_expires_at=now + 60, created_at=now, updated_at=now,
+        ))  # fmt: skip
+        store.runs.begin_attempt("K", 1, dead, now)
+        store.sheets.save_map(MapRecord("K", "accounts", "default/demo/accounts", total=5, status="running", attempt=1))
+        rows = [MapRow("K", "accounts", i, i, f"k{i}", "succeeded" if i else "failed", attempt=1) for i in range(3)]
+        store.receipts.apply(Writes(map_rows=rows), now)
+    finally:
+        store.close()
+    text = deepline("runs", "show", "K").stdout
+    assert "status    running (stale: its process is gone; deepline resume K continues it)" in text, text
+    assert "accounts: 5 rows (2 succeeded, 1 failed, 0 duplicate, 0 reused)  [running]" in text, text
+    full = deepline("runs", "show", "K", "--full").stdout
+    assert "[its process is gone]" in full.split("attempt   #1")[1], full
+    shown = _json.loads(deepline("runs", "show", "K", "--json").stdout)
+    assert shown["stale"] is True and (shown["maps"][0]["succeeded"], shown["maps"][0]["failed"]) == (2, 1)

@@ -117,11 +117,12 @@ def test_a_new_schedule_first_runs_at_its_next_tick_not_at_once(deepline, write_
     """A nightly play deployed in the afternoon: its 06:00 tick of today was missed by no
     worker (none had it yet), so the first worker does not start a paid run at once. Once
     the schedule has run, a tick missed while no worker ran is caught up."""
-    write_play(TICK_PLAY.replace("* * * * * *", "0 6 * * *").replace("LOG", str(tmp_path / "ran.log")))
+    cron = f"{(time.gmtime().tm_min + 30) % 60} * * * *"  # its last tick was half an hour ago
+    write_play(TICK_PLAY.replace("* * * * * *", cron).replace("LOG", str(tmp_path / "ran.log")))
     first = deepline("worker", "--play", "play.py", "--once")
     assert first.code == 0 and "0 started" in first.stderr, first.stderr
     assert deepline("runs", "list", "--json").stdout == ""
-    earlier = tick_run_id("tick", Schedule("0 6 * * *", {}).last_tick(time.time() - 86_400) or 0)
+    earlier = tick_run_id("tick", Schedule(cron, {}).last_tick(time.time() - 3600) or 0)
     log = str(tmp_path / "ran.log")
     assert deepline("run", "play.py", "--run-id", earlier, "--set", f"log={log}", "--quiet").code == 0  # it ran
     again = deepline("worker", "--play", "play.py", "--once")
@@ -141,6 +142,12 @@ def test_schedules_list_shows_the_next_tick_and_the_last_run(deepline, write_pla
     [row] = before.json_lines()
     assert (row["play"], row["schedule"], row["last_run_id"]) == ("tick", "0 6 * * *", None)
     assert time.gmtime(row["next_tick"]).tm_hour == 6 and row["next_tick"] > time.time()
+    if time.time() - Schedule("0 6 * * *", {}).last_tick(time.time()) > 120:  # (not in its first minute)
+        assert deepline("worker", "--play", "play.py", "--once").code == 0  # a new schedule: nothing missed
+        assert deepline("schedules", "list", "play.py", "--json").json_lines()[0]["last_run_id"] is None
+    earlier = tick_run_id("tick", Schedule("0 6 * * *", {}).last_tick(time.time() - 86_400) or 0)
+    log = str(tmp_path / "ran.log")
+    assert deepline("run", "play.py", "--run-id", earlier, "--set", f"log={log}", "--quiet").code == 0  # it ran once
     assert deepline("worker", "--play", "play.py", "--once").code == 0  # today's (or yesterday's) 06:00, once
     [after] = deepline("schedules", "list", "play.py", "--json").json_lines()
     assert after["last_run_id"].startswith("sched-tick-") and after["last_status"] == "completed"
@@ -159,7 +166,7 @@ async def refresh(ctx, input):
 SCHEDULES_TOML = """
 [schedules.enterprise]
 play = "refresh.py"
-cron = "0 6 * * *"
+cron = "* * * * * *"
 timezone = "Europe/Paris"
 input = { segment = "enterprise" }
 
@@ -183,7 +190,7 @@ def test_schedules_in_deepline_toml_give_one_play_two_inputs(
     assert (rows["refresh.enterprise"]["timezone"], rows["refresh.smb"]["catch_up"]) == ("Europe/Paris", "none")
     assert deepline("worker", "--play", "deepline.toml", "--once").code == 0
     runs = runs_of(str(store_path), "refresh")
-    # smb does not catch up; enterprise fires its latest 06:00 (Paris) once, with its own input
+    # smb does not catch up; enterprise fires its latest tick (a second ago, in Paris) once, with its own input
     [run] = runs
     assert run.run_id.startswith("sched-refresh.enterprise-") and run.status == "completed", run
     assert run.input == {"segment": "enterprise"} and run.output == {"segment": "enterprise"}

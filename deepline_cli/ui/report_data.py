@@ -17,6 +17,7 @@ from deepline_cli.runtime.providers.found import is_found
 from deepline_cli.store.ledger import AttemptRow, CallRow, ReuseRow
 from deepline_cli.store.records import FOUND_PREFIX, MapRecord, MapRow, RunRecord
 from deepline_cli.store.roles import Store
+from deepline_cli.ui.run_show import maps_now
 
 FIRST_FAILURES = 10
 
@@ -105,7 +106,7 @@ def read_report(store: Store, run_id: str) -> Report:
             store.sheets.failed_map_rows(run_id, m.map, FIRST_FAILURES),
             *store.sheets.map_reuse(run_id, m.map),
         )
-        for m in store.sheets.get_maps(run_id)
+        for m in maps_now(store, run_id)
     ]
     stats = {**run.stats, **store.ledger.run_stats(run_id)}
     tools = tool_figures(stats.get("tools") or {}, calls, reuses, _found(store, run_id, calls, reuses))

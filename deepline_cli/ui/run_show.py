@@ -13,7 +13,7 @@ from typing import Any
 
 from deepline_cli import _json
 from deepline_cli._format import format_credits
-from deepline_cli.runtime.run.holders import holder_words
+from deepline_cli.runtime.run.holders import holder_alive, holder_words
 from deepline_cli.store.ledger import AttemptRow
 from deepline_cli.store.records import Boundary, MapRecord, RunRecord
 from deepline_cli.store.roles import Store
@@ -60,6 +60,7 @@ class Shown:
     # --full: per tool, the ledger's counts with what only the run's outcome kept (retries by
     # cause, failures a waterfall got past)
     tools: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stale: bool = False  # `running`, but its process is gone (killed, a machine lost)
 
 
 def read_shown(store: Store, record: RunRecord, *, full: bool = False) -> Shown:
@@ -68,12 +69,24 @@ def read_shown(store: Store, record: RunRecord, *, full: bool = False) -> Shown:
     record.stats = {**recorded, **store.ledger.run_stats(record.run_id)}
     # The ledger counts a call's retries when it ends: an interrupted call's are in the run's stats.
     record.stats["tools"] = merged_tools(record.stats.get("tools") or {}, recorded.get("tools") or {})
-    shown = Shown(record, store.sheets.get_maps(record.run_id), store.suspension.boundaries(record.run_id),
-                  store.runs.child_runs(record.run_id), full)  # fmt: skip
+    maps = maps_now(store, record.run_id)
+    shown = Shown(record, maps, store.suspension.boundaries(record.run_id), store.runs.child_runs(record.run_id), full)
+    shown.stale = record.status == "running" and not holder_alive(record, store.now())
     if full:
         shown.attempts = store.ledger.attempt_rows(record.run_id)
         shown.tools = record.stats["tools"]
     return shown
+
+
+def maps_now(store: Store, run_id: str) -> list[MapRecord]:
+    """The run's maps as far as they got: a map's record is written when it starts and ends,
+    so one still running (or whose process died) is counted from the rows it wrote."""
+    maps = store.sheets.get_maps(run_id)
+    for m in maps:
+        if m.status == "running":
+            counts = store.sheets.count_map_rows(run_id, m.map)
+            m.succeeded, m.failed = counts.get("succeeded", 0), counts.get("failed", 0)
+    return maps
 
 
 def merged_tools(counted: dict[str, Any], recorded: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -99,6 +112,7 @@ def merged_tools(counted: dict[str, Any], recorded: dict[str, Any]) -> dict[str,
 
 def shown_dict(s: Shown) -> dict[str, Any]:
     out = run_dict(s.run)
+    out["stale"] = s.stale
     out["boundaries"] = [_boundary_dict(b, s.full) for b in s.boundaries]
     out["children"] = [c.run_id for c in s.children]
     out["maps"] = [_map_dict(m, s.full) for m in s.maps]
@@ -142,7 +156,8 @@ def shown_lines(s: Shown, when: Any) -> list[str]:
     lines = [
         f"run       {r.run_id}",
         f"play      {r.play}  ({r.play_ref})",
-        f"status    {r.status}",
+        f"status    {r.status}"
+        + (f" (stale: its process is gone; deepline resume {r.run_id} continues it)" if s.stale else ""),
     ]
     if s.full and r.stop_reason:
         lines.append(f"stop      {r.stop_reason}")
@@ -168,8 +183,11 @@ def shown_lines(s: Shown, when: Any) -> list[str]:
         lines.append("rows      " + "  ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in rows.items()))
     lines += _tool_lines(s, stats)
     for a in s.attempts:
+        status = a.status or "running"
+        if status == "running" and s.stale and a.attempt == r.attempt:
+            status = "its process is gone"
         lines.append(f"attempt   #{a.attempt}  {holder_words(a.holder) or '-'}  started {when(a.started_at)}  "
-                     f"ended {when(a.ended_at) or '-'}  [{a.status or 'running'}]")  # fmt: skip
+                     f"ended {when(a.ended_at) or '-'}  [{status}]")  # fmt: skip
     for b in s.boundaries:
         detail = {
             "sleep": f"due {when(b.due_at)}",

@@ -28,6 +28,7 @@ from deepline_cli.runtime.run.play import PlayDef, load_play
 from deepline_cli.runtime.run.runner import Runner
 from deepline_cli.runtime.run.triggers import is_tick_of, schedule_of, tick_run_id
 
+NEW_SCHEDULE_GRACE_S = 60.0  # a schedule that never ran fires a tick this recent when its first worker starts
 SCHEDULE_KEYS: dict[str, type | tuple[type, ...]] = {
     "play": str, "cron": str, "input": dict, "timezone": str, "catch_up": str,
 }  # fmt: skip
@@ -80,13 +81,13 @@ class Ticks:
     def catch_up(self, now: float) -> None:
         """Each schedule's latest tick at or before `now`, unless a run has it already (no
         worker ran across it): fired once; the ticks before it are not. A schedule that
-        never ran has missed nothing: a nightly play deployed in the afternoon first runs
-        at its next tick, not at once."""
+        never ran has missed nothing but a tick of the last minute: a nightly play deployed
+        in the afternoon first runs at its next tick, not at once."""
         with self._runner() as runner:
             for play in self.plays:
                 assert play.schedule is not None
                 last = play.schedule.last_tick(now) if play.schedule.catch_up == "latest" else None
-                if last is not None and self._has_run(runner, play):
+                if last is not None and (now - last <= NEW_SCHEDULE_GRACE_S or self._has_run(runner, play)):
                     self._fire(runner, play, last)
 
     @staticmethod
