@@ -452,6 +452,33 @@ def test_a_refresh_given_back_before_its_call_leaves_the_receipt_its_earlier_own
     assert one(other, resumed, T0 + 4)[0] == "claimed"
 
 
+def test_a_call_that_may_have_been_sent_given_back_before_its_next_try_keeps_its_key(
+    store: Store, other: Store
+) -> None:
+    """A refresh sent and then interrupted (released) is claimed again by the resume, under
+    the key it was sent with; stopped again while it waits for its slot, it was given back
+    as never sent (skipped): the receipt became `completed` again with the old answer, the
+    refresh was lost and the call maybe paid under that key was never recovered. It stays
+    released, its key kept for the next resume."""
+    from deepline_cli.runtime.calls.receipts import DurableCall, failure_settlement
+    from deepline_cli.runtime.providers.secrets import Secrets
+
+    one(store, mk_claim("k"), T0)
+    settle(store, [completed("k", output={"v": "old"}, credits=1)], T0 + 1)
+    sent = one(other, mk_claim("k", run_id="r2", lease="L2", expires=T0 + 100, force=True), T0 + 2)[1]
+    settle(other, [Settlement("k", "L2", "released")], T0 + 3)  # interrupted with the call out
+    [again] = claim(other, [mk_claim("k", run_id="r2", attempt=2, lease="L3", expires=T0 + 100, force=True)], T0 + 4)
+    assert again.verdict == "claimed" and again.resumed and again.receipt.idempotency_key == sent.idempotency_key
+    call = DurableCall(key="k", kind="tool", label="label-k", tool="demo.tool", force=True)
+    given_back = failure_settlement(call, again, KeyboardInterrupt(), CallRecord("r2", 2, "tool", "demo.tool", T0),
+                                    Secrets(), queued=True)  # fmt: skip
+    assert settle(other, [given_back], T0 + 5) == [True]
+    row = stored(store, "k")
+    assert (row.status, row.idempotency_key) == ("released", sent.idempotency_key)
+    [third] = claim(other, [mk_claim("k", run_id="r2", attempt=3, lease="L4", expires=T0 + 100, force=True)], T0 + 6)
+    assert third.verdict == "claimed" and third.receipt.idempotency_key == sent.idempotency_key
+
+
 def test_a_taken_over_attempts_receipt_leases_are_not_extended(store: Store, other: Store) -> None:
     """Between a new owner leasing the run and releasing the old attempt's receipts, the
     old attempt's heartbeat must not keep its receipts: it would go on dispatching them."""

@@ -86,3 +86,13 @@ def claim(store: ReceiptStore, claims: Sequence[Claim], now: float) -> list[Clai
 
 def settle(store: ReceiptStore, settlements: Sequence[Settlement], now: float) -> list[bool]:
     return store.apply(Writes(settlements=list(settlements)), now).settled
+
+
+def given_back(key: str, claimed: ClaimOutcome, *, sent: bool) -> Settlement:
+    """A claim given back unfinished: `skipped` when its call never went out, by this claim
+    (`sent` False) or any before it (not `resumed`); else `released`, so the next claim sends
+    it under the key it may have been sent with, and a provider bills it once."""
+    lease_id = claimed.receipt.lease_id or ""
+    if sent or claimed.resumed:
+        return Settlement(key, lease_id, "released")
+    return Settlement(key, lease_id, "skipped", replaces=claimed.replaces)

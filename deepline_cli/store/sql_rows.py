@@ -34,8 +34,9 @@ SETTLE_RELEASE = (
     "UPDATE receipts SET status = 'released', lease_expires_at = NULL WHERE key = ? AND lease_id = ?"
     " AND status = 'running'"
 )
-# Never called: a receipt that still holds an earlier paid result (a forced or stale
-# refresh given back before the call) is completed again with it, not emptied.
+# A claim given back before its call went out (see claims.given_back). A receipt that still
+# holds an earlier answer is completed again with it, never emptied (a refresh of another
+# run's answer is restored whole by SETTLE_RESTORE below).
 SETTLE_SKIP = (
     "UPDATE receipts SET status = CASE WHEN output IS NOT NULL THEN 'completed' ELSE 'skipped' END,"
     " lease_expires_at = NULL WHERE key = ? AND lease_id = ? AND status = 'running'"

@@ -46,6 +46,7 @@ from deepline_cli.runtime.calls.store_thread import StoreIO, WriteQueue
 from deepline_cli.runtime.calls.tally import CallTally
 from deepline_cli.runtime.providers.secrets import Secrets
 from deepline_cli.runtime.providers.tools import Execution, ToolCall
+from deepline_cli.store.claims import given_back
 from deepline_cli.store.records import CallRecord, Claim, ClaimOutcome, LogLine, Receipt, Settlement
 
 BUSY_POLL_S = 0.25
@@ -282,7 +283,7 @@ class ReceiptBook:
             except BaseException:
                 if reserved is not None:
                     self._budget.release(reserved)
-                self._writes.settle(Settlement(call.key, lease_id, "skipped", replaces=claimed.replaces))
+                self._writes.settle(given_back(call.key, claimed, sent=False))
                 raise
             started = self._io.now()
             try:
@@ -404,13 +405,11 @@ def failure_settlement(
     queued: bool = False,
 ) -> Settlement:
     """A call that raised: `failed` (kept, with its error) when the failure is the call's
-    own; otherwise (interrupt, lost lease, budget…) given back so a resume runs it again:
-    `skipped` if it was still `queued` for its slot (never sent), else `released`."""
+    own; otherwise (interrupt, lost lease, budget…) given back so a resume runs it again
+    (`given_back`)."""
     lease_id = claimed.receipt.lease_id or ""
     if not _is_call_failure(call, exc):
-        if queued:
-            return Settlement(call.key, lease_id, "skipped", replaces=claimed.replaces)
-        return Settlement(call.key, lease_id, "released")
+        return given_back(call.key, claimed, sent=not queued)
     error = tool_error(exc, call.tool)
     recorded = error.to_dict()
     recorded["message"] = secrets.redact(recorded["message"])  # never a secret in clear

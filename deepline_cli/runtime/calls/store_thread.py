@@ -18,6 +18,7 @@ from typing import Any, TypeVar, cast
 
 from deepline_cli.backoff import delays
 from deepline_cli.errors import StoreConnectionLost, StoreUnreachable
+from deepline_cli.store.claims import given_back
 from deepline_cli.store.records import Claim, ClaimOutcome, LogLine, MapRow, Settlement, SheetRow, Writes
 from deepline_cli.store.roles import ROLES, Store
 
@@ -199,9 +200,7 @@ class WriteQueue:
 
     def _release(self, outcome: ClaimOutcome) -> None:
         """Nobody waits for this claim any more (its caller was cancelled): give it back."""
-        receipt = outcome.receipt
-        skip = Settlement(receipt.key, receipt.lease_id or "", "skipped", replaces=outcome.replaces)
-        self._settlements.append((skip, None))
+        self._settlements.append((given_back(outcome.receipt.key, outcome, sent=False), None))
 
     async def flushed(self) -> None:
         """Wait until everything submitted so far is committed."""
