@@ -1340,7 +1340,17 @@ def test_a_secret_a_provider_quotes_far_into_an_error_is_redacted_whole(
 
 
 SECRET_IN_A_CELL_PLAY = """\
-from deepline_cli import play
+import os
+from pathlib import Path
+
+from deepline_cli import play, tool
+
+
+@tool("ht.fetch_signed", credits=1)
+def fetch_signed(input):
+    with open(Path(__file__).with_name("fetched.log"), "a") as log:
+        log.write("signed\\n" if input["url"].endswith(os.environ["HT_TOKEN"]) else "redacted\\n")
+    return {"bytes": 10}
 
 
 @play("static-maps")
@@ -1349,6 +1359,7 @@ async def static_maps(ctx, input):
     rows = await ctx.map("offices", [{"city": "Paris"}], key="city", columns={
         "map_url": lambda row: f"https://maps.example/staticmap?center={row['city']}&key={key}",
         "with_key": lambda row: {"city": row["city"], "auth": key},
+        "image": lambda row, rc: rc.tools.execute("img", "ht.fetch_signed", {"url": row["map_url"]}),
     })
     return {"rows": len(rows)}
 """
@@ -1366,6 +1377,11 @@ def test_a_secret_a_column_puts_in_its_value_is_not_stored_or_exported(
     assert exported.code == 0, exported.stderr
     assert "key=[redacted]" in exported.stdout
     assert_no_secret(store_path, SECRET.encode(), exported.stdout)
+    # The column after it got the real link (only what is stored is redacted); a later run
+    # computes the redacted cell again, and its tool call is the same one, reused.
+    again = project.run({}, play="cells.py")
+    assert again.output == {"rows": 1} and again.result.stats["credits"] == 0
+    assert (project.dir / "fetched.log").read_text().split() == ["signed"]
 
 
 LEAKY_TOOL_PLAY = """\

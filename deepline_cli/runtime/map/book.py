@@ -16,6 +16,7 @@ from deepline_cli.runtime.map import failures
 from deepline_cli.runtime.map.columns import ResolvedColumn
 from deepline_cli.runtime.map.host import MapParts
 from deepline_cli.runtime.map.row_context import PendingRow
+from deepline_cli.runtime.providers.secrets import REDACTED
 from deepline_cli.store.records import FOUND_PREFIX, NOT_FOUND, Cell, MapRecord, MapRow, SheetRow
 
 FAILURES_LOGGED = 3
@@ -147,10 +148,13 @@ class MapBook:
             self.tally.succeeded += 1
         sheet_row, previous = None, job.previous
         if cells is not None:
+            stored_input = _input_only(job.row, self.columns, originals)
+            if self.s.secrets.active:  # what is stored holds no secret (the row's later columns had it)
+                stored_input, cells = self.s.secrets.redact_json(stored_input), self._redacted(cells)
             sheet_row = SheetRow(
                 self.sheet,
                 job.key,
-                self.s.secrets.redact_json(_input_only(job.row, self.columns, originals)),
+                stored_input,
                 job.digest,
                 cells,
                 outcome,
@@ -172,6 +176,16 @@ class MapBook:
         if error is not None and self.fail_fast:
             return DeeplineError(f"Map {self.name!r} stopped: row {job.key} failed: {error}")
         return None
+
+    def _redacted(self, cells: Cells) -> Cells:
+        """The cells as stored: a value that held a secret is kept redacted, and is never given
+        back (its fingerprint matches no column): a later run computes it again, so the
+        columns after it get the real value, not `[redacted]`."""
+        stored: Cells = {}
+        for name, cell in cells.items():
+            value = self.s.secrets.redact_json(cell.value)
+            stored[name] = cell if value == cell.value else cell._replace(value=value, fingerprint=REDACTED)
+        return stored
 
     def systemic(self, failure: BaseException, error: str) -> SystemicFailure | None:
         """The map's first rows all failing the same way (a revoked API key, a provider

@@ -269,7 +269,6 @@ class MapRun:
             enter_cell(scope)
             try:
                 value, meta, hits = await resolve_cell(column, row, rc)
-                value = self.s.secrets.redact_json(value)  # a cell built with a secret keeps it redacted
             except DeeplineError as exc:
                 if exc.fatal or exc.exit_code != 1:
                     raise  # budget, lease, store, usage…: fail the run, record nothing

@@ -83,6 +83,11 @@ class Secrets:
         """`"Bearer <value>"` for an Authorization header; the value is redacted as `get`'s is."""
         return f"Bearer {self.get(name)}"
 
+    @property
+    def active(self) -> bool:
+        """Has a secret been read (so there is something to redact)?"""
+        return self._pattern is not None
+
     def redact(self, text: str) -> str:
         if self._pattern is None:
             return text
