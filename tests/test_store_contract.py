@@ -479,6 +479,22 @@ def test_a_call_that_may_have_been_sent_given_back_before_its_next_try_keeps_its
     assert third.verdict == "claimed" and third.receipt.idempotency_key == sent.idempotency_key
 
 
+def test_a_refresh_kept_by_a_resume_retries_a_failure_once_per_run(store: Store, other: Store) -> None:
+    """A `--refresh-failed` (or `--force-refresh`) run keeps its flag on resume: the rows it
+    had not reached are refreshed. A failure it refreshed already, in an earlier attempt, is
+    not paid for again on every resume; given again on the resume, the flag retries it."""
+    one(store, mk_claim("k"), T0)
+    settle(store, [failed("k", retryable=False)], T0 + 1)  # yesterday's run: a permanent failure
+    assert one(other, mk_claim("k", run_id="r2", lease="L2", refresh_failed=True), T0 + 2)[0] == "claimed"
+    settle(other, [failed("k", "L2", retryable=False)], T0 + 3)  # refreshed: failed again
+    kept = mk_claim("k", run_id="r2", attempt=2, lease="L3", refresh_failed=True, refresh_own=False)
+    assert one(other, kept, T0 + 4)[0] == "failed"  # the resume inherited the flag: not again
+    forced = mk_claim("k", run_id="r2", attempt=2, lease="L3", force=True, refresh_own=False)
+    assert one(other, forced, T0 + 4)[0] == "failed"
+    given = mk_claim("k", run_id="r2", attempt=2, lease="L3", refresh_failed=True)  # given again: retried
+    assert one(other, given, T0 + 4)[0] == "claimed"
+
+
 def test_a_taken_over_attempts_receipt_leases_are_not_extended(store: Store, other: Store) -> None:
     """Between a new owner leasing the run and releasing the old attempt's receipts, the
     old attempt's heartbeat must not keep its receipts: it would go on dispatching them."""

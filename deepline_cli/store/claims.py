@@ -49,7 +49,12 @@ def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVer
             return "claimed"
         return "reused"
     if existing.status == "failed":
-        retry = claim.refresh_failed or existing.retryable or claim.force or refreshed
+        # Asked to refresh: another run's failure, or this run's of an earlier attempt when the
+        # flag was given to this attempt (a resume that only kept it refreshes none twice).
+        asked = (claim.refresh_failed or claim.force) and (
+            other_run or (claim.refresh_own and existing.attempt < claim.attempt)
+        )
+        retry = existing.retryable or asked or refreshed
         return "claimed" if retry else "failed"
     expired = (existing.lease_expires_at or 0.0) <= now
     dead_attempt = existing.run_id == claim.run_id and existing.attempt < claim.attempt

@@ -126,6 +126,9 @@ class Claim:
     # again (a refresh exists to get new data); a younger one, or this run's own, is reused.
     refresh_after_s: float | None = None
     refresh_failed: bool = False
+    # The refresh (--refresh-failed, --force-refresh) was asked of this attempt, not only kept
+    # from the run's start: this run's own failures of earlier attempts are tried again too.
+    refresh_own: bool = True
     # A batch aggregate: the member receipts (key, lease id) it is sent for, and what is sent.
     members: list[tuple[str, str]] | None = None
     request: Any = None

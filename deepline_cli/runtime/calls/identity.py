@@ -21,6 +21,7 @@ class Identity:
     lease_ttl: float
     force_refresh: bool = False  # --force-refresh: every call is made again
     refresh_failed: bool = False  # --refresh-failed: failed receipts and cells are tried again
+    refresh_own: bool = True  # the refresh was given to this attempt: this run's own failures too
     root_run_id: str = ""  # "": this run is the root
     ancestors: tuple[str, ...] = ()
     play_file: str = ""

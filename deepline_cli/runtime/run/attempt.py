@@ -371,6 +371,7 @@ def attempt_parts(
         lease_ttl=options.lease_ttl,
         force_refresh=options.force_refresh,
         refresh_failed=options.refresh_failed,
+        refresh_own=options.refresh_given,
         root_run_id=record.root_run_id or record.run_id,
         ancestors=(*record.ancestors, play.name),
         play_file=play.file,

@@ -38,6 +38,9 @@ class RunOptions:
     limit: int | None = None
     force_refresh: bool = False
     refresh_failed: bool = False
+    # A refresh flag was given to this attempt (not only kept from the run's start): the run's
+    # own failures of earlier attempts are tried again too. Not persisted.
+    refresh_given: bool = True
     max_credits: float | None = None
     max_inline_wait: float = 30.0
     fail_on_row_errors: bool = False

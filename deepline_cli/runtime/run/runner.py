@@ -250,6 +250,7 @@ class Runner:
     def _apply_persisted(self, record: RunRecord) -> None:
         """Flags not given again on resume come from the run's first start."""
         defaults = RunOptions(lease_ttl=self.options.lease_ttl)
+        self.options.refresh_given = self.options.force_refresh or self.options.refresh_failed
         for name, value in record.options.items():
             if name in RunOptions.PERSISTED and getattr(self.options, name) == getattr(defaults, name):
                 setattr(self.options, name, value)
