@@ -285,3 +285,25 @@ def test_plan_of_a_play_whose_rows_never_end_is_bounded(deepline: Run, write_pla
     assert result.code == 0, result.stderr
     assert "map rows: 100,000 rows" in result.stdout
     assert "did not end within 100,000 rows" in result.stdout
+
+
+def test_an_excerpt_of_a_text_never_holds_part_of_a_secret() -> None:
+    """An error body is kept to its first 200 characters, redacted first. Each redaction
+    makes the text shorter: a secret beyond the first window's end moved back before the cut,
+    and 13 of its characters were kept in clear."""
+    import os
+
+    from deepline_cli.runtime.providers.secrets import Secrets
+
+    key = "sk_live_ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789abcd"  # 44 characters
+    os.environ["HI_EXCERPT_KEY"] = key
+    try:
+        secrets = Secrets()
+        secrets.get("HI_EXCERPT_KEY")
+    finally:
+        del os.environ["HI_EXCERPT_KEY"]
+    for pad in range(0, 260, 7):
+        body = f'{{"error": "bad key {key} / {key} / {key}", "hint": "{"x" * pad} retry with {key} and more"}}'
+        out = secrets.excerpt(body, 200)
+        assert len(out) <= 200 and not any(key[:n] in out for n in range(8, len(key) + 1)), (pad, out)
+    assert secrets.excerpt("short, no secret", 200) == "short, no secret"

@@ -51,7 +51,6 @@ class Secrets:
         self._dotenv_dir = dotenv_dir
         self._known: set[str] = set()
         self._pattern: re.Pattern[str] | None = None
-        self._longest = 0  # the longest form of a secret
         self.reload()
 
     @property
@@ -70,7 +69,6 @@ class Secrets:
             forms = set().union(*(encoded_forms(known) for known in self._known))
             # One pass over a text for every form; the longest first, so none is half replaced.
             self._pattern = re.compile("|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True)))
-            self._longest = max(map(len, forms))
         return value
 
     def get(self, name: str) -> str:
@@ -94,12 +92,26 @@ class Secrets:
         return self._pattern.sub(REDACTED, text)
 
     def excerpt(self, text: str, limit: int) -> str:
-        """The first `limit` characters of `text`, redacted before it is cut: a secret across
-        the cut is replaced whole, not kept in part (a part no longer matches any form)."""
+        """The first `limit` characters of `text` as redacted: a secret across the cut is
+        replaced whole, not kept in part (a part no longer matches any form). The text is
+        read only as far as the excerpt needs."""
         if self._pattern is None:
             return text[:limit]
-        window = text[: limit + self._longest]  # every form that starts before the cut, whole
-        return self._pattern.sub(REDACTED, window)[:limit]
+        parts: list[str] = []
+        size = start = 0
+        for match in self._pattern.finditer(text):
+            parts.append(text[start : match.start()])
+            size += match.start() - start
+            if size >= limit:  # the excerpt ends before this secret
+                break
+            parts.append(REDACTED)
+            size += len(REDACTED)
+            start = match.end()
+            if size >= limit:
+                break
+        else:
+            parts.append(text[start : start + limit])
+        return "".join(parts)[:limit]
 
     def redact_json(self, value: Any) -> Any:
         if self._pattern is None:
