@@ -136,7 +136,7 @@ def test_stopping_a_parent_stops_its_queued_children_and_a_resume_runs_them(
     finally:
         store.close()
     skipped = deepline("worker", "--once")
-    assert f"{late} not run: its root run fam-s was stopped" in skipped.stderr, skipped.stderr
+    assert f"{late} not run: its parent run fam-s was stopped" in skipped.stderr, skipped.stderr
     assert runs_of(deepline)[late]["status"] == "interrupted"
     made = deepline("receipts", "inspect", "--tool", "sched.t", "--json")
     assert made.code == 0 and made.stdout == ""  # no child made its tool call

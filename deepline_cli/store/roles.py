@@ -73,6 +73,10 @@ class RunStore(Protocol):
 
     def child_runs(self, run_id: str) -> list[RunRecord]: ...
 
+    def tree_runs(self, root_run_id: str) -> list[RunRecord]:
+        """Every run of a root run's tree: the root and its descendants, each child once."""
+        ...
+
     def update_run(self, run_id: str, *, only_attempt: int | None = None, **fields: Any) -> bool:
         """Set `fields`; with `only_attempt`, only while the run is still at that attempt
         (fencing: a process whose run was taken over records nothing). True if it was set."""

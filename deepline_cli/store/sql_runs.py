@@ -122,6 +122,10 @@ class RunsSql(SqlBase):
             sql += f" LIMIT {int(limit)}"
         return [run_from_row(r) for r in self._read(sql, params)]
 
+    def tree_runs(self, root_run_id: str) -> list[RunRecord]:
+        rows = self._read(f"SELECT {RUN_COLUMNS} FROM runs WHERE root_run_id = ? ORDER BY created_at", (root_run_id,))
+        return [run_from_row(r) for r in rows]
+
     def child_runs(self, run_id: str) -> list[RunRecord]:
         rows = self._read(f"SELECT {RUN_COLUMNS} FROM runs WHERE parent_run_id = ? ORDER BY created_at", (run_id,))
         return [run_from_row(r) for r in rows]

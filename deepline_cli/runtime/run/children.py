@@ -20,6 +20,7 @@ from deepline_cli.runtime.run.holders import holder_id
 from deepline_cli.runtime.run.parts import Journal, RunParts
 from deepline_cli.runtime.run.play import PlayDef, find_play_by_name, load_play
 from deepline_cli.runtime.run.snapshot import take_snapshot
+from deepline_cli.runtime.run.stop import stopped_with_parent
 from deepline_cli.runtime.run.suspension import Suspended
 from deepline_cli.store.records import Boundary, RunRecord
 
@@ -135,7 +136,7 @@ async def _schedule_child(s: RunParts, call_id: str, play: PlayDef, child_id: st
             raise ChildPlayError(f"Child play {play.name!r} (run {child_id}) failed: {message}")
         await s.infra.io.call(store.runs.set_status, child_id, "queued", failure_seen_by=None, holder=None)
         await s.infra.io.call(store.queue.notify)
-    if record.status == "interrupted":  # stopped with its parent (`runs stop`): this resume runs it again
+    if record.status == "interrupted" and stopped_with_parent(record.error):  # this resume runs it again
         await s.infra.io.call(store.runs.set_status, child_id, "queued", holder=None)
         await s.infra.io.call(store.queue.notify)
     boundary = await s.infra.io.call(

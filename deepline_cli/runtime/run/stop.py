@@ -26,9 +26,21 @@ POLL_S = 0.2
 ENDED = ("completed", "failed", "interrupted")
 
 
-def stop_error(reason: str) -> dict[str, Any]:
-    """The error a stopped run keeps (the same an attempt that heard the request records)."""
-    return {"type": "RunInterrupted", "message": f"The run was stopped: {reason}.", "reason": reason}
+PARENT_STOPPED = "its parent run "  # how the reason of a child stopped with its parent starts
+
+
+def stopped_with_parent(error: dict[str, Any] | None) -> bool:
+    """Was the run interrupted because its parent was stopped (not stopped on its own)?"""
+    if not error:
+        return False
+    return bool(error.get("with_parent")) or str(error.get("reason", "")).startswith(PARENT_STOPPED)
+
+
+def stop_error(reason: str, *, with_parent: bool = False) -> dict[str, Any]:
+    """The error a stopped run keeps (the same an attempt that heard the request records);
+    `with_parent`: a child run stopped because its parent was (its resume queues it again)."""
+    error = {"type": "RunInterrupted", "message": f"The run was stopped: {reason}.", "reason": reason}
+    return {**error, "with_parent": True} if with_parent else error
 
 
 @dataclass
@@ -50,23 +62,43 @@ def stop_run(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> Stopped:
-    """Stop the run, and its child runs that workers run apart from it (queued ones would
-    still start and pay); with `wait_s`, until its process has recorded it `interrupted`
-    (or the time is up: the record then still says `running`)."""
-    stopped = _stop_one(store, run_id, reason, wait_s=wait_s, sleep=sleep, clock=clock)
+    """Stop the run, and the child runs workers run apart from it (a queued one would still
+    start and pay): the run is asked (or ended here), then its children, then, with
+    `wait_s`, its process is waited for until it recorded the run `interrupted` (or the time
+    is up: the record then still says `running`)."""
+    try:
+        stopped = _stop_one(store, run_id, reason, sleep=sleep, clock=clock)
+    except UsageError:
+        if not _stop_children(store, run_id, reason):  # an ended run whose children still run
+            raise
+        return Stopped(_read(store, run_id), False, _read(store, run_id).attempt)
     _stop_children(store, run_id, reason)
+    if stopped.asked and wait_s is not None:
+        with contextlib.suppress(UsageError):  # it ended meanwhile: as asked
+            stopped = _stop_one(store, run_id, reason, wait_s=wait_s, sleep=sleep, clock=clock, asked=stopped.attempt)
+        stopped.record = _read(store, run_id)
     return stopped
 
 
-def _stop_children(store: Store, run_id: str, reason: str) -> None:
-    """The run's scheduled child runs, and theirs, not ended yet: stopped as it was (a
-    resume of the parent queues them again). A child that runs in its parent's process
-    stops with the parent."""
-    for child in store.runs.child_runs(run_id):
+def _stop_children(store: Store, run_id: str, reason: str) -> int:
+    """The run's scheduled descendants not ended yet, stopped as it was (one read of the
+    run's tree); how many. Their errors say their parent was stopped, so the parent's resume
+    queues them again. A child that runs in its parent's process stops with the parent."""
+    record = _read(store, run_id)
+    tree = store.runs.tree_runs(record.root_run_id or run_id)
+    children: dict[str, list[RunRecord]] = {}
+    for run in tree:
+        if run.parent_run_id:
+            children.setdefault(run.parent_run_id, []).append(run)
+    stopped, below = 0, list(children.get(run_id, []))
+    while below:
+        child = below.pop()
+        below.extend(children.get(child.run_id, []))
         if child.scheduled and child.status not in ENDED:
             with contextlib.suppress(UsageError):  # ended meanwhile
-                _stop_one(store, child.run_id, f"its parent run {run_id} was stopped: {reason}")
-        _stop_children(store, child.run_id, reason)
+                _stop_one(store, child.run_id, f"{PARENT_STOPPED}{run_id} was stopped: {reason}", with_parent=True)
+                stopped += 1
+    return stopped
 
 
 def _stop_one(
@@ -77,10 +109,13 @@ def _stop_one(
     wait_s: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    asked: int | None = None,
+    with_parent: bool = False,
 ) -> Stopped:
+    """Ask the run's process to stop (`asked`: it was, that attempt), or end the run here if
+    nobody executes it; with `wait_s`, wait for it to end."""
     deadline = clock() + (wait_s or 0.0)
-    asked: int | None = None
-    first = True
+    first = asked is None
     while True:
         record = _read(store, run_id)
         if record.status in ENDED or (asked is not None and record.attempt != asked):
@@ -104,7 +139,8 @@ def _stop_one(
         # Nobody executes it (or its process died, or it suspended before it heard): end it here.
         expect = (record.lease_expires_at or 0.0) if record.status == "running" else None
         store.runs.interrupt_run(run_id, reason, attempt=record.attempt, status=record.status,
-                            error=stop_error(reason), now=now, expect_expires=expect)  # fmt: skip
+                            error=stop_error(reason, with_parent=with_parent), now=now,
+                            expect_expires=expect)  # fmt: skip
 
 
 def _read(store: Store, run_id: str) -> RunRecord:

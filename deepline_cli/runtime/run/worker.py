@@ -29,7 +29,7 @@ from deepline_cli.runtime.run.options import RunOptions, RunResult, lease_ttl_fr
 from deepline_cli.runtime.run.play import PlayDef
 from deepline_cli.runtime.run.runner import Runner
 from deepline_cli.runtime.run.schedules import Ticks
-from deepline_cli.runtime.run.stop import stop_error
+from deepline_cli.runtime.run.stop import PARENT_STOPPED, stop_error
 from deepline_cli.runtime.run.suspension import next_wake, ready_to_resume
 from deepline_cli.store import open_store
 from deepline_cli.store.records import RunRecord
@@ -211,17 +211,22 @@ class Worker:
         return False
 
     def _root_stopped(self, store: Store, record: RunRecord) -> bool:
-        """A child run queued by a parent that was stopped since (`runs stop`, just as it
-        queued the child): it is not run, but stopped as its root was; the root's resume
-        queues it again."""
-        root = record.root_run_id
-        if not record.scheduled or not root or root == record.run_id or store.runs.run_status(root) != "interrupted":
-            return False
-        reason = f"its root run {root} was stopped"
-        store.runs.interrupt_run(record.run_id, reason, attempt=record.attempt, status="running",
-                                 error=stop_error(reason), now=store.now())  # fmt: skip
-        self.report(f"worker: {record.run_id} not run: {reason}")
-        return True
+        """A child run queued by a parent that was stopped since, or is being stopped (`runs
+        stop`, just as it queued the child), or whose own parent was: it is not run but
+        stopped with it; the parent's resume queues it again."""
+        parent_id = record.parent_run_id if record.scheduled else None
+        while parent_id:
+            parent = store.runs.get_run(parent_id)
+            if parent is None:
+                return False
+            if parent.status == "interrupted" or (parent.status == "running" and parent.stop_reason):
+                reason = f"{PARENT_STOPPED}{parent_id} was stopped"
+                store.runs.interrupt_run(record.run_id, reason, attempt=record.attempt, status="running",
+                                         error=stop_error(reason, with_parent=True), now=store.now())  # fmt: skip
+                self.report(f"worker: {record.run_id} not run: {reason}")
+                return True
+            parent_id = parent.parent_run_id
+        return False
 
     @staticmethod
     def _is_due(store: Store, record: RunRecord) -> bool:
