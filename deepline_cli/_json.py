@@ -43,16 +43,18 @@ def _number(value: Any) -> int | float | None:
 def dumps(value: Any) -> bytes:
     try:
         return orjson.dumps(value, default=_default, option=_OPTS)
-    except orjson.JSONEncodeError:
-        return _dumps_mended(value)
+    except orjson.JSONEncodeError as refused:
+        try:
+            return _dumps_mended(value)
+        except (RecursionError, ValueError):  # a value that holds itself: no JSON form at all
+            raise refused from None
 
 
 def _dumps_mended(value: Any) -> bytes:
     """What orjson refuses, written as JSON can hold it, never refused: an answer a provider
     was paid for must be recorded. Text with a lone surrogate (half an emoji, as Python's
     json reads a cut string) keeps U+FFFD in its place; NaN and Infinity become null (as
-    orjson writes them); an integer past 64 bits is written as the number it is (read back
-    as a float)."""
+    orjson writes them); an integer past 64 bits as the float it is read back as."""
     import json  # only for these rare values
 
     return json.dumps(_mend(value), default=_default, ensure_ascii=False, separators=(",", ":")).encode()
@@ -63,6 +65,8 @@ def _mend(value: Any) -> Any:
         return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if type(value) is int and not -(2**63) <= value < 2**64:
+        return float(value)  # as it is read back once stored (a live answer is the replayed one)
     if isinstance(value, dict):
         return {_mend_key(k): _mend(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

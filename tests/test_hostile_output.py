@@ -106,3 +106,14 @@ def _json_holds_as_is(value: object) -> bool:
     if isinstance(value, dict):
         return all(_json_holds_as_is(k) and _json_holds_as_is(v) for k, v in value.items())
     return True
+
+
+def test_a_value_that_holds_itself_is_refused_as_no_json() -> None:
+    """It has no JSON form: a TypeError (a tool input "has no receipt key", an output is not
+    JSON), not a RecursionError from the mending of values orjson refuses."""
+    from deepline_cli import _json
+
+    loop: list[object] = ["\ud83d"]
+    loop.append(loop)
+    with pytest.raises(TypeError):
+        _json.dumps(loop)
