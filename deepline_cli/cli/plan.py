@@ -139,5 +139,5 @@ def _about(expected: float) -> str:
 def _max(c: dict[str, Any]) -> str:
     """The most a run may spend, or why it is not known."""
     if c["max"] is None:
-        return "unknown (a child play or a tool id made at run time: only a real run can tell)"
+        return "unknown (a child play: only a real run can tell what it calls)"
     return f"{format_credits(c['max'])} credits"

@@ -541,7 +541,6 @@ class RowPlanner:
             if tool not in plan.tools:  # an id the code scan could not see (built at run time)
                 plan.tools.append(tool)
                 plan.credits_each.setdefault(tool, credits)
-                plan.credits.unbounded = True  # other rows may build other ids
         if stop.shared:
             plan.shared_calls += 1
         else:
