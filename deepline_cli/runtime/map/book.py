@@ -75,7 +75,10 @@ class MapBook:
         # both sides are hashed here), and what they reused (cells << 1 | whole row).
         self._seed_key = array.array("q")
         self._seed_reuse = array.array("q")
-        self._seed_steps: dict[int, dict[str, str | None]] = {}
+        # Their waterfall steps' hits: each distinct combination once, by number (0: none), so a
+        # million seeded rows hold a number each, not a dict each.
+        self._seed_steps = array.array("l")
+        self._step_combos: list[dict[str, str | None]] = [{}]
         self.first_failures: list[tuple[object, ...]] = []  # signatures, while no row succeeded
         self.started = time.monotonic()
 
@@ -97,7 +100,6 @@ class MapBook:
             return False
         if self._seed_key[idx] != hash(key):
             self.finished[idx] = 0
-            self._seed_steps.pop(idx, None)
             return False
         return True
 
@@ -109,7 +111,7 @@ class MapBook:
             tally.reused += reuse & 1
             tally.seeded_reused += reuse & 1
             tally.reused_cells += reuse >> 1
-            for column, step in (self._seed_steps.pop(idx, None) or {}).items():
+            for column, step in self._step_combos[self._seed_steps[idx]].items():
                 hits = tally.steps.setdefault(column, {})
                 hits[step or NOT_FOUND] = hits.get(step or NOT_FOUND, 0) + 1
         tally.seeded += len(seeded)
@@ -214,18 +216,26 @@ class MapBook:
         the input has them at the same place (`is_seeded`). Failed ones go through the
         sheet again, where their error cell is kept, or recomputed with --refresh-failed."""
         io, count, after = self.s.io, 0, -1
+        combos: dict[tuple[tuple[str, str | None], ...], int] = {}
         while page := await io.call(io.store.sheets.seeded_map_rows, self.run_id, self.name, after, SEED_PAGE):
             for row in page:
                 idx = row.idx
                 self.mark(idx)
                 if idx >= len(self._seed_key):
-                    zeros = array.array("q", bytes(8 * (idx + 1 - len(self._seed_key) + 1024)))
+                    grow = idx + 1 - len(self._seed_key) + 1024
+                    zeros = array.array("q", bytes(8 * grow))
                     self._seed_key.extend(zeros)
                     self._seed_reuse.extend(zeros)
+                    self._seed_steps.extend(array.array("l", bytes(self._seed_steps.itemsize * grow)))
                 self._seed_key[idx] = hash(row.row_key)
                 self._seed_reuse[idx] = row.reused_cells << 1 | row.reused_row
                 if row.steps:
-                    self._seed_steps[idx] = row.steps
+                    combo = tuple(sorted(row.steps.items(), key=lambda item: item[0]))
+                    number = combos.get(combo)
+                    if number is None:
+                        number = combos[combo] = len(self._step_combos)
+                        self._step_combos.append(row.steps)
+                    self._seed_steps[idx] = number
             count += len(page)
             after = page[-1].idx
         return count
