@@ -115,3 +115,14 @@ def test_projection_math_is_a_prediction_interval() -> None:
     assert m["seconds_per_row"] == 0.1 and m["rest_s"] == 80
     lines = describe({"maps": [m], "credits": 1800, "margin": m["rest_margin"], "rest_s": 80})
     assert lines[-1].startswith("full list of 1,000 rows ≈ 1,800 credits (±")
+
+
+def test_the_projection_counts_blank_key_rows_as_the_run_will(deepline, write_play, tmp_path) -> None:
+    """Rows with a blank key are each a row of their own in the run: the projection of the
+    rest of the list took them all for one."""
+    play = write_play(PLAY)
+    leads = tmp_path / "leads.csv"
+    leads.write_text("domain\n" + "".join(f"c{i}.com\n" for i in range(20)) + ",\n" * 30 + "c0.com\n")
+    pilot = _finished(deepline("run", str(play), "--csv", str(leads), "--limit", "10", "--json"))
+    (m,) = pilot["stats"]["projection"]["maps"]
+    assert (m["full_rows"], m["new_rows"]) == (50, 40), m  # 20 companies and 30 blank rows; one duplicate

@@ -87,7 +87,7 @@ class Intake:
         chunk: list[PendingRow] = []
         distinct = read = duplicate = 0
         seeded: list[int] = []
-        book, seen, csv, limit, key_of = self.book, self.seen, self.csv, self.limit, self.key_of
+        book, seen, csv, limit = self.book, self.seen, self.csv, self.limit
         columns = self.input_columns.keys()
         input_index = -1
         for input_index, raw in enumerate(self.rows):
@@ -100,16 +100,7 @@ class Intake:
                 new = [column for column in row if column not in self.input_columns]
                 self.input_columns.update(dict.fromkeys(new))
                 self.warn_of_case(new)
-            try:
-                key = key_of(row)
-            except InputError:
-                raise
-            except Exception as exc:
-                raise self._key_failed(input_index, exc) from exc
-            if not key.strip() or (blank is not None and self._blank_key(row)):
-                # A blank key is no identity: the row is keyed by where it is (each such row is a
-                # row of its own, and one with a blank required cell fails on its own), none a duplicate.
-                key = csv.where() if csv is not None else f"row {input_index + 1}"
+            key = self.key(row, input_index, blank)
             if key in seen:
                 duplicate += 1
                 continue
@@ -128,6 +119,20 @@ class Intake:
             self.total_estimate = input_index + 1
         if chunk or read:
             yield chunk, (read, duplicate, seeded)
+
+    def key(self, row: dict[str, Any], input_index: int, blank: str | None) -> str:
+        """The row's key. A blank one is no identity: the row is keyed by where it is (each
+        such row is a row of its own, and one with a blank required cell fails on its own),
+        never a duplicate. A key function that raises stops the map, naming the row."""
+        try:
+            key = self.key_of(row)
+        except InputError:
+            raise
+        except Exception as exc:
+            raise self._key_failed(input_index, exc) from exc
+        if not key.strip() or (blank is not None and self._blank_key(row)):
+            key = self.csv.where() if self.csv is not None else f"row {input_index + 1}"
+        return key
 
     def _blank_key(self, row: dict[str, Any]) -> bool:
         """Is a field the key is made of blank in this row (`key=["name", "domain"]`)?"""

@@ -8,7 +8,7 @@ that and the pilot's own figures into a projection of the full list.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,8 +33,6 @@ class PilotMap(Protocol):
     def distinct(self) -> int: ...
     @property
     def intake(self) -> Intake: ...
-    @property
-    def key_of(self) -> Callable[[Mapping[str, Any]], str]: ...
     @property
     def sheet(self) -> str: ...
     @property
@@ -76,7 +74,8 @@ def rest_jobs(engine: PilotMap, counts: RestCounts) -> Iterator[list[PendingRow]
             continue
         counts.rows += 1
         row = dict(raw)
-        key = engine.key_of(row)
+        csv = engine.intake.csv
+        key = engine.intake.key(row, input_index, csv.blank(row) if csv is not None else None)
         if key in seen:
             continue
         seen.add(key)
