@@ -405,6 +405,15 @@ def test_a_field_in_the_url_is_one_path_segment_or_one_query_value(
     assert urllib.parse.parse_qs(find.query) == {"company": [name], "country": ["us"]}
 
 
+def test_a_path_segment_that_is_only_dots_is_refused_unsent(project: Project, provider: LoopbackProvider) -> None:
+    """`..` percent-encoded is still `..` to a server that normalizes paths: a row whose
+    value is `.` or `..` for a path segment fails as `validation`, and nothing is sent."""
+    project.config('[tools."ht.profile"]\nurl = "@URL@/v1/companies/{name}/profile"\n')
+    out = project.run(calls(call("ht.profile", {"name": ".."}), catch=True)).output
+    assert out[0]["error"]["category"] == "validation" and "'..'" in out[0]["error"]["message"], out
+    assert provider.requests == []
+
+
 def test_a_template_field_missing_from_the_input_fails_the_run_naming_tool_and_field(
     project: Project, provider: LoopbackProvider
 ) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.providers.governor import parse_rate
-from deepline_cli.runtime.providers.templates import references
+from deepline_cli.runtime.providers.templates import authority_end, references
 from deepline_cli.runtime.providers.transport import InvalidRequest, Proxy
 
 CONFIG_NAME = "deepline.toml"
@@ -228,12 +228,7 @@ def _tool(path: Path, tool_id: str, spec: Any) -> HttpToolSpec:
 
 def _authority(url: str) -> str:
     """The scheme and host part of a URL template: everything before its path."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url  # the whole URL is a template: its host too
-    for end in "/?#":
-        rest = rest.split(end, 1)[0]
-    return f"{scheme}://{rest}"
+    return url[: authority_end(url)]
 
 
 def _remote(path: Path, spec: Any) -> RemoteSpec:

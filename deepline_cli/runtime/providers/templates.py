@@ -13,7 +13,7 @@ import urllib.parse
 from typing import Any
 
 from deepline_cli import _json
-from deepline_cli.errors import UsageError
+from deepline_cli.errors import ToolExecutionError, UsageError
 from deepline_cli.runtime.providers.secrets import Secrets
 
 _TOKEN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\{\{|\}\}|\{([A-Za-z_][\w.-]*)\}")
@@ -60,15 +60,20 @@ def _text(value: Any) -> str:
     return _json.dumps_str(value)
 
 
+def authority_end(url: str) -> int:
+    """Where a URL template's scheme and host end and its path (or query) begins."""
+    scheme = url.find("://")
+    after = scheme + 3 if scheme >= 0 else 0
+    ends = [i for i in (url.find(c, after) for c in "/?#") if i >= 0]
+    return min(ends) if ends else len(url)
+
+
 def render_url(template: str, input: Any, secrets: Secrets, *, tool: str) -> str:
     """Fill a tool's `url`: a `{field}` in its path or query is percent-encoded as one path
-    segment or one query value (a row's `../`, `?`, `#` or `&` stays inside it); one in its
-    host is put in as it is, for `allow_hosts` to check."""
-    scheme = template.find("://")
-    after = scheme + 3 if scheme >= 0 else 0
-    ends = [i for i in (template.find(c, after) for c in "/?#") if i >= 0]
-    authority_end = min(ends) if ends else len(template)
-    return _fill(template, input, secrets, tool, encode_from=authority_end)
+    segment or one query value (a row's `/`, `?`, `#` or `&` stays inside it, and a path
+    segment that is only `.` or `..` is refused); one in its host is put in as it is, for
+    `allow_hosts` to check."""
+    return _fill(template, input, secrets, tool, encode_from=authority_end(template))
 
 
 def render(template: Any, input: Any, secrets: Secrets, *, tool: str) -> Any:
@@ -97,9 +102,14 @@ def _fill(template: str, input: Any, secrets: Secrets, tool: str, *, encode_from
             return value
         if name:
             text = _text(_field(input, name, tool))
-            if encode_from is not None and match.start() >= encode_from:
-                return urllib.parse.quote(text, safe="")
-            return text
+            if encode_from is None or match.start() < encode_from:
+                return text
+            if text in (".", "..") and "?" not in template[: match.start()]:
+                raise ToolExecutionError(
+                    f"{tool}: the url path segment {{{name}}} is {text!r}, which would name another endpoint",
+                    origin="caller", category="validation", retryable=False, tool=tool,
+                )  # fmt: skip
+            return urllib.parse.quote(text, safe="")
         return match.group(0)[0]  # "{{" → "{", "}}" → "}"
 
     return _TOKEN.sub(replace, template)
