@@ -220,3 +220,21 @@ def test_a_plain_http_proxy_that_wants_credentials_is_one_sentence_and_takes_the
     assert http_provider.count("/v1/lookup") == 1
     assert "proxy-password-1" not in refused.stderr + resumed.stderr
     assert "wrong-password-1" not in refused.stderr
+
+
+def test_a_proxy_password_from_env_keeps_the_url_whole_whatever_it_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A generated password with `#`, `@`, `/` or `:` in `${NAME}` broke the proxy URL (and
+    its error showed part of the password): it is percent-encoded into the credentials."""
+    import base64
+
+    from deepline_cli.runtime.providers.secrets import Secrets
+    from deepline_cli.runtime.providers.templates import render_proxy
+    from deepline_cli.runtime.providers.transport import Proxy
+
+    monkeypatch.setenv("CORP_PROXY_PASSWORD", "Xy7#a@b/c:d%e")
+    url = render_proxy("http://svc:${CORP_PROXY_PASSWORD}@proxy.corp:3128", Secrets(), tool="corp.lookup")
+    proxy = Proxy.parse(url)
+    assert (proxy.host, proxy.port) == ("proxy.corp", 3128)
+    assert proxy.authorization is not None
+    assert base64.b64decode(proxy.authorization.split()[1]) == b"svc:Xy7#a@b/c:d%e"
+    assert "Xy7" not in proxy.url

@@ -30,7 +30,7 @@ from deepline_cli.errors import (
 from deepline_cli.runtime.providers.config import Config, HttpToolSpec, RemoteSpec
 from deepline_cli.runtime.providers.governor import Governor
 from deepline_cli.runtime.providers.secrets import MIN_SECRET_LENGTH, Secrets
-from deepline_cli.runtime.providers.templates import render, render_url
+from deepline_cli.runtime.providers.templates import render, render_proxy, render_url
 from deepline_cli.runtime.providers.tools import ToolCall, ToolDef
 from deepline_cli.runtime.providers.transport import (
     InvalidRequest,
@@ -369,7 +369,7 @@ class HttpTools:
                 timeout_s=spec.timeout_s,
                 retries=spec.retries,
                 call=call,
-                proxy=render(spec.proxy, {}, http.secrets, tool=spec.id) if spec.proxy else spec.proxy,
+                proxy=render_proxy(spec.proxy, http.secrets, tool=spec.id) if spec.proxy else spec.proxy,
             )
             answer = http.decode(response, spec.id)
             if spec.batch and isinstance(answer, dict):
@@ -414,7 +414,7 @@ class HttpTools:
                     },
                 },
             )
-            proxy = render(remote.proxy, {}, http.secrets, tool=tool_id) if remote.proxy else remote.proxy
+            proxy = render_proxy(remote.proxy, http.secrets, tool=tool_id) if remote.proxy else remote.proxy
             response = await http.send(
                 request, tool=tool_id, timeout_s=remote.timeout_s, retries=remote.retries, call=call, proxy=proxy
             )

@@ -76,6 +76,22 @@ def render_url(template: str, input: Any, secrets: Secrets, *, tool: str) -> str
     return _fill(template, input, secrets, tool, encode_from=authority_end(template))
 
 
+def render_proxy(template: str, secrets: Secrets, *, tool: str) -> str:
+    """A tool's `proxy` with its `${NAME}` secrets: one in the credentials (before `@`) is
+    percent-encoded, so a generated password with `#`, `@` or `/` keeps the URL whole."""
+
+    def replace(match: re.Match[str]) -> str:
+        secret = match.group(1)
+        if not secret:
+            return match.group(0) if match.group(2) else match.group(0)[0]
+        value = secrets.lookup(secret)
+        if value is None:
+            raise UsageError(f"Tool {tool!r}: secret {secret} is not set; export it or add it to .env.")
+        return urllib.parse.quote(value, safe="") if match.start() < template.rfind("@") else value
+
+    return _TOKEN.sub(replace, template)
+
+
 def render(template: Any, input: Any, secrets: Secrets, *, tool: str) -> Any:
     """Fill a template (str, dict or list) from the call's input and the secrets."""
     if isinstance(template, dict):
