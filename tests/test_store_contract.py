@@ -1817,3 +1817,11 @@ def test_sheet_rows_loaded_without_their_input_keep_everything_else(store: Store
     for row in rows:
         row.input = None
     assert loaded == {"a": rows[0], "b": rows[1]}
+
+
+def test_tick_run_ids_are_a_schedules_ticks_only(store: Store, other: Store) -> None:
+    for run_id in ("sched-daily-20261205T060000Z", "sched-daily-eu-20261205T060000Z", "sched-dai_y-20261205T060000Z"):
+        store.insert_run(make_run(run_id))
+    assert other.tick_run_ids("sched-daily-", 10) == ["sched-daily-20261205T060000Z"]
+    assert other.tick_run_ids("sched-daily-eu-", 10) == ["sched-daily-eu-20261205T060000Z"]
+    assert other.tick_run_ids("sched-d%", 10) == []  # the prefix is text, not a pattern

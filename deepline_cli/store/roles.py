@@ -73,6 +73,10 @@ class RunStore(Protocol):
 
     def child_runs(self, run_id: str) -> list[RunRecord]: ...
 
+    def tick_run_ids(self, prefix: str, limit: int) -> list[str]:
+        """Up to `limit` run ids of a schedule's ticks: `prefix` and then a digit (its time)."""
+        ...
+
     def tree_runs(self, root_run_id: str) -> list[RunRecord]:
         """Every run of a root run's tree: the root and its descendants, each child once."""
         ...

@@ -122,6 +122,15 @@ class RunsSql(SqlBase):
             sql += f" LIMIT {int(limit)}"
         return [run_from_row(r) for r in self._read(sql, params)]
 
+    def tick_run_ids(self, prefix: str, limit: int) -> list[str]:
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        rows = self._read(
+            "SELECT run_id FROM runs WHERE run_id LIKE ? ESCAPE '\\' AND substr(run_id, ?, 1) BETWEEN '0' AND '9'"
+            " LIMIT ?",
+            (escaped + "%", len(prefix) + 1, limit),
+        )
+        return [r[0] for r in rows]
+
     def tree_runs(self, root_run_id: str) -> list[RunRecord]:
         rows = self._read(f"SELECT {RUN_COLUMNS} FROM runs WHERE root_run_id = ? ORDER BY created_at", (root_run_id,))
         return [run_from_row(r) for r in rows]

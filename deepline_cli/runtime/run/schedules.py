@@ -26,7 +26,7 @@ from deepline_cli.runtime.providers.config import check_keys, read_toml
 from deepline_cli.runtime.run.options import RunOptions
 from deepline_cli.runtime.run.play import PlayDef, load_play
 from deepline_cli.runtime.run.runner import Runner
-from deepline_cli.runtime.run.triggers import is_tick_of, schedule_of, tick_run_id
+from deepline_cli.runtime.run.triggers import is_tick_of, schedule_of, tick_prefix, tick_run_id
 
 NEW_SCHEDULE_GRACE_S = 60.0  # a schedule that never ran fires a tick this recent when its first worker starts
 SCHEDULE_KEYS: dict[str, type | tuple[type, ...]] = {
@@ -94,7 +94,7 @@ class Ticks:
     def _has_run(runner: Runner, play: PlayDef) -> bool:
         assert play.schedule is not None
         name = play.schedule.name
-        return any(is_tick_of(r.run_id, name) for r in runner.store.runs.list_runs(play=play.name, limit=1000))
+        return any(is_tick_of(run_id, name) for run_id in runner.store.runs.tick_run_ids(tick_prefix(name), 10))
 
     def fire(self, since: float, stop: threading.Event, poll_s: float) -> None:
         """The ticks after `since`, as they come (late ones at once, in order, none skipped),

@@ -261,7 +261,7 @@ class Worker:
                 self.stats.requeued += 1
         except RunBusyError:
             self.stats.started -= 1  # another worker leased it first: this one did not run it
-            self.report(f"worker: {run_id} was taken by another worker first")
+            self.report(f"worker: {run_id} was taken by another process first")
             raise
         except DeeplineError as exc:
             self.stats.failed += 1
