@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -211,6 +212,28 @@ def test_a_sigint_while_the_attempt_gives_its_handlers_back_goes_to_the_process_
         signal.signal(signal.SIGINT, previous)
 
 
+def ctrl_c_once_a_call_went_out(provider: Any, run_id: str, tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """`deepline run play.py`, Ctrl-C as soon as the provider has answered its first call:
+    the run must end at once (not after the 5 s grace for calls in flight), exit 130, and
+    nothing more was sent."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deepline_cli", "run", "play.py", "--run-id", run_id],
+        cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    began = time.monotonic()
+    while provider.count() < 1:
+        assert proc.poll() is None and time.monotonic() - began < 60, proc.communicate()
+        time.sleep(0.01)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    took = time.monotonic() - sent
+    assert proc.returncode == 130, err
+    assert took < 4, f"{took:.1f}s to stop: the grace for calls in flight (5 s) was waited out"
+    assert provider.count() == 1
+
+
 WAITING_PLAY = """
 from deepline_cli import play
 
@@ -231,22 +254,7 @@ def test_ctrl_c_while_a_call_waits_out_a_retry_after_stops_at_once(tmp_path: Pat
         provider.script("/quota", ["429:60", "ok"])
         (tmp_path / "play.py").write_text(WAITING_PLAY)
         (tmp_path / "deepline.toml").write_text(f'[tools."quota.lookup"]\nurl = "{provider.url}/quota"\n')
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "deepline_cli", "run", "play.py", "--run-id", "patient"],
-            cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        began = time.monotonic()
-        while provider.count() < 1:  # the 429 is answered at once: from here the call only waits
-            assert proc.poll() is None and time.monotonic() - began < 60, proc.communicate()
-            time.sleep(0.01)
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-        took = time.monotonic() - sent
-        assert proc.returncode == 130, err
-        assert took < 4, f"{took:.1f}s to stop: the grace for calls in flight (5 s) was waited out"
-        assert provider.count() == 1
+        ctrl_c_once_a_call_went_out(provider, "patient", tmp_path, cli_env)  # the 429: from here it only waits
         assert run_status(Path(cli_env["DEEPLINE_STORE"]), "patient") == "interrupted"
         resumed = subprocess.run(
             [sys.executable, "-m", "deepline_cli", "resume", "patient"],
@@ -281,22 +289,7 @@ def test_ctrl_c_while_a_call_waits_for_its_rate_limit_or_a_429_pause_stops_at_on
         (tmp_path / "play.py").write_text(PACED_PLAY)
         toml = f'[tools."quota.lookup"]\nurl = "{provider.url}/quota"\n'
         (tmp_path / "deepline.toml").write_text(toml + 'rate_limit = "1/min"\n')
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "deepline_cli", "run", "play.py", "--run-id", "paced"],
-            cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        began = time.monotonic()
-        while provider.count() < 1:  # the first call went out: the second waits for its slot
-            assert proc.poll() is None and time.monotonic() - began < 60, proc.communicate()
-            time.sleep(0.01)
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-        took = time.monotonic() - sent
-        assert proc.returncode == 130, err
-        assert took < 4, f"{took:.1f}s to stop: the grace for calls in flight (5 s) was waited out"
-        assert provider.count() == 1
+        ctrl_c_once_a_call_went_out(provider, "paced", tmp_path, cli_env)  # the second waits for its slot
         # The call that never left is given back as never sent (skipped), not as maybe sent (released).
         opened = open_store(cli_env["DEEPLINE_STORE"])
         try:
