@@ -291,3 +291,13 @@ def test_csv_files_as_spreadsheets_save_them_are_read(deepline, tmp_path: Path, 
     result = deepline("run", "play.py", "--set", "file=leads.csv", "--quiet")
     assert result.code == 0, result.stderr
     assert json.loads(result.stdout)["rows"] == ["ADA", "GRACE"]
+
+
+def test_a_required_column_is_found_case_and_spaces_aside(deepline, tmp_path: Path) -> None:
+    """`required=["first_name"]` and a header `First_Name ` (as `columns=` and `rename=`
+    find theirs): it was "missing (columns: First_Name, ...)"."""
+    (tmp_path / "play.py").write_text(CLI_PLAY.replace('rename={"First Name": "first_name"}, ', ""))
+    (tmp_path / "leads.csv").write_text(" First_Name ,Domain\nAda,acme.com\n")
+    result = deepline("run", "play.py", "--set", "file=leads.csv", "--quiet")
+    assert result.code == 0, result.stderr
+    assert json.loads(result.stdout)["rows"] == ["ADA"]

@@ -50,6 +50,11 @@ class CsvSource:
         header = self._header()
         self._rename = _renames(header, rename or {})
         self._rename.update(_aliases(header, columns or {}))
+        # A required column is found as `columns=` finds one: case and spaces aside (`Domain`).
+        named = {self._rename.get(name, name) for name in header}
+        unnamed = [name for name in header if name not in self._rename]
+        wanted: dict[str, list[str]] = {name: [] for name in self.required if name not in named}
+        self._rename.update(_aliases(unnamed, wanted))
         self.columns = [self._rename.get(name, name) for name in header]
         self._refuse_duplicates()
         self._absent = [name for name in (columns or {}) if name not in self.columns]
