@@ -813,3 +813,39 @@ def test_the_partial_export_of_a_stopped_map_over_a_list_keeps_its_input_columns
     assert partial.code == 0, partial.stderr
     assert partial.stdout.splitlines()[:2] == ["name,domain,email,_error", "n0,d0.com,x@d0.com,"]
     assert "this export is partial" in partial.stderr
+
+
+BLANK_KEY_PLAY = """\
+from deepline_cli import play, tool
+
+
+@tool("t.company", credits=1)
+def company(input):
+    with open("calls.log", "a") as log:
+        log.write(input["name"] + "\\n")
+    return {"company": input["name"] + "'s company"}
+
+
+@play("blank-keys")
+async def blank_keys(ctx, input):
+    rows = await ctx.map("leads", ctx.csv(input["csv"]), key="email", concurrency=1, columns={
+        "company": lambda row, rc: rc.tools.execute("c", "t.company", {"name": row["name"]}),
+    })
+    return {"names": sorted(row["name"] for row in rows)}
+"""
+
+
+def test_a_resume_over_moved_rows_with_blank_keys_finishes_each_once(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Rows with a blank key are keyed by where they are (`leads.csv line 2`): that is no
+    identity across attempts. After the sheet was sorted again, the row now at line 2 was
+    taken for the one an earlier attempt finished there: one row twice, one never done."""
+    play = write_play(BLANK_KEY_PLAY)
+    (tmp_path / "leads.csv").write_text("name,email\nAda,\nBob,\nCy,cy@x.com\n")
+    stopped = deepline("run", str(play), "--csv", "leads.csv", "--run-id", "bk", "--max-credits", "1")
+    assert stopped.code == 1, stopped.stderr  # Ada (line 2) done, then the budget stops the map
+    (tmp_path / "leads.csv").write_text("name,email\nBob,\nAda,\nCy,cy@x.com\n")  # Bob moved up
+    done = finished(deepline("resume", "bk", "--max-credits", "10", "--json"))
+    assert done["output"] == {"names": ["Ada", "Bob", "Cy"]}
+    assert sorted((tmp_path / "calls.log").read_text().split()) == ["Ada", "Bob", "Cy"]  # each paid once

@@ -91,14 +91,15 @@ class MapBook:
             self.finished.extend(b"\0" * (idx + 1 - len(self.finished) + 1024))
         self.finished[idx] = 1
 
-    def is_seeded(self, idx: int, key: str) -> bool:
+    def is_seeded(self, idx: int, key: str, *, placed: bool = False) -> bool:
         """Did an earlier attempt finish this row well? Only if the row it finished at this
         place had this key: rows may come back in another order (a list built from a set,
         a CSV sorted or edited since), and one in another place is done again (the sheet
-        gives it back, nothing is paid twice), its map row written over."""
+        gives it back, nothing is paid twice), its map row written over. A row keyed by its
+        place (a blank key: `placed`) is always done again: its key says nothing of its input."""
         if idx >= len(self.finished) or not self.finished[idx]:
             return False
-        if self._seed_key[idx] != hash(key):
+        if placed or self._seed_key[idx] != hash(key):
             self.finished[idx] = 0
             return False
         return True

@@ -100,7 +100,7 @@ class Intake:
                 new = [column for column in row if column not in self.input_columns]
                 self.input_columns.update(dict.fromkeys(new))
                 self.warn_of_case(new)
-            key = self.key(row, input_index, blank)
+            key, placed = self._key(row, input_index, blank)
             if key in seen:
                 duplicate += 1
                 continue
@@ -108,7 +108,7 @@ class Intake:
             idx = distinct
             distinct += 1
             book.input_index_of.append(input_index)
-            if book.is_seeded(idx, key):
+            if book.is_seeded(idx, key, placed=placed):
                 seeded.append(idx)
                 continue
             chunk.append(PendingRow(idx, input_index, key, row, row_digest(row), None, blank))
@@ -124,6 +124,10 @@ class Intake:
         """The row's key. A blank one is no identity: the row is keyed by where it is (each
         such row is a row of its own, and one with a blank required cell fails on its own),
         never a duplicate. A key function that raises stops the map, naming the row."""
+        return self._key(row, input_index, blank)[0]
+
+    def _key(self, row: dict[str, Any], input_index: int, blank: str | None) -> tuple[str, bool]:
+        """The key, and whether it is the row's place (not an identity across attempts)."""
         try:
             key = self.key_of(row)
         except InputError:
@@ -131,8 +135,8 @@ class Intake:
         except Exception as exc:
             raise self._key_failed(input_index, exc) from exc
         if not key.strip() or (blank is not None and self._blank_key(row)):
-            key = self.csv.where() if self.csv is not None else f"row {input_index + 1}"
-        return key
+            return (self.csv.where() if self.csv is not None else f"row {input_index + 1}"), True
+        return key, False
 
     def _blank_key(self, row: dict[str, Any]) -> bool:
         """Is a field the key is made of blank in this row (`key=["name", "domain"]`)?"""
