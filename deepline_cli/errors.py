@@ -95,6 +95,8 @@ class RunInterrupted(DeeplineError):
 class ToolExecutionError(DeeplineError):
     """A tool call failed."""
 
+    replayed = False  # the stored failure of a receipt, given back with no call made
+
     def __init__(
         self,
         message: str,

@@ -849,3 +849,41 @@ def test_a_resume_over_moved_rows_with_blank_keys_finishes_each_once(
     done = finished(deepline("resume", "bk", "--max-credits", "10", "--json"))
     assert done["output"] == {"names": ["Ada", "Bob", "Cy"]}
     assert sorted((tmp_path / "calls.log").read_text().split()) == ["Ada", "Bob", "Cy"]  # each paid once
+
+
+REFRESH_PLAY = """\
+from deepline_cli import ToolExecutionError, play, tool
+
+
+@tool("t.person", credits=1)
+def person(input):
+    with open("calls.log", "a") as log:
+        log.write(str(input["n"]) + "\\n")
+    if input["n"] % 3 == 0:
+        raise ToolExecutionError("no such person", category="validation", retryable=False)
+    return {"n": input["n"]}
+
+
+@play("people")
+async def people(ctx, input):
+    rows = await ctx.map("people", [{"n": n} for n in range(90)], key="n", concurrency=1, columns={
+        "person": lambda row, rc: rc.tools.execute("p", "t.person", {"n": row["n"]}),
+    })
+    return {"rows": len(rows), "failed": rows.failed_count}
+"""
+
+
+def test_a_resumed_refresh_of_failures_is_not_stopped_as_systemic(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A `--refresh-failed` run stopped part-way, then resumed: the failures it had refreshed
+    already are replayed from their receipts (no call), and were counted as the map's "first
+    20 rows all failing the same way": the resume stopped, and its own advice paid again."""
+    play = write_play(REFRESH_PLAY)
+    assert finished(deepline("run", str(play), "--json"))["output"] == {"rows": 90, "failed": 30}
+    refresh = deepline("run", str(play), "--run-id", "rf", "--refresh-failed", "--max-tool-calls", "25", "--json")
+    assert refresh.code == 1, refresh.stderr  # stopped after 25 of the 30 failures
+    done = finished(deepline("resume", "rf", "--max-tool-calls", "1000", "--json"))
+    assert done["output"] == {"rows": 90, "failed": 30}
+    calls = (tmp_path / "calls.log").read_text().split()
+    assert len(calls) == 90 + 30  # the first run, then each failure refreshed once

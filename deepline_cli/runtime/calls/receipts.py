@@ -215,7 +215,9 @@ class ReceiptBook:
                 return Outcome(receipt.output, kind, call.key, receipt.credits)
             if outcome.verdict == "failed":
                 self._tally.count(call, "failed", 0.0, counted=own)
-                raise stored_failure(receipt)
+                failure = stored_failure(receipt)
+                failure.replayed = True
+                raise failure
             if outcome.verdict == "busy":
                 waited = await wait_busy(call, receipt, waited, self._io.now())
                 continue

@@ -192,8 +192,10 @@ class MapBook:
 
     def systemic(self, failure: BaseException, error: str) -> SystemicFailure | None:
         """The map's first rows all failing the same way (a revoked API key, a provider
-        down) stop it, instead of paying for the whole list to fail."""
-        if self.tally.succeeded or len(self.first_failures) >= SAME_ERROR_STOP:
+        down) stop it, instead of paying for the whole list to fail. A failure replayed from
+        its receipt (no call made: a resume of a refresh, say) costs nothing and says nothing
+        of the provider now: it is not counted."""
+        if self.tally.succeeded or len(self.first_failures) >= SAME_ERROR_STOP or failures.replayed(failure):
             return None
         self.first_failures.append(failures.signature(failure))
         if len(self.first_failures) == SAME_ERROR_STOP and len(set(self.first_failures)) == 1:

@@ -74,6 +74,11 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" + (f" ({place})" if place else "")
 
 
+def replayed(exc: BaseException) -> bool:
+    """A failure given back from its receipt, no call made (it says nothing of the provider now)."""
+    return isinstance(exc, ToolExecutionError) and exc.replayed
+
+
 def signature(exc: BaseException) -> tuple[object, ...]:
     """What makes two failures "the same error", whatever row they came from."""
     if isinstance(exc, ToolExecutionError):
