@@ -851,7 +851,7 @@ def test_a_resume_over_moved_rows_with_blank_keys_finishes_each_once(
     assert sorted((tmp_path / "calls.log").read_text().split()) == ["Ada", "Bob", "Cy"]  # each paid once
 
 
-REFRESH_PLAY = """\
+REFRESH_FAILED_PLAY = """\
 from deepline_cli import ToolExecutionError, play, tool
 
 
@@ -879,7 +879,7 @@ def test_a_resumed_refresh_of_failures_is_not_stopped_as_systemic(
     """A `--refresh-failed` run stopped part-way, then resumed: the failures it had refreshed
     already are replayed from their receipts (no call), and were counted as the map's "first
     20 rows all failing the same way": the resume stopped, and its own advice paid again."""
-    play = write_play(REFRESH_PLAY)
+    play = write_play(REFRESH_FAILED_PLAY)
     assert finished(deepline("run", str(play), "--json"))["output"] == {"rows": 90, "failed": 30}
     refresh = deepline("run", str(play), "--run-id", "rf", "--refresh-failed", "--max-tool-calls", "25", "--json")
     assert refresh.code == 1, refresh.stderr  # stopped after 25 of the 30 failures
