@@ -405,12 +405,17 @@ def test_a_field_in_the_url_is_one_path_segment_or_one_query_value(
     assert urllib.parse.parse_qs(find.query) == {"company": [name], "country": ["us"]}
 
 
-def test_a_path_segment_that_is_only_dots_is_refused_unsent(project: Project, provider: LoopbackProvider) -> None:
-    """`..` percent-encoded is still `..` to a server that normalizes paths: a row whose
-    value is `.` or `..` for a path segment fails as `validation`, and nothing is sent."""
+def test_a_path_segment_that_is_only_dots_or_blank_is_refused_unsent(
+    project: Project, provider: LoopbackProvider
+) -> None:
+    """`..` percent-encoded is still `..` to a server that normalizes paths, and a blank cell
+    names the collection: a row whose value for a whole path segment is `.`, `..` or blank
+    fails as `validation`, and nothing is sent."""
     project.config('[tools."ht.profile"]\nurl = "@URL@/v1/companies/{name}/profile"\n')
-    out = project.run(calls(call("ht.profile", {"name": ".."}), catch=True)).output
-    assert out[0]["error"]["category"] == "validation" and "'..'" in out[0]["error"]["message"], out
+    for name in ("..", ".", "", None):  # a blank cell names the collection: /v1/companies//profile
+        out = project.run(calls(call("ht.profile", {"name": name}), catch=True)).output
+        assert out[0]["error"]["category"] == "validation", out
+        assert f"is {('' if name is None else name)!r}" in out[0]["error"]["message"], out
     assert provider.requests == []
 
 

@@ -120,7 +120,7 @@ def _fill(template: str, input: Any, secrets: Secrets, tool: str, *, encode_from
             text = _text(_field(input, name, tool))
             if encode_from is None or match.start() < encode_from:
                 return text
-            if text in (".", "..") and "?" not in template[: match.start()]:
+            if text.strip() in ("", ".", "..") and _whole_segment(template, match):
                 raise ToolExecutionError(
                     f"{tool}: the url path segment {{{name}}} is {text!r}, which would name another endpoint",
                     origin="caller", category="validation", retryable=False, tool=tool,
@@ -129,6 +129,13 @@ def _fill(template: str, input: Any, secrets: Secrets, tool: str, *, encode_from
         return match.group(0)[0]  # "{{" → "{", "}}" → "}"
 
     return _TOKEN.sub(replace, template)
+
+
+def _whole_segment(template: str, match: re.Match[str]) -> bool:
+    """Is this `{field}` a whole segment of the url's path (`/v1/{id}/emails`)? Blank, `.` or
+    `..`, such a segment names another endpoint (`/v1//emails`, the collection, a parent)."""
+    before, after = template[: match.start()], template[match.end() : match.end() + 1]
+    return "?" not in before and "#" not in before and before.endswith("/") and after in ("", "/", "?", "#")
 
 
 def _field(input: Any, path: str, tool: str) -> Any:
