@@ -339,3 +339,32 @@ def test_a_column_running_a_child_play_has_no_known_maximum(deepline, write_play
     human = deepline("plan", f"{play}:parent")
     assert human.code == 0, human.stderr
     assert "max unknown" in human.stdout and human.stdout.count("runs only in a real run") == 1, human.stdout
+
+
+FAILED_ROW_THEN_BODY = """
+from deepline_cli import play, tool
+
+@tool("t.score", credits=1)
+def score(input):
+    if input["name"] == "bob":
+        raise ValueError("no such lead")
+    return {"score": len(input["name"])}
+
+@play("scores")
+async def scores(ctx, input):
+    rows = [{"name": "ada"}, {"name": "bob"}]
+    done = await ctx.map("leads", rows, key="name", columns={
+        "score": lambda row, rc: rc.tools.execute("s", "t.score", {"name": row["name"]}),
+        "tier": lambda row: "A" if row["score"]["score"] > 2 else "B",
+    })
+    return {"hot": sum(1 for row in done if row["tier"] == "A")}
+"""
+
+
+def test_a_plan_after_a_run_with_a_failed_row_gives_its_columns_as_none(deepline, write_play) -> None:
+    """A play body reading a later column of the map's rows: the real run gives None for a
+    failed row's columns after the failure; the plan's rows left them out (KeyError, exit 1)."""
+    play = write_play(FAILED_ROW_THEN_BODY)
+    assert deepline("run", str(play), "--quiet").code == 0
+    plan = _plan(deepline, str(play))
+    assert plan["complete"] and plan["totals"]["credits"]["max"] == 0, plan

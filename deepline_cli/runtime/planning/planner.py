@@ -573,7 +573,9 @@ class RowPlanner:
     def _keep(self, row: dict[str, Any], error: str | None) -> None:
         if error is not None:
             self.failed += 1
-            row = {**row, "_error": error}
+            # As the run's rows have it: the columns after the failure hold None.
+            missing = {c.name: None for c in self.engine.columns if c.name not in row}
+            row = {**row, **missing, "_error": error}
         if self.rows is not None:
             self.rows.append(row)
 
