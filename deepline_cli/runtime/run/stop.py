@@ -30,17 +30,14 @@ PARENT_STOPPED = "its parent run "  # how the reason of a child stopped with its
 
 
 def stopped_with_parent(error: dict[str, Any] | None) -> bool:
-    """Was the run interrupted because its parent was stopped (not stopped on its own)?"""
-    if not error:
-        return False
-    return bool(error.get("with_parent")) or str(error.get("reason", "")).startswith(PARENT_STOPPED)
+    """Was the run interrupted because its parent was stopped (not stopped on its own)? Its
+    reason says so, whoever recorded it: `runs stop`, a worker, or the attempt that heard it."""
+    return error is not None and str(error.get("reason", "")).startswith(PARENT_STOPPED)
 
 
-def stop_error(reason: str, *, with_parent: bool = False) -> dict[str, Any]:
-    """The error a stopped run keeps (the same an attempt that heard the request records);
-    `with_parent`: a child run stopped because its parent was (its resume queues it again)."""
-    error = {"type": "RunInterrupted", "message": f"The run was stopped: {reason}.", "reason": reason}
-    return {**error, "with_parent": True} if with_parent else error
+def stop_error(reason: str) -> dict[str, Any]:
+    """The error a stopped run keeps (the same an attempt that heard the request records)."""
+    return {"type": "RunInterrupted", "message": f"The run was stopped: {reason}.", "reason": reason}
 
 
 @dataclass
@@ -69,10 +66,11 @@ def stop_run(
     try:
         stopped = _stop_one(store, run_id, reason, sleep=sleep, clock=clock)
     except UsageError:
-        if not _stop_children(store, run_id, reason):  # an ended run whose children still run
+        record = _read(store, run_id)
+        if not _stop_children(store, record, reason):  # an ended run whose children still run
             raise
-        return Stopped(_read(store, run_id), False, _read(store, run_id).attempt)
-    _stop_children(store, run_id, reason)
+        return Stopped(record, False, record.attempt)
+    _stop_children(store, stopped.record, reason)
     if stopped.asked and wait_s is not None:
         with contextlib.suppress(UsageError):  # it ended meanwhile: as asked
             stopped = _stop_one(store, run_id, reason, wait_s=wait_s, sleep=sleep, clock=clock, asked=stopped.attempt)
@@ -80,11 +78,11 @@ def stop_run(
     return stopped
 
 
-def _stop_children(store: Store, run_id: str, reason: str) -> int:
+def _stop_children(store: Store, record: RunRecord, reason: str) -> int:
     """The run's scheduled descendants not ended yet, stopped as it was (one read of the
-    run's tree); how many. Their errors say their parent was stopped, so the parent's resume
+    run's tree); how many. Their reasons say their parent was stopped, so the parent's resume
     queues them again. A child that runs in its parent's process stops with the parent."""
-    record = _read(store, run_id)
+    run_id = record.run_id
     tree = store.runs.tree_runs(record.root_run_id or run_id)
     children: dict[str, list[RunRecord]] = {}
     for run in tree:
@@ -96,7 +94,7 @@ def _stop_children(store: Store, run_id: str, reason: str) -> int:
         below.extend(children.get(child.run_id, []))
         if child.scheduled and child.status not in ENDED:
             with contextlib.suppress(UsageError):  # ended meanwhile
-                _stop_one(store, child.run_id, f"{PARENT_STOPPED}{run_id} was stopped: {reason}", with_parent=True)
+                _stop_one(store, child.run_id, f"{PARENT_STOPPED}{run_id} was stopped: {reason}")
                 stopped += 1
     return stopped
 
@@ -110,7 +108,6 @@ def _stop_one(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     asked: int | None = None,
-    with_parent: bool = False,
 ) -> Stopped:
     """Ask the run's process to stop (`asked`: it was, that attempt), or end the run here if
     nobody executes it; with `wait_s`, wait for it to end."""
@@ -139,8 +136,7 @@ def _stop_one(
         # Nobody executes it (or its process died, or it suspended before it heard): end it here.
         expect = (record.lease_expires_at or 0.0) if record.status == "running" else None
         store.runs.interrupt_run(run_id, reason, attempt=record.attempt, status=record.status,
-                            error=stop_error(reason, with_parent=with_parent), now=now,
-                            expect_expires=expect)  # fmt: skip
+                            error=stop_error(reason), now=now, expect_expires=expect)  # fmt: skip
 
 
 def _read(store: Store, run_id: str) -> RunRecord:

@@ -222,7 +222,7 @@ class Worker:
             if parent.status == "interrupted" or (parent.status == "running" and parent.stop_reason):
                 reason = f"{PARENT_STOPPED}{parent_id} was stopped"
                 store.runs.interrupt_run(record.run_id, reason, attempt=record.attempt, status="running",
-                                         error=stop_error(reason, with_parent=True), now=store.now())  # fmt: skip
+                                         error=stop_error(reason), now=store.now())  # fmt: skip
                 self.report(f"worker: {record.run_id} not run: {reason}")
                 return True
             parent_id = parent.parent_run_id
