@@ -81,12 +81,10 @@ def render_proxy(template: str, secrets: Secrets, *, tool: str) -> str:
     percent-encoded, so a generated password with `#`, `@` or `/` keeps the URL whole."""
 
     def replace(match: re.Match[str]) -> str:
-        secret = match.group(1)
-        if not secret:
+        name = match.group(1)
+        if not name:
             return match.group(0) if match.group(2) else match.group(0)[0]
-        value = secrets.lookup(secret)
-        if value is None:
-            raise UsageError(f"Tool {tool!r}: secret {secret} is not set; export it or add it to .env.")
+        value = _secret(secrets, name, tool)
         return urllib.parse.quote(value, safe="") if match.start() < template.rfind("@") else value
 
     return _TOKEN.sub(replace, template)
@@ -112,10 +110,7 @@ def _fill(template: str, input: Any, secrets: Secrets, tool: str, *, encode_from
     def replace(match: re.Match[str]) -> str:
         secret, name = match.group(1), match.group(2)
         if secret:
-            value = secrets.lookup(secret)
-            if value is None:
-                raise UsageError(f"Tool {tool!r}: secret {secret} is not set; export it or add it to .env.")
-            return value
+            return _secret(secrets, secret, tool)
         if name:
             text = _text(_field(input, name, tool))
             if encode_from is None or match.start() < encode_from:
@@ -129,6 +124,13 @@ def _fill(template: str, input: Any, secrets: Secrets, tool: str, *, encode_from
         return match.group(0)[0]  # "{{" → "{", "}}" → "}"
 
     return _TOKEN.sub(replace, template)
+
+
+def _secret(secrets: Secrets, name: str, tool: str) -> str:
+    value = secrets.lookup(name)
+    if value is None:
+        raise UsageError(f"Tool {tool!r}: secret {name} is not set; export it or add it to .env.")
+    return value
 
 
 def _whole_segment(template: str, match: re.Match[str]) -> bool:
