@@ -14,7 +14,7 @@ from deepline_cli.errors import InputError
 from deepline_cli.runtime.map.book import MapBook
 from deepline_cli.runtime.map.failures import PlayCodeError, where
 from deepline_cli.runtime.map.row_context import PendingRow
-from deepline_cli.runtime.map.rows import CsvSource, input_columns, key_fields, row_digest
+from deepline_cli.runtime.map.rows import CsvSource, input_columns, is_blank, key_fields, row_digest
 from deepline_cli.store.records import SheetRow
 
 CHUNK = 256  # rows looked up in the sheet per store read
@@ -140,7 +140,7 @@ class Intake:
 
     def _blank_key(self, row: dict[str, Any]) -> bool:
         """Is a field the key is made of blank in this row (`key=["name", "domain"]`)?"""
-        return any(not str(row.get(name) or "").strip() for name in self.key_fields)
+        return any(is_blank(row.get(name)) for name in self.key_fields)
 
     def _key_failed(self, input_index: int, exc: Exception) -> PlayCodeError:
         place = where(exc)

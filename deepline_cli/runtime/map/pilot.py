@@ -68,13 +68,13 @@ async def scan_rest(engine: PilotMap) -> dict[str, Any] | None:
 def rest_jobs(engine: PilotMap, counts: RestCounts) -> Iterator[list[PendingRow]]:
     """The distinct rows after the ones the map read, in chunks (keys seen by the map skipped)."""
     seen = set(engine.intake.seen)
+    csv = engine.intake.csv
     chunk: list[PendingRow] = []
     for input_index, raw in enumerate(engine.rows):
         if input_index < engine.read:
             continue
         counts.rows += 1
         row = dict(raw)
-        csv = engine.intake.csv
         key = engine.intake.key(row, input_index, csv.blank(row) if csv is not None else None)
         if key in seen:
             continue

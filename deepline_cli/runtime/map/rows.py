@@ -149,8 +149,7 @@ class CsvSource:
     def blank(self, row: Mapping[str, Any]) -> str | None:
         """Why the row just read cannot be used: a required column with no value in it."""
         for name in self.required:
-            value = row.get(name)
-            if value is None or (isinstance(value, str) and not value.strip()):
+            if is_blank(row.get(name)):
                 return f"InputError: required column {name!r} is blank ({self.where()})"
         return None
 
@@ -258,7 +257,7 @@ def key_function(key: RowKey) -> Callable[[Mapping[str, Any]], str]:
     def by_fields(row: Mapping[str, Any]) -> str:
         try:
             parts = [row[n] for n in names]
-            if all(part is None or (isinstance(part, str) and not part.strip()) for part in parts):
+            if all(map(is_blank, parts)):
                 return ""  # every part blank: no identity (the map keys the row by where it is)
             return _json.dumps_str(parts)
         except KeyError as exc:
@@ -266,6 +265,11 @@ def key_function(key: RowKey) -> Callable[[Mapping[str, Any]], str]:
 
     by_fields.fields = tuple(names)  # type: ignore[attr-defined]
     return by_fields
+
+
+def is_blank(value: Any) -> bool:
+    """No value: None, or text that is empty or only spaces (a cell left empty)."""
+    return value is None or (isinstance(value, str) and not value.strip())
 
 
 def key_fields(key_of: Callable[..., str]) -> tuple[str, ...]:
