@@ -77,7 +77,7 @@ class MapBook:
         self._seed_reuse = array.array("q")
         # Their waterfall steps' hits: each distinct combination once, by number (0: none), so a
         # million seeded rows hold a number each, not a dict each.
-        self._seed_steps = array.array("l")
+        self._seed_steps = array.array("q")
         self._step_combos: list[dict[str, str | None]] = [{}]
         self.first_failures: list[tuple[object, ...]] = []  # signatures, while no row succeeded
         self.started = time.monotonic()
@@ -227,13 +227,12 @@ class MapBook:
                 if idx >= len(self._seed_key):
                     grow = idx + 1 - len(self._seed_key) + 1024
                     zeros = array.array("q", bytes(8 * grow))
-                    self._seed_key.extend(zeros)
-                    self._seed_reuse.extend(zeros)
-                    self._seed_steps.extend(array.array("l", bytes(self._seed_steps.itemsize * grow)))
+                    for seeds in (self._seed_key, self._seed_reuse, self._seed_steps):
+                        seeds.extend(zeros)
                 self._seed_key[idx] = hash(row.row_key)
                 self._seed_reuse[idx] = row.reused_cells << 1 | row.reused_row
                 if row.steps:
-                    combo = tuple(sorted(row.steps.items(), key=lambda item: item[0]))
+                    combo = tuple(sorted(row.steps.items()))  # column names are unique: never compares steps
                     number = combos.get(combo)
                     if number is None:
                         number = combos[combo] = len(self._step_combos)

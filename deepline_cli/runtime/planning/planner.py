@@ -100,7 +100,7 @@ class Credits:
     min: float = 0.0
     expected: float = 0.0
     max: float = 0.0
-    unbounded: bool = False  # calls only a real run can tell (a child play, a tool id made at run time)
+    unbounded: bool = False  # calls only a real run can tell (a child play's)
 
     def add(self, low: float, expected: float, high: float | None) -> None:
         self.min += low
