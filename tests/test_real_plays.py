@@ -632,7 +632,7 @@ def test_an_answer_json_cannot_hold_as_it_is_is_recorded_and_never_paid_again(
     rows = exported(deepline, "odd")
     assert rows[0]["bio"]["bio"] == "Founder \ufffd" and rows[0]["_error"] in (None, ""), rows
     again = finished(deepline("run", str(play), "--json"))  # a new run: every answer is reused
-    assert again["output"] == first["output"] or again["output"]["alone"]["bio"] == "Founder \ufffd"
+    assert again["output"] == first["output"]
     assert (tmp_path / "calls.log").read_text().split() == ["acme.com", "globex.com"]  # paid once each
 
 
