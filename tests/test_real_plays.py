@@ -574,6 +574,26 @@ def test_a_resume_over_rows_in_another_order_finishes_each_row_once(
     assert (rows_stats["succeeded"], rows_stats["from_earlier_attempts"]) == (4, 2), rows_stats
 
 
+def test_a_resume_stopped_over_rows_in_another_order_holds_each_row_once(
+    deepline: Run, project: Callable[[str], Path], provider: DirectoryProvider, tmp_path: Path
+) -> None:
+    """A resume over rows in another order that stops before it has passed every place the
+    first attempt wrote: a row it did again at its new place is not also left at its old one.
+    The partial export holds each row once, and `runs show` counts what the export holds."""
+    play = project(EVERY_ROW_PLAY)
+    stopped = deepline("run", str(play), "--csv", "leads.csv", "--run-id", "moved", "--max-credits", "2", "--json")
+    assert stopped.code == 1 and provider.count() == 2, stopped.stderr  # Ada at place 0, Grace at 1
+    header, ada, grace, *rest = LEADS.splitlines()
+    (tmp_path / "leads.csv").write_text("\n".join([header, grace, *rest, ada]) + "\n")  # Grace first now
+    again = deepline("resume", "moved", "--max-credits", "2", "--json")  # Grace from the sheet, then no credit left
+    assert again.code == 1 and provider.count() == 2, again.stderr
+    domains = [row["domain"] for row in exported(deepline, "moved")]
+    assert "cobol.dev" in domains and len(set(domains)) == len(domains), domains
+    shown = json.loads(deepline("runs", "show", "moved", "--json").stdout)
+    rows = len(domains)
+    assert (shown["maps"][0]["succeeded"], shown["stats"]["rows"]["succeeded"]) == (rows, rows), shown
+
+
 def test_one_map_name_used_twice_in_a_run_is_refused(deepline: Run, project: Callable[[str], Path]) -> None:
     """A map's name is the identity of its rows in the run: a second `ctx.map` of the same
     name (a loop over several lists) would be answered with the first one's rows. It fails,

@@ -1172,6 +1172,18 @@ def test_load_sheet_rows_handles_more_keys_than_one_statement_binds(store: Store
     assert loaded["k0998"] == rows[998]
 
 
+def test_a_map_row_moved_by_a_resume_leaves_its_old_place(store: Store, other: Store) -> None:
+    """A resume did key k0 again at place 4 (its input came back in another order): the
+    row at its old place goes in the same write, and only if that place still holds k0."""
+    store.apply(Writes(map_rows=_map_rows()[:2]), T0)  # k0 at 0, k1 at 1
+    moved = MapRow("r1", "leads", 4, 4, "k0", "succeeded", attempt=2, moved_from=0)
+    stale = MapRow("r1", "leads", 5, 5, "k1", "succeeded", attempt=2, moved_from=0)  # 0 is not k1's place
+    store.apply(Writes(map_rows=[moved, stale]), T0 + 1)
+    assert [(r.idx, r.row_key) for r in other.earlier_map_rows("r1", "leads", -1, 10)] == [
+        (1, "k1"), (4, "k0"), (5, "k1")
+    ]  # fmt: skip
+
+
 def _map_rows(run_id: str = "r1", map: str = "leads") -> list[MapRow]:
     # Distinct rows 0..5 of the input; rows 2 and 4 failed; input index skips a duplicate.
     return [
@@ -1197,9 +1209,11 @@ def test_map_rows_report_finished_succeeded_failed_and_counts(store: Store, othe
     )
 
     assert sorted(other.finished_map_rows("r1", "leads")) == [0, 1, 2, 3, 4, 5]
-    seeded = other.seeded_map_rows("r1", "leads", -1, 10)
-    assert [(r.idx, r.row_key) for r in seeded] == [(0, "k0"), (1, "k1"), (3, "k3"), (5, "k5")]
-    assert [r.idx for r in other.seeded_map_rows("r1", "leads", 0, 2)] == [1, 3]  # paged by idx
+    earlier = other.earlier_map_rows("r1", "leads", -1, 10)
+    assert [(r.idx, r.row_key, r.succeeded) for r in earlier] == [
+        (0, "k0", True), (1, "k1", True), (2, "k2", False), (3, "k3", True), (4, "k4", False), (5, "k5", True)
+    ]  # fmt: skip
+    assert [r.idx for r in other.earlier_map_rows("r1", "leads", 0, 2)] == [1, 2]  # paged by idx
     assert other.count_map_rows("r1", "leads") == {"succeeded": 4, "failed": 2}
     assert other.count_map_rows("r2", "leads") == {"succeeded": 2}
     assert other.count_map_rows("r1", "nope") == {}

@@ -311,14 +311,19 @@ class MapRow:
     # The answers the play found a value with: their receipt keys' first FOUND_PREFIX
     # characters (unique enough within a run, and small beside a million rows).
     found: list[str] | None = None
+    # Where an earlier attempt wrote this row's key (a resume over rows in another order):
+    # that row goes as this one is written, so the map never holds a key twice.
+    moved_from: int | None = None
 
 
-class SeededRow(NamedTuple):
-    """A row an earlier attempt of the run finished well, as a resume seeds it: by its key
-    (the input may come back in another order), with what it reused and its steps' hits."""
+class EarlierRow(NamedTuple):
+    """A row an earlier attempt of the run finished, as a resume reads it: by its key (the
+    input may come back in another order), whether it succeeded (then it is seeded), what
+    it reused and its steps' hits."""
 
     idx: int
     row_key: str
+    succeeded: bool
     reused_row: bool
     reused_cells: int
     steps: dict[str, str | None] | None

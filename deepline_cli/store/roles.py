@@ -19,6 +19,7 @@ from deepline_cli.store.records import (
     Applied,
     Boundary,
     DatasetRow,
+    EarlierRow,
     FailedCall,
     LogLine,
     MapRecord,
@@ -27,7 +28,6 @@ from deepline_cli.store.records import (
     ReceiptGeneration,
     ReceiptQuery,
     RunRecord,
-    SeededRow,
     SheetRow,
     Writes,
 )
@@ -235,9 +235,9 @@ class SheetStore(Protocol):
         """The distinct-row indexes this run's map already finished (earlier attempts)."""
         ...
 
-    def seeded_map_rows(self, run_id: str, map: str, after_idx: int, limit: int) -> list[SeededRow]:
-        """The rows earlier attempts finished well (seeded on resume), in index order after
-        `after_idx`, up to `limit`."""
+    def earlier_map_rows(self, run_id: str, map: str, after_idx: int, limit: int) -> list[EarlierRow]:
+        """The rows earlier attempts finished (a resume seeds those that succeeded), in index
+        order after `after_idx`, up to `limit`."""
         ...
 
     def trim_map_rows(self, run_id: str, map: str, attempt: int, keep: int) -> int:

@@ -9,9 +9,9 @@ from deepline_cli import _json
 from deepline_cli.store.records import (
     NOT_FOUND,
     DatasetRow,
+    EarlierRow,
     MapRecord,
     MapRow,
-    SeededRow,
     SheetRow,
     cells_of,
     stored_cells,
@@ -64,15 +64,15 @@ class SheetsSql(SqlBase):
         rows = self._read("SELECT idx FROM map_rows WHERE run_id = ? AND map = ?", (run_id, map))
         return [r[0] for r in rows]
 
-    def seeded_map_rows(self, run_id: str, map: str, after_idx: int, limit: int) -> list[SeededRow]:
+    def earlier_map_rows(self, run_id: str, map: str, after_idx: int, limit: int) -> list[EarlierRow]:
         rows = self._read(
-            "SELECT idx, row_key, reused_row, reused_cells, steps FROM map_rows WHERE run_id = ? AND map = ?"
-            " AND outcome = 'succeeded' AND idx > ? ORDER BY idx LIMIT ?",
+            "SELECT idx, row_key, outcome, reused_row, reused_cells, steps FROM map_rows WHERE run_id = ?"
+            " AND map = ? AND idx > ? ORDER BY idx LIMIT ?",
             (run_id, map, after_idx, limit),
         )
         return [
-            SeededRow(idx, key, bool(reused), cells or 0, _json.loads(steps) if steps else None)
-            for idx, key, reused, cells, steps in rows
+            EarlierRow(idx, key, ok == "succeeded", bool(reused), cells or 0, _json.loads(steps) if steps else None)
+            for idx, key, ok, reused, cells, steps in rows
         ]
 
     def trim_map_rows(self, run_id: str, map: str, attempt: int, keep: int) -> int:
@@ -192,6 +192,12 @@ class SheetsSql(SqlBase):
         )
 
     def _write_map_rows(self, c: Any, rows: Sequence[MapRow]) -> None:
+        # A row a resume did again at another place: its key leaves the place it had.
+        self._many(
+            c,
+            "DELETE FROM map_rows WHERE run_id = ? AND map = ? AND idx = ? AND row_key = ?",
+            [(r.run_id, r.map, r.moved_from, r.row_key) for r in rows if r.moved_from is not None],
+        )
         upsert = (
             " ON CONFLICT (run_id, map, idx) DO UPDATE SET input_index = excluded.input_index,"
             " row_key = excluded.row_key, outcome = excluded.outcome, error = excluded.error, rev = excluded.rev,"

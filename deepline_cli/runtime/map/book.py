@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import bisect
 import contextlib
 import time
 from collections.abc import Mapping
@@ -79,6 +80,10 @@ class MapBook:
         # million seeded rows hold a number each, not a dict each.
         self._seed_steps = array.array("q")
         self._step_combos: list[dict[str, str | None]] = [{}]
+        # Every row earlier attempts wrote (failed ones too), by idx; and, built when first
+        # asked, their keys' hashes in order beside their idx: where each key was written.
+        self._earlier = array.array("q")
+        self._places: tuple[array.array[int], array.array[int]] | None = None
         self.first_failures: list[tuple[object, ...]] = []  # signatures, while no row succeeded
         self.started = time.monotonic()
 
@@ -174,10 +179,28 @@ class MapBook:
         row.reused_row, row.reused_cells = reused
         row.found = sorted(key[:FOUND_PREFIX] for key in found) if found else None
         row.kept = sheet_row is None and previous is not None and previous.run_id == self.run_id
+        if self._earlier:
+            row.moved_from = self._moved_from(job.idx, job.key)
         self.s.writes.sheet(sheet_row, row)
         self.mark(job.idx)
         if error is not None and self.fail_fast:
             return DeeplineError(f"Map {self.name!r} stopped: row {job.key} failed: {error}")
+        return None
+
+    def _moved_from(self, idx: int, key: str) -> int | None:
+        """The place an earlier attempt wrote this key at, when it is not `idx`: rows came
+        back in another order, and the row done again here leaves its old place (written
+        over later, or never if this attempt stops first: a key is in the map once)."""
+        if self._places is None:
+            order = array.array("q", sorted(self._earlier, key=self._seed_key.__getitem__))
+            self._places = array.array("q", (self._seed_key[i] for i in order)), order
+        hashes, order = self._places
+        wanted = hash(key)
+        at = bisect.bisect_left(hashes, wanted)
+        while at < len(hashes) and hashes[at] == wanted:  # the SQL checks the key itself
+            if order[at] != idx:
+                return order[at]
+            at += 1
         return None
 
     def _redacted(self, cells: Cells) -> Cells:
@@ -217,19 +240,25 @@ class MapBook:
     async def seed(self) -> int:
         """Rows an earlier attempt of this run finished well are seeded: not done again if
         the input has them at the same place (`is_seeded`). Failed ones go through the
-        sheet again, where their error cell is kept, or recomputed with --refresh-failed."""
+        sheet again, where their error cell is kept, or recomputed with --refresh-failed.
+        Where each key was written is kept, for a row done again at another place."""
         io, count, after = self.s.io, 0, -1
         combos: dict[tuple[tuple[str, str | None], ...], int] = {}
-        while page := await io.call(io.store.sheets.seeded_map_rows, self.run_id, self.name, after, SEED_PAGE):
+        while page := await io.call(io.store.sheets.earlier_map_rows, self.run_id, self.name, after, SEED_PAGE):
+            after = page[-1].idx
             for row in page:
                 idx = row.idx
-                self.mark(idx)
                 if idx >= len(self._seed_key):
                     grow = idx + 1 - len(self._seed_key) + 1024
                     zeros = array.array("q", bytes(8 * grow))
                     for seeds in (self._seed_key, self._seed_reuse, self._seed_steps):
                         seeds.extend(zeros)
                 self._seed_key[idx] = hash(row.row_key)
+                self._earlier.append(idx)
+                if not row.succeeded:
+                    continue
+                count += 1
+                self.mark(idx)
                 self._seed_reuse[idx] = row.reused_cells << 1 | row.reused_row
                 if row.steps:
                     combo = tuple(sorted(row.steps.items()))  # column names are unique: never compares steps
@@ -238,8 +267,6 @@ class MapBook:
                         number = combos[combo] = len(self._step_combos)
                         self._step_combos.append(row.steps)
                     self._seed_steps[idx] = number
-            count += len(page)
-            after = page[-1].idx
         return count
 
     async def trim(self) -> None:
