@@ -751,3 +751,61 @@ def test_a_child_run_has_its_own_attempts_duration_and_figures(deepline, plays, 
     assert shown["stats"]["duration_s"] > 0
     full = json.loads(deepline("runs", "show", child["run_id"], "--full", "--json").stdout)
     assert [a["status"] for a in full["attempts"]] == ["completed"]
+
+
+MAP_OF_CHILDREN_PLAYS = (
+    TOOL
+    + """
+import asyncio
+
+from deepline_cli import Column
+
+
+@play("approval")
+async def approval(ctx, input):
+    return await ctx.wait_for_event("approve-" + input["d"])
+
+
+async def enrich(row, rc):
+    await asyncio.sleep(0.3)  # still in flight when the first child waits
+    result = await rc.tools.execute("enrich", "t.work", {"label": row["d"], "log": "work.log"})
+    return result.output
+
+
+@play("review")
+async def review(ctx, input):
+    rows = await ctx.map("leads", [{"d": d} for d in "abcd"], key="d", columns={
+        "enriched": enrich,
+        "approved": Column(lambda row, rc: rc.run_play("approve", "approval", {"d": row["d"]}),
+                           run_if=lambda row: row["d"] != "d"),
+    })
+    return {"rows": len(rows), "approved": [row["approved"] for row in rows]}
+"""
+)
+
+
+def test_rows_of_a_map_waiting_on_children_all_wait_and_the_others_finish(deepline, plays, tmp_path):
+    """Three rows of a map run a child that waits for an event; the fourth only calls a tool.
+    The map waits for all three at once (every child recorded waiting, every boundary named),
+    the rows in flight finish and are recorded, and each tool call is made once."""
+    plays("review.py", MAP_OF_CHILDREN_PLAYS)
+    result = deepline("run", "plays/review.py:review", "--run-id", "r-rev", "--json")
+    assert result.code == 3, result.stderr
+    kids = {r["input"]["d"]: r for r in runs(deepline).values() if r["parent_run_id"] == "r-rev"}
+    assert set(kids) == {"a", "b", "c"} and all(k["status"] == "waiting" for k in kids.values()), kids
+    waiting = next(e for e in result.json_lines() if e["event"] == "run.waiting")
+    assert {b["event_id"] for b in waiting["boundaries"] if b["kind"] == "event"} == {
+        "approve-a", "approve-b", "approve-c"
+    }  # fmt: skip
+    shown = show(deepline, "r-rev")
+    assert [(m["map"], m["status"], m["succeeded"]) for m in shown["maps"]] == [("leads", "waiting", 1)], shown
+    assert shown["stats"]["tools"]["t.work"]["live"] == 4  # every row's call was made, and recorded
+
+    for d in "abc":
+        assert deepline("events", "send", "r-rev", f"approve-{d}", "--payload", json.dumps(d.upper())).code == 0
+    done = deepline("resume", "r-rev", "--json")
+    assert done.code == 0, done.stderr
+    finished = done.json_lines()[-1]
+    assert finished["output"] == {"rows": 4, "approved": ["A", "B", "C", None]}
+    assert sorted((tmp_path / "work.log").read_text().split()) == ["a", "b", "c", "d"]  # none paid twice
+    assert finished["stats"]["tools"]["t.work"]["live"] == 4

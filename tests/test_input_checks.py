@@ -118,6 +118,55 @@ def test_a_key_function_that_raises_names_the_map_the_row_and_the_error(
     assert not (tmp_path / "calls.txt").exists()
 
 
+SLOW_LEADS = """
+import asyncio
+from pathlib import Path
+
+from deepline_cli import play, tool
+
+@tool("t.company", credits=1)
+async def company(input):
+    with open(Path(__file__).parent / "calls.txt", "a") as calls:  # one line per real call
+        calls.write(input["domain"] + "\\n")
+    await asyncio.sleep(0.2)
+    return {"name": input["domain"].upper()}
+
+@play("leads")
+async def leads(ctx, input):
+    rows = ctx.csv(input["csv"])
+    done = await ctx.map("leads", rows, key=lambda row: row["email"].split("@")[1], columns={
+        "company": lambda row, rc: rc.tools.execute("c", "t.company", {"domain": row["email"].split("@")[1]}),
+    })
+    return {"rows": len(done)}
+"""
+
+
+def test_a_key_function_failing_late_lets_the_calls_in_flight_finish_and_be_recorded(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A key function fails on a row far down the list while earlier rows' calls are out:
+    those calls finish and are recorded before the map stops, so the resume after the fix
+    pays none of them again."""
+    write_play(SLOW_LEADS)
+    emails = [f"ceo@company{i}.com" for i in range(600)]
+    emails[580] = "not an email"
+    (tmp_path / "leads.csv").write_text("email\n" + "\n".join(emails) + "\n")
+    run = deepline("run", "play.py", "--csv", "leads.csv", "--run-id", "late", "--json")
+    finished = run.json_lines()[-1]
+    assert run.code == 1 and "its key function raised IndexError" in finished["error"]["message"], finished
+    made = (tmp_path / "calls.txt").read_text().split()
+    assert made and len(made) == len(set(made)), made
+    recorded = finished["stats"]["tools"]["t.company"]["live"]
+    assert recorded == len(made)  # every call made was recorded: none left in flight
+
+    emails[580] = "ceo@company580.com"
+    (tmp_path / "leads.csv").write_text("email\n" + "\n".join(emails) + "\n")
+    done = deepline("resume", "late", "--json")
+    assert done.code == 0, done.stderr
+    made = (tmp_path / "calls.txt").read_text().split()
+    assert sorted(made) == sorted(e.split("@")[1] for e in emails)  # each company called once
+
+
 def test_the_export_a_reported_run_suggests_is_named_after_its_play(
     deepline: Run, write_play: Callable[..., Path], tmp_path: Path
 ) -> None:

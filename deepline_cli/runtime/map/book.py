@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from deepline_cli.errors import DeeplineError, RunInterrupted, SystemicFailure
+from deepline_cli.runtime.calls.suspended import Suspended
 from deepline_cli.runtime.map import failures
 from deepline_cli.runtime.map.columns import ResolvedColumn
 from deepline_cli.runtime.map.host import MapParts
@@ -296,7 +297,7 @@ class MapBook:
     async def save_unfinished(self, record: MapRecord, exc: BaseException) -> None:
         """A map that did not finish says so, with what it did (`runs show`, `export`)."""
         interrupted = isinstance(exc, asyncio.CancelledError | RunInterrupted)
-        record.status = "interrupted" if interrupted else "failed"
+        record.status = "waiting" if isinstance(exc, Suspended) else "interrupted" if interrupted else "failed"
         record.succeeded = self.tally.succeeded + self.tally.seeded
         record.failed, record.duplicate, record.reused = self.tally.failed, self.tally.duplicate, self.tally.reused
         with contextlib.suppress(Exception, asyncio.CancelledError):

@@ -22,6 +22,7 @@ from deepline_cli import _json
 from deepline_cli.errors import DeeplineError, UsageError
 from deepline_cli.runtime.calls.call_scope import CellScope, enter_cell
 from deepline_cli.runtime.calls.store_thread import StoreIO
+from deepline_cli.runtime.calls.suspended import Suspended
 from deepline_cli.runtime.map import barriers, failures
 from deepline_cli.runtime.map.book import MapBook
 from deepline_cli.runtime.map.columns import Column, ResolvedColumn, resolve_columns
@@ -75,6 +76,9 @@ class MapRun:
         self.sheet = f"{scope.workspace}/{scope.play}/{name}"
         self.run_id, self.attempt = scope.run_id, scope.attempt
         self.stop: BaseException | None = None
+        # Rows that must wait (a child play that waits, a long sleep): not recorded, and the
+        # map waits once every row has been done or has waited.
+        self.waiting: list[Suspended] = []
         self.reuse = ReusePolicy(parts.io.now, scope.force_refresh, scope.refresh_failed)
         self.waterfalls = {c.name: c.column.fn.names for c in self.columns if isinstance(c.column.fn, Waterfall)}
         self.book = MapBook(parts, name, self.sheet, self.columns, self.waterfalls, on_row_error == "fail")
@@ -124,7 +128,10 @@ class MapRun:
         queue: asyncio.Queue[PendingRow | None] = asyncio.Queue(maxsize=self.concurrency * 2)
         workers = [asyncio.create_task(self._worker(queue)) for _ in range(self.concurrency)]
         try:
-            await self._produce(queue)
+            try:
+                await self._produce(queue)
+            except Exception as exc:  # the input failed (a key function, a CSV line): the rows out finish first
+                self._stop_on(exc)
             for _ in workers:
                 await queue.put(None)
             await asyncio.gather(*workers)
@@ -135,6 +142,8 @@ class MapRun:
             raise
         if self.stop is not None:
             raise self.stop
+        if self.waiting:
+            raise self.waiting[0]  # every one's boundary is stored: the run waits for them all
 
     @property
     def total_estimate(self) -> int | None:
@@ -220,7 +229,7 @@ class MapRun:
             await asyncio.sleep(PROGRESS_EVERY_S)
             self.book.progress(self.total_estimate)
 
-    def _stop_on(self, reason: DeeplineError | None) -> None:
+    def _stop_on(self, reason: BaseException | None) -> None:
         """Stop the map (after the rows in flight) for the first reason given."""
         if reason is not None and self.stop is None:
             self.stop = reason
@@ -235,8 +244,10 @@ class MapRun:
             try:
                 self.s.check_open()  # interrupted (Ctrl-C, a closed pipe…): start no new row
                 await self._process(job)
+            except Suspended as waits:  # the other rows go on: the run waits for all that must
+                self.waiting.append(waits)
             except Exception as exc:  # fatal for the run (budget, lease, store…): stop the map
-                self.stop = exc
+                self._stop_on(exc)
 
     async def _process(self, job: PendingRow) -> None:
         row = job.row

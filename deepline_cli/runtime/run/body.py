@@ -7,12 +7,12 @@ from typing import Any
 
 from deepline_cli import _json
 from deepline_cli.errors import DeeplineError, RunInterrupted, error_dict
+from deepline_cli.runtime.calls.suspended import Suspended
 from deepline_cli.runtime.map import failures
 from deepline_cli.runtime.run.context import ChildPlays, Context
 from deepline_cli.runtime.run.parts import RunParts
 from deepline_cli.runtime.run.play import PlayDef
 from deepline_cli.runtime.run.play_input import play_input
-from deepline_cli.runtime.run.suspension import Suspended
 
 
 @dataclass

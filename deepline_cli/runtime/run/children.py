@@ -15,13 +15,13 @@ from typing import Any
 from deepline_cli import _json
 from deepline_cli.errors import DeeplineError, GovernanceError, InputError, PlayLoadError, RunInterrupted
 from deepline_cli.runtime.calls.receipts import DurableCall, receipt_key
+from deepline_cli.runtime.calls.suspended import Suspended
 from deepline_cli.runtime.run.body import execute_body
 from deepline_cli.runtime.run.holders import holder_id
 from deepline_cli.runtime.run.parts import Journal, RunParts
 from deepline_cli.runtime.run.play import PlayDef, find_play_by_name, load_play
 from deepline_cli.runtime.run.snapshot import take_snapshot
 from deepline_cli.runtime.run.stop import stopped_with_parent
-from deepline_cli.runtime.run.suspension import Suspended
 from deepline_cli.store.records import Boundary, RunRecord
 
 

@@ -7,6 +7,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from deepline_cli.errors import DeeplineError
+from deepline_cli.runtime.calls.suspended import Suspended
 from deepline_cli.store.records import Boundary
 from deepline_cli.store.roles import Store
 
@@ -14,17 +15,6 @@ if TYPE_CHECKING:
     from deepline_cli.runtime.run.parts import RunParts
 
 EVENT_POLL_S = 0.25
-
-
-class Suspended(BaseException):
-    """The play reached a boundary it must wait at; the run becomes `waiting`.
-
-    A BaseException, so a play's `except Exception` cannot swallow it.
-    """
-
-    def __init__(self, boundary: Boundary) -> None:
-        super().__init__(f"waiting at {boundary.id}")
-        self.boundary = boundary
 
 
 class EventTimeoutError(DeeplineError):
