@@ -179,3 +179,68 @@ def test_sigkill_then_resume_pays_each_completed_call_once(
             assert attempts == [1, 2], f"call {i} was in flight at the kill; ran in attempts {attempts}"
         else:
             assert attempts == [2], f"call {i} was not started before the kill; ran in attempts {attempts}"
+
+
+# `crash.slow` answers after a pause as long as the file `pause` next to the log says.
+SLOW_PLAY = """
+import asyncio
+from pathlib import Path
+
+from deepline_cli import play, tool
+
+
+@tool("crash.slow", credits=1)
+async def slow(input, call):
+    log = Path(input["log"])
+    with log.open("a") as f:
+        f.write(f"{input['i']} {call.idempotency_key}\\n")
+    await asyncio.sleep(float((log.parent / "pause").read_text()))
+    return input["i"]
+
+
+@play("slow")
+async def slow_play(ctx, input):
+    rows = await ctx.map("items", [{"i": i} for i in range(input["n"])], key="i", concurrency=5, columns={
+        "out": lambda row, rc: rc.tools.execute("slow", "crash.slow", {"i": row["i"], "log": input["log"]}),
+    })
+    return {"rows": len(rows)}
+"""
+
+
+@pytest.mark.process
+def test_a_new_run_takes_over_at_once_the_calls_a_killed_run_held_on_this_machine(
+    tmp_path: Path, cli_env: dict[str, str], deepline
+) -> None:
+    """A run is killed while its calls are out; the user starts the play again as a new run
+    (not a resume). The calls the dead process held are taken over at once (its process is
+    gone), not after their leases expire, and each is sent again under its own key."""
+    play, log = tmp_path / "slow.py", tmp_path / "calls.log"
+    play.write_text(SLOW_PLAY)
+    (tmp_path / "pause").write_text("60")
+    args = ["run", str(play), "--input", _json.dumps_str({"n": 10, "log": str(log)})]
+    env = {**cli_env, "DEEPLINE_LEASE_TTL": "60"}
+    proc = subprocess.Popen([sys.executable, "-m", "deepline_cli", *args], cwd=tmp_path, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while invoked(log) < 5:
+            assert proc.poll() is None and time.monotonic() < deadline, "the first run never sent its calls"
+            time.sleep(0.02)
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    (tmp_path / "pause").write_text("0")
+    started = time.monotonic()
+    again = deepline(*args, "--json", DEEPLINE_LEASE_TTL="60")
+    elapsed = time.monotonic() - started
+    assert again.code == 0, again.stderr
+    assert elapsed < 20, f"the new run waited {elapsed:.1f}s for the dead run's calls"
+    sent: dict[str, list[str]] = collections.defaultdict(list)
+    for line in log.read_text().splitlines():
+        i, idem = line.split()
+        sent[i].append(idem)
+    assert sorted(sent, key=int) == [str(i) for i in range(10)]
+    assert all(len(set(keys)) == 1 for keys in sent.values()), sent  # a call sent again keeps its key

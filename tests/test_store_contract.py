@@ -550,10 +550,13 @@ def test_heartbeat_extends_live_leases_and_reports_lost_ones(store: Store, other
 
 def test_expire_run_receipts_frees_only_that_runs_running_receipts(store: Store, other: Store) -> None:
     claim(store, [mk_claim("a"), mk_claim("b", lease="L2"), mk_claim("c", run_id="r2", lease="M")], T0)
+    claim(store, [mk_claim("d", attempt=2, lease="L3")], T0)  # a later attempt's: a live process took over
     settle(store, [completed("b", "L2")], T0 + 1)
 
-    assert store.expire_run_receipts("r1") == 1
-    assert store.expire_run_receipts("r-none") == 0
+    assert store.expire_run_receipts("r1", before_attempt=2) == 1
+    assert store.expire_run_receipts("r-none", before_attempt=2) == 0
+
+    assert one(other, mk_claim("d", run_id="r3", lease="N3"), T0 + 2)[0] == "busy"
 
     assert one(other, mk_claim("a", run_id="r3", lease="N"), T0 + 2)[0] == "claimed"
     assert one(other, mk_claim("b", run_id="r3", lease="N1"), T0 + 2)[0] == "reused"

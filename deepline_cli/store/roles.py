@@ -192,8 +192,9 @@ class ReceiptStore(Protocol):
         """Extend the given (key, lease id) leases; return the lease ids no longer held."""
         ...
 
-    def expire_run_receipts(self, run_id: str) -> int:
-        """Expire the leases of receipts a (dead) earlier attempt of the run still holds."""
+    def expire_run_receipts(self, run_id: str, before_attempt: int) -> int:
+        """Expire the leases of receipts the run's (dead) attempts before `before_attempt`
+        still hold; a later attempt's (a live process that took the run over) are kept."""
         ...
 
     def get_receipt(self, key: str) -> Receipt | None: ...

@@ -107,13 +107,13 @@ class ReceiptsSql(ClaimsSql, SheetsSql):
                     lost.add(lease_id)
         return lost
 
-    def expire_run_receipts(self, run_id: str) -> int:
-        # The attempt that held them is dead: its calls may have been sent (released).
+    def expire_run_receipts(self, run_id: str, before_attempt: int) -> int:
+        # The attempts that held them are dead: their calls may have been sent (released).
         with self._write() as c:
             cur = c.execute(
                 "UPDATE receipts SET status = 'released', lease_expires_at = NULL"
-                " WHERE run_id = ? AND status = 'running'",
-                (run_id,),
+                " WHERE run_id = ? AND status = 'running' AND attempt < ?",
+                (run_id, before_attempt),
             )
             return int(cur.rowcount)
 

@@ -162,7 +162,10 @@ class ReceiptBook:
         *,
         budget: Budget | None = None,
         secrets: Secrets | None = None,
+        release_if_dead: Callable[[str], bool] | None = None,
     ) -> None:
+        # (on the store) the calls a run held, given up if its process on this machine is gone
+        self._release_if_dead = release_if_dead
         self._budget = budget or Budget(None)
         self._secrets = secrets or Secrets()
         self._io = io
@@ -183,8 +186,9 @@ class ReceiptBook:
     def for_scope(self, scope: Identity) -> ReceiptBook:
         """A book for a child run: its own claims, the same writes, budget and secrets."""
         child = ReceiptBook(
-            self._io, self._writes, scope, self._bus, self._stats, budget=self._budget, secrets=self._secrets
-        )
+            self._io, self._writes, scope, self._bus, self._stats, budget=self._budget, secrets=self._secrets,
+            release_if_dead=self._release_if_dead,
+        )  # fmt: skip
         child._breaker = self._breaker
         return child
 
@@ -219,6 +223,8 @@ class ReceiptBook:
                 failure.replayed = True
                 raise failure
             if outcome.verdict == "busy":
+                if not waited and await self._owner_gone(receipt):
+                    continue  # a killed run held it: taken over at once, as its resume would
                 waited = await wait_busy(call, receipt, waited, self._io.now())
                 continue
             if outcome.verdict == "superseded":
@@ -229,6 +235,12 @@ class ReceiptBook:
                 return await self._invoke(call, outcome, invoke)
             except LeaseLost:
                 continue  # taken over before it went out: wait for the new owner's answer
+
+    async def _owner_gone(self, receipt: Receipt) -> bool:
+        """Did the receipt's run die on this machine (its calls given up just now)?"""
+        if self._release_if_dead is None or receipt.run_id == self._scope.run_id:
+            return False
+        return await self._io.call(self._release_if_dead, receipt.run_id)
 
     async def _claim(self, call: DurableCall) -> ClaimOutcome:
         scope = self._scope

@@ -14,6 +14,7 @@ import os
 import socket
 
 from deepline_cli.store.records import RunRecord
+from deepline_cli.store.roles import Store
 
 
 def holder_id() -> str:
@@ -52,6 +53,16 @@ def holder_alive(record: RunRecord, now: float) -> bool:
     except PermissionError:
         return True
     return _process_exists(pid)
+
+
+def release_if_dead(store: Store, run_id: str) -> bool:
+    """A run whose process on this machine is gone (killed) gives up the calls it held, as
+    a resume of it would: another run wanting the same call takes it over at once, not once
+    its lease expires. False when the run is held by a live process, or held none."""
+    record = store.runs.get_run(run_id)
+    if record is None or record.status != "running" or holder_alive(record, store.now()):
+        return False
+    return store.receipts.expire_run_receipts(run_id, before_attempt=record.attempt + 1) > 0
 
 
 def _parse(holder: str) -> tuple[str, int | None, str | None]:

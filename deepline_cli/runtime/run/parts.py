@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from deepline_cli.runtime.providers.http import Http, HttpTools
 from deepline_cli.runtime.providers.secrets import Secrets
 from deepline_cli.runtime.providers.tools import ToolDef
 from deepline_cli.runtime.providers.transport import Transport
+from deepline_cli.runtime.run.holders import release_if_dead
 from deepline_cli.store.records import LogLine
 
 
@@ -174,7 +176,8 @@ def build_parts(
 
     governor = Governor(settings.concurrency, shared_slot=shared_slot)
     http = Http(Transport(max(64, settings.concurrency or 0)), secrets, governor, public_only=fetch_public_only)
-    book = ReceiptBook(io, writes, identity, bus, stats, budget=budget, secrets=secrets)
+    book = ReceiptBook(io, writes, identity, bus, stats, budget=budget, secrets=secrets,
+                       release_if_dead=partial(release_if_dead, io.store))  # fmt: skip
     return RunParts(
         identity,
         Infrastructure(io, writes, bus, stats, secrets),

@@ -216,7 +216,7 @@ class Runner:
 
     def run_claimed(self, record: RunRecord, loaded: PlayDef | None = None) -> RunResult:
         """Execute a run this process has just leased (by `resume`, or a worker's claim)."""
-        self.store.receipts.expire_run_receipts(record.run_id)
+        self.store.receipts.expire_run_receipts(record.run_id, before_attempt=record.attempt)
         record.status = "running"
         self._apply_persisted(record)
         try:
