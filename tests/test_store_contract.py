@@ -1842,3 +1842,21 @@ def test_tick_run_ids_are_a_schedules_ticks_only(store: Store, other: Store) -> 
     assert other.tick_run_ids("sched-daily-", 10) == ["sched-daily-20261205T060000Z"]
     assert other.tick_run_ids("sched-daily-eu-", 10) == ["sched-daily-eu-20261205T060000Z"]
     assert other.tick_run_ids("sched-d%", 10) == []  # the prefix is text, not a pattern
+
+
+def test_a_run_that_died_holding_a_call_counts_the_answer_another_run_paid_for_as_reused(
+    store: Store, other: Store
+) -> None:
+    """Run r1 died with a call out; r2 took the call over (its lease expired) and paid for
+    it; r1's resume is answered by r2's receipt. r1 reused it: counted once, as a reuse, both
+    when it claims (first use) and in its figures from the store."""
+    seed(store, make_run("r1"))
+    claim(store, [mk_claim("k")], T0)  # r1, attempt 1: killed before it settled
+    [taken] = claim(other, [mk_claim("k", run_id="r2", lease="M")], T0 + TTL + 1)
+    assert taken.verdict == "claimed"
+    settle(other, [completed("k", "M", output={"v": 1}, credits=2, run_id="r2")], T0 + TTL + 2)
+
+    [again] = claim(store, [mk_claim("k", attempt=2, lease="L2")], T0 + TTL + 3)
+    assert (again.verdict, again.first_use) == ("reused", True)
+    stats = store.ledger.run_stats("r1")
+    assert stats["tools"]["demo.tool"]["reused"] == 1, stats

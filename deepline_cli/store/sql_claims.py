@@ -91,23 +91,26 @@ class ClaimsSql(SqlBase):
         usage: list[tuple[str, str, float | None, str | None, str | None]] = [
             (cl.run_id, o.receipt.key, now, cl.map, cl.row_key) for cl, o in using
         ]
+        # A run whose receipt another run took over keeps it among its own (no use yet: its
+        # `used_at` is NULL); when that run is answered from it later, that is its first use.
         usage += [(before.run_id, before.key, None, None, None) for before in replaced if before.run_id]
         self._many(
             c,
             "INSERT INTO run_receipts (run_id, key, used_at, map, row_key) VALUES (?, ?, ?, ?, ?)"
-            " ON CONFLICT DO NOTHING",
+            " ON CONFLICT (run_id, key) DO UPDATE SET used_at = excluded.used_at, map = excluded.map,"
+            " row_key = excluded.row_key WHERE run_receipts.used_at IS NULL AND excluded.used_at IS NOT NULL",
             usage,
         )
         return ordered
 
     def _used_before(self, c: Any, uses: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
-        """Which of these (run, receipt key) pairs already have a usage row."""
+        """Which of these (run, receipt key) pairs were used already (not only owned before)."""
         found: set[tuple[str, str]] = set()
         for run_id in dict.fromkeys(run_id for run_id, _ in uses):
             keys = list(dict.fromkeys(key for other, key in uses if other == run_id))
             for chunk in chunks(keys):
                 marks = ", ".join("?" * len(chunk))
-                sql = f"SELECT key FROM run_receipts WHERE run_id = ? AND key IN ({marks})"
+                sql = f"SELECT key FROM run_receipts WHERE run_id = ? AND used_at IS NOT NULL AND key IN ({marks})"
                 found.update((run_id, row[0]) for row in c.execute(sql, [run_id, *chunk]).fetchall())
         return found
 
