@@ -177,6 +177,29 @@ def test_the_export_a_reported_run_suggests_is_named_after_its_play(
     assert "Next: deepline export E --out leads.csv" in again.stderr, again.stderr
 
 
+def test_the_export_a_run_of_several_maps_suggests_runs_as_printed(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Companies, then their contacts: the suggested export names a map (without one the
+    command refuses a run of several), and it works as it is printed."""
+    write_play(
+        LEADS.replace(
+            '    return {"rows"',
+            '    contacts = await ctx.map("contacts", [{"name": "Ada"}], key="name", columns={"n": lambda row: 1})\n'
+            '    return {"rows"',
+        )
+    )
+    (tmp_path / "leads.csv").write_text("id,domain\n1,acme.com\n")
+    run = deepline("run", "play.py", "--csv", "leads.csv", "--run-id", "two")
+    assert run.code == 0, run.stderr
+    line = next(line for line in run.stderr.splitlines() if "Next: deepline export" in line)
+    command = line.split("Next: deepline ", 1)[1].split(" (", 1)[0].split(" · ", 1)[0]
+    assert command == "export two --map contacts --out leads-contacts.csv", line
+    assert "(other maps: leads)" in line
+    assert deepline(*command.split()).code == 0
+    assert (tmp_path / "leads-contacts.csv").read_text().splitlines()[1:] == ["Ada,1,"]  # name, n, _error
+
+
 def test_a_missing_csv_is_a_usage_error_naming_the_flag(deepline: Run, write_play: Callable[..., Path]) -> None:
     write_play(LEADS)
     run = deepline("run", "play.py")

@@ -133,7 +133,9 @@ class LedgerQueries:
                 steps["reused"] += n
             else:
                 tools.setdefault(tool or f"ctx.{kind}", _tool_counts())["reused"] += n
+        maps = self._read("SELECT map FROM maps WHERE run_id = ? ORDER BY started_at", (run_id,))
         return {
+            "maps": [name for (name,) in maps],  # the run's own, in the order they started (export --map)
             "waterfalls": self.map_steps(run_id),
             "rows": self.row_stats(run_id),
             "tools": tools,

@@ -63,12 +63,21 @@ def _completed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: 
         lines.extend(f"  {line}" for line in describe(stats["projection"]))
     steps = []
     if rows.get("succeeded") or rows.get("failed"):
-        steps.append(f"deepline export {run_id} --out {play or 'rows'}.csv")
+        steps.append(_export(run_id, play or "rows", stats.get("maps") or []))
     if rows.get("failed"):
         steps.append(f"every failed row: deepline runs logs {run_id} --kind row.failed")
     if steps:
         lines.append("  Next: " + " · ".join(steps))
     return lines
+
+
+def _export(run_id: str, play: str, maps: list[str]) -> str:
+    """The export command to run next: with several maps, the last one's (usually the list
+    the play made), naming the others."""
+    if len(maps) < 2:
+        return f"deepline export {run_id} --out {play}.csv"
+    *others, last = maps
+    return f"deepline export {run_id} --map {last} --out {play}-{last}.csv (other maps: {', '.join(others)})"
 
 
 def _failed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str) -> list[str]:
