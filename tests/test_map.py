@@ -605,6 +605,8 @@ def test_on_row_error_fail_stops_the_map_and_fails_the_run(make_play, store_path
     assert out.result.status == "failed"
     assert out.result.exit_code == 1
     assert "row four is bad" in out.result.error["message"]
+    # Its failed cell is kept: a plain resume would fail at once, so the way on is named.
+    assert out.result.error["message"].endswith(f"deepline resume {out.result.run_id} --refresh-failed")
     assert "after the map" not in CALLS
     # rows after the failing one were not dispatched (one worker: nothing was in flight)
     assert [f"check:{i}" for i in range(5)] == CALLS

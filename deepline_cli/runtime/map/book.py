@@ -185,7 +185,10 @@ class MapBook:
         self.s.writes.sheet(sheet_row, row)
         self.mark(job.idx)
         if error is not None and self.fail_fast:
-            return DeeplineError(f"Map {self.name!r} stopped: row {job.key} failed: {error}")
+            return DeeplineError(
+                f"Map {self.name!r} stopped: row {job.key} failed: {error.rstrip('.')}. Its error is kept: "
+                f"fix the cause, then: deepline resume {self.run_id} --refresh-failed"
+            )
         return None
 
     def _moved_from(self, idx: int, key: str) -> int | None:
