@@ -84,14 +84,15 @@ def test_pilot_of_100_rows_projects_the_full_list_within_20_percent(deepline, wr
 def test_human_summary_and_rows_already_paid(deepline, write_play, tmp_path) -> None:
     play = write_play(PLAY)
     leads = _leads(tmp_path / "leads.csv", 400, duplicates=50)
-    assert deepline("run", str(play), "--csv", str(leads), "--limit", "300", "--quiet").code == 0
-    # A new pilot of 100 rows: of the 300 distinct rows after it, 200 are in the sheet already.
+    middle = tmp_path / "middle.csv"  # companies 100 to 299, enriched by an earlier run
+    middle.write_text("domain\n" + "".join(f"c{i}.com\n" for i in range(100, 300)))
+    assert deepline("run", str(play), "--csv", str(middle), "--quiet").code == 0
+    # A pilot of 100 new rows: of the 300 distinct rows after it, 200 are in the sheet already.
     result = deepline("run", str(play), "--csv", str(leads), "--limit", "100")
     assert result.code == 0, result.stderr
     assert "pilot leads: 100 of 400 rows" in result.stderr
     assert "full list of 400 rows ≈" in result.stderr
     assert "200 rows already paid" in result.stderr
-    # The pilot's rows were paid by the first run: taken whole from the sheet, zero credits.
     finished = _finished(deepline("run", str(play), "--csv", str(leads), "--limit", "100", "--json"))
     (m,) = finished["stats"]["projection"]["maps"]
     assert (m["already_paid"], m["new_rows"], m["input_rows"]) == (200, 100, 450)
@@ -126,3 +127,19 @@ def test_the_projection_counts_blank_key_rows_as_the_run_will(deepline, write_pl
     pilot = _finished(deepline("run", str(play), "--csv", str(leads), "--limit", "10", "--json"))
     (m,) = pilot["stats"]["projection"]["maps"]
     assert (m["full_rows"], m["new_rows"]) == (50, 40), m  # 20 companies and 30 blank rows; one duplicate
+
+
+def test_a_pilot_of_rows_all_paid_before_does_not_project_a_cost_it_cannot_know(deepline, write_play, tmp_path):
+    """Every pilot row was taken from the sheet (paid by an earlier run): nothing says what
+    a new row costs, so the projection says the rest's cost is unknown, not "≈ 0 ± 0"."""
+    play = write_play(PLAY)
+    leads = _leads(tmp_path / "leads.csv", 40)
+    assert deepline("run", str(play), "--csv", str(leads), "--limit", "10", "--quiet").code == 0
+    again = deepline("run", str(play), "--csv", str(leads), "--limit", "10", "--json")
+    projection = _finished(again)["stats"]["projection"]
+    (m,) = projection["maps"]
+    assert (m["new_rows"], m["credits_per_row"]["sample"]) == (30, 0), m
+    assert (m["rest_credits"], projection["credits"], projection["margin"]) == (None, None, None), projection
+    shown = deepline("run", str(play), "--csv", str(leads), "--limit", "10")
+    assert "full list of 40 rows: the cost of its 30 new rows is unknown" in shown.stderr, shown.stderr
+    assert "≈ 0 credits" not in shown.stderr

@@ -89,8 +89,10 @@ def project_map(sample: PilotSample, record: MapRecord, pilot: dict[str, Any]) -
     n = len(paid_here)
     mean, sd = mean_sd(paid_here)
     new_rows = max(0, int(pilot.get("rest_distinct", 0)) - int(pilot.get("rest_paid", 0)))
-    rest = new_rows * mean
-    margin = Z95 * sd * math.sqrt(new_rows**2 / n + new_rows) if n else 0.0
+    # No row paid here: nothing says what a new row costs (None), unless there is none.
+    known = bool(n) or not new_rows
+    rest = round(new_rows * mean, 2) if known else None
+    margin = round(Z95 * sd * math.sqrt(new_rows**2 / n + new_rows), 2) if n else 0.0 if known else None
     live_rows = record.total - sample.reused_rows
     seconds_per_row = sample.elapsed_s / live_rows if live_rows > 0 else 0.0
     pilot_rows = record.total
@@ -104,8 +106,8 @@ def project_map(sample: PilotSample, record: MapRecord, pilot: dict[str, Any]) -
         "columns": {name: counts.rates() for name, counts in sample.columns.items()},
         "credits_per_row": {"mean": round(mean, 4), "sd": round(sd, 4), "sample": n},
         "pilot_credits": round(sum(credits), 4),
-        "rest_credits": round(rest, 2),
-        "rest_margin": round(margin, 2),
+        "rest_credits": rest,
+        "rest_margin": margin,
         "seconds_per_row": round(seconds_per_row, 4),
         "rest_s": round(new_rows * seconds_per_row, 1),
         "note": None if n else "every pilot row was paid before: nothing to learn credits per row from",
@@ -114,15 +116,16 @@ def project_map(sample: PilotSample, record: MapRecord, pilot: dict[str, Any]) -
 
 def combine(maps: list[dict[str, Any]], spent: float) -> dict[str, Any]:
     """The whole run's full-list figures: what was spent plus every map's projected rest
-    (margins combined as independent errors)."""
-    rest = sum(m["rest_credits"] for m in maps)
-    margin = math.sqrt(sum(m["rest_margin"] ** 2 for m in maps))
+    (margins combined as independent errors); None where a map's rest cost is unknown."""
+    known = all(m["rest_credits"] is not None for m in maps)
+    rest = sum(m["rest_credits"] or 0.0 for m in maps)
+    margin = math.sqrt(sum((m["rest_margin"] or 0.0) ** 2 for m in maps))
     return {
         "maps": maps,
-        "credits": round(spent + rest, 2),
-        "margin": round(margin, 2),
-        "low": round(max(spent, spent + rest - margin), 2),
-        "high": round(spent + rest + margin, 2),
+        "credits": round(spent + rest, 2) if known else None,
+        "margin": round(margin, 2) if known else None,
+        "low": round(max(spent, spent + rest - margin), 2) if known else None,
+        "high": round(spent + rest + margin, 2) if known else None,
         "spent": round(spent, 4),
         "rest_s": round(sum(m["rest_s"] for m in maps), 1),
         "confidence": 0.95,
@@ -172,9 +175,14 @@ def describe(projection: dict[str, Any]) -> list[str]:
             lines.append(f"pilot {m['map']}: {m['note']}")
     full = sum(m["full_rows"] for m in projection["maps"])
     paid = sum(m["already_paid"] for m in projection["maps"])
+    if projection["credits"] is None:
+        new = sum(m["new_rows"] for m in projection["maps"])
+        cost = f": the cost of its {new:,} new rows is unknown (no pilot row was paid for), "
+    else:
+        cost = f" ≈ {projection['credits']:,.0f} credits (±{projection['margin']:,.0f}, 95%), "
     lines.append(
-        f"full list of {full:,} rows ≈ {projection['credits']:,.0f} credits (±{projection['margin']:,.0f}, 95%), "
-        f"≈ {_duration(projection['rest_s'])} more at the current rate; {paid:,} rows already paid"
+        f"full list of {full:,} rows{cost}≈ {_duration(projection['rest_s'])} more at the current rate; "
+        f"{paid:,} rows already paid"
     )
     return lines
 
