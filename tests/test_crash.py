@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,22 @@ def invoked(log: Path) -> int:
         return 0
 
 
+def kill_when(proc: subprocess.Popen[str], ready: Callable[[], bool], why: Callable[[], str]) -> None:
+    """SIGKILL the run once `ready()`; it must still be running then (else `why()` says
+    what it had not done yet)."""
+    try:
+        deadline = time.monotonic() + 30
+        while not ready():
+            assert proc.poll() is None, f"the run ended (exit {proc.returncode}) {why()}"
+            assert time.monotonic() < deadline, f"the run was not ready to kill in 30 s: {why()}"
+            time.sleep(0.002)
+        proc.kill()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
 def count_completed(store: Path) -> int:
     if not store.exists():
         return 0
@@ -111,26 +128,14 @@ def test_sigkill_then_resume_pays_each_completed_call_once(
              "--run-id", run_id, "--quiet"],
             cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
         )  # fmt: skip
-    try:
-        # Kill once `kill_at` receipts are completed and calls of the next round are in
-        # flight (invoked, logged, not yet completed).
-        deadline = time.monotonic() + 30
-        while True:
-            completed = count_completed(store_path)
-            if completed >= kill_at and invoked(log) > completed:
-                break
-            assert proc.poll() is None, (
-                f"the run ended (exit {proc.returncode}) before {kill_at} calls completed: "
-                + (tmp_path / "run.err").read_text()
-            )
-            assert time.monotonic() < deadline, f"{kill_at} completed receipts never appeared"
-            time.sleep(0.002)
-        proc.kill()
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+
+    def in_flight() -> bool:
+        """`kill_at` receipts are completed and calls of the next round are in flight
+        (invoked, logged, not yet completed)."""
+        completed = count_completed(store_path)
+        return completed >= kill_at and invoked(log) > completed
+
+    kill_when(proc, in_flight, lambda: f"before {kill_at} calls completed: " + (tmp_path / "run.err").read_text())
     assert proc.returncode == -9, "the run finished before it could be killed"
 
     done_at_kill = completed_keys(store_path)
@@ -221,17 +226,7 @@ def test_a_new_run_takes_over_at_once_the_calls_a_killed_run_held_on_this_machin
     env = {**cli_env, "DEEPLINE_LEASE_TTL": "60"}
     proc = subprocess.Popen([sys.executable, "-m", "deepline_cli", *args], cwd=tmp_path, env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while invoked(log) < 5:
-            assert proc.poll() is None and time.monotonic() < deadline, "the first run never sent its calls"
-            time.sleep(0.02)
-        proc.kill()
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    kill_when(proc, lambda: invoked(log) >= 5, lambda: "before it sent its calls")
     (tmp_path / "pause").write_text("0")
     started = time.monotonic()
     again = deepline(*args, "--json", DEEPLINE_LEASE_TTL="60")
