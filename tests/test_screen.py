@@ -216,6 +216,20 @@ def test_retries_are_shortened_before_they_are_dropped_on_a_narrow_line() -> Non
     assert "failed 0" in tiny and "credits 542" in tiny and len(tiny) <= 43, tiny
 
 
+def test_a_tool_shorter_named_than_another_still_says_it_is_paced_or_paused() -> None:
+    """Tool names are padded to line up: the pacing and 429 pause of one shorter than the
+    longest are still shown."""
+    from deepline_cli.ui.console import tool_lines
+    from deepline_cli.ui.state import RunView
+
+    counts = {"live": 15, "failed": 0, "credits": 15}
+    view = RunView(tools={"t.paced": counts, "t.paused": counts, "t.longer.name": counts},
+                   paced={"t.paced": 5.0}, paused={"t.paused": 2.5})  # fmt: skip
+    lines = {line.split()[1] if line.startswith("tools") else line.split()[0]: line for line in tool_lines(view, 160)}
+    assert "paced 5/s" in lines["t.paced"] and "paused (429) 2.5s" in lines["t.paused"], lines
+    assert len({line.index("live") for line in lines.values()}) == 1  # still lined up
+
+
 @pytest.mark.parametrize("width", [120, 80, 50])
 def test_a_maps_counts_fit_beside_its_name(width: int) -> None:
     import io

@@ -114,7 +114,10 @@ def map_pieces(m: MapView) -> list[Piece]:
     ]
 
 
-def tool_pieces(tool_id: str, c: dict[str, Any], paced: dict[str, float], paused: dict[str, float]) -> list[Piece]:
+def tool_pieces(
+    tool_id: str, c: dict[str, Any], paced: dict[str, float], paused: dict[str, float], pad: int = 0
+) -> list[Piece]:
+    """One tool's line in pieces, its name padded to `pad` (the tools' lines line up)."""
     recovered = int(c.get("recovered", 0))
     final = int(c.get("failed", 0)) - recovered
     retries = int(c.get("retries", 0))
@@ -134,7 +137,7 @@ def tool_pieces(tool_id: str, c: dict[str, Any], paced: dict[str, float], paused
     elif tool_id in paced:
         state = f"paced {paced[tool_id]:g}/s"
     return [
-        (tool_id, 0),
+        (tool_id.ljust(pad), 0),
         (f"live {c.get('live', 0):,}", 1),
         (f"reused {c.get('reused', 0):,}", 3),
         (f"failed {final:,}", 0),
@@ -152,7 +155,7 @@ def tool_lines(s: RunView, width: int, lead: str = "tools  ") -> list[str]:
     names = max((len(t) for t in s.tools), default=0)
     if width < NARROW:
         lead = ""  # the room goes to the counts: live, failed and credits stay whole
-    every = [tool_pieces(tool_id.ljust(names), c, s.paced, s.paused) for tool_id, c in sorted(s.tools.items())]
+    every = [tool_pieces(tool_id, c, s.paced, s.paused, names) for tool_id, c in sorted(s.tools.items())]
     room = width - len(lead)
     # When what must stay does not fit one line two spaces apart, every line takes one: aligned.
     sep = " " if any(len("  ".join(p[0] for p in pieces if p[0] and p[1] <= 1)) > room for pieces in every) else "  "
