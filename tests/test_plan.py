@@ -368,3 +368,53 @@ def test_a_plan_after_a_run_with_a_failed_row_gives_its_columns_as_none(deepline
     assert deepline("run", str(play), "--quiet").code == 0
     plan = _plan(deepline, str(play))
     assert plan["complete"] and plan["totals"]["credits"]["max"] == 0, plan
+
+
+CHAINED_WATERFALL = """
+from deepline_cli import play, steps, tool
+
+@tool("t.company", credits=1)
+def company(input):
+    return {"name": "x"}
+
+@tool("p.hunter", credits=1)
+def hunter_tool(input):
+    return {"email": None}
+
+@tool("p.apollo", credits=3)
+def apollo_tool(input):
+    return {"email": f"a{input['id']}@x.com"}
+
+async def hunter(row, rc):
+    return (await rc.tools.execute("h", "p.hunter", {"id": row["id"]})).output["email"]
+
+async def apollo(row, rc):
+    return (await rc.tools.execute("a", "p.apollo", {"id": row["id"]})).output["email"]
+
+EMAIL = steps().step("hunter", hunter).step("apollo", apollo)
+
+@play("wf")
+async def wf(ctx, input):
+    base = await ctx.map("base", [{"id": i} for i in range(20)], key="id",
+                         columns={"company": lambda row, rc: rc.tools.execute("c", "t.company", {"id": row["id"]})})
+    rows = await ctx.map("leads", base, key="id", columns={"email": EMAIL})
+    return len(rows)
+"""
+
+
+def test_a_waterfall_kept_in_a_module_global_is_among_what_the_play_may_also_call(deepline, write_play) -> None:
+    """The second map's column is a waterfall built once at the top of the module: the plan
+    stops at the first map, and names the waterfall's tools among those the rest may call."""
+    plan = _plan(deepline, str(write_play(CHAINED_WATERFALL)))
+    assert plan["body"]["may_also_call"] == {"p.hunter": 1.0, "p.apollo": 3.0}, plan["body"]
+    # The same waterfall in a Column of a dict of columns, kept at the top of the module.
+    kept = (
+        CHAINED_WATERFALL.replace(
+            'EMAIL = steps().step("hunter", hunter).step("apollo", apollo)',
+            'COLUMNS = {"email": Column(steps().step("hunter", hunter).step("apollo", apollo), run_if=lambda row: True)}',
+        )
+        .replace('columns={"email": EMAIL}', "columns=COLUMNS")
+        .replace("import play,", "import Column, play,")
+    )
+    plan = _plan(deepline, str(write_play(kept)))
+    assert plan["body"]["may_also_call"] == {"p.hunter": 1.0, "p.apollo": 3.0}, plan["body"]

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from deepline_cli.runtime.map.columns import Column
+
 
 def string_constants(fn: Any) -> list[str]:
     """Every string constant of `fn` and the play functions it reaches, in code order."""
@@ -39,10 +41,13 @@ def tool_ids(fns: list[Any], is_tool: Callable[[str], bool]) -> list[str]:
     return list(found)
 
 
+def _is_waterfall(fn: Any) -> bool:
+    return callable(getattr(fn, "__fingerprint__", None)) and not isinstance(fn, type)
+
+
 def _walk(fn: Any, seen: set[int]) -> Iterator[str]:
-    parts = getattr(fn, "__fingerprint__", None)
-    if callable(parts) and not isinstance(fn, type):  # a waterfall: its steps, in order
-        for part in parts():
+    if _is_waterfall(fn):  # its steps, in order
+        for part in fn.__fingerprint__():
             if callable(part):
                 yield from _walk(part, seen)
         return
@@ -57,8 +62,15 @@ def _walk(fn: Any, seen: set[int]) -> Iterator[str]:
     yield from _code_strings(code)
     for name in _names(code):
         value = namespace.get(name)
-        if callable(value) and getattr(value, "__module__", None) == module:
-            yield from _walk(value, seen)
+        # The play's own functions, and the columns and waterfalls it built (their classes
+        # are deepline's), alone or in a dict of columns.
+        for found in value.values() if isinstance(value, dict) else (value,):
+            if isinstance(found, Column):
+                yield from _walk(found.fn, seen)
+                if found.run_if is not None:
+                    yield from _walk(found.run_if, seen)
+            elif callable(found) and (getattr(found, "__module__", None) == module or _is_waterfall(found)):
+                yield from _walk(found, seen)
     for cell in getattr(fn, "__closure__", None) or ():
         try:
             value = cell.cell_contents
