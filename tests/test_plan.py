@@ -411,7 +411,7 @@ def test_a_waterfall_kept_in_a_module_global_is_among_what_the_play_may_also_cal
     kept = (
         CHAINED_WATERFALL.replace(
             'EMAIL = steps().step("hunter", hunter).step("apollo", apollo)',
-            'COLUMNS = {"email": Column(steps().step("hunter", hunter).step("apollo", apollo), run_if=lambda row: True)}',
+            'COLUMNS = {"email": Column(steps().step("hunter", hunter).step("apollo", apollo), run_if=bool)}',
         )
         .replace('columns={"email": EMAIL}', "columns=COLUMNS")
         .replace("import play,", "import Column, play,")
