@@ -143,3 +143,39 @@ def test_a_pilot_of_rows_all_paid_before_does_not_project_a_cost_it_cannot_know(
     shown = deepline("run", str(play), "--csv", str(leads), "--limit", "10")
     assert "full list of 40 rows: the cost of its 30 new rows is unknown" in shown.stderr, shown.stderr
     assert "≈ 0 credits" not in shown.stderr
+
+
+CHAINED = """
+from deepline_cli import play, tool
+
+@tool("t.a", credits=1)
+def a(input):
+    return {"v": 1}
+
+@tool("t.b", credits=10)
+def b(input):
+    return {"w": 2}
+
+@play("chain")
+async def chain(ctx, input):
+    first = await ctx.map("first", [{"id": i} for i in range(100)], key="id", columns={
+        "a": lambda row, rc: rc.tools.execute("a", "t.a", {"id": row["id"]})})
+    second = await ctx.map("second", first, key="id", columns={
+        "b": lambda row, rc: rc.tools.execute("b", "t.b", {"id": row["id"]})})
+    seeds = await ctx.map("seeds", [{"id": "x"}], key="id", columns={"n": lambda row: 1})
+    return len(second) + len(seeds)
+"""
+
+
+def test_a_map_over_a_pilot_maps_rows_is_projected_with_it(deepline, write_play) -> None:
+    """Companies, then a map over their rows: the pilot cut the first map only, but the
+    second runs on as many rows as the first will have; both are projected. A map over a
+    list of its own, run whole, is named as not projected."""
+    play = write_play(CHAINED)
+    pilot = _finished(deepline("run", str(play), "--limit", "10", "--json"))
+    projection = pilot["stats"]["projection"]
+    assert {m["map"]: m["full_rows"] for m in projection["maps"]} == {"first": 100, "second": 100}
+    assert (projection["credits"], projection["margin"]) == (1100, 0), projection
+    assert projection["unprojected"] == ["seeds"]
+    full = _finished(deepline("run", str(play), "--json"))
+    assert pilot["stats"]["credits"] + full["stats"]["credits"] == 1100

@@ -120,7 +120,7 @@ class MapRun:
         counts = await barriers.visibility(self.book)
         await barriers.finalization(self.book, counts)
         record.input_columns = list(self.intake.input_columns)
-        record.pilot = await scan_rest(self)  # a limit cut the input: what the rest holds (projection)
+        record.pilot = await scan_rest(self) or self._fed_by_pilot()  # what the rest holds (projection)
         await self.book.complete(record, counts)
         return Dataset(s.io.store.sheets, record)
 
@@ -144,6 +144,14 @@ class MapRun:
             raise self.stop
         if self.waiting:
             raise self.waiting[0]  # every one's boundary is stored: the run waits for them all
+
+    def _fed_by_pilot(self) -> dict[str, Any] | None:
+        """A map over the rows of a map a limit cut (a pilot): for the full list it will run on
+        as many rows as that one will have, which the projection reckons with."""
+        source = getattr(self.rows, "record", None)
+        if isinstance(source, MapRecord) and source.pilot:
+            return {"fed_by": source.map}
+        return None
 
     @property
     def total_estimate(self) -> int | None:

@@ -98,6 +98,7 @@ def project_map(sample: PilotSample, record: MapRecord, pilot: dict[str, Any]) -
     pilot_rows = record.total
     return {
         "map": record.map,
+        "fed_by": pilot.get("fed_by"),  # a map over this pilot map's rows (scaled with it)
         "pilot_rows": pilot_rows,
         "full_rows": pilot_rows + int(pilot.get("rest_distinct", 0)),
         "input_rows": pilot_rows + record.duplicate + int(pilot.get("rest_rows", 0)),
@@ -151,12 +152,28 @@ def read_sample(store: Store, run_id: str, record: MapRecord) -> PilotSample:
 
 
 def projection_stats(store: Store, run_id: str) -> dict[str, Any]:
-    """`{"projection": …}` for a run whose maps a limit cut short, else `{}` (run stats)."""
-    pilots = [m for m in store.sheets.get_maps(run_id) if m.pilot and m.status == "completed"]
-    if not pilots:
+    """`{"projection": …}` for a run whose maps a limit cut short, else `{}` (run stats).
+    A map over a pilot map's rows is projected with it: for the full list it runs on as
+    many rows per row of that map as in the pilot. A map that ran whole after the first
+    pilot map (a list of its own) is named as not projected: its cost is what it spent."""
+    records = [m for m in store.sheets.get_maps(run_id) if m.status == "completed"]
+    if not any(m.pilot and "fed_by" not in m.pilot for m in records):
         return {}
-    maps = [project_map(read_sample(store, run_id, m), m, m.pilot or {}) for m in pilots]
-    return {"projection": combine(maps, store.receipts.credits_spent(run_id))}
+    maps: list[dict[str, Any]] = []
+    unprojected: list[str] = []
+    for record in records:
+        pilot = dict(record.pilot or {})
+        source = next((m for m in maps if m["map"] == pilot.get("fed_by")), None)
+        if source is not None:
+            per_row = record.total / source["pilot_rows"] if source["pilot_rows"] else 0.0
+            rest = max(0, round(source["full_rows"] * per_row) - record.total)
+            pilot.update(rest_rows=rest, rest_distinct=rest, rest_paid=0)
+        elif "rest_distinct" not in pilot:
+            if maps:
+                unprojected.append(record.map)
+            continue
+        maps.append(project_map(read_sample(store, run_id, record), record, pilot))
+    return {"projection": {**combine(maps, store.receipts.credits_spent(run_id)), "unprojected": unprojected}}
 
 
 def describe(projection: dict[str, Any]) -> list[str]:
@@ -173,8 +190,15 @@ def describe(projection: dict[str, Any]) -> list[str]:
         )
         if m.get("note"):
             lines.append(f"pilot {m['map']}: {m['note']}")
-    full = sum(m["full_rows"] for m in projection["maps"])
-    paid = sum(m["already_paid"] for m in projection["maps"])
+    if projection.get("unprojected"):
+        names = ", ".join(projection["unprojected"])
+        lines.append(
+            f"not projected: {names} (run whole on lists of their own; counted as spent — more if they follow "
+            "the pilot's rows)"
+        )
+    lists = [m for m in projection["maps"] if not m.get("fed_by")]  # a map over another's rows is no new list
+    full = sum(m["full_rows"] for m in lists)
+    paid = sum(m["already_paid"] for m in lists)
     if projection["credits"] is None:
         new = sum(m["new_rows"] for m in projection["maps"])
         cost = f": the cost of its {new:,} new rows is unknown (no pilot row was paid for), "
