@@ -1024,6 +1024,58 @@ def test_max_credits_fails_the_map_and_a_resume_with_more_budget_pays_nothing_tw
     assert second.result.stats["credits"] == 20
 
 
+def test_a_maps_progress_says_the_same_of_its_rows_on_every_attempt(make_play, store_url: str, prefix: str) -> None:
+    """Progress events count rows alike in every attempt: `succeeded` and `failed` both hold
+    the rows earlier attempts finished (succeeded never goes down on a resume, and the two
+    add up to `done`). A map stopped early says how many distinct rows it holds of how many
+    the input has (duplicates counted once)."""
+    play_file = make_play(
+        """
+        @tool(P + ".paid", credits=1)
+        async def paid(input):
+            if input["id"] == "3":
+                raise ValueError("no such company")
+            return {"id": input["id"]}
+
+        @play("again")
+        async def again(ctx, input):
+            rows = [{"id": str(i)} for i in range(20)] * 2
+            ds = await ctx.map("m", rows, key="id", concurrency=1, columns={
+                "paid": lambda row, rc: rc.tools.execute("paid", P + ".paid", {"id": row["id"]}),
+            })
+            return {"len": len(ds), "failed": ds.failed_count}
+        """
+    )
+    first = run(play_file, store_url, max_credits=8)
+    assert first.result.status == "failed"
+    opened = open_store(store_url)
+    try:
+        [record] = opened.sheets.get_maps(first.result.run_id)
+    finally:
+        opened.close()
+    assert (record.total, record.duplicate) == (20, 20), record  # 40 input rows, 20 distinct
+
+    second = resume(first.result.run_id, store_url, max_credits=100)
+    assert second.result.status == "completed", second.result.error
+    before = first.of("map.progress")[-1]
+    during = second.of("map.progress")
+    for event in [before, *during]:
+        assert event["succeeded"] + event["failed"] == event["done"], event
+    assert all(e["succeeded"] >= before["succeeded"] for e in during), (before, during)
+    assert during[-1]["succeeded"] == 19 and during[-1]["failed"] == 1
+
+
+def test_a_pilot_with_duplicates_counts_its_progress_in_distinct_rows() -> None:
+    """A limit counts distinct rows: the view of a pilot of 20 over a list of duplicates
+    says how many of the 20 are done, never "36/20", and not 100% before they are."""
+    from deepline_cli.ui.console import map_pieces
+    from deepline_cli.ui.state import MapView
+
+    view = MapView("cos", total=20, done=9, succeeded=9, duplicate=27, limit=20)
+    pieces = [text for text, *_ in map_pieces(view)]
+    assert pieces[1:3] == ["9/20", "45%"], pieces
+
+
 def test_fatal_errors_on_every_worker_fail_the_run_instead_of_hanging(deepline, write_play) -> None:
     """Regression: when every map worker died of a fatal error, the producer blocked forever
     on the full row queue and the run hung instead of failing. Run in a subprocess so a

@@ -103,7 +103,7 @@ def map_pieces(m: MapView) -> list[Piece]:
         (m.name, 0),
         (counted, 0),
         (percent, 3),
-        (f"✓ {m.succeeded + m.seeded if not m.completed else m.succeeded:,}", 1),
+        (f"✓ {m.succeeded:,}", 1),
         (f"✗ {m.failed:,}", 0),
         (f"dup {m.duplicate:,}", 4),
         # Rows an earlier attempt of this run finished, and rows taken whole from the sheet

@@ -30,11 +30,13 @@ class MapView:
     finalization: str | None = None
     waterfalls: dict[str, list[str]] = field(default_factory=dict)  # column -> its steps, in order
     steps: dict[str, dict[str, int]] = field(default_factory=dict)  # column -> step (or "none") -> rows
+    limit: int | None = None  # a pilot's: its total counts distinct rows
 
     @property
     def seen(self) -> int:
-        """Input rows dealt with so far: finished distinct rows and skipped duplicates."""
-        return self.done + self.duplicate
+        """Rows dealt with so far, in the unit of `total`: finished distinct rows and skipped
+        duplicates (input rows), or with a limit the distinct rows alone."""
+        return self.done if self.limit is not None else self.done + self.duplicate
 
 
 @dataclass
@@ -80,6 +82,7 @@ class RunView:
         view = self.maps.setdefault(data["map"], MapView(data["map"]))
         if name == "map.started":
             view.total = data.get("total")
+            view.limit = data.get("limit")
             view.waterfalls = data.get("steps") or {}
         elif name == "map.progress":
             for attr in _PROGRESS:
@@ -95,7 +98,7 @@ class RunView:
             view.reused_cells, view.earlier = data.get("reused_cells", 0), data.get("earlier", 0)
             view.steps = data.get("steps") or view.steps
             view.done = view.succeeded + view.failed
-            view.total = view.done + view.duplicate
+            view.total = view.seen
 
 
 _PROGRESS = ("total", "done", "succeeded", "failed", "duplicate", "reused", "reused_cells", "seeded", "earlier",

@@ -87,6 +87,7 @@ class MapBook:
         self._places: tuple[array.array[int], array.array[int]] | None = None
         self.first_failures: list[tuple[object, ...]] = []  # signatures, while no row succeeded
         self.started = time.monotonic()
+        self.limit: int | None = None  # the distinct rows a limit lets through (a pilot)
 
     @property
     def distinct(self) -> int:
@@ -234,6 +235,7 @@ class MapBook:
 
     async def start(self, record: MapRecord, total: int | None, limit: int | None) -> None:
         """Record the map started, seed what earlier attempts finished, and announce it."""
+        self.limit = limit
         await self.s.io.call(self.s.io.store.sheets.save_map, record)
         seeded = await self.seed()
         self.s.bus.emit(
@@ -301,17 +303,23 @@ class MapBook:
         """A map that did not finish says so, with what it did (`runs show`, `export`)."""
         interrupted = isinstance(exc, asyncio.CancelledError | RunInterrupted)
         record.status = "waiting" if isinstance(exc, Suspended) else "interrupted" if interrupted else "failed"
+        if self.limit is None:  # input rows: the duplicates read so far are no rows of the map
+            record.total = max(0, record.total - self.tally.duplicate)
         record.succeeded = self.tally.succeeded + self.tally.seeded
         record.failed, record.duplicate, record.reused = self.tally.failed, self.tally.duplicate, self.tally.reused
         with contextlib.suppress(Exception, asyncio.CancelledError):
             await self.s.io.call(self.s.io.store.sheets.save_map, record)
 
     def progress(self, total: int | None) -> None:
+        """`map.progress`: rows done of `total` — input rows, duplicates included, or with a
+        limit the distinct rows it lets through. `succeeded` and `failed` both count the rows
+        earlier attempts finished; the rate only the rows this attempt did."""
         t = self.tally
         done = t.succeeded + t.failed + t.seeded
         elapsed = max(time.monotonic() - self.started, 1e-6)
-        rate = (t.succeeded + t.failed) / elapsed
-        eta = (total - done - t.duplicate) / rate if total and rate > 0 else None
+        rate = (t.succeeded + t.failed - t.kept) / elapsed  # kept: an earlier attempt's failures, taken back
+        left = (total - done - (0 if self.limit is not None else t.duplicate)) if total else 0
+        eta = left / rate if total and rate > 0 else None
         self.s.bus.emit(
             "map.progress",
             self.run_id,
@@ -320,7 +328,7 @@ class MapBook:
             total=total,
             rows_per_s=round(rate, 1),
             eta_s=None if eta is None else max(0.0, round(eta, 1)),
-            **t.as_dict(),
+            **{**t.as_dict(), "succeeded": t.succeeded + t.seeded},
         )
 
     async def log_summary(self, record: MapRecord) -> None:
