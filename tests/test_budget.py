@@ -207,3 +207,25 @@ def test_an_overrun_says_what_the_run_spent_once_its_calls_in_flight_ended() -> 
     message = asyncio.run(scenario())
     assert "52 credits spent, 12 over" in message, message
     assert "(the last one 8, 5 expected)" in message, message
+
+
+def test_a_refused_call_says_what_the_run_spent_once_its_calls_in_flight_ended() -> None:
+    """The budget refuses a call while the calls it holds credits for are still out: the
+    run stops with that refusal. Once they are answered, its message says what was spent
+    in the end, as the run's figures do, not "0 spent" from the moment of the refusal."""
+    import asyncio
+
+    from deepline_cli.errors import BudgetExceededError
+    from deepline_cli.runtime.calls.budget import Budget
+
+    async def scenario() -> str:
+        budget = Budget(30.0)
+        held = [await budget.admit("t.enrich", 2.0, f"c{n}") for n in range(15)]
+        with pytest.raises(BudgetExceededError) as refused:
+            await budget.admit("t.enrich", 2.0, "e")
+        for reservation in held:
+            budget.settle(reservation, 2.0)
+        return str(refused.value)
+
+    message = asyncio.run(scenario())
+    assert "would be exceeded by 'e' (expected to cost 2; 30 spent, 0 held for calls in flight)" in message, message

@@ -57,6 +57,9 @@ class Budget:
         self._inflight: list[Reservation] = []
         self._probes: dict[str, asyncio.Future[None]] = {}  # metered tool -> its first answer
         self._overrun: BudgetExceededError | None = None
+        # Calls refused, with what their messages say of them: told again as calls in flight
+        # end, so the one that stops the run says what it spent in the end.
+        self._refused: list[tuple[BudgetExceededError, str, str]] = []
 
     def expected(self, tool: str | None, declared: float, *, metered: bool) -> float | None:
         """A call's expected cost; None for a metered tool no answer has priced yet."""
@@ -88,15 +91,25 @@ class Budget:
         total = sum_credits((self.spent, self.reserved, amount))
         if total > limit or (unknown and total >= limit):
             cost = "of unknown cost" if unknown else f"expected to cost {format_credits(amount)}"
-            raise BudgetExceededError(
-                f"{self._limit()} would be exceeded by {label!r} ({cost}; {format_credits(self.spent)} spent, "
-                f"{format_credits(self.reserved)} held for calls in flight); {self._advice()}"
-            )
+            refused = BudgetExceededError(self._refusal(label, cost))
+            self._refused.append((refused, label, cost))
+            raise refused
+
+    def _refusal(self, label: str, cost: str) -> str:
+        return (
+            f"{self._limit()} would be exceeded by {label!r} ({cost}; {format_credits(self.spent)} spent, "
+            f"{format_credits(self.reserved)} held for calls in flight); {self._advice()}"
+        )
+
+    def _tell_refused(self) -> None:
+        for refused, label, cost in self._refused:
+            refused.args = (self._refusal(label, cost),)
 
     def release(self, reservation: Reservation) -> None:
         """The call was not made (or not billed): give its credits back."""
         self._drop(reservation)
         self._answered(reservation)
+        self._tell_refused()
 
     def settle(self, reservation: Reservation, actual: float) -> BudgetExceededError | None:
         """A completed call cost `actual` (a metered tool's expected cost is learned from it).
@@ -106,6 +119,7 @@ class Budget:
         if reservation.metered and reservation.tool is not None:
             self._learn(reservation.tool, actual)
         self._answered(reservation)
+        self._tell_refused()
         limit = self.max_credits
         if limit is None or self.spent <= limit:
             return None
