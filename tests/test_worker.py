@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -614,6 +615,50 @@ def test_sigterm_drains_the_worker_and_requeues_the_run(cli: CLI, tmp_path: Path
     counts = Counter(int(line) for line in logged(log))
     assert set(counts) == set(range(CALLS))
     assert [i for i, n in counts.items() if n > 1] == [], "a drained worker leaves nothing to pay twice"
+
+
+SLOW_CALL_PLAY = """
+import time
+from deepline_cli import play, tool
+
+@tool("w.slow")
+def slow(input):
+    with open(input["log"], "a") as f:
+        f.write(f"{input['n']}\\n")
+    time.sleep(2)
+    return input["n"]
+
+@play("slow")
+async def slow_play(ctx, input):
+    for n in range(3):
+        await ctx.tools.execute(f"c{n}", "w.slow", {"n": n, "log": input["log"]})
+    return {"ok": True}
+"""
+
+
+def test_a_run_being_stopped_when_its_worker_drains_stays_stopped_and_pays_nothing_twice(
+    cli: CLI, tmp_path: Path
+) -> None:
+    """`runs stop` asks a worker's run to stop while a call is out; then the worker is told
+    to drain (SIGTERM). The call in flight still finishes and is recorded (the drain is no
+    second Ctrl-C), and the run stays stopped: the worker does not put it back in the queue."""
+    write(tmp_path / "play.py", SLOW_CALL_PLAY)
+    log = tmp_path / "calls.log"
+    run_id = cli.enqueue("play.py", log=str(log))
+    worker = cli.spawn("worker")
+    wait_until(lambda: log.exists() and log.read_text(), what="the first call sent", timeout=30, every=0.01)
+    assert cli("runs", "stop", run_id, "--reason", "user says stop", "--no-wait").code == 0
+    time.sleep(0.3)  # the stop is being carried out (the run checks for it every 0.25 s)
+    worker.send_signal(signal.SIGTERM)
+    stopped = cli.finish(worker, timeout=20)
+    assert stopped.code == 0, stopped.stderr
+    with opened(cli.store) as store:
+        run = run_of(store, run_id)
+        assert run.status == "interrupted", f"a stopped run is not queued again: {run.status!r}"
+        assert receipt_labels(store, run_id, "completed") == {"c0"}  # the call out finished, recorded
+    resumed = cli("resume", run_id)
+    assert resumed.code == 0, resumed.stderr
+    assert logged(log) == ["0", "1", "2"], "no call paid twice"
 
 
 # --- snapshots under a concurrent worker --------------------------------------------------------

@@ -128,6 +128,11 @@ class RunStore(Protocol):
         running `attempt` (a stop meant for one attempt never lands on the next)."""
         ...
 
+    def requeue(self, run_id: str, attempt: int) -> bool:
+        """Put a run a draining worker interrupted back in the queue, unless someone asked
+        that attempt to stop (`ask_stop`): a stopped run stays stopped."""
+        ...
+
     def stop_requested(self, run_id: str, attempt: int) -> str | None:
         """Why this attempt of the run was asked to stop (None: it was not): its owner polls it."""
         ...

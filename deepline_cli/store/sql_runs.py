@@ -152,6 +152,15 @@ class RunsSql(SqlBase):
             )
             return bool(cur.rowcount == 1)
 
+    def requeue(self, run_id: str, attempt: int) -> bool:
+        with self._write() as c:
+            cur = c.execute(
+                "UPDATE runs SET status = 'queued', updated_at = ? WHERE run_id = ? AND attempt = ?"
+                " AND status = 'interrupted' AND stop_reason IS NULL",
+                (time.time(), run_id, attempt),
+            )
+            return bool(cur.rowcount == 1)
+
     def stop_requested(self, run_id: str, attempt: int) -> str | None:
         rows = self._read("SELECT stop_reason FROM runs WHERE run_id = ? AND attempt = ?", (run_id, attempt))
         return str(rows[0][0]) if rows and rows[0][0] is not None else None

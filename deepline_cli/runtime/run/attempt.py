@@ -320,17 +320,21 @@ class Attempt:
             except DeeplineError:
                 continue  # a store hiccup; the heartbeat finds out about a store that is gone
             if reason is not None:
-                self.request_stop(reason)
+                self.request_stop(reason, again=False)
                 return
 
-    def request_stop(self, reason: str | None = None) -> None:
+    def request_stop(self, reason: str | None = None, *, again: bool = True) -> None:
         """Ctrl-C, SIGTERM, a draining worker or `deepline runs stop` (with its reason): stop
         dispatching, finish calls in flight briefly, and end the run `interrupted`. A second
-        request stops at once. Once the outcome is announced, a request changes nothing."""
+        Ctrl-C or SIGTERM (`again`) stops at once; a drain or a stop asked through the store
+        while one is under way does not cut the calls in flight short, and a reason given
+        then is the run's. Once the outcome is announced, a request changes nothing."""
         if self.decided:
             return
         if self.stop_requested:
-            if self.task is not None:
+            if reason is not None and self.stop_reason is None:
+                self.stop_reason = reason
+            if again and self.task is not None:
                 self.task.cancel()
             return
         self.stop_requested = True

@@ -12,6 +12,7 @@ import os
 import re
 import secrets as _secrets
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -275,10 +276,11 @@ class Runner:
         if self.stop_pending:
             raise RunInterrupted("Interrupted before the run started; nothing was done.")
 
-    def request_stop(self) -> None:
+    def request_stop(self, *, again: bool = True) -> None:
         """From any thread or a signal handler: interrupt the attempt running now, or the
-        next one as soon as it starts (a run not created yet is not created)."""
+        next one as soon as it starts (a run not created yet is not created). `again`: a
+        second such request stops at once (Ctrl-C twice); a worker's drain does not."""
         self.stop_pending = True
         attempt = self.attempt
         if attempt is not None and attempt.loop is not None:
-            attempt.loop.call_soon_threadsafe(attempt.request_stop)
+            attempt.loop.call_soon_threadsafe(partial(attempt.request_stop, again=again))

@@ -117,7 +117,7 @@ class Worker:
         self.report("worker: draining — interrupting runs in progress, they will be re-queued")
         with self._lock:
             for runner in self._runners:
-                runner.request_stop()
+                runner.request_stop(again=False)
 
     def _install_signals(self) -> Callable[[], None]:
         if threading.current_thread() is not threading.main_thread():
@@ -249,14 +249,15 @@ class Worker:
         with self._lock:
             self._runners.add(runner)
         if self._draining.is_set():
-            runner.request_stop()
+            runner.request_stop(again=False)
         self.stats.started += 1
         started = time.monotonic()
         self.report(f"worker: running {run_id}")
         try:
             result = action(runner)
-            if result.status == "interrupted" and self._draining.is_set():
-                runner.store.runs.set_status(run_id, "queued")  # another worker continues it
+            stopped = (result.error or {}).get("reason")  # `runs stop`, or its parent's: it stays stopped
+            drained = result.status == "interrupted" and self._draining.is_set() and not stopped
+            if drained and runner.store.runs.requeue(run_id, result.attempt):  # another worker continues it
                 runner.store.queue.notify()
                 self.stats.requeued += 1
         except RunBusyError:
