@@ -304,3 +304,32 @@ def test_ctrl_c_while_a_call_waits_for_its_rate_limit_or_a_429_pause_stops_at_on
         )  # fmt: skip
         assert resumed.returncode == 0, resumed.stderr
         assert provider.count() == 2 and set(provider.billed.values()) == {1}
+
+
+NAPPING_PLAY = """
+from deepline_cli import play
+
+@play("napping")
+async def napping(ctx, input):
+    await ctx.tools.execute("q", "quota.lookup", {"n": 1})
+    await ctx.sleep("nap", 20)  # under --max-inline-wait: slept in this process
+    if input.get("event"):
+        await ctx.wait_for_event("go", timeout_s=20)  # polled in this process
+    return "done"
+"""
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("event", [False, True])
+def test_ctrl_c_while_the_play_waits_inline_stops_at_once(tmp_path: Path, cli_env: dict[str, str], event: bool) -> None:
+    """A run sleeping (or waiting for an event) in its own process has no call out: Ctrl-C
+    ends it at once, not after the grace for calls in flight, and a resume goes on."""
+    from tests.provider import Provider, ProviderServer
+
+    with ProviderServer(Provider()) as provider:
+        source = NAPPING_PLAY.replace('input.get("event")', "True" if event else "False")
+        source = source.replace('ctx.sleep("nap", 20)', 'ctx.sleep("nap", 0)' if event else 'ctx.sleep("nap", 20)')
+        (tmp_path / "play.py").write_text(source)
+        (tmp_path / "deepline.toml").write_text(f'[tools."quota.lookup"]\nurl = "{provider.url}/quota"\n')
+        ctrl_c_once_a_call_went_out(provider, "napping", tmp_path, cli_env)
+        assert run_status(Path(cli_env["DEEPLINE_STORE"]), "napping") == "interrupted"

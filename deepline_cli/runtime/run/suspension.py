@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any
 
 from deepline_cli.errors import DeeplineError
@@ -36,7 +35,7 @@ async def sleep(s: RunParts, id: str, seconds: float) -> None:
     if remaining > s.settings.max_inline_wait:
         raise Suspended(boundary)
     if remaining > 0:
-        await asyncio.sleep(remaining)
+        await _wait(s, remaining)
     await s.infra.io.call(
         s.infra.io.store.suspension.resolve_boundary, s.identity.run_id, boundary_id, None, s.infra.io.now()
     )
@@ -67,7 +66,15 @@ async def wait_for_event(s: RunParts, id: str, timeout_s: float | None) -> Any:
             raise EventTimeoutError(f"Event {id!r} did not arrive within {timeout_s:g}s (run {run_id}).")
         if boundary.due_at is None or boundary.due_at - now > s.settings.max_inline_wait:
             raise Suspended(boundary)
-        await asyncio.sleep(min(EVENT_POLL_S, boundary.due_at - now))
+        await _wait(s, min(EVENT_POLL_S, boundary.due_at - now))
+
+
+async def _wait(s: RunParts, seconds: float) -> None:
+    """A wait in this process, cut short when the run stops (Ctrl-C, `runs stop`): nothing
+    is out to finish, so the stop need not wait for it (it raises why the run stopped)."""
+    book = s.effects.book
+    await book.pause(seconds)
+    book.check_open()
 
 
 def _event_for(store: Store, run_id: str, root_run_id: str, event_id: str) -> tuple[bool, Any]:
