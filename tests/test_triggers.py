@@ -400,3 +400,21 @@ def test_a_schedule_input_the_plays_schema_refuses_fails_when_the_play_loads(dee
     assert result.code == 2 and "Play 'refresh': schedule_input:" in result.stderr and "segment" in result.stderr, (
         result.stderr
     )
+
+
+def test_the_status_of_a_run_on_a_store_that_cannot_be_opened_is_one_sentence(tmp_path: Path) -> None:
+    """`GET /runs/ID` when the store cannot be opened (a database down, a wrong path): a 503
+    with the reason in one sentence, as a delivery gets, not a 500 and a traceback."""
+    import asyncio
+
+    from deepline_cli.server.webhooks import create_app
+
+    app = create_app({}, str(tmp_path))  # a directory: no store opens there
+
+    async def ask() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://deepline") as client:
+            return await client.get("/runs/r-1")
+
+    answer = asyncio.run(ask())
+    assert answer.status_code == 503, answer.text
+    assert answer.json() == {"error": f"Cannot open the store {tmp_path}: it is a directory; give a file path."}

@@ -661,6 +661,21 @@ def test_a_run_being_stopped_when_its_worker_drains_stays_stopped_and_pays_nothi
     assert logged(log) == ["0", "1", "2"], "no call paid twice"
 
 
+@pytest.mark.process
+def test_a_worker_whose_store_refuses_says_so_in_one_sentence(tmp_path: Path) -> None:
+    """A PostgreSQL store that refuses connections (down, a wrong port): the worker stops
+    with one sentence, not a thread's traceback nor talk of re-queueing runs it never had."""
+    url = "postgresql://postgres@127.0.0.1:9/nowhere"
+    done = subprocess.run(
+        [sys.executable, "-m", "deepline_cli", "worker", "--store", url],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        env={k: v for k, v in os.environ.items() if not k.startswith("DEEPLINE_")},
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr and "interrupting runs" not in done.stderr, done.stderr
+    assert f"Cannot connect to the store {url}" in done.stderr, done.stderr
+
+
 # --- snapshots under a concurrent worker --------------------------------------------------------
 
 

@@ -114,7 +114,10 @@ def create_app(
         return JSONResponse({"run_id": run_id, "queued": queued}, status_code=202)
 
     async def run_status(request: Request) -> JSONResponse:
-        record = await run_in_threadpool(_get_run, store_url, request.path_params["run_id"])
+        try:
+            record = await run_in_threadpool(_get_run, store_url, request.path_params["run_id"])
+        except DeeplineError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=503)
         if record is None:
             return JSONResponse({"error": f"No run {request.path_params['run_id']!r}."}, status_code=404)
         rows = (record.stats or {}).get("rows") or {}

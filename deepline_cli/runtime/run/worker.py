@@ -108,13 +108,13 @@ class Worker:
             restore()
         return self.stats
 
-    def drain(self) -> None:
+    def drain(self, why: str = "draining — interrupting runs in progress, they will be re-queued") -> None:
         """Stop claiming; interrupt the runs in progress (they go back to the queue)."""
         if self._draining.is_set():
             return
         self._draining.set()
         self._wake.set()
-        self.report("worker: draining — interrupting runs in progress, they will be re-queued")
+        self.report(f"worker: {why}")
         with self._lock:
             for runner in self._runners:
                 runner.request_stop(again=False)
@@ -135,7 +135,10 @@ class Worker:
     def _listen(self) -> None:
         """Wake idle threads on a PostgreSQL NOTIFY; SQLite workers just poll (and so does
         this one if the store stays unreachable: the threads find that out themselves)."""
-        store = open_store(self.store_url)
+        try:
+            store = open_store(self.store_url)
+        except DeeplineError:
+            return  # the threads open it too, and say why they cannot
         try:
             while not self._draining.is_set():
                 woke = reconnecting(store, store.queue.wait_for_notify, self.poll_s)
@@ -153,7 +156,7 @@ class Worker:
         with self._lock:
             if self.failure is None:
                 self.failure = exc
-        self.drain()
+        self.drain("stopping: the store cannot be reached")
 
     # --- one thread ------------------------------------------------------------------------
 
