@@ -299,6 +299,8 @@ def test_stop_of_a_queued_run_interrupts_it_and_a_worker_leaves_it(deepline: Run
     shown = full(deepline, "q1", **env)
     assert (shown["status"], shown["stop_reason"]) == ("interrupted", "stopped by user")
     assert shown["error"]["message"] == "The run was stopped: stopped by user."
+    logged = deepline("runs", "logs", "q1", "--kind", "run.interrupted", **env)
+    assert "stop requested (stopped by user): the run was queued; it ends here" in logged.stdout, logged.stdout
     worked = deepline("worker", "--once", **env)
     assert "0 started" in worked.stderr, worked.stderr
     assert gated.invoked() == []
@@ -339,6 +341,8 @@ def test_stop_of_a_waiting_run_interrupts_it_and_resume_continues_it(
     shown = full(deepline, "wt1", **env)
     assert (shown["status"], shown["stop_reason"]) == ("interrupted", "not needed")
     assert [b["status"] for b in shown["boundaries"]] == ["waiting"]
+    logged = deepline("runs", "logs", "wt1", "--kind", "run.interrupted", "--json", **env)
+    assert [line["fields"] for line in logged.json_lines()] == [{"reason": "not needed"}], logged.stdout
     again = deepline("runs", "stop", "wt1", **env)
     assert (again.code, again.stderr) == (2, "Error: Run wt1 already interrupted; nothing to stop.\n")
     assert deepline("events", "send", "wt1", "go", "--payload", '"now"', **env).code == 0

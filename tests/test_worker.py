@@ -594,6 +594,7 @@ def test_sigterm_drains_the_worker_and_requeues_the_run(cli: CLI, tmp_path: Path
         assert stopped.code == 0, stopped.stderr
         assert "draining" in stopped.stderr and "1 re-queued" in stopped.stderr, stopped.stderr
         assert "Traceback" not in stopped.stderr
+        assert "deepline resume" not in stopped.stderr and "it is queued again" in stopped.stderr, stopped.stderr
 
         run = run_of(store, run_id)
         assert run.status == "queued", f"a drained run goes back to the queue, not {run.status!r}"

@@ -92,6 +92,7 @@ class RunResult:
     waiting: list[dict[str, Any]] = field(default_factory=list)  # boundaries of a waiting run
     trigger: str = ""  # what started it, when not a person: "schedule 2026-12-05 06:00:00 UTC", "webhook <id>"
     play: str = ""  # the play's name (the export the verdict suggests is named after it)
+    requeued: bool = False  # interrupted by a draining worker and put back in the queue
 
     @property
     def failed_rows(self) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.run.holders import holder_alive
-from deepline_cli.store.records import RunRecord
+from deepline_cli.store.records import LogLine, RunRecord, Writes
 from deepline_cli.store.roles import Store
 
 DEFAULT_REASON = "stopped by user"
@@ -135,8 +135,13 @@ def _stop_one(
             continue
         # Nobody executes it (or its process died, or it suspended before it heard): end it here.
         expect = (record.lease_expires_at or 0.0) if record.status == "running" else None
-        store.runs.interrupt_run(run_id, reason, attempt=record.attempt, status=record.status,
-                            error=stop_error(reason), now=now, expect_expires=expect)  # fmt: skip
+        if store.runs.interrupt_run(run_id, reason, attempt=record.attempt, status=record.status,
+                                    error=stop_error(reason), now=now, expect_expires=expect):  # fmt: skip
+            was = "running, its process gone" if record.status == "running" else record.status
+            line = LogLine(run_id, record.attempt, time.time(), "warning",
+                           f"stop requested ({reason}): the run was {was}; it ends here",
+                           kind="run.interrupted", fields={"reason": reason})  # fmt: skip
+            store.receipts.apply(Writes(logs=[line]), now)
 
 
 def _read(store: Store, run_id: str) -> RunRecord:

@@ -263,6 +263,7 @@ class Worker:
             if drained and runner.store.runs.requeue(run_id, result.attempt):  # another worker continues it
                 runner.store.queue.notify()
                 self.stats.requeued += 1
+                result.requeued = True
         except RunBusyError:
             self.stats.started -= 1  # another worker leased it first: this one did not run it
             self.report(f"worker: {run_id} was taken by another process first")
