@@ -418,3 +418,34 @@ def test_the_status_of_a_run_on_a_store_that_cannot_be_opened_is_one_sentence(tm
     answer = asyncio.run(ask())
     assert answer.status_code == 503, answer.text
     assert answer.json() == {"error": f"Cannot open the store {tmp_path}: it is a directory; give a file path."}
+
+
+def test_a_file_of_several_plays_gives_the_schedules_of_those_that_have_one(deepline, write_play) -> None:
+    """An hourly and a daily play beside a helper play in one file: `schedules list` and a
+    worker given the file take both schedules (a module may hold several plays)."""
+    write_play(
+        """
+        from deepline_cli import play
+
+        @play("hourly-a", schedule="0 * * * *")
+        async def a(ctx, input):
+            return 1
+
+        @play("helper-b")
+        async def b(ctx, input):
+            return 2
+
+        @play("daily-c", schedule="0 6 * * *")
+        async def c(ctx, input):
+            return 3
+        """,
+        "plays.py",
+    )
+    listed = deepline("schedules", "list", "plays.py", "--json")
+    assert listed.code == 0, listed.stderr
+    assert sorted(row["play"] for row in listed.json_lines()) == ["daily-c", "hourly-a"]
+    picked = deepline("schedules", "list", "plays.py:c", "--json")
+    assert [row["play"] for row in picked.json_lines()] == ["daily-c"]
+    assert deepline("worker", "--play", "plays.py", "--once").code == 0
+    none = deepline("schedules", "list", "plays.py:b")
+    assert none.code == 0 and "daily-c" not in none.stdout

@@ -256,16 +256,7 @@ def plays_in(module: Any) -> list[PlayDef]:
 
 def load_play(ref: str, *, base: Path | None = None) -> PlayDef:
     """Load `path.py[:function-or-play-name]`, relative paths against `base`."""
-    raw_path, selector = split_ref(ref)
-    path = Path(raw_path).expanduser()
-    if not path.is_absolute():
-        path = (base or Path.cwd()) / path
-    path = path.resolve()
-    if path.suffix != ".py" and not path.exists() and path.with_suffix(".py").exists():
-        path = path.with_suffix(".py")
-    plays = plays_in(load_module(path))
-    if not plays:
-        raise PlayLoadError(f"{path} declares no play; decorate an async function with @play.")
+    path, selector, plays = _load_plays(ref, base)
     if selector is None:
         if len(plays) > 1:
             names = ", ".join(p.function for p in plays)
@@ -276,3 +267,23 @@ def load_play(ref: str, *, base: Path | None = None) -> PlayDef:
             return candidate
     names = ", ".join(p.function for p in plays)
     raise PlayLoadError(f"{path} has no play {selector!r}; it declares: {names}.")
+
+
+def load_plays(ref: str) -> list[PlayDef]:
+    """Every play `path.py` declares (or the one `path.py:NAME` picks)."""
+    _, selector, plays = _load_plays(ref, None)
+    return plays if selector is None else [load_play(ref)]
+
+
+def _load_plays(ref: str, base: Path | None) -> tuple[Path, str | None, list[PlayDef]]:
+    raw_path, selector = split_ref(ref)
+    path = Path(raw_path).expanduser()
+    if not path.is_absolute():
+        path = (base or Path.cwd()) / path
+    path = path.resolve()
+    if path.suffix != ".py" and not path.exists() and path.with_suffix(".py").exists():
+        path = path.with_suffix(".py")
+    plays = plays_in(load_module(path))
+    if not plays:
+        raise PlayLoadError(f"{path} declares no play; decorate an async function with @play.")
+    return path, selector, plays

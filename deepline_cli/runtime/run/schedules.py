@@ -24,7 +24,7 @@ from deepline_cli.errors import DeeplineError, UsageError
 from deepline_cli.runtime.calls.events import EventBus
 from deepline_cli.runtime.providers.config import check_keys, read_toml
 from deepline_cli.runtime.run.options import RunOptions
-from deepline_cli.runtime.run.play import PlayDef, load_play
+from deepline_cli.runtime.run.play import PlayDef, load_play, load_plays
 from deepline_cli.runtime.run.runner import Runner
 from deepline_cli.runtime.run.triggers import is_tick_of, schedule_of, tick_prefix, tick_run_id
 
@@ -35,16 +35,16 @@ SCHEDULE_KEYS: dict[str, type | tuple[type, ...]] = {
 
 
 def scheduled_plays(ref: str, *, required: bool = True) -> list[PlayDef]:
-    """A play file's schedule, or every `[schedules.NAME]` of a `deepline.toml`: each a play
-    with the schedule it is fired on. A play file without one is an error if `required`."""
+    """The schedules of a play file's plays (or of the one `file.py:NAME` picks), or every
+    `[schedules.NAME]` of a `deepline.toml`: each a play with the schedule it is fired on. A
+    play file with none is an error if `required`."""
     if ref.endswith(".toml"):
         return schedules_in(Path(ref).expanduser().resolve())
-    play = load_play(ref)
-    if play.schedule is not None:
-        return [play]
-    if required:
-        raise UsageError(f'{play.file} has no schedule: declare one with @play(..., schedule="0 6 * * *").')
-    return []
+    plays = load_plays(ref)
+    scheduled = [play for play in plays if play.schedule is not None]
+    if not scheduled and required:
+        raise UsageError(f'{plays[0].file} has no schedule: declare one with @play(..., schedule="0 6 * * *").')
+    return scheduled
 
 
 def schedules_in(path: Path) -> list[PlayDef]:
