@@ -5,6 +5,7 @@ delivery however often it is sent. Real processes, a real HTTP client."""
 from __future__ import annotations
 
 import calendar
+import itertools
 import json
 import re
 import signal
@@ -449,3 +450,24 @@ def test_a_file_of_several_plays_gives_the_schedules_of_those_that_have_one(deep
     assert deepline("worker", "--play", "plays.py", "--once").code == 0
     none = deepline("schedules", "list", "plays.py:b")
     assert none.code == 0 and "daily-c" not in none.stdout
+
+
+@pytest.mark.parametrize(
+    ("cron", "zone", "night"),
+    [("30 2 * * *", "Europe/Paris", "2026-10-25"), ("30 1 * * *", "America/New_York", "2026-11-01")],
+)
+def test_a_daily_schedule_fires_once_on_the_night_clocks_go_back(cron: str, zone: str, night: str) -> None:
+    """The wall-clock time comes twice that night: a daily schedule fires at the first, as
+    cron does, not again an hour later (a second paid run of the nightly refresh)."""
+    import datetime as dt
+
+    schedule = Schedule(cron, {}, zone)
+    start = dt.datetime.fromisoformat(f"{night}T00:00:00").replace(tzinfo=dt.UTC).timestamp() - 86_400
+    ticks = [schedule.next_tick(start)]
+    while len(ticks) < 3:
+        ticks.append(schedule.next_tick(ticks[-1]))
+    hours = [round((b - a) / 3600) for a, b in itertools.pairwise(ticks)]
+    assert hours == [24, 25], [dt.datetime.fromtimestamp(t, dt.UTC).isoformat() for t in ticks]
+    assert schedule.last_tick(ticks[1] + 2 * 3600) == ticks[1]  # the hour after: still that night's one tick
+    every_minute = Schedule("* * * * *", {}, zone)  # not a daily time: it goes on through the repeated hour
+    assert every_minute.next_tick(ticks[1] + 3600) - (ticks[1] + 3600) <= 60

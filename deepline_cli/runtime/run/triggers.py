@@ -38,13 +38,28 @@ class Schedule:
 
     def next_tick(self, after: float) -> float:
         """The first tick strictly after `after` (a Unix time)."""
-        return float(_croniter()(self.cron, self._at(after)).get_next(float))
+        ticks = _croniter()(self.cron, self._at(after))
+        tick = float(ticks.get_next(float))
+        while self._repeated(tick):
+            tick = float(ticks.get_next(float))
+        return tick
 
     def last_tick(self, at: float) -> float | None:
         """The latest tick at or before `at`."""
-        base = self._at(at + 0.001)
-        tick = float(_croniter()(self.cron, base).get_prev(float))
+        ticks = _croniter()(self.cron, self._at(at + 0.001))
+        tick = float(ticks.get_prev(float))
+        while self._repeated(tick):
+            tick = float(ticks.get_prev(float))
         return tick if tick <= at else None
+
+    def _repeated(self, tick: float) -> bool:
+        """A tick at a set hour that falls in the hour the clocks go back to, whose wall-clock
+        time came an hour before: it fired then (as cron, a nightly run runs once that night).
+        A schedule over every hour goes on through the repeated one."""
+        local = self._at(tick)
+        if not local.fold or "*" in self.cron.split()[1]:
+            return False
+        return local.replace(fold=0).timestamp() != tick
 
     def words(self) -> str:
         return f"{self.cron} ({self.timezone})"
