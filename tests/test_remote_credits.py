@@ -152,3 +152,17 @@ def test_plan_counts_declared_remote_credits_and_then_what_was_paid(deepline, pr
     assert run.code == 0 and _finished(run)["stats"]["credits"] == 1 + 2 + 3 + 1  # what the answers said
     after = deepline("plan", play, "--json", METERED_KEY=KEY).json_lines()[-1]
     assert after["totals"]["new_calls"] == 0 and after["totals"]["paid_rows"] == 4
+
+
+def test_plan_bounds_a_remote_tool_at_the_most_it_has_cost_on_this_store(deepline, project, remote, write_play) -> None:
+    """Declared at 1 credit, a remote tool's answers have cost up to 3 on this store: the
+    budget holds 3 for each of its calls, and the plan's bound says the same (it used 1,
+    and the run then paid past the plan's "max")."""
+    project('credits = { "vendor.lookup" = 1 }')
+    play = str(write_play(MAPPED))
+    assert deepline("run", play, "--quiet", METERED_KEY=KEY).code == 0  # answers of 1, 2, 3 and 1 credits
+    other = str(write_play(MAPPED.replace('{"n": row["n"]}', '{"n": row["n"] + 10}')))
+    plan = deepline("plan", other, "--json", METERED_KEY=KEY).json_lines()[-1]
+    (column,) = plan["maps"][0]["columns"]
+    assert column["tools"] == {"vendor.lookup": 3.0}, column
+    assert plan["totals"]["credits"]["max"] == 12

@@ -612,6 +612,7 @@ class Planner:
         self.play, self.store, self.options = play, store, options
         self.config = load_config(config_path)
         self.plan = Plan(play.name)
+        self._learned: dict[str, float] | None = None  # the most each tool has cost here (tool_costs)
         self.reference: str | None = None
         self._planned: set[str] = set()  # receipt keys this plan counts as new calls already
         self.io = StoreIO(store)
@@ -707,8 +708,9 @@ class Planner:
         # busy: another live run makes this call now, and pays for it.
         shared = key in self._planned or verdict == "busy"
         self._planned.add(key)
-        tracker.new.append((definition.id, definition.credits, shared))
-        raise NewCall(definition.id, definition.credits, shared)
+        cost = self._cost(definition)
+        tracker.new.append((definition.id, cost, shared))
+        raise NewCall(definition.id, cost, shared)
 
     async def stored(self, kind: str, id: str, *, label: str | None = None) -> Any:
         what = {"run_play": "child play"}.get(kind, kind)
@@ -750,7 +752,16 @@ class Planner:
 
     def _credits_of(self, tool_ids: list[str]) -> dict[str, float]:
         tools = PlanTools(self.services, self)
-        return {t: d.credits for t in tool_ids if (d := tools.declared(t)) is not None}
+        return {t: self._cost(d) for t in tool_ids if (d := tools.declared(t)) is not None}
+
+    def _cost(self, definition: ToolDef) -> float:
+        """What a call of the tool may cost: as declared, and for a tool whose answers say
+        what they cost the most one has cost on this store, if more (as the budget holds)."""
+        if not definition.metered:
+            return definition.credits
+        if self._learned is None:
+            self._learned = self.store.receipts.tool_costs()
+        return max(definition.credits, self._learned.get(definition.id, 0.0))
 
     async def plan_map(self, engine: MapRun, rows: RowPlanner, source: Bounded) -> PlanDataset:
         plan = MapPlan(engine.name, limit=engine.limit, columns=rows.columns, history_rows=rows.history.rows)
