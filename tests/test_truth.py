@@ -470,3 +470,42 @@ def test_a_failure_whose_row_did_not_end_is_not_counted_final_by_the_store(write
     assert done.status == "completed", done.error
     down = done.stats["tools"]["t.down"]
     assert (down["failed"], down["recovered"]) == (3, 3), down
+
+
+ONE_CALL_A_ROW = """
+import asyncio
+from deepline_cli import play, tool
+
+@tool("t.lookup", credits=1)
+async def lookup(input):
+    await asyncio.sleep(0.002)
+    return input["id"]
+
+@play("frames")
+async def frames(ctx, input):
+    done = await ctx.map("m", [{"id": i} for i in range(300)], key="id", concurrency=4, columns={
+        "v": lambda row, rc: rc.tools.execute("v", "t.lookup", {"id": row["id"]}),
+    })
+    return len(done)
+"""
+
+
+def test_a_maps_progress_and_the_runs_are_said_at_one_moment(write_play, store_path, monkeypatch) -> None:
+    """Each row makes one call: in every frame the views draw, the calls counted are at least
+    the rows counted done. The map's progress is said right after the run's, of one moment
+    (on timers of their own, a frame showed more rows found than calls made)."""
+    monkeypatch.setattr(attempt, "PROGRESS_EVERY_S", 0.01)
+    play = write_play(ONE_CALL_A_ROW)
+    events: list[Any] = []
+    runner = Runner(RunOptions(store=str(store_path)), EventBus([events.append]))
+    try:
+        assert runner.start(str(play), {}).status == "completed"
+    finally:
+        runner.close()
+    frames = [(a.data, b.data) for a, b in itertools.pairwise(events) if b.event == "map.progress"]
+    ticked = [(run, rows) for run, rows in frames[:-1] if "tools" in run]  # the last is the map's own, at its end
+    assert len(ticked) >= 5, [e.event for e in events][:40]
+    assert len(ticked) == len(frames) - 1, "every map.progress but the last follows the run's"
+    for run, rows in ticked:
+        live = run["tools"].get("t.lookup", {}).get("live", 0)
+        assert live >= rows["succeeded"], (run["tools"], rows)

@@ -39,7 +39,6 @@ from deepline_cli.runtime.providers.tools import ToolResult
 from deepline_cli.store.records import Cell, MapRecord, SheetRow
 
 DEFAULT_CONCURRENCY = 50
-PROGRESS_EVERY_S = 0.5
 
 
 class MapRun:
@@ -103,7 +102,7 @@ class MapRun:
             description=getattr(self.rows, "description", "") or "",
         )
         await self.book.start(record, self.total_estimate, self.limit)
-        ticker = asyncio.create_task(self._tick())
+        s.progress.append(self._progress)  # said with the run's own progress, a few times a second
         try:
             await self._execute()
         except BaseException as exc:
@@ -113,7 +112,7 @@ class MapRun:
             await self.book.save_unfinished(record, exc)
             raise
         finally:
-            ticker.cancel()
+            s.progress.remove(self._progress)
         self.book.progress(self.total_estimate)
         if self.attempt > 1:
             await self.book.trim()
@@ -232,10 +231,8 @@ class MapRun:
         self._stop_on(self.book.record(job, None, error, steps, reused=(earlier_run, len(cells) if earlier_run else 0)))
         return True
 
-    async def _tick(self) -> None:
-        while True:
-            await asyncio.sleep(PROGRESS_EVERY_S)
-            self.book.progress(self.total_estimate)
+    def _progress(self) -> None:
+        self.book.progress(self.total_estimate)
 
     def _stop_on(self, reason: BaseException | None) -> None:
         """Stop the map (after the rows in flight) for the first reason given."""

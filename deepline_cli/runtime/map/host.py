@@ -4,7 +4,7 @@ of runs, play bodies or child plays (the run implements it; `deepline plan` too)
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from deepline_cli.runtime.calls.events import EventBus
@@ -60,3 +60,5 @@ class MapParts:
     log: Log
     concurrency: int | None = None  # the run's --concurrency
     limit: int | None = None  # the run's --limit
+    # Where a running map puts the call that says its progress; the run makes it with its own.
+    progress: list[Callable[[], None]] = field(default_factory=list)

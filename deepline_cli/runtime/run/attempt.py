@@ -516,3 +516,5 @@ async def tick(bus: EventBus, run_id: str, stats: RunStats, services: RunParts) 
             paced=governor.paced(),
             paused=governor.paused(),
         )
+        for said in list(services.infra.progress):  # the maps running now, at the same moment
+            said()

@@ -214,6 +214,7 @@ class Context:
             s.log,
             s.settings.concurrency,
             s.settings.limit,
+            s.infra.progress,
         )
 
     def resolve_path(self, path: str | Path) -> Path:

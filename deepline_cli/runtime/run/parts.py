@@ -13,6 +13,7 @@ journal; everything else is its parent's.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -81,6 +82,9 @@ class Infrastructure:
     bus: EventBus
     stats: RunStats
     secrets: Secrets
+    # The maps running now (the run's and its child runs'): each says its progress when the
+    # run says its own, so a view's frame shows counts of one moment.
+    progress: list[Callable[[], None]] = field(default_factory=list)
 
 
 @dataclass
