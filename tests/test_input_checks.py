@@ -107,6 +107,21 @@ def test_rows_with_a_blank_part_of_a_composite_key_each_fail_on_their_own(
     assert finished["stats"]["rows"]["duplicate"] == 0
 
 
+def test_a_key_function_giving_every_part_blank_keys_the_row_by_its_place(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A key function normalising a composite key (email, domain): a row with both blank has
+    no identity, as with `key=["email", "domain"]`, and is a row of its own, not a duplicate
+    of another such row."""
+    write_play(LEADS.replace('key="id"', 'key=lambda row: [row["email"].strip().lower(), row["domain"].strip()]')
+               .replace('required=["domain"]', "required=[]"))  # fmt: skip
+    (tmp_path / "leads.csv").write_text("id,email,domain\n1,ada@a.com,a.com\n2,,\n3, , \n4,,\n")
+    run = deepline("run", "play.py", "--csv", "leads.csv", "--json")
+    assert run.code == 0, run.stderr
+    finished = run.json_lines()[-1]
+    assert finished["output"]["rows"] == 4 and finished["stats"]["rows"]["duplicate"] == 0, finished
+
+
 def test_a_key_function_that_raises_names_the_map_the_row_and_the_error(
     deepline: Run, write_play: Callable[..., Path], tmp_path: Path
 ) -> None:

@@ -246,6 +246,8 @@ def key_function(key: RowKey) -> Callable[[Mapping[str, Any]], str]:
 
         def by_function(row: Mapping[str, Any]) -> str:
             value = fn(row)
+            if isinstance(value, list | tuple) and all(map(is_blank, value)):
+                return ""  # every part blank: no identity, as with key=[fields]
             try:
                 return _scalar(value)
             except TypeError as exc:
