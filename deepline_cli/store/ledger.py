@@ -15,9 +15,7 @@ from deepline_cli._format import add_credits, round_credits, sum_credits
 from deepline_cli.store.records import NOT_FOUND, FailedCall
 
 _TREE = "(SELECT run_id FROM runs WHERE run_id = ? OR root_run_id = ?)"  # a run and its child runs
-# How a call's map row ended: '' outside maps, NULL while the row is not recorded.
-_ROW = "CASE WHEN {t}.map IS NULL THEN '' ELSE m.outcome END"
-_ROW_OF = "LEFT JOIN map_rows m ON m.run_id = {t}.run_id AND m.map = {t}.map AND m.row_key = {t}.row_key"
+_ROWS_PAGE = 50_000  # map rows read per store call, to say how the rows of failed calls ended
 
 
 @dataclass(slots=True)
@@ -147,21 +145,37 @@ class LedgerQueries:
     def final_failures(self, run_id: str) -> list[FailedCall]:
         """Every call of the run (and its child runs) whose final outcome is a failure."""
         rows = self._read(
-            f"SELECT f.key, f.kind, f.tool, {_ROW.format(t='f')}, r.retryable FROM calls f"
+            "SELECT f.key, f.kind, f.tool, f.run_id, f.map, f.row_key, r.retryable FROM calls f"
             # The last execution of each key that ever failed in the run (few keys, one pass).
             f" JOIN (SELECT key, max(id) AS last FROM calls WHERE run_id IN {_TREE} AND key IN"
             f" (SELECT key FROM calls WHERE run_id IN {_TREE} AND status = 'failed') GROUP BY key) l ON l.last = f.id"
-            f" {_ROW_OF.format(t='f')} LEFT JOIN receipts r ON r.key = f.key"
-            " WHERE f.status = 'failed' AND f.kind <> 'step'"
-            f" UNION ALL SELECT u.key, r.kind, r.tool, {_ROW.format(t='u')}, r.retryable"
-            f" FROM run_receipts u JOIN receipts r ON r.key = u.key {_ROW_OF.format(t='u')}"
+            " LEFT JOIN receipts r ON r.key = f.key WHERE f.status = 'failed' AND f.kind <> 'step'"
+            " UNION ALL SELECT u.key, r.kind, r.tool, u.run_id, u.map, u.row_key, r.retryable"
+            " FROM run_receipts u JOIN receipts r ON r.key = u.key"
             f" WHERE u.used_at IS NOT NULL AND u.run_id IN {_TREE} AND r.status = 'failed' AND r.kind <> 'step'"
             f" AND u.key NOT IN (SELECT key FROM calls WHERE run_id IN {_TREE})",
             (run_id,) * 8,
         )
+        ended = self._rows_ended({(run, map, row) for _, _, _, run, map, row, _ in rows if map is not None})
         return [
-            FailedCall(key, tool or f"ctx.{kind}", row, bool(retryable)) for key, kind, tool, row, retryable in rows
+            FailedCall(key, tool or f"ctx.{kind}", "" if map is None else ended.get((run, map, row)), bool(retryable))
+            for key, kind, tool, run, map, row, retryable in rows
         ]
+
+    def _rows_ended(self, wanted: set[tuple[str, str, str]]) -> dict[tuple[str, str, str], str]:
+        """How these map rows ended (absent: not recorded), each map read once in pages:
+        map rows are found by place, not by key, and a lookup per row scanned the whole map."""
+        ended: dict[tuple[str, str, str], str] = {}
+        for run, map in sorted({(run, map) for run, map, _ in wanted}):
+            after = -1
+            while page := self._read(
+                "SELECT idx, row_key, outcome FROM map_rows WHERE run_id = ? AND map = ? AND idx > ?"
+                " ORDER BY idx LIMIT ?",
+                (run, map, after, _ROWS_PAGE),
+            ):
+                ended.update(((run, map, key), outcome) for _, key, outcome in page if (run, map, key) in wanted)
+                after = page[-1][0]
+        return ended
 
     def row_stats(self, run_id: str) -> dict[str, int]:
         """A run's map rows: succeeded, failed, duplicate input rows, rows taken whole from
