@@ -301,3 +301,36 @@ def test_a_required_column_is_found_case_and_spaces_aside(deepline, tmp_path: Pa
     result = deepline("run", "play.py", "--set", "file=leads.csv", "--quiet")
     assert result.code == 0, result.stderr
     assert json.loads(result.stdout)["rows"] == ["ADA"]
+
+
+def test_a_quote_never_closed_is_an_error_naming_its_line(deepline, tmp_path: Path) -> None:
+    """A stray opening quote that is never closed took every later line into one cell: three
+    leads of five were gone, and the run said nothing. It is an error naming the line."""
+    (tmp_path / "play.py").write_text(CLI_PLAY)
+    lines = ["First Name,Domain", "Ada,acme.com", 'Bob,"globex.io', "Cy,initech.dev", "Di,hooli.com", "Ed,umbrella.co"]
+    (tmp_path / "leads.csv").write_text("\r\n".join(lines) + "\r\n", newline="")
+    result = deepline("run", "play.py", "--set", "file=leads.csv", "--quiet")
+    assert result.code == 2, result.stderr
+    assert "leads.csv line 3: a quote opened here is never closed" in result.stderr, result.stderr
+
+
+def test_a_quoted_cell_over_lines_shaped_like_rows_is_warned_of(deepline, tmp_path: Path) -> None:
+    """A stray quote closed by a later quoted cell: the lines between are read as part of one
+    cell (valid CSV, so no error), but they look like rows of the file: the run warns,
+    naming the line, so the lost leads are found."""
+    (tmp_path / "play.py").write_text(CLI_PLAY)
+    lines = [
+        "First Name,Domain",
+        "Ada,acme.com",
+        'Bob,"globex.io',
+        "Cy,initech.dev",
+        "Di,hooli.com",
+        'Ed,"umbrella.co"',
+    ]
+    (tmp_path / "leads.csv").write_text("\n".join(lines) + "\n")
+    result = deepline("run", "play.py", "--set", "file=leads.csv", "--json")
+    assert result.code == 0, result.stderr
+    warned = [e["message"] for e in result.json_lines() if e["event"] == "log" and e.get("level") == "warning"]
+    assert any("leads.csv line 3: a quoted cell runs over 4 lines, 3 of them shaped like rows" in m for m in warned), (
+        warned
+    )

@@ -100,6 +100,10 @@ class Intake:
                 new = [column for column in row if column not in self.input_columns]
                 self.input_columns.update(dict.fromkeys(new))
                 self.warn_of_case(new)
+            if csv is not None and csv.doubts:
+                for doubt in csv.doubts:
+                    self.warn(doubt)
+                csv.doubts.clear()
             key, placed = self._key(row, input_index, blank)
             if key in seen:
                 duplicate += 1

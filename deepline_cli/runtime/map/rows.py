@@ -47,6 +47,8 @@ class CsvSource:
         self.required = list(required or [])
         self.line = 0  # the file line of the row last read (a row may span lines)
         self.delimiter = ","
+        self.doubts: list[str] = []  # what reading the file found suspect (the map warns of it)
+        self._doubted = 0  # of those, how many were said (the first few are enough)
         header = self._header()
         self._rename = _renames(header, rename or {})
         self._rename.update(_aliases(header, columns or {}))
@@ -122,10 +124,13 @@ class CsvSource:
         with self._open() as handle:
             reader = csv.reader(handle, delimiter=self.delimiter)
             line = 1
+            spanned = (0, 0, 0)  # the last row over several lines: its first and last line, rows shaped in it
             try:
                 next(reader)
                 for record in reader:
-                    line = reader.line_num
+                    start, line = line + 1, reader.line_num
+                    if line > start:
+                        spanned = (start, line, self._rows_in(record, width, start, line))
                     if len(record) != width:
                         if not record or record == [""]:
                             continue  # a blank line
@@ -145,6 +150,45 @@ class CsvSource:
                 raise self._undecodable() from None
             except csv.Error as exc:
                 raise InputError(f"{self.path} line {reader.line_num}: {exc}.") from None
+        first, last, shaped = spanned
+        if shaped and last == line and self._open_at_end():
+            raise InputError(
+                f"{self.path} line {first}: a quote opened here is never closed, so the rest of the file "
+                f"({line - first + 1} lines) would be one cell; close the quote."
+            )
+
+    def _rows_in(self, record: list[str], width: int, start: int, end: int) -> int:
+        """A row read over several lines (a quoted cell with line breaks): how many of its
+        lines are shaped like rows of this file (as many fields as the header). A stray
+        quote swallows such lines into one cell: the map is warned, naming the line."""
+        if width < 2:
+            return 0
+        shaped = sum(
+            1
+            for cell in record
+            if "\n" in cell
+            for part in cell.split("\n")[1:]
+            if part.count(self.delimiter) == width - 1
+        )
+        if shaped and self._doubted < 3:
+            self._doubted += 1
+            self.doubts.append(
+                f"{self.path.name} line {start}: a quoted cell runs over {end - start + 1} lines, {shaped} of them "
+                "shaped like rows of this file; if a quote was left open there, those rows are read as part of "
+                "the cell (close the quote to read them)"
+            )
+        return shaped
+
+    def _open_at_end(self) -> bool:
+        """Does the file end inside a quoted cell (read again strictly, only when its last row
+        spanned lines shaped like rows)?"""
+        with self._open() as handle:
+            try:
+                for _ in csv.reader(handle, delimiter=self.delimiter, strict=True):
+                    pass
+            except csv.Error as exc:
+                return "unexpected end of data" in str(exc)
+        return False
 
     def blank(self, row: Mapping[str, Any]) -> str | None:
         """Why the row just read cannot be used: a required column with no value in it."""
