@@ -42,10 +42,13 @@ def holder_alive(record: RunRecord, now: float) -> bool:
     host, pid, token = _parse(record.holder)
     if host != socket.gethostname() or pid is None:
         return True  # elsewhere: held while the lease is current
+    return pid == os.getpid() or _running(pid, token)
+
+
+def _running(pid: int, token: str | None) -> bool:
+    """Is the process `pid` (started as `token` says, where it was recorded) running?"""
     if token is not None and token != _start_token(pid):
         return False  # the PID belongs to another process now
-    if pid == os.getpid():
-        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -58,11 +61,23 @@ def holder_alive(record: RunRecord, now: float) -> bool:
 def release_if_dead(store: Store, run_id: str) -> bool:
     """A run whose process on this machine is gone (killed) gives up the calls it held, as
     a resume of it would: another run wanting the same call takes it over at once, not once
-    its lease expires. False when the run is held by a live process, or held none."""
+    its lease expires. Only the OS's word counts: a live holder whose run lease lapsed (a
+    store hiccup held its heartbeat) or one on another machine keeps them until their own
+    leases expire. False when nothing was given up."""
     record = store.runs.get_run(run_id)
-    if record is None or record.status != "running" or holder_alive(record, store.now()):
+    if record is None or record.status != "running" or not holder_gone_here(record):
         return False
     return store.receipts.expire_run_receipts(run_id, before_attempt=record.attempt + 1) > 0
+
+
+def holder_gone_here(record: RunRecord) -> bool:
+    """Is the run's holder a process of this machine that is gone (by the OS, not a lease)?"""
+    if not record.holder:
+        return False
+    host, pid, token = _parse(record.holder)
+    if host != socket.gethostname() or pid is None or pid == os.getpid():
+        return False
+    return not _running(pid, token)
 
 
 def _parse(holder: str) -> tuple[str, int | None, str | None]:
