@@ -142,6 +142,8 @@ def _stop_one(
                            f"stop requested ({reason}): the run was {was}; it ends here",
                            kind="run.interrupted", fields={"reason": reason})  # fmt: skip
             store.receipts.apply(Writes(logs=[line]), now)
+            if record.status == "running":  # its process died: the calls it held are given up now
+                store.receipts.expire_run_receipts(run_id, before_attempt=record.attempt + 1)
 
 
 def _read(store: Store, run_id: str) -> RunRecord:
