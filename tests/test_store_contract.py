@@ -1903,3 +1903,42 @@ def test_final_failures_read_a_map_once_not_once_per_failed_call(store: Store) -
             conn.set_progress_handler(None, 0)
         steps.append(counted[run_id])
     assert steps[1] < 6 * steps[0], steps  # 4× the rows: about 4× the work, not 16×
+
+
+def test_only_a_holder_the_os_says_is_gone_gives_up_its_calls_to_another_run(store: Store, other: Store) -> None:
+    """A run holding a call: another run wanting the same call takes it over at once only if
+    the holder is a process of this machine that is gone. A live holder whose run lease
+    lapsed (a store hiccup held its heartbeat), or one on another machine, keeps the call
+    until the receipt's own lease ends: its call may be out."""
+    import subprocess
+    import sys
+
+    from deepline_cli.runtime.run.holders import holder_id, release_if_dead
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = f"{holder_id().rsplit(':', 2)[0]}:{int(dead.stdout)}"  # this machine, a process that ended
+    now = store.now()
+    for run_id, holder in (("alive", holder_id()), ("elsewhere", "build-7.other:4242"), ("gone", gone)):
+        seed(store, make_run(run_id, holder=holder, lease_expires_at=now - 1))  # its run lease lapsed
+        claim(store, [mk_claim(f"{run_id}-k", run_id=run_id, expires=now + 600)], now)
+    runs = ("alive", "elsewhere", "gone")
+    assert [release_if_dead(other, run_id) for run_id in runs] == [False, False, True]
+    assert [stored(other, f"{run_id}-k").status for run_id in runs] == ["running", "running", "released"]
+
+
+def test_stopping_a_run_whose_process_died_gives_up_the_calls_it_held(store: Store, other: Store) -> None:
+    """`runs stop` ends a run whose process was killed: the calls it held are given up with
+    it, so the next run wanting them does not wait out their leases."""
+    import subprocess
+    import sys
+
+    from deepline_cli.runtime.run.holders import holder_id
+    from deepline_cli.runtime.run.stop import stop_run
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    now = store.now()
+    seed(store, make_run("killed", holder=f"{holder_id().rsplit(':', 2)[0]}:{int(dead.stdout)}",
+                         lease_expires_at=now + 600))  # fmt: skip
+    claim(store, [mk_claim("killed-k", run_id="killed", expires=now + 600)], now)
+    stop_run(store, "killed", "not needed")
+    assert (other.runs.get_run("killed").status, stored(other, "killed-k").status) == ("interrupted", "released")
