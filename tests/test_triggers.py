@@ -471,3 +471,7 @@ def test_a_daily_schedule_fires_once_on_the_night_clocks_go_back(cron: str, zone
     assert schedule.last_tick(ticks[1] + 2 * 3600) == ticks[1]  # the hour after: still that night's one tick
     every_minute = Schedule("* * * * *", {}, zone)  # not a daily time: it goes on through the repeated hour
     assert every_minute.next_tick(ticks[1] + 3600) - (ticks[1] + 3600) <= 60
+    hourly = Schedule("@hourly", {}, zone)  # a macro: every hour too
+    assert hourly.next_tick(ticks[1] + 1) - ticks[1] <= 3600
+    daily = Schedule("@daily", {}, zone)
+    assert daily.next_tick(ticks[1]) - daily.last_tick(ticks[1] + 1) in (23 * 3600, 24 * 3600, 25 * 3600)

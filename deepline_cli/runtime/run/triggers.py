@@ -57,7 +57,7 @@ class Schedule:
         time came an hour before: it fired then (as cron, a nightly run runs once that night).
         A schedule over every hour goes on through the repeated one."""
         local = self._at(tick)
-        if not local.fold or "*" in self.cron.split()[1]:
+        if not local.fold or _croniter()(self.cron).expanded[1] == ["*"]:  # every hour (`*`, @hourly)
             return False
         return local.replace(fold=0).timestamp() != tick
 
