@@ -1065,15 +1065,36 @@ def test_a_maps_progress_says_the_same_of_its_rows_on_every_attempt(make_play, s
     assert during[-1]["succeeded"] == 19 and during[-1]["failed"] == 1
 
 
-def test_a_pilot_with_duplicates_counts_its_progress_in_distinct_rows() -> None:
-    """A limit counts distinct rows: the view of a pilot of 20 over a list of duplicates
-    says how many of the 20 are done, never "36/20", and not 100% before they are."""
+@pytest.mark.parametrize(("limit", "distinct"), [(5, 5), (30, 20)])
+def test_a_pilot_with_duplicates_counts_its_progress_in_distinct_rows(
+    make_play, store_url: str, limit: int, distinct: int
+) -> None:
+    """A limit counts distinct rows: the progress of a pilot over a list of duplicates says
+    how many of them are done, never more than its total ("36/20" at 100%), and a list
+    with fewer distinct rows than the limit ends at those (not at its input rows)."""
     from deepline_cli.ui.console import map_pieces
-    from deepline_cli.ui.state import MapView
+    from deepline_cli.ui.state import RunView
 
-    view = MapView("cos", total=20, done=9, succeeded=9, duplicate=27, limit=20)
-    pieces = [text for text, *_ in map_pieces(view)]
-    assert pieces[1:3] == ["9/20", "45%"], pieces
+    play_file = make_play(
+        """
+        @play("pilot")
+        async def pilot(ctx, input):
+            rows = [{"id": str(i)} for i in range(20) for _ in range(2)]  # each twice, one after the other
+            ds = await ctx.map("m", rows, key="id", concurrency=1, limit=input["limit"],
+                               columns={"v": lambda row: row["id"]})
+            return len(ds)
+        """
+    )
+    out = run(play_file, store_url, {"limit": limit})
+    assert out.output == distinct
+    progress = out.of("map.progress")
+    assert all(e["done"] <= e["total"] for e in progress), progress
+    assert (progress[-1]["done"], progress[-1]["total"]) == (distinct, distinct), progress[-1]
+    view = RunView()
+    for event in out.events:
+        view.apply(event)
+    pieces = [text for text, *_ in map_pieces(view.maps["m"])]
+    assert pieces[1] == f"{distinct}/{distinct}", pieces
 
 
 def test_fatal_errors_on_every_worker_fail_the_run_instead_of_hanging(deepline, write_play) -> None:

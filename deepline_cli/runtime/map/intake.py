@@ -120,7 +120,7 @@ class Intake:
                 yield chunk, (read, duplicate, seeded)
                 chunk, read, duplicate, seeded = [], 0, 0, []
         else:  # the whole input read: its rows are counted (a line count counted a quoted newline too)
-            self.total_estimate = input_index + 1
+            self.total_estimate = input_index + 1 if limit is None else distinct  # a limit counts distinct rows
         if chunk or read:
             yield chunk, (read, duplicate, seeded)
 
