@@ -311,9 +311,10 @@ class Attempt:
 
     async def _watch_stop(self) -> None:
         """`deepline runs stop`, from any terminal or host: a stop asked through the store is
-        heard within STOP_POLL_S and taken as Ctrl-C is, with its reason."""
+        heard within STOP_POLL_S and taken as Ctrl-C is, with its reason; heard while the run
+        is already stopping for no reason given (a drain, Ctrl-C), its reason is the run's."""
         record, store = self.record, self.io.store
-        while not self.stop_requested:
+        while self.stop_reason is None and not self.decided:
             await asyncio.sleep(STOP_POLL_S)
             try:
                 reason = await self.io.call(store.runs.stop_requested, record.run_id, record.attempt)
