@@ -119,7 +119,7 @@ class MapRun:
         counts = await barriers.visibility(self.book)
         await barriers.finalization(self.book, counts)
         record.input_columns = list(self.intake.input_columns)
-        record.pilot = await scan_rest(self) or self._fed_by_pilot()  # what the rest holds (projection)
+        record.pilot = self._fed_by_pilot() or await scan_rest(self)  # what the rest holds (projection)
         await self.book.complete(record, counts)
         return Dataset(s.io.store.sheets, record)
 
