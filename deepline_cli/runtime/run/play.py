@@ -257,6 +257,10 @@ def plays_in(module: Any) -> list[PlayDef]:
 def load_play(ref: str, *, base: Path | None = None) -> PlayDef:
     """Load `path.py[:function-or-play-name]`, relative paths against `base`."""
     path, selector, plays = _load_plays(ref, base)
+    return _select(path, selector, plays)
+
+
+def _select(path: Path, selector: str | None, plays: list[PlayDef]) -> PlayDef:
     if selector is None:
         if len(plays) > 1:
             names = ", ".join(p.function for p in plays)
@@ -271,8 +275,8 @@ def load_play(ref: str, *, base: Path | None = None) -> PlayDef:
 
 def load_plays(ref: str) -> list[PlayDef]:
     """Every play `path.py` declares (or the one `path.py:NAME` picks)."""
-    _, selector, plays = _load_plays(ref, None)
-    return plays if selector is None else [load_play(ref)]
+    path, selector, plays = _load_plays(ref, None)
+    return plays if selector is None else [_select(path, selector, plays)]
 
 
 def _load_plays(ref: str, base: Path | None) -> tuple[Path, str | None, list[PlayDef]]:
