@@ -57,9 +57,9 @@ class Budget:
         self._inflight: list[Reservation] = []
         self._probes: dict[str, asyncio.Future[None]] = {}  # metered tool -> its first answer
         self._overrun: BudgetExceededError | None = None
-        # Calls refused, with what their messages say of them: told again as calls in flight
-        # end, so the one that stops the run says what it spent in the end.
-        self._refused: list[tuple[BudgetExceededError, str, str]] = []
+        # The first call refused (the run stops with it), and what its message says of it: told
+        # again as calls in flight end, so it says what the run spent in the end.
+        self._refused: tuple[BudgetExceededError, str, str] | None = None
 
     def expected(self, tool: str | None, declared: float, *, metered: bool) -> float | None:
         """A call's expected cost; None for a metered tool no answer has priced yet."""
@@ -92,7 +92,8 @@ class Budget:
         if total > limit or (unknown and total >= limit):
             cost = "of unknown cost" if unknown else f"expected to cost {format_credits(amount)}"
             refused = BudgetExceededError(self._refusal(label, cost))
-            self._refused.append((refused, label, cost))
+            if self._refused is None:
+                self._refused = (refused, label, cost)
             raise refused
 
     def _refusal(self, label: str, cost: str) -> str:
@@ -102,7 +103,8 @@ class Budget:
         )
 
     def _tell_refused(self) -> None:
-        for refused, label, cost in self._refused:
+        if self._refused is not None:
+            refused, label, cost = self._refused
             refused.args = (self._refusal(label, cost),)
 
     def release(self, reservation: Reservation) -> None:
