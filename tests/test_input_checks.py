@@ -208,9 +208,9 @@ def test_the_export_a_run_of_several_maps_suggests_runs_as_printed(
     run = deepline("run", "play.py", "--csv", "leads.csv", "--run-id", "two")
     assert run.code == 0, run.stderr
     line = next(line for line in run.stderr.splitlines() if "Next: deepline export" in line)
-    command = line.split("Next: deepline ", 1)[1].split(" (", 1)[0].split(" · ", 1)[0]
+    command = line.split("Next: deepline ", 1)[1].split(" · ", 1)[0]
     assert command == "export two --map contacts --out leads-contacts.csv", line
-    assert "(other maps: leads)" in line
+    assert " · other maps: leads" in line
     assert deepline(*command.split()).code == 0
     assert (tmp_path / "leads-contacts.csv").read_text().splitlines()[1:] == ["Ada,1,"]  # name, n, _error
 

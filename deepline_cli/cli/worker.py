@@ -59,20 +59,14 @@ def worker(
     scheduled = [play for path in plays or [] for play in scheduled_plays(path)]
 
     def finished(result: RunResult) -> None:
-        lines = verdict(
+        for line in verdict(
             result.run_id,
-            result.status,
+            "requeued" if result.requeued else result.status,
             {**result.stats, "waiting": result.waiting},
             result.error,
             result.play,
             result.trigger,
-        )
-        if result.requeued:  # not for a person to resume: it is in the queue again
-            lines = [
-                lines[0],
-                f"  Next: nothing; it is queued again, a worker goes on with it: deepline runs show {result.run_id}",
-            ]
-        for line in lines:
+        ):
             report(f"  {line}")
 
     running = Worker(

@@ -77,7 +77,7 @@ def _export(run_id: str, play: str, maps: list[str]) -> str:
     if len(maps) < 2:
         return f"deepline export {run_id} --out {play}.csv"
     *others, last = maps
-    return f"deepline export {run_id} --map {last} --out {play}-{last}.csv (other maps: {', '.join(others)})"
+    return f"deepline export {run_id} --map {last} --out {play}-{last}.csv · other maps: {', '.join(others)}"
 
 
 def _failed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str) -> list[str]:
@@ -103,6 +103,14 @@ def _interrupted(run_id: str, stats: dict[str, Any], error: dict[str, Any], play
     ]
 
 
+def _requeued(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str) -> list[str]:
+    """A run a draining worker stopped and put back in the queue: not for a person to resume."""
+    return [
+        _interrupted(run_id, stats, error, play)[0],
+        f"  Next: nothing; it is queued again, a worker goes on with it: deepline runs show {run_id}",
+    ]
+
+
 def _waiting(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str) -> list[str]:
     waiting = stats.get("waiting") or []
     when = "once its event is sent" if any(b["kind"] == "event" for b in waiting) else "once it is due"
@@ -124,6 +132,7 @@ _SAYS = {
     "completed": _completed,
     "failed": _failed,
     "interrupted": _interrupted,
+    "requeued": _requeued,
     "waiting": _waiting,
     "taken_over": _taken_over,
 }
