@@ -39,7 +39,7 @@ class Tally:
         self.reused_cells = 0  # cells taken from the sheet (every attempt)
         self.seeded = 0  # rows an earlier attempt finished well: not run again
         self.seeded_reused = 0  # of those, rows that attempt took whole from earlier runs
-        self.kept = 0  # rows an earlier attempt failed, taken back whole with their errors
+        self.kept = 0  # rows an earlier attempt wrote, taken back whole (failed ones, or ones moved since)
         self.read = 0
         self.steps: dict[str, dict[str, int]] = {}  # waterfall column -> step (or "none") -> rows
 
@@ -317,7 +317,7 @@ class MapBook:
         t = self.tally
         done = t.succeeded + t.failed + t.seeded
         elapsed = max(time.monotonic() - self.started, 1e-6)
-        rate = (t.succeeded + t.failed - t.kept) / elapsed  # kept: an earlier attempt's failures, taken back
+        rate = (t.succeeded + t.failed - t.kept) / elapsed  # kept: an earlier attempt's rows, taken back whole
         left = (total - done - (0 if self.limit is not None else t.duplicate)) if total else 0
         eta = left / rate if total and rate > 0 else None
         self.s.bus.emit(
