@@ -333,3 +333,33 @@ def test_ctrl_c_while_the_play_waits_inline_stops_at_once(tmp_path: Path, cli_en
         (tmp_path / "deepline.toml").write_text(f'[tools."quota.lookup"]\nurl = "{provider.url}/quota"\n')
         ctrl_c_once_a_call_went_out(provider, "napping", tmp_path, cli_env)
         assert run_status(Path(cli_env["DEEPLINE_STORE"]), "napping") == "interrupted"
+
+
+@pytest.mark.process
+def test_a_view_whose_reader_goes_away_interrupts_the_run_resumable(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """`deepline run … 2>&1 | head`: the reader of the view goes away mid-run. The run is
+    interrupted as on Ctrl-C (exit 130, its calls in flight recorded, resumable), not ended
+    by the write that failed (rich's exit left it "running" with its calls out)."""
+    from tests.provider import Provider, ProviderServer
+
+    with ProviderServer(Provider()) as provider:
+        provider.default_fault = "slow:0.5"
+        toml = f'[tools."quota.lookup"]\nurl = "{provider.url}/quota"\nconcurrency = 4\n'
+        (tmp_path / "deepline.toml").write_text(toml)
+        (tmp_path / "play.py").write_text(PACED_PLAY.replace("range(2)", "range(40)"))  # 5 s at 4 at a time
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deepline_cli", "run", "play.py", "--run-id", "piped"],
+            cwd=tmp_path, env={**cli_env, "DEEPLINE_PROGRESS_EVERY_S": "0"}, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        assert proc.stderr is not None
+        proc.stderr.readline()  # the view's first line: then its reader goes away
+        proc.stderr.close()
+        assert proc.wait(timeout=60) == 130
+        assert run_status(Path(cli_env["DEEPLINE_STORE"]), "piped") == "interrupted"
+        opened = open_store(cli_env["DEEPLINE_STORE"])
+        try:
+            held = opened.receipts.query_receipts(ReceiptQuery(run_id="piped", status="running"))
+        finally:
+            opened.close()
+        assert held == [], "the calls out were recorded, none left held"

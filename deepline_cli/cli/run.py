@@ -208,8 +208,8 @@ def execute(
     bus = EventBus([on_event, *([view.handle] if view is not None else [])], per_call=json_mode)
     runner = Runner(options, bus)
     runner.before_recording = lambda: _hand_signals_to(runner, finished)
-    if json_mode:
-        view.on_closed = runner.request_stop  # `--json | head -1`: interrupt, resumable
+    if view is not None:
+        view.on_closed = runner.request_stop  # `--json | head -1`, `2>&1 | head`: interrupt, resumable
     try:
         if view is None:
             result = action(runner)

@@ -12,9 +12,11 @@ stay in view and nothing wraps into the next line.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 from rich.console import Console, Group
@@ -167,7 +169,13 @@ class ConsoleView:
 
     def __init__(self, stream: IO[str] | None = None, *, live: bool | None = None) -> None:
         self._stream = stream or sys.stderr
+        # When the reader goes away (`deepline run … 2>&1 | head`): stop drawing and call this
+        # once, so the run is interrupted (resumable) rather than killed by a write.
+        self.on_closed: Callable[[], None] | None = None
+        self.closed = False
         self.console = Console(file=self._stream, highlight=False, soft_wrap=True)
+        # rich ends the process (SystemExit) when its reader goes away: mid-run, with calls out.
+        self.console.on_broken_pipe = self._reader_gone  # type: ignore[method-assign]
         self.live_mode = self.console.is_terminal if live is None else live
         self.state = RunView()
         self._live: Live | None = None
@@ -185,22 +193,41 @@ class ConsoleView:
             self._live.stop()
             self._live = None
         finished = self.state.finished
-        if finished is not None:
+        if finished is not None and not self.closed:
             said = verdict(finished["run_id"], finished["status"], _with_waiting(finished), finished.get("error"),
                            self.state.play)  # fmt: skip
-            for line in said:
-                if not self.live_mode:
-                    self.console.print(Text(line, style=_style(line)), soft_wrap=True)
-                    continue
-                for part in next_lines(line, self.console.width):  # a command is never broken
-                    self.console.print(Text(part, style=_style(line)), soft_wrap=part is not line)
+            try:
+                for line in said:
+                    if not self.live_mode:
+                        self.console.print(Text(line, style=_style(line)), soft_wrap=True)
+                        continue
+                    for part in next_lines(line, self.console.width):  # a command is never broken
+                        self.console.print(Text(part, style=_style(line)), soft_wrap=part is not line)
+            except BrokenPipeError:
+                self._reader_gone()
 
     def handle(self, event: Event) -> None:
         self.state.apply(event)
-        if event.event == "log":
-            self._print_log(event)
-        elif not self.live_mode:
-            self._plain(event)
+        if self.closed:
+            return
+        try:
+            if event.event == "log":
+                self._print_log(event)
+            elif not self.live_mode:
+                self._plain(event)
+        except BrokenPipeError:
+            self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.console.quiet = True
+        # What is still buffered would fail again when the interpreter exits: send it nowhere.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        if self.on_closed is not None:
+            self.on_closed()
 
     def _print_log(self, event: Event) -> None:
         level = event.data.get("level", "info")
