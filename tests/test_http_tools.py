@@ -1175,6 +1175,41 @@ def test_rate_limit_is_accurate_at_the_provider(
     assert any(p.get("ht.rate") == 20.0 for p in paced), "the live view never showed the tool being paced"
 
 
+def _busiest_second(times: list[float]) -> int:
+    return max(sum(1 for b in times if a <= b < a + 1.0) for a in times)
+
+
+@pytest.mark.process
+def test_retries_keep_to_the_rate_limit_and_a_429_holds_the_calls_waiting_for_their_pace(
+    project: Project, provider: LoopbackProvider, cli: Callable[..., Any]
+) -> None:
+    """A "5/s" tool whose first five answers are 500s: its retries go out on the tool's pace
+    too (they went out at once: 10 requests in a second). Then a 429 asking for 2 s: the
+    calls already waiting for their pace wait it out as well (nine went out during it)."""
+    project.config(
+        """\
+        [tools."ht.paced"]
+        method = "POST"
+        url = "@URL@/paced"
+        json = { i = "{i}" }
+        rate_limit = "5/s"
+        """
+    )
+    payload = json.dumps(calls(*[call("ht.paced", {"i": i}) for i in range(10)], gather=True))
+    provider.script("/paced", ["500"] * 5)
+    assert cli("run", "play.py", "--input", payload, "--quiet").code == 0
+    times = sorted(provider.times("/paced"))
+    assert len(times) == 15 and _busiest_second(times) <= 6, [round(t - times[0], 2) for t in times]
+
+    provider.requests.clear()
+    provider.script("/paced", ["429:2"])
+    payload = json.dumps(calls(*[call("ht.paced", {"i": i}) for i in range(10, 16)], gather=True))
+    assert cli("run", "play.py", "--input", payload, "--quiet").code == 0
+    first, *rest = sorted(provider.times("/paced"))
+    during = [round(t - first, 2) for t in rest if t - first < 1.9]
+    assert during == [], f"requests during the 429's 2 s pause: {during}"
+
+
 # --- ctx.fetch ------------------------------------------------------------------------------------
 
 FETCH_PLAY = """\

@@ -143,12 +143,7 @@ class Governor:
             if tool is not None:
                 await tool.acquire()
             try:
-                paused = self._paused_until.get(tool_id, 0.0) - time.monotonic()
-                if paused > 0:
-                    await pause(paused)
-                pacer = self._pacers.get(tool_id)
-                if pacer is not None:
-                    await pacer.wait(pause)
+                await self.pace(tool_id, pause)
                 yield
             finally:
                 if tool is not None:
@@ -156,6 +151,20 @@ class Governor:
         finally:
             if run is not None:
                 run.release()
+
+    async def pace(self, tool_id: str, pause: Pause = asyncio.sleep) -> None:
+        """Until the tool may send: past a 429's pause, at its next rate-limit slot. A call
+        waiting for its slot when a 429 came waits the pause out too, then takes a new slot;
+        a retry goes through here again (retries keep to the limit as first tries do)."""
+        pacer = self._pacers.get(tool_id)
+        while True:
+            paused = self._paused_until.get(tool_id, 0.0) - time.monotonic()
+            if paused > 0:
+                await pause(paused)
+            if pacer is not None:
+                await pacer.wait(pause)
+            if self._paused_until.get(tool_id, 0.0) <= time.monotonic():
+                return
 
     def unlimited(self, tool_id: str) -> bool:
         return (

@@ -119,7 +119,9 @@ class Http:
                     call.note_retry(_retry_reason(exc))
                     call.waited_s += delay
                 attempt += 1
-                await (call.pause(delay) if call is not None else asyncio.sleep(delay))
+                wait = call.pause if call is not None else asyncio.sleep
+                await wait(delay)
+                await self.governor.pace(tool, wait)  # the retry keeps to the tool's pace and pauses
 
     async def aclose(self) -> None:
         await self.pool.aclose()
