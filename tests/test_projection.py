@@ -179,3 +179,33 @@ def test_a_map_over_a_pilot_maps_rows_is_projected_with_it(deepline, write_play)
     assert projection["unprojected"] == ["seeds"]
     full = _finished(deepline("run", str(play), "--json"))
     assert pilot["stats"]["credits"] + full["stats"]["credits"] == 1100
+
+
+REUSED_BY_RECEIPT = """
+from deepline_cli import play, tool
+
+@tool("t.co", credits=2)
+def co(input):
+    return {"v": input["d"]}
+
+@play("p6")
+async def p6(ctx, input):
+    rows = [{"d": f"x{i}.io"} for i in range(50)]
+    a = await ctx.map("a", rows, key="d", columns={"c": lambda row, rc: rc.tools.execute("e", "t.co", {"d": row["d"]})})
+    return {"a": len(a)}
+"""
+
+
+def test_a_pilot_answered_from_receipts_learns_no_cost_from_those_rows(deepline, write_play) -> None:
+    """The play's input changed since a pilot: its cells are computed again, their calls
+    answered by the earlier run's receipts (no credit). Those rows say nothing of what a new
+    row costs: with all of them so, the cost is unknown (it said ≈ 0 ± 0); with half, the
+    other half's 2 credits a row are projected."""
+    play = write_play(REUSED_BY_RECEIPT)
+    assert deepline("run", str(play), "--limit", "10", "--quiet").code == 0
+    again = _finished(deepline("run", str(play), "--limit", "10", "--set", "v=2", "--json"))
+    assert again["stats"]["projection"]["credits"] is None, again["stats"]["projection"]
+    half = _finished(deepline("run", str(play), "--limit", "20", "--set", "v=3", "--json"))
+    (m,) = half["stats"]["projection"]["maps"]
+    assert (m["credits_per_row"]["mean"], m["credits_per_row"]["sample"]) == (2.0, 10), m
+    assert half["stats"]["projection"]["credits"] == half["stats"]["credits"] + 30 * 2

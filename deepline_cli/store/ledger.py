@@ -291,6 +291,14 @@ class LedgerQueries:
         )
         return {key: round_credits(float(credits or 0.0)) for key, credits in rows}
 
+    def rows_reusing(self, run_id: str, map: str) -> set[str]:
+        """The rows of a run's map some call of which another run's receipt answered."""
+        rows = self._read(
+            "SELECT DISTINCT row_key FROM run_receipts WHERE run_id = ? AND map = ? AND used_at IS NOT NULL",
+            (run_id, map),
+        )
+        return {key for (key,) in rows}
+
     def step_rows(self, play: str, workspace: str, map: str) -> dict[str, dict[str, int]]:
         """Earlier runs of a play: how many rows of its map each waterfall step found a value
         for (column → step, or "none" → rows)."""

@@ -134,8 +134,11 @@ def combine(maps: list[dict[str, Any]], spent: float) -> dict[str, Any]:
 
 
 def read_sample(store: Store, run_id: str, record: MapRecord) -> PilotSample:
-    """A pilot map's rows, cells and per-row credits, read back from the store."""
+    """A pilot map's rows, cells and per-row credits, read back from the store. A row some
+    call of which an earlier run's receipt answered (no credit here) says nothing of what
+    a new row costs: its credits are left out, as a row taken whole from the sheet is."""
     per_row = store.ledger.row_credits(run_id, record.map)
+    answered = store.ledger.rows_reusing(run_id, record.map)
     sample = PilotSample(record.map, {c: CellCounts() for c in record.columns})
     sample.elapsed_s = max(0.0, (record.finished_at or record.started_at) - record.started_at)
     sample.reused_rows = record.reused
@@ -145,7 +148,8 @@ def read_sample(store: Store, run_id: str, record: MapRecord) -> PilotSample:
         for row in page:
             for name, counts in sample.columns.items():
                 counts.add(row.cells.get(name))
-            sample.row_credits.append(per_row.get(row.row_key, 0.0))
+            if row.row_key not in answered:
+                sample.row_credits.append(per_row.get(row.row_key, 0.0))
         if len(page) < PAGE:
             return sample
         after = page[-1].idx
