@@ -334,3 +334,42 @@ def test_a_quoted_cell_over_lines_shaped_like_rows_is_warned_of(deepline, tmp_pa
     assert any("leads.csv line 3: a quoted cell runs over 4 lines, 3 of them shaped like rows" in m for m in warned), (
         warned
     )
+
+
+@pytest.mark.parametrize(
+    ("content", "line"),
+    [
+        ('domain\nacme.com\n"beta.io\ngamma.co\ndelta.de\n', 3),  # a list of domains
+        ('name,domain,\nAcme,acme.com,\nBeta,"beta.io,\nGamma,gamma.co,\nDelta,delta.de,\n', 3),  # a trailing column
+        ('name,domain,city\nAcme,acme.com,Paris\nBeta,"beta.io,Rome\nGamma,gamma.co,Oslo\nDelta,delta.de,Kyiv\n', 3),
+    ],
+    ids=["one-column", "trailing-empty-column", "middle-column"],
+)
+def test_a_quote_never_closed_names_its_line_whatever_the_columns(deepline, tmp_path: Path, content: str, line: int):
+    """A stray quote in a list of one column, in a spreadsheet export with an empty trailing
+    column, or in a middle column (then the row runs short): the error names the line where
+    the quote opened (it went unseen, or named the last line)."""
+    (tmp_path / "play.py").write_text(
+        "from deepline_cli import play\n\n@play('q')\nasync def q(ctx, input):\n"
+        "    rows = await ctx.map('m', ctx.csv(input['csv']), key='domain', columns={'n': lambda row: 1})\n"
+        "    return len(rows)\n"
+    )
+    (tmp_path / "leads.csv").write_text(content)
+    result = deepline("run", "play.py", "--csv", "leads.csv", "--quiet")
+    assert result.code == 2, result.stderr
+    assert f"leads.csv line {line}: " in result.stderr and "quote" in result.stderr, result.stderr
+
+
+def test_a_cell_shaped_like_rows_is_warned_of_once(deepline, tmp_path: Path) -> None:
+    """Addresses over lines with commas: warned of once per line, however often the file is
+    read (its rows are counted before the map reads them)."""
+    (tmp_path / "play.py").write_text(CLI_PLAY)
+    (tmp_path / "leads.csv").write_text(
+        "First Name,Domain,Address\n"
+        'Ada,a.com,"1 Main St\nSpringfield, IL, 62701"\n'
+        'Bo,b.io,"5 Oak Ave\nSuite 2, Floor 3, Austin"\n'
+    )
+    result = deepline("run", "play.py", "--set", "file=leads.csv", "--json")
+    assert result.code == 0, result.stderr
+    warned = [e["message"] for e in result.json_lines() if e["event"] == "log" and "quoted cell" in e["message"]]
+    assert [w.split(":")[0] for w in warned] == ["leads.csv line 2", "leads.csv line 4"], warned

@@ -121,6 +121,7 @@ class CsvSource:
         absent = self._absent
         header = self.columns[: len(self.columns) - len(absent)]
         width = len(header)
+        self.doubts, self._doubted = [], 0  # this read's own (the file may be read more than once)
         with self._open() as handle:
             reader = csv.reader(handle, delimiter=self.delimiter)
             line = 1
@@ -136,6 +137,12 @@ class CsvSource:
                             continue  # a blank line
                         if len(record) > width and not any(record[width:]):
                             record = record[:width]  # empty cells under the empty trailing columns
+                        elif line > start:
+                            raise InputError(
+                                f"{self.path} line {start}: a quoted cell runs from here to line {line}, and the "
+                                f"row it makes has {len(record)} fields where the header has {width}: a quote "
+                                "left open? Close it."
+                            )
                         else:
                             raise InputError(
                                 f"{self.path} line {line}: {len(record)} fields where the header has "
@@ -161,14 +168,12 @@ class CsvSource:
         """A row read over several lines (a quoted cell with line breaks): how many of its
         lines are shaped like rows of this file (as many fields as the header). A stray
         quote swallows such lines into one cell: the map is warned, naming the line."""
-        if width < 2:
-            return 0
         shaped = sum(
             1
             for cell in record
             if "\n" in cell
             for part in cell.split("\n")[1:]
-            if part.count(self.delimiter) == width - 1
+            if part.strip() and part.count(self.delimiter) >= width - 1  # a trailing empty column: one more
         )
         if shaped and self._doubted < 3:
             self._doubted += 1
