@@ -662,6 +662,26 @@ def test_a_run_being_stopped_when_its_worker_drains_stays_stopped_and_pays_nothi
     assert logged(log) == ["0", "1", "2"], "no call paid twice"
 
 
+def test_a_run_stopped_while_its_worker_drains_stays_stopped_with_its_reason(cli: CLI, tmp_path: Path) -> None:
+    """The other order: the worker is told to drain (SIGTERM) while a call is out, then the
+    run is stopped (`runs stop`) before the call ends. The stop's reason is the run's, and
+    the worker does not put it back in the queue."""
+    write(tmp_path / "play.py", SLOW_CALL_PLAY)
+    log = tmp_path / "calls.log"
+    run_id = cli.enqueue("play.py", log=str(log))
+    worker = cli.spawn("worker")
+    wait_until(lambda: log.exists() and log.read_text(), what="the first call sent", timeout=30, every=0.01)
+    worker.send_signal(signal.SIGTERM)
+    assert cli("runs", "stop", run_id, "--reason", "not tonight", "--no-wait").code == 0
+    stopped = cli.finish(worker, timeout=20)
+    assert stopped.code == 0, stopped.stderr
+    with opened(cli.store) as store:
+        run = run_of(store, run_id)
+        assert (run.status, (run.error or {}).get("reason")) == ("interrupted", "not tonight"), (run.status, run.error)
+    assert cli("resume", run_id).code == 0
+    assert logged(log) == ["0", "1", "2"], "no call paid twice"
+
+
 @pytest.mark.process
 def test_a_worker_whose_store_refuses_says_so_in_one_sentence(tmp_path: Path) -> None:
     """A PostgreSQL store that refuses connections (down, a wrong port): the worker stops
