@@ -212,12 +212,14 @@ def test_a_sigint_while_the_attempt_gives_its_handlers_back_goes_to_the_process_
         signal.signal(signal.SIGINT, previous)
 
 
-def ctrl_c_once_a_call_went_out(provider: Any, run_id: str, tmp_path: Path, cli_env: dict[str, str]) -> None:
+def ctrl_c_once_a_call_went_out(
+    provider: Any, run_id: str, tmp_path: Path, cli_env: dict[str, str], *args: str
+) -> None:
     """`deepline run play.py`, Ctrl-C as soon as the provider has answered its first call:
     the run must end at once (not after the 5 s grace for calls in flight), exit 130, and
     nothing more was sent."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "deepline_cli", "run", "play.py", "--run-id", run_id],
+        [sys.executable, "-m", "deepline_cli", "run", "play.py", "--run-id", run_id, *args],
         cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
@@ -312,7 +314,7 @@ from deepline_cli import play
 @play("napping")
 async def napping(ctx, input):
     await ctx.tools.execute("q", "quota.lookup", {"n": 1})
-    await ctx.sleep("nap", 20)  # under --max-inline-wait: slept in this process
+    await ctx.sleep("nap", input["nap"])  # under --max-inline-wait: slept in this process
     if input.get("event"):
         await ctx.wait_for_event("go", timeout_s=20)  # polled in this process
     return "done"
@@ -327,11 +329,10 @@ def test_ctrl_c_while_the_play_waits_inline_stops_at_once(tmp_path: Path, cli_en
     from tests.provider import Provider, ProviderServer
 
     with ProviderServer(Provider()) as provider:
-        source = NAPPING_PLAY.replace('input.get("event")', "True" if event else "False")
-        source = source.replace('ctx.sleep("nap", 20)', 'ctx.sleep("nap", 0)' if event else 'ctx.sleep("nap", 20)')
-        (tmp_path / "play.py").write_text(source)
+        (tmp_path / "play.py").write_text(NAPPING_PLAY)
+        waits = json.dumps({"nap": 0, "event": True} if event else {"nap": 20})
         (tmp_path / "deepline.toml").write_text(f'[tools."quota.lookup"]\nurl = "{provider.url}/quota"\n')
-        ctrl_c_once_a_call_went_out(provider, "napping", tmp_path, cli_env)
+        ctrl_c_once_a_call_went_out(provider, "napping", tmp_path, cli_env, "--input", waits)
         assert run_status(Path(cli_env["DEEPLINE_STORE"]), "napping") == "interrupted"
 
 

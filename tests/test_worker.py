@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -649,7 +648,11 @@ def test_a_run_being_stopped_when_its_worker_drains_stays_stopped_and_pays_nothi
     worker = cli.spawn("worker")
     wait_until(lambda: log.exists() and log.read_text(), what="the first call sent", timeout=30, every=0.01)
     assert cli("runs", "stop", run_id, "--reason", "user says stop", "--no-wait").code == 0
-    time.sleep(0.3)  # the stop is being carried out (the run checks for it every 0.25 s)
+
+    def heard() -> bool:  # the run says so in its log once it is carrying the stop out
+        return "stop requested (user says stop)" in cli("runs", "logs", run_id, "--kind", "run.interrupted").stdout
+
+    wait_until(heard, what="the run to hear the stop", timeout=30, every=0.05)
     worker.send_signal(signal.SIGTERM)
     stopped = cli.finish(worker, timeout=20)
     assert stopped.code == 0, stopped.stderr
