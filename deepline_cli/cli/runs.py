@@ -46,7 +46,7 @@ def list_runs(
       deepline runs list --play lead-emails --json
     """
     from deepline_cli.errors import UsageError
-    from deepline_cli.runtime.run.holders import holder_alive
+    from deepline_cli.runtime.run.holders import holder_stale
     from deepline_cli.store import open_store
     from deepline_cli.store.records import RUN_STATUSES
     from deepline_cli.ui.run_show import run_dict
@@ -63,14 +63,14 @@ def list_runs(
         rows = []
         for r in runs:
             row = run_dict(r)
-            row["stale"] = r.status == "running" and not holder_alive(r, now)
+            row["stale"] = holder_stale(r, now)
             rows.append(row)
         print_json_lines(rows)
         return
     table = []
     for r in runs:
         shown = r.status
-        if r.status == "running" and not holder_alive(r, now):
+        if holder_stale(r, now):
             shown = "running (stale: holder gone)"
         trigger = r.options.get("trigger") or ""
         table.append((r.run_id, r.play, shown, r.attempt, r.parent_run_id or "", trigger, when(r.created_at)))

@@ -13,7 +13,7 @@ from typing import Any
 
 from deepline_cli import _json
 from deepline_cli._format import format_credits
-from deepline_cli.runtime.run.holders import holder_alive, holder_words
+from deepline_cli.runtime.run.holders import holder_stale, holder_words
 from deepline_cli.store.ledger import AttemptRow
 from deepline_cli.store.records import Boundary, MapRecord, RunRecord
 from deepline_cli.store.roles import Store
@@ -71,7 +71,7 @@ def read_shown(store: Store, record: RunRecord, *, full: bool = False) -> Shown:
     record.stats["tools"] = merged_tools(record.stats.get("tools") or {}, recorded.get("tools") or {})
     maps = maps_now(store, record.run_id)
     shown = Shown(record, maps, store.suspension.boundaries(record.run_id), store.runs.child_runs(record.run_id), full)
-    shown.stale = record.status == "running" and not holder_alive(record, store.now())
+    shown.stale = holder_stale(record, store.now())
     if full:
         shown.attempts = store.ledger.attempt_rows(record.run_id)
         shown.tools = record.stats["tools"]

@@ -20,7 +20,7 @@ from typing import Any
 
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.calls.events import Event
-from deepline_cli.runtime.run.holders import holder_alive
+from deepline_cli.runtime.run.holders import holder_stale
 from deepline_cli.runtime.run.options import RunResult
 from deepline_cli.runtime.run.suspension import waiting_on
 from deepline_cli.store.records import LogLine, RunRecord
@@ -125,6 +125,6 @@ class Follower:
             )  # fmt: skip
         if status == "running" and not self._told_gone:
             record = self.store.runs.get_run(self.run_id)
-            if record is not None and record.status == "running" and not holder_alive(record, self.store.now()):
+            if record is not None and holder_stale(record, self.store.now()):
                 self._told_gone = True  # said once; a resume or a worker may take it over
                 yield Event("run.holder_gone", self.run_id, time.time(), {"holder": record.holder})

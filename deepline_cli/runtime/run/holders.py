@@ -39,10 +39,12 @@ def holder_alive(record: RunRecord, now: float) -> bool:
         return False
     if (record.lease_expires_at or 0.0) <= now:
         return False
-    host, pid, token = _parse(record.holder)
-    if host != socket.gethostname() or pid is None:
-        return True  # elsewhere: held while the lease is current
-    return pid == os.getpid() or _running(pid, token)
+    return not holder_gone_here(record)  # elsewhere: held while the lease is current
+
+
+def holder_stale(record: RunRecord, now: float) -> bool:
+    """A run the store says is running that no live process holds (killed, or its lease out)."""
+    return record.status == "running" and not holder_alive(record, now)
 
 
 def _running(pid: int, token: str | None) -> bool:
