@@ -25,6 +25,12 @@ from deepline_cli._format import add_credits, format_credits, sum_credits
 from deepline_cli.errors import BudgetExceededError
 
 
+def expected_cost(declared: float, learned: float) -> float:
+    """What a call of a tool whose answers say what they cost is expected to cost: the most
+    one of them has cost, never less than declared (the budget holds it, the plan bounds it)."""
+    return max(declared, learned)
+
+
 @dataclass(eq=False, slots=True)
 class Reservation:
     """The credits held for one call in flight."""
@@ -66,7 +72,7 @@ class Budget:
         if not metered or tool is None:
             return declared
         learned = self._known.get(tool)
-        return None if learned is None else max(declared, learned)
+        return None if learned is None else expected_cost(declared, learned)
 
     async def admit(self, tool: str | None, declared: float, label: str, *, metered: bool = False) -> Reservation:
         """Hold credits for a call about to be made, or refuse it (BudgetExceededError)."""

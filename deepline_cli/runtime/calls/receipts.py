@@ -219,9 +219,7 @@ class ReceiptBook:
                 return Outcome(receipt.output, kind, call.key, receipt.credits)
             if outcome.verdict == "failed":
                 self._tally.count(call, "failed", 0.0, counted=own)
-                failure = stored_failure(receipt)
-                failure.replayed = True
-                raise failure
+                raise stored_failure(receipt)
             if outcome.verdict == "busy":
                 if not waited and await self._owner_gone(receipt):
                     continue  # a killed run held it: taken over at once, as its resume would
@@ -519,22 +517,27 @@ def tool_error(exc: BaseException, tool: str | None) -> ToolExecutionError:
 
 
 def stored_failure(receipt: Receipt) -> ToolExecutionError:
-    """Rebuild the error of a receipt that failed for good on an earlier run."""
+    """Rebuild the error of a receipt that failed for good on an earlier run (`replayed`:
+    given back with no call made)."""
     error = receipt.error or {}
     message = str(error.get("message") or f"{receipt.label} failed")
     category: Category = error.get("category") or receipt.failure_kind or "internal"  # type: ignore[assignment]
+    failure: ToolExecutionError
     if category in TRANSIENT_CATEGORIES:
-        return ProviderTransientError(
+        failure = ProviderTransientError(
             message, category=category, tool=receipt.tool, status_code=error.get("status_code")
         )
-    return ToolExecutionError(
-        message,
-        origin=error.get("origin", "provider"),
-        category=category,
-        retryable=bool(error.get("retryable")),
-        status_code=error.get("status_code"),
-        tool=receipt.tool,
-    )
+    else:
+        failure = ToolExecutionError(
+            message,
+            origin=error.get("origin", "provider"),
+            category=category,
+            retryable=bool(error.get("retryable")),
+            status_code=error.get("status_code"),
+            tool=receipt.tool,
+        )
+    failure.replayed = True
+    return failure
 
 
 __all__ = ["DurableCall", "Identity", "Outcome", "ReceiptBook", "idempotency_key", "receipt_key"]

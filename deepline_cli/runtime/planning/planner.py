@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from deepline_cli.errors import DeeplineError
-from deepline_cli.runtime.calls.budget import Budget
+from deepline_cli.runtime.calls.budget import Budget, expected_cost
 from deepline_cli.runtime.calls.call_scope import CellScope, current_cell, enter_cell
 from deepline_cli.runtime.calls.caps import Caps
 from deepline_cli.runtime.calls.events import EventBus
@@ -761,7 +761,7 @@ class Planner:
             return definition.credits
         if self._learned is None:
             self._learned = self.store.receipts.tool_costs()
-        return max(definition.credits, self._learned.get(definition.id, 0.0))
+        return expected_cost(definition.credits, self._learned.get(definition.id, 0.0))
 
     async def plan_map(self, engine: MapRun, rows: RowPlanner, source: Bounded) -> PlanDataset:
         plan = MapPlan(engine.name, limit=engine.limit, columns=rows.columns, history_rows=rows.history.rows)
