@@ -53,18 +53,14 @@ def dumps(value: Any) -> bytes:
 def _dumps_mended(value: Any) -> bytes:
     """What orjson refuses, written as JSON can hold it, never refused: an answer a provider
     was paid for must be recorded. Text with a lone surrogate (half an emoji, as Python's
-    json reads a cut string) keeps U+FFFD in its place; NaN and Infinity become null (as
-    orjson writes them); an integer past 64 bits as the float it is read back as."""
-    import json  # only for these rare values
-
-    return json.dumps(_mend(value), default=_default, ensure_ascii=False, separators=(",", ":")).encode()
+    json reads a cut string) keeps U+FFFD in its place; an integer past 64 bits is the
+    float it is read back as. Then written as any value is (dates, UUIDs as orjson writes them)."""
+    return orjson.dumps(_mend(value), default=_default, option=_OPTS)
 
 
 def _mend(value: Any) -> Any:
     if isinstance(value, str):
         return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
     if type(value) is int and not -(2**63) <= value < 2**64:
         return float(value)  # as it is read back once stored (a live answer is the replayed one)
     if isinstance(value, dict):
