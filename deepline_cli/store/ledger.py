@@ -82,7 +82,7 @@ class LedgerQueries:
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         raise NotImplementedError
 
-    def map_steps(self, run_id: str, *, succeeded_only: bool = False) -> dict[str, dict[str, dict[str, int]]]:
+    def map_steps(self, run_id: str) -> dict[str, dict[str, dict[str, int]]]:
         raise NotImplementedError
 
     def run_stats(self, run_id: str) -> dict[str, Any]:
@@ -200,13 +200,12 @@ class LedgerQueries:
             "from_earlier_attempts": int(earlier),
         }
 
-    def map_reuse(self, run_id: str, map: str, succeeded_only: bool = False) -> tuple[int, int]:
+    def map_reuse(self, run_id: str, map: str) -> tuple[int, int]:
         """A map of a run: rows taken whole from sheet rows earlier runs wrote, and cells
-        taken from the sheet (of its succeeded rows only, with `succeeded_only`)."""
-        only = " AND outcome = 'succeeded'" if succeeded_only else ""
+        taken from the sheet."""
         rows = self._read(
             "SELECT coalesce(sum(reused_row), 0), coalesce(sum(reused_cells), 0) FROM map_rows"
-            f" WHERE run_id = ? AND map = ?{only}",
+            " WHERE run_id = ? AND map = ?",
             (run_id, map),
         )
         return int(rows[0][0]), int(rows[0][1])

@@ -268,13 +268,13 @@ class SheetStore(Protocol):
 
     def get_maps(self, run_id: str) -> list[MapRecord]: ...
 
-    def map_steps(self, run_id: str, *, succeeded_only: bool = False) -> dict[str, dict[str, dict[str, int]]]:
+    def map_steps(self, run_id: str) -> dict[str, dict[str, dict[str, int]]]:
         """Waterfall hits of a run's maps: map → column → step (or "none") → rows."""
         ...
 
-    def map_reuse(self, run_id: str, map: str, succeeded_only: bool = False) -> tuple[int, int]:
+    def map_reuse(self, run_id: str, map: str) -> tuple[int, int]:
         """A map of a run: rows taken whole from sheet rows earlier runs wrote, and cells
-        taken from the sheet (of its succeeded rows only, with `succeeded_only`)."""
+        taken from the sheet."""
         ...
 
 

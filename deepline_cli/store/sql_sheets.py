@@ -39,11 +39,9 @@ class SheetsSql(SqlBase):
                 )
         return found
 
-    def map_steps(self, run_id: str, *, succeeded_only: bool = False) -> dict[str, dict[str, dict[str, int]]]:
-        only = " AND outcome = 'succeeded'" if succeeded_only else ""
+    def map_steps(self, run_id: str) -> dict[str, dict[str, dict[str, int]]]:
         rows = self._read(
-            "SELECT map, steps, count(*) FROM map_rows"
-            f" WHERE run_id = ? AND steps IS NOT NULL{only} GROUP BY map, steps",
+            "SELECT map, steps, count(*) FROM map_rows WHERE run_id = ? AND steps IS NOT NULL GROUP BY map, steps",
             (run_id,),
         )
         hits: dict[str, dict[str, dict[str, int]]] = {}
