@@ -72,7 +72,9 @@ def cli_errors(fn: F) -> F:
             raise fail(str(exc), exc.exit_code) from None
         except BrokenPipeError:
             # The reader went away (`deepline export RUN | head`): stop quietly, like other tools.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            from deepline_cli.ui.streams import silence
+
+            silence(sys.stdout.fileno())
             raise typer.Exit(0) from None
         except KeyboardInterrupt:
             raise fail("interrupted.", 130) from None

@@ -27,6 +27,7 @@ from deepline_cli._format import format_credits
 from deepline_cli.runtime.calls.events import Event
 from deepline_cli.ui.logs import shown_message
 from deepline_cli.ui.state import MapView, RunView, step_hits
+from deepline_cli.ui.streams import silence
 from deepline_cli.ui.text import printable
 from deepline_cli.ui.verdict import clock, verdict
 
@@ -223,9 +224,8 @@ class ConsoleView:
             return
         self.closed = True
         self.console.quiet = True
-        # What is still buffered would fail again when the interpreter exits: send it nowhere.
         with contextlib.suppress(OSError, ValueError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+            silence(self._stream.fileno())
         if self.on_closed is not None:
             self.on_closed()
 

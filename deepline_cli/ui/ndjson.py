@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 from typing import IO, Any
 
 from deepline_cli import _json
 from deepline_cli.runtime.calls.events import Event
+from deepline_cli.ui.streams import silence
 
 
 class NdjsonView:
@@ -34,9 +34,8 @@ class NdjsonView:
 
     def _reader_gone(self) -> None:
         self.closed = True
-        # What is still buffered would fail again when the interpreter exits: send it nowhere.
         if self._stream is sys.stdout:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            silence(sys.stdout.fileno())
         if self.on_closed is not None:
             self.on_closed()
 
