@@ -164,8 +164,10 @@ class ReceiptBook:
         secrets: Secrets | None = None,
         release_if_dead: Callable[[str], bool] | None = None,
     ) -> None:
-        # (on the store) the calls a run held, given up if its process on this machine is gone
+        # (on the store) the calls a run held, given up if its process on this machine is gone;
+        # asked once per owner and BUSY_POLL_S (many calls held by one run find it busy at once)
         self._release_if_dead = release_if_dead
+        self._owners_asked: dict[str, float] = {}
         self._budget = budget or Budget(None)
         self._secrets = secrets or Secrets()
         self._io = io
@@ -238,6 +240,10 @@ class ReceiptBook:
         """Did the receipt's run die on this machine (its calls given up just now)?"""
         if self._release_if_dead is None or receipt.run_id == self._scope.run_id:
             return False
+        now = time.monotonic()
+        if now - self._owners_asked.get(receipt.run_id, -BUSY_POLL_S) < BUSY_POLL_S:
+            return False  # asked just now for another of its calls
+        self._owners_asked[receipt.run_id] = now
         return await self._io.call(self._release_if_dead, receipt.run_id)
 
     async def _claim(self, call: DurableCall) -> ClaimOutcome:
