@@ -159,8 +159,11 @@ class MapBook:
         sheet_row, previous = None, job.previous
         if cells is not None:
             stored_input = _input_only(job.row, self.columns, originals)
-            if self.s.secrets.active:  # what is stored holds no secret (the row's later columns had it)
-                stored_input, cells = self.s.secrets.redact_json(stored_input), self._redacted(cells)
+            secrets = self.s.secrets
+            if secrets.active:  # what is stored holds no secret (the row's later columns had it)
+                if secrets.holds(stored_input):
+                    stored_input = secrets.redact_json(stored_input)
+                cells = self._redacted(cells)
             sheet_row = SheetRow(
                 self.sheet,
                 job.key,
@@ -212,11 +215,15 @@ class MapBook:
         """The cells as stored: a value that held a secret is kept redacted, and is never given
         back (its fingerprint matches no column): a later run computes it again, so the
         columns after it get the real value, not `[redacted]`."""
-        stored: Cells = {}
-        for name, cell in cells.items():
-            value = self.s.secrets.redact_json(cell.value)
-            stored[name] = cell if value == cell.value else cell._replace(value=value, fingerprint=REDACTED)
-        return stored
+        secrets = self.s.secrets
+        if not any(secrets.holds(cell.value) for cell in cells.values()):
+            return cells
+        return {
+            name: cell._replace(value=secrets.redact_json(cell.value), fingerprint=REDACTED)
+            if secrets.holds(cell.value)
+            else cell
+            for name, cell in cells.items()
+        }
 
     def systemic(self, failure: BaseException, error: str) -> SystemicFailure | None:
         """The map's first rows all failing the same way (a revoked API key, a provider

@@ -113,6 +113,18 @@ class Secrets:
             parts.append(text[start : start + limit])
         return "".join(parts)[:limit]
 
+    def holds(self, value: Any) -> bool:
+        """Does a JSON value hold a secret anywhere (nothing copied to tell)?"""
+        if self._pattern is None:
+            return False
+        if isinstance(value, str):
+            return self._pattern.search(value) is not None
+        if isinstance(value, dict):
+            return any(self.holds(v) for v in value.values())
+        if isinstance(value, list):
+            return any(self.holds(v) for v in value)
+        return False
+
     def redact_json(self, value: Any) -> Any:
         if self._pattern is None:
             return value
