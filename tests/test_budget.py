@@ -211,8 +211,8 @@ def test_an_overrun_says_what_the_run_spent_once_its_calls_in_flight_ended() -> 
 
 def test_a_refused_call_says_what_the_run_spent_once_its_calls_in_flight_ended() -> None:
     """The budget refuses a call while the calls it holds credits for are still out: the
-    run stops with that refusal. Once they are answered, its message says what was spent
-    in the end, as the run's figures do, not "0 spent" from the moment of the refusal."""
+    run stops with that refusal. Once they are answered, its message adds what was spent in
+    the end, as the run's figures say; its figures of the moment stay (they add up)."""
     import asyncio
 
     from deepline_cli.errors import BudgetExceededError
@@ -228,4 +228,5 @@ def test_a_refused_call_says_what_the_run_spent_once_its_calls_in_flight_ended()
         return str(refused.value)
 
     message = asyncio.run(scenario())
-    assert "would be exceeded by 'e' (expected to cost 2; 30 spent, 0 held for calls in flight)" in message, message
+    said = "would be exceeded by 'e' (expected to cost 2; 0 spent, 30 held for calls in flight); 30 spent in the end"
+    assert said in message, message

@@ -65,7 +65,7 @@ class Budget:
         self._overrun: BudgetExceededError | None = None
         # The first call refused (the run stops with it), and what its message says of it: told
         # again as calls in flight end, so it says what the run spent in the end.
-        self._refused: tuple[BudgetExceededError, str, str] | None = None
+        self._refused: tuple[BudgetExceededError, str, float] | None = None  # its words then, and spent
 
     def expected(self, tool: str | None, declared: float, *, metered: bool) -> float | None:
         """A call's expected cost; None for a metered tool no answer has priced yet."""
@@ -97,21 +97,22 @@ class Budget:
         total = sum_credits((self.spent, self.reserved, amount))
         if total > limit or (unknown and total >= limit):
             cost = "of unknown cost" if unknown else f"expected to cost {format_credits(amount)}"
-            refused = BudgetExceededError(self._refusal(label, cost))
+            said = (
+                f"{self._limit()} would be exceeded by {label!r} ({cost}; {format_credits(self.spent)} spent, "
+                f"{format_credits(self.reserved)} held for calls in flight)"
+            )
+            refused = BudgetExceededError(f"{said}; {self._advice()}")
             if self._refused is None:
-                self._refused = (refused, label, cost)
+                self._refused = (refused, said, self.spent)
             raise refused
 
-    def _refusal(self, label: str, cost: str) -> str:
-        return (
-            f"{self._limit()} would be exceeded by {label!r} ({cost}; {format_credits(self.spent)} spent, "
-            f"{format_credits(self.reserved)} held for calls in flight); {self._advice()}"
-        )
-
     def _tell_refused(self) -> None:
+        """The refusal the run stops with says, as calls held then end, what was spent in the
+        end (its figures stay those of the moment it was made: they add up)."""
         if self._refused is not None:
-            refused, label, cost = self._refused
-            refused.args = (self._refusal(label, cost),)
+            refused, said, spent = self._refused
+            end = f"; {format_credits(self.spent)} spent in the end" if self.spent != spent else ""
+            refused.args = (f"{said}{end}; {self._advice()}",)
 
     def release(self, reservation: Reservation) -> None:
         """The call was not made (or not billed): give its credits back."""
