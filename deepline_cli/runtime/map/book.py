@@ -44,6 +44,11 @@ class Tally:
         self.steps: dict[str, dict[str, int]] = {}  # waterfall column -> step (or "none") -> rows
 
     @property
+    def succeeded_all(self) -> int:
+        """The rows that succeeded, earlier attempts' included (as `failed` counts them too)."""
+        return self.succeeded + self.seeded
+
+    @property
     def earlier(self) -> int:
         """The rows earlier attempts of this run finished (those they reused aside)."""
         return self.seeded - self.seeded_reused + self.kept
@@ -310,9 +315,8 @@ class MapBook:
         """A map that did not finish says so, with what it did (`runs show`, `export`)."""
         interrupted = isinstance(exc, asyncio.CancelledError | RunInterrupted)
         record.status = "waiting" if isinstance(exc, Suspended) else "interrupted" if interrupted else "failed"
-        if self.limit is None:  # input rows: the duplicates read so far are no rows of the map
-            record.total = max(0, record.total - self.tally.duplicate)
-        record.succeeded = self.tally.succeeded + self.tally.seeded
+        record.total = max(0, self._distinct(record.total))
+        record.succeeded = self.tally.succeeded_all
         record.failed, record.duplicate, record.reused = self.tally.failed, self.tally.duplicate, self.tally.reused
         with contextlib.suppress(Exception, asyncio.CancelledError):
             await self.s.io.call(self.s.io.store.sheets.save_map, record)
@@ -322,10 +326,10 @@ class MapBook:
         limit the distinct rows it lets through. `succeeded` and `failed` both count the rows
         earlier attempts finished; the rate only the rows this attempt did."""
         t = self.tally
-        done = t.succeeded + t.failed + t.seeded
+        done = t.succeeded_all + t.failed
         elapsed = max(time.monotonic() - self.started, 1e-6)
         rate = (t.succeeded + t.failed - t.kept) / elapsed  # kept: an earlier attempt's rows, taken back whole
-        left = (total - done - (0 if self.limit is not None else t.duplicate)) if total else 0
+        left = self._distinct(total) - done if total else 0
         eta = left / rate if total and rate > 0 else None
         self.s.bus.emit(
             "map.progress",
@@ -335,8 +339,13 @@ class MapBook:
             total=total,
             rows_per_s=round(rate, 1),
             eta_s=None if eta is None else max(0.0, round(eta, 1)),
-            **{**t.as_dict(), "succeeded": t.succeeded + t.seeded},
+            **{**t.as_dict(), "succeeded": t.succeeded_all},
         )
+
+    def _distinct(self, total: int) -> int:
+        """The map's rows in `total`: input rows less the duplicates read so far (a limit's
+        total counts distinct rows already)."""
+        return total if self.limit is not None else total - self.tally.duplicate
 
     async def log_summary(self, record: MapRecord) -> None:
         """The map's log lines (exact wording: the SPEC's): its first failed rows, how many
