@@ -182,14 +182,21 @@ def test_a_key_function_failing_late_lets_the_calls_in_flight_finish_and_be_reco
     assert sorted(made) == sorted(e.split("@")[1] for e in emails)  # each company called once
 
 
-def test_the_export_a_reported_run_suggests_is_named_after_its_play(
+def test_the_export_a_reported_run_suggests_never_writes_over_its_input(
     deepline: Run, write_play: Callable[..., Path], tmp_path: Path
 ) -> None:
+    """The play `leads` over leads.csv: the suggested export is named after the play, not
+    the input's own name, and an export told to write over the run's input refuses."""
     write_play(LEADS)
     (tmp_path / "leads.csv").write_text("id,domain\n1,acme.com\n")
     assert deepline("run", "play.py", "--csv", "leads.csv", "--run-id", "E").code == 0
     again = deepline("run", "play.py", "--csv", "leads.csv", "--run-id", "E")
-    assert "Next: deepline export E --out leads.csv" in again.stderr, again.stderr
+    assert "Next: deepline export E --out leads-export.csv" in again.stderr, again.stderr
+    assert deepline("export", "E", "--out", "leads-export.csv").code == 0
+    over = deepline("export", "E", "--out", "leads.csv")
+    assert over.code == 2, over.stderr
+    assert "leads.csv is an input of run E" in over.stderr, over.stderr
+    assert (tmp_path / "leads.csv").read_text() == "id,domain\n1,acme.com\n"  # untouched
 
 
 def test_the_export_a_run_of_several_maps_suggests_runs_as_printed(

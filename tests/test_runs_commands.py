@@ -197,7 +197,7 @@ def test_tail_follows_a_run_a_worker_executes(deepline: Run, spawn: Spawn, gated
     assert sum(line.endswith("started  [tier=gold]") for line in lines) == 1
     assert any("row 3 failed: " in line and "no such lead" in line for line in lines)
     assert lines[-2].startswith("✓ Run w1 completed")
-    assert "deepline export w1 --out gated.csv" in lines[-1]
+    assert "deepline export w1 --out gated-export.csv" in lines[-1]
 
 
 def test_tail_of_a_finished_run_prints_it_at_once_and_ctrl_c_ends_a_tail_quietly(

@@ -346,16 +346,16 @@ def test_a_narrow_terminal_keeps_live_and_never_breaks_a_command() -> None:
     pieces = tool_pieces("acme.firmographics", {"live": 271, "failed": 0, "credits": 542}, {}, {})
     assert fit(pieces, 50) == "acme.firmographics live 271 failed 0 credits 542"
 
-    line = "  Next: deepline export r-9533f2ab747f --out lead-enrichment.csv · every failed row: deepline runs logs r-9533f2ab747f"  # noqa: E501
+    line = "  Next: deepline export r-9533f2ab747f --out lead-enrichment-export.csv · every failed row: deepline runs logs r-9533f2ab747f"  # noqa: E501
     assert next_lines(line, 200) == [line]
     assert next_lines(line, 80) == [
         "  Next:",
-        "    deepline export r-9533f2ab747f --out lead-enrichment.csv",
+        "    deepline export r-9533f2ab747f --out lead-enrichment-export.csv",
         "    every failed row: deepline runs logs r-9533f2ab747f",
     ]
     assert next_lines(line, 50) == [
         "  Next:",
-        "    deepline export r-9533f2ab747f --out lead-enrichment.csv",  # wider than 50, but whole
+        "    deepline export r-9533f2ab747f --out lead-enrichment-export.csv",  # wider than 50, but whole
         "    every failed row:",
         "    deepline runs logs r-9533f2ab747f",
     ]
@@ -378,7 +378,7 @@ def test_the_live_verdict_on_a_narrow_terminal_keeps_commands_whole() -> None:
     view.state.play = "lead-enrichment"
     view.__exit__(None, None, None)
     lines = stream.getvalue().splitlines()
-    assert "    deepline export r-9533f2ab747f --out lead-enrichment.csv" in lines, lines
+    assert "    deepline export r-9533f2ab747f --out lead-enrichment-export.csv" in lines, lines
     assert "    deepline runs logs r-9533f2ab747f --kind row.failed" in lines, lines
 
 

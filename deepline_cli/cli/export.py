@@ -27,7 +27,7 @@ def export(
 
     \b
     Examples:
-      deepline export r-8f2c1a9b3e4d --out leads.csv
+      deepline export r-8f2c1a9b3e4d --out enriched.csv
       deepline export r-8f2c1a9b3e4d --map leads --format jsonl > leads.jsonl
     """
     import sys
@@ -38,7 +38,8 @@ def export(
 
     db = open_store(store)
     try:
-        if db.runs.get_run(run_id) is None:
+        run = db.runs.get_run(run_id)
+        if run is None:
             raise UsageError(f"No run {run_id!r} in the store {db.url}.")
         maps = {m.map: m for m in db.sheets.get_maps(run_id)}
         if not maps:
@@ -55,6 +56,11 @@ def export(
             raise UsageError(f"Cannot write {out}: the directory {out.parent} does not exist.")
         if out is not None and out.is_dir():
             raise UsageError(f"Cannot write {out}: it is a directory; give a file name, like {out / 'rows.csv'}.")
+        if out is not None and any(_same_file(out, path) for path in _input_files(run.input, run.cwd)):
+            raise UsageError(
+                f"Cannot write {out}: {out} is an input of run {run_id}, which the export would replace; "
+                f"give another file name, like {out.with_name(out.stem + '-export' + out.suffix)}."
+            )
         dataset = Dataset(db.sheets, record)
         count = _write(out, format, dataset)
         partial = _partial(db, run_id, record)
@@ -69,6 +75,25 @@ def export(
         )
     if partial:
         sys.stderr.write(partial + "\n")
+
+
+def _input_files(value: Any, cwd: str) -> list[Path]:
+    """The files a run's input names (`--csv leads.csv`, `--set list=…`), as the run found
+    them: relative ones against the directory it was started in."""
+    if isinstance(value, dict):
+        return [path for item in value.values() for path in _input_files(item, cwd)]
+    if isinstance(value, list):
+        return [path for item in value for path in _input_files(item, cwd)]
+    if isinstance(value, str) and value and len(value) < 4096 and "\n" not in value:
+        return [Path(cwd or ".", value)]
+    return []
+
+
+def _same_file(out: Path, path: Path) -> bool:
+    try:
+        return out.exists() and path.is_file() and out.samefile(path)
+    except OSError:  # a name too long, a value that is no path at all
+        return False
 
 
 def _write(out: Path | None, format: str, dataset: Any) -> int:

@@ -1,7 +1,7 @@
 """The last word on a run, for a person: how it ended, what it did, and the next command.
 
     ✓ Run r-8f2c completed in 0:42: 290 rows (281 succeeded, 9 failed, 12 duplicate), 714 credits.
-      Next: deepline export r-8f2c --out lead-enrichment.csv · every failed row: deepline runs logs r-8f2c
+      Next: deepline export r-8f2c --out lead-enrichment-export.csv · every failed row: deepline runs logs r-8f2c
         --kind row.failed
 
 Plain text (no rich): `--quiet` and the plain view print it too.
@@ -73,9 +73,10 @@ def _completed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: 
 
 def _export(run_id: str, play: str, maps: list[str]) -> str:
     """The export command to run next: with several maps, the last one's (usually the list
-    the play made), naming the others."""
+    the play made), naming the others. Named after the play, never `{play}.csv`: a play is
+    often named like the CSV it reads."""
     if len(maps) < 2:
-        return f"deepline export {run_id} --out {play}.csv"
+        return f"deepline export {run_id} --out {play}-export.csv"
     *others, last = maps
     return f"deepline export {run_id} --map {last} --out {play}-{last}.csv · other maps: {', '.join(others)}"
 
