@@ -172,3 +172,47 @@ def test_sigkill_mid_map_then_resume(deepline, tmp_path: Path, store_path: Path,
     assert sorted(got[1:]) == sorted(want[1:])
     assert got[1:] == want[1:]  # both in input order
     assert _json.loads(got[1 + 567][3]) == {"label": f"NAME 567-{567 * 7}"}
+
+
+def test_a_killed_maps_row_total_counts_csv_rows_not_lines(deepline, tmp_path: Path, store_path: Path, cli_env) -> None:
+    """A CSV of 6 lines holding 4 rows (a quoted newline) and 3 distinct keys: once the
+    input is read, the map's total is 3 for `runs show` and `export` of a run killed
+    mid-map, as it is when the map completes (it was the file's line count, 5)."""
+    (tmp_path / "rows.csv").write_text('id,note\n1,"two\nlines"\n2,x\n2,x\n3,"end"\n')
+    (tmp_path / "play.py").write_text(
+        "import asyncio\n"
+        "from deepline_cli import play, tool\n\n"
+        '@tool("hold.row")\n'
+        "async def hold(input):\n"
+        '    if input["id"] == "3":\n'
+        '        open(input["mark"], "w").close()\n'
+        "        await asyncio.sleep(60)\n"
+        '    return input["id"]\n\n'
+        '@play("held")\n'
+        "async def held(ctx, input):\n"
+        '    rows = await ctx.map("rows", ctx.csv(input["csv"]), key="id", concurrency=1, columns={\n'
+        '        "v": lambda row, rc: rc.tools.execute("hold", "hold.row", {"id": row["id"], "mark": input["mark"]}),\n'
+        "    })\n"
+        "    return len(rows)\n"
+    )
+    mark = tmp_path / "holding"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deepline_cli", "run", "play.py", "--csv", "rows.csv", "--set", f"mark={mark}",
+         "--run-id", "lines", "--quiet"],
+        cwd=tmp_path, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not mark.exists() or count_finished(store_path, "lines") < 2:
+            assert proc.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "row 3 was never reached"
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    shown = json.loads(deepline("runs", "show", "lines", "--json").stdout)
+    [rows] = shown["maps"]
+    assert (rows["rows"], rows["duplicate"]) == (3, 1), rows
+    export = deepline("export", "lines")
+    assert "2 of 3 rows" in export.stderr, export.stderr

@@ -311,6 +311,12 @@ class MapBook:
             elapsed_s=round(time.monotonic() - self.started, 3),
         )  # fmt: skip
 
+    async def input_read(self, record: MapRecord, total: int) -> None:
+        """The whole input read (every row handed out): record its distinct rows and its
+        duplicates, for `runs show` and `export` while the map goes on (or after a kill)."""
+        record.total, record.duplicate = max(0, self._distinct(total)), self.tally.duplicate
+        await self.s.io.call(self.s.io.store.sheets.save_map, record)
+
     async def save_unfinished(self, record: MapRecord, exc: BaseException) -> None:
         """A map that did not finish says so, with what it did (`runs show`, `export`)."""
         interrupted = isinstance(exc, asyncio.CancelledError | RunInterrupted)

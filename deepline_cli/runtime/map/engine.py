@@ -46,6 +46,8 @@ class MapRun:
     attempt finished, gives back what the sheet holds, resolves the rest with `concurrency`
     workers, then passes the barriers. What it has done is kept in its `book`."""
 
+    record: MapRecord  # the map as the store has it (from `run`)
+
     def __init__(
         self,
         host: MapHost,
@@ -102,6 +104,7 @@ class MapRun:
             description=getattr(self.rows, "description", "") or "",
         )
         await self.book.start(record, self.total_estimate, self.limit)
+        self.record = record
         s.progress.append(self._progress)  # said with the run's own progress, a few times a second
         try:
             await self._execute()
@@ -190,6 +193,10 @@ class MapRun:
                             await queue.put(job)
                     if self.stop is not None:
                         return
+        # Read whole: the map's rows are known (a CSV's line count, until now), for a run
+        # killed before the map ends too.
+        self.record.input_columns = list(self.intake.input_columns)
+        await self.book.input_read(self.record, self.total_estimate or 0)
 
     def _warn(self, message: str) -> None:
         self.s.log(level="warning", message=message)
