@@ -40,7 +40,8 @@ def test_the_verdict_says_how_it_ended_what_it_cost_and_what_to_do_next(deepline
     verdict = next(line for line in lines if line.startswith("✓ Run v1 completed in "))
     assert "290 rows (281 succeeded, 9 failed, 12 duplicate), 714 credits." in verdict
     next_step = (
-        "Next: deepline export v1 --out lead-enrichment-export.csv · every failed row: deepline runs logs v1 --kind row.failed"
+        "Next: deepline export v1 --out lead-enrichment-export.csv · "
+        "every failed row: deepline runs logs v1 --kind row.failed"
     )
     assert next_step in done.stderr
     # The waterfall's fallbacks are not final failures; the tools line tells them apart.
@@ -196,7 +197,8 @@ def test_the_live_view_fits_the_terminal(tmp_path: Path, cli_env: dict[str, str]
     whole = r" *deepline (export r-\w+ --out lead-enrichment-export\.csv|runs logs r-\w+ --kind row\.failed)"
     assert all(re.fullmatch(whole, line) or "omitted from map log" in line for line in wide), wide
     commands = [line.strip() for line in live if "deepline export" in line or "deepline runs logs" in line]
-    assert any(re.fullmatch(r"(Next: )?deepline export r-\w+ --out lead-enrichment-export\.csv( · .*)?", c) for c in commands)
+    export = r"(Next: )?deepline export r-\w+ --out lead-enrichment-export\.csv( · .*)?"
+    assert any(re.fullmatch(export, c) for c in commands), commands
     assert any(re.search(r"(^|: )deepline runs logs r-\w+ --kind row\.failed$", c) for c in commands), commands
     tools = [line for line in screen if "demo.finder_b" in line]
     assert tools and all("live" in line and "failed" in line and "credits" in line for line in tools), tools
