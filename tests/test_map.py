@@ -789,6 +789,42 @@ def test_stale_after_zero_recomputes_the_column_every_run(make_play, store_url: 
     assert [r["b"] for r in out.output] == [{"b": f"{i}-b"} for i in range(8)]
 
 
+def test_a_stale_cell_holding_an_error_is_kept_not_paid_again(make_play, store_url: str, prefix: str) -> None:
+    """SPEC §2: a cell holding an error is kept on later runs unless recompute_on_error or
+    --refresh-failed, and §3: a failed receipt is retried only so (or when transient). A
+    column always stale (stale_after_seconds=0) paid its failed call again on every run,
+    under a new idempotency key."""
+    play_file = make_play(
+        """
+        @tool(P + ".v")
+        def validate(input):
+            CALLS.append("validate:" + input["id"])
+            if input["id"] == "bad":
+                raise ValueError("not a domain")
+            return input["id"]
+
+        @play("stale-errors")
+        async def stale_errors(ctx, input):
+            rows = [{"id": "ok"}, {"id": "bad"}]
+            ds = await ctx.map("m", rows, key="id", columns={
+                "v": Column(lambda row, rc: rc.tools.execute("v", P + ".v", {"id": row["id"]}), stale_after_seconds=0),
+            })
+            return [r.get("_error") for r in ds]
+        """
+    )
+    run(play_file, store_url)
+    assert kinds("validate:") == ["validate:bad", "validate:ok"]
+    CALLS.clear()
+
+    again = run(play_file, store_url)
+
+    assert kinds("validate:") == ["validate:ok"]  # the stale value is refreshed; the error is kept
+    assert again.result.stats["tools"][f"{prefix}.v"]["live"] == 1
+    CALLS.clear()
+    run(play_file, store_url, refresh_failed=True)
+    assert kinds("validate:") == ["validate:bad", "validate:ok"]  # asked: the failure is tried again
+
+
 def test_a_long_stale_after_reuses_the_column(make_play, store_url: str) -> None:
     play_file = reuse_play(make_play, stale_b=3600)
     run(play_file, store_url)

@@ -3,10 +3,11 @@ answers of a cell it recomputes must be. One policy, used by the map engine, the
 projection and `deepline plan`, so the three never disagree.
 
 A cell is reused while the row's input, the column's fingerprint (its code and what it
-reads, see columns.py) and its freshness still match, and it holds no error the run was
-asked to retry. A cell that went stale is recomputed with its tool calls made fresh: an
-answer older than the cell's time to live is paid for again (a new receipt generation,
-a new idempotency key); a younger one, made since by another run, is reused.
+reads, see columns.py) and its freshness still match; a cell holding an error is kept,
+however old, unless the run or the column asks to retry errors. A cell that went stale
+is recomputed with its tool calls made fresh: an answer older than the cell's time to
+live is paid for again (a new receipt generation, a new idempotency key); a younger one,
+made since by another run, is reused.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ class ReusePolicy:
         spec = column.column
         if cell is None or cell.fingerprint != column.fingerprint or self.force_refresh or spec.recompute:
             return None
+        if cell.error is not None:  # kept unless asked, stale or not: it was paid for, and failed
+            return None if spec.recompute_on_error or self.refresh_failed else cell
         if spec.stale_after_seconds is not None and self.is_stale(column, cell):
-            return None
-        if cell.error is not None and (spec.recompute_on_error or self.refresh_failed):
             return None
         return cell
 
