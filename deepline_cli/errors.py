@@ -234,6 +234,7 @@ class StoreLostError(StoreError):
 
 def error_dict(exc: BaseException) -> dict[str, Any]:
     """The JSON form of an error, as kept on receipts and in `run.finished`."""
-    if isinstance(exc, ToolExecutionError):
-        return exc.to_dict()
+    to_dict = getattr(exc, "to_dict", None)
+    if isinstance(exc, DeeplineError) and callable(to_dict):  # a tool's failure, a child play's
+        return dict(to_dict())
     return {"type": type(exc).__name__, "message": str(exc) or type(exc).__name__}

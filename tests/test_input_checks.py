@@ -9,6 +9,8 @@ import io
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import Result
 
 Run = Callable[..., Result]
@@ -341,3 +343,42 @@ def test_rows_with_a_blank_key_are_each_a_row_not_duplicates(
     from_csv = deepline("run", "play.py", "--csv", "people.csv", "--json").json_lines()[-1]
     assert from_csv["output"] == {"rows": 3, "names": ["ADA", "GRACE", "ALAN"]}, from_csv["output"]
     assert from_csv["stats"]["rows"]["duplicate"] == 1  # the second a@x.com
+
+
+@pytest.mark.parametrize("where", ["top", "parent"])
+def test_a_run_failed_by_a_tools_own_failure_suggests_the_resume_that_retries_it(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path, where: str
+) -> None:
+    """A local tool that raises fails for good (its receipt keeps the failure): a plain
+    resume replays the failure, so the verdict's next step is the resume that retries it,
+    and that command, run as printed once the cause is fixed, completes the run; in the
+    play itself or in a child play it calls."""
+    write_play(
+        """
+        from pathlib import Path
+        from deepline_cli import play, tool
+
+        @tool("cf.t")
+        def t(input):
+            if Path(input["flag"]).exists():
+                raise ValueError("tool broken")
+            return "ok"
+
+        @play("top")
+        async def top(ctx, input):
+            return (await ctx.tools.execute("t", "cf.t", {"flag": input["flag"]})).output
+
+        @play("parent")
+        async def parent(ctx, input):
+            return await ctx.run_play("kid", "top", input)
+        """
+    )
+    flag = tmp_path / "tool_broken"
+    flag.touch()
+    failed = deepline("run", f"play.py:{where}", "--set", f"flag={flag}", "--run-id", "tf1")
+    assert failed.code == 1, failed.stderr
+    assert "Next: fix the cause, then: deepline resume tf1 --refresh-failed" in failed.stderr, failed.stderr
+    flag.unlink()
+    assert deepline("resume", "tf1").code == 1  # a plain resume replays the kept failure
+    resumed = deepline("resume", "tf1", "--refresh-failed")
+    assert resumed.code == 0, resumed.stderr

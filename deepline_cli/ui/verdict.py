@@ -89,7 +89,10 @@ def _failed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str
     elif error.get("type") == "MissingInputField":
         lines.append("  Next: start a new run that gives it (a resume keeps this run's input).")
     elif "deepline resume" not in error.get("message", ""):
-        lines.append(f"  Next: fix the cause, then: deepline resume {run_id}")
+        # A tool's own failure that is not transient is kept on its receipt: a plain resume
+        # replays it, the flag asks the tool again.
+        kept = error.get("category") is not None and not error.get("retryable")
+        lines.append(f"  Next: fix the cause, then: deepline resume {run_id}" + (" --refresh-failed" if kept else ""))
     return lines
 
 

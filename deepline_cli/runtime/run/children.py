@@ -26,7 +26,17 @@ from deepline_cli.store.records import Boundary, RunRecord
 
 
 class ChildPlayError(DeeplineError):
-    """A child play failed; its error is in the message."""
+    """A child play failed; its error is in the message. A tool's own failure in it says
+    so (`category`, `retryable`), as the parent's error: a resume retries it only with
+    --refresh-failed."""
+
+    def __init__(self, message: str, child_error: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.child_error = child_error or {}
+
+    def to_dict(self) -> dict[str, Any]:
+        found = {key: self.child_error[key] for key in ("category", "retryable", "tool") if key in self.child_error}
+        return {"type": type(self).__name__, "message": str(self), **found}
 
 
 def resolve_play_ref(play_ref: str, parent_file: str) -> PlayDef:
@@ -133,7 +143,7 @@ async def _schedule_child(s: RunParts, call_id: str, play: PlayDef, child_id: st
             # Report it (the parent fails, unless it catches this); remember which attempt saw it.
             await s.infra.io.call(store.runs.update_run, child_id, failure_seen_by=s.identity.attempt)
             message = (record.error or {}).get("message", "unknown error")
-            raise ChildPlayError(f"Child play {play.name!r} (run {child_id}) failed: {message}")
+            raise ChildPlayError(f"Child play {play.name!r} (run {child_id}) failed: {message}", record.error)
         await s.infra.io.call(store.runs.set_status, child_id, "queued", failure_seen_by=None, holder=None)
         await s.infra.io.call(store.queue.notify)
     if record.status == "interrupted" and stopped_with_parent(record.error):  # this resume runs it again
@@ -220,7 +230,7 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
         raise outcome.raised  # interrupt, budget, lease…: the whole run stops
     if outcome.status == "failed":
         message = (outcome.error or {}).get("message", "unknown error")
-        raise ChildPlayError(f"Child play {play.name!r} (run {child_id}) failed: {message}")
+        raise ChildPlayError(f"Child play {play.name!r} (run {child_id}) failed: {message}", outcome.error)
     await s.infra.io.call(
         store.suspension.resolve_boundary, s.identity.run_id, f"child:{call_id}", None, s.infra.io.now()
     )
