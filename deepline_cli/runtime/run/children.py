@@ -35,7 +35,9 @@ class ChildPlayError(DeeplineError):
         self.child_error = child_error or {}
 
     def to_dict(self) -> dict[str, Any]:
-        found = {key: self.child_error[key] for key in ("category", "retryable", "tool") if key in self.child_error}
+        found: dict[str, Any] = {
+            key: self.child_error[key] for key in ("category", "retryable", "tool") if key in self.child_error
+        }
         return {"type": type(self).__name__, "message": str(self), **found}
 
 
