@@ -498,6 +498,45 @@ def test_worker_continues_a_sleeping_run_after_its_stored_due_time(cli: CLI, tmp
     assert logged(log) == ["before", "after"], "the first call replays from its receipt"
 
 
+NAP_PLAY = """
+from deepline_cli import play
+
+@play("napper")
+async def napper(ctx, input):
+    await ctx.sleep("nap", 1)
+    return "rested"
+
+@play("nap-parent")
+async def nap_parent(ctx, input):
+    return await ctx.run_play("kid", "napper", {})
+"""
+
+
+def test_a_worker_goes_on_with_a_run_started_by_hand_whose_child_play_waits(cli: CLI, tmp_path: Path) -> None:
+    """`deepline run` ran the child play in its own process, up to its timer; the verdict
+    says a worker resumes it. `worker --once` once the timer is due completes parent and
+    child in one attempt each (it restarted the parent without end, ~130 times a second,
+    never touching the child, which was no queued run of its own)."""
+    write(tmp_path / "play.py", NAP_PLAY)
+    started = cli("run", "play.py:nap_parent", "--run-id", "np1", "--max-inline-wait", "0")
+    assert started.code == 3, started.stderr
+    assert "a worker resumes it by itself" in started.stderr
+    with opened(cli.store) as store:
+        [child] = [r for r in store.runs.list_runs() if r.parent_run_id == "np1"]
+        [nap] = store.suspension.boundaries(child.run_id)
+        due = nap.due_at
+        assert due is not None
+        wait_until(lambda: store.now() >= due, what="the child's timer", timeout=10, every=0.05)
+
+    done = cli.worker_once(timeout=30)
+
+    assert "1 started, 1 completed" in done.stderr, done.stderr
+    with opened(cli.store) as store:
+        parent, kid = run_of(store, "np1"), run_of(store, child.run_id)
+        assert (parent.status, parent.attempt, parent.output) == ("completed", 2, "rested"), parent.error
+        assert (kid.status, kid.attempt) == ("completed", 2), kid.error
+
+
 def test_worker_continues_a_run_once_its_event_is_sent(cli: CLI, tmp_path: Path) -> None:
     write(tmp_path / "play.py", EVENT_PLAY)
     log = tmp_path / "tools.log"

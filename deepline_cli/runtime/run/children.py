@@ -104,6 +104,10 @@ async def _schedule_child(s: RunParts, call_id: str, play: PlayDef, child_id: st
     waits at a child boundary until it has finished, then reads its result."""
     store, now = s.infra.io.store, s.infra.io.now()
     record = await s.infra.io.call(store.runs.get_run, child_id)
+    if record is not None and not record.scheduled and record.status != "completed":
+        # Begun in its parent's process by an earlier attempt (`deepline run`), not queued:
+        # it goes on where it began, in the parent's attempt (no worker would take it).
+        return await _execute_child(s, call_id, play, child_id, input, description)
     if record is None:
         s.effects.caps.count_child_play()  # per run: children started by earlier attempts count too
         digest, snapshot = take_snapshot(play, Path(s.settings.config) if s.settings.config else None)
