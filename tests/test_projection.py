@@ -209,3 +209,72 @@ def test_a_pilot_answered_from_receipts_learns_no_cost_from_those_rows(deepline,
     (m,) = half["stats"]["projection"]["maps"]
     assert (m["credits_per_row"]["mean"], m["credits_per_row"]["sample"]) == (2.0, 10), m
     assert half["stats"]["projection"]["credits"] == half["stats"]["credits"] + 30 * 2
+
+
+CONTACTS = """
+from deepline_cli import play, tool
+
+@tool("t.company", credits=2)
+def company(input):
+    return {"size": len(input["domain"])}
+
+@tool("t.email", credits=1)
+def email(input):
+    return input["first"] + "@" + input["domain"]
+
+@tool("t.verify", credits=0.5)
+def verify(input):
+    return True
+
+@play("contacts")
+async def contacts(ctx, input):
+    people = await ctx.map("people", ctx.csv(input["csv"]), key=["first", "domain"], columns={
+        "company": lambda row, rc: rc.tools.execute("co", "t.company", {"domain": row["domain"]}),
+        "email": lambda row, rc: rc.tools.execute("em", "t.email", {"first": row["first"], "domain": row["domain"]}),
+    })
+    verified = await ctx.map("verified", people, key="email", columns={
+        "ok": lambda row, rc: rc.tools.execute("v", "t.verify", {"email": row["email"]}),
+    })
+    return len(verified)
+"""
+
+
+def _people(path: Path, firsts: list[str], domains: int) -> Path:
+    path.write_text("first,domain\n" + "".join(f"{f},d{i}.com\n" for f in firsts for i in range(domains)))
+    return path
+
+
+def test_a_pilot_whose_rows_reused_some_answers_projects_what_they_paid(deepline, write_play, tmp_path) -> None:
+    """New contacts at companies looked up before: each pilot row's company comes from a
+    receipt, its email is paid. The projection learns from what those rows paid (it said
+    'no pilot row was paid for', and '60 new rows' of a 30-row list, counting the fed map)."""
+    play = write_play(CONTACTS)
+    assert deepline("run", str(play), "--csv", str(_people(tmp_path / "old.csv", ["ann"], 30)), "-q").code == 0
+    new = _people(tmp_path / "new.csv", ["bob"], 30)
+    pilot = _finished(deepline("run", str(play), "--csv", str(new), "--limit", "10", "--json"))
+    projection = pilot["stats"]["projection"]
+    people, verified = projection["maps"]
+    assert (people["credits_per_row"]["mean"], people["credits_per_row"]["sample"]) == (1.0, 10), people
+    assert (people["new_rows"], verified["new_rows"]) == (20, 20)
+    full = _finished(deepline("run", str(play), "--csv", str(new), "--json"))
+    assert projection["credits"] == pilot["stats"]["credits"] + full["stats"]["credits"] == 45, projection
+    shown = deepline("run", str(play), "--csv", str(_people(tmp_path / "x.csv", ["cy"], 30)), "--limit", "10")
+    assert "reused some answers paid before" in shown.stderr, shown.stderr
+    assert "full list of 30 rows ≈ 45 credits" in shown.stderr, shown.stderr
+
+
+def test_a_map_over_a_pilot_map_counts_the_rows_paid_before_in_its_rest(deepline, write_play, tmp_path) -> None:
+    """The list's last 20 rows ran whole before; a pilot of its first 10: the rest costs
+    nothing, for the verifying map over its rows too (it projected 20 rows × 0.5)."""
+    play = write_play(CONTACTS)
+    whole = _people(tmp_path / "all.csv", ["ann"], 30)
+    tail = tmp_path / "tail.csv"
+    tail.write_text("first,domain\n" + "".join(whole.read_text().splitlines(keepends=True)[11:]))
+    assert deepline("run", str(play), "--csv", str(tail), "-q").code == 0
+    pilot = _finished(deepline("run", str(play), "--csv", str(whole), "--limit", "10", "--json"))
+    projection = pilot["stats"]["projection"]
+    people, verified = projection["maps"]
+    assert (people["already_paid"], verified["already_paid"]) == (20, 20), projection
+    assert projection["credits"] == pilot["stats"]["credits"], projection
+    full = _finished(deepline("run", str(play), "--csv", str(whole), "--json"))
+    assert full["stats"]["credits"] == 0

@@ -67,6 +67,9 @@ class PilotSample:
     row_credits: list[float] = field(default_factory=list)
     elapsed_s: float = 0.0
     reused_rows: int = 0  # rows taken whole from the sheet (nothing paid in this run)
+    # Rows that paid for some calls while earlier runs' receipts answered others (new
+    # contacts at companies looked up before): what they paid, when no row was wholly new.
+    partly_answered: list[float] = field(default_factory=list)
 
 
 def mean_sd(values: list[float]) -> tuple[float, float]:
@@ -86,6 +89,9 @@ def project_map(sample: PilotSample, record: MapRecord, pilot: dict[str, Any]) -
     # they stand for rows paid earlier, which the rest's "already paid" count covers.
     zeros = set(sorted(range(len(credits)), key=lambda i: credits[i])[: sample.reused_rows])
     paid_here = [c for i, c in enumerate(credits) if i not in zeros]
+    partly = not paid_here and bool(sample.partly_answered)
+    if partly:  # the best there is: rows like these (the rest may reuse as much, or less)
+        paid_here = list(sample.partly_answered)
     n = len(paid_here)
     mean, sd = mean_sd(paid_here)
     new_rows = max(0, int(pilot.get("rest_distinct", 0)) - int(pilot.get("rest_paid", 0)))
@@ -111,7 +117,11 @@ def project_map(sample: PilotSample, record: MapRecord, pilot: dict[str, Any]) -
         "rest_margin": margin,
         "seconds_per_row": round(seconds_per_row, 4),
         "rest_s": round(new_rows * seconds_per_row, 1),
-        "note": None if n else "every pilot row was paid before: nothing to learn credits per row from",
+        "note": "every pilot row reused some answers paid before: the rest is projected at what they paid"
+        if partly
+        else None
+        if n
+        else "every pilot row was paid before: nothing to learn credits per row from",
     }
 
 
@@ -135,8 +145,9 @@ def combine(maps: list[dict[str, Any]], spent: float) -> dict[str, Any]:
 
 def read_sample(store: Store, run_id: str, record: MapRecord) -> PilotSample:
     """A pilot map's rows, cells and per-row credits, read back from the store. A row some
-    call of which an earlier run's receipt answered (no credit here) says nothing of what
-    a new row costs: its credits are left out, as a row taken whole from the sheet is."""
+    call of which an earlier run's receipt answered (no credit here) says less of what a
+    new row costs: its credits are kept apart (`partly_answered`, when it paid for other
+    calls), as a row taken whole from the sheet is left out."""
     per_row = store.ledger.row_credits(run_id, record.map)
     answered = store.ledger.rows_reusing(run_id, record.map)
     sample = PilotSample(record.map, {c: CellCounts() for c in record.columns})
@@ -148,8 +159,11 @@ def read_sample(store: Store, run_id: str, record: MapRecord) -> PilotSample:
         for row in page:
             for name, counts in sample.columns.items():
                 counts.add(row.cells.get(name))
+            paid = per_row.get(row.row_key, 0.0)
             if row.row_key not in answered:
-                sample.row_credits.append(per_row.get(row.row_key, 0.0))
+                sample.row_credits.append(paid)
+            elif paid:
+                sample.partly_answered.append(paid)
         if len(page) < PAGE:
             return sample
         after = page[-1].idx
@@ -171,7 +185,11 @@ def projection_stats(store: Store, run_id: str) -> dict[str, Any]:
         if source is not None:
             per_row = record.total / source["pilot_rows"] if source["pilot_rows"] else 0.0
             rest = max(0, round(source["full_rows"] * per_row) - record.total)
-            pilot.update(rest_rows=rest, rest_distinct=rest, rest_paid=0)
+            # The rows it gets from the source's rows paid before were paid with them, as a
+            # full run makes them: as many of its rest, in proportion.
+            source_rest = source["full_rows"] - source["pilot_rows"]
+            paid = round(rest * source["already_paid"] / source_rest) if source_rest > 0 else 0
+            pilot.update(rest_rows=rest, rest_distinct=rest, rest_paid=min(rest, paid))
         elif "rest_distinct" not in pilot:
             if maps:
                 unprojected.append(record.map)
@@ -204,7 +222,7 @@ def describe(projection: dict[str, Any]) -> list[str]:
     full = sum(m["full_rows"] for m in lists)
     paid = sum(m["already_paid"] for m in lists)
     if projection["credits"] is None:
-        new = sum(m["new_rows"] for m in projection["maps"])
+        new = sum(m["new_rows"] for m in lists)
         cost = f": the cost of its {new:,} new rows is unknown (no pilot row was paid for), "
     else:
         cost = f" ≈ {projection['credits']:,.0f} credits (±{projection['margin']:,.0f}, 95%), "
