@@ -590,7 +590,7 @@ def test_a_retry_after_longer_than_a_call_waits_fails_the_call_at_once(
     project: Project, provider: LoopbackProvider, wait: str
 ) -> None:
     """A provider out of its daily quota (`Retry-After: 86400`) does not hang the run for a
-    day: the call fails at once, transient (the next run asks again), saying why."""
+    day: the call fails at once, transient (a resume asks again), saying why."""
     project.config(echo_tool())
     provider.script("/v1/echo", [f"429:{wait}", "ok"])
     started = time.monotonic()
@@ -599,7 +599,10 @@ def test_a_retry_after_longer_than_a_call_waits_fails_the_call_at_once(
     assert len(provider.requests) == 1
     error = out[0]["error"]
     assert (out[0]["type"], error["category"], error["retryable"]) == ("ProviderTransientError", "rate_limit", True)
-    assert "asked to wait" in error["message"] and "the next run asks again" in error["message"], error
+    assert (
+        "asked to wait" in error["message"]
+        and "a resume, or a run with --refresh-failed, asks again" in error["message"]
+    ), error
 
 
 def test_a_429_with_an_unreadable_retry_after_is_still_retried(project: Project, provider: LoopbackProvider) -> None:

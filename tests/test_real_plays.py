@@ -907,3 +907,45 @@ def test_a_resumed_refresh_of_failures_is_not_stopped_as_systemic(
     assert done["output"] == {"rows": 90, "failed": 30}
     calls = (tmp_path / "calls.log").read_text().split()
     assert len(calls) == 90 + 30  # the first run, then each failure refreshed once
+
+
+# --- a provider outage: rows it failed are asked again by the next run -------------------------
+
+OUTAGE_PLAY = """\
+from deepline_cli import play
+
+@play("outage")
+async def outage(ctx, input):
+    rows = await ctx.map("leads", ctx.csv(input["csv"]), key="domain", on_row_error="fail", columns={
+        "answer": lambda row, rc: rc.tools.execute(
+            "find", "people.alpha", {"first": row["first"], "domain": row["domain"]}),
+    })
+    return {"rows": len(rows), "failed": rows.failed_count}
+"""
+
+
+def test_rows_a_provider_outage_failed_are_asked_again_by_the_resume(
+    deepline: Run, project: Callable[[str], Path], provider: DirectoryProvider, tmp_path: Path
+) -> None:
+    """The provider answers 503 to a nightly CI run (its retries spent: the rows fail,
+    transient; the map stops). Once it is back, CI runs the same command again: the resume
+    asks those rows again, under the keys they were first sent with (SPEC §3), and
+    completes. It completed with the rows failed for good, which only --refresh-failed,
+    unknown to CI, asked again. A later run keeps a failed cell (SPEC §2)."""
+    play = project(OUTAGE_PLAY)
+    toml = tmp_path / "deepline.toml"
+    toml.write_text(toml.read_text().replace("credits = 1\n", "credits = 1\nretries = 0\n", 1))
+    command = ("run", str(play), "--csv", "leads.csv", "--run-id", "nightly", "--json")
+    provider.default_fault = "503"
+    down = deepline(*command)
+    assert down.code == 1, down.stderr
+    keys = {r.headers["idempotency-key"] for r in provider.requests}
+    assert keys
+    provider.default_fault = "ok"
+    provider.requests.clear()
+
+    back = finished(deepline(*command))
+
+    assert back["output"] == {"rows": 5, "failed": 0}
+    assert keys <= {r.headers["idempotency-key"] for r in provider.requests}  # the same keys again
+    assert len(provider.requests) == 5

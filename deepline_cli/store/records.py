@@ -245,6 +245,11 @@ class Cell(NamedTuple):
         return self.meta.get("step") if self.meta else None
 
     @property
+    def transient(self) -> bool:
+        """Its error may pass (a provider down, rate-limited, unreachable): a resume asks again."""
+        return bool(self.meta) and self.meta.get("transient") is True  # type: ignore[union-attr]
+
+    @property
     def not_run(self) -> bool:
         """Its `run_if` said no: it holds None, and nothing was asked for it."""
         return bool(self.meta) and self.meta.get("run_if") is False  # type: ignore[union-attr]

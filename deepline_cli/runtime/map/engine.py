@@ -80,7 +80,7 @@ class MapRun:
         # Rows that must wait (a child play that waits, a long sleep): not recorded, and the
         # map waits once every row has been done or has waited.
         self.waiting: list[Suspended] = []
-        self.reuse = ReusePolicy(parts.io.now, scope.force_refresh, scope.refresh_failed)
+        self.reuse = ReusePolicy(parts.io.now, scope.force_refresh, scope.refresh_failed, scope.run_id)
         self.waterfalls = {c.name: c.column.fn.names for c in self.columns if isinstance(c.column.fn, Waterfall)}
         self.book = MapBook(parts, name, self.sheet, self.columns, self.waterfalls, on_row_error == "fail")
         names = [c.name for c in self.columns]
@@ -302,7 +302,8 @@ class MapRun:
                 failure = exc
             if failure is not None:
                 error = self.s.secrets.redact(failures.describe(failure))
-                cells[column.name] = Cell(None, error, self.s.io.now(), column.fingerprint)
+                transient = {"transient": True} if failures.transient(failure) else None
+                cells[column.name] = Cell(None, error, self.s.io.now(), column.fingerprint, transient)
                 for later in self.columns[position + 1 :]:  # not computed on a failed row
                     cells.pop(later.name, None)
                 break

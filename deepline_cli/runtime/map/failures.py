@@ -14,7 +14,7 @@ import sysconfig
 import traceback
 from pathlib import Path
 
-from deepline_cli.errors import DeeplineError, ToolExecutionError
+from deepline_cli.errors import TRANSIENT_CATEGORIES, DeeplineError, ToolExecutionError
 
 PROGRAMMING_ERRORS: tuple[type[BaseException], ...] = (
     NameError,
@@ -72,6 +72,12 @@ def describe(exc: BaseException) -> str:
         return f"{exc.category}: {exc}"
     place = where(exc)
     return f"{type(exc).__name__}: {exc}" + (f" ({place})" if place else "")
+
+
+def transient(exc: BaseException) -> bool:
+    """A provider's failure that may pass (rate limit, network, 5xx, after its retries):
+    a resume of its run asks its cell again (its receipt is retried, SPEC §3)."""
+    return isinstance(exc, ToolExecutionError) and exc.retryable and exc.category in TRANSIENT_CATEGORIES
 
 
 def replayed(exc: BaseException) -> bool:

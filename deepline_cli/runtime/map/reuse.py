@@ -4,7 +4,8 @@ projection and `deepline plan`, so the three never disagree.
 
 A cell is reused while the row's input, the column's fingerprint (its code and what it
 reads, see columns.py) and its freshness still match; a cell holding an error is kept,
-however old, unless the run or the column asks to retry errors. A cell that went stale
+however old, unless the run or the column asks to retry errors, or a resume finds its
+own earlier attempt's error that may pass (a provider down, rate-limited, unreachable). A cell that went stale
 is recomputed with its tool calls made fresh: an answer older than the cell's time to
 live is paid for again (a new receipt generation, a new idempotency key); a younger one,
 made since by another run, is reused.
@@ -25,6 +26,9 @@ class ReusePolicy:
     now: Callable[[], float]  # the store's clock
     force_refresh: bool = False  # --force-refresh: nothing is reused
     refresh_failed: bool = False  # --refresh-failed: cells holding an error are recomputed
+    # The run asking: a resume asks again the cells an earlier attempt of it failed with an
+    # error that may pass (a provider down); later runs keep them (--refresh-failed asks).
+    run_id: str = ""
 
     def cell(
         self, previous: SheetRow | None, digest: str, column: ResolvedColumn, upstream_changed: bool = False
@@ -36,8 +40,11 @@ class ReusePolicy:
         spec = column.column
         if cell is None or cell.fingerprint != column.fingerprint or self.force_refresh or spec.recompute:
             return None
-        if cell.error is not None:  # kept unless asked, stale or not: it was paid for, and failed
-            return None if spec.recompute_on_error or self.refresh_failed else cell
+        if cell.error is not None:  # kept, stale or not, unless asked (or this run's own, and may pass)
+            retry = (
+                spec.recompute_on_error or self.refresh_failed or (cell.transient and previous.run_id == self.run_id)
+            )
+            return None if retry else cell
         if spec.stale_after_seconds is not None and self.is_stale(column, cell):
             return None
         return cell

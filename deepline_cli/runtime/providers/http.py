@@ -182,12 +182,13 @@ class Http:
     @staticmethod
     def _too_long(exc: ToolExecutionError, attempts: int) -> ToolExecutionError:
         """A provider asking for a longer wait than a call makes (a daily quota spent): the
-        call fails now, transient, and the next run (or a resume) asks again."""
+        call fails now, transient: a resume of the run asks again, as does a later run given
+        --refresh-failed (a later run keeps a failed map cell)."""
         wait = exc.retry_after_s or 0.0
         asked = f"{wait:,.0f}s" if math.isfinite(wait) else "forever"
         exc.args = (
             f"{exc.args[0]}; the provider asked to wait {asked} (a call waits at most "
-            f"{MAX_RETRY_AFTER_S:.0f}s), so the call stops here and the next run asks again",
+            f"{MAX_RETRY_AFTER_S:.0f}s), so the call stops here; a resume, or a run with --refresh-failed, asks again",
         )
         return Http._final(exc, attempts)
 
