@@ -802,6 +802,18 @@ def test_lease_run_is_compare_and_set_on_the_attempt(store: Store, other: Store)
     assert not store.lease_run("run-9", holder="A:1", expires_at=T0, attempt=2, expect_attempt=1)
 
 
+def test_a_new_attempt_of_a_finished_run_clears_when_it_finished(store: Store, other: Store) -> None:
+    """A failed run resumed: `runs show` said "finished <the failure's time>" beside
+    "running" while its new attempt ran (and after it was killed)."""
+    seed(store, make_run(status="failed", holder=None, finished_at=T0 + 5, error={"message": "budget"}))
+
+    assert store.lease_run("run-1", holder="A:1", expires_at=T0 + 60, attempt=2, expect_attempt=1)
+
+    record = other.get_run("run-1")
+    assert record is not None
+    assert (record.status, record.finished_at, record.error) == ("running", None, None)
+
+
 def test_an_attempt_whose_run_was_taken_over_writes_nothing(store: Store, other: Store) -> None:
     """Fencing: once attempt 2 holds the run, attempt 1's rows, log lines, map record and
     outcome are refused in the same transaction; attempt 2's, and unfenced ones, go in."""

@@ -197,6 +197,7 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
             attempt=record.attempt,
             holder=holder_id(),
             lease_expires_at=now + s.identity.lease_ttl,
+            finished_at=None,
         )
     io = s.infra.io
     await io.call(store.runs.begin_attempt, child_id, record.attempt, holder_id(), now)
