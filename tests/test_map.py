@@ -27,6 +27,7 @@ from deepline_cli.runtime.calls.events import Event, EventBus
 from deepline_cli.runtime.map import barriers
 from deepline_cli.runtime.run.options import RunResult
 from deepline_cli.store import open_store
+from deepline_cli.store.records import FOUND_PREFIX
 from deepline_cli.store.roles import Store
 from deepline_cli.store.sqlite import SQLiteStore
 from tests.helpers import is_postgres, resume_run, run_play
@@ -1232,6 +1233,53 @@ def test_resume_with_refresh_failed_retries_a_row_failed_in_an_earlier_attempt(
     assert "check:2" in CALLS
     assert again.output["failed"] == 0
     assert again.output["rows"][2] == {"id": "2", "check": "ok"}
+
+
+def test_a_resumed_rows_reused_cells_keep_the_answers_they_found(
+    make_play, store_url: str, tmp_path: Path, prefix: str
+) -> None:
+    """Row 2's company was found in attempt 1, its check failed; the resume reuses the
+    company cell and recomputes the check. The map row keeps the company's found answer
+    (the report's found rate per provider said 2 of 3 for a lookup that found all 3)."""
+    flag = tmp_path / "flag"
+    flag.touch()
+    play_file = make_play(
+        """
+        @tool(P + ".co")
+        def co(input):
+            return {"name": input["id"]}
+
+        @tool(P + ".check")
+        def check(input):
+            if input["id"] == "2" and Path(FLAG).exists():
+                raise ValueError("not yet")
+            return "ok"
+
+        @play("found")
+        async def found(ctx, input):
+            ds = await ctx.map("m", [{"id": str(i)} for i in range(3)], key="id", on_row_error="fail",
+                               concurrency=1, columns={
+                "co": lambda row, rc: rc.tools.execute("co", P + ".co", {"id": row["id"]}),
+                "check": lambda row, rc: rc.tools.execute("check", P + ".check", {"id": row["id"]}),
+            })
+            return len(ds)
+        """,
+        FLAG=str(flag),
+    )
+    first = run(play_file, store_url)
+    assert first.result.status == "failed"
+    flag.unlink()
+
+    again = resume(first.result.run_id, store_url, refresh_failed=True)
+
+    assert again.output == 3
+    keys = [key for (key,) in query(store_url, "SELECT key FROM receipts WHERE tool = ?", f"{prefix}.co")]
+    opened = open_store(str(store_url))
+    try:
+        found = opened.ledger.found_answers(first.result.run_id)
+    finally:
+        opened.close()
+    assert len(keys) == 3 and all(key[:FOUND_PREFIX] in found for key in keys), (keys, found)
 
 
 # --- events ------------------------------------------------------------------------------------------

@@ -332,6 +332,7 @@ class EarlierRow(NamedTuple):
     reused_row: bool
     reused_cells: int
     steps: dict[str, str | None] | None
+    found: list[str] | None = None  # the answers it found a value with (MapRow.found)
 
 
 @dataclass(slots=True)

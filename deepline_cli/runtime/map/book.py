@@ -90,6 +90,9 @@ class MapBook:
         # asked, their keys' hashes in order beside their idx: where each key was written.
         self._earlier = array.array("q")
         self._places: tuple[array.array[int], array.array[int]] | None = None
+        # The answers the rows earlier attempts failed had found a value with, by key: cells
+        # of theirs a resume reuses keep them (rows that succeeded are seeded, not redone).
+        self._earlier_found: dict[str, list[str]] = {}
         self.first_failures: list[tuple[object, ...]] = []  # signatures, while no row succeeded
         self.started = time.monotonic()
         self.limit: int | None = None  # the distinct rows a limit lets through (a pilot)
@@ -187,7 +190,10 @@ class MapBook:
         row = MapRow(self.run_id, self.name, job.idx, job.input_index, job.key, outcome, error, self.sheet, rev)
         row.attempt, row.steps = self.attempt, steps
         row.reused_row, row.reused_cells = reused
-        row.found = sorted(key[:FOUND_PREFIX] for key in found) if found else None
+        prefixes = {key[:FOUND_PREFIX] for key in found} if found else set()
+        if self._earlier_found:
+            prefixes.update(self._earlier_found.pop(job.key, ()))
+        row.found = sorted(prefixes) or None
         row.kept = sheet_row is None and previous is not None and previous.run_id == self.run_id
         if self._earlier:
             row.moved_from = self._moved_from(job.idx, job.key)
@@ -274,6 +280,8 @@ class MapBook:
                 self._seed_key[idx] = hash(row.row_key)
                 self._earlier.append(idx)
                 if not row.succeeded:
+                    if row.found:
+                        self._earlier_found[row.row_key] = row.found
                     continue
                 count += 1
                 self.mark(idx)
