@@ -24,7 +24,8 @@ class QueueSql(SqlBase):
                 return None
             c.execute(
                 "UPDATE runs SET status = 'running', attempt = attempt + 1, holder = ?, lease_expires_at = ?,"
-                " updated_at = ?, stop_reason = NULL, error = NULL, finished_at = NULL WHERE run_id = ? AND status = 'queued'"
+                " updated_at = ?, stop_reason = NULL, error = NULL, finished_at = NULL"
+                " WHERE run_id = ? AND status = 'queued'"
                 f" AND {from_clause('running')}",
                 (holder, expires_at, time.time(), row[0]),
             )

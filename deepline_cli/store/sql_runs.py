@@ -46,8 +46,8 @@ class RunsSql(SqlBase):
         params = [holder, expires_at, attempt, time.time(), run_id, expect_attempt]
         with self._write() as c:
             cur = c.execute(
-                "UPDATE runs SET holder = ?, lease_expires_at = ?, attempt = ?, stop_reason = NULL, error = NULL, finished_at = NULL,"
-                f" status = 'running', updated_at = ? WHERE run_id = ? AND attempt = ?{fence}"
+                "UPDATE runs SET holder = ?, lease_expires_at = ?, attempt = ?, stop_reason = NULL, error = NULL,"
+                f" finished_at = NULL, status = 'running', updated_at = ? WHERE run_id = ? AND attempt = ?{fence}"
                 f" AND {from_clause('running')}",
                 params + ([expect_expires] if expect_expires is not None else []),
             )

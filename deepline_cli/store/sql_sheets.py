@@ -69,15 +69,7 @@ class SheetsSql(SqlBase):
             (run_id, map, after_idx, limit),
         )
         return [
-            EarlierRow(
-                idx,
-                key,
-                ok == "succeeded",
-                bool(reused),
-                cells or 0,
-                _json.loads(steps) if steps else None,
-                _json.loads(found) if found else None,
-            )  # fmt: skip
+            EarlierRow(idx, key, ok == "succeeded", bool(reused), cells or 0, _loads(steps), _loads(found))
             for idx, key, ok, reused, cells, steps, found in rows
         ]
 
@@ -226,3 +218,8 @@ class SheetsSql(SqlBase):
             upsert,
             [(*map_row_values(r), r.sheet, r.row_key) for r in rows if r.rev is None],
         )
+
+
+def _loads(text: str | None) -> Any:
+    """A JSON column that may be NULL (or empty)."""
+    return _json.loads(text) if text else None
