@@ -282,8 +282,11 @@ def test_quoted_newlines_and_long_fields_are_rows_as_a_spreadsheet_shows_them(de
         "First Name;Domain\r\nAda;acme.com\r\nGrace;globex.io\r\n",  # Excel in a European locale
         "First Name\tDomain\nAda\tacme.com\nGrace\tglobex.io\n",  # a tab-separated export
         "First Name,Domain,,,\nAda,acme.com,,,\nGrace,globex.io,,,\n",  # Excel's empty trailing columns
+        # a European header with a comma in a name: it was split on commas, "Domain" missing
+        "First Name;Domain;Revenue (k€, 2023)\r\nAda;acme.com;1,5\r\nGrace;globex.io;2\r\n",
+        "First Name,Domain,Notes\nAda,acme.com,a;b;c\nGrace,globex.io,x;y\n",  # semicolons in comma cells
     ],
-    ids=["semicolons", "tabs", "empty-trailing-columns"],
+    ids=["semicolons", "tabs", "empty-trailing-columns", "semicolons-and-a-comma", "commas-and-semicolons"],
 )
 def test_csv_files_as_spreadsheets_save_them_are_read(deepline, tmp_path: Path, content: str) -> None:
     (tmp_path / "play.py").write_text(CLI_PLAY)
@@ -373,3 +376,16 @@ def test_a_cell_shaped_like_rows_is_warned_of_once(deepline, tmp_path: Path) -> 
     assert result.code == 0, result.stderr
     warned = [e["message"] for e in result.json_lines() if e["event"] == "log" and "quoted cell" in e["message"]]
     assert [w.split(":")[0] for w in warned] == ["leads.csv line 2", "leads.csv line 4"], warned
+
+
+def test_two_columns_one_by_the_plays_rename_name_the_rename(deepline, tmp_path: Path) -> None:
+    """`rename={"Website": "domain"}` over a file that has a `domain` column: the error blamed
+    the file ("rename one of them in the file"); it names the play's rename."""
+    (tmp_path / "play.py").write_text(
+        CLI_PLAY.replace('rename={"First Name": "first_name"}', 'rename={"Website": "Domain"}')
+    )
+    (tmp_path / "leads.csv").write_text("first_name,Domain,Website\nAda,acme.com,acme.io\n")
+    result = deepline("run", "play.py", "--set", "file=leads.csv", "--quiet")
+    assert result.code == 2, result.stderr
+    assert "the column 'Domain' appears twice (columns 2 and 3) ('Website' renamed to it by the play)" in result.stderr
+    assert "change the play's rename= or columns=" in result.stderr

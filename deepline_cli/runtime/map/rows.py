@@ -58,7 +58,7 @@ class CsvSource:
         wanted: dict[str, list[str]] = {name: [] for name in self.required if name not in named}
         self._rename.update(_aliases(unnamed, wanted))
         self.columns = [self._rename.get(name, name) for name in header]
-        self._refuse_duplicates()
+        self._refuse_duplicates(header)
         self._absent = [name for name in (columns or {}) if name not in self.columns]
         missing = [name for name in (required or []) if name not in self.columns]
         if missing:
@@ -68,14 +68,20 @@ class CsvSource:
             )
         self.columns += self._absent
 
-    def _refuse_duplicates(self) -> None:
-        """Two columns of one name would become one key of each row: one would be lost."""
+    def _refuse_duplicates(self, header: list[str]) -> None:
+        """Two columns of one name would become one key of each row: one would be lost. The
+        file's own names, or the play's `rename=` / `columns=`, made them one."""
         first: dict[str, int] = {}
         for number, name in enumerate(self.columns, start=1):
             if name in first:
+                renamed = [f"{header[n - 1]!r}" for n in (first[name], number) if header[n - 1] != name]
+                if renamed:
+                    fix = "change the play's rename= or columns=, or rename a column in the file"
+                    why = f" ({' and '.join(renamed)} renamed to it by the play)"
+                else:
+                    fix, why = "rename one of them in the file", ""
                 raise InputError(
-                    f"{self.path}: the column {name!r} appears twice (columns {first[name]} and {number}); "
-                    "rename one of them in the file."
+                    f"{self.path}: the column {name!r} appears twice (columns {first[name]} and {number}){why}; {fix}."
                 )
             first[name] = number
 
@@ -90,11 +96,7 @@ class CsvSource:
     def _header(self) -> list[str]:
         with self._open() as handle:
             try:
-                first = handle.readline()
-                # A spreadsheet in a European locale saves `;`, some exports a tab: a header
-                # with no comma but one of those is read with it.
-                if "," not in first and (";" in first or "\t" in first):
-                    self.delimiter = ";" if first.count(";") >= first.count("\t") else "\t"
+                self.delimiter = _delimiter(handle.read(SNIFF_BYTES))
                 handle.seek(0)
                 header = next(csv.reader(handle, delimiter=self.delimiter), None)
             except UnicodeDecodeError:
@@ -349,3 +351,38 @@ def row_digest(row: Mapping[str, Any]) -> str:
 def _preview(row: Mapping[str, Any]) -> str:
     text = repr(dict(row))
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+SNIFF_BYTES = 1 << 16
+SNIFF_ROWS = 20
+
+
+def _delimiter(sample: str) -> str:
+    """`,`, or the `;` a spreadsheet in a European locale saves, or an export's tab: the one
+    whose header width the most of the first rows share (Excel's empty trailing columns
+    aside), then the wider header. A comma in a header name (`Revenue (k€, 2023)`) does not
+    make a semicolon file a comma one, nor a semicolon in a note a comma file a semicolon one."""
+    lines = sample.splitlines(keepends=True)
+    if len(sample) == SNIFF_BYTES and len(lines) > 1:
+        lines.pop()  # cut short: not a whole line
+    best, best_score = ",", (-1, 0)
+    for delimiter in (",", ";", "\t"):
+        try:
+            records = [_trimmed(r) for r in itertools.islice(csv.reader(lines, delimiter=delimiter), SNIFF_ROWS + 1)]
+        except csv.Error:  # a NUL byte…: reading the file says so, where it is
+            continue
+        width = len(records[0]) if records else 0
+        if delimiter != "," and width < 2:
+            continue  # not in the header at all
+        score = (sum(len(r) == width for r in records if r), width)
+        if score > best_score:
+            best, best_score = delimiter, score
+    return best
+
+
+def _trimmed(record: list[str]) -> list[str]:
+    """A record without its empty trailing cells (a spreadsheet saves empty columns)."""
+    end = len(record)
+    while end and not record[end - 1].strip():
+        end -= 1
+    return record[:end]
