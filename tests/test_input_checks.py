@@ -382,3 +382,14 @@ def test_a_run_failed_by_a_tools_own_failure_suggests_the_resume_that_retries_it
     assert deepline("resume", "tf1").code == 1  # a plain resume replays the kept failure
     resumed = deepline("resume", "tf1", "--refresh-failed")
     assert resumed.code == 0, resumed.stderr
+
+
+def test_input_columns_told_apart_by_case_only_warn_at_the_run(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    """`Notes` and `notes` in the CSV itself: the export warned, the run said nothing."""
+    write_play(LEADS)
+    (tmp_path / "leads.csv").write_text("id,domain,Notes,notes\n1,acme.com,a,b\n")
+    run = deepline("run", "play.py", "--csv", "leads.csv")
+    assert run.code == 0, run.stderr
+    assert run.stderr.count("the columns 'Notes' and 'notes' differ only in case") == 1, run.stderr
