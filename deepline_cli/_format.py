@@ -31,3 +31,12 @@ def format_credits(value: float) -> str:
     4, as budgets and plans round them), never an exponent."""
     text = f"{value:,.4f}".rstrip("0").rstrip(".")
     return "0" if text in ("", "-0") else text
+
+
+def retry_causes(reasons: dict[str, int] | None, retries: int) -> dict[str, int]:
+    """Retries by cause (`429`, `5xx`, `network`), with `earlier` for those whose cause no
+    record kept (an attempt killed before its outcome): the causes add up to the retries."""
+    known = dict(sorted((reasons or {}).items()))
+    if known and retries > sum(known.values()):
+        known["earlier"] = retries - sum(known.values())
+    return known

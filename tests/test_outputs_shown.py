@@ -212,3 +212,14 @@ def test_show_of_a_run_whose_process_died_says_so_and_counts_its_rows_from_the_s
     assert "[its process is gone]" in full.split("attempt   #1")[1], full
     shown = _json.loads(deepline("runs", "show", "K", "--json").stdout)
     assert shown["stale"] is True and (shown["maps"][0]["succeeded"], shown["maps"][0]["failed"]) == (2, 1)
+
+
+def test_retries_by_cause_add_up_when_an_attempt_was_killed() -> None:
+    """Attempt 1 killed (its 24 retries counted by the ledger, their causes kept nowhere),
+    attempt 2 ended with 59 retries on 5xx: `runs show --full` said "retries 83 (5xx 59)"."""
+    from deepline_cli.ui.run_show import merged_tools
+
+    counted = {"t.search": {"live": 200, "retries": 83}}
+    recorded = {"t.search": {"retries": 59, "retry_reasons": {"5xx": 59}}}
+    [tool] = merged_tools(counted, recorded).values()
+    assert (tool["retries"], tool["retry_reasons"]) == (83, {"5xx": 59, "earlier": 24})

@@ -23,7 +23,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from deepline_cli._format import format_credits
+from deepline_cli._format import format_credits, retry_causes
 from deepline_cli.runtime.calls.events import Event
 from deepline_cli.ui.logs import shown_message
 from deepline_cli.ui.state import MapView, RunView, step_hits
@@ -124,9 +124,7 @@ def tool_pieces(
     recovered = int(c.get("recovered", 0))
     final = int(c.get("failed", 0)) - recovered
     retries = int(c.get("retries", 0))
-    known = dict(sorted((c.get("retry_reasons") or {}).items()))
-    if known and retries > sum(known.values()):  # an attempt killed before its outcome: no reasons kept
-        known["earlier"] = retries - sum(known.values())
+    known = retry_causes(c.get("retry_reasons"), retries)
     reasons = ", ".join(f"{k} {v:,}" for k, v in known.items())
     retried: Piece = ("", 2)
     if retries:  # on a narrow line its causes go first

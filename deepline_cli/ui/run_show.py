@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepline_cli import _json
-from deepline_cli._format import format_credits
+from deepline_cli._format import format_credits, retry_causes
 from deepline_cli.runtime.run.holders import holder_stale, holder_words
 from deepline_cli.store.ledger import AttemptRow
 from deepline_cli.store.records import Boundary, MapRecord, RunRecord
@@ -100,8 +100,8 @@ def merged_tools(counted: dict[str, Any], recorded: dict[str, Any]) -> dict[str,
             "credits": float(ledger.get("credits", 0.0)),
             # The ledger counts a call's retries when it ends; an interrupted call's are kept
             # with the run's outcome.
-            "retries": max(int(ledger.get("retries", 0)), int(kept.get("retries", 0))),
-            "retry_reasons": dict(kept.get("retry_reasons") or {}),
+            "retries": (retries := max(int(ledger.get("retries", 0)), int(kept.get("retries", 0)))),
+            "retry_reasons": retry_causes(kept.get("retry_reasons"), retries),
             "recovered": int(ledger.get("recovered", 0)),  # of the failed, those whose row got past them
         }
     return tools
@@ -217,7 +217,7 @@ def _tool_lines(s: Shown, stats: dict[str, Any]) -> list[str]:
         ]
     lines = []
     for tool_id, c in s.tools.items():
-        reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(c["retry_reasons"].items()))
+        reasons = ", ".join(f"{k} {v:,}" for k, v in c["retry_reasons"].items())
         lines.append(
             f"tool      {tool_id}: live {c['live']:,}  reused {c['reused']:,}  {_failures(c)}  "
             f"retries {c['retries']:,}{f' ({reasons})' if reasons else ''}  credits {format_credits(c['credits'])}"
