@@ -117,12 +117,14 @@ def project_map(sample: PilotSample, record: MapRecord, pilot: dict[str, Any]) -
         "rest_margin": margin,
         "seconds_per_row": round(seconds_per_row, 4),
         "rest_s": round(new_rows * seconds_per_row, 1),
-        "note": "every pilot row reused some answers paid before: the rest is projected at what they paid"
-        if partly
-        else None
-        if n
-        else "every pilot row was paid before: nothing to learn credits per row from",
+        "note": _note(partly, n),
     }
+
+
+def _note(partly: bool, sample: int) -> str | None:
+    if partly:
+        return "every pilot row reused some answers paid before: the rest is projected at what they paid"
+    return None if sample else "every pilot row was paid before: nothing to learn credits per row from"
 
 
 def combine(maps: list[dict[str, Any]], spent: float) -> dict[str, Any]:

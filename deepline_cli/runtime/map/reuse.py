@@ -3,12 +3,12 @@ answers of a cell it recomputes must be. One policy, used by the map engine, the
 projection and `deepline plan`, so the three never disagree.
 
 A cell is reused while the row's input, the column's fingerprint (its code and what it
-reads, see columns.py) and its freshness still match; a cell holding an error is kept,
-however old, unless the run or the column asks to retry errors, or a resume finds its
-own earlier attempt's error that may pass (a provider down, rate-limited, unreachable). A cell that went stale
-is recomputed with its tool calls made fresh: an answer older than the cell's time to
-live is paid for again (a new receipt generation, a new idempotency key); a younger one,
-made since by another run, is reused.
+reads, see columns.py) and its freshness still match. A cell holding an error is kept,
+however old, unless the run or the column asks to retry errors, or a resume finds the
+error of its own earlier attempt and it may pass (a provider down, rate-limited). A cell
+that went stale is recomputed with its tool calls made fresh: an answer older than the
+cell's time to live is paid for again (a new receipt generation, a new idempotency key);
+a younger one, made since by another run, is reused.
 """
 
 from __future__ import annotations
