@@ -255,6 +255,66 @@ def test_a_failed_count_on_screen_never_goes_down_while_the_run_goes_on(write_pl
     assert (down["failed"], down["recovered"]) == (3, 3)  # the store agrees at the end
 
 
+# A waterfall falls back from a provider that is down, then a later column fails the row.
+FELL_BACK_THEN_FAILED = """
+from deepline_cli import ProviderTransientError, play, steps, tool
+
+@tool("t.down", credits=1)
+def down(input):
+    raise ProviderTransientError("503 from t.down", category="upstream", status_code=503)
+
+@tool("t.up", credits=1)
+def up(input):
+    return {"email": f"x{input['n']}@y.z"}
+
+@tool("t.check", credits=1)
+def check(input):
+    if input["email"] == "x1@y.z":
+        raise ValueError("rejected")
+    return True
+
+EMAIL = steps().step("down", lambda row, rc: rc.tools.execute("d", "t.down", {"n": row["n"]})).step(
+    "up", lambda row, rc: rc.tools.execute("u", "t.up", {"n": row["n"]}))
+
+@play("fell-back")
+async def fell_back(ctx, input):
+    rows = await ctx.map("rows", [{"n": n} for n in range(3)], key="n", columns={
+        "email": EMAIL,
+        "ok": lambda row, rc: rc.tools.execute("c", "t.check", {"email": row["email"]["email"]}),
+    })
+    return rows.failed_count
+"""
+
+
+def test_a_call_a_waterfall_fell_back_from_stays_fallen_back_when_a_later_column_fails(
+    write_play, store_path, deepline
+) -> None:
+    """Row 1's email was found by the second step, then its check failed: the first step's
+    failure was fallen back from all the same (every row's was). It was counted final, as
+    if the row's failure were its own: the live view, runs show and the report said 1 final."""
+    result = run_play(write_play(FELL_BACK_THEN_FAILED), store_path, run_id="fb")
+    assert (result.status, result.output) == ("completed", 1), result.error
+    down, check = result.stats["tools"]["t.down"], result.stats["tools"]["t.check"]
+    assert (down["failed"], down["recovered"]) == (3, 3), down
+    assert (check["failed"], check["recovered"]) == (1, 0), check
+    shown = deepline("runs", "show", "fb", "--json", DEEPLINE_STORE=str(store_path))
+    assert json.loads(shown.stdout)["stats"]["tools"]["t.down"]["recovered"] == 3
+
+
+def test_the_live_counts_settle_a_rows_failures_by_the_cell_that_failed_it() -> None:
+    """What the live view counts while the run goes on, for the same row: the waterfall's
+    failed step fell back (its cell got a value), the check's failure is final."""
+    from deepline_cli.runtime.calls.stats import RunStats
+
+    stats = RunStats()
+    stats.call_failed("k-down", "t.down", in_row=True)
+    stats.call_failed("k-check", "t.check", in_row=True)
+    stats.row_ended(["k-down"], ["k-check"])
+    tools = {tool: counts.to_dict() for tool, counts in stats.tools.items()}
+    assert (tools["t.down"]["failed"], tools["t.down"]["recovered"]) == (1, 1), tools
+    assert (tools["t.check"]["failed"], tools["t.check"]["recovered"]) == (1, 0), tools
+
+
 # Calls that fail in a first attempt and are tried again by the next: n=0 fails for good
 # (transiently, every time), n=1 only while the flag file exists. The budget stops the
 # first attempt after its rows; a resume with --refresh-failed tries both again.

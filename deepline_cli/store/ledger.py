@@ -12,7 +12,7 @@ from typing import Any
 
 from deepline_cli import _json
 from deepline_cli._format import add_credits, round_credits, sum_credits
-from deepline_cli.store.records import NOT_FOUND, FailedCall
+from deepline_cli.store.records import FOUND_PREFIX, NOT_FOUND, FailedCall
 
 _TREE = "(SELECT run_id FROM runs WHERE run_id = ? OR root_run_id = ?)"  # a run and its child runs
 _ROWS_PAGE = 50_000  # map rows read per store call, to say how the rows of failed calls ended
@@ -120,7 +120,7 @@ class LedgerQueries:
             if failure.row is None:
                 continue  # its row did not end (the attempt stopped): neither final nor fallen back yet
             counts["failed"] += 1
-            counts["recovered"] += failure.row == "succeeded"
+            counts["recovered"] += failure.recovered
         used = self._read(
             "SELECT r.kind, r.tool, count(*) FROM run_receipts u JOIN receipts r ON r.key = u.key"
             f" WHERE u.used_at IS NOT NULL AND u.run_id IN {_TREE} AND r.status = 'completed' GROUP BY r.kind, r.tool",
@@ -157,23 +157,29 @@ class LedgerQueries:
             (run_id,) * 8,
         )
         ended = self._rows_ended({(run, map, row) for _, _, _, run, map, row, _ in rows if map is not None})
-        return [
-            FailedCall(key, tool or f"ctx.{kind}", "" if map is None else ended.get((run, map, row)), bool(retryable))
-            for key, kind, tool, run, map, row, retryable in rows
-        ]
+        failed: list[FailedCall] = []
+        for key, kind, tool, run, map, row, retryable in rows:
+            outcome, fell_back = ended.get((run, map, row), (None, ())) if map is not None else ("", ())
+            failed.append(
+                FailedCall(key, tool or f"ctx.{kind}", outcome, bool(retryable), key[:FOUND_PREFIX] in fell_back)
+            )
+        return failed
 
-    def _rows_ended(self, wanted: set[tuple[str, str, str]]) -> dict[tuple[str, str, str], str]:
-        """How these map rows ended (absent: not recorded), each map read once in pages:
-        map rows are found by place, not by key, and a lookup per row scanned the whole map."""
-        ended: dict[tuple[str, str, str], str] = {}
+    def _rows_ended(self, wanted: set[tuple[str, str, str]]) -> dict[tuple[str, str, str], tuple[str, frozenset[str]]]:
+        """How these map rows ended (absent: not recorded), with the failed calls a failed
+        one got past; each map read once in pages: map rows are found by place, not by key,
+        and a lookup per row scanned the whole map."""
+        ended: dict[tuple[str, str, str], tuple[str, frozenset[str]]] = {}
         for run, map in sorted({(run, map) for run, map, _ in wanted}):
             after = -1
             while page := self._read(
-                "SELECT idx, row_key, outcome FROM map_rows WHERE run_id = ? AND map = ? AND idx > ?"
+                "SELECT idx, row_key, outcome, fell_back FROM map_rows WHERE run_id = ? AND map = ? AND idx > ?"
                 " ORDER BY idx LIMIT ?",
                 (run, map, after, _ROWS_PAGE),
             ):
-                ended.update(((run, map, key), outcome) for _, key, outcome in page if (run, map, key) in wanted)
+                for _, key, outcome, fell_back in page:
+                    if (run, map, key) in wanted:
+                        ended[(run, map, key)] = (outcome, frozenset(_json.loads(fell_back) if fell_back else ()))
                 after = page[-1][0]
         return ended
 

@@ -260,6 +260,14 @@ MIGRATIONS: list[tuple[str, str | Step]] = [
         ALTER TABLE run_receipts ADD COLUMN row_key TEXT
         """,
     ),
+    (
+        "0011_map_rows_fell_back",
+        """
+        -- A failed map row: the failed calls of its cells that got a value all the same (a
+        -- waterfall fell back from them), as receipt key prefixes: fallen back, not final.
+        ALTER TABLE map_rows ADD COLUMN fell_back TEXT
+        """,
+    ),
 ]
 
 

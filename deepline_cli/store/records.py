@@ -208,6 +208,12 @@ class FailedCall:
     tool: str  # the tool, or ctx.<kind> for a fetch or child play
     row: str | None
     retryable: bool
+    fell_back: bool = False  # its row failed, but its cell got a value all the same (a waterfall)
+
+    @property
+    def recovered(self) -> bool:
+        """Fallen back from: its row, or at least its cell, got past it."""
+        return self.row == "succeeded" or self.fell_back
 
 
 @dataclass(slots=True)
@@ -316,6 +322,8 @@ class MapRow:
     # The answers the play found a value with: their receipt keys' first FOUND_PREFIX
     # characters (unique enough within a run, and small beside a million rows).
     found: list[str] | None = None
+    # A failed row's failed calls its cells got past (a waterfall fell back): key prefixes.
+    fell_back: list[str] | None = None
     # Where an earlier attempt wrote this row's key (a resume over rows in another order):
     # that row goes as this one is written, so the map never holds a key twice.
     moved_from: int | None = None

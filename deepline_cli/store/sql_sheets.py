@@ -200,21 +200,26 @@ class SheetsSql(SqlBase):
             " ON CONFLICT (run_id, map, idx) DO UPDATE SET input_index = excluded.input_index,"
             " row_key = excluded.row_key, outcome = excluded.outcome, error = excluded.error, rev = excluded.rev,"
             " steps = excluded.steps, attempt = coalesce(excluded.attempt, map_rows.attempt),"
-            " reused_row = excluded.reused_row, reused_cells = excluded.reused_cells, found = excluded.found"
+            " reused_row = excluded.reused_row, reused_cells = excluded.reused_cells, found = excluded.found,"
+            " fell_back = excluded.fell_back"
         )
         columns = (
             "INSERT INTO map_rows (run_id, map, idx, input_index, row_key, outcome, error, steps, attempt,"
-            " reused_row, reused_cells, found, rev)"
+            " reused_row, reused_cells, found, fell_back, rev)"
         )
         known = [r for r in rows if r.rev is not None]
         self._insert(
-            c, columns, "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", upsert, [(*map_row_values(r), r.rev) for r in known]
+            c,
+            columns,
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            upsert,
+            [(*map_row_values(r), r.rev) for r in known],
         )
         # Written with their sheet row in this transaction: the revision it just got.
         self._insert(
             c,
             columns,
-            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, (SELECT rev FROM sheet_rows WHERE sheet = ? AND row_key = ?))",
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, (SELECT rev FROM sheet_rows WHERE sheet = ? AND row_key = ?))",
             upsert,
             [(*map_row_values(r), r.sheet, r.row_key) for r in rows if r.rev is None],
         )

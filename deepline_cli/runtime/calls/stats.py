@@ -110,12 +110,14 @@ class RunStats:
             del self.failures[key]
             self.tool(known[0]).pending -= 1
 
-    def row_ended(self, keys: Iterable[str], succeeded: bool) -> None:
-        """A map row ended: the failures of its calls settle (fallen back if it succeeded)."""
-        for key in keys:
-            known = self.failures.get(key)
-            if known is not None and known[1] == PENDING:
-                self._move(key, RECOVERED if succeeded else FINAL)
+    def row_ended(self, fell_back: Iterable[str], final: Iterable[str] = ()) -> None:
+        """A map row ended: the failures of its calls settle, fallen back from where their
+        cell got a value all the same (a waterfall), final in the cell that failed the row."""
+        for keys, state in ((fell_back, RECOVERED), (final, FINAL)):
+            for key in keys:
+                known = self.failures.get(key)
+                if known is not None and known[1] == PENDING:
+                    self._move(key, state)
 
     def _enter(self, key: str, tool: str, state: str) -> None:
         self.failures[key] = (tool, state)
@@ -136,7 +138,7 @@ class RunStats:
 
 
 def _state_at_start(f: FailedCall, refresh_failed: bool) -> str:
-    if f.row == "succeeded":
+    if f.recovered:
         return RECOVERED
     may_retry = refresh_failed or (f.row == "" and f.retryable)  # a failed row's cell is kept
     if f.row is None or (may_retry and f.row in ("", "failed")):

@@ -156,6 +156,7 @@ class MapBook:
         reused: tuple[bool, int] = (False, 0),
         found: set[str] | None = None,
         originals: dict[str, Any] | None = None,
+        fell_back: list[str] | None = None,
     ) -> DeeplineError | None:
         """Write a finished row (its sheet row too, unless every cell was reused); returns
         why the map must stop, for a failed row of a map that fails on one."""
@@ -194,6 +195,7 @@ class MapBook:
         if self._earlier_found:
             prefixes.update(self._earlier_found.pop(job.key, ()))
         row.found = sorted(prefixes) or None
+        row.fell_back = sorted({key[:FOUND_PREFIX] for key in fell_back}) if fell_back else None
         row.kept = sheet_row is None and previous is not None and previous.run_id == self.run_id
         if self._earlier:
             row.moved_from = self._moved_from(job.idx, job.key)

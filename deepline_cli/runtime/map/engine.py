@@ -315,11 +315,17 @@ class MapRun:
             reused_cells = 0  # this run's own cells, from an earlier attempt: not a reuse
         self.book.tally.reused_cells += reused_cells
         steps = self.book.steps(cells)
+        # The row's failed calls settle: fallen back from where their cell got a value all
+        # the same (a waterfall), final in the cell that failed the row.
+        final = scopes.pop().failed if failure is not None and scopes else []
+        fell_back = [key for scope in scopes for key in scope.failed]
         self._stop_on(
-            self.book.record(job, cells, error, steps, reused=(False, reused_cells), found=found, originals=originals)
-        )
-        # The row's failed calls settle: fallen back from if it succeeded, else final.
-        self.s.stats.row_ended([key for scope in scopes for key in scope.failed], failure is None)
+            self.book.record(
+                job, cells, error, steps, reused=(False, reused_cells), found=found, originals=originals,
+                fell_back=fell_back if failure is not None else None,
+            )
+        )  # fmt: skip
+        self.s.stats.row_ended(fell_back, final)
         if failure is not None:
             self._stop_on(self.book.systemic(failure, error or ""))
 
