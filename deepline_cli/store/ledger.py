@@ -91,8 +91,8 @@ class LedgerQueries:
         Per tool: `live` executions (each one paid) and their credits and retries; `reused`
         answers of other runs' receipts; `failed`, the calls whose final outcome is a
         failure, each counted once however many attempts tried it (not those whose map row
-        did not end: a resume settles them); `recovered`, those of them whose row still
-        succeeded (a waterfall fell back to its next step)."""
+        did not end: a resume settles them); `recovered`, those of them whose row, or at
+        least whose cell, got past them (a waterfall fell back to its next step)."""
         tools: dict[str, dict[str, Any]] = {}
         steps = {"live": 0, "reused": 0}
         executed = self._read(

@@ -31,7 +31,7 @@ class ToolFigures:
     live: int = 0
     reused: int = 0
     failed: int = 0  # calls whose final outcome is a failure, each once
-    recovered: int = 0  # of the failed, those whose row still succeeded (a fall back)
+    recovered: int = 0  # of the failed, those whose cell got past them (a fall back)
     retried: int = 0  # executions that needed retries
     retries: int = 0
     credits: float = 0.0

@@ -102,7 +102,7 @@ def merged_tools(counted: dict[str, Any], recorded: dict[str, Any]) -> dict[str,
             # with the run's outcome.
             "retries": (retries := max(int(ledger.get("retries", 0)), int(kept.get("retries", 0)))),
             "retry_reasons": retry_causes(kept.get("retry_reasons"), retries),
-            "recovered": int(ledger.get("recovered", 0)),  # of the failed, those whose row got past them
+            "recovered": int(ledger.get("recovered", 0)),  # of the failed, those whose cell got past them
         }
     return tools
 

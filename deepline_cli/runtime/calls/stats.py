@@ -26,7 +26,7 @@ class ToolCounts:
     credits: float = 0.0
     retries: int = 0
     retry_reasons: Counter[str] = field(default_factory=Counter)  # "429", "5xx", "network"
-    recovered: int = 0  # of the failed, those whose row still succeeded (a waterfall fell through)
+    recovered: int = 0  # of the failed, those whose cell got past them (a waterfall fell through)
     pending: int = 0  # failed calls whose row is still running: neither final nor fallen back yet
 
     def note_retry(self, reason: str) -> None:
