@@ -1253,6 +1253,10 @@ def test_ctx_fetch_is_durable_retries_5xx_and_redacts_secrets(project: Project, 
     assert out["missing"] == [False, 404]
     assert out["flaky"] == [True, 200, {"a": 1}]
     assert len(provider.on("/f/flaky")) == 2
+    # SPEC §3: every provider call carries an idempotency key derived from its receipt, the
+    # same on its retry (a POST to a paid API retried after a 500 was sent with none).
+    keys = [seen.headers.get("idempotency-key") for seen in provider.on("/f/flaky")]
+    assert keys[0] and keys[0].startswith("dl-") and keys == [keys[0]] * 2, keys
     assert_no_secret(project.store, SECRET.encode())
 
 

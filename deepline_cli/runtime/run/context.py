@@ -122,9 +122,14 @@ class Context:
             stale_after_s=await staleness_of(self._s.effects.book, key, stale_after_seconds),
             input={"method": method.upper(), "url": url, **({"json": json} if json is not None else {})},
         )
-        request = Request(method.upper(), url, dict(headers or {}), {}, json)
 
         async def invoke(info: ToolCall) -> Any:
+            # The provider idempotency key of its receipt, on every retry (SPEC §3), unless
+            # the play sends its own.
+            sent = dict(headers or {})
+            if not any(name.lower() == "idempotency-key" for name in sent):
+                sent["Idempotency-Key"] = info.idempotency_key
+            request = Request(method.upper(), url, sent, {}, json)
             return await fetch_once(self._s.effects.http, request, label=id, timeout_s=timeout_s, retries=3, call=info)
 
         stored = (await self._s.effects.book.execute(call, invoke)).value
