@@ -826,6 +826,30 @@ def test_a_stale_cell_holding_an_error_is_kept_not_paid_again(make_play, store_u
     assert kinds("validate:") == ["validate:bad", "validate:ok"]  # asked: the failure is tried again
 
 
+def test_a_tool_version_bumped_recomputes_the_cells_that_call_it(make_play, store_url: str) -> None:
+    """README: bump a tool's version "when the provider's answers change meaning: calls are
+    paid again". A map's cells were reused from the sheet, so the new version was never asked."""
+    body = """
+        @tool(P + ".t", version=VERSION)
+        def t(input):
+            CALLS.append("t:" + input["id"])
+            return VERSION + "-" + input["id"]
+
+        @play("versions")
+        async def versions(ctx, input):
+            ds = await ctx.map("m", [{"id": "a"}, {"id": "b"}], key="id", columns={
+                "v": lambda row, rc: rc.tools.execute("t", P + ".t", {"id": row["id"]}),
+            })
+            return [row["v"] for row in ds]
+        """
+    assert run(make_play(body, VERSION="1"), store_url).output == ["1-a", "1-b"]
+    assert run(make_play(body, VERSION="1"), store_url).output == ["1-a", "1-b"]
+    assert kinds("t:") == ["t:a", "t:b"]  # once: the second run reused every cell
+
+    assert run(make_play(body, VERSION="2"), store_url).output == ["2-a", "2-b"]
+    assert kinds("t:") == ["t:a", "t:a", "t:b", "t:b"]
+
+
 def test_a_long_stale_after_reuses_the_column(make_play, store_url: str) -> None:
     play_file = reuse_play(make_play, stale_b=3600)
     run(play_file, store_url)

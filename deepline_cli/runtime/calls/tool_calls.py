@@ -45,6 +45,14 @@ class RunTools:
     def forget(self, tool_id: str) -> None:
         self.http_tools.forget(tool_id)
 
+    def versions(self) -> str:
+        """A digest of the versions of the tools the play declares (its module's @tools and
+        deepline.toml's), the same in every process: a map's cells are recomputed when one
+        is bumped (their calls of the other tools still come from their receipts)."""
+        declared = {tool_id: str(d.version) for tool_id, d in self.local.items()}
+        declared.update((tool_id, str(spec.version)) for tool_id, spec in self.http_tools.config.tools.items())
+        return _json.digest(*(f"{tool_id}\0{version}" for tool_id, version in sorted(declared.items())))[:16]
+
 
 async def staleness_of(book: ReceiptBook, key: str, stale_after_seconds: Staleness) -> float | None:
     """`stale_after_seconds` as a number: a function of the stored answer is asked with it

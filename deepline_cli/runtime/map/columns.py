@@ -4,8 +4,9 @@ A cell is reused only while its fingerprint is unchanged. The fingerprint covers
 resolver can see: its code (and the code of the play's own functions and modules it
 uses), the module-level values it reads as the play's source writes them (`PROVIDER =
 "hunter"`, a scoring table: their statements, not their current value, which may be a cache
-or a counter the play fills), the plain values of the closure it was made in, and the
-play's input (or only the fields the column declares it reads, `depends_on`).
+or a counter the play fills), the plain values of the closure it was made in, the
+play's input (or only the fields the column declares it reads, `depends_on`), and the
+versions of the tools the play declares (a version bumped: its answers change meaning).
 
 A fingerprint leaves the process (it is stored with every cell), so it never depends on
 the process: names are walked in sorted order, sets by their sorted members, and nothing
@@ -87,15 +88,22 @@ class _Walk:
 
 
 def resolve_columns(
-    columns: Mapping[str, Callable[..., Any] | Column], play_input: Any = None, *, rows_path: str | None = None
+    columns: Mapping[str, Callable[..., Any] | Column],
+    play_input: Any = None,
+    *,
+    rows_path: str | None = None,
+    tools: str = "",
 ) -> list[ResolvedColumn]:
     """The map's columns with their fingerprints. `rows_path`: the file the map's rows come
-    from, left out of the input a column is keyed on (each row's content is keyed already)."""
+    from, left out of the input a column is keyed on (each row's content is keyed already).
+    `tools`: the declared tools' versions (a version bumped: the answers change meaning)."""
     resolved = []
     for name, spec in columns.items():
         column = spec if isinstance(spec, Column) else Column(spec)
         parts = [code_fingerprint(fn) for fn in column.functions()]
         parts.append(input_fingerprint(play_input, column.depends_on, rows_path))
+        if tools:
+            parts.append(tools)
         resolved.append(
             ResolvedColumn(
                 name,

@@ -62,3 +62,4 @@ class MapParts:
     limit: int | None = None  # the run's --limit
     # Where a running map puts the call that says its progress; the run makes it with its own.
     progress: list[Callable[[], None]] = field(default_factory=list)
+    tool_versions: str = ""  # the declared tools' versions (RunTools.versions): part of a cell's fingerprint

@@ -220,6 +220,7 @@ class Context:
             s.settings.concurrency,
             s.settings.limit,
             s.infra.progress,
+            s.effects.tools.versions(),
         )
 
     def resolve_path(self, path: str | Path) -> Path:
