@@ -949,3 +949,66 @@ def test_rows_a_provider_outage_failed_are_asked_again_by_the_resume(
     assert back["output"] == {"rows": 5, "failed": 0}
     assert keys <= {r.headers["idempotency-key"] for r in provider.requests}  # the same keys again
     assert len(provider.requests) == 5
+
+
+# --- a cell is recomputed when the configuration its column reads changes ----------------------
+
+CONFIG_PLAY = """\
+import functools
+
+from deepline_cli import play
+from settings import PROVIDER, WEIGHTS
+
+
+class Enricher:
+    def __init__(self, provider):
+        self.provider = provider
+
+    def via(self, row, rc):
+        return self.provider
+
+
+def tagged(row, rc, tag):
+    return tag
+
+
+def make(config):
+    def fn(row, rc):
+        return config["provider"]
+    return fn
+
+
+@play("config")
+async def config(ctx, input):
+    rows = await ctx.map("m", [{"id": "1", "tier": "gold"}], key="id", columns={
+        "imported_const": lambda row, rc: PROVIDER,
+        "imported_dict": lambda row, rc: WEIGHTS[row["tier"]],
+        "instance": Enricher("hunter").via,
+        "partial": functools.partial(tagged, tag="hunter"),
+        "dict_closure": make({"provider": "hunter"}),
+    })
+    return {k: v for k, v in list(rows)[0].items() if k not in ("id", "tier")}
+"""
+
+
+def test_a_cell_is_recomputed_when_the_configuration_its_column_reads_changes(
+    deepline_process: Run, tmp_path: Path
+) -> None:
+    """Values a column reads from a settings module, an object's attributes, a partial's
+    arguments or a closure's dict: changed, the cells are computed again (they came back
+    with the old values); unchanged, each new process (another hash seed) reuses them."""
+    (tmp_path / "settings.py").write_text('PROVIDER = "hunter"\nWEIGHTS = {"gold": 3}\n')
+    (tmp_path / "play.py").write_text(CONFIG_PLAY)
+    first = finished(deepline_process("run", "play.py", "--json", PYTHONHASHSEED="1"))
+    assert set(first["output"].values()) == {"hunter", 3}, first["output"]
+    again = finished(deepline_process("run", "play.py", "--json", PYTHONHASHSEED="2"))
+    assert again["stats"]["rows"]["reused"] == 1, again["stats"]
+
+    (tmp_path / "settings.py").write_text('PROVIDER = "apollo"\nWEIGHTS = {"gold": 30}\n')
+    (tmp_path / "play.py").write_text(CONFIG_PLAY.replace('"hunter"', '"apollo"'))
+    changed = finished(deepline_process("run", "play.py", "--json"))
+
+    assert changed["output"] == {
+        "imported_const": "apollo", "imported_dict": 30, "instance": "apollo", "partial": "apollo",
+        "dict_closure": "apollo",
+    }  # fmt: skip

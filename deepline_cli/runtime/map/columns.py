@@ -4,7 +4,9 @@ A cell is reused only while its fingerprint is unchanged. The fingerprint covers
 resolver can see: its code (and the code of the play's own functions and modules it
 uses), the module-level values it reads as the play's source writes them (`PROVIDER =
 "hunter"`, a scoring table: their statements, not their current value, which may be a cache
-or a counter the play fills), the plain values of the closure it was made in, the
+or a counter the play fills; followed into the play's own module it imports them from),
+the data (JSON) of the closure it was made in, of a partial's arguments and of the object
+it is a method of, the
 play's input (or only the fields the column declares it reads, `depends_on`), and the
 versions of the tools the play declares (a version bumped: its answers change meaning).
 
@@ -18,8 +20,10 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import importlib.util
 import inspect
 import os
+import sys
 import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -157,6 +161,7 @@ def _feed_value(walk: _Walk, value: Any, *, top: bool = False) -> None:
         _feed_data(walk, [list(value.args), value.keywords])
     elif isinstance(value, types.MethodType):
         _feed_value(walk, value.__func__, top=top)
+        _feed_instance(walk, value.__self__)  # `Enricher("hunter").via`: what it was made with
     elif isinstance(value, types.FunctionType):
         if top or is_play_file(value.__code__.co_filename):
             _feed_function(walk, value)
@@ -169,6 +174,7 @@ def _feed_value(walk: _Walk, value: Any, *, top: bool = False) -> None:
         if isinstance(call, types.FunctionType):
             _tag(walk, f"{type(value).__module__}.{type(value).__qualname__}".encode())
             _feed_value(walk, call, top=True)
+            _feed_instance(walk, value)
         else:
             _tag(walk, f"{type(value).__module__}.{type(value).__qualname__}".encode())
     else:
@@ -191,7 +197,7 @@ def _feed_function(walk: _Walk, fn: types.FunctionType) -> None:
         if _is_code(value) or name not in written:
             _feed_value(walk, value)
         else:
-            _tag(walk, written[name])  # the statements that set it, as written
+            _tag(walk, _as_written(scope, name, written))  # the statements that set it
     for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=False):
         try:
             contents = cell.cell_contents
@@ -204,6 +210,72 @@ def _feed_function(walk: _Walk, fn: types.FunctionType) -> None:
     for name in sorted(fn.__kwdefaults__ or {}):
         _tag(walk, name.encode())
         _feed_value(walk, (fn.__kwdefaults__ or {})[name])
+
+
+def _feed_instance(walk: _Walk, obj: Any) -> None:
+    """An object a resolver is a method of (or a callable object): what it holds, by name."""
+    if isinstance(obj, type | types.ModuleType) or id(obj) in walk.seen:
+        return
+    walk.seen.add(id(obj))
+    attributes = getattr(obj, "__dict__", None)
+    if not isinstance(attributes, dict):
+        return
+    for name in sorted(attributes):
+        _tag(walk, name.encode())
+        _feed_value(walk, attributes[name])
+
+
+def _as_written(scope: Mapping[str, Any], name: str, written: dict[str, bytes], depth: int = 0) -> bytes:
+    """The statements that set a module-level name. One that imports it from a module of
+    the play's own (`from settings import PROVIDER`) is followed there: the value is set in
+    that module's source, which an edit changes."""
+    origin = _imported_from(scope, name) if depth < 8 else None
+    if origin is None:
+        return written[name]
+    module, attr = origin
+    there = _bindings(getattr(module, "__file__", None))
+    if attr not in there:
+        return written[name]  # a library's (its version says what it is), or a name not set there
+    return _as_written(vars(module), attr, there, depth + 1)
+
+
+def _imported_from(scope: Mapping[str, Any], name: str) -> tuple[types.ModuleType, str] | None:
+    """The module (already imported) and name a module-level `name` was imported from."""
+    found = _imports(scope.get("__file__")).get(name)
+    if found is None:
+        return None
+    relative, attr = found
+    try:
+        module = sys.modules.get(importlib.util.resolve_name(relative, scope.get("__package__")))
+    except (ImportError, ValueError):
+        return None
+    return (module, attr) if module is not None else None
+
+
+def _imports(file: str | None) -> dict[str, tuple[str, str]]:
+    """For a play file: each name a `from … import` binds, with the module (relative as
+    written: `.settings`) and the name there."""
+    if not file or not is_play_file(file):
+        return {}
+    try:
+        stat = os.stat(file)
+    except OSError:
+        return {}
+    return _parsed_imports(file, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_imports(file: str, mtime_ns: int, size: int) -> dict[str, tuple[str, str]]:
+    try:
+        tree = ast.parse(Path(file).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    found: dict[str, tuple[str, str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                found[alias.asname or alias.name] = ("." * node.level + (node.module or ""), alias.name)
+    return found
 
 
 def _feed_class(walk: _Walk, cls: type) -> None:
@@ -230,17 +302,12 @@ def _feed_module(walk: _Walk, module: types.ModuleType) -> None:
 
 
 def _feed_data(walk: _Walk, value: Any) -> None:
-    """A value not written in the play's source (a closure's, a default argument's): its
-    content when it is a plain immutable value. Anything else (a list the play fills, a
-    client, a lock) by its type only: its content may change as the play runs."""
-    digest = _data_digest(value) if _immutable(value) else None
+    """A value not written in the play's source (a closure's, a default argument's, a
+    partial's, an object's attribute): its content when it is data (JSON: a config dict, a
+    list of providers), as it is when the map starts. Anything else (a client, a lock) by
+    its type only."""
+    digest = _data_digest(value)
     _tag(walk, digest.encode() if digest else f"<{type(value).__module__}.{type(value).__qualname__}>".encode())
-
-
-def _immutable(value: Any) -> bool:
-    if value is None or isinstance(value, bool | int | float | str | bytes):
-        return True
-    return isinstance(value, tuple | frozenset) and all(_immutable(v) for v in value)
 
 
 def _is_code(value: Any) -> bool:
