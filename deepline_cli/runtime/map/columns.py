@@ -6,9 +6,9 @@ uses), the module-level values it reads as the play's source writes them (`PROVI
 "hunter"`, a scoring table: their statements, not their current value, which may be a cache
 or a counter the play fills; followed into the play's own module it imports them from),
 the data (JSON) of the closure it was made in, of a partial's arguments and of the object
-it is a method of, the
-play's input (or only the fields the column declares it reads, `depends_on`), and the
-versions of the tools the play declares (a version bumped: its answers change meaning).
+it is a method of, the play's input (or only the fields the column declares it reads,
+`depends_on`), and the versions of the tools the play declares (a version bumped: its
+answers change meaning).
 
 A fingerprint leaves the process (it is stored with every cell), so it never depends on
 the process: names are walked in sorted order, sets by their sorted members, and nothing
