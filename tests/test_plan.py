@@ -140,6 +140,9 @@ def test_body_calls_outside_maps(deepline) -> None:
     assert {c["tool"] for c in plan["body"]["new_calls"]} == {"hello.company"}
     assert plan["stopped"] == "new call to hello.company"
     assert plan["body"]["may_also_call"] == {"hello.email": 2.0}
+    # Stopped before the play's end: no maximum is known (it said the run's 3 calls, which
+    # the run then passed).
+    assert not plan["complete"] and plan["totals"]["credits"]["max"] is None, plan["totals"]
 
 
 def test_bad_input_is_one_sentence_and_exit_2(deepline, write_play, tmp_path) -> None:

@@ -103,7 +103,7 @@ def _print_plan(plan: dict[str, Any]) -> None:
     dependent = f" (+ up to {t['dependent_calls']:,} that depend on data)" if t["dependent_calls"] else ""
     typer.echo(
         f"rows {t['rows']:,} · {t['paid_rows']:,} already paid · {t['paid_calls']:,} paid calls reused · "
-        f"{t['new_calls']:,} new calls{dependent} · max {_max(t['credits'])} "
+        f"{t['new_calls']:,} new calls{dependent} · max {_max(t['credits'], plan['stopped'])} "
         f"(expected ≈ {_about(t['credits']['expected'])}, at least {format_credits(t['credits']['min'])})"
     )
     sys.stdout.flush()
@@ -136,8 +136,10 @@ def _about(expected: float) -> str:
     return format_credits(round(expected, 1))
 
 
-def _max(c: dict[str, Any]) -> str:
+def _max(c: dict[str, Any], stopped: str | None) -> str:
     """The most a run may spend, or why it is not known."""
+    if c["max"] is None and stopped:
+        return "unknown (the play may call more after where planning stopped)"
     if c["max"] is None:
         return "unknown (a child play: only a real run can tell what it calls)"
     return f"{format_credits(c['max'])} credits"

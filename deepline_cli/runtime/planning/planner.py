@@ -233,11 +233,13 @@ class Plan:
         credits = Credits()
         for m in maps:
             credits.add(m["credits"]["min"], m["credits"]["expected"], m["credits"]["max"])
-        body_credits = sum(c for _, c in body_new)
-        credits.add(body_credits, body_credits, body_credits)
         # Tools the body names beyond its maps' columns and the calls it reached.
         seen = {t for m in self.maps for c in m.columns for t in c.tools} | {t for t, _, _ in self.body.new}
         unplanned = {t: c for t, c in self.body_tools.items() if t not in seen}
+        body_credits = sum(c for _, c in body_new)
+        # Stopped before the play's end where what follows names tools it may call (how often
+        # is not known): no maximum is known.
+        credits.add(body_credits, body_credits, None if self.stopped and unplanned else body_credits)
         return {
             "play": self.play,
             "reference_run": self.reference_run,
