@@ -361,3 +361,31 @@ def test_bearer_sends_the_secret_and_keeps_it_redacted(
     assert message == "Secret DECL_NOPE is not set; export it or add it to .env next to the play."
     assert get.json_lines()[-1]["error"]["message"] == message
     assert len(provider.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        ("rate_limit='20 per second'", "rate_limit '20 per second' is not valid"),
+        ("concurrency=0", "concurrency must be"),
+    ],
+)
+def test_a_tools_bad_limit_is_refused_by_check(deepline, write_play, option: str, said: str) -> None:
+    """`@tool(rate_limit="20 per second")`: `deepline check` said ok, and the run failed at
+    the tool's first call."""
+    write_play(
+        f"""
+        from deepline_cli import play, tool
+
+        @tool("bad.limit", {option})
+        def t(input):
+            return 1
+
+        @play("p")
+        async def p(ctx, input):
+            return (await ctx.tools.execute("t", "bad.limit", {{}})).output
+        """
+    )
+    checked = deepline("check", "play.py")
+    assert checked.code == 2, checked.stdout + checked.stderr
+    assert said in checked.stderr and "Traceback" not in checked.stderr, checked.stderr

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
 from deepline_cli.errors import UsageError
+from deepline_cli.runtime.providers.governor import parse_rate
 
 Execution = Literal["live", "receipt", "checkpoint", "in_flight"]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -173,6 +174,13 @@ def tool(
         ]
         if not 1 <= len(params) <= 2:
             raise UsageError(f"Tool {id!r} must take (input) or (input, call).")
+        # Refused where it is written (`deepline check` says so), not by the run's first call.
+        if rate_limit is not None:
+            parse_rate(rate_limit, owner=f"Tool {id!r}")
+        if concurrency is not None and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        ):
+            raise UsageError(f"Tool {id!r}: concurrency must be a whole number of at least 1, not {concurrency!r}.")
         _REGISTRY[id] = ToolDef(
             id=id,
             fn=fn,
