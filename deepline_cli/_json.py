@@ -70,6 +70,36 @@ def _mend(value: Any) -> Any:
     return value
 
 
+def plain(value: Any, what: str) -> Any:
+    """`value` as the JSON it is stored as, for a value the play computed (a cell, a step):
+    an object with no JSON form is refused (a UsageError naming `what`), not stored as its
+    repr ("<Thing object at 0x7f…>"), which holds nothing and changes every run."""
+    try:
+        data = orjson.dumps(value, default=_plain_default, option=_OPTS)
+    except orjson.JSONEncodeError as exc:
+        if "not JSON serializable" not in str(exc):
+            return loads(dumps(value))  # text or a number JSON cannot hold as it is: mended
+        from deepline_cli.errors import UsageError
+
+        found = str(exc).rpartition(": ")[2]
+        raise UsageError(
+            f"{what} holds a {found}, which has no JSON form: return data (a dict, list, text, number, "
+            "True/False or None), or give the class a to_json() method."
+        ) from None
+    return orjson.loads(data)
+
+
+def _plain_default(value: Any) -> Any:
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=repr)
+    number = _number(value)
+    if number is not None:
+        return number
+    if hasattr(value, "to_json"):
+        return value.to_json()
+    raise TypeError
+
+
 def dumps_str(value: Any) -> str:
     return dumps(value).decode()
 

@@ -1532,3 +1532,26 @@ def test_resume_seeds_rows_finished_by_the_failed_attempt(
     assert {r[3] for r in rows} == {"succeeded"}
     assert second.map_logs() == [summary(300, 300, 0, 20)]
     assert second.result.stats["tools"][f"{prefix}.work"]["live"] == 300
+
+
+def test_a_value_with_no_json_form_is_refused_naming_its_column_or_step(make_play, store_url: str) -> None:
+    """A column or a step returning an object: it was stored as its repr ("<Thing object at
+    0x7f…>"), exported so, and different in every run. The run fails, saying where."""
+    play_file = make_play(
+        """
+        class Thing:
+            pass
+
+        @play("odd")
+        async def odd(ctx, input):
+            if input.get("step"):
+                return await ctx.step("o", lambda: {"thing": Thing()})
+            return len(await ctx.map("m", [{"id": "1"}], key="id", columns={"t": lambda row: Thing()}))
+        """
+    )
+    column = run(play_file, store_url)
+    assert column.result.status == "failed"
+    assert "column 't' holds a Thing, which has no JSON form" in column.result.error["message"]
+    step = run(play_file, store_url, {"step": True})
+    assert step.result.status == "failed"
+    assert "step 'o' holds a Thing, which has no JSON form" in step.result.error["message"]

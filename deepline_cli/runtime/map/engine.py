@@ -353,7 +353,7 @@ async def resolve_cell(
         result = result.output
     if result is None or result is True or result is False or (type(result) is str and result.isascii()):
         return result, meta, hits  # JSON keeps these as they are (other text may hold a lone surrogate)
-    return _json.loads(_json.dumps(result)), meta, hits
+    return _json.plain(result, f"The value of column {column.name!r}"), meta, hits
 
 
 def play_bug(

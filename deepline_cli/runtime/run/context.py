@@ -92,7 +92,7 @@ class Context:
             if inspect.isawaitable(value):
                 value = await value
             # Round-trip now so a resumed run sees exactly what a fresh one saw.
-            return _json.loads(_json.dumps(value))
+            return _json.plain(value, f"The value of step {id!r}")
 
         return (await self._s.effects.book.execute(call, invoke)).value
 
