@@ -307,3 +307,22 @@ def test_an_excerpt_of_a_text_never_holds_part_of_a_secret() -> None:
         out = secrets.excerpt(body, 200)
         assert len(out) <= 200 and not any(key[:n] in out for n in range(8, len(key) + 1)), (pad, out)
     assert secrets.excerpt("short, no secret", 200) == "short, no secret"
+
+
+def test_a_short_secret_the_play_asks_for_and_a_secret_ending_a_base64_text_are_redacted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`ctx.secrets.get` of a 5-character value: stored and printed in clear (only `${NAME}`
+    values under 8 characters, a port or a region, are not secrets). The base64 of a secret
+    that ends the encoded text kept its padded tail (`[redacted]Jnk=`: its last characters)."""
+    from deepline_cli.runtime.providers.secrets import Secrets
+
+    monkeypatch.setenv("HI_SHORT_KEY", "Zq7x9")
+    monkeypatch.setenv("HI_PORT", "8443")
+    monkeypatch.setenv("HI_B64_KEY", "s3cr3t+/value=x&y")
+    secrets = Secrets()
+    assert secrets.get("HI_SHORT_KEY") == "Zq7x9"
+    assert secrets.lookup("HI_PORT") == "8443"  # as deepline.toml reads ${HI_PORT}: no secret
+    secrets.get("HI_B64_KEY")
+    echoed = base64.b64encode(b"s3cr3t+/value=x&y").decode()
+    assert secrets.redact(f"key is Zq7x9, port 8443, b64 {echoed}.") == "key is [redacted], port 8443, b64 [redacted]."

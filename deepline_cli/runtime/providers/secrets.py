@@ -12,7 +12,8 @@ from typing import Any
 
 from deepline_cli.errors import UsageError
 
-MIN_SECRET_LENGTH = 8  # shorter values (a port, a region) are not treated as secrets
+MIN_SECRET_LENGTH = 8  # shorter values of ${NAME} (a port, a region) are not treated as secrets
+MIN_ASKED_LENGTH = 4  # a value the play asks for as a secret (ctx.secrets.get) is one from here
 REDACTED = "[redacted]"
 
 
@@ -31,16 +32,20 @@ def encoded_forms(secret: str) -> set[str]:
     alignment in the encoded stream, and inside `user:secret`), and each of those as it
     reads inside a JSON string (`\\"`, `\\/`)."""
     raw = secret.encode()
+    shortest = min(MIN_SECRET_LENGTH, len(secret))  # a short secret asked for: its own forms only
     forms = {secret, urllib.parse.quote(secret, safe=""), urllib.parse.quote_plus(secret), urllib.parse.quote(secret)}
     for skip in range(3):  # the secret's bytes that share a base64 group with what precedes it
         whole = raw[skip : skip + 3 * ((len(raw) - skip) // 3)]
         forms.add(base64.b64encode(whole).decode())
         forms.add(base64.urlsafe_b64encode(whole).decode())
+        # …and ending the encoded text, its last bytes padded (`…Jnk=`)
+        forms.add(base64.b64encode(raw[skip:]).decode())
+        forms.add(base64.urlsafe_b64encode(raw[skip:]).decode())
     escaped = set()
     for form in forms:
         inside_json = json.dumps(form)[1:-1]
         escaped |= {inside_json, inside_json.replace("/", "\\/")}
-    return {form for form in forms | escaped if len(form) >= MIN_SECRET_LENGTH}
+    return {form for form in forms | escaped if len(form) >= shortest}
 
 
 class Secrets:
@@ -62,9 +67,10 @@ class Secrets:
         """Read `.env` again (a credential may have been rotated while the run goes on)."""
         self._dotenv = read_dotenv(self._dotenv_dir / ".env") if self._dotenv_dir else {}
 
-    def lookup(self, name: str) -> str | None:
+    def lookup(self, name: str, shortest: int = MIN_SECRET_LENGTH) -> str | None:
+        """The value of `name`, remembered for redaction when at least `shortest` long."""
         value = os.environ.get(name, self._dotenv.get(name))
-        if value is not None and len(value) >= MIN_SECRET_LENGTH and value not in self._known:
+        if value is not None and len(value) >= shortest and value not in self._known:
             self._known.add(value)
             forms = set().union(*(encoded_forms(known) for known in self._known))
             # One pass over a text for every form; the longest first, so none is half replaced.
@@ -72,7 +78,7 @@ class Secrets:
         return value
 
     def get(self, name: str) -> str:
-        value = self.lookup(name)
+        value = self.lookup(name, MIN_ASKED_LENGTH)
         if value is None:
             raise UsageError(f"Secret {name} is not set; export it or add it to .env next to the play.")
         return value
