@@ -393,3 +393,16 @@ def test_input_columns_told_apart_by_case_only_warn_at_the_run(
     run = deepline("run", "play.py", "--csv", "leads.csv")
     assert run.code == 0, run.stderr
     assert run.stderr.count("the columns 'Notes' and 'notes' differ only in case") == 1, run.stderr
+
+
+def test_a_csv_named_relative_or_absolute_keys_its_cells_the_same(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    """`--set csv=leads.csv` (relative, as typed) and `--csv leads.csv` (made absolute) name
+    one file: the map's cells are reused between them (every cell was computed again)."""
+    write_play(LEADS)
+    (tmp_path / "leads.csv").write_text("id,domain\n1,acme.com\n2,globex.io\n")
+    assert deepline("run", "play.py", "--set", "csv=leads.csv", "--quiet").code == 0
+    again = deepline("run", "play.py", "--csv", "leads.csv", "--json")
+    assert again.code == 0, again.stderr
+    assert again.json_lines()[-1]["stats"]["rows"]["reused"] == 2

@@ -96,16 +96,18 @@ def resolve_columns(
     play_input: Any = None,
     *,
     rows_path: str | None = None,
+    cwd: str = "",
     tools: str = "",
 ) -> list[ResolvedColumn]:
     """The map's columns with their fingerprints. `rows_path`: the file the map's rows come
-    from, left out of the input a column is keyed on (each row's content is keyed already).
+    from, left out of the input a column is keyed on (each row's content is keyed already),
+    however the input names it (relative ones from `cwd`, where the run started).
     `tools`: the declared tools' versions (a version bumped: the answers change meaning)."""
     resolved = []
     for name, spec in columns.items():
         column = spec if isinstance(spec, Column) else Column(spec)
         parts = [code_fingerprint(fn) for fn in column.functions()]
-        parts.append(input_fingerprint(play_input, column.depends_on, rows_path))
+        parts.append(input_fingerprint(play_input, column.depends_on, rows_path, cwd))
         if tools:
             parts.append(tools)
         resolved.append(
@@ -120,15 +122,33 @@ def resolve_columns(
     return resolved
 
 
-def input_fingerprint(play_input: Any, depends_on: Sequence[str] | None, rows_path: str | None = None) -> str:
+def input_fingerprint(
+    play_input: Any, depends_on: Sequence[str] | None, rows_path: str | None = None, cwd: str = ""
+) -> str:
     """The part of the play's input a column can see: all of it, or the declared fields."""
     if depends_on is None:
-        seen = play_input
-        if isinstance(play_input, dict) and rows_path is not None:
-            seen = {k: v for k, v in play_input.items() if v != rows_path}
+        seen = play_input if rows_path is None else _without_path(play_input, rows_path, cwd)
     else:
         seen = {path: _field(play_input, path) for path in sorted(depends_on)}
     return _data_digest(seen) or "?"
+
+
+def _without_path(value: Any, rows_path: str, cwd: str) -> Any:
+    """The input less the fields naming the map's CSV, however given (`--csv leads.csv`, an
+    absolute path; `--set csv=leads.csv`, relative to where the run started; nested)."""
+    if isinstance(value, dict):
+        return {k: _without_path(v, rows_path, cwd) for k, v in value.items() if not _names_file(v, rows_path, cwd)}
+    if isinstance(value, list):
+        return [_without_path(v, rows_path, cwd) for v in value if not _names_file(v, rows_path, cwd)]
+    return value
+
+
+def _names_file(value: Any, rows_path: str, cwd: str) -> bool:
+    """Does this input value name the file at `rows_path` (a relative one from `cwd`, the
+    directory the run started in, as `ctx.csv` reads it)?"""
+    if not isinstance(value, str) or not value or len(value) > 4096 or "\0" in value:
+        return False
+    return os.path.normpath(os.path.join(cwd, os.path.expanduser(value))) == os.path.normpath(rows_path)
 
 
 def _field(value: Any, path: str) -> Any:

@@ -67,7 +67,9 @@ class MapRun:
         # A CSV's path is left out of the input a cell is keyed on: its rows are keyed by content.
         path = getattr(rows, "path", None)
         rows_path = str(path) if isinstance(path, Path) else None
-        self.columns = resolve_columns(columns, host.play_input, rows_path=rows_path, tools=parts.tool_versions)
+        self.columns = resolve_columns(
+            columns, host.play_input, rows_path=rows_path, cwd=parts.identity.cwd, tools=parts.tool_versions
+        )
         self.key_of = key_function(key)
         self.on_row_error = on_row_error
         self.concurrency = max(1, concurrency or parts.concurrency or DEFAULT_CONCURRENCY)
