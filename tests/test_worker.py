@@ -537,6 +537,39 @@ def test_a_worker_goes_on_with_a_run_started_by_hand_whose_child_play_waits(cli:
         assert (kid.status, kid.attempt) == ("completed", 2), kid.error
 
 
+CAUGHT_CHILD_PLAY = """
+from deepline_cli import play
+
+@play("kid")
+async def kid(ctx, input):
+    raise ValueError("no such account")
+
+@play("parent")
+async def parent(ctx, input):
+    try:
+        await ctx.run_play("k", "kid", {})
+    except Exception:
+        pass  # the play goes on without it
+    await ctx.sleep("later", 600)
+    return "done"
+"""
+
+
+def test_a_worker_leaves_a_parent_waiting_after_it_caught_its_childs_failure(cli: CLI, tmp_path: Path) -> None:
+    """A queued child play failed; its parent caught the failure and sleeps for ten minutes.
+    `worker --once` leaves the parent waiting and exits: it restarted the parent ~100 times
+    in 8 s without end (the child's boundary stayed waiting, its failed child "due now")."""
+    write(tmp_path / "play.py", CAUGHT_CHILD_PLAY)
+    cli.enqueue("play.py:parent")
+
+    done = cli.worker_once(timeout=30)
+
+    runs = cli.runs()
+    [parent] = [r for r in runs.values() if r["play"] == "parent"]
+    assert (parent["status"], parent["attempt"]) == ("waiting", 2), (parent, done.stderr)
+    assert done.stderr.count("worker: running") == 3, done.stderr  # the parent twice, its child once
+
+
 def test_worker_continues_a_run_once_its_event_is_sent(cli: CLI, tmp_path: Path) -> None:
     write(tmp_path / "play.py", EVENT_PLAY)
     log = tmp_path / "tools.log"

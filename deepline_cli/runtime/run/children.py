@@ -146,8 +146,11 @@ async def _schedule_child(s: RunParts, call_id: str, play: PlayDef, child_id: st
         if retried:
             retried = await s.infra.io.call(store.runs.attempt_status, s.identity.run_id, seen) == "failed"
         if not retried:
-            # Report it (the parent fails, unless it catches this); remember which attempt saw it.
+            # Report it (the parent fails, unless it catches this); remember which attempt saw
+            # it. The parent waits at this boundary no more: a parent that caught the failure
+            # and waits for something else is not woken for it again and again.
             await s.infra.io.call(store.runs.update_run, child_id, failure_seen_by=s.identity.attempt)
+            await s.infra.io.call(store.suspension.resolve_boundary, s.identity.run_id, boundary_id, None, now)
             message = (record.error or {}).get("message", "unknown error")
             raise ChildPlayError(f"Child play {play.name!r} (run {child_id}) failed: {message}", record.error)
         await s.infra.io.call(store.runs.set_status, child_id, "queued", failure_seen_by=None, holder=None)
