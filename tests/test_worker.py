@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -770,6 +771,29 @@ def test_a_worker_whose_store_refuses_says_so_in_one_sentence(tmp_path: Path) ->
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr and "interrupting runs" not in done.stderr, done.stderr
     assert f"Cannot connect to the store {url}" in done.stderr, done.stderr
+
+
+def test_a_worker_whose_store_a_newer_deepline_upgraded_stops_in_one_sentence(cli: CLI, tmp_path: Path) -> None:
+    """A newer deepline migrated the store while a worker ran: the worker's thread died with
+    a traceback as it opened the store for the next run due, and the worker exited 0, as if
+    it had drained. It stops with one sentence and exit 1."""
+    write(tmp_path / "play.py", SLEEP_PLAY)
+    done = cli("run", "play.py", "--enqueue", "--max-inline-wait", "0", "--input",
+               json.dumps({"log": str(tmp_path / "tools.log"), "seconds": 1}))  # fmt: skip
+    run_id = done.stdout.strip()
+    worker = cli.spawn("worker")
+    with opened(cli.store) as store:
+        wait_until(lambda: run_of(store, run_id).status == "waiting", what="the run waits", timeout=30)
+    conn = sqlite3.connect(cli.store)
+    conn.execute("INSERT INTO _migrations (name, applied_at) VALUES ('9999_future', 0)")  # a newer deepline's
+    conn.commit()
+    conn.close()
+
+    ended = cli.finish(worker, timeout=60)  # the timer comes due: the worker opens the store again
+
+    assert ended.code == 1, ended.stderr
+    assert "Traceback" not in ended.stderr, ended.stderr
+    assert "written by a newer deepline" in ended.stderr, ended.stderr
 
 
 # --- snapshots under a concurrent worker --------------------------------------------------------

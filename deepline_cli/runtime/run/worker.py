@@ -82,7 +82,7 @@ class Worker:
         self._lock = threading.Lock()
         self._runners: set[Runner] = set()
         self._idle: set[str] = set()
-        self.failure: StoreUnreachable | None = None  # why the worker stopped on its own
+        self.failure: StoreError | None = None  # why the worker stopped on its own
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -151,12 +151,14 @@ class Worker:
         finally:
             store.close()
 
-    def _give_up(self, exc: StoreUnreachable) -> None:
-        """The store stayed unreachable: stop this worker (its runs can be taken over)."""
+    def _give_up(self, exc: StoreError) -> None:
+        """The store stayed unreachable, or cannot be used (a newer deepline's schema): stop
+        this worker (its runs can be taken over)."""
         with self._lock:
             if self.failure is None:
                 self.failure = exc
-        self.drain("stopping: the store cannot be reached")
+        why = "cannot be reached" if isinstance(exc, StoreUnreachable) else "cannot be used"
+        self.drain(f"stopping: the store {why}")
 
     # --- one thread ------------------------------------------------------------------------
 
@@ -171,7 +173,7 @@ class Worker:
             while not self._draining.is_set():
                 try:
                     took = self._take_one(store)
-                except StoreUnreachable as exc:
+                except StoreError as exc:  # unreachable, or written by a newer deepline since
                     self._give_up(exc)
                     return
                 if took:
