@@ -146,3 +146,33 @@ def test_stopping_a_parent_stops_its_queued_children_and_a_resume_runs_them(
     done = runs_of(deepline)
     assert done["fam-s"]["status"] == "completed", resumed.stderr
     assert done["fam-s"]["output"] == {"values": [10, 20]}
+
+
+def test_a_due_run_a_draining_worker_did_not_start_is_not_counted_failed(deepline, write_play, store_path) -> None:
+    """A worker told to stop just as it took up a due run: the run is left as it was (still
+    waiting), and the worker's summary said it failed."""
+    import time
+
+    from deepline_cli.runtime.run.worker import Worker
+
+    play = write_play(
+        """
+        from deepline_cli import play
+
+        @play("nap")
+        async def nap(ctx, input):
+            await ctx.sleep("nap", 0.01)
+            return 1
+        """,
+        "nap.py",
+    )
+    assert deepline("run", str(play), "--run-id", "due", "--max-inline-wait", "0").code == 3
+    time.sleep(0.05)  # past the timer: the run is due
+    said: list[str] = []
+    worker = Worker(str(store_path), report=said.append)
+    worker.drain()
+
+    worker._execute("due", lambda runner: runner.resume("due"))
+
+    assert (worker.stats.started, worker.stats.failed) == (0, 0), said
+    assert runs_of(deepline)["due"]["status"] == "waiting"

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from deepline_cli.errors import DeeplineError, RunBusyError, StoreError, StoreUnreachable
+from deepline_cli.errors import DeeplineError, RunBusyError, RunInterrupted, StoreError, StoreUnreachable
 from deepline_cli.runtime.calls.events import Event, EventBus
 from deepline_cli.runtime.calls.store_thread import reconnecting
 from deepline_cli.runtime.run.holders import holder_alive, holder_id
@@ -270,6 +270,10 @@ class Worker:
             self.stats.started -= 1  # another worker leased it first: this one did not run it
             self.report(f"worker: {run_id} was taken by another process first")
             raise
+        except RunInterrupted:  # the worker is stopping, and the run was not taken: it stays as it was
+            self.stats.started -= 1
+            self.report(f"worker: {run_id} not started: the worker is stopping")
+            return
         except DeeplineError as exc:
             self.stats.failed += 1
             self.report(f"worker: {run_id} could not run: {exc}")
