@@ -475,3 +475,61 @@ def test_a_daily_schedule_fires_once_on_the_night_clocks_go_back(cron: str, zone
     assert hourly.next_tick(ticks[1] + 1) - ticks[1] <= 3600
     daily = Schedule("@daily", {}, zone)
     assert daily.next_tick(ticks[1]) - daily.last_tick(ticks[1] + 1) in (23 * 3600, 24 * 3600, 25 * 3600)
+
+
+SLOW_HOOK_PLAY = """
+import asyncio
+from deepline_cli import play, tool
+
+@tool("hook.slow")
+async def slow(input):
+    with open(input["log"], "a") as log:
+        log.write("called\\n")
+    await asyncio.sleep(1.5)
+    return "ok"
+
+@play("inbound", input={"log": str}, webhook_secret="HOOK_SECRET")
+async def inbound(ctx, input):
+    return (await ctx.tools.execute("slow", "hook.slow", {"log": input["log"]})).output
+"""
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_stopping_serve_run_here_lets_the_call_in_flight_finish_and_requeues_the_run(
+    tmp_path: Path, cli_env: dict[str, str], sig: signal.Signals
+) -> None:
+    """Ctrl-C or SIGTERM to `serve --run-here` while a run's call is out: the call finishes
+    and is recorded, the run ends (or goes back to the queue), and a worker continuing it
+    does not call again. serve exited at once ("Interrupted."), the run left `running`, and the
+    call was made a second time."""
+    (tmp_path / "inbound.py").write_text(SLOW_HOOK_PLAY)
+    (tmp_path / ".env").write_text(f"HOOK_SECRET={SECRET}\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = start(["serve", "inbound.py", "--run-here", "--port", str(port)], cli_env, tmp_path)
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "calls.log"
+    try:
+        wait_until(lambda: _healthy(url), what="deepline serve to answer", timeout=30, every=0.1)
+        assert deliver(url, json.dumps({"log": str(log)}).encode()).status_code == 202
+        wait_until(log.exists, what="the call to go out", timeout=30, every=0.02)
+        server.send_signal(sig)
+        finish(server, timeout=30)
+    finally:
+        kill(server)
+    [run] = runs_of(cli_env["DEEPLINE_STORE"], "inbound")
+    assert run.status in ("queued", "interrupted", "completed"), run  # not `running`, its process gone
+    done = start(["worker", "--once"], cli_env, tmp_path)
+    finish(done, timeout=60)
+    [run] = runs_of(cli_env["DEEPLINE_STORE"], "inbound")
+    assert (run.status, run.output) == ("completed", "ok"), run
+    assert log.read_text().splitlines() == ["called"]  # once: recorded before serve stopped
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz").json() == {"ok": True}
+    except httpx.TransportError:
+        return False

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 from typing import Annotated
 
 import typer
 
+from deepline_cli.cli import stop_at_once
 from deepline_cli.cli.common import StoreOption, cli_errors
 
 
@@ -59,11 +61,19 @@ def serve(
         f"deepline serve: http://{host}:{port}/hooks/{{{'|'.join(hooks)}}}"
         + (" (running them here)" if run_here else "")
     )
+    if worker is not None:
+        # uvicorn hands the Ctrl-C or SIGTERM that stopped it back to the process's handler,
+        # which ended the process at once: the runs here had no time to record their calls.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
     finally:
         if worker is not None and runs_here is not None:
             worker.drain()  # runs in progress end `interrupted`, queued again for the next worker
+            # A second Ctrl-C while they stop: at once (their calls in flight are re-sent later).
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, stop_at_once)
             runs_here.join(timeout=30)
 
 
