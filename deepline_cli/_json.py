@@ -14,16 +14,12 @@ _OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 
 def _default(value: Any) -> Any:
-    # Sets and tuples-in-odd-places become lists, a Decimal a number; anything else is
-    # shown by repr so a play returning an odd object still produces a readable result
-    # instead of crashing.
-    if isinstance(value, set | frozenset):
-        return sorted(value, key=repr)
-    number = _number(value)
-    if number is not None:
-        return number
-    if hasattr(value, "to_json"):
-        return value.to_json()
+    # As `plain` writes data; anything else is shown by repr, so a tool's odd answer (paid
+    # for) is still recorded instead of crashing.
+    try:
+        return _plain_default(value)
+    except TypeError:
+        pass
     try:
         return repr(value)
     except Exception:  # a repr that fails must not keep a paid answer from being recorded
@@ -90,6 +86,8 @@ def plain(value: Any, what: str) -> Any:
 
 
 def _plain_default(value: Any) -> Any:
+    """Sets become lists, a Decimal a number, an object with `to_json` its JSON; anything
+    else has no JSON form (TypeError)."""
     if isinstance(value, set | frozenset):
         return sorted(value, key=repr)
     number = _number(value)

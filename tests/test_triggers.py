@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -290,9 +291,10 @@ def test_a_scheduled_run_says_it_paid_only_for_new_rows(deepline, write_play, tm
 # --- webhooks --------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def served(tmp_path: Path, cli_env: dict[str, str]) -> Iterator[str]:
-    (tmp_path / "inbound.py").write_text(HOOK_PLAY)
+def _serve(source: str, cli_env: dict[str, str], tmp_path: Path) -> tuple[Any, str]:
+    """`deepline serve --run-here` of one play on a free port: the process and its URL, once
+    it answers."""
+    (tmp_path / "inbound.py").write_text(source)
     (tmp_path / ".env").write_text(f"HOOK_SECRET={SECRET}\n")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -303,13 +305,20 @@ def served(tmp_path: Path, cli_env: dict[str, str]) -> Iterator[str]:
     def up() -> bool:
         if server.poll() is not None:
             raise AssertionError(finish(server)[2])
-        try:
-            return httpx.get(f"{url}/healthz").json() == {"ok": True}
-        except httpx.TransportError:
-            return False
+        return _healthy(url)
 
     try:
         wait_until(up, what="deepline serve to answer", timeout=30, every=0.1)
+    except BaseException:
+        kill(server)
+        raise
+    return server, url
+
+
+@pytest.fixture
+def served(tmp_path: Path, cli_env: dict[str, str]) -> Iterator[str]:
+    server, url = _serve(HOOK_PLAY, cli_env, tmp_path)
+    try:
         yield url
     finally:
         server.send_signal(signal.SIGTERM)
@@ -503,16 +512,9 @@ def test_stopping_serve_run_here_lets_the_call_in_flight_finish_and_requeues_the
     and is recorded, the run ends (or goes back to the queue), and a worker continuing it
     does not call again. serve exited at once ("Interrupted."), the run left `running`, and the
     call was made a second time."""
-    (tmp_path / "inbound.py").write_text(SLOW_HOOK_PLAY)
-    (tmp_path / ".env").write_text(f"HOOK_SECRET={SECRET}\n")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = start(["serve", "inbound.py", "--run-here", "--port", str(port)], cli_env, tmp_path)
-    url = f"http://127.0.0.1:{port}"
+    server, url = _serve(SLOW_HOOK_PLAY, cli_env, tmp_path)
     log = tmp_path / "calls.log"
     try:
-        wait_until(lambda: _healthy(url), what="deepline serve to answer", timeout=30, every=0.1)
         assert deliver(url, json.dumps({"log": str(log)}).encode()).status_code == 202
         wait_until(log.exists, what="the call to go out", timeout=30, every=0.02)
         server.send_signal(sig)

@@ -272,32 +272,6 @@ def _imported_from(scope: Mapping[str, Any], name: str) -> tuple[types.ModuleTyp
     return (module, attr) if module is not None else None
 
 
-def _imports(file: str | None) -> dict[str, tuple[str, str]]:
-    """For a play file: each name a `from … import` binds, with the module (relative as
-    written: `.settings`) and the name there."""
-    if not file or not is_play_file(file):
-        return {}
-    try:
-        stat = os.stat(file)
-    except OSError:
-        return {}
-    return _parsed_imports(file, stat.st_mtime_ns, stat.st_size)
-
-
-@functools.lru_cache(maxsize=64)
-def _parsed_imports(file: str, mtime_ns: int, size: int) -> dict[str, tuple[str, str]]:
-    try:
-        tree = ast.parse(Path(file).read_bytes())
-    except (OSError, SyntaxError, ValueError):
-        return {}
-    found: dict[str, tuple[str, str]] = {}
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom):
-            for alias in node.names:
-                found[alias.asname or alias.name] = ("." * node.level + (node.module or ""), alias.name)
-    return found
-
-
 def _feed_class(walk: _Walk, cls: type) -> None:
     """A class of the play's own: its methods (in name order)."""
     if id(cls) in walk.seen or not _is_play_object(cls):
@@ -336,27 +310,40 @@ def _is_code(value: Any) -> bool:
 
 def _bindings(file: str | None) -> dict[str, bytes]:
     """For a play file: each module-level name and the source of the statements binding it."""
+    return _source(file)[0]
+
+
+def _imports(file: str | None) -> dict[str, tuple[str, str]]:
+    """For a play file: each name a `from … import` binds, with the module (relative as
+    written: `.settings`) and the name there."""
+    return _source(file)[1]
+
+
+def _source(file: str | None) -> tuple[dict[str, bytes], dict[str, tuple[str, str]]]:
     if not file or not is_play_file(file):
-        return {}
+        return {}, {}
     try:
         stat = os.stat(file)
     except OSError:
-        return {}
-    return _parsed_bindings(file, stat.st_mtime_ns, stat.st_size)
+        return {}, {}
+    return _parsed(file, stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=64)
-def _parsed_bindings(file: str, mtime_ns: int, size: int) -> dict[str, bytes]:
+def _parsed(file: str, mtime_ns: int, size: int) -> tuple[dict[str, bytes], dict[str, tuple[str, str]]]:
     try:
-        source = Path(file).read_bytes()
-        tree = ast.parse(source)
+        tree = ast.parse(Path(file).read_bytes())
     except (OSError, SyntaxError, ValueError):
-        return {}
-    found: dict[str, list[bytes]] = {}
+        return {}, {}
+    bound: dict[str, list[bytes]] = {}
+    imported: dict[str, tuple[str, str]] = {}
     for node in tree.body:
         for name in _bound_names(node):
-            found.setdefault(name, []).append(ast.dump(node).encode())
-    return {name: b"\n".join(parts) for name, parts in found.items()}
+            bound.setdefault(name, []).append(ast.dump(node).encode())
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                imported[alias.asname or alias.name] = ("." * node.level + (node.module or ""), alias.name)
+    return {name: b"\n".join(parts) for name, parts in bound.items()}, imported
 
 
 def _bound_names(node: ast.stmt) -> list[str]:
