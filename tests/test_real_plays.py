@@ -1012,3 +1012,47 @@ def test_a_cell_is_recomputed_when_the_configuration_its_column_reads_changes(
         "imported_const": "apollo", "imported_dict": 30, "instance": "apollo", "partial": "apollo",
         "dict_closure": "apollo",
     }  # fmt: skip
+
+
+SEEDED_PLAY = """\
+from datetime import datetime, timezone
+
+from deepline_cli import play
+
+BLOCKED = {"info", "sales", "admin", "team", "hello"}
+
+
+class Filter:
+    def __init__(self):
+        self.skip = list(set(BLOCKED))  # in the hash seed's order
+        self.started_at = datetime.now(timezone.utc)  # different in every process
+
+    def keep(self, row, rc):
+        return row["first"].lower() not in self.skip
+
+
+def make(tiers):
+    def tier(row, rc):
+        return len(tiers)
+    return tier
+
+
+@play("seeded")
+async def seeded(ctx, input):
+    rows = await ctx.map("m", [{"id": "1", "first": "Ada"}], key="id", columns={
+        "keep": Filter().keep,
+        "tier": make(list({"gold", "silver", "bronze"})),
+    })
+    return len(rows)
+"""
+
+
+def test_a_fingerprint_holds_nothing_that_changes_with_the_process(deepline_process: Run, tmp_path: Path) -> None:
+    """Data whose order follows the hash seed (a list made from a set) or that differs in
+    every process (a time): each new process recomputed the cells (and a resolver's
+    `rc.fetch` was paid again). Every later run, under another seed, reuses them."""
+    (tmp_path / "play.py").write_text(SEEDED_PLAY)
+    finished(deepline_process("run", "play.py", "--json", PYTHONHASHSEED="1"))
+    for seed in ("2", "3", "4"):
+        again = finished(deepline_process("run", "play.py", "--json", PYTHONHASHSEED=seed))
+        assert again["stats"]["rows"]["reused"] == 1, (seed, again["stats"]["rows"])

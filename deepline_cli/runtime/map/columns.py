@@ -5,8 +5,9 @@ resolver can see: its code (and the code of the play's own functions and modules
 uses), the module-level values it reads as the play's source writes them (`PROVIDER =
 "hunter"`, a scoring table: their statements, not their current value, which may be a cache
 or a counter the play fills; followed into the play's own module it imports them from),
-the data (JSON) of the closure it was made in, of a partial's arguments and of the object
-it is a method of, the play's input (or only the fields the column declares it reads,
+the plain data (text, numbers, tuples and dicts of them: not lists, times or objects) of
+the closure it was made in, of a partial's arguments and of the object it is a method of,
+the play's input (or only the fields the column declares it reads,
 `depends_on`), and the versions of the tools the play declares (a version bumped: its
 answers change meaning).
 
@@ -178,7 +179,11 @@ def _feed_value(walk: _Walk, value: Any, *, top: bool = False) -> None:
     elif isinstance(value, functools.partial):
         _tag(walk, b"partial")
         _feed_value(walk, value.func, top=top)
-        _feed_data(walk, [list(value.args), value.keywords])
+        for arg in value.args:
+            _feed_value(walk, arg)
+        for name in sorted(value.keywords):
+            _tag(walk, name.encode())
+            _feed_value(walk, value.keywords[name])
     elif isinstance(value, types.MethodType):
         _feed_value(walk, value.__func__, top=top)
         _feed_instance(walk, value.__self__)  # `Enricher("hunter").via`: what it was made with
@@ -297,11 +302,20 @@ def _feed_module(walk: _Walk, module: types.ModuleType) -> None:
 
 def _feed_data(walk: _Walk, value: Any) -> None:
     """A value not written in the play's source (a closure's, a default argument's, a
-    partial's, an object's attribute): its content when it is data (JSON: a config dict, a
-    list of providers), as it is when the map starts. Anything else (a client, a lock) by
-    its type only."""
-    digest = _data_digest(value)
+    partial's, an object's attribute): its content when it is plain and the same in every
+    process — text, numbers, None, and tuples, frozensets and dicts of them (a config dict).
+    Anything else by its type only: a list (made from a set, its order is the hash seed's),
+    a time, a client, a lock; its content may also change as the play runs."""
+    digest = _data_digest(value) if _plain(value) else None
     _tag(walk, digest.encode() if digest else f"<{type(value).__module__}.{type(value).__qualname__}>".encode())
+
+
+def _plain(value: Any) -> bool:
+    if value is None or isinstance(value, bool | int | float | str):
+        return True
+    if isinstance(value, tuple | frozenset):
+        return all(_plain(v) for v in value)
+    return type(value) is dict and all(isinstance(k, str) and _plain(v) for k, v in value.items())
 
 
 def _is_code(value: Any) -> bool:
