@@ -309,20 +309,23 @@ def test_an_excerpt_of_a_text_never_holds_part_of_a_secret() -> None:
     assert secrets.excerpt("short, no secret", 200) == "short, no secret"
 
 
-def test_a_short_secret_the_play_asks_for_and_a_secret_ending_a_base64_text_are_redacted(
+def test_a_short_secret_is_not_redacted_but_warned_of_and_a_secret_ending_a_base64_text_is(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`ctx.secrets.get` of a 5-character value: stored and printed in clear (only `${NAME}`
-    values under 8 characters, a port or a region, are not secrets). The base64 of a secret
-    that ends the encoded text kept its padded tail (`[redacted]Jnk=`: its last characters)."""
+    """A 4-character value asked for as a secret was redacted in every answer ("founded":
+    [redacted] for 2019), leaving the JSON unreadable for good: a value under 8 characters
+    is not redacted, and the run warns of it once. The base64 of a secret that ends the
+    encoded text kept its padded tail (`[redacted]Jnk=`: its last characters)."""
     from deepline_cli.runtime.providers.secrets import Secrets
 
-    monkeypatch.setenv("HI_SHORT_KEY", "Zq7x9")
-    monkeypatch.setenv("HI_PORT", "8443")
+    monkeypatch.setenv("HI_PIN", "2019")
     monkeypatch.setenv("HI_B64_KEY", "s3cr3t+/value=x&y")
     secrets = Secrets()
-    assert secrets.get("HI_SHORT_KEY") == "Zq7x9"
-    assert secrets.lookup("HI_PORT") == "8443"  # as deepline.toml reads ${HI_PORT}: no secret
+    warned: list[str] = []
+    secrets.warn = warned.append
+    assert secrets.get("HI_PIN") == secrets.get("HI_PIN") == "2019"
+    assert len(warned) == 1 and "HI_PIN is shorter than 8 characters" in warned[0], warned
     secrets.get("HI_B64_KEY")
     echoed = base64.b64encode(b"s3cr3t+/value=x&y").decode()
-    assert secrets.redact(f"key is Zq7x9, port 8443, b64 {echoed}.") == "key is [redacted], port 8443, b64 [redacted]."
+    said = '{"founded": 2019, "employees": 120190, "b64": "' + echoed + '"}'
+    assert secrets.redact(said) == '{"founded": 2019, "employees": 120190, "b64": "[redacted]"}'

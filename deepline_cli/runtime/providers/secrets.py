@@ -7,13 +7,15 @@ import json
 import os
 import re
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from deepline_cli.errors import UsageError
 
-MIN_SECRET_LENGTH = 8  # shorter values of ${NAME} (a port, a region) are not treated as secrets
-MIN_ASKED_LENGTH = 4  # a value the play asks for as a secret (ctx.secrets.get) is one from here
+# Shorter values (a port, a region, a PIN) are not redacted: their characters would be
+# replaced wherever they appear in answers and data ("2019" in every founding year).
+MIN_SECRET_LENGTH = 8
 REDACTED = "[redacted]"
 
 
@@ -32,7 +34,6 @@ def encoded_forms(secret: str) -> set[str]:
     alignment in the encoded stream, and inside `user:secret`), and each of those as it
     reads inside a JSON string (`\\"`, `\\/`)."""
     raw = secret.encode()
-    shortest = min(MIN_SECRET_LENGTH, len(secret))  # a short secret asked for: its own forms only
     forms = {secret, urllib.parse.quote(secret, safe=""), urllib.parse.quote_plus(secret), urllib.parse.quote(secret)}
     for skip in range(3):  # the secret's bytes that share a base64 group with what precedes it
         whole = raw[skip : skip + 3 * ((len(raw) - skip) // 3)]
@@ -45,7 +46,7 @@ def encoded_forms(secret: str) -> set[str]:
     for form in forms:
         inside_json = json.dumps(form)[1:-1]
         escaped |= {inside_json, inside_json.replace("/", "\\/")}
-    return {form for form in forms | escaped if len(form) >= shortest}
+    return {form for form in forms | escaped if len(form) >= MIN_SECRET_LENGTH}
 
 
 class Secrets:
@@ -56,6 +57,8 @@ class Secrets:
         self._dotenv_dir = dotenv_dir
         self._known: set[str] = set()
         self._pattern: re.Pattern[str] | None = None
+        self._short: set[str] = set()  # names of short values asked for (warned of once)
+        self.warn: Callable[[str], None] | None = None  # how the run warns (its log)
         self.reload()
 
     @property
@@ -67,10 +70,10 @@ class Secrets:
         """Read `.env` again (a credential may have been rotated while the run goes on)."""
         self._dotenv = read_dotenv(self._dotenv_dir / ".env") if self._dotenv_dir else {}
 
-    def lookup(self, name: str, shortest: int = MIN_SECRET_LENGTH) -> str | None:
-        """The value of `name`, remembered for redaction when at least `shortest` long."""
+    def lookup(self, name: str) -> str | None:
+        """The value of `name`, remembered for redaction (when it is long enough to be a secret)."""
         value = os.environ.get(name, self._dotenv.get(name))
-        if value is not None and len(value) >= shortest and value not in self._known:
+        if value is not None and len(value) >= MIN_SECRET_LENGTH and value not in self._known:
             self._known.add(value)
             forms = set().union(*(encoded_forms(known) for known in self._known))
             # One pass over a text for every form; the longest first, so none is half replaced.
@@ -78,9 +81,15 @@ class Secrets:
         return value
 
     def get(self, name: str) -> str:
-        value = self.lookup(name, MIN_ASKED_LENGTH)
+        value = self.lookup(name)
         if value is None:
             raise UsageError(f"Secret {name} is not set; export it or add it to .env next to the play.")
+        if len(value) < MIN_SECRET_LENGTH and name not in self._short and self.warn is not None:
+            self._short.add(name)
+            self.warn(
+                f"Secret {name} is shorter than {MIN_SECRET_LENGTH} characters, so it is not redacted: its "
+                "characters would be replaced wherever they appear in answers and data"
+            )
         return value
 
     def bearer(self, name: str) -> str:

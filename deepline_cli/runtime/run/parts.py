@@ -182,9 +182,11 @@ def build_parts(
     http = Http(Transport(max(64, settings.concurrency or 0)), secrets, governor, public_only=fetch_public_only)
     book = ReceiptBook(io, writes, identity, bus, stats, budget=budget, secrets=secrets,
                        release_if_dead=partial(release_if_dead, io.store))  # fmt: skip
-    return RunParts(
+    parts = RunParts(
         identity,
         Infrastructure(io, writes, bus, stats, secrets),
         Effects(book, governor, http, RunTools(local_tools, HttpTools(config, http)), caps, journal, [book]),
         settings,
     )
+    secrets.warn = partial(parts.log, level="warning")
+    return parts
