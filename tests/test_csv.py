@@ -285,8 +285,18 @@ def test_quoted_newlines_and_long_fields_are_rows_as_a_spreadsheet_shows_them(de
         # a European header with a comma in a name: it was split on commas, "Domain" missing
         "First Name;Domain;Revenue (k€, 2023)\r\nAda;acme.com;1,5\r\nGrace;globex.io;2\r\n",
         "First Name,Domain,Notes\nAda,acme.com,a;b;c\nGrace,globex.io,x;y\n",  # semicolons in comma cells
+        "First Name;Domain;Phone\nAda;acme.com;\nGrace;globex.io;123\n",  # a blank last cell
+        "First Name\tDomain\tPhone\nAda\tacme.com\t\nGrace\tglobex.io\t\n",
     ],
-    ids=["semicolons", "tabs", "empty-trailing-columns", "semicolons-and-a-comma", "commas-and-semicolons"],
+    ids=[
+        "semicolons",
+        "tabs",
+        "empty-trailing-columns",
+        "semicolons-and-a-comma",
+        "commas-and-semicolons",
+        "semicolons-blank-last-cell",
+        "tabs-blank-last-cells",
+    ],
 )
 def test_csv_files_as_spreadsheets_save_them_are_read(deepline, tmp_path: Path, content: str) -> None:
     (tmp_path / "play.py").write_text(CLI_PLAY)

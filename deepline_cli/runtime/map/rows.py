@@ -368,13 +368,16 @@ def _delimiter(sample: str) -> str:
     best, best_score = ",", (-1, 0)
     for delimiter in (",", ";", "\t"):
         try:
-            records = [_trimmed(r) for r in itertools.islice(csv.reader(lines, delimiter=delimiter), SNIFF_ROWS + 1)]
+            records = list(itertools.islice(csv.reader(lines, delimiter=delimiter), SNIFF_ROWS + 1))
         except csv.Error:  # a NUL byte…: reading the file says so, where it is
             continue
-        width = len(records[0]) if records else 0
+        width = len(_trimmed(records[0])) if records else 0
         if delimiter != "," and width < 2:
             continue  # not in the header at all
-        score = (sum(len(r) == width for r in records if r), width)
+        # A row agrees when it has the header's cells, any past them empty (a blank last cell
+        # of a row, Excel's empty trailing columns).
+        agree = sum(len(r) >= width and not any(c.strip() for c in r[width:]) for r in records if any(r))
+        score = (agree, width)
         if score > best_score:
             best, best_score = delimiter, score
     return best
