@@ -301,6 +301,21 @@ def test_a_call_a_waterfall_fell_back_from_stays_fallen_back_when_a_later_column
     assert json.loads(shown.stdout)["stats"]["tools"]["t.down"]["recovered"] == 3
 
 
+def test_a_resume_keeps_the_calls_a_failed_row_fell_back_from(write_play, store_path) -> None:
+    """The same play failing after its map on the first attempt: the resume takes row 1 (its
+    check failed) back whole, and its fallen-back call was counted final again."""
+    source = FELL_BACK_THEN_FAILED.replace(
+        "    return rows.failed_count",
+        '    if ctx.run.attempt == 1:\n        raise RuntimeError("after the map")\n    return rows.failed_count',
+    )
+    first = run_play(write_play(source), store_path, run_id="fbr")
+    assert first.status == "failed"
+    again = resume_run("fbr", store_path)
+    assert (again.status, again.output) == ("completed", 1), again.error
+    down = again.stats["tools"]["t.down"]
+    assert (down["failed"], down["recovered"]) == (3, 3), down
+
+
 def test_the_live_counts_settle_a_rows_failures_by_the_cell_that_failed_it() -> None:
     """What the live view counts while the run goes on, for the same row: the waterfall's
     failed step fell back (its cell got a value), the check's failure is final."""

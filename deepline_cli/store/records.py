@@ -341,6 +341,7 @@ class EarlierRow(NamedTuple):
     reused_cells: int
     steps: dict[str, str | None] | None
     found: list[str] | None = None  # the answers it found a value with (MapRow.found)
+    fell_back: list[str] | None = None  # failed calls its cells got past (MapRow.fell_back)
 
 
 @dataclass(slots=True)

@@ -64,13 +64,16 @@ class SheetsSql(SqlBase):
 
     def earlier_map_rows(self, run_id: str, map: str, after_idx: int, limit: int) -> list[EarlierRow]:
         rows = self._read(
-            "SELECT idx, row_key, outcome, reused_row, reused_cells, steps, found FROM map_rows WHERE run_id = ?"
+            "SELECT idx, row_key, outcome, reused_row, reused_cells, steps, found, fell_back FROM map_rows"
+            " WHERE run_id = ?"
             " AND map = ? AND idx > ? ORDER BY idx LIMIT ?",
             (run_id, map, after_idx, limit),
         )
         return [
-            EarlierRow(idx, key, ok == "succeeded", bool(reused), cells or 0, _loads(steps), _loads(found))
-            for idx, key, ok, reused, cells, steps, found in rows
+            EarlierRow(
+                idx, key, ok == "succeeded", bool(reused), cells or 0, _loads(steps), _loads(found), _loads(fell)
+            )
+            for idx, key, ok, reused, cells, steps, found, fell in rows
         ]
 
     def trim_map_rows(self, run_id: str, map: str, attempt: int, keep: int) -> int:

@@ -93,6 +93,7 @@ class MapBook:
         # The answers the rows earlier attempts failed had found a value with, by key: cells
         # of theirs a resume reuses keep them (rows that succeeded are seeded, not redone).
         self._earlier_found: dict[str, list[str]] = {}
+        self._earlier_fell_back: dict[str, list[str]] = {}  # …and the failed calls their cells got past
         self.first_failures: list[tuple[object, ...]] = []  # signatures, while no row succeeded
         self.started = time.monotonic()
         self.limit: int | None = None  # the distinct rows a limit lets through (a pilot)
@@ -195,7 +196,9 @@ class MapBook:
         if self._earlier_found:
             prefixes.update(self._earlier_found.pop(job.key, ()))
         row.found = sorted(prefixes) or None
-        row.fell_back = sorted({key[:FOUND_PREFIX] for key in fell_back}) if fell_back else None
+        fallen = {key[:FOUND_PREFIX] for key in fell_back} if fell_back else set()
+        earlier = self._earlier_fell_back.pop(job.key, ()) if self._earlier_fell_back else ()
+        row.fell_back = sorted(fallen.union(earlier)) or None if outcome == "failed" else None
         row.kept = sheet_row is None and previous is not None and previous.run_id == self.run_id
         if self._earlier:
             row.moved_from = self._moved_from(job.idx, job.key)
@@ -284,6 +287,8 @@ class MapBook:
                 if not row.succeeded:
                     if row.found:
                         self._earlier_found[row.row_key] = row.found
+                    if row.fell_back:
+                        self._earlier_fell_back[row.row_key] = row.fell_back
                     continue
                 count += 1
                 self.mark(idx)
