@@ -175,10 +175,12 @@ def test_sigkill_mid_map_then_resume(deepline, tmp_path: Path, store_path: Path,
 
 
 def test_a_killed_maps_row_total_counts_csv_rows_not_lines(deepline, tmp_path: Path, store_path: Path, cli_env) -> None:
-    """A CSV of 6 lines holding 4 rows (a quoted newline) and 3 distinct keys: once the
-    input is read, the map's total is 3 for `runs show` and `export` of a run killed
-    mid-map, as it is when the map completes (it was the file's line count, 5)."""
-    (tmp_path / "rows.csv").write_text('id,note\n1,"two\nlines"\n2,x\n2,x\n3,"end"\n')
+    """A CSV of 101 lines holding 50 rows (each with a quoted newline) and 40 distinct keys,
+    killed while its third row is out (most rows not yet handed out): its input is read
+    ahead, so the map's total is 40 for `runs show` and `export`, as when the map completes
+    (it was the file's line count, 100, and then the rows handed out so far)."""
+    rows = [f'{i},"two\nlines"\n' for i in range(1, 41)] + [f'{i},"two\nlines"\n' for i in range(1, 11)]
+    (tmp_path / "rows.csv").write_text("id,note\n" + "".join(rows))
     (tmp_path / "play.py").write_text(
         "import asyncio\n"
         "from deepline_cli import play, tool\n\n"
@@ -213,6 +215,6 @@ def test_a_killed_maps_row_total_counts_csv_rows_not_lines(deepline, tmp_path: P
         proc.wait(timeout=30)
     shown = json.loads(deepline("runs", "show", "lines", "--json").stdout)
     [rows] = shown["maps"]
-    assert (rows["rows"], rows["duplicate"]) == (3, 1), rows
+    assert (rows["rows"], rows["duplicate"]) == (40, 10), rows
     export = deepline("export", "lines")
-    assert "2 of 3 rows" in export.stderr, export.stderr
+    assert "2 of 40 rows" in export.stderr, export.stderr

@@ -326,19 +326,18 @@ class MapBook:
             elapsed_s=round(time.monotonic() - self.started, 3),
         )  # fmt: skip
 
-    async def input_read(self, record: MapRecord, total: int) -> None:
-        """The whole input read (every row handed out): record its distinct rows and its
-        duplicates, for `runs show` and `export` while the map goes on (or after a kill)."""
-        record.total, record.duplicate = max(0, self._distinct(total)), self.tally.duplicate
+    async def input_read(self, record: MapRecord, distinct: int, duplicate: int) -> None:
+        """The whole input read: record its distinct rows and its duplicates (see MapRun)."""
+        record.total, record.duplicate = distinct, max(0, duplicate)
         await self.s.io.call(self.s.io.store.sheets.save_map, record)
 
-    async def save_unfinished(self, record: MapRecord, exc: BaseException) -> None:
+    async def save_unfinished(self, record: MapRecord, exc: BaseException, distinct: int, duplicate: int) -> None:
         """A map that did not finish says so, with what it did (`runs show`, `export`)."""
         interrupted = isinstance(exc, asyncio.CancelledError | RunInterrupted)
         record.status = "waiting" if isinstance(exc, Suspended) else "interrupted" if interrupted else "failed"
-        record.total = max(0, self._distinct(record.total))
+        record.total, record.duplicate = distinct, duplicate
         record.succeeded = self.tally.succeeded_all
-        record.failed, record.duplicate, record.reused = self.tally.failed, self.tally.duplicate, self.tally.reused
+        record.failed, record.reused = self.tally.failed, self.tally.reused
         with contextlib.suppress(Exception, asyncio.CancelledError):
             await self.s.io.call(self.s.io.store.sheets.save_map, record)
 

@@ -112,9 +112,8 @@ class MapRun:
             await self._execute()
         except BaseException as exc:
             self.book.progress(self.total_estimate)  # the view's last frame: every row that finished
-            record.total = self.total_estimate or 0
             record.input_columns = list(self.intake.input_columns)  # a list's fields: known as it is read
-            await self.book.save_unfinished(record, exc)
+            await self.book.save_unfinished(record, exc, *self._row_counts())
             raise
         finally:
             s.progress.remove(self._progress)
@@ -185,8 +184,12 @@ class MapRun:
         def sheet_rows(keys: list[str]) -> Awaitable[dict[str, SheetRow]]:
             return self.s.io.call(self.s.io.store.sheets.load_sheet_rows, self.sheet, keys, with_input=False)
 
+        counted = False  # the map's rows recorded, once the whole input is read
         async with contextlib.aclosing(self.intake.read_ahead(sheet_rows)) as chunks:
             async for chunk in chunks:
+                if not counted and self.intake.read_whole:
+                    counted = True
+                    await self._input_read()
                 for job in chunk:
                     if not (self.reusable(job) and self._reuse_whole_row(job)):
                         if job.blank is not None:  # no call made for it
@@ -195,10 +198,24 @@ class MapRun:
                             await queue.put(job)
                     if self.stop is not None:
                         return
-        # Read whole: the map's rows are known (a CSV's line count, until now), for a run
-        # killed before the map ends too.
+        if not counted:  # a limit stopped reading: its rows are known now
+            await self._input_read()
+
+    async def _input_read(self) -> None:
+        """The input read whole (it is read ahead of the rows handed out): record the map's
+        distinct rows and duplicates (a CSV's line count, until now), for `runs show` and
+        `export` while the map goes on, and after a kill."""
         self.record.input_columns = list(self.intake.input_columns)
-        await self.book.input_read(self.record, self.total_estimate or 0)
+        await self.book.input_read(self.record, *self._row_counts())
+
+    def _row_counts(self) -> tuple[int, int]:
+        """The map's distinct rows and duplicates: exact once the input is read whole (it is
+        read ahead of the rows handed out), else the input's size less the duplicates seen."""
+        total = self.total_estimate or 0
+        if self.intake.read_whole and self.limit is None:
+            return self.distinct, total - self.distinct
+        duplicate = self.book.tally.duplicate
+        return (total if self.limit is not None else max(0, total - duplicate)), duplicate
 
     def _warn(self, message: str) -> None:
         self.s.log(level="warning", message=message)

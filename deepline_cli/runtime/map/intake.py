@@ -41,6 +41,7 @@ class Intake:
         self.csv = rows if isinstance(rows, CsvSource) else None
         self.clashes: set[tuple[str, str]] = set()  # column names told apart by case only, warned of
         self.total_estimate = _estimate_total(rows, limit)
+        self.read_whole = False  # every input row read (it reads ahead of what is handed out)
         self.warn_of_case(self.input_columns)
 
     def chunks(self) -> Iterator[list[PendingRow]]:
@@ -121,6 +122,7 @@ class Intake:
                 chunk, read, duplicate, seeded = [], 0, 0, []
         else:  # the whole input read: its rows are counted (a line count counted a quoted newline too)
             self.total_estimate = input_index + 1 if limit is None else distinct  # a limit counts distinct rows
+            self.read_whole = True
         if chunk or read:
             yield chunk, (read, duplicate, seeded)
 
