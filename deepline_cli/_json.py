@@ -73,11 +73,12 @@ def plain(value: Any, what: str) -> Any:
     try:
         data = orjson.dumps(value, default=_plain_default, option=_OPTS)
     except orjson.JSONEncodeError as exc:
-        if "not JSON serializable" not in str(exc):
+        keyed = "Dict key" in str(exc)  # a key that is no text, number, bool or None
+        if "not JSON serializable" not in str(exc) and not keyed:
             return loads(dumps(value))  # text or a number JSON cannot hold as it is: mended
         from deepline_cli.errors import UsageError
 
-        found = str(exc).rpartition(": ")[2]
+        found = "dict keyed by an object" if keyed else str(exc).rpartition(": ")[2]
         raise UsageError(
             f"{what} holds a {found}, which has no JSON form: return data (a dict, list, text, number, "
             "True/False or None), or give the class a to_json() method."

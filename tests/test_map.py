@@ -1546,6 +1546,8 @@ def test_a_value_with_no_json_form_is_refused_naming_its_column_or_step(make_pla
         async def odd(ctx, input):
             if input.get("step"):
                 return await ctx.step("o", lambda: {"thing": Thing()})
+            if input.get("keyed"):
+                return len(await ctx.map("k", [{"id": "1"}], key="id", columns={"k": lambda row: {Thing(): 1}}))
             return len(await ctx.map("m", [{"id": "1"}], key="id", columns={"t": lambda row: Thing()}))
         """
     )
@@ -1555,3 +1557,6 @@ def test_a_value_with_no_json_form_is_refused_naming_its_column_or_step(make_pla
     step = run(play_file, store_url, {"step": True})
     assert step.result.status == "failed"
     assert "step 'o' holds a Thing, which has no JSON form" in step.result.error["message"]
+    keyed = run(play_file, store_url, {"keyed": True})  # it was stored keyed by the object's repr
+    assert keyed.result.status == "failed"
+    assert "column 'k' holds a dict keyed by an object" in keyed.result.error["message"]

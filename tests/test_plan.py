@@ -421,3 +421,28 @@ def test_a_waterfall_kept_in_a_module_global_is_among_what_the_play_may_also_cal
     )
     plan = _plan(deepline, str(write_play(kept)))
     assert plan["body"]["may_also_call"] == {"p.hunter": 1.0, "p.apollo": 3.0}, plan["body"]
+
+
+def test_a_plan_stopped_at_a_call_its_body_repeats_knows_no_maximum(deepline, write_play) -> None:
+    """The play searches page 1, then loops over more pages of the same tool: planning stops
+    at the first call, and said "max 1" for a run that then spent 3."""
+    play = write_play(
+        """
+        from deepline_cli import play, tool
+
+        @tool("crm.search", credits=1)
+        def search(input):
+            return {"more": input["page"] < 3}
+
+        @play("pages")
+        async def pages(ctx, input):
+            page = 1
+            while (await ctx.tools.execute(f"p{page}", "crm.search", {"page": page})).output["more"]:
+                page += 1
+            return page
+        """
+    )
+    plan = _plan(deepline, str(play))
+    assert not plan["complete"] and plan["totals"]["credits"]["max"] is None, plan["totals"]
+    ran = deepline("run", str(play), "--json")
+    assert ran.code == 0 and ran.json_lines()[-1]["stats"]["credits"] == 3

@@ -368,6 +368,7 @@ def test_bearer_sends_the_secret_and_keeps_it_redacted(
     [
         ("rate_limit='20 per second'", "rate_limit '20 per second' is not valid"),
         ("concurrency=0", "concurrency must be"),
+        ("rate_limit=10", "rate_limit 10 is not valid"),
     ],
 )
 def test_a_tools_bad_limit_is_refused_by_check(deepline, write_play, option: str, said: str) -> None:

@@ -237,9 +237,9 @@ class Plan:
         seen = {t for m in self.maps for c in m.columns for t in c.tools} | {t for t, _, _ in self.body.new}
         unplanned = {t: c for t, c in self.body_tools.items() if t not in seen}
         body_credits = sum(c for _, c in body_new)
-        # Stopped before the play's end where what follows names tools it may call (how often
-        # is not known): no maximum is known.
-        credits.add(body_credits, body_credits, None if self.stopped and unplanned else body_credits)
+        # Stopped before the play's end at a call of its body (it may be made again after) or
+        # where what follows names tools it may call (how often is not known): no maximum.
+        credits.add(body_credits, body_credits, None if self.stopped and (unplanned or body_new) else body_credits)
         return {
             "play": self.play,
             "reference_run": self.reference_run,
