@@ -21,8 +21,8 @@ _UNIT_S = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h":
 
 
 def parse_rate(text: str, *, owner: str) -> float:
-    """`"20/s"`, `"600/min"` → calls per second."""
-    match = _RATE.match(text)
+    """`"20/s"`, `"600/min"` → calls per second (`10`, no text, is refused as any other)."""
+    match = _RATE.match(text) if isinstance(text, str) else None
     if not match or float(match.group(1)) <= 0:
         raise UsageError(f'{owner}: rate_limit {text!r} is not valid; write it like "20/s" or "600/min".')
     return float(match.group(1)) / _UNIT_S[match.group(2)]

@@ -176,10 +176,6 @@ def tool(
             raise UsageError(f"Tool {id!r} must take (input) or (input, call).")
         # Refused where it is written (`deepline check` says so), not by the run's first call.
         if rate_limit is not None:
-            if not isinstance(rate_limit, str):
-                raise UsageError(
-                    f'Tool {id!r}: rate_limit {rate_limit!r} is not valid; write it like "20/s" or "600/min".'
-                )
             parse_rate(rate_limit, owner=f"Tool {id!r}")
         if concurrency is not None and (
             isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
