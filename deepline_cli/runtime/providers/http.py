@@ -116,12 +116,13 @@ class Http:
                 if exc.category == "rate_limit":
                     self.governor.back_off(tool, delay)  # slow the tool down for everyone
                 if call is not None:
-                    call.note_retry(_retry_reason(exc))
                     call.waited_s += delay
                 attempt += 1
                 wait = call.pause if call is not None else asyncio.sleep
                 await wait(delay)
                 await self.governor.pace(tool, wait)  # the retry keeps to the tool's pace and pauses
+                if call is not None:  # a retry is counted once it goes out (an interrupt ends the wait)
+                    call.note_retry(_retry_reason(exc))
 
     async def aclose(self) -> None:
         await self.pool.aclose()
