@@ -406,3 +406,25 @@ def test_a_csv_named_relative_or_absolute_keys_its_cells_the_same(
     again = deepline("run", "play.py", "--csv", "leads.csv", "--json")
     assert again.code == 0, again.stderr
     assert again.json_lines()[-1]["stats"]["rows"]["reused"] == 2
+
+
+def test_export_never_writes_over_a_csv_the_play_itself_names(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A play that reads `leads.csv` by default (not from its input): the export told to
+    write there replaced the CSV, as the run's input said nothing of it."""
+    write_play(
+        """
+        from deepline_cli import play
+
+        @play("leads")
+        async def leads(ctx, input):
+            rows = await ctx.map("leads", ctx.csv("leads.csv"), key="id", columns={"n": lambda row: 1})
+            return len(rows)
+        """
+    )
+    (tmp_path / "leads.csv").write_text("id,domain\n1,acme.com\n")
+    assert deepline("run", "play.py", "--run-id", "D").code == 0
+    over = deepline("export", "D", "--out", "leads.csv")
+    assert over.code == 2 and "leads.csv is an input of run D" in over.stderr, over.stderr
+    assert (tmp_path / "leads.csv").read_text() == "id,domain\n1,acme.com\n"

@@ -56,9 +56,11 @@ def export(
             raise UsageError(f"Cannot write {out}: the directory {out.parent} does not exist.")
         if out is not None and out.is_dir():
             raise UsageError(f"Cannot write {out}: it is a directory; give a file name, like {out / 'rows.csv'}.")
-        if out is not None and any(_same_file(out, path) for path in _input_files(run.input, run.cwd)):
+        sources = [Path(m.source) for m in maps.values() if m.source]
+        if out is not None and any(_same_file(out, path) for path in [*_input_files(run.input, run.cwd), *sources]):
             raise UsageError(
-                f"Cannot write {out}: {out} is an input of run {run_id}, which the export would replace; "
+                f"Cannot write {out}: {out} is an input of run {run_id} (a file it read), which the export "
+                "would replace; "
                 f"give another file name, like {out.with_name(out.stem + '-export' + out.suffix)}."
             )
         dataset = Dataset(db.sheets, record)

@@ -268,6 +268,13 @@ MIGRATIONS: list[tuple[str, str | Step]] = [
         ALTER TABLE map_rows ADD COLUMN fell_back TEXT
         """,
     ),
+    (
+        "0012_maps_source",
+        """
+        -- The file a map read its rows from (a CSV): an export never writes over it.
+        ALTER TABLE maps ADD COLUMN source TEXT
+        """,
+    ),
 ]
 
 

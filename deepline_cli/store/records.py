@@ -363,6 +363,7 @@ class MapRecord:
     attempt: int = 0  # the run attempt saving it (fencing: a superseded one saves nothing)
     steps: dict[str, list[str]] = field(default_factory=dict)  # waterfall columns and their steps, in order
     description: str = ""  # what the rows are (ctx.csv(description=...)), for the views
+    source: str | None = None  # the file the rows came from (a CSV): `export` never writes over it
 
 
 @dataclass(slots=True)

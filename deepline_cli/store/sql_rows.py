@@ -97,6 +97,7 @@ def map_from_row(r: Sequence[Any]) -> MapRecord:
         run_id=r[0], map=r[1], sheet=r[2], input_columns=_json.loads(r[3]) or [], columns=_json.loads(r[4]) or [],
         status=r[5], total=r[6], succeeded=r[7], failed=r[8], duplicate=r[9], reused=r[10], started_at=r[11],
         finished_at=r[12], pilot=_json.loads(r[13]), steps=_json.loads(r[14]) or {}, description=r[15] or "",
+        source=r[16],
     )  # fmt: skip
 
 

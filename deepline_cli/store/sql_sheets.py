@@ -124,13 +124,13 @@ class SheetsSql(SqlBase):
                 return  # fencing: the run was taken over; its new owner keeps the map's record
             c.execute(
                 "INSERT INTO maps (run_id, map, sheet, input_columns, columns, status, total, succeeded,"
-                " failed, duplicate, reused, started_at, finished_at, pilot, steps, description)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, map) DO UPDATE SET"
+                " failed, duplicate, reused, started_at, finished_at, pilot, steps, description, source)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, map) DO UPDATE SET"
                 " sheet = excluded.sheet, input_columns = excluded.input_columns, columns = excluded.columns,"
                 " status = excluded.status, total = excluded.total, succeeded = excluded.succeeded,"
                 " failed = excluded.failed, duplicate = excluded.duplicate, reused = excluded.reused,"
                 " finished_at = excluded.finished_at, pilot = excluded.pilot, steps = excluded.steps,"
-                " description = excluded.description",
+                " description = excluded.description, source = excluded.source",
                 (
                     record.run_id,
                     record.map,
@@ -148,13 +148,14 @@ class SheetsSql(SqlBase):
                     json_or_none(record.pilot),
                     json_or_none(record.steps or None),
                     record.description or None,
+                    record.source,
                 ),
             )
 
     def get_maps(self, run_id: str) -> list[MapRecord]:
         rows = self._read(
             "SELECT run_id, map, sheet, input_columns, columns, status, total, succeeded, failed,"
-            " duplicate, reused, started_at, finished_at, pilot, steps, description FROM maps WHERE run_id = ?"
+            " duplicate, reused, started_at, finished_at, pilot, steps, description, source FROM maps WHERE run_id = ?"
             " ORDER BY started_at",
             (run_id,),
         )

@@ -32,7 +32,7 @@ from deepline_cli.runtime.map.intake import Intake
 from deepline_cli.runtime.map.pilot import scan_rest
 from deepline_cli.runtime.map.reuse import ReusePolicy, previous_value, refresh_after
 from deepline_cli.runtime.map.row_context import PendingRow, RowContext
-from deepline_cli.runtime.map.rows import RowKey, key_function
+from deepline_cli.runtime.map.rows import CsvSource, RowKey, key_function
 from deepline_cli.runtime.map.waterfall import Found, Waterfall
 from deepline_cli.runtime.providers.found import is_found
 from deepline_cli.runtime.providers.tools import ToolResult
@@ -104,6 +104,7 @@ class MapRun:
             attempt=self.attempt,
             steps=self.waterfalls,
             description=getattr(self.rows, "description", "") or "",
+            source=str(self.rows.path) if isinstance(self.rows, CsvSource) else None,
         )
         await self.book.start(record, self.total_estimate, self.limit)
         self.record = record
