@@ -10,6 +10,7 @@ import json
 import re
 import signal
 import socket
+import sqlite3
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -535,3 +536,26 @@ def _healthy(url: str) -> bool:
         return httpx.get(f"{url}/healthz").json() == {"ok": True}
     except httpx.TransportError:
         return False
+
+
+@pytest.mark.process
+def test_serve_run_here_on_a_store_a_newer_deepline_wrote_stops_in_one_sentence(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """Its worker gave up ("the store cannot be reached") and serve went on answering with
+    no one to run what it queued, exit 0 later."""
+    (tmp_path / "inbound.py").write_text(HOOK_PLAY)
+    (tmp_path / ".env").write_text(f"HOOK_SECRET={SECRET}\n")
+    open_store(cli_env["DEEPLINE_STORE"]).close()
+    conn = sqlite3.connect(cli_env["DEEPLINE_STORE"])
+    conn.execute("INSERT INTO _migrations (name, applied_at) VALUES ('9999_future', 0)")
+    conn.commit()
+    conn.close()
+    server = start(["serve", "inbound.py", "--run-here", "--port", "0"], cli_env, tmp_path)
+    try:
+        code, _, err = finish(server, timeout=60)
+    finally:
+        kill(server)
+    assert code == 1, err
+    assert "written by a newer deepline" in err and "cannot be reached" not in err, err
+    assert "Traceback" not in err, err

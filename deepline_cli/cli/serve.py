@@ -46,16 +46,25 @@ def serve(
     """
     import uvicorn
 
+    from deepline_cli.cli.common import fail
     from deepline_cli.runtime.run.play import load_play
     from deepline_cli.runtime.run.worker import Worker
     from deepline_cli.server.webhooks import create_app, hooks_for
 
     hooks = hooks_for([load_play(path) for path in plays])
     app = create_app(hooks, store, max_body_bytes=max_body_bytes, tolerance_s=tolerance)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
     worker, runs_here = None, None
     if run_here:
         worker = Worker(store, concurrency=4, report=_say)
-        runs_here = threading.Thread(target=worker.run, daemon=True, name="deepline-serve-worker")
+
+        def work(worker: Worker = worker) -> None:
+            try:
+                worker.run()
+            finally:  # it stopped on its own (its store cannot be used): serve stops too
+                server.should_exit = server.should_exit or worker.failure is not None
+
+        runs_here = threading.Thread(target=work, daemon=True, name="deepline-serve-worker")
         runs_here.start()
     _say(
         f"deepline serve: http://{host}:{port}/hooks/{{{'|'.join(hooks)}}}"
@@ -67,7 +76,7 @@ def serve(
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+        server.run()
     finally:
         if worker is not None and runs_here is not None:
             worker.drain()  # runs in progress end `interrupted`, queued again for the next worker
@@ -75,6 +84,8 @@ def serve(
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, stop_at_once)
             runs_here.join(timeout=30)
+    if worker is not None and worker.failure is not None:
+        raise fail(f"the runs here stopped: {worker.failure}", 1)
 
 
 def _say(line: str) -> None:

@@ -21,7 +21,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from deepline_cli.errors import DeeplineError, RunBusyError, RunInterrupted, StoreError, StoreUnreachable
+from deepline_cli.errors import (
+    DeeplineError,
+    RunBusyError,
+    RunInterrupted,
+    StoreError,
+    StoreOpenError,
+    StoreUnreachable,
+)
 from deepline_cli.runtime.calls.events import Event, EventBus
 from deepline_cli.runtime.calls.store_thread import reconnecting
 from deepline_cli.runtime.run.holders import holder_alive, holder_id
@@ -165,8 +172,8 @@ class Worker:
     def _loop(self) -> None:
         try:
             store = open_store(self.store_url)
-        except StoreError as exc:
-            self._give_up(StoreUnreachable(str(exc)))
+        except StoreError as exc:  # refused (down, a wrong port), or a newer deepline's schema
+            self._give_up(StoreUnreachable(str(exc)) if isinstance(exc, StoreOpenError) else exc)
             return
         me = threading.current_thread().name
         try:
