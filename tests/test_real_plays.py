@@ -1056,3 +1056,49 @@ def test_a_fingerprint_holds_nothing_that_changes_with_the_process(deepline_proc
     for seed in ("2", "3", "4"):
         again = finished(deepline_process("run", "play.py", "--json", PYTHONHASHSEED=seed))
         assert again["stats"]["rows"]["reused"] == 1, (seed, again["stats"]["rows"])
+
+
+FOLLOWED_PLAY = """\
+from deepline_cli import play
+from settings import LABEL, TIER
+
+MIN_LEN = 3
+RULES = {"min": MIN_LEN}
+
+
+@play("followed")
+async def followed(ctx, input):
+    rows = await ctx.map("m", [{"id": "1"}], key="id", columns={
+        "tier": lambda row: TIER,
+        "label": lambda row: LABEL,
+        "min": lambda row: RULES["min"],
+    })
+    return {k: v for k, v in list(rows)[0].items() if k != "id"}
+"""
+
+SETTINGS = """\
+PROD = True
+DEFAULT_TIER = "gold"
+TIER = DEFAULT_TIER
+if PROD:
+    LABEL = "prod-v1"
+else:
+    LABEL = "dev"
+"""
+
+
+def test_a_cell_follows_the_names_a_setting_is_computed_from(deepline_process: Run, tmp_path: Path) -> None:
+    """`TIER = DEFAULT_TIER`, a `LABEL` set in an `if`, `RULES = {"min": MIN_LEN}`: an edit
+    of DEFAULT_TIER, of the `if`, or of MIN_LEN came back with the old values."""
+    (tmp_path / "settings.py").write_text(SETTINGS)
+    (tmp_path / "play.py").write_text(FOLLOWED_PLAY)
+    first = finished(deepline_process("run", "play.py", "--json"))
+    assert first["output"] == {"tier": "gold", "label": "prod-v1", "min": 3}
+    same = finished(deepline_process("run", "play.py", "--json", PYTHONHASHSEED="7"))
+    assert same["stats"]["rows"]["reused"] == 1
+
+    (tmp_path / "settings.py").write_text(SETTINGS.replace('"gold"', '"silver"').replace("prod-v1", "prod-v2"))
+    (tmp_path / "play.py").write_text(FOLLOWED_PLAY.replace("MIN_LEN = 3", "MIN_LEN = 7"))
+    changed = finished(deepline_process("run", "play.py", "--json"))
+
+    assert changed["output"] == {"tier": "silver", "label": "prod-v2", "min": 7}

@@ -222,7 +222,7 @@ def _feed_function(walk: _Walk, fn: types.FunctionType) -> None:
         if _is_code(value) or name not in written:
             _feed_value(walk, value)
         else:
-            _tag(walk, _as_written(scope, name, written))  # the statements that set it
+            _tag(walk, _as_written(scope, name))  # the statements that set it
     for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=False):
         try:
             contents = cell.cell_contents
@@ -250,18 +250,27 @@ def _feed_instance(walk: _Walk, obj: Any) -> None:
         _feed_value(walk, attributes[name])
 
 
-def _as_written(scope: Mapping[str, Any], name: str, written: dict[str, bytes], depth: int = 0) -> bytes:
-    """The statements that set a module-level name. One that imports it from a module of
-    the play's own (`from settings import PROVIDER`) is followed there: the value is set in
-    that module's source, which an edit changes."""
-    origin = _imported_from(scope, name) if depth < 8 else None
-    if origin is None:
-        return written[name]
-    module, attr = origin
-    there = _bindings(getattr(module, "__file__", None))
-    if attr not in there:
-        return written[name]  # a library's (its version says what it is), or a name not set there
-    return _as_written(vars(module), attr, there, depth + 1)
+def _as_written(scope: Mapping[str, Any], name: str, seen: set[tuple[str, str]] | None = None) -> bytes:
+    """The statements that set a module-level name, as written, with those setting the
+    module's names they read (`RULES = {"min": MIN_LEN}`: MIN_LEN's too). One that imports
+    it from a module of the play's own (`from settings import PROVIDER`) is followed there:
+    the value is set in that module's source, which an edit changes."""
+    seen = set() if seen is None else seen
+    file = str(scope.get("__file__"))
+    if (file, name) in seen:
+        return b""
+    seen.add((file, name))
+    origin = _imported_from(scope, name)
+    if origin is not None:
+        module, attr = origin
+        if attr in _source(getattr(module, "__file__", None)).bound:
+            return _as_written(vars(module), attr, seen)
+    here = _source(scope.get("__file__"))
+    parts = [here.bound.get(name, b"")]
+    for used in sorted(here.reads.get(name, ())):
+        if used != name and used in here.bound:
+            parts.append(used.encode() + b"\0" + _as_written(scope, used, seen))
+    return b"\n".join(parts)
 
 
 def _imported_from(scope: Mapping[str, Any], name: str) -> tuple[types.ModuleType, str] | None:
@@ -324,43 +333,71 @@ def _is_code(value: Any) -> bool:
 
 def _bindings(file: str | None) -> dict[str, bytes]:
     """For a play file: each module-level name and the source of the statements binding it."""
-    return _source(file)[0]
+    return _source(file).bound
 
 
 def _imports(file: str | None) -> dict[str, tuple[str, str]]:
     """For a play file: each name a `from … import` binds, with the module (relative as
     written: `.settings`) and the name there."""
-    return _source(file)[1]
+    return _source(file).imported
 
 
-def _source(file: str | None) -> tuple[dict[str, bytes], dict[str, tuple[str, str]]]:
+@dataclass(frozen=True)
+class _Module:
+    """A play module's source, read for fingerprints: what binds each module-level name
+    (its statements, dumped), the names it imports from where, and the names each binding
+    reads."""
+
+    bound: dict[str, bytes] = field(default_factory=dict)
+    imported: dict[str, tuple[str, str]] = field(default_factory=dict)
+    reads: dict[str, frozenset[str]] = field(default_factory=dict)
+
+
+def _source(file: str | None) -> _Module:
     if not file or not is_play_file(file):
-        return {}, {}
+        return _Module()
     try:
         stat = os.stat(file)
     except OSError:
-        return {}, {}
+        return _Module()
     return _parsed(file, stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=64)
-def _parsed(file: str, mtime_ns: int, size: int) -> tuple[dict[str, bytes], dict[str, tuple[str, str]]]:
+def _parsed(file: str, mtime_ns: int, size: int) -> _Module:
     try:
         tree = ast.parse(Path(file).read_bytes())
     except (OSError, SyntaxError, ValueError):
-        return {}, {}
+        return _Module()
     bound: dict[str, list[bytes]] = {}
     imported: dict[str, tuple[str, str]] = {}
+    reads: dict[str, set[str]] = {}
     for node in tree.body:
-        for name in _bound_names(node):
-            bound.setdefault(name, []).append(ast.dump(node).encode())
+        names = _bound_names(node)
+        if names:
+            dumped = ast.dump(node).encode()
+            loaded = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            for name in names:
+                bound.setdefault(name, []).append(dumped)
+                reads.setdefault(name, set()).update(loaded)
         if isinstance(node, ast.ImportFrom):
             for alias in node.names:
                 imported[alias.asname or alias.name] = ("." * node.level + (node.module or ""), alias.name)
-    return {name: b"\n".join(parts) for name, parts in bound.items()}, imported
+    return _Module(
+        {name: b"\n".join(parts) for name, parts in bound.items()},
+        imported,
+        {name: frozenset(used) for name, used in reads.items()},
+    )
 
 
 def _bound_names(node: ast.stmt) -> list[str]:
+    """The module-level names a statement binds: assigned, imported, defined, or set inside
+    an `if`, `try`, `with` or loop at module level (`if PROD: LABEL = … else: LABEL = …`)."""
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return [node.name]
+    if isinstance(node, ast.If | ast.Try | ast.With | ast.For | ast.While):
+        return sorted({name for inner in ast.walk(node) if isinstance(inner, ast.stmt) and inner is not node
+                       for name in _bound_names(inner)})  # fmt: skip
     if isinstance(node, ast.Assign):
         targets: list[ast.expr] = list(node.targets)
     elif isinstance(node, ast.AnnAssign | ast.AugAssign):
