@@ -223,3 +223,14 @@ def test_retries_by_cause_add_up_when_an_attempt_was_killed() -> None:
     recorded = {"t.search": {"retries": 59, "retry_reasons": {"5xx": 59}}}
     [tool] = merged_tools(counted, recorded).values()
     assert (tool["retries"], tool["retry_reasons"]) == (83, {"5xx": 59, "earlier": 24})
+
+
+def test_the_same_timer_of_several_child_plays_is_said_once() -> None:
+    """A map of 3 child plays each sleeping: "timer 'z' is due at …" was said three times."""
+    from deepline_cli.ui.verdict import describe_waiting
+
+    naps = [{"kind": "sleep", "id": "sleep:z", "due_at": 1_800_000_000.0, "run_id": f"r-{n}"} for n in range(3)]
+    event = {"kind": "event", "id": "event:go", "event_id": "go", "run_id": "r-9"}
+    said = describe_waiting([*naps, event])
+    assert said.count("timer 'z'") == 1 and said.count("(3 child plays)") == 1, said
+    assert said.endswith("for event 'go' (deepline events send r-9 go)"), said

@@ -189,12 +189,17 @@ def clock(seconds: float) -> str:
 
 
 def describe_waiting(boundaries: list[dict[str, Any]]) -> str:
-    """One phrase a person can act on: until when, or for which event."""
-    parts = []
+    """One phrase a person can act on: until when, or for which event. The same timer of
+    several child plays (a map of them) is said once, with how many wait for it."""
+    parts: dict[str, int] = {}
     for b in boundaries:
         if b["kind"] == "sleep" and b.get("due_at"):
             due = dt.datetime.fromtimestamp(b["due_at"]).strftime("%Y-%m-%d %H:%M:%S")
-            parts.append(f"timer {b['id'].removeprefix('sleep:')!r} is due at {due}")
+            part = f"timer {b['id'].removeprefix('sleep:')!r} is due at {due}"
         elif b["kind"] == "event":
-            parts.append(f"for event {b['event_id']!r} (deepline events send {b['run_id']} {b['event_id']})")
-    return "; ".join(parts) or "for its child plays"
+            part = f"for event {b['event_id']!r} (deepline events send {b['run_id']} {b['event_id']})"
+        else:
+            continue
+        parts[part] = parts.get(part, 0) + 1
+    said = [part + (f" ({n} child plays)" if n > 1 else "") for part, n in parts.items()]
+    return "; ".join(said) or "for its child plays"
