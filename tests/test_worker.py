@@ -31,7 +31,7 @@ import pytest
 from deepline_cli.store import open_store
 from deepline_cli.store.records import ReceiptQuery, RunRecord
 from deepline_cli.store.roles import Store
-from tests.helpers import logged, wait_until
+from tests.helpers import is_postgres, logged, wait_until
 
 pytestmark = pytest.mark.process  # every test here starts real worker processes
 
@@ -773,6 +773,21 @@ def test_a_worker_whose_store_refuses_says_so_in_one_sentence(tmp_path: Path) ->
     assert f"Cannot connect to the store {url}" in done.stderr, done.stderr
 
 
+def mark_newer_schema(store: str) -> None:
+    """The store as a newer deepline leaves it: a migration this one does not know."""
+    sql = "INSERT INTO _migrations (name, applied_at) VALUES ('9999_future', 0)"
+    if is_postgres(store):
+        import psycopg
+
+        with psycopg.connect(store, autocommit=True) as conn:
+            conn.execute(sql)
+        return
+    conn = sqlite3.connect(store)
+    conn.execute(sql)
+    conn.commit()
+    conn.close()
+
+
 def test_a_worker_whose_store_a_newer_deepline_upgraded_stops_in_one_sentence(cli: CLI, tmp_path: Path) -> None:
     """A newer deepline migrated the store while a worker ran: the worker's thread died with
     a traceback as it opened the store for the next run due, and the worker exited 0, as if
@@ -784,10 +799,7 @@ def test_a_worker_whose_store_a_newer_deepline_upgraded_stops_in_one_sentence(cl
     worker = cli.spawn("worker")
     with opened(cli.store) as store:
         wait_until(lambda: run_of(store, run_id).status == "waiting", what="the run waits", timeout=30)
-    conn = sqlite3.connect(cli.store)
-    conn.execute("INSERT INTO _migrations (name, applied_at) VALUES ('9999_future', 0)")  # a newer deepline's
-    conn.commit()
-    conn.close()
+    mark_newer_schema(cli.store)
 
     ended = cli.finish(worker, timeout=60)  # the timer comes due: the worker opens the store again
 
