@@ -1102,3 +1102,78 @@ def test_a_cell_follows_the_names_a_setting_is_computed_from(deepline_process: R
     changed = finished(deepline_process("run", "play.py", "--json"))
 
     assert changed["output"] == {"tier": "silver", "label": "prod-v2", "min": 7}
+
+
+CLASSES_PLAY = """\
+from enum import Enum
+
+import settings
+from deepline_cli import play
+from settings import CHAINED
+
+try:
+    from settings import TRIED
+except ImportError:
+    TRIED = "bronze"
+
+
+class Cfg:
+    TIER = "gold"
+
+
+class Tier(str, Enum):
+    DEFAULT = "gold"
+
+
+MODULE_TIER = settings.TIER
+RULES = {}
+RULES.update(tier="gold")
+FIELDS = ["a"]
+FIELDS.append("gold")
+
+
+def make(fields):
+    def count(row):
+        return len(fields)
+    return count
+
+
+@play("classes")
+async def classes(ctx, input):
+    rows = await ctx.map("m", [{"id": "1"}], key="id", columns={
+        "cls": lambda row: Cfg.TIER,
+        "enum": lambda row: Tier.DEFAULT.value,
+        "mod": lambda row: MODULE_TIER,
+        "chain": lambda row: CHAINED,
+        "tried": lambda row: TRIED,
+        "upd": lambda row: RULES["tier"],
+        "app": lambda row: FIELDS[-1],
+        "tup": make(tuple({"email", "phone", "title", "company", "linkedin"})),
+    })
+    return {k: v for k, v in list(rows)[0].items() if k != "id"}
+"""
+
+
+def test_a_cell_follows_class_attributes_modules_and_mutations_and_not_the_hash_seed(
+    deepline_process: Run, tmp_path: Path
+) -> None:
+    """Class attributes and an Enum's members, a setting read through `import settings`, one
+    computed in settings from another module, one imported in a `try`, a dict updated and a
+    list appended to at module level: edited, they came back with the old values. A tuple
+    made from a set: every process recomputed it."""
+    (tmp_path / "base.py").write_text('DEFAULT = "gold"\n')
+    (tmp_path / "settings.py").write_text('import base\n\nTIER = "gold"\nCHAINED = base.DEFAULT\nTRIED = "gold"\n')
+    (tmp_path / "play.py").write_text(CLASSES_PLAY)
+    first = finished(deepline_process("run", "play.py", "--json", PYTHONHASHSEED="1"))
+    assert set(first["output"].values()) == {"gold", 5}, first["output"]
+    for seed in ("2", "3"):
+        again = finished(deepline_process("run", "play.py", "--json", PYTHONHASHSEED=seed))
+        assert again["stats"]["rows"]["reused"] == 1, (seed, again["stats"]["rows"])
+
+    for name in ("base.py", "settings.py", "play.py"):
+        (tmp_path / name).write_text((tmp_path / name).read_text().replace('"gold"', '"silver"'))
+    changed = finished(deepline_process("run", "play.py", "--json", PYTHONHASHSEED="4"))
+
+    assert {k: v for k, v in changed["output"].items() if k != "tup"} == dict.fromkeys(
+        ["cls", "enum", "mod", "chain", "tried", "upd", "app"], "silver"
+    ), changed["output"]

@@ -221,6 +221,8 @@ def _feed_function(walk: _Walk, fn: types.FunctionType) -> None:
         value = scope[name]
         if _is_code(value) or name not in written:
             _feed_value(walk, value)
+            if isinstance(value, types.ModuleType) and name in written:
+                _tag(walk, written[name])  # `import settings` and what this module sets on it
         else:
             _tag(walk, _as_written(scope, name))  # the statements that set it
     for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=False):
@@ -268,6 +270,11 @@ def _as_written(scope: Mapping[str, Any], name: str, seen: set[tuple[str, str]] 
     here = _source(scope.get("__file__"))
     parts = [here.bound.get(name, b"")]
     for used in sorted(here.reads.get(name, ())):
+        value = scope.get(used)
+        source = getattr(value, "__file__", None) if isinstance(value, types.ModuleType) else None
+        if source and is_play_file(source) and (source, "") not in seen:  # `TIER = settings.TIER`
+            seen.add((source, ""))
+            parts.append(Path(source).read_bytes())
         if used != name and used in here.bound:
             parts.append(used.encode() + b"\0" + _as_written(scope, used, seen))
     return b"\n".join(parts)
@@ -299,6 +306,8 @@ def _feed_class(walk: _Walk, cls: type) -> None:
         if isinstance(member, types.FunctionType):
             _tag(walk, name.encode())
             _feed_function(walk, member)
+    # …and its body as written: class attributes (`TIER = "gold"`, an Enum's members)
+    _tag(walk, _source(inspect.getfile(cls)).bound.get(cls.__name__, b""))
 
 
 def _feed_module(walk: _Walk, module: types.ModuleType) -> None:
@@ -315,8 +324,19 @@ def _feed_data(walk: _Walk, value: Any) -> None:
     process — text, numbers, None, and tuples, frozensets and dicts of them (a config dict).
     Anything else by its type only: a list (made from a set, its order is the hash seed's),
     a time, a client, a lock; its content may also change as the play runs."""
-    digest = _data_digest(value) if _plain(value) else None
+    digest = _data_digest(_unordered(value)) if _plain(value) else None
     _tag(walk, digest.encode() if digest else f"<{type(value).__module__}.{type(value).__qualname__}>".encode())
+
+
+def _unordered(value: Any) -> Any:
+    """Plain data with its tuples and frozensets as sorted lists: a tuple made from a set
+    (`tuple({"email", "phone"})`) is in the hash seed's order. (A reordered tuple is not
+    seen: its content is.)"""
+    if isinstance(value, tuple | frozenset):
+        return sorted((_unordered(v) for v in value), key=lambda v: _json.canonical(v))
+    if isinstance(value, dict):
+        return {k: _unordered(v) for k, v in value.items()}
+    return value
 
 
 def _plain(value: Any) -> bool:
@@ -380,9 +400,10 @@ def _parsed(file: str, mtime_ns: int, size: int) -> _Module:
             for name in names:
                 bound.setdefault(name, []).append(dumped)
                 reads.setdefault(name, set()).update(loaded)
-        if isinstance(node, ast.ImportFrom):
-            for alias in node.names:
-                imported[alias.asname or alias.name] = ("." * node.level + (node.module or ""), alias.name)
+        for inner in ast.walk(node):  # at module level, or in a `try` / `if` there
+            if isinstance(inner, ast.ImportFrom):
+                for alias in inner.names:
+                    imported[alias.asname or alias.name] = ("." * inner.level + (inner.module or ""), alias.name)
     return _Module(
         {name: b"\n".join(parts) for name, parts in bound.items()},
         imported,
@@ -395,6 +416,11 @@ def _bound_names(node: ast.stmt) -> list[str]:
     an `if`, `try`, `with` or loop at module level (`if PROD: LABEL = … else: LABEL = …`)."""
     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
         return [node.name]
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):  # `RULES.update(tier="gold")`
+        target = node.value.func
+        while isinstance(target, ast.Attribute | ast.Subscript):
+            target = target.value
+        return [target.id] if isinstance(target, ast.Name) and target is not node.value.func else []
     if isinstance(node, ast.If | ast.Try | ast.With | ast.For | ast.While):
         return sorted({name for inner in ast.walk(node) if isinstance(inner, ast.stmt) and inner is not node
                        for name in _bound_names(inner)})  # fmt: skip
