@@ -399,3 +399,15 @@ def test_two_columns_one_by_the_plays_rename_name_the_rename(deepline, tmp_path:
     assert result.code == 2, result.stderr
     assert "the column 'Domain' appears twice (columns 2 and 3) ('Website' renamed to it by the play)" in result.stderr
     assert "change the play's rename= or columns=" in result.stderr
+
+
+def test_a_short_row_of_a_semicolon_file_is_named_not_read_as_one_column(deepline, tmp_path: Path) -> None:
+    """One row of a ';' file one cell short: the file was read as one column ("required
+    column 'first_name' is missing (columns: First Name;Domain;…)"). The short row is named,
+    as in a comma file."""
+    (tmp_path / "play.py").write_text(CLI_PLAY)
+    rows = "".join(f"P{i};d{i}.io;{i};\n" for i in range(20))
+    (tmp_path / "leads.csv").write_text("First Name;Domain;Phone;Fax\nAda;acme.com;1;\nGrace;globex.io;2\n" + rows)
+    result = deepline("run", "play.py", "--set", "file=leads.csv", "--quiet")
+    assert result.code == 2, result.stderr
+    assert "leads.csv line 3: 3 fields where the header has 4" in result.stderr, result.stderr

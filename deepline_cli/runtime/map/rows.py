@@ -358,28 +358,30 @@ SNIFF_ROWS = 20
 
 
 def _delimiter(sample: str) -> str:
-    """`,`, or the `;` a spreadsheet in a European locale saves, or an export's tab: the one
-    whose header width the most of the first rows share (Excel's empty trailing columns
-    aside), then the wider header. A comma in a header name (`Revenue (k€, 2023)`) does not
-    make a semicolon file a comma one, nor a semicolon in a note a comma file a semicolon one."""
+    """`,`, or the `;` a spreadsheet in a European locale saves, or an export's tab: of those
+    that split the header and whose header width at least half of the first rows share
+    (Excel's empty trailing columns aside), the one that splits the header widest; a file
+    of one column is read with `,`. A comma in a header name (`Revenue (k€, 2023)`) does not
+    make a semicolon file a comma one, nor a semicolon in a note a comma file a semicolon
+    one, nor a short row a semicolon file one of one column."""
     lines = sample.splitlines(keepends=True)
     if len(sample) == SNIFF_BYTES and len(lines) > 1:
         lines.pop()  # cut short: not a whole line
-    best, best_score = ",", (-1, 0)
+    best, best_width = ",", 1
     for delimiter in (",", ";", "\t"):
         try:
             records = list(itertools.islice(csv.reader(lines, delimiter=delimiter), SNIFF_ROWS + 1))
         except csv.Error:  # a NUL byte…: reading the file says so, where it is
             continue
         width = len(_trimmed(records[0])) if records else 0
-        if delimiter != "," and width < 2:
-            continue  # not in the header at all
+        if width <= best_width:
+            continue  # splits the header no wider (or not at all)
         # A row agrees when it has the header's cells, any past them empty (a blank last cell
         # of a row, Excel's empty trailing columns).
-        agree = sum(len(r) >= width and not any(c.strip() for c in r[width:]) for r in records if any(r))
-        score = (agree, width)
-        if score > best_score:
-            best, best_score = delimiter, score
+        rows = [r for r in records if any(r)]
+        agree = sum(len(r) >= width and not any(c.strip() for c in r[width:]) for r in rows)
+        if 2 * agree >= len(rows):
+            best, best_width = delimiter, width
     return best
 
 
