@@ -1560,3 +1560,33 @@ def test_a_value_with_no_json_form_is_refused_naming_its_column_or_step(make_pla
     keyed = run(play_file, store_url, {"keyed": True})  # it was stored keyed by the object's repr
     assert keyed.result.status == "failed"
     assert "column 'k' holds a dict keyed by an object" in keyed.result.error["message"]
+
+
+def test_a_tool_of_a_module_the_play_imports_whole_is_versioned_too(make_play, store_url: str, tmp_path: Path) -> None:
+    """`import providers` (not `from providers import lookup`): bumping the tool's version
+    there left the map's cells as they were."""
+    providers = tmp_path / "providers_v.py"
+    body = """
+        import providers_v
+
+        @play("imported")
+        async def imported(ctx, input):
+            ds = await ctx.map("m", [{"id": "a"}], key="id", columns={
+                "v": lambda row, rc: rc.tools.execute("t", "pv.lookup", {"id": row["id"]}),
+            })
+            return [row["v"] for row in ds]
+        """
+    tool = 'from deepline_cli import tool\n\n@tool("pv.lookup", version={v!r})\ndef lookup(input):\n    return {v!r}\n'
+    providers.write_text(tool.format(v="1"))
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert run(make_play(body), store_url).output == ["1"]
+        providers.write_text(tool.format(v="2"))
+        sys.modules.pop("providers_v", None)
+        shutil.rmtree(tmp_path / "__pycache__", ignore_errors=True)
+        assert run(make_play(body), store_url).output == ["2"]
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("providers_v", None)

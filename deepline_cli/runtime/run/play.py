@@ -70,12 +70,34 @@ class PlayDef:
             )
 
     def tools(self) -> dict[str, Any]:
-        """The @tools in the play's own module (defined or imported there), by id.
+        """The @tools in the play's own module (defined or imported there), and in the play's
+        own modules it imports (`import providers`), by id; the module's own win.
 
         A run calls these before the process-wide registry, so two versions of a play
-        run by one worker each call their own version of a tool.
+        run by one worker each call their own version of a tool (and their versions are
+        part of a map cell's fingerprint).
         """
-        return tools_in(self.fn.__globals__)
+        found: dict[str, Any] = {}
+        for module in reversed(_play_modules(self.fn.__globals__)):
+            found.update(tools_in(vars(module)))
+        found.update(tools_in(self.fn.__globals__))
+        return found
+
+
+def _play_modules(namespace: Mapping[str, Any]) -> list[Any]:
+    """The play's own modules a module imports, and those they import, nearest first."""
+    found: list[Any] = []
+    seen: set[int] = set()
+    todo = [namespace]
+    while todo:
+        names = todo.pop(0)
+        for value in list(names.values()):
+            file = getattr(value, "__file__", None) if inspect.ismodule(value) else None
+            if file and id(value) not in seen and is_play_file(file):
+                seen.add(id(value))
+                found.append(value)
+                todo.append(vars(value))
+    return found
 
 
 def tools_in(namespace: Mapping[str, Any]) -> dict[str, Any]:
