@@ -1177,3 +1177,19 @@ def test_a_cell_follows_class_attributes_modules_and_mutations_and_not_the_hash_
     assert {k: v for k, v in changed["output"].items() if k != "tup"} == dict.fromkeys(
         ["cls", "enum", "mod", "chain", "tried", "upd", "app"], "silver"
     ), changed["output"]
+
+
+def test_a_closure_holding_a_tuple_with_nan_has_a_fingerprint() -> None:
+    """A tuple in a closure is hashed in no order: sorting its members by their JSON raised
+    on NaN, and the map failed before its first row."""
+    from deepline_cli.runtime.map.columns import code_fingerprint
+
+    def make(weights: tuple[float | str, ...]) -> Callable[[dict[str, Any]], Any]:
+        def score(row: dict[str, Any]) -> Any:
+            return weights
+
+        return score
+
+    nan_first = code_fingerprint(make((float("nan"), 1.0, "a")))
+    assert nan_first == code_fingerprint(make((1.0, "a", float("nan"))))
+    assert nan_first != code_fingerprint(make((2.0, "a", float("nan"))))

@@ -23,6 +23,7 @@ import functools
 import hashlib
 import importlib.util
 import inspect
+import math
 import os
 import sys
 import types
@@ -329,13 +330,15 @@ def _feed_data(walk: _Walk, value: Any) -> None:
 
 
 def _unordered(value: Any) -> Any:
-    """Plain data with its tuples and frozensets as sorted lists: a tuple made from a set
-    (`tuple({"email", "phone"})`) is in the hash seed's order. (A reordered tuple is not
-    seen: its content is.)"""
+    """Plain data as JSON with its tuples and frozensets as sorted lists: a tuple made from a
+    set (`tuple({"email", "phone"})`) is in the hash seed's order. (A reordered tuple is not
+    seen: its content is.) NaN and infinities, which JSON has not, are written as text."""
     if isinstance(value, tuple | frozenset):
-        return sorted((_unordered(v) for v in value), key=lambda v: _json.canonical(v))
+        return sorted((_unordered(v) for v in value), key=_json.canonical)
     if isinstance(value, dict):
         return {k: _unordered(v) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"<float {value!r}>"
     return value
 
 
