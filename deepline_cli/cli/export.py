@@ -59,9 +59,8 @@ def export(
         sources = [Path(m.source) for m in maps.values() if m.source]
         if out is not None and any(_same_file(out, path) for path in [*_input_files(run.input, run.cwd), *sources]):
             raise UsageError(
-                f"Cannot write {out}: {out} is an input of run {run_id} (a file it read), which the export "
-                "would replace; "
-                f"give another file name, like {out.with_name(out.stem + '-export' + out.suffix)}."
+                f"Cannot write {out}: {out} is an input of run {run_id} (a file it read), which the export would "
+                f"replace; give another file name, like {out.with_name(out.stem + '-export' + out.suffix)}."
             )
         dataset = Dataset(db.sheets, record)
         count = _write(out, format, dataset)

@@ -65,14 +65,12 @@ class SheetsSql(SqlBase):
     def earlier_map_rows(self, run_id: str, map: str, after_idx: int, limit: int) -> list[EarlierRow]:
         rows = self._read(
             "SELECT idx, row_key, outcome, reused_row, reused_cells, steps, found, fell_back FROM map_rows"
-            " WHERE run_id = ?"
-            " AND map = ? AND idx > ? ORDER BY idx LIMIT ?",
+            " WHERE run_id = ? AND map = ? AND idx > ? ORDER BY idx LIMIT ?",
             (run_id, map, after_idx, limit),
         )
+        loads = _json.loads
         return [
-            EarlierRow(
-                idx, key, ok == "succeeded", bool(reused), cells or 0, _loads(steps), _loads(found), _loads(fell)
-            )
+            EarlierRow(idx, key, ok == "succeeded", bool(reused), cells or 0, loads(steps), loads(found), loads(fell))
             for idx, key, ok, reused, cells, steps, found, fell in rows
         ]
 
@@ -227,8 +225,3 @@ class SheetsSql(SqlBase):
             upsert,
             [(*map_row_values(r), r.sheet, r.row_key) for r in rows if r.rev is None],
         )
-
-
-def _loads(text: str | None) -> Any:
-    """A JSON column that may be NULL (or empty)."""
-    return _json.loads(text) if text else None

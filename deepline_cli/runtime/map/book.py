@@ -9,7 +9,7 @@ import asyncio
 import bisect
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from deepline_cli.errors import DeeplineError, RunInterrupted, SystemicFailure
@@ -19,7 +19,7 @@ from deepline_cli.runtime.map.columns import ResolvedColumn
 from deepline_cli.runtime.map.host import MapParts
 from deepline_cli.runtime.map.row_context import PendingRow
 from deepline_cli.runtime.providers.secrets import REDACTED
-from deepline_cli.store.records import FOUND_PREFIX, NOT_FOUND, Cell, MapRecord, MapRow, SheetRow
+from deepline_cli.store.records import FOUND_PREFIX, NOT_FOUND, Cell, EarlierRow, MapRecord, MapRow, SheetRow
 
 FAILURES_LOGGED = 3
 SAME_ERROR_STOP = 20  # the first rows of a map all failing the same way: a systemic failure
@@ -90,10 +90,10 @@ class MapBook:
         # asked, their keys' hashes in order beside their idx: where each key was written.
         self._earlier = array.array("q")
         self._places: tuple[array.array[int], array.array[int]] | None = None
-        # The answers the rows earlier attempts failed had found a value with, by key: cells
-        # of theirs a resume reuses keep them (rows that succeeded are seeded, not redone).
-        self._earlier_found: dict[str, list[str]] = {}
-        self._earlier_fell_back: dict[str, list[str]] = {}  # …and the failed calls their cells got past
+        # Rows earlier attempts failed, by key, with the answers they found a value with and
+        # the failed calls their cells got past: cells of theirs a resume reuses keep them
+        # (rows that succeeded are seeded, not redone).
+        self._earlier_failed: dict[str, EarlierRow] = {}
         self.first_failures: list[tuple[object, ...]] = []  # signatures, while no row succeeded
         self.started = time.monotonic()
         self.limit: int | None = None  # the distinct rows a limit lets through (a pilot)
@@ -192,13 +192,10 @@ class MapBook:
         row = MapRow(self.run_id, self.name, job.idx, job.input_index, job.key, outcome, error, self.sheet, rev)
         row.attempt, row.steps = self.attempt, steps
         row.reused_row, row.reused_cells = reused
-        prefixes = {key[:FOUND_PREFIX] for key in found} if found else set()
-        if self._earlier_found:
-            prefixes.update(self._earlier_found.pop(job.key, ()))
-        row.found = sorted(prefixes) or None
-        fallen = {key[:FOUND_PREFIX] for key in fell_back} if fell_back else set()
-        earlier = self._earlier_fell_back.pop(job.key, ()) if self._earlier_fell_back else ()
-        row.fell_back = sorted(fallen.union(earlier)) or None if outcome == "failed" else None
+        earlier = self._earlier_failed.pop(job.key, None) if self._earlier_failed else None
+        row.found = _prefixes(found, earlier.found if earlier else None)
+        if outcome == "failed":
+            row.fell_back = _prefixes(fell_back, earlier.fell_back if earlier else None)
         row.kept = sheet_row is None and previous is not None and previous.run_id == self.run_id
         if self._earlier:
             row.moved_from = self._moved_from(job.idx, job.key)
@@ -285,10 +282,8 @@ class MapBook:
                 self._seed_key[idx] = hash(row.row_key)
                 self._earlier.append(idx)
                 if not row.succeeded:
-                    if row.found:
-                        self._earlier_found[row.row_key] = row.found
-                    if row.fell_back:
-                        self._earlier_fell_back[row.row_key] = row.fell_back
+                    if row.found or row.fell_back:
+                        self._earlier_failed[row.row_key] = row
                     continue
                 count += 1
                 self.mark(idx)
@@ -349,7 +344,7 @@ class MapBook:
         done = t.succeeded_all + t.failed
         elapsed = max(time.monotonic() - self.started, 1e-6)
         rate = (t.succeeded + t.failed - t.kept) / elapsed  # kept: an earlier attempt's rows, taken back whole
-        left = self._distinct(total) - done if total else 0
+        left = self.distinct_in(total) - done if total else 0
         eta = left / rate if total and rate > 0 else None
         self.s.bus.emit(
             "map.progress",
@@ -362,10 +357,10 @@ class MapBook:
             **{**t.as_dict(), "succeeded": t.succeeded_all},
         )
 
-    def _distinct(self, total: int) -> int:
+    def distinct_in(self, total: int) -> int:
         """The map's rows in `total`: input rows less the duplicates read so far (a limit's
         total counts distinct rows already)."""
-        return total if self.limit is not None else total - self.tally.duplicate
+        return total if self.limit is not None else max(0, total - self.tally.duplicate)
 
     async def log_summary(self, record: MapRecord) -> None:
         """The map's log lines (exact wording: the SPEC's): its first failed rows, how many
@@ -400,6 +395,14 @@ class MapBook:
                 "duplicate": record.duplicate,
             },
         )
+
+
+def _prefixes(keys: Iterable[str] | None, earlier: list[str] | None) -> list[str] | None:
+    """Receipt keys as the map row keeps them (their first FOUND_PREFIX characters), with
+    those an earlier attempt kept for the row."""
+    prefixes = {key[:FOUND_PREFIX] for key in keys or ()}
+    prefixes.update(earlier or ())
+    return sorted(prefixes) or None
 
 
 def _input_only(

@@ -283,7 +283,7 @@ def _as_written(scope: Mapping[str, Any], name: str, seen: set[tuple[str, str]] 
 
 def _imported_from(scope: Mapping[str, Any], name: str) -> tuple[types.ModuleType, str] | None:
     """The module (already imported) and name a module-level `name` was imported from."""
-    found = _imports(scope.get("__file__")).get(name)
+    found = _source(scope.get("__file__")).imported.get(name)
     if found is None:
         return None
     relative, attr = found
@@ -357,12 +357,6 @@ def _is_code(value: Any) -> bool:
 def _bindings(file: str | None) -> dict[str, bytes]:
     """For a play file: each module-level name and the source of the statements binding it."""
     return _source(file).bound
-
-
-def _imports(file: str | None) -> dict[str, tuple[str, str]]:
-    """For a play file: each name a `from … import` binds, with the module (relative as
-    written: `.settings`) and the name there."""
-    return _source(file).imported
 
 
 @dataclass(frozen=True)

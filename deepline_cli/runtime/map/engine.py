@@ -215,8 +215,7 @@ class MapRun:
         total = self.total_estimate or 0
         if self.intake.read_whole and self.limit is None:
             return self.distinct, total - self.distinct
-        duplicate = self.book.tally.duplicate
-        return (total if self.limit is not None else max(0, total - duplicate)), duplicate
+        return self.book.distinct_in(total), self.book.tally.duplicate
 
     def _warn(self, message: str) -> None:
         self.s.log(level="warning", message=message)

@@ -167,10 +167,10 @@ class Intake:
         """Columns whose names differ only in case (`Company` in the CSV, a `company` column):
         the export keeps both, but spreadsheets and many CSV readers take them for one."""
         ours = self.column_names
-        names = list(input_columns)
-        for name in [*names, *ours]:
-            # the input's own columns (`Email` and `email`) clash as a column of ours does
-            for column in [*ours, *(n for n in self.input_columns if n not in ours)]:
+        # the input's own columns (`Email` and `email`) clash as a column of ours does
+        known = [*ours, *(n for n in self.input_columns if n not in ours)]
+        for name in [*input_columns, *ours]:
+            for column in known:
                 pair = (min(name, column), max(name, column))
                 if name != column and name.lower() == column.lower() and pair not in self.clashes:
                     self.clashes.add(pair)

@@ -103,10 +103,7 @@ class CsvSource:
                 raise self._undecodable() from None
         if not header or not any(h.strip() for h in header):
             raise InputError(f"CSV file {self.path} is empty: it has no header row.")
-        names = [h.strip() for h in header]
-        while not names[-1]:  # empty trailing columns, as a spreadsheet saves them
-            names.pop()
-        return names
+        return _trimmed([h.strip() for h in header])  # empty trailing columns, as a spreadsheet saves them
 
     def _undecodable(self) -> InputError:
         """The decoder reads in blocks, so find the real line and column of the bad byte."""

@@ -164,7 +164,7 @@ class Worker:
         with self._lock:
             if self.failure is None:
                 self.failure = exc
-        why = "cannot be reached" if isinstance(exc, StoreUnreachable) else "cannot be used"
+        why = "cannot be reached" if isinstance(exc, StoreUnreachable | StoreOpenError) else "cannot be used"
         self.drain(f"stopping: the store {why}")
 
     # --- one thread ------------------------------------------------------------------------
@@ -173,7 +173,7 @@ class Worker:
         try:
             store = open_store(self.store_url)
         except StoreError as exc:  # refused (down, a wrong port), or a newer deepline's schema
-            self._give_up(StoreUnreachable(str(exc)) if isinstance(exc, StoreOpenError) else exc)
+            self._give_up(exc)
             return
         me = threading.current_thread().name
         try:
