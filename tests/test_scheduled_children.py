@@ -151,9 +151,9 @@ def test_stopping_a_parent_stops_its_queued_children_and_a_resume_runs_them(
 def test_a_due_run_a_draining_worker_did_not_start_is_not_counted_failed(deepline, write_play, store_path) -> None:
     """A worker told to stop just as it took up a due run: the run is left as it was (still
     waiting), and the worker's summary said it failed."""
-    import time
-
     from deepline_cli.runtime.run.worker import Worker
+    from deepline_cli.store import open_store
+    from tests.helpers import wait_until
 
     play = write_play(
         """
@@ -167,7 +167,12 @@ def test_a_due_run_a_draining_worker_did_not_start_is_not_counted_failed(deeplin
         "nap.py",
     )
     assert deepline("run", str(play), "--run-id", "due", "--max-inline-wait", "0").code == 3
-    time.sleep(0.05)  # past the timer: the run is due
+    store = open_store(str(store_path))  # the run is due by the store's clock
+    try:
+        [nap] = store.suspension.boundaries("due")
+        wait_until(lambda: store.now() >= (nap.due_at or 0.0), what="the timer's due time", timeout=10, every=0.01)
+    finally:
+        store.close()
     said: list[str] = []
     worker = Worker(str(store_path), report=said.append)
     worker.drain()
