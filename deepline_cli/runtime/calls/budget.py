@@ -75,11 +75,18 @@ class Budget:
         return None if learned is None else expected_cost(declared, learned)
 
     async def admit(self, tool: str | None, declared: float, label: str, *, metered: bool = False) -> Reservation:
-        """Hold credits for a call about to be made, or refuse it (BudgetExceededError)."""
-        expected = self.expected(tool, declared, metered=metered)
-        while expected is None and tool in self._probes and self.max_credits is not None:
+        """Hold credits for a call about to be made, or refuse it (BudgetExceededError),
+        after the first answer of a metered tool of unknown cost when one is out."""
+        while (reserved := self.reserve(tool, declared, label, metered=metered)) is None:
+            assert tool is not None
             await asyncio.shield(self._probes[tool])  # the tool's first answer tells its cost
-            expected = self.expected(tool, declared, metered=metered)
+        return reserved
+
+    def reserve(self, tool: str | None, declared: float, label: str, *, metered: bool = False) -> Reservation | None:
+        """`admit` without a wait: None when it must wait for a metered tool's first answer."""
+        expected = self.expected(tool, declared, metered=metered)
+        if expected is None and tool in self._probes and self.max_credits is not None:
+            return None
         probe = expected is None
         amount = declared if expected is None else expected
         self._check(amount, label, unknown=probe)

@@ -125,19 +125,18 @@ class InFlight:
     def __contains__(self, key: str) -> bool:
         return key in self._calls
 
-    async def run(self, key: str, work: Awaitable[Outcome]) -> Outcome:
+    def start(self, key: str) -> None:
         self._calls[key] = None
-        try:
-            outcome = await work
-        except BaseException as exc:
-            shared = self._calls.pop(key, None)
-            if shared is not None:
-                shared.set_exception(exc)
-            raise
+
+    def end(self, key: str, outcome: Outcome | BaseException) -> None:
+        """The first caller's answer (or error), handed to the callers that shared it."""
         shared = self._calls.pop(key, None)
-        if shared is not None:
+        if shared is None:
+            return
+        if isinstance(outcome, BaseException):
+            shared.set_exception(outcome)
+        else:
             shared.set_result(outcome)
-        return outcome
 
     async def share(self, key: str) -> Outcome:
         shared = self._calls[key]
@@ -204,7 +203,14 @@ class ReceiptBook:
             # One call answered both: it is counted once, by how it was answered.
             self._tally.count(call, "in_flight", outcome.credits, counted=True)
             return Outcome(outcome.value, "in_flight", call.key, outcome.credits)
-        return await self._inflight.run(call.key, self._execute(call, invoke))
+        self._inflight.start(call.key)
+        try:
+            outcome = await self._execute(call, invoke)
+        except BaseException as exc:
+            self._inflight.end(call.key, exc)
+            raise
+        self._inflight.end(call.key, outcome)
+        return outcome
 
     async def _execute(self, call: DurableCall, invoke: Callable[[ToolCall], Awaitable[Any]]) -> Outcome:
         waited = 0.0
@@ -297,7 +303,10 @@ class ReceiptBook:
         reserved: Reservation | None = None
         try:
             try:
-                reserved = await self._budget.admit(call.tool, call.credits, call.label, metered=call.metered)
+                asked = (call.tool, call.credits, call.label)
+                reserved = self._budget.reserve(*asked, metered=call.metered) or await self._budget.admit(
+                    *asked, metered=call.metered
+                )
                 info.ensure_lease()  # after a wait for the budget too
             except BaseException:
                 if reserved is not None:

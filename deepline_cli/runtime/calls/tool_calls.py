@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from deepline_cli import _json
@@ -151,16 +151,14 @@ class Tools:
         """A durable tool call. `description`: what it is for, in the play's words (kept
         with its receipt, shown in its errors and the report)."""
 
-        def attempt() -> Awaitable[ToolResult]:
-            return self._execute(id, tool, input, force, stale_after_seconds, timeout_s, receipt_wait_s, description)
-
+        args = (id, tool, input, force, stale_after_seconds, timeout_s, receipt_wait_s, description)
         try:
-            return await attempt()
+            return await self._execute(*args)
         except CredentialChanged:
             # Keyed under the old account: release (nothing recorded), re-key, claim once more.
             self._log(f"credentials of tool {tool!r} changed during the run; calling it again under the new ones")
             self._catalog.forget(tool)
-            return await attempt()
+            return await self._execute(*args)
 
     async def _execute(
         self,
@@ -181,7 +179,11 @@ class Tools:
             label=id,
             tool=tool,
             force=force,
-            stale_after_s=await staleness_of(self._book, key, stale_after_seconds),
+            stale_after_s=(
+                await staleness_of(self._book, key, stale_after_seconds)
+                if callable(stale_after_seconds)
+                else stale_after_seconds
+            ),
             credits=definition.credits,
             metered=definition.metered,
             receipt_wait_s=receipt_wait_s,
