@@ -446,3 +446,46 @@ def test_a_plan_stopped_at_a_call_its_body_repeats_knows_no_maximum(deepline, wr
     assert not plan["complete"] and plan["totals"]["credits"]["max"] is None, plan["totals"]
     ran = deepline("run", str(play), "--json")
     assert ran.code == 0 and ran.json_lines()[-1]["stats"]["credits"] == 3
+
+
+def test_a_resolver_made_in_the_play_body_that_uses_ctx_is_reused_by_the_plan(deepline, write_play, tmp_path) -> None:
+    """A resolver defined inside the play body, using `ctx` (a log line, an async `run_if`
+    awaiting a lookup): the plan said its cells must be recomputed (the context object it
+    closes over is the planner's, of another type), while the run then reused them all."""
+    csv = tmp_path / "in.csv"
+    csv.write_text("domain\nx.com\ny.com\nz.com\n")
+    play = write_play(
+        """
+        from deepline_cli import Column, play, tool
+
+        @tool("demo.lookup", credits=1)
+        def lookup(input):
+            return {"domain": input["domain"], "employees": 42}
+
+        @tool("demo.exists", credits=0.5)
+        def exists(input):
+            return {"exists": True}
+
+        @play("clos")
+        async def clos(ctx, input):
+            rows = ctx.csv(input["csv"], required=["domain"])
+
+            async def size(row, rc):
+                ctx.log("sizing")
+                r = await rc.tools.execute("l", "demo.lookup", {"domain": row["domain"]})
+                return r.output["employees"]
+
+            async def known(row):
+                return (await ctx.tools.execute("e", "demo.exists", {"domain": row["domain"]})).output["exists"]
+
+            ds = await ctx.map("m", rows, key="domain", columns={"size": size, "gated": Column(size, run_if=known)})
+            return {"rows": len(ds)}
+        """
+    )
+    args = (str(play), "--csv", str(csv))
+    assert deepline("run", *args, "--quiet").code == 0
+    (m,) = _plan(deepline, *args)["maps"]
+    assert m["paid_rows"] == 3, m
+    assert [c["reused_cells"] for c in m["columns"]] == [3, 3], m["columns"]
+    again = deepline("run", *args, "--json")
+    assert again.json_lines()[-1]["stats"]["rows"]["reused"] == 3

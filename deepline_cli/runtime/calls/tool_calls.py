@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from deepline_cli import _json
 from deepline_cli.errors import InputError, ToolExecutionError, UsageError
@@ -67,6 +67,8 @@ async def staleness_of(book: ReceiptBook, key: str, stale_after_seconds: Stalene
 
 class Tools:
     """`ctx.tools`: durable tool calls."""
+
+    __fingerprint_as__: ClassVar[str] = "deepline.Tools"  # the run's and the plan's alike (see Context)
 
     def __init__(
         self,

@@ -326,7 +326,8 @@ def _feed_data(walk: _Walk, value: Any) -> None:
     Anything else by its type only: a list (made from a set, its order is the hash seed's),
     a time, a client, a lock; its content may also change as the play runs."""
     digest = _data_digest(_unordered(value)) if _plain(value) else None
-    _tag(walk, digest.encode() if digest else f"<{type(value).__module__}.{type(value).__qualname__}>".encode())
+    named = getattr(type(value), "__fingerprint_as__", None) or f"{type(value).__module__}.{type(value).__qualname__}"
+    _tag(walk, digest.encode() if digest else f"<{named}>".encode())
 
 
 def _unordered(value: Any) -> Any:

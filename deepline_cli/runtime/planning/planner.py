@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from deepline_cli.errors import DeeplineError
 from deepline_cli.runtime.calls.budget import Budget, expected_cost
@@ -308,6 +308,8 @@ class PlanTools(Tools):
 
 class PlanDataset:
     """A map's rows, when planning could tell every cell without running."""
+
+    __fingerprint_as__: ClassVar[str] = "deepline.Dataset"
 
     def __init__(self, name: str, rows: list[dict[str, Any]], failed: int) -> None:
         self.name, self._rows, self.failed_count = name, rows, failed

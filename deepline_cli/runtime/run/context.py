@@ -6,7 +6,7 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from deepline_cli import _json
 from deepline_cli.errors import UsageError
@@ -49,6 +49,10 @@ class ChildPlays(Protocol):
 class Context:
     """`ctx`: the play's handle on its run. Everything with an effect goes through it, and
     through a receipt: tools, steps, fetches, maps, child plays, timers and events."""
+
+    # What a resolver closing over `ctx` is fingerprinted with: the same for a run's context
+    # and `deepline plan`'s (another class), in every process.
+    __fingerprint_as__: ClassVar[str] = "deepline.Context"
 
     def __init__(self, parts: RunParts, children: ChildPlays, play_input: Any = None) -> None:
         self._s = parts
