@@ -584,3 +584,62 @@ def test_a_maps_progress_and_the_runs_are_said_at_one_moment(write_play, store_p
     for run, rows in ticked:
         live = run["tools"].get("t.lookup", {}).get("live", 0)
         assert live >= rows["succeeded"], (run["tools"], rows)
+
+
+# The play handles a provider's failure itself (a 404 caught, no next provider asked) in
+# one column, and a waterfall gets past the same kind of failure with its next step.
+HANDLED = """
+from deepline_cli import ProviderTransientError, ToolExecutionError, play, steps, tool
+
+@tool("t.missing", credits=1)
+def missing(input):
+    raise ProviderTransientError("404 from t.missing", category="not_found", status_code=404)
+
+@tool("t.up", credits=1)
+def up(input):
+    return {"n": input["n"]}
+
+async def firmographics(row, rc):
+    try:
+        return (await rc.tools.execute("m", "t.missing", {"n": row["n"]})).output
+    except ToolExecutionError:
+        return None  # not known there: the row goes on without it
+
+EMAIL = steps().step("missing", lambda row, rc: rc.tools.execute("w", "t.missing", {"w": row["n"]})).step(
+    "up", lambda row, rc: rc.tools.execute("u", "t.up", {"n": row["n"]}))
+
+@play("handled")
+async def handled(ctx, input):
+    rows = await ctx.map("rows", [{"n": n} for n in range(3)], key="n", columns={
+        "firmographics": firmographics,
+        "email": EMAIL,
+    })
+    return rows.failed_count
+"""
+
+
+def test_a_failure_the_play_handles_itself_is_final_not_fallen_back(write_play, store_path, deepline) -> None:
+    """A call whose failure the play caught, asking no other provider, was shown as "fell
+    back" (and the report said the next provider's answer was kept): it is final. Only the
+    waterfall's failed step, got past by its next step, fell back."""
+    result = run_play(write_play(HANDLED), store_path, run_id="hd")
+    assert (result.status, result.output) == ("completed", 0), result.error
+    missing = result.stats["tools"]["t.missing"]
+    assert (missing["failed"], missing["recovered"]) == (6, 3), missing
+    shown = json.loads(deepline("runs", "show", "hd", "--json", DEEPLINE_STORE=str(store_path)).stdout)
+    stored = shown["stats"]["tools"]["t.missing"]
+    assert (stored["failed"], stored["recovered"]) == (6, 3), stored
+    html = render(read_report(open_store(str(store_path)), "hd"))
+    assert "3 of them fell back to the next provider, 3 were final" in html, html
+
+
+def test_a_resume_keeps_a_handled_failure_final(write_play, store_path) -> None:
+    source = HANDLED.replace(
+        "    return rows.failed_count",
+        '    if ctx.run.attempt == 1:\n        raise RuntimeError("after the map")\n    return rows.failed_count',
+    )
+    assert run_play(write_play(source), store_path, run_id="hdr").status == "failed"
+    again = resume_run("hdr", store_path)
+    assert (again.status, again.output) == ("completed", 0), again.error
+    missing = again.stats["tools"]["t.missing"]
+    assert (missing["failed"], missing["recovered"]) == (6, 3), missing

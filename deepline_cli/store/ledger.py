@@ -159,17 +159,18 @@ class LedgerQueries:
         ended = self._rows_ended({(run, map, row) for _, _, _, run, map, row, _ in rows if map is not None})
         failed: list[FailedCall] = []
         for key, kind, tool, run, map, row, retryable in rows:
-            outcome, fell_back = ended.get((run, map, row), (None, ())) if map is not None else ("", ())
-            failed.append(
-                FailedCall(key, tool or f"ctx.{kind}", outcome, bool(retryable), key[:FOUND_PREFIX] in fell_back)
-            )
+            outcome, fell_back = ended.get((run, map, row), (None, None)) if map is not None else ("", None)
+            got_past = None if fell_back is None else key[:FOUND_PREFIX] in fell_back
+            failed.append(FailedCall(key, tool or f"ctx.{kind}", outcome, bool(retryable), got_past))
         return failed
 
-    def _rows_ended(self, wanted: set[tuple[str, str, str]]) -> dict[tuple[str, str, str], tuple[str, frozenset[str]]]:
-        """How these map rows ended (absent: not recorded), with the failed calls a failed
-        one got past; each map read once in pages: map rows are found by place, not by key,
-        and a lookup per row scanned the whole map."""
-        ended: dict[tuple[str, str, str], tuple[str, frozenset[str]]] = {}
+    def _rows_ended(
+        self, wanted: set[tuple[str, str, str]]
+    ) -> dict[tuple[str, str, str], tuple[str, frozenset[str] | None]]:
+        """How these map rows ended (absent: not recorded), with the failed calls the row got
+        past where it says (see MapRow.fell_back); each map read once in pages: map rows are
+        found by place, not by key, and a lookup per row scanned the whole map."""
+        ended: dict[tuple[str, str, str], tuple[str, frozenset[str] | None]] = {}
         for run, map in sorted({(run, map) for run, map, _ in wanted}):
             after = -1
             while page := self._read(
@@ -179,7 +180,8 @@ class LedgerQueries:
             ):
                 for _, key, outcome, fell_back in page:
                     if (run, map, key) in wanted:
-                        ended[(run, map, key)] = (outcome, frozenset(_json.loads(fell_back) if fell_back else ()))
+                        said = None if fell_back is None else frozenset(_json.loads(fell_back))
+                        ended[(run, map, key)] = (outcome, said)
                 after = page[-1][0]
         return ended
 

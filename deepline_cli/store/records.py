@@ -208,12 +208,14 @@ class FailedCall:
     tool: str  # the tool, or ctx.<kind> for a fetch or child play
     row: str | None
     retryable: bool
-    fell_back: bool = False  # its row failed, but its cell got a value all the same (a waterfall)
+    # Whether its cell got past it (a waterfall's next step, and a value), where its row says
+    # (MapRow.fell_back); None where it does not: a succeeded row's calls all were.
+    fell_back: bool | None = None
 
     @property
     def recovered(self) -> bool:
-        """Fallen back from: its row, or at least its cell, got past it."""
-        return self.row == "succeeded" or self.fell_back
+        """Fallen back from: its cell got past it (its row, where the row does not say)."""
+        return self.fell_back if self.fell_back is not None else self.row == "succeeded"
 
 
 @dataclass(slots=True)
@@ -322,7 +324,9 @@ class MapRow:
     # The answers the play found a value with: their receipt keys' first FOUND_PREFIX
     # characters (unique enough within a run, and small beside a million rows).
     found: list[str] | None = None
-    # A failed row's failed calls its cells got past (a waterfall fell back): key prefixes.
+    # The failed calls its cells got past (a waterfall's next step): key prefixes. Said by a
+    # failed row, and by a succeeded one where the play handled a failure itself (final);
+    # None from a succeeded row: its cells got past all its failed calls.
     fell_back: list[str] | None = None
     # Where an earlier attempt wrote this row's key (a resume over rows in another order):
     # that row goes as this one is written, so the map never holds a key twice.

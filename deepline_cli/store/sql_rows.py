@@ -84,7 +84,7 @@ def position(order: list[str]) -> Any:
 def map_row_values(r: MapRow) -> tuple[Any, ...]:
     steps = json_or_none(r.steps) if r.steps else None
     found = json_or_none(r.found) if r.found else None
-    fell_back = json_or_none(r.fell_back) if r.fell_back else None
+    fell_back = json_or_none(r.fell_back)
     # A kept row is an earlier attempt's work (which one the sheet does not say: the one
     # before, for the count of rows earlier attempts finished), wherever the input puts it now.
     attempt = r.attempt - 1 if r.kept and r.attempt > 1 else r.attempt or None

@@ -194,8 +194,8 @@ class MapBook:
         row.reused_row, row.reused_cells = reused
         earlier = self._earlier_failed.pop(job.key, None) if self._earlier_failed else None
         row.found = _prefixes(found, earlier.found if earlier else None)
-        if outcome == "failed":
-            row.fell_back = _prefixes(fell_back, earlier.fell_back if earlier else None)
+        if outcome == "failed" or fell_back is not None:  # a succeeded row's: a failure the play handled
+            row.fell_back = _prefixes(fell_back, earlier.fell_back if earlier else None) or []
         row.kept = sheet_row is None and previous is not None and previous.run_id == self.run_id
         if self._earlier:
             row.moved_from = self._moved_from(job.idx, job.key)

@@ -334,14 +334,17 @@ class MapRun:
             reused_cells = 0  # this run's own cells, from an earlier attempt: not a reuse
         self.book.tally.reused_cells += reused_cells
         steps = self.book.steps(cells)
-        # The row's failed calls settle: fallen back from where their cell got a value all
-        # the same (a waterfall), final in the cell that failed the row.
-        final = scopes.pop().failed if failure is not None and scopes else []
-        fell_back = [key for scope in scopes for key in scope.failed]
+        # The row's failed calls settle: fallen back from where a later call of their cell
+        # got past them (a waterfall's next step) and the cell got a value; final in the cell
+        # that failed the row, and where the play handled the failure itself.
+        final = list(scopes.pop().failed) if failure is not None and scopes else []
+        fell_back = [key for scope in scopes for key in scope.got_past()]
+        handled = [key for scope in scopes for key in scope.failed if key not in fell_back]
+        final += handled
         self._stop_on(
             self.book.record(
                 job, cells, error, steps, reused=(False, reused_cells), found=found, originals=originals,
-                fell_back=fell_back if failure is not None else None,
+                fell_back=fell_back if failure is not None or handled else None,
             )
         )  # fmt: skip
         self.s.stats.row_ended(fell_back, final)
