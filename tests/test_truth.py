@@ -643,3 +643,37 @@ def test_a_resume_keeps_a_handled_failure_final(write_play, store_path) -> None:
     assert (again.status, again.output) == ("completed", 0), again.error
     missing = again.stats["tools"]["t.missing"]
     assert (missing["failed"], missing["recovered"]) == (6, 3), missing
+
+
+GATED_WATERFALL = """
+from deepline_cli import Column, play, steps, tool
+
+@tool("t.exists", credits=0.1)
+def exists(input):
+    return {"exists": True}
+
+@tool("t.enrich", credits=1)
+def enrich(input):
+    return {"employees": 42} if input["n"] else {}
+
+@play("gated")
+async def gated(ctx, input):
+    async def known(row):
+        return (await ctx.tools.execute("exists", "t.exists", {"n": row["n"]})).output["exists"]
+
+    rows = await ctx.map("m", [{"n": n} for n in range(3)], key="n", columns={"employees": Column(
+        steps().step("enrich", lambda row, rc: rc.tools.execute("e", "t.enrich", {"n": row["n"]})),
+        run_if=known)})
+    return len(rows)
+"""
+
+
+def test_a_lookup_in_the_run_if_of_a_waterfall_is_found_as_in_a_plain_column(write_play, store_path) -> None:
+    """The run_if's lookup answered for 3 rows, and the waterfall found a value for 2 of them:
+    the lookup's found rate is 2/3, as it is for a plain column (it was 0/3: only the winning
+    step's calls counted, and the run_if's are none of them)."""
+    result = run_play(write_play(GATED_WATERFALL), store_path, run_id="gw")
+    assert result.status == "completed", result.error
+    report = read_report(open_store(str(store_path)), "gw")
+    assert (report.tools["t.exists"].found, report.tools["t.exists"].answered) == (2, 3)
+    assert (report.tools["t.enrich"].found, report.tools["t.enrich"].answered) == (2, 3)

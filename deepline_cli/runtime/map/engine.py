@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from deepline_cli import _json
 from deepline_cli.errors import DeeplineError, UsageError
-from deepline_cli.runtime.calls.call_scope import CellScope, enter_cell
+from deepline_cli.runtime.calls.call_scope import CellScope, current_cell, enter_cell
 from deepline_cli.runtime.calls.store_thread import StoreIO
 from deepline_cli.runtime.calls.suspended import Suspended
 from deepline_cli.runtime.map import barriers, failures
@@ -359,18 +359,25 @@ async def resolve_cell(
     found it, or that its `run_if` said no); and for a waterfall, the receipts whose
     answers its winning step used (None: judge every answer by the value)."""
     spec = column.column
+    gate: list[str] = []  # what the run_if's own calls answered
     if spec.run_if is not None:
+        cell = current_cell()
+        asked = len(cell.answered) if cell is not None else 0
         wanted = spec.run_if(row, rc.index) if column.run_if_arity >= 2 else spec.run_if(row)
         if inspect.isawaitable(wanted):
             wanted = await wanted
         if not wanted:  # an input field of the column's name ("fill where blank") keeps its value
             return row.get(column.name), {"run_if": False}, ()
+        gate = cell.answered[asked:] if cell is not None else []
     result = spec.fn(row, rc) if column.arity != 1 else spec.fn(row)
     if inspect.isawaitable(result):
         result = await result
     meta, hits = None, None
     if isinstance(result, Found):
+        # The winning step's answers found the value; the run_if's, as in any cell, if it has one.
         result, meta, hits = result.value, {"step": result.step}, result.keys
+        if gate and is_found(result):
+            hits = (*hits, *gate)
     if isinstance(result, ToolResult):
         result = result.output
     if result is None or result is True or result is False or (type(result) is str and result.isascii()):
