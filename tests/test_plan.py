@@ -489,3 +489,34 @@ def test_a_resolver_made_in_the_play_body_that_uses_ctx_is_reused_by_the_plan(de
     assert [c["reused_cells"] for c in m["columns"]] == [3, 3], m["columns"]
     again = deepline("run", *args, "--json")
     assert again.json_lines()[-1]["stats"]["rows"]["reused"] == 3
+
+
+STEPS_WATERFALL = """
+from deepline_cli import play, steps, tool
+
+@tool("w.a", credits=1)
+def a(input):
+    return {"v": "a"} if input["n"] % 3 == 0 else None
+
+@tool("w.b", credits=2)
+def b(input):
+    return {"v": "b"}
+
+EMAIL = steps().step("a", lambda row, rc: rc.tools.execute("a", "w.a", {"n": row["n"]})).step(
+    "b", lambda row, rc: rc.tools.execute("b", "w.b", {"n": row["n"]}))
+
+@play("hits")
+async def hits(ctx, input):
+    rows = await ctx.map("rows", [{"n": n} for n in range(12)], key="n", columns={"v": EMAIL})
+    return len(rows)
+"""
+
+
+def test_the_hit_rates_count_each_row_the_waterfall_ran_for_once(deepline, write_play) -> None:
+    """A pilot of 6 rows, the whole list, then the whole list again: the waterfall ran for 12
+    rows; the rows a later run took whole from the sheet were counted again (30 rows)."""
+    play = str(write_play(STEPS_WATERFALL))
+    for limit in ("6", None, None):
+        assert deepline("run", play, "--quiet", *(("--limit", limit) if limit else ())).code == 0
+    (column,) = _plan(deepline, play)["maps"][0]["columns"]
+    assert column["step_hits"] == {"a": 4, "b": 8}, column["step_hits"]
