@@ -155,6 +155,36 @@ def test_ci_logs_get_steady_progress_lines_and_barriers_in_words(
     assert len(result.stderr.splitlines()) < 40  # progress people can read, not log spam
 
 
+BUDGET_STOPPED = """
+import time
+from deepline_cli import play, tool
+
+@tool("pay.local", credits=2.5)
+def local(input):
+    time.sleep(0.06)  # the map lasts past its first progress line (0.25 s)
+    return {"n": input["n"]}
+
+@play("stopped")
+async def stopped(ctx, input):
+    rows = await ctx.map("m", [{"n": n} for n in range(20)], key="n", concurrency=1, columns={
+        "l": lambda row, rc: rc.tools.execute("l", "pay.local", {"n": row["n"]}),
+    })
+    return len(rows)
+"""
+
+
+def test_ci_logs_end_a_map_a_failure_stopped_with_its_last_counts(
+    deepline: Run, write_play: Callable[..., Path]
+) -> None:
+    """The budget stops the map after 8 rows, between two progress lines: the log's last
+    line of the map said the count of its first line (0 or 1 of 20), not 8."""
+    write_play(BUDGET_STOPPED)
+    result = deepline("run", "play.py", "--max-credits", "20", DEEPLINE_PROGRESS_EVERY_S="3600")
+    assert result.code == 1, result.stderr
+    lines = [line for line in result.stderr.splitlines() if re.match(r"\d+:\d\d m +[\d,]+/20 ", line)]
+    assert lines and re.match(r"\d+:\d\d m +8/20 +40% +✓ 8 ", lines[-1]), result.stderr
+
+
 def test_counts_after_a_resume_are_the_whole_runs(
     deepline: Run, write_play: Callable[..., Path], tmp_path: Path, cli_env: dict[str, str]
 ) -> None:

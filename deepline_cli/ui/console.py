@@ -179,6 +179,7 @@ class ConsoleView:
         self.state = RunView()
         self._live: Live | None = None
         self._printed: dict[str, float] = {}  # plain mode: when each progress line was last printed
+        self._shown: dict[str, str] = {}  # plain mode: each map's counts as last printed
         self._every_s = float(os.environ.get("DEEPLINE_PROGRESS_EVERY_S", PLAIN_PROGRESS_EVERY_S))
 
     def __enter__(self) -> ConsoleView:
@@ -254,19 +255,26 @@ class ConsoleView:
             for line in tool_lines(s, width - 6, lead="tools  "):
                 self.console.print(f"{clock(s.elapsed)} {line}")
         elif name == "map.progress" and self._due(f"map:{event.data['map']}"):
-            m = s.maps[event.data["map"]]
-            rate = f"{m.rows_per_s:,.0f} rows/s  {_eta(m.eta_s)}"
-            self.console.print(f"{clock(s.elapsed)} {fit([*map_pieces(m), (rate, 1)], width)}")
-            for column, order in m.waterfalls.items():
-                hits = step_hits(order, m.steps.get(column) or {})
-                self.console.print(f"{clock(s.elapsed)} {m.name}  {column}: {hits}")
+            self._print_map(s.maps[event.data["map"]], width)
         elif name.startswith("barrier."):
             m = s.maps[event.data["map"]]
             words = m.visibility if name == "barrier.visibility" else m.finalization
             self.console.print(f"{clock(s.elapsed)} {m.name}  {words}")
         elif name == "run.finished":
+            for m in s.maps.values():  # a map the run stopped between two progress lines: where it ended
+                if self._shown.get(m.name) != fit(map_pieces(m), width):
+                    self._print_map(m, width)
             for line in tool_lines(s, width):
                 self.console.print(line)
+
+    def _print_map(self, m: MapView, width: int) -> None:
+        s = self.state
+        rate = f"{m.rows_per_s:,.0f} rows/s  {_eta(m.eta_s)}"
+        self.console.print(f"{clock(s.elapsed)} {fit([*map_pieces(m), (rate, 1)], width)}")
+        self._shown[m.name] = fit(map_pieces(m), width)
+        for column, order in m.waterfalls.items():
+            hits = step_hits(order, m.steps.get(column) or {})
+            self.console.print(f"{clock(s.elapsed)} {m.name}  {column}: {hits}")
 
     # --- the live view --------------------------------------------------------------------------
 
