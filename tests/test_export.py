@@ -278,3 +278,35 @@ def test_lead_enrichment_example_runs_and_exports(deepline) -> None:
     objects = [_json.loads(line) for line in jsonl.stdout.splitlines()]
     assert len(objects) == 290
     assert sum(1 for o in objects if o.get("_error")) == output["failed"]
+
+
+def test_export_of_a_failed_run_holding_every_row_does_not_call_itself_partial(
+    deepline, write_play, tmp_path: Path
+) -> None:
+    """A map that fails on a row error, with every row in flight: all 10 rows are recorded
+    (2 failed), yet the export said "10 of 10 rows: this export is partial"."""
+    write_play(
+        """
+        import asyncio
+        from deepline_cli import play
+
+        async def check(row):
+            await asyncio.sleep(0.01)  # every row is in flight when the first fails
+            if row["n"] in (3, 7):
+                raise ValueError(f"bad row {row['n']}")
+            return row["n"] * 2
+
+        @play("strict")
+        async def strict(ctx, input):
+            rows = await ctx.map("m", [{"n": n} for n in range(10)], key="n", on_row_error="fail",
+                                 concurrency=10, columns={"v": check})
+            return len(rows)
+        """
+    )
+    assert deepline("run", "play.py", "--run-id", "f1", "--quiet").code == 1
+    out = tmp_path / "f1.csv"
+    result = deepline("export", "f1", "--out", str(out))
+    assert result.code == 0, result.stderr
+    assert len(out.read_text().splitlines()) == 11
+    assert "partial" not in result.stderr, result.stderr
+    assert "map 'm' has all its 10 rows (2 failed)" in result.stderr, result.stderr

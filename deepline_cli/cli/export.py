@@ -136,7 +136,11 @@ def _partial(db: Any, run_id: str, record: Any) -> str | None:
     run = db.runs.get_run(run_id)
     if record.status == "completed" and run.status == "completed":
         return None
-    done = sum(db.sheets.count_map_rows(run_id, record.map).values())
+    outcomes = db.sheets.count_map_rows(run_id, record.map)
+    done = sum(outcomes.values())
+    if record.total and done >= record.total:  # every row is there: the run failed after (or beside) them
+        failed = f"{outcomes.get('failed', 0):,} failed"
+        return f"Warning: run {run_id} is {run.status}; map {record.map!r} has all its {done:,} rows ({failed})."
     of = f" of {record.total:,}" if record.total >= done else ""
     return (
         f"Warning: run {run_id} is {run.status} and map {record.map!r} has {done:,}{of} rows: this export is "
