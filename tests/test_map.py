@@ -1534,6 +1534,51 @@ def test_resume_seeds_rows_finished_by_the_failed_attempt(
     assert second.result.stats["tools"][f"{prefix}.work"]["live"] == 300
 
 
+RESORTED = """
+@tool(P + ".upper", credits=1)
+async def upper(input):
+    CALLS.append("upper:" + input["name"])
+    return {"upper": input["name"].upper()}
+
+async def shout(row, rc):
+    return (await rc.tools.execute("upper", P + ".upper", {"name": row["name"]})).output["upper"] + SUFFIX
+
+@play("shout")
+async def shout_play(ctx, input):
+    rows = await ctx.map("people", ctx.csv(input["csv"]), key="id", columns={"shout": shout}, concurrency=1)
+    return [[r["id"], r["name"], r["shout"]] for r in rows]
+"""
+
+
+def test_a_resume_redoes_the_finished_rows_whose_input_or_code_changed_since(
+    make_play, store_url: str, tmp_path: Path
+) -> None:
+    """The budget stops the map after two rows; then the sheet is re-sorted (ids renumbered:
+    row 1 is now alice, not dave) and the column's code changes for one setting. The resume
+    kept the first attempt's rows at their places whole: dave and carol twice, alice and bob
+    never asked. A resume reuses a row's cells only while its input and code still match."""
+    people = tmp_path / "people.csv"
+    people.write_text("id,name\n1,dave\n2,carol\n3,bob\n4,alice\n")
+    play_file = make_play(RESORTED, SUFFIX="")
+    first = run(play_file, store_url, {"csv": str(people)}, max_credits=2)
+    assert first.result.status == "failed" and CALLS == ["upper:dave", "upper:carol"], CALLS
+    people.write_text("id,name\n1,alice\n2,bob\n3,carol\n4,dave\n")
+    second = resume(first.result.run_id, store_url, max_credits=100)
+    expected = [["1", "alice", "ALICE"], ["2", "bob", "BOB"], ["3", "carol", "CAROL"], ["4", "dave", "DAVE"]]
+    assert second.output == expected
+    assert sorted(CALLS) == ["upper:alice", "upper:bob", "upper:carol", "upper:dave"]  # each name paid once
+    assert [second.result.stats["rows"][k] for k in ("succeeded", "failed")] == [4, 0]
+    # The code changes (a setting the resolver reads): the rows an attempt finished are redone.
+    play_file = make_play(RESORTED, SUFFIX="!")
+    (tmp_path / "people2.csv").write_text("id,name\n1,erin\n2,frank\n3,gina\n")
+    third = run(play_file, store_url, {"csv": str(tmp_path / "people2.csv")}, max_credits=1)
+    assert third.result.status == "failed"
+    play_file = make_play(RESORTED, SUFFIX="?")
+    fourth = resume(third.result.run_id, store_url, max_credits=100)
+    assert fourth.output == [["1", "erin", "ERIN?"], ["2", "frank", "FRANK?"], ["3", "gina", "GINA?"]]
+    assert sorted(CALLS)[-3:] == ["upper:erin", "upper:frank", "upper:gina"] and len(CALLS) == 7  # erin once
+
+
 def test_a_value_with_no_json_form_is_refused_naming_its_column_or_step(make_play, store_url: str) -> None:
     """A column or a step returning an object: it was stored as its repr ("<Thing object at
     0x7f…>"), exported so, and different in every run. The run fails, saying where."""

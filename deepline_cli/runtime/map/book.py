@@ -116,22 +116,25 @@ class MapBook:
         if idx >= len(self.finished) or not self.finished[idx]:
             return False
         if placed or self._seed_key[idx] != hash(key):
-            self.finished[idx] = 0
+            self.unseed(idx)
             return False
         return True
 
-    def count_seeded(self, seeded: list[int]) -> None:
-        """Seeded rows handed out: what they reused and their steps' hits in the map's figures."""
+    def unseed(self, idx: int) -> None:
+        """The row at `idx` is to be done again (not the one an earlier attempt finished)."""
+        self.finished[idx] = 0
+
+    def count_seeded(self, idx: int) -> None:
+        """A seeded row kept: what it reused and its steps' hits in the map's figures."""
         tally = self.tally
-        for idx in seeded:
-            reuse = self._seed_reuse[idx]
-            tally.reused += reuse & 1
-            tally.seeded_reused += reuse & 1
-            tally.reused_cells += reuse >> 1
-            for column, step in self._step_combos[self._seed_steps[idx]].items():
-                hits = tally.steps.setdefault(column, {})
-                hits[step or NOT_FOUND] = hits.get(step or NOT_FOUND, 0) + 1
-        tally.seeded += len(seeded)
+        reuse = self._seed_reuse[idx]
+        tally.reused += reuse & 1
+        tally.seeded_reused += reuse & 1
+        tally.reused_cells += reuse >> 1
+        for column, step in self._step_combos[self._seed_steps[idx]].items():
+            hits = tally.steps.setdefault(column, {})
+            hits[step or NOT_FOUND] = hits.get(step or NOT_FOUND, 0) + 1
+        tally.seeded += 1
 
     def steps(self, cells: Mapping[str, Cell]) -> dict[str, str | None] | None:
         """Which step of each waterfall column found the row's value (None: no step did)."""

@@ -240,9 +240,14 @@ class MapRun:
         """The fast path: every cell is reusable, so record the row without any call."""
         cells = self.reuse.whole_row(job.previous, job.digest, self.columns)
         if cells is None:
+            if job.seeded:  # its input or code changed since: done again
+                self.book.unseed(job.idx)
             return False
         error = cells[-1].error if cells else None  # the cells stop at the first error
         assert job.previous is not None
+        if job.seeded and job.previous.run_id == self.run_id:
+            self.book.count_seeded(job.idx)  # recorded here by that attempt: nothing to write
+            return True
         # A row an earlier attempt of this run wrote (a failed one, its errors kept) is
         # that attempt's work, not a reuse of an earlier run's.
         earlier_run = job.previous.run_id != self.run_id

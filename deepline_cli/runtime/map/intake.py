@@ -18,7 +18,7 @@ from deepline_cli.runtime.map.rows import CsvSource, input_columns, is_blank, ke
 from deepline_cli.store.records import SheetRow
 
 CHUNK = 256  # rows looked up in the sheet per store read
-Counts = tuple[int, int, list[int]]  # rows read, duplicates, the rows an earlier attempt finished (idx)
+Counts = tuple[int, int]  # rows read, duplicates
 
 
 class Intake:
@@ -56,7 +56,7 @@ class Intake:
     ) -> AsyncGenerator[list[PendingRow], None]:
         """The chunks, each row with the sheet row earlier runs left for its key (`previous`):
         the next chunk's are read while this one is handed out. A chunk's rows are counted
-        (read, duplicate, seeded) when it is handed out, so a map stopped early reports only
+        (read, duplicate) when it is handed out, so a map stopped early reports only
         what it reached. Close it (`aclosing`)."""
         reads: list[asyncio.Future[dict[str, SheetRow]] | None] = []  # this chunk's and the next one's
         ahead: tuple[list[PendingRow], Counts] | None = None
@@ -87,7 +87,6 @@ class Intake:
         row to do. Row keys are known as they are read (duplicates), counts when applied."""
         chunk: list[PendingRow] = []
         distinct = read = duplicate = 0
-        seeded: list[int] = []
         book, seen, csv, limit = self.book, self.seen, self.csv, self.limit
         columns = self.input_columns.keys()
         input_index = -1
@@ -113,18 +112,16 @@ class Intake:
             idx = distinct
             distinct += 1
             book.input_index_of.append(input_index)
-            if book.is_seeded(idx, key, placed=placed):
-                seeded.append(idx)
-                continue
-            chunk.append(PendingRow(idx, input_index, key, row, row_digest(row), None, blank))
+            seeded = book.is_seeded(idx, key, placed=placed)  # kept while its sheet row matches (MapRun)
+            chunk.append(PendingRow(idx, input_index, key, row, row_digest(row), None, blank, seeded))
             if len(chunk) >= CHUNK:
-                yield chunk, (read, duplicate, seeded)
-                chunk, read, duplicate, seeded = [], 0, 0, []
+                yield chunk, (read, duplicate)
+                chunk, read, duplicate = [], 0, 0
         else:  # the whole input read: its rows are counted (a line count counted a quoted newline too)
             self.total_estimate = input_index + 1 if limit is None else distinct  # a limit counts distinct rows
             self.read_whole = True
         if chunk or read:
-            yield chunk, (read, duplicate, seeded)
+            yield chunk, (read, duplicate)
 
     def key(self, row: dict[str, Any], input_index: int, blank: str | None) -> str:
         """The row's key. A blank one is no identity: the row is keyed by where it is (each
@@ -157,11 +154,9 @@ class Intake:
 
     def _count(self, counts: Counts) -> None:
         tally = self.book.tally
-        read, duplicate, seeded = counts
+        read, duplicate = counts
         tally.read += read
         tally.duplicate += duplicate
-        if seeded:
-            self.book.count_seeded(seeded)
 
     def warn_of_case(self, input_columns: Iterable[str]) -> None:
         """Columns whose names differ only in case (`Company` in the CSV, a `company` column):

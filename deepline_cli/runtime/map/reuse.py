@@ -38,14 +38,18 @@ class ReusePolicy:
             return None
         cell = previous.cells.get(column.name)
         spec = column.column
-        if cell is None or cell.fingerprint != column.fingerprint or self.force_refresh or spec.recompute:
+        if cell is None or cell.fingerprint != column.fingerprint:
+            return None
+        # An earlier attempt of this run made it: refreshed (forced, stale, recomputed) once per run.
+        own = previous.run_id == self.run_id
+        if (self.force_refresh or spec.recompute) and not own:
             return None
         if cell.error is not None:  # kept, stale or not, unless asked (or this run's own, and may pass)
             retry = (
                 spec.recompute_on_error or self.refresh_failed or (cell.transient and previous.run_id == self.run_id)
             )
             return None if retry else cell
-        if spec.stale_after_seconds is not None and self.is_stale(column, cell):
+        if spec.stale_after_seconds is not None and not own and self.is_stale(column, cell):
             return None
         return cell
 
