@@ -1,8 +1,9 @@
 """The map engine: `ctx.map(name, rows, columns)` over thousands to millions of rows.
 
-input rows ─► key ─► duplicate? ─► seeded by an earlier attempt? ─► sheet lookup (batched)
+input rows ─► key ─► duplicate? ─► sheet lookup (batched) ─────────┐
                                                                 │
               every cell reusable ─► record the row (no call) ◄─┤
+              (an earlier attempt's row at its place: kept, no write)
               else ─► workers: resolve columns in order, tool calls through receipts
                                                                 │
 sheet rows + map rows written with the receipts (group commit) ◄┘
