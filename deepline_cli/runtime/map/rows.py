@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import itertools
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -125,10 +126,13 @@ class CsvSource:
             reader = csv.reader(handle, delimiter=self.delimiter)
             line = 1
             spanned = (0, 0, 0)  # the last row over several lines: its first and last line, rows shaped in it
+            opened = _version(handle)
             try:
                 next(reader)
                 for record in reader:
                     start, line = line + 1, reader.line_num
+                    if line % CHANGE_CHECK_LINES == 0 and _version(handle) != opened:
+                        raise self._changed(line)
                     if line > start:
                         spanned = (start, line, self._rows_in(record, width, start, line))
                     if len(record) != width:
@@ -156,12 +160,22 @@ class CsvSource:
                 raise self._undecodable() from None
             except csv.Error as exc:
                 raise InputError(f"{self.path} line {reader.line_num}: {exc}.") from None
+            if _version(handle) != opened:
+                raise self._changed(line)
         first, last, shaped = spanned
         if shaped and last == line and self._open_at_end():
             raise InputError(
                 f"{self.path} line {first}: a quote opened here is never closed, so the rest of the file "
                 f"({line - first + 1} lines) would be one cell; close the quote."
             )
+
+    def _changed(self, line: int) -> InputError:
+        """The file was written over while it was read (a spreadsheet saved, a job regenerating
+        it): what follows is another file's content at the old place."""
+        return InputError(
+            f"{self.path} changed while the map read it (near line {line}): the rows read before are "
+            "recorded; resume the run to read the file as it is now."
+        )
 
     def _rows_in(self, record: list[str], width: int, start: int, end: int) -> int:
         """A row read over several lines (a quoted cell with line breaks): how many of its
@@ -352,6 +366,7 @@ def _preview(row: Mapping[str, Any]) -> str:
 
 SNIFF_BYTES = 1 << 16
 SNIFF_ROWS = 20
+CHANGE_CHECK_LINES = 1000  # lines between two looks at whether the file was written over
 
 
 def _delimiter(sample: str) -> str:
@@ -380,6 +395,13 @@ def _delimiter(sample: str) -> str:
         if 2 * agree >= len(rows):
             best, best_width = delimiter, width
     return best
+
+
+def _version(handle: Any) -> tuple[int, int]:
+    """The open file's size and modification time: a write over it in place changes them (a
+    file renamed over its path is another file: the one open is read to its end)."""
+    stat = os.fstat(handle.fileno())
+    return stat.st_size, stat.st_mtime_ns
 
 
 def _trimmed(record: list[str]) -> list[str]:
