@@ -310,3 +310,17 @@ def test_export_of_a_failed_run_holding_every_row_does_not_call_itself_partial(
     assert len(out.read_text().splitlines()) == 11
     assert "partial" not in result.stderr, result.stderr
     assert "map 'm' has all its 10 rows (2 failed)" in result.stderr, result.stderr
+
+
+def test_export_of_a_run_whose_process_is_gone_says_so(deepline, write_play, tmp_path: Path, store_path: Path) -> None:
+    """A run killed mid-map is `running` in the store, its process gone: the export said
+    "run … is running", where `runs show` says its process is gone and how to go on."""
+    import sqlite3
+
+    run_in_process(tmp_path, store_path, "gone-1")
+    with sqlite3.connect(store_path) as db:  # as a SIGKILL leaves it: running, held by a process that is no more
+        db.execute("UPDATE runs SET status = 'running', holder = 'nowhere:999999:x', lease_expires_at = 1")
+    result = deepline("export", "gone-1", "--out", str(tmp_path / "out.csv"))
+    assert result.code == 0, result.stderr
+    assert "is running" not in result.stderr, result.stderr
+    assert "its process is gone" in result.stderr and "deepline resume gone-1" in result.stderr, result.stderr

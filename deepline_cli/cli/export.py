@@ -136,13 +136,19 @@ def _partial(db: Any, run_id: str, record: Any) -> str | None:
     run = db.runs.get_run(run_id)
     if record.status == "completed" and run.status == "completed":
         return None
+    from deepline_cli.runtime.run.holders import holder_stale
+
+    gone = holder_stale(run, db.now())  # killed: the store still says running
+    state = "stopped (its process is gone)" if gone else f"is {run.status}"
+    resume = f" Continue the run with: deepline resume {run_id}"
     outcomes = db.sheets.count_map_rows(run_id, record.map)
     done = sum(outcomes.values())
     if record.total and done >= record.total:  # every row is there: the run failed after (or beside) them
         failed = f"{outcomes.get('failed', 0):,} failed"
-        return f"Warning: run {run_id} is {run.status}; map {record.map!r} has all its {done:,} rows ({failed})."
+        return f"Warning: run {run_id} {state}; map {record.map!r} has all its {done:,} rows ({failed})." + (
+            resume if gone else ""
+        )
     of = f" of {record.total:,}" if record.total >= done else ""
     return (
-        f"Warning: run {run_id} is {run.status} and map {record.map!r} has {done:,}{of} rows: this export is "
-        f"partial. Continue the run with: deepline resume {run_id}"
+        f"Warning: run {run_id} {state} and map {record.map!r} has {done:,}{of} rows: this export is partial.{resume}"
     )
