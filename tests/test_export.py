@@ -324,3 +324,12 @@ def test_export_of_a_run_whose_process_is_gone_says_so(deepline, write_play, tmp
     assert result.code == 0, result.stderr
     assert "is running" not in result.stderr, result.stderr
     assert "its process is gone" in result.stderr and "deepline resume gone-1" in result.stderr, result.stderr
+
+
+def test_export_out_dash_is_stdout(deepline, tmp_path: Path, store_path: Path) -> None:
+    """`--out -` wrote a file named `-` (and said "Exported … to -.")."""
+    run_in_process(tmp_path, store_path, "dash-1")
+    result = deepline("export", "dash-1", "--out", "-")
+    assert result.code == 0, result.stderr
+    assert parse_csv(result.stdout)[0] == EXPECTED_HEADER
+    assert not (tmp_path / "-").exists()

@@ -20,7 +20,9 @@ def export(
     format: Annotated[
         Literal["csv", "jsonl"], typer.Option("--format", metavar="csv|jsonl", help="csv or jsonl.")
     ] = "csv",
-    out: Annotated[Path | None, typer.Option("--out", metavar="FILE", help="Write here instead of stdout.")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", metavar="FILE", help="Write here instead of stdout (-: stdout).")
+    ] = None,
     store: StoreOption = None,
 ) -> None:
     """Export every distinct row of a run's map, failed ones with their `_error`.
@@ -36,6 +38,8 @@ def export(
     from deepline_cli.runtime.map.dataset import Dataset
     from deepline_cli.store import open_store
 
+    if out is not None and str(out) == "-":
+        out = None  # stdout, as `-` is for most tools
     db = open_store(store)
     try:
         run = db.runs.get_run(run_id)
