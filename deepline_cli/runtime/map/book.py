@@ -403,6 +403,8 @@ class MapBook:
 def _prefixes(keys: Iterable[str] | None, earlier: list[str] | None) -> list[str] | None:
     """Receipt keys as the map row keeps them (their first FOUND_PREFIX characters), with
     those an earlier attempt kept for the row."""
+    if not keys and not earlier:
+        return None
     prefixes = {key[:FOUND_PREFIX] for key in keys or ()}
     prefixes.update(earlier or ())
     return sorted(prefixes) or None

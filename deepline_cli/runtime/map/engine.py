@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import types
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -344,8 +345,12 @@ class MapRun:
         # got past them (a waterfall's next step) and the cell got a value; final in the cell
         # that failed the row, and where the play handled the failure itself.
         final = list(scopes.pop().failed) if failure is not None and scopes else []
-        fell_back = [key for scope in scopes for key in scope.got_past()]
-        handled = [key for scope in scopes for key in scope.failed if key not in fell_back]
+        fell_back: list[str] = []
+        handled: list[str] = []
+        for scope in scopes:
+            if scope.failed:  # most rows' cells have none
+                fell_back += scope.got_past()
+                handled += [key for key in scope.failed if key not in fell_back]
         final += handled
         self._stop_on(
             self.book.record(
@@ -370,13 +375,13 @@ async def resolve_cell(
         cell = current_cell()
         asked = len(cell.answered) if cell is not None else 0
         wanted = spec.run_if(row, rc.index) if column.run_if_arity >= 2 else spec.run_if(row)
-        if inspect.isawaitable(wanted):
+        if _awaitable(wanted):
             wanted = await wanted
         if not wanted:  # an input field of the column's name ("fill where blank") keeps its value
             return row.get(column.name), {"run_if": False}, ()
         gate = cell.answered[asked:] if cell is not None else []
     result = spec.fn(row, rc) if column.arity != 1 else spec.fn(row)
-    if inspect.isawaitable(result):
+    if _awaitable(result):
         result = await result
     meta, hits = None, None
     if isinstance(result, Found):
@@ -389,6 +394,16 @@ async def resolve_cell(
     if result is None or result is True or result is False or (type(result) is str and result.isascii()):
         return result, meta, hits  # JSON keeps these as they are (other text may hold a lone surrogate)
     return _json.plain(result, f"The value of column {column.name!r}"), meta, hits
+
+
+_PLAIN = frozenset({str, int, float, bool, dict, list, type(None)})
+
+
+def _awaitable(value: Any) -> bool:
+    """`inspect.isawaitable`, without its abstract-class check for what a resolver most
+    often returns: a coroutine, or a plain value."""
+    kind = type(value)
+    return kind is types.CoroutineType or (kind not in _PLAIN and inspect.isawaitable(value))
 
 
 def play_bug(
