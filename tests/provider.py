@@ -10,7 +10,8 @@ idempotency keys and "bills" each key once (as a provider that honours
 
 Faults: `500` (any 5xx/4xx status), `429:SECONDS` (Retry-After), `slow:SECONDS`,
 `malformed` (invalid JSON with a JSON content type), `reset` (close without answer),
-`echo` (answer with the request headers, to test redaction), `302:LOCATION` (any 3xx
+`echo` (answer with the request headers, to test redaction; `echo_keys`: their values as
+the object's keys, as a usage endpoint keyed by the API key answers), `302:LOCATION` (any 3xx
 status, redirecting to LOCATION), `ok`.
 
 `connections` counts the connections it accepted; `GET /_stats` answers
@@ -179,12 +180,9 @@ class ProviderServer:
             status, headers, body = provider.answer(seen)
         elif kind == "malformed":
             status, headers, body = 200, {"content-type": "application/json"}, b'{"broken": '
-        elif kind == "echo":
-            status, headers, body = (
-                200,
-                {"content-type": "application/json"},
-                json.dumps(seen.headers).encode(),
-            )
+        elif kind in ("echo", "echo_keys"):  # echo_keys: the header values as the JSON object's keys
+            echoed = seen.headers if kind == "echo" else {value: name for name, value in seen.headers.items()}
+            status, headers, body = 200, {"content-type": "application/json"}, json.dumps(echoed).encode()
         elif kind == "429":
             status, headers, body = 429, {"retry-after": arg or "1"}, b'{"error": "slow down"}'
         elif kind.startswith("3"):

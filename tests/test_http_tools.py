@@ -1056,6 +1056,22 @@ def test_echoed_credentials_are_redacted_before_they_reach_the_store(
     assert_no_secret(project.store, b"dl-api-key-0123456789")
 
 
+def test_a_secret_a_provider_echoes_as_an_object_key_is_redacted(project: Project, provider: LoopbackProvider) -> None:
+    """A usage endpoint answering `{"<api key>": {"used": 12}}`: only values were redacted,
+    so the key was stored, exported and printed in clear."""
+    project.config(
+        """\
+        [tools."ht.echo"]
+        url = "@URL@/echo"
+        headers = { Authorization = "Bearer ${HT_TOKEN}" }
+        """
+    )
+    provider.default_fault = "echo_keys"
+    output = project.run(calls(call("ht.echo", {}))).output
+    assert output[0]["output"]["Bearer [redacted]"] == "authorization", output
+    assert_no_secret(project.store, SECRET.encode())
+
+
 # --- credentials changed mid-run --------------------------------------------------------------------
 
 

@@ -135,7 +135,7 @@ class Secrets:
         if isinstance(value, str):
             return self._pattern.search(value) is not None
         if isinstance(value, dict):
-            return any(self.holds(v) for v in value.values())
+            return any(self.holds(k) or self.holds(v) for k, v in value.items())
         if isinstance(value, list):
             return any(self.holds(v) for v in value)
         return False
@@ -145,8 +145,8 @@ class Secrets:
             return value
         if isinstance(value, str):
             return self.redact(value)
-        if isinstance(value, dict):
-            return {k: self.redact_json(v) for k, v in value.items()}
+        if isinstance(value, dict):  # keys too: a usage endpoint answers {"<api key>": {...}}
+            return {self.redact(k) if isinstance(k, str) else k: self.redact_json(v) for k, v in value.items()}
         if isinstance(value, list):
             return [self.redact_json(v) for v in value]
         return value
