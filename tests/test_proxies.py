@@ -134,13 +134,43 @@ def test_https_goes_through_the_proxy_in_a_connect_tunnel_with_the_company_ca(
 
 
 def test_the_company_ca_is_needed_for_a_certificate_it_signed(
-    deepline: Run, tmp_path: Path, https_provider: Provider
+    deepline: Run, tmp_path: Path, https_provider: Provider, ca: tuple[object, Path]
 ) -> None:
+    """A certificate the machine does not trust is the machine's settings, the same on every
+    try: it was retried 5 times as a network error (~15 s a call) and kept as a transient
+    failure. One sentence, exit 2, nothing recorded: the resume, once the CA is set, calls."""
     play = project(tmp_path, https_provider.url)
-    result = deepline("run", str(play), DEEPLINE_RETRY_BASE_S="0.01")
-    assert result.code == 1
-    assert "is not trusted" in result.stderr and "Traceback" not in result.stderr
+    result = deepline("run", str(play), "--run-id", "tls-1", DEEPLINE_RETRY_BASE_S="0.01")
+    assert result.code == 2, result.stderr
+    assert "is not trusted" in result.stderr and "SSL_CERT_FILE" in result.stderr, result.stderr
+    assert "retried" not in result.stderr and "Traceback" not in result.stderr
     assert https_provider.count() == 0
+    fixed = deepline("resume", "tls-1", SSL_CERT_FILE=str(ca[1]))
+    assert fixed.code == 0, fixed.stderr
+    assert https_provider.count("/v1/lookup") == 1
+
+
+def test_an_unusable_proxy_or_certificate_file_stops_only_the_calls_that_need_it(
+    deepline: Run, tmp_path: Path, http_provider: Provider
+) -> None:
+    """A socks proxy set for other programs (ALL_PROXY), an https:// one, or an unreadable
+    SSL_CERT_FILE failed every run at its start, even one calling nothing through them,
+    as an internal error (exit 1) that left the run `running`."""
+    offline = tmp_path / "offline.py"
+    offline.write_text(
+        "from deepline_cli import play\n\n@play('offline')\nasync def offline(ctx, input):\n"
+        "    return await ctx.step('answer', lambda: 42)\n"
+    )
+    socks = {"ALL_PROXY": "socks5h://127.0.0.1:1080", "NO_PROXY": "*"}
+    assert deepline("run", str(offline), **socks).code == 0
+    assert deepline("run", str(offline), "--force-refresh", SSL_CERT_FILE="/nonexistent.pem").code == 0
+    play = project(tmp_path, http_provider.url)
+    used = deepline("run", str(play), "--run-id", "px-1", ALL_PROXY="socks5h://127.0.0.1:1080")
+    assert used.code == 2, used.stderr
+    assert "is not an http:// proxy" in used.stderr and "internal error" not in used.stderr, used.stderr
+    assert '"running"' not in deepline("runs", "show", "px-1", "--json").stdout
+    assert deepline("resume", "px-1").code == 0  # the proxy unset: the call goes out once
+    assert http_provider.count("/v1/lookup") == 1
 
 
 def test_http_goes_through_the_proxy_and_no_proxy_goes_direct(

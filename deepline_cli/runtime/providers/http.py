@@ -8,6 +8,7 @@ categories of `ToolExecutionError`, and secrets redacted from everything kept.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import ipaddress
 import math
@@ -33,6 +34,7 @@ from deepline_cli.runtime.providers.secrets import MIN_SECRET_LENGTH, Secrets
 from deepline_cli.runtime.providers.templates import render, render_proxy, render_url
 from deepline_cli.runtime.providers.tools import ToolCall, ToolDef
 from deepline_cli.runtime.providers.transport import (
+    BadSettings,
     InvalidRequest,
     InvalidResponse,
     ProxyRefused,
@@ -146,6 +148,8 @@ class Http:
             raise UsageError(
                 self.secrets.redact(str(exc)) + "; check HTTP_PROXY / HTTPS_PROXY or the tool's `proxy`"
             ) from None
+        except BadSettings as exc:  # a proxy or certificates to set right: as a refusing proxy
+            raise UsageError(self.secrets.redact(str(exc))) from None
         except InvalidRequest as exc:
             reason = self.secrets.redact(str(exc))
             raise ToolExecutionError(
@@ -277,8 +281,10 @@ class CredentialChanged(DeeplineError):
 
 def warm_up() -> None:
     """Build the shared TLS context (~20-45 ms) before the run, so the first paced call is
-    not sent late — and then together with the second."""
-    tls_context()
+    not sent late — and then together with the second. Certificates that cannot be loaded
+    stop the calls that need them (as a one-sentence error), not the run's start."""
+    with contextlib.suppress(BadSettings):
+        tls_context()
 
 
 class HttpTools:

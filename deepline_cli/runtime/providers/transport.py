@@ -72,7 +72,13 @@ class TransportError(Exception):
     """The connection failed before a whole answer arrived."""
 
 
-class ProxyRefused(InvalidRequest):
+class BadSettings(InvalidRequest):
+    """The machine's settings keep the request from going out (a proxy URL that cannot be
+    used, certificates that cannot be loaded or that do not vouch for the server): the
+    user's to fix, not the call's failure, and not worth retrying."""
+
+
+class ProxyRefused(BadSettings):
     """The proxy answered, but would not carry the request (407, 403…): not worth retrying."""
 
 
@@ -96,7 +102,7 @@ def _tls_context(cafile: str | None, capath: str | None) -> ssl.SSLContext:
             context.load_verify_locations(cafile=cafile or None, capath=capath or None)
         except (OSError, ssl.SSLError) as exc:
             where = " and ".join(f"{n}={v}" for n, v in (("SSL_CERT_FILE", cafile), ("SSL_CERT_DIR", capath)) if v)
-            raise InvalidRequest(f"the certificates of {where} cannot be loaded ({exc})") from None
+            raise BadSettings(f"the certificates of {where} cannot be loaded ({exc}); fix or unset it") from None
     context.set_alpn_protocols(["http/1.1"])
     return context
 
@@ -120,11 +126,12 @@ class Proxy:
             parts = urlsplit(url if "://" in url else "http://" + url)
             port = parts.port or 80
         except ValueError as exc:
-            raise InvalidRequest(f"the proxy URL {_without_password(url)!r} is not valid ({exc})") from None
+            raise BadSettings(f"the proxy URL {_without_password(url)!r} is not valid ({exc})") from None
         if parts.scheme.lower() != "http" or not parts.hostname:
-            raise InvalidRequest(
-                f"the proxy {_without_password(url)!r} is not an http:// proxy "
-                "(https and socks proxies are not supported)"
+            raise BadSettings(
+                f"the proxy {_without_password(url)!r} is not an http:// proxy (https and socks proxies are not "
+                "supported); give an http:// one (HTTP_PROXY / HTTPS_PROXY / ALL_PROXY or the tool's `proxy`), "
+                'or send this host direct (NO_PROXY, or `proxy = ""` for the tool)'
             )
         authorization = None
         if parts.username is not None:
@@ -148,19 +155,24 @@ class Proxies:
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         found = _proxies_from(dict(os.environ if environ is None else environ))
-        self._by_scheme = {
-            scheme: Proxy.parse(url) for scheme, url in found.items() if scheme in ("http", "https", "all")
-        }
+        # Read when a request goes through one: a socks proxy set for other programs stops
+        # only the requests that would use it (BadSettings), not every run.
+        self._by_scheme = {scheme: url for scheme, url in found.items() if scheme in ("http", "https", "all")}
         self._no_proxy = found.get("no", "")
 
     def route(self, origin: Origin, given: str | None) -> Proxy | None:
         if given is not None:
-            return Proxy.parse(given) if given else None
+            return _parsed(given) if given else None
         scheme, host, port = origin
-        proxy = self._by_scheme.get(scheme) or self._by_scheme.get("all")
-        if proxy is None or _bypassed(host, port, self._no_proxy):
+        url = self._by_scheme.get(scheme) or self._by_scheme.get("all")
+        if url is None or _bypassed(host, port, self._no_proxy):
             return None
-        return proxy
+        return _parsed(url)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(url: str) -> Proxy:
+    return Proxy.parse(url)
 
 
 def _proxies_from(environ: dict[str, str]) -> dict[str, str]:
@@ -738,8 +750,11 @@ def _connect_errors(host: str, port: int, timeout_s: float, what: str = "") -> I
         yield
     except TimeoutError:  # before OSError: asyncio's timeout is one
         raise TransportTimeout(f"connecting to {what}{host}:{port} took over {timeout_s:g}s") from None
-    except ssl.SSLCertVerificationError as exc:
-        raise TransportError(f"the certificate of {host}:{port} is not trusted ({exc.verify_message})") from None
+    except ssl.SSLCertVerificationError as exc:  # the same on every try: the machine's CAs to set
+        raise BadSettings(
+            f"the certificate of {host}:{port} is not trusted ({exc.verify_message}); if a company CA signs it, "
+            "point SSL_CERT_FILE or SSL_CERT_DIR at it"
+        ) from None
     except OSError as exc:
         raise TransportError(f"cannot connect to {what}{host}:{port}: {exc.strerror or exc}") from None
 
