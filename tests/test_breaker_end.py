@@ -46,3 +46,38 @@ def test_an_unrecorded_last_completion_fails_the_run(tmp_path: Path) -> None:
     assert result.status == "failed"
     assert result.exit_code == 1
     assert "could not be recorded" in (result.error or {}).get("message", "")
+
+
+def test_an_attempt_that_cannot_set_up_its_parts_is_recorded_failed_not_left_running(
+    write_play, store_path, monkeypatch
+) -> None:
+    """Anything that fails while an attempt builds its parts (after the run is recorded as
+    running) left the run `running` with its process gone: `runs list` showed it stale."""
+    from deepline_cli.runtime.run import attempt
+    from deepline_cli.store import open_store
+    from tests.helpers import resume_run, run_play
+
+    play = write_play(
+        """
+        from deepline_cli import play
+
+        @play("setup")
+        async def setup(ctx, input):
+            return await ctx.step("answer", lambda: 42)
+        """
+    )
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("cannot build the parts")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(attempt, "attempt_parts", broken)
+        first = run_play(play, store_path, run_id="su-1")
+    assert first.status == "failed" and "cannot build the parts" in first.error["message"], first
+    db = open_store(str(store_path))
+    try:
+        assert db.runs.get_run("su-1").status == "failed"
+    finally:
+        db.close()
+    again = resume_run("su-1", store_path)
+    assert (again.status, again.output) == ("completed", 42), again.error

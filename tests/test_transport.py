@@ -28,7 +28,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deepline_cli.errors import ProviderTransientError, ToolExecutionError
+from deepline_cli.errors import ProviderTransientError, ToolExecutionError, UsageError
 from deepline_cli.runtime.providers.governor import Governor
 from deepline_cli.runtime.providers.http import Http, Request
 from deepline_cli.runtime.providers.secrets import Secrets
@@ -597,7 +597,7 @@ def test_https_verifies_the_host_name_and_keeps_the_connection(certificate: tupl
         port = server.sockets[0].getsockname()[1]
         async with server, client() as http:
             answers = [await send(http, f"https://localhost:{port}/") for _ in range(2)]
-            with pytest.raises(ProviderTransientError, match="certificate"):
+            with pytest.raises(UsageError, match="certificate"):  # the same on every try: not retried
                 await send(http, f"https://127.0.0.1:{port}/")  # the certificate names localhost only
         return [a.content for a in answers], script.connections
 
@@ -614,7 +614,7 @@ def test_tls_connections_leave_no_socket_open_once_the_run_ends(certificate: tup
     async def one_run(port: int) -> None:
         async with client() as http:
             await send(http, f"https://localhost:{port}/")
-            with pytest.raises(ProviderTransientError, match="certificate"):
+            with pytest.raises(UsageError, match="certificate"):
                 await send(http, f"https://127.0.0.1:{port}/")
 
     def client_sockets(port: int) -> int:

@@ -149,8 +149,14 @@ class Attempt:
             failures=history.failures,
             refresh_failed=self.options.refresh_failed,
         )
-        services = attempt_parts(self.play, self.options, self.record, self.io, self.bus, self.stats, history,
-                                  self.runner.borrowed_tools)  # fmt: skip
+        try:
+            services = attempt_parts(self.play, self.options, self.record, self.io, self.bus, self.stats, history,
+                                      self.runner.borrowed_tools)  # fmt: skip
+        except Exception as exc:  # recorded as the attempt's end, not left `running` with nobody at it
+            error = error_dict(exc)
+            if isinstance(exc, DeeplineError):
+                error["exit_code"] = exc.exit_code
+            return await self._finish(BodyOutcome("failed", error=error))
         self.bus.emit(
             "run.started",
             record.run_id,
