@@ -391,3 +391,52 @@ def test_a_worker_rides_out_a_dropped_connection_and_gives_up_loudly_when_it_sta
     # more each, not for the whole bound again (the bound is reached at the first backoff
     # delay that passes it).
     assert gave_up_after < 2 * 2.5 + 6, gave_up_after
+
+
+HELD = """
+import asyncio, time
+from deepline_cli import play, tool
+
+@tool("pg.slot", credits=1, concurrency=2)
+async def slot(input):
+    with open(input["log"], "a") as f:
+        f.write(f"{input['i']} {time.time()}\\n")
+    await asyncio.sleep(0.05)
+    return input["i"]
+
+@play("held")
+async def held(ctx, input):
+    rows = await ctx.map("r", [{"i": i} for i in range(input["n"])], key="i", concurrency=30, columns={
+        "v": lambda row, rc: rc.tools.execute("s", "pg.slot", {"i": row["i"], "log": input["log"]}),
+    })
+    return len(rows)
+"""
+
+
+@pytest.mark.postgres
+def test_no_call_goes_out_while_the_store_cannot_record_it(
+    tmp_path: Path, cli_env: dict[str, str], proxy: PgProxy, pg_url: str
+) -> None:
+    """Calls claimed before PostgreSQL went away (waiting for one of the tool's 2 slots) went
+    out while the run tried to reconnect, though no answer could be recorded: a resume
+    after an outage it could not ride out paid them again. The run holds them until the
+    store is back (SPEC §3: stop dispatching when a call cannot be recorded)."""
+    (tmp_path / "play.py").write_text(HELD)
+    log = tmp_path / "calls.log"
+    env = {**cli_env, "DEEPLINE_STORE": proxy.url}
+    payload = _json.dumps_str({"n": 200, "log": str(log)})
+    proc = start(["run", "play.py", "--input", payload, "--run-id", "held", "--json"], env, tmp_path)
+    try:
+        wait_until(lambda: log.exists() and len(log.read_text().split("\n")) > 40, what="40 calls made")
+        cut = time.time()
+        assert proxy.cut(refuse_for_s=3.0) >= 1
+        code, out, err = finish(proc, timeout=120)
+    finally:
+        kill(proc)
+    assert code == 0, err
+    assert _json.loads(out.splitlines()[-1])["output"] == 200
+    started = [float(line.split()[1]) for line in log.read_text().splitlines()]
+    assert len(started) == 200  # each call made once
+    # Calls in flight when the connection dropped finish; none starts while it is down.
+    during = [t for t in started if cut + 0.5 < t < cut + 2.9]
+    assert during == [], f"{len(during)} calls went out while the store could not record them"

@@ -14,6 +14,30 @@ class Breaker:
     def __init__(self) -> None:
         self._reasons: list[BaseException] = []
         self._stopped = asyncio.Event()
+        self._store_up = asyncio.Event()  # cleared while the store cannot record anything
+        self._store_up.set()
+
+    @property
+    def store_up(self) -> bool:
+        return self._store_up.is_set()
+
+    def store_outage(self, down: bool) -> None:
+        """The store's connection was lost (True) or is back (False)."""
+        if down:
+            self._store_up.clear()
+        else:
+            self._store_up.set()
+
+    async def until_store_up(self) -> None:
+        """Wait until the store can record again, or dispatching stops (then `check` says why)."""
+        if self._store_up.is_set():
+            return
+        back, stopped = asyncio.ensure_future(self._store_up.wait()), asyncio.ensure_future(self._stopped.wait())
+        try:
+            await asyncio.wait((back, stopped), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            back.cancel()
+            stopped.cancel()
 
     def check(self) -> None:
         """Raise why dispatching stopped, if it did."""

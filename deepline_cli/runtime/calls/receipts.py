@@ -391,6 +391,18 @@ class ReceiptBook:
         """A call's wait before its next attempt, cut short when the run stops dispatching."""
         await self._breaker.pause(seconds)
 
+    @property
+    def store_up(self) -> bool:
+        """Can the store record what a call answers (its connection is not lost)?"""
+        return self._breaker.store_up
+
+    async def until_store_up(self) -> None:
+        await self._breaker.until_store_up()
+
+    def store_outage(self, down: bool) -> None:
+        """The store's connection was lost (True: no call goes out) or is back (False)."""
+        self._breaker.store_outage(down)
+
     def ensure_owned(self, call: DurableCall, lease_id: str) -> None:
         """At the moment of dispatch and before every retry: is the run still dispatching,
         and the lease still ours? The lease counts as ours until the expiry the store last

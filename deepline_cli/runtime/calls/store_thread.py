@@ -46,17 +46,26 @@ def _waits(once: bool) -> Iterator[float]:
     yield from delays(0.1, cap=5.0, until=reconnect_bound_s())  # 0.1, 0.2, 0.4 … then every 5 s
 
 
-def reconnecting(store: Store, fn: Callable[..., R], *args: Any, report: Callable[[str], None] | None = None) -> R:
+def reconnecting(
+    store: Store,
+    fn: Callable[..., R],
+    *args: Any,
+    report: Callable[[str], None] | None = None,
+    outage: Callable[[bool], None] | None = None,
+) -> R:
     """`fn(*args)`, connecting again (with backoff) when the store dropped the connection.
 
     A transaction cut off with its connection is run again: every write the runtime makes
     is idempotent when applied twice (claims by their lease id, settlements by theirs,
-    rows by their keys). Past the bound, StoreUnreachable.
+    rows by their keys). Past the bound, StoreUnreachable. `outage` hears True when the
+    connection is found lost and False once it is back (not when given up on).
     """
     try:
         return fn(*args)
     except StoreConnectionLost as lost:
         reason = lost
+    if outage is not None:
+        outage(True)
     gave_up, waited = store.url in _GAVE_UP, 0.0
     for delay in _waits(once=gave_up):
         time.sleep(delay)
@@ -68,6 +77,8 @@ def reconnecting(store: Store, fn: Callable[..., R], *args: Any, report: Callabl
             reason = again
             continue
         _GAVE_UP.discard(store.url)
+        if outage is not None:
+            outage(False)
         if report is not None:
             report(f"the store dropped its connection ({reason}); reconnected after {waited:.1f}s")
         return result
@@ -106,6 +117,9 @@ class StoreIO:
     def __init__(self, store: Store, report: Callable[[str], None] | None = None) -> None:
         self.store = store
         self.report = report  # how a reconnect is told (a warning in the run's log)
+        # Told True when the connection is found lost, False once it is back: the run holds
+        # its calls meanwhile (what they answer could not be recorded).
+        self.outage: Callable[[bool], None] | None = None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="deepline-store")
         # Leases use the store's clock; measure its offset once instead of asking per call.
         self._offset = store.now() - time.time()
@@ -134,7 +148,7 @@ class StoreIO:
         """Runs on the store thread; `busy_s` is how long the store kept it busy (run stats)."""
         start = time.perf_counter()
         try:
-            return reconnecting(self.store, partial(fn, *args, **kwargs), report=self.report)
+            return reconnecting(self.store, partial(fn, *args, **kwargs), report=self.report, outage=self.outage)
         finally:
             self.busy_s += time.perf_counter() - start
 

@@ -114,14 +114,16 @@ class Tools:
         """Call the tool under its limits: run-wide and per-tool concurrency, rate, timeout."""
         governor, tool = self._governor, definition.id
         if governor.unlimited(tool) and timeout_s is None:
+            await info.ready()
             return await definition.invoke(input, info)
         asked = time.monotonic()
         info.queued = True
         async with governor.slot(tool, info.pause):
             info.waited_s += time.monotonic() - asked
             # The wait for a slot may have outlasted the lease (a paused process), or been cut
-            # short by an interrupt: the call goes out only if it is still ours.
-            info.ensure_lease()
+            # short by an interrupt: the call goes out only if it is still ours, and once the
+            # store can record its answer.
+            await info.ready()
             info.queued = False
             if timeout_s is None:
                 return await definition.invoke(input, info)

@@ -100,7 +100,7 @@ class Http:
         attempt, waits = 0, None  # the backoff schedule, made at the first retry
         while True:
             if call is not None:
-                call.ensure_lease()
+                await call.ready()
             try:
                 response = await self._once(pool or self.pool, request, timeout_s, proxy)
                 failure = self._failure(response, tool)

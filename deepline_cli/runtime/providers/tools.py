@@ -28,6 +28,9 @@ class CallOwner(Protocol):
     def ensure_owned(self, call: Any, lease_id: str) -> None: ...
     def note_retry(self, call: Any, reason: str) -> None: ...
     async def pause(self, seconds: float) -> None: ...
+    @property
+    def store_up(self) -> bool: ...
+    async def until_store_up(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -65,6 +68,14 @@ class ToolCall:
         """Raise ReceiptLeaseLostError if this process no longer owns the call."""
         if self._owner is not None:
             self._owner.ensure_owned(self._call, self.lease_id)
+
+    async def ready(self) -> None:
+        """Just before the call goes out (and before each retry): wait while the store cannot
+        record what it answers (its connection lost), then `ensure_lease`."""
+        owner = self._owner
+        if owner is not None and not owner.store_up:
+            await owner.until_store_up()
+        self.ensure_lease()
 
     def note_retry(self, reason: str) -> None:
         """One more attempt of the call (`reason`: "429", "5xx", "network"…), for the stats."""

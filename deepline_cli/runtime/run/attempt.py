@@ -157,6 +157,12 @@ class Attempt:
             if isinstance(exc, DeeplineError):
                 error["exit_code"] = exc.exit_code
             return await self._finish(BodyOutcome("failed", error=error))
+        book = services.effects.book  # its breaker is its child runs' too
+
+        def outage(down: bool) -> None:  # from the store thread: its connection lost, or back
+            loop.call_soon_threadsafe(book.store_outage, down)
+
+        self.io.outage = outage
         self.bus.emit(
             "run.started",
             record.run_id,
