@@ -238,27 +238,6 @@ def test_key_by_list_of_fields(make_play, store_path: Path) -> None:
     assert out.map_logs() == [summary(3, 3, 0, 2)]
 
 
-def test_a_key_is_the_same_whether_named_alone_in_a_list_or_by_a_function(make_play, store_path: Path) -> None:
-    """`1` from a CRM and `"1"` from a sheet: one row by `key="id"` or a function, two by
-    `key=["id"]` (a list's parts were JSON: `[1]` is not `["1"]`). One rule for every key."""
-    play_file = make_play(
-        """
-        @play("keys")
-        async def keys(ctx, input):
-            items = [{"id": 1, "src": "crm"}, {"id": "1", "src": "sheet"}, {"id": 2, "src": "crm"}]
-            single = await ctx.map("single", items, key="id", columns={})
-            composite = await ctx.map("composite", items, key=["id"], columns={})
-            func = await ctx.map("func", items, key=lambda r: r["id"], columns={})
-            key = {"k": lambda row, rc: rc.row_key}
-            pair = await ctx.map("pair", items, key=["id", "src"], columns=key)
-            pair_fn = await ctx.map("pair_fn", items, key=lambda r: (r["id"], r["src"]), columns=key)
-            keys = [[r["k"] for r in m] for m in (pair, pair_fn)]
-            return [len(single), len(composite), len(func), len(pair), keys[0] == keys[1]]
-        """
-    )
-    assert run(play_file, store_path).output == [2, 2, 2, 3, True]
-
-
 def test_key_by_callable(make_play, store_path: Path) -> None:
     play_file = make_play(
         """

@@ -311,8 +311,6 @@ def key_function(key: RowKey) -> Callable[[Mapping[str, Any]], str]:
             if isinstance(value, list | tuple) and all(map(is_blank, value)):
                 return ""  # every part blank: no identity, as with key=[fields]
             try:
-                if isinstance(value, list | tuple):
-                    return _json.dumps_str([_scalar(part) for part in value])  # as key=[fields]
                 return _scalar(value)
             except TypeError as exc:
                 raise InputError(f"A row key must be JSON (a string, a number, a list…): {exc}.") from None
@@ -325,7 +323,7 @@ def key_function(key: RowKey) -> Callable[[Mapping[str, Any]], str]:
             parts = [row[n] for n in names]
             if all(map(is_blank, parts)):
                 return ""  # every part blank: no identity (the map keys the row by where it is)
-            return _json.dumps_str([_scalar(part) for part in parts])  # each part as a key alone: 1 is "1"
+            return _json.dumps_str(parts)
         except KeyError as exc:
             raise InputError(f"Row has no key field {exc.args[0]!r} (fields: {', '.join(row)}).") from None
 
