@@ -204,8 +204,8 @@ def test_failed_calls_say_what_failed_and_what_became_of_it(deepline, tmp_path) 
     assert deepline("runs", "report", "f7", "--html", "--out", str(out)).code == 0
     html = out.read_text()
     said = (
-        "46 calls failed (counted once each, however many attempts tried): 28 of them fell back to the next "
-        "provider, 18 were final; 9 rows failed."
+        "46 calls failed (counted once each, however many attempts tried): 28 of them fell back to another "
+        "provider of their cell, 18 were final; 9 rows failed."
     )
     assert f'<p id="failures-said">{said}</p>' in html
     assert "<small>28 fell back · 18 final</small>" in html
@@ -630,7 +630,7 @@ def test_a_failure_the_play_handles_itself_is_final_not_fallen_back(write_play, 
     stored = shown["stats"]["tools"]["t.missing"]
     assert (stored["failed"], stored["recovered"]) == (6, 3), stored
     html = render(read_report(open_store(str(store_path)), "hd"))
-    assert "3 of them fell back to the next provider, 3 were final" in html, html
+    assert "3 of them fell back to another provider of their cell, 3 were final" in html, html
 
 
 def test_a_resume_keeps_a_handled_failure_final(write_play, store_path) -> None:
@@ -677,3 +677,43 @@ def test_a_lookup_in_the_run_if_of_a_waterfall_is_found_as_in_a_plain_column(wri
     report = read_report(open_store(str(store_path)), "gw")
     assert (report.tools["t.exists"].found, report.tools["t.exists"].answered) == (2, 3)
     assert (report.tools["t.enrich"].found, report.tools["t.enrich"].answered) == (2, 3)
+
+
+RACE = """
+import asyncio
+from deepline_cli import play, tool
+
+SLOW = "{slow}"
+
+@tool("t.a", credits=0)
+async def a(input):
+    await asyncio.sleep(0.05 if SLOW == "a" else 0)
+    raise ValueError("no such person")
+
+@tool("t.b", credits=1)
+async def b(input):
+    await asyncio.sleep(0.05 if SLOW == "b" else 0)
+    return {{"email": input["n"]}}
+
+async def race(row, rc):  # ask both at once, keep the one with a value
+    got = await asyncio.gather(rc.tools.execute("a", "t.a", {{"n": row["n"]}}),
+                               rc.tools.execute("b", "t.b", {{"n": row["n"]}}), return_exceptions=True)
+    return next((r.get("email") for r in got if not isinstance(r, BaseException)), None)
+
+@play("race")
+async def race_play(ctx, input):
+    return len(await ctx.map("m", [{{"n": n}} for n in range(3)], key="n", columns={{"email": race}}))
+"""
+
+
+def test_a_failure_another_provider_answered_beside_fell_back_whichever_answered_first(
+    write_play, tmp_path: Path
+) -> None:
+    """Two providers asked at once, the one that failed got past by the other's answer:
+    "fell back" in both orders (by which call finished last, it was final in one)."""
+    for slow in ("a", "b"):
+        store = tmp_path / f"{slow}.db"
+        result = run_play(write_play(RACE.format(slow=slow), name=f"race_{slow}.py"), store)
+        assert result.status == "completed", result.error
+        a = result.stats["tools"]["t.a"]
+        assert (a["failed"], a["recovered"]) == (3, 3), (slow, a)

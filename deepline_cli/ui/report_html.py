@@ -123,9 +123,9 @@ def failures_said(report: Report) -> str:
         return f"No call failed; {row_words}." if rows else "No call failed and no row failed."
     calls = f"{failed:,} call{'s' if failed != 1 else ''} failed (counted once each, however many attempts tried)"
     if recovered == failed:
-        return f"{calls}; every one fell back to the next provider, whose answer the row kept; {row_words}."
+        return f"{calls}; every one fell back to another provider of its cell, which answered; {row_words}."
     final = failed - recovered
-    fell = f"{recovered:,} of them fell back to the next provider, " if recovered else ""
+    fell = f"{recovered:,} of them fell back to another provider of their cell, " if recovered else ""
     return f"{calls}: {fell}{final:,} {'were' if final != 1 else 'was'} final; {row_words}."
 
 
@@ -293,7 +293,7 @@ def _providers(report: Report) -> str:
         '<p class="muted">Found: answers the play found a value with (the waterfall step that made the call '
         "found the value, or the cell it was made for holds a value: not empty, nor a list or object holding "
         "only empty values), of the answers live and reused. Failed: calls whose final outcome is a failure, "
-        "each once; those that fell back were got past by the next provider.</p>"
+        "each once; those that fell back were got past by another provider of their cell, which answered.</p>"
     )
     return note + _table(headers, rows, numeric={1, 2, 3, 5, 6})
 

@@ -18,19 +18,17 @@ class CellScope:
     row_key: str
     refresh_after_s: float | None = None  # a stale cell's calls: answers older than this are paid again
     # What the cell's calls did, in order: the receipt keys that answered (live, reused or
-    # shared) and those that failed, with how many calls the cell had made before each
-    # failure. A waterfall reads which step's calls answered; the map settles the row's
-    # failures (fallen back from, or final) when the row ends.
+    # shared) and those that failed. A waterfall reads which step's calls answered; the
+    # map settles the row's failures (fallen back from, or final) when the row ends.
     answered: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
-    failed_at: list[int] = field(default_factory=list)
 
     def got_past(self) -> list[str]:
-        """The failed calls another call of the cell followed (a waterfall's next step): in
-        a cell that got a value, they were fallen back from. A failure the play handled
-        itself, asking nothing more (a 404 caught), was final."""
-        made = len(self.answered) + len(self.failed)
-        return [key for key, before in zip(self.failed, self.failed_at, strict=True) if before + 1 < made]
+        """The failed calls another call of the cell answered beside (a waterfall's next
+        step, a provider asked at the same time): in a cell that got a value, they were
+        fallen back from. Where no call answered, the play handled the failure itself (a
+        404 caught): final."""
+        return list(self.failed) if self.answered else []
 
 
 _CELL: ContextVar[CellScope | None] = ContextVar("deepline_cell", default=None)

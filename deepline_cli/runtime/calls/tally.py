@@ -56,7 +56,6 @@ class CallTally:
         if execution == "failed":
             self._stats.call_failed(call.key, _tool(call), in_row=cell is not None)
             if cell is not None:
-                cell.failed_at.append(len(cell.answered) + len(cell.failed))
                 cell.failed.append(call.key)
             return
         self._stats.call_answered(call.key)
