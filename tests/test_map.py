@@ -1579,6 +1579,27 @@ def test_a_resume_redoes_the_finished_rows_whose_input_or_code_changed_since(
     assert sorted(CALLS)[-3:] == ["upper:erin", "upper:frank", "upper:gina"] and len(CALLS) == 7  # erin once
 
 
+def test_a_resume_stopped_again_over_a_shorter_input_keeps_no_row_the_input_lost(
+    make_play, store_url: str, tmp_path: Path
+) -> None:
+    """20 leads, 12 done; the first 10 leads are dropped from the CSV; the resume stops again
+    after 3 more. Rows 5–9 (no longer in the file) were still the map's, the export held them
+    and not 15–19, and said the map had "all its 10 rows"."""
+    people = tmp_path / "people.csv"
+    people.write_text("id,name\n" + "".join(f"{i},u{i}\n" for i in range(20)))
+    play_file = make_play(RESORTED, SUFFIX="")
+    first = run(play_file, store_url, {"csv": str(people)}, max_credits=12)
+    assert first.result.status == "failed"
+    people.write_text("id,name\n" + "".join(f"{i},u{i}\n" for i in range(10, 20)))
+    second = resume(first.result.run_id, store_url, max_credits=15)
+    assert second.result.status == "failed"
+    kept = sorted(int(r[2]) for r in map_rows(store_url, first.result.run_id))
+    assert kept == [10, 11, 12, 13, 14], kept  # 10, 11 from the first attempt; 12-14 from the resume
+    third = resume(first.result.run_id, store_url, max_credits=100)
+    assert [r[0] for r in third.output] == [str(i) for i in range(10, 20)]
+    assert sorted(Counter(CALLS).values()) == [1] * 20  # 0-11, then 12-14 and 15-19: each name paid once
+
+
 def test_a_value_with_no_json_form_is_refused_naming_its_column_or_step(make_play, store_url: str) -> None:
     """A column or a step returning an object: it was stored as its repr ("<Thing object at
     0x7f…>"), exported so, and different in every run. The run fails, saying where."""

@@ -12,6 +12,7 @@ transaction.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any, Protocol, TypeVar
 
 from deepline_cli.store.ledger import AttemptRow, CallRow, ReuseRow
@@ -246,9 +247,12 @@ class SheetStore(Protocol):
         order after `after_idx`, up to `limit`."""
         ...
 
-    def trim_map_rows(self, run_id: str, map: str, attempt: int, keep: int) -> int:
-        """Drop the map's rows at index `keep` and beyond: earlier attempts' rows that the
-        input of this one no longer has (fenced: nothing, once the run was taken over)."""
+    def trim_map_rows(
+        self, run_id: str, map: str, attempt: int, keep: int, keys: AbstractSet[str] | None = None
+    ) -> int:
+        """Drop the map's rows at index `keep` and beyond, and (given `keys`, the input's) those
+        whose key the input no longer has: earlier attempts' rows that the input of this one
+        no longer has (fenced: nothing, once the run was taken over)."""
         ...
 
     def count_map_rows(self, run_id: str, map: str) -> dict[str, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from deepline_cli import _json
@@ -74,12 +75,20 @@ class SheetsSql(SqlBase):
             for idx, key, ok, reused, cells, steps, found, fell in rows
         ]
 
-    def trim_map_rows(self, run_id: str, map: str, attempt: int, keep: int) -> int:
+    def trim_map_rows(
+        self, run_id: str, map: str, attempt: int, keep: int, keys: AbstractSet[str] | None = None
+    ) -> int:
         with self._write() as c:
             if attempt and self._superseded_pairs(c, {(run_id, attempt)}):
                 return 0  # fencing: the run was taken over; its new owner keeps the map's rows
             cur = c.execute("DELETE FROM map_rows WHERE run_id = ? AND map = ? AND idx >= ?", (run_id, map, keep))
-            return int(cur.rowcount)
+            dropped = int(cur.rowcount)
+            if keys is not None:
+                rows = c.execute("SELECT idx, row_key FROM map_rows WHERE run_id = ? AND map = ?", (run_id, map))
+                gone = [(run_id, map, idx) for idx, key in rows.fetchall() if key not in keys]
+                self._many(c, "DELETE FROM map_rows WHERE run_id = ? AND map = ? AND idx = ?", gone)
+                dropped += len(gone)
+            return dropped
 
     def count_map_rows(self, run_id: str, map: str) -> dict[str, int]:
         rows = self._read(

@@ -10,6 +10,7 @@ import bisect
 import contextlib
 import time
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from deepline_cli.errors import DeeplineError, RunInterrupted, SystemicFailure
@@ -300,11 +301,13 @@ class MapBook:
                     self._seed_steps[idx] = number
         return count
 
-    async def trim(self) -> None:
+    async def trim(self, keys: AbstractSet[str] | None = None) -> None:
         """Drop the rows earlier attempts finished past this input's end (a list that lost
-        rows since): the map holds one row per distinct input row."""
+        rows since), and given `keys` (the input's, read whole by an attempt that stops
+        before its end) those of keys the input no longer has: the map holds one row per
+        distinct input row."""
         io = self.s.io
-        await io.call(io.store.sheets.trim_map_rows, self.run_id, self.name, self.attempt, self.distinct)
+        await io.call(io.store.sheets.trim_map_rows, self.run_id, self.name, self.attempt, self.distinct, keys)
 
     async def complete(self, record: MapRecord, counts: Mapping[str, int]) -> None:
         """Record the map completed with the counts the barriers read back, log its summary

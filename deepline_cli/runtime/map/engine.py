@@ -116,6 +116,10 @@ class MapRun:
         except BaseException as exc:
             self.book.progress(self.total_estimate)  # the view's last frame: every row that finished
             record.input_columns = list(self.intake.input_columns)  # a list's fields: known as it is read
+            if self.attempt > 1 and self.intake.read_whole and self.limit is None:
+                # Rows of earlier attempts at places it did not reach: gone where the input lost them.
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await self.book.trim(self.intake.seen)
             await self.book.save_unfinished(record, exc, *self._row_counts())
             raise
         finally:
