@@ -4,6 +4,7 @@ columns, malformed files, and relative paths that survive a resume from elsewher
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -414,35 +415,73 @@ def test_a_short_row_of_a_semicolon_file_is_named_not_read_as_one_column(deeplin
 
 
 REWRITTEN = """\
+import csv
+import os
 import random
 from pathlib import Path
 
 from deepline_cli import play
 
-def rewrite(row):
-    if row["id"] == "50" and not Path("sorted").exists():  # re-sorted and saved over, once, mid-map
-        Path("sorted").touch()
-        path = Path("list.csv")
-        head, *rows = path.read_text().splitlines(True)
-        random.Random(1).shuffle(rows)
+ACTION = "{action}"
+
+def change(path):
+    head, *rows = path.read_text().splitlines(True)
+    if ACTION == "resort":  # the sheet re-sorted and saved over the file (rows of several lines whole)
+        with path.open(newline="") as f:
+            header, *records = list(csv.reader(f))
+        random.Random(1).shuffle(records)
+        with path.open("w", newline="") as f:
+            csv.writer(f, lineterminator="\\n").writerows([header, *records])
+    elif ACTION == "touch":
+        os.utime(path)
+    elif ACTION == "same":  # saved again as it was
         path.write_text(head + "".join(rows))
+    elif ACTION == "append":
+        with path.open("a") as f:
+            f.write("".join(f"{{i}},late{{i}},x\\n" for i in range(9000, 9050)))
+
+def seen(row):
+    if row["id"] == "50" and not Path("changed").exists():  # mid-map, once
+        Path("changed").touch()
+        change(Path("list.csv"))
     return row["id"]
 
 @play("rewritten")
 async def rewritten(ctx, input):
-    ds = await ctx.map("rows", ctx.csv("list.csv"), key="id", concurrency=1, columns={"seen": rewrite})
+    ds = await ctx.map("rows", ctx.csv("list.csv"), key="id", concurrency=1, columns={{"seen": seen}})
     return len(ds)
 """
 
 
-def test_a_csv_rewritten_in_place_while_the_map_reads_it_stops_the_map(deepline, tmp_path: Path) -> None:
+def _rows(spanned: bool) -> str:
+    address = '"1 Main St\nSpringfield"' if spanned else "Springfield"  # rows of two lines each
+    return "id,name,address\n" + "".join(f"{i},name{i},{address}\n" for i in range(1, 3001))
+
+
+@pytest.mark.parametrize("spanned", [False, True], ids=["one-line rows", "two-line rows"])
+def test_a_csv_rewritten_in_place_while_the_map_reads_it_stops_the_map(deepline, tmp_path: Path, spanned: bool) -> None:
     """The reader went on at its byte offset in the new content: the run "completed" with
-    ~2,300 of 3,000 rows, 794 of them counted duplicates, ~700 ids never read."""
-    (tmp_path / "play.py").write_text(REWRITTEN)
-    (tmp_path / "list.csv").write_text("id,name\n" + "".join(f"{i},name{i}\n" for i in range(1, 3001)))
+    ~2,300 of 3,000 rows, 794 of them counted duplicates, ~700 ids never read. Rows of two
+    lines each were checked only at the end (a line number never a multiple of 1,000), after
+    thousands of rows read from the new content at the old offset."""
+    (tmp_path / "play.py").write_text(REWRITTEN.format(action="resort"))
+    (tmp_path / "list.csv").write_text(_rows(spanned))
     result = deepline("run", "play.py", "--run-id", "rw", "--quiet")
     assert result.code == 2, result.stderr
     assert "list.csv changed while the map read it" in result.stderr, result.stderr
+    near = int(re.search(r"near line (\d+)", result.stderr).group(1))
+    assert near < (6001 if spanned else 3001) * 0.75, result.stderr  # at the next block read, not at the end
     again = deepline("resume", "rw", "--json")
     assert again.code == 0, again.stderr
     assert again.json_lines()[-1]["output"] == 3000
+
+
+@pytest.mark.parametrize("action", ["touch", "same", "append"])
+def test_a_csv_touched_saved_as_it_was_or_appended_to_is_read_on(deepline, tmp_path: Path, action: str) -> None:
+    """A change that leaves the bytes read where they were is no write over the file: it failed
+    the run (touch, an editor saving it unchanged, rows appended as to a log)."""
+    (tmp_path / "play.py").write_text(REWRITTEN.format(action=action))
+    (tmp_path / "list.csv").write_text(_rows(False))
+    result = deepline("run", "play.py", "--json")
+    assert result.code == 0, result.stderr
+    assert result.json_lines()[-1]["output"] == (3050 if action == "append" else 3000)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
+import io
 import itertools
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -86,6 +88,18 @@ class CsvSource:
                 )
             first[name] = number
 
+    @contextlib.contextmanager
+    def _open_watched(self) -> Iterator[tuple[Any, _Watched]]:
+        """The file as text, and what tells whether it was written over while it is read."""
+        try:
+            raw = _Watched(self.path)
+        except FileNotFoundError:
+            raise InputError(f"CSV file {self.path} does not exist.") from None
+        except OSError as exc:
+            raise InputError(f"CSV file {self.path} cannot be read: {exc.strerror}.") from None
+        with io.TextIOWrapper(io.BufferedReader(raw, WATCHED_BYTES), encoding="utf-8-sig", newline="") as handle:
+            yield handle, raw
+
     def _open(self) -> Any:
         try:
             return self.path.open(encoding="utf-8-sig", newline="")
@@ -122,17 +136,14 @@ class CsvSource:
         header = self.columns[: len(self.columns) - len(absent)]
         width = len(header)
         self.doubts, self._doubted = [], 0  # this read's own (the file may be read more than once)
-        with self._open() as handle:
+        with self._open_watched() as (handle, watch):
             reader = csv.reader(handle, delimiter=self.delimiter)
             line = 1
             spanned = (0, 0, 0)  # the last row over several lines: its first and last line, rows shaped in it
-            opened = _version(handle)
             try:
                 next(reader)
                 for record in reader:
                     start, line = line + 1, reader.line_num
-                    if line % CHANGE_CHECK_LINES == 0 and _version(handle) != opened:
-                        raise self._changed(line)
                     if line > start:
                         spanned = (start, line, self._rows_in(record, width, start, line))
                     if len(record) != width:
@@ -160,7 +171,9 @@ class CsvSource:
                 raise self._undecodable() from None
             except csv.Error as exc:
                 raise InputError(f"{self.path} line {reader.line_num}: {exc}.") from None
-            if _version(handle) != opened:
+            except WrittenOver:
+                raise self._changed(line) from None
+            if watch.written_over():
                 raise self._changed(line)
         first, last, shaped = spanned
         if shaped and last == line and self._open_at_end():
@@ -366,7 +379,7 @@ def _preview(row: Mapping[str, Any]) -> str:
 
 SNIFF_BYTES = 1 << 16
 SNIFF_ROWS = 20
-CHANGE_CHECK_LINES = 1000  # lines between two looks at whether the file was written over
+WATCHED_BYTES = 1 << 16  # a block of a CSV read for a map (see _Watched)
 
 
 def _delimiter(sample: str) -> str:
@@ -397,10 +410,48 @@ def _delimiter(sample: str) -> str:
     return best
 
 
-def _version(handle: Any) -> tuple[int, int]:
-    """The open file's size and modification time: a write over it in place changes them (a
-    file renamed over its path is another file: the one open is read to its end)."""
-    stat = os.fstat(handle.fileno())
+class _Watched(io.FileIO):
+    """A CSV file read for a map, telling whether it was written over while it is read.
+    Before each block is read, a file whose size or time changed since the last one has the
+    block read last read again where it was: the same bytes there (touched, appended to,
+    saved again as it was) and it is read on; other bytes, and it was written over in place
+    (a spreadsheet re-sorted and saved, a job regenerating it): what follows the reader's
+    offset is another file's content (WrittenOver). A file renamed over its path is another
+    file: the one open is read to its end."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, "r")
+        self._seen = _version(self.fileno())
+        self._offset = 0
+        self._last = b""  # the block read last
+
+    def readinto(self, buffer: Any) -> int | None:
+        if self.written_over():
+            raise WrittenOver()
+        n = super().readinto(buffer)
+        if n:
+            self._last = bytes(memoryview(buffer)[:n])
+            self._offset += n
+        return n
+
+    def written_over(self) -> bool:
+        now = _version(self.fileno())
+        if now == self._seen:
+            return False
+        last = self._last
+        if last and os.pread(self.fileno(), len(last), self._offset - len(last)) != last:
+            return True
+        self._seen = now
+        return False
+
+
+class WrittenOver(Exception):
+    """The CSV file was written over while a map read it (see _Watched)."""
+
+
+def _version(fd: int) -> tuple[int, int]:
+    """The open file's size and modification time: a write over it changes one of them."""
+    stat = os.fstat(fd)
     return stat.st_size, stat.st_mtime_ns
 
 
