@@ -105,3 +105,16 @@ def test_postgres_plans_each_statement_with_its_own_values(pg_url: str) -> None:
         assert all(generic == 0 for _, generic, _ in plans), plans
     finally:
         db.close()
+
+
+def test_a_store_password_in_the_query_is_never_shown(deepline) -> None:
+    """libpq takes `?password=` as well as `user:password@`: only the second was hidden, so a
+    store error (and a dropped connection's warning, kept in the run's log) showed it."""
+    from deepline_cli.store import safe_url
+
+    assert safe_url("postgresql://u@h/db?sslmode=require&password=S3cretPassw0rd&x=1") == (
+        "postgresql://u@h/db?sslmode=require&password=***&x=1"
+    )
+    assert safe_url("postgresql://u@h/db?sslpassword=K3y") == "postgresql://u@h/db?sslpassword=***"
+    result = deepline("runs", "list", "--store", "postgresql://postgres@127.0.0.1:9/x?password=S3cretPassw0rd")
+    assert result.code == 2 and "S3cretPassw0rd" not in result.stderr + result.stdout, result.stderr

@@ -17,8 +17,9 @@ def default_store_path() -> Path:
 
 
 def safe_url(url: str) -> str:
-    """The URL without its password, for messages."""
-    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+    """The URL without its password (`user:password@`, or libpq's `?password=`), for messages."""
+    url = re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+    return re.sub(r"([?&](?:ssl)?password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
 
 
 def resolve_store_url(url: str | None) -> str:
