@@ -470,8 +470,11 @@ def test_a_resolver_made_in_the_play_body_that_uses_ctx_is_reused_by_the_plan(de
         async def clos(ctx, input):
             rows = ctx.csv(input["csv"], required=["domain"])
 
+            log = ctx.log  # a bound method of ctx, kept in a name
+
             async def size(row, rc):
                 ctx.log("sizing")
+                log("sized")
                 r = await rc.tools.execute("l", "demo.lookup", {"domain": row["domain"]})
                 return r.output["employees"]
 

@@ -241,8 +241,13 @@ def _feed_function(walk: _Walk, fn: types.FunctionType) -> None:
 
 
 def _feed_instance(walk: _Walk, obj: Any) -> None:
-    """An object a resolver is a method of (or a callable object): what it holds, by name."""
+    """An object a resolver is a method of (or a callable object): what it holds, by name.
+    The run's own objects (`ctx.log` is a method of ctx) by what they are (see _feed_data)."""
     if isinstance(obj, type | types.ModuleType) or id(obj) in walk.seen:
+        return
+    named = getattr(type(obj), "__fingerprint_as__", None)
+    if named is not None:
+        _tag(walk, f"<{named}>".encode())
         return
     walk.seen.add(id(obj))
     attributes = getattr(obj, "__dict__", None)
