@@ -523,3 +523,8 @@ def test_the_hit_rates_count_each_row_the_waterfall_ran_for_once(deepline, write
         assert deepline("run", play, "--quiet", *(("--limit", limit) if limit else ())).code == 0
     (column,) = _plan(deepline, play)["maps"][0]["columns"]
     assert column["step_hits"] == {"a": 4, "b": 8}, column["step_hits"]
+    # Another column's code changes: the rows are recomputed, the waterfall's cells reused.
+    play = str(write_play(STEPS_WATERFALL.replace('columns={"v": EMAIL}', 'columns={"v": EMAIL, "n2": lambda r: 2}')))
+    assert deepline("run", play, "--quiet").code == 0
+    (column, _) = _plan(deepline, play)["maps"][0]["columns"]
+    assert column["step_hits"] == {"a": 4, "b": 8}, column["step_hits"]

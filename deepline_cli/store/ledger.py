@@ -308,10 +308,10 @@ class LedgerQueries:
 
     def step_rows(self, play: str, workspace: str, map: str) -> dict[str, dict[str, int]]:
         """Earlier runs of a play: how many rows of its map each waterfall step found a value
-        for (column → step, or "none" → rows). A row a run took whole from the sheet is the
-        earlier run's row again: not counted twice."""
+        for (column → step, or "none" → rows). A row is counted once however many runs wrote
+        it with the same steps (taken whole from the sheet, or its waterfall's cell reused)."""
         rows = self._read(
-            "SELECT steps, count(*) FROM map_rows WHERE map = ? AND steps IS NOT NULL AND coalesce(reused_row, 0) = 0"
+            "SELECT steps, count(DISTINCT row_key) FROM map_rows WHERE map = ? AND steps IS NOT NULL"
             " AND run_id IN (SELECT run_id FROM runs WHERE play = ? AND workspace = ?) GROUP BY steps",
             (map, play, workspace),
         )
