@@ -333,3 +333,23 @@ def test_export_out_dash_is_stdout(deepline, tmp_path: Path, store_path: Path) -
     assert result.code == 0, result.stderr
     assert parse_csv(result.stdout)[0] == EXPECTED_HEADER
     assert not (tmp_path / "-").exists()
+
+
+def test_export_of_a_run_a_live_process_is_at_does_not_say_resume_it(
+    deepline, tmp_path: Path, store_path: Path
+) -> None:
+    """The export of a run still going said "Continue the run with: deepline resume …",
+    which refuses (the run is held by a live process)."""
+    import sqlite3
+    import time
+
+    from deepline_cli.runtime.run.holders import holder_id
+
+    run_in_process(tmp_path, store_path, "live-1")
+    with sqlite3.connect(store_path) as db:  # held by this very process, its lease current
+        db.execute(
+            "UPDATE runs SET status = 'running', holder = ?, lease_expires_at = ?", (holder_id(), time.time() + 600)
+        )
+    result = deepline("export", "live-1", "--out", str(tmp_path / "out.csv"))
+    assert result.code == 0, result.stderr
+    assert "is running" in result.stderr and "deepline resume" not in result.stderr, result.stderr

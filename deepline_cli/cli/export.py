@@ -144,7 +144,9 @@ def _partial(db: Any, run_id: str, record: Any) -> str | None:
 
     gone = holder_stale(run, db.now())  # killed: the store still says running
     state = "stopped (its process is gone)" if gone else f"is {run.status}"
-    resume = f" Continue the run with: deepline resume {run_id}"
+    # A run a live process is at goes on by itself (its resume would be refused as busy).
+    going = run.status in ("running", "queued") and not gone
+    resume = "" if going else f" Continue the run with: deepline resume {run_id}"
     outcomes = db.sheets.count_map_rows(run_id, record.map)
     done = sum(outcomes.values())
     if record.total and done >= record.total:  # every row is there: the run failed after (or beside) them
