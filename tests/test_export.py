@@ -346,10 +346,13 @@ def test_export_of_a_run_a_live_process_is_at_does_not_say_resume_it(
     from deepline_cli.runtime.run.holders import holder_id
 
     run_in_process(tmp_path, store_path, "live-1")
-    with sqlite3.connect(store_path) as db:  # held by this very process, its lease current
+    with sqlite3.connect(store_path) as db:  # held by this very process, its lease current, a row to go
         db.execute(
             "UPDATE runs SET status = 'running', holder = ?, lease_expires_at = ?", (holder_id(), time.time() + 600)
         )
+        db.execute("UPDATE maps SET status = 'running'")
+        db.execute("DELETE FROM map_rows WHERE idx = 2")
     result = deepline("export", "live-1", "--out", str(tmp_path / "out.csv"))
     assert result.code == 0, result.stderr
-    assert "is running" in result.stderr and "deepline resume" not in result.stderr, result.stderr
+    assert "is running" in result.stderr and "partial" in result.stderr, result.stderr
+    assert "deepline resume" not in result.stderr, result.stderr
