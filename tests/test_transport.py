@@ -199,7 +199,9 @@ def test_a_slow_answer_times_out_as_a_transient_network_error(provider: Provider
     assert str(failure.value) == "timed out after 0.2s"
 
 
-def test_waiting_for_a_free_connection_counts_against_the_timeout(provider: Provider) -> None:
+def test_waiting_for_a_free_connection_does_not_count_against_the_timeout(provider: Provider) -> None:
+    """A request that waited 1 s for the pool's one connection, with a timeout of 0.2 s: it was
+    failed as a provider timeout though never sent. It is sent once the connection is free."""
     provider.script("/busy", ["slow:1"])
 
     async def crowd() -> BaseException | Response:
@@ -211,8 +213,8 @@ def test_waiting_for_a_free_connection_counts_against_the_timeout(provider: Prov
             return waiting[0]
 
     outcome = run(crowd())
-    assert isinstance(outcome, ProviderTransientError) and outcome.category == "network"
-    assert [r.path for r in provider.requests] == ["/busy"]
+    assert isinstance(outcome, Response) and outcome.status_code == 200, outcome
+    assert [r.path for r in provider.requests] == ["/busy", "/next"]
 
 
 # --- request checks -------------------------------------------------------------------------
@@ -651,3 +653,18 @@ def test_tls_connections_leave_no_socket_open_once_the_run_ends(certificate: tup
     finally:
         stop.set()
         thread.join(10)
+
+
+def test_a_request_waiting_for_a_free_connection_is_not_timed_out(provider: Provider) -> None:
+    """6 requests on a pool of 2, each answered in 0.3 s with a timeout of 0.5 s: the last
+    ones waited over 0.5 s for a connection and were failed as provider timeouts ("timed
+    out after 0.5s"), though never sent. The timeout is the provider's time to answer."""
+    provider.default_fault = "slow:0.3"
+
+    async def crowded() -> list[int]:
+        async with client(size=2) as http:
+            answers = await asyncio.gather(*(send(http, f"{provider.url}/x/{n}", timeout_s=0.5) for n in range(6)))
+        return [a.status_code for a in answers]
+
+    assert run(crowded()) == [200] * 6
+    assert len(provider.requests) == 6

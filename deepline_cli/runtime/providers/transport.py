@@ -83,8 +83,9 @@ class ProxyRefused(BadSettings):
 
 
 class TransportTimeout(TransportError):
-    """Connecting, waiting for a free connection, or waiting for the answer took longer than
-    allowed (a request is written in one go, so a stalled upload shows as a late answer)."""
+    """Connecting, or waiting for the answer, took longer than allowed (a request is written
+    in one go, so a stalled upload shows as a late answer). The wait for a free connection
+    of the pool is not the provider's time: it has no bound."""
 
 
 def tls_context() -> ssl.SSLContext:
@@ -879,7 +880,7 @@ class Transport:
         route: Route = (request.origin, proxy.url if proxy else "")
         if proxy is not None and request.origin[0] == "http":
             request = _absolute(request, proxy)  # to the proxy itself: the whole URL, and its credentials
-        await self._slot(timeout_s)
+        await self._slots.acquire()  # a free connection: waited for as long as it takes (not the provider's time)
         try:
             connection = self._reused(route)
             if connection is None:
@@ -894,16 +895,6 @@ class Transport:
         if response.status_code == 407 and proxy is not None:  # only a proxy says 407
             raise ProxyRefused(f"the proxy {proxy.url} refused the request (407 Proxy Authentication Required)")
         return response
-
-    async def _slot(self, timeout_s: float) -> None:
-        if not self._slots.locked():
-            await self._slots.acquire()  # free: returns without yielding
-            return
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise TransportTimeout(f"no free connection within {timeout_s:g}s") from None
 
     def _reused(self, route: Route) -> Connection | None:
         idle = self._idle.get(route)
