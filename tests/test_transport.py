@@ -15,6 +15,7 @@ import gzip
 import ipaddress
 import shutil
 import ssl
+import time
 import subprocess
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -668,3 +669,32 @@ def test_a_request_waiting_for_a_free_connection_is_not_timed_out(provider: Prov
 
     assert run(crowded()) == [200] * 6
     assert len(provider.requests) == 6
+
+
+def test_timeout_s_bounds_the_whole_answer_not_each_read() -> None:
+    """A provider trickling its 20-byte body a byte every 0.05 s, with a timeout of 0.3 s: the
+    timer started again at every byte, and the answer came after a second, not timed out."""
+
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        body = b'{"email":"a@b.co"}  '
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 20\r\n\r\n")
+        for byte in body:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        writer.close()
+
+    async def slow() -> tuple[BaseException | Response, float]:
+        server = await asyncio.start_server(trickle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server, client() as http:
+            started = time.monotonic()
+            (outcome,) = await asyncio.gather(
+                send(http, f"http://127.0.0.1:{port}/", timeout_s=0.3), return_exceptions=True
+            )
+            return outcome, time.monotonic() - started
+
+    outcome, took = run(slow())
+    assert isinstance(outcome, ProviderTransientError) and "timed out after 0.3s" in str(outcome), outcome
+    assert took < 0.9, took

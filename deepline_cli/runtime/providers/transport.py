@@ -664,6 +664,8 @@ class Connection(asyncio.Protocol):
         answer = _Answer(request.method == "HEAD")
         assert self.transport is not None
         self._feed = answer.feed
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s  # for the whole answer: one trickled a byte at a time too
         try:
             self.transport.write(_wire(request))
             while not answer.complete:
@@ -675,7 +677,7 @@ class Connection(asyncio.Protocol):
                     if answer.status:
                         raise TransportError("the server closed the connection in the middle of its answer")
                     raise TransportError("the server closed the connection before answering")
-                await self._readable(timeout_s)
+                await self._readable(deadline - loop.time())
         except BaseException:
             self.closed = True  # half an exchange: never reused
             raise
@@ -733,6 +735,8 @@ class Connection(asyncio.Protocol):
     async def _readable(self, timeout_s: float) -> None:
         if self.closed:
             raise TransportError("the server closed the connection before answering")
+        if timeout_s <= 0:
+            raise TransportTimeout("the server did not answer in time")
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
         # The timer fails the waiter rather than cancelling the task: cheaper than
