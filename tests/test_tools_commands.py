@@ -98,6 +98,7 @@ def test_describe_an_http_tool_shows_its_request_and_settings_but_no_secret(
         "json": {"id": "{id}", "domain": "{company.domain}"},
         "fields": ["company.domain", "id", "query"],
         "secrets": [{"name": "TT_TOKEN", "set": True}],
+        "proxy": None,
         "credits": 2.0,
         "rate_limit": "5/s",
         "concurrency": 3,
@@ -322,3 +323,23 @@ def test_execute_a_local_tool_of_a_play_file_and_resume_it_from_elsewhere(
     assert reused.code == 0, reused.stderr
     assert json.loads(reused.stdout) == {"score": 8} and "From the receipt" in reused.stderr
     assert len((project / "score.log").read_text().splitlines()) == 2
+
+
+def test_check_and_describe_know_the_secret_of_a_tools_proxy(tmp_path: Path, deepline: Callable[..., Result]) -> None:
+    """`proxy = "http://svc:${CORP_PROXY_PASSWORD}@…"`: check said every secret was set and
+    describe said "secrets none", then the run stopped for the unset secret."""
+    (tmp_path / "deepline.toml").write_text(
+        '[tools."p.a"]\nurl = "http://127.0.0.1:9/ok/{domain}"\n'
+        'proxy = "http://svc:${CORP_PROXY_PASSWORD}@127.0.0.1:18600"\n'
+    )
+    (tmp_path / "play.py").write_text(
+        "from deepline_cli import play\n\n@play('p')\nasync def p(ctx, input):\n"
+        "    return (await ctx.tools.execute('a', 'p.a', {'domain': 'a.com'})).output\n"
+    )
+    checked = deepline("check", "play.py", cwd=tmp_path)
+    assert checked.code == 2 and "CORP_PROXY_PASSWORD" in checked.stderr + checked.stdout, checked
+    described = deepline("tools", "describe", "p.a", "--json", cwd=tmp_path, CORP_PROXY_PASSWORD="pr0xy-passw0rd")
+    d = json.loads(described.stdout)
+    assert d["secrets"] == [{"name": "CORP_PROXY_PASSWORD", "set": True}], d
+    assert d["proxy"] == "http://svc:${CORP_PROXY_PASSWORD}@127.0.0.1:18600"
+    assert "pr0xy-passw0rd" not in described.stdout

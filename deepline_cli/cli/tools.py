@@ -158,6 +158,8 @@ def _describe_lines(d: dict[str, Any]) -> list[tuple[str, str]]:
             ("reads", ", ".join(d["fields"]) or ("the whole input" if d["kind"] == "remote" else "none")),
             ("secrets", ", ".join(f"{s['name']} ({'set' if s['set'] else 'not set'})" for s in d["secrets"]) or "none"),
         ]
+        if d.get("proxy") is not None:
+            lines.append(("proxy", d["proxy"] or "none (direct)"))
     credits = "reported by each answer" if d["credits"] is None else f"{format_credits(d['credits'])} per call"
     lines += [("credits", credits), ("rate limit", shown(d["rate_limit"])), ("concurrency", shown(d["concurrency"]))]
     if d["kind"] != "local":
@@ -278,7 +280,8 @@ def check(
         (p.name, None, name) for p in chosen for name in p.secrets if secrets.lookup(name) is None
     ]
     for tool_id, spec in sorted(catalog.config.tools.items()):
-        missing += [(None, tool_id, name) for name in spec.secret_names() if secrets.lookup(name) is None]
+        needed = [*spec.secret_names(), *spec.proxy_secret_names()]
+        missing += [(None, tool_id, name) for name in needed if secrets.lookup(name) is None]
     remote = catalog.config.remote
     if remote is not None and secrets.lookup(remote.api_key_env) is None:
         missing.append((None, "[remote]", remote.api_key_env))

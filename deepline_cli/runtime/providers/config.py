@@ -85,8 +85,14 @@ class HttpToolSpec:
     proxy: str | None = None  # this tool's proxy ("" for none); None: HTTP(S)_PROXY decide
 
     def secret_names(self) -> list[str]:
-        """Every `${NAME}` the request templates use (the tool's credentials)."""
+        """Every `${NAME}` the request templates use (the tool's credentials: its receipts are
+        keyed by them)."""
         return sorted(references([self.url, self.headers, self.query, self.json])[0])
+
+    def proxy_secret_names(self) -> list[str]:
+        """Every `${NAME}` its `proxy` uses (a company proxy's password): needed to send a
+        call, not part of what a call is keyed by."""
+        return sorted(references([self.proxy or ""])[0])
 
     def field_names(self) -> list[str]:
         """Every `{field}` of the call's input the request templates use."""

@@ -8,6 +8,7 @@ loaded, then the HTTP tools of `deepline.toml`, then `[remote]` for any other id
 from __future__ import annotations
 
 import inspect
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,8 @@ def describe_http(spec: HttpToolSpec, secrets: Secrets) -> dict[str, Any]:
         "query": spec.query,
         "json": spec.json,
         "fields": spec.field_names(),
-        "secrets": _secrets(spec.secret_names(), secrets),
+        "secrets": _secrets(sorted({*spec.secret_names(), *spec.proxy_secret_names()}), secrets),
+        "proxy": _masked_proxy(spec.proxy),
         "credits": spec.credits,
         "rate_limit": spec.rate_limit,
         "concurrency": spec.concurrency,
@@ -157,6 +159,14 @@ def describe_local(tool: ToolDef) -> dict[str, Any]:
         "version": tool.version,
         "batch": tool.batch,
     }
+
+
+def _masked_proxy(proxy: str | None) -> str | None:
+    """The tool's own proxy as written (its `${SECRET}`s as names, never values); a password
+    written into the URL itself is masked."""
+    if proxy is None:
+        return None
+    return re.sub(r"://([^:/@]+):(?!\$\{)[^@]*@", r"://\1:***@", proxy)
 
 
 def _secrets(names: list[str], secrets: Secrets) -> list[dict[str, Any]]:
