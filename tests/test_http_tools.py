@@ -601,7 +601,7 @@ def test_a_retry_after_longer_than_a_call_waits_fails_the_call_at_once(
     assert (out[0]["type"], error["category"], error["retryable"]) == ("ProviderTransientError", "rate_limit", True)
     assert (
         "asked to wait" in error["message"]
-        and "a resume, or a run with --refresh-failed, asks again" in error["message"]
+        and "a later run with --refresh-failed asks again" in error["message"]
     ), error
 
 

@@ -193,7 +193,8 @@ class Http:
         asked = f"{wait:,.0f}s" if math.isfinite(wait) else "forever"
         exc.args = (
             f"{exc.args[0]}; the provider asked to wait {asked} (a call waits at most "
-            f"{MAX_RETRY_AFTER_S:.0f}s), so the call stops here; a resume, or a run with --refresh-failed, asks again",
+            f"{MAX_RETRY_AFTER_S:.0f}s), so the call stops here; a later run with --refresh-failed asks again (or a "
+            "resume, while the run has not completed)",
         )
         return Http._final(exc, attempts)
 
