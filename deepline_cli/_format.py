@@ -37,6 +37,6 @@ def retry_causes(reasons: dict[str, int] | None, retries: int) -> dict[str, int]
     """Retries by cause (`429`, `5xx`, `network`), with `earlier` for those whose cause no
     record kept (an attempt killed before its outcome): the causes add up to the retries."""
     known = dict(sorted((reasons or {}).items()))
-    if known and retries > sum(known.values()):
+    if retries > sum(known.values()):  # none known at all (every retry in a killed attempt) too
         known["earlier"] = retries - sum(known.values())
     return known

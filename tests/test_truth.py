@@ -717,3 +717,15 @@ def test_a_failure_another_provider_answered_beside_fell_back_whichever_answered
         assert result.status == "completed", result.error
         a = result.stats["tools"]["t.a"]
         assert (a["failed"], a["recovered"]) == (3, 3), (slow, a)
+
+
+def test_retries_whose_causes_no_record_kept_are_said_earlier() -> None:
+    """Every retry of a tool made in an attempt that was killed: `retries 5` with no cause at
+    all (where some causes were known, the rest showed as `earlier`)."""
+    from deepline_cli._format import retry_causes
+
+    assert retry_causes({}, 5) == {"earlier": 5}
+    assert retry_causes(None, 5) == {"earlier": 5}
+    assert retry_causes({"429": 25}, 33) == {"429": 25, "earlier": 8}
+    assert retry_causes({"5xx": 2}, 2) == {"5xx": 2}
+    assert retry_causes({}, 0) == {}
