@@ -113,8 +113,7 @@ class Tools:
     async def _invoke(self, definition: ToolDef, input: Any, info: ToolCall, timeout_s: float | None) -> Any:
         """Call the tool under its limits: run-wide and per-tool concurrency, rate, timeout."""
         governor, tool = self._governor, definition.id
-        if governor.unlimited(tool) and timeout_s is None:
-            await info.ready()
+        if governor.unlimited(tool) and timeout_s is None:  # the book checked it may go out just now
             return await definition.invoke(input, info)
         asked = time.monotonic()
         info.queued = True
