@@ -599,10 +599,9 @@ def test_a_retry_after_longer_than_a_call_waits_fails_the_call_at_once(
     assert len(provider.requests) == 1
     error = out[0]["error"]
     assert (out[0]["type"], error["category"], error["retryable"]) == ("ProviderTransientError", "rate_limit", True)
-    assert (
-        "asked to wait" in error["message"]
-        and "a later run with --refresh-failed asks again" in error["message"]
-    ), error
+    assert "asked to wait" in error["message"] and "a later run with --refresh-failed asks again" in error["message"], (
+        error
+    )
 
 
 def test_a_429_with_an_unreadable_retry_after_is_still_retried(project: Project, provider: LoopbackProvider) -> None:
