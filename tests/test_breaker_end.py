@@ -81,3 +81,34 @@ def test_an_attempt_that_cannot_set_up_its_parts_is_recorded_failed_not_left_run
         db.close()
     again = resume_run("su-1", store_path)
     assert (again.status, again.output) == ("completed", 42), again.error
+
+
+def test_the_store_is_said_back_once_it_reconnects_whatever_the_call_then_does() -> None:
+    """The connection dropped, a new one was made, then the call failed otherwise (a statement
+    timeout): the outage was never said over, and every later call of the run waited for
+    good at its dispatch."""
+    from deepline_cli.errors import StoreConnectionLost
+    from deepline_cli.runtime.calls.store_thread import reconnecting
+
+    class Flaky:
+        url = "postgresql://flaky/test"
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def reconnect(self) -> None:
+            pass
+
+    store, heard = Flaky(), []
+
+    def call() -> None:
+        store.calls += 1
+        if store.calls == 1:
+            raise StoreConnectionLost("the connection dropped")
+        raise StoreError("canceling statement due to statement timeout")
+
+    try:
+        reconnecting(store, call, outage=heard.append)  # type: ignore[arg-type]
+    except StoreError as exc:
+        assert "statement timeout" in str(exc)
+    assert heard == [True, False]

@@ -708,3 +708,29 @@ def test_timeout_s_bounds_the_whole_answer_not_each_read() -> None:
     outcome, took = run(slow())
     assert isinstance(outcome, ProviderTransientError) and "timed out after 0.3s" in str(outcome), outcome
     assert took < 0.9, took
+
+
+def test_a_request_that_waited_for_a_free_connection_is_checked_before_it_goes_out(provider: Provider) -> None:
+    """The call's check (its lease, the run still dispatching, the store able to record it)
+    was made before the wait for one of the pool's connections, which has no bound: calls
+    that waited went out after the store went away, an interrupt or a lost lease."""
+    provider.script("/busy", ["slow:0.3"])
+
+    class Stopped(Exception):
+        pass
+
+    async def stopped() -> None:
+        raise Stopped("the run stopped dispatching while this call waited")
+
+    async def crowd() -> BaseException | Response:
+        async with client(size=1) as http:
+            busy = asyncio.create_task(send(http, f"{provider.url}/busy"))
+            await asyncio.sleep(0.05)
+            waiting = http.pool.request("GET", f"{provider.url}/next", headers={}, params=None, json=None,
+                                        timeout_s=5, ready=stopped)  # fmt: skip
+            (outcome,) = await asyncio.gather(waiting, return_exceptions=True)
+            await busy
+            return outcome
+
+    assert isinstance(run(crowd()), Stopped)
+    assert [r.path for r in provider.requests] == ["/busy"]

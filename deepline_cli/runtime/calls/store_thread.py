@@ -9,6 +9,7 @@ previous batch was being written goes into the next transaction together.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -58,27 +59,28 @@ def reconnecting(
     A transaction cut off with its connection is run again: every write the runtime makes
     is idempotent when applied twice (claims by their lease id, settlements by theirs,
     rows by their keys). Past the bound, StoreUnreachable. `outage` hears True when the
-    connection is found lost and False once it is back (not when given up on).
+    connection is found lost and False as soon as a new one is made, whatever `fn` does
+    with it then (not when given up on).
     """
     try:
         return fn(*args)
     except StoreConnectionLost as lost:
         reason = lost
-    if outage is not None:
-        outage(True)
+    told = _told(outage)
+    told(True)
     gave_up, waited = store.url in _GAVE_UP, 0.0
     for delay in _waits(once=gave_up):
         time.sleep(delay)
         waited += delay
         try:
             store.reconnect()
+            told(False)
             result = fn(*args)
         except StoreConnectionLost as again:
             reason = again
+            told(True)
             continue
         _GAVE_UP.discard(store.url)
-        if outage is not None:
-            outage(False)
         if report is not None:
             report(f"the store dropped its connection ({reason}); reconnected after {waited:.1f}s")
         return result
@@ -86,6 +88,21 @@ def reconnecting(
         raise StoreUnreachable(f"{reason} Still down, after {reconnect_bound_s():.0f}s of trying earlier.") from None
     _GAVE_UP.add(store.url)
     raise StoreUnreachable(f"{reason} Gave up after {waited:.0f}s of trying to reconnect.") from None
+
+
+def _told(outage: Callable[[bool], None] | None) -> Callable[[bool], None]:
+    """`outage`, told each change once; never failing the store call it is told from (a run's
+    loop that has closed no longer hears)."""
+    state: list[bool] = []
+
+    def tell(down: bool) -> None:
+        if outage is None or state[-1:] == [down]:
+            return
+        state.append(down)
+        with contextlib.suppress(RuntimeError):
+            outage(down)
+
+    return tell
 
 
 class Reconnecting:

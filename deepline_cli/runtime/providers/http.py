@@ -16,6 +16,7 @@ import os
 import time
 import urllib.parse
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,10 +100,9 @@ class Http:
         is checked: a call another process took over is not sent again."""
         attempt, waits = 0, None  # the backoff schedule, made at the first retry
         while True:
-            if call is not None:
-                await call.ready()
             try:
-                response = await self._once(pool or self.pool, request, timeout_s, proxy)
+                ready = call.ready if call is not None else None  # checked once a connection is free
+                response = await self._once(pool or self.pool, request, timeout_s, proxy, ready)
                 failure = self._failure(response, tool)
                 if failure is None or (client_errors and not failure.retryable):
                     return response
@@ -131,7 +131,14 @@ class Http:
         if self.fetch_pool is not self.pool:
             await self.fetch_pool.aclose()
 
-    async def _once(self, pool: Transport, request: Request, timeout_s: float, proxy: str | None) -> Response:
+    async def _once(
+        self,
+        pool: Transport,
+        request: Request,
+        timeout_s: float,
+        proxy: str | None,
+        ready: Callable[[], Awaitable[None]] | None = None,
+    ) -> Response:
         try:
             return await pool.request(
                 request.method,
@@ -141,6 +148,7 @@ class Http:
                 json=request.json,
                 timeout_s=timeout_s,
                 proxy=proxy,
+                ready=ready,
             )
         except ProxyRefused as exc:
             # Configuration, not the call's failure: nothing is recorded on its receipt, so

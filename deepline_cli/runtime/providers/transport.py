@@ -27,7 +27,7 @@ import socket
 import ssl
 import time
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, parse_qsl, quote, unquote, urlencode, urljoin, urlsplit
@@ -866,26 +866,36 @@ class Transport:
         json: Any,
         timeout_s: float,
         proxy: str | None = None,
+        ready: Callable[[], Awaitable[None]] | None = None,
     ) -> Response:
         """The answer, after following up to MAX_REDIRECTS redirects (as httpx does); `json`
         (when not None) is the body. `proxy`: the tool's own proxy URL ("" for none; None:
-        the environment decides)."""
+        the environment decides). `ready` is awaited once a connection is free, just before
+        the request goes out (it raises when the call may no longer go out)."""
         outgoing = build(method, url, headers, params, b"" if json is None else _json.dumps(json))
         for _ in range(MAX_REDIRECTS + 1):
-            response = await self._exchange(outgoing, timeout_s, proxy)
+            response = await self._exchange(outgoing, timeout_s, proxy, ready)
             location = response.headers.get("location") if response.status_code in _REDIRECTS else None
             if location is None:
                 return response
             outgoing = outgoing.redirected(response.status_code, location)
         raise InvalidResponse(f"more than {MAX_REDIRECTS} redirects")
 
-    async def _exchange(self, request: Outgoing, timeout_s: float, given_proxy: str | None) -> Response:
+    async def _exchange(
+        self,
+        request: Outgoing,
+        timeout_s: float,
+        given_proxy: str | None,
+        ready: Callable[[], Awaitable[None]] | None = None,
+    ) -> Response:
         proxy = self._proxies.route(request.origin, given_proxy)
         route: Route = (request.origin, proxy.url if proxy else "")
         if proxy is not None and request.origin[0] == "http":
             request = _absolute(request, proxy)  # to the proxy itself: the whole URL, and its credentials
         await self._slots.acquire()  # a free connection: waited for as long as it takes (not the provider's time)
         try:
+            if ready is not None:  # the wait may have outlasted the lease, the store, the run
+                await ready()
             connection = self._reused(route)
             if connection is None:
                 connection = await self._connect(request.origin, timeout_s, proxy)
