@@ -1600,6 +1600,41 @@ def test_a_resume_stopped_again_over_a_shorter_input_keeps_no_row_the_input_lost
     assert sorted(Counter(CALLS).values()) == [1] * 20  # 0-11, then 12-14 and 15-19: each name paid once
 
 
+def test_a_resume_given_force_refresh_asks_again_the_rows_its_run_failed(
+    make_play, store_url: str, tmp_path: Path
+) -> None:
+    """Attempt 1 failed row 2 for good (the provider refused it), then stopped after the map;
+    the account fixed, `resume --force-refresh` took the row back whole as failed, no call."""
+    flag = tmp_path / "refuse"
+    flag.touch()
+    play_file = make_play(
+        """
+        @tool(P + ".check", credits=1)
+        async def check(input):
+            CALLS.append("check:" + input["id"])
+            if input["id"] == "2" and Path(FLAG).exists():
+                raise ValueError("refused")
+            return {"ok": input["id"]}
+
+        @play("forced")
+        async def forced(ctx, input):
+            rows = await ctx.map("m", [{"id": str(i)} for i in range(4)], key="id", columns={
+                "ok": lambda row, rc: rc.tools.execute("c", P + ".check", {"id": row["id"]}),
+            })
+            if ctx.run.attempt == 1:
+                raise RuntimeError("after the map")
+            return rows.failed_count
+        """,
+        FLAG=str(flag),
+    )
+    first = run(play_file, store_url)
+    assert first.result.status == "failed" and CALLS.count("check:2") == 1
+    flag.unlink()
+    second = resume(first.result.run_id, store_url, force_refresh=True)
+    assert second.output == 0, second.result.error
+    assert CALLS.count("check:2") == 2
+
+
 def test_a_value_with_no_json_form_is_refused_naming_its_column_or_step(make_play, store_url: str) -> None:
     """A column or a step returning an object: it was stored as its repr ("<Thing object at
     0x7f…>"), exported so, and different in every run. The run fails, saying where."""

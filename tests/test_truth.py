@@ -729,3 +729,46 @@ def test_retries_whose_causes_no_record_kept_are_said_earlier() -> None:
     assert retry_causes({"429": 25}, 33) == {"429": 25, "earlier": 8}
     assert retry_causes({"5xx": 2}, 2) == {"5xx": 2}
     assert retry_causes({}, 0) == {}
+
+
+def test_a_resume_over_rows_in_another_order_keeps_a_handled_failure_final(write_play, store_path) -> None:
+    """The rows came back in another order: each was taken back whole at its new place, and its
+    caught 404 (final) became "fell back" (the row kept no word of it)."""
+    source = HANDLED.replace(
+        '[{"n": n} for n in range(3)]',
+        '[{"n": int(n)} for n in Path(__file__).with_name("order.txt").read_text().split()]',
+    ).replace(
+        "    return rows.failed_count",
+        '    if ctx.run.attempt == 1:\n        raise RuntimeError("after the map")\n    return rows.failed_count',
+    )
+    play = write_play("from pathlib import Path\n" + source)
+    order = play.with_name("order.txt")
+    order.write_text("0 1 2")
+    assert run_play(play, store_path, run_id="hdo").status == "failed"
+    order.write_text("2 1 0")
+    again = resume_run("hdo", store_path)
+    assert (again.status, again.output) == ("completed", 0), again.error
+    missing = again.stats["tools"]["t.missing"]
+    assert (missing["failed"], missing["recovered"]) == (6, 3), missing
+
+
+def test_a_handled_failure_after_a_run_if_lookup_is_final(write_play, store_path) -> None:
+    """The run_if's lookup answered, then the resolver's only call 404'd and was caught: the
+    lookup counted as another call of the cell answering, and the 404 "fell back"."""
+    source = HANDLED.replace(
+        '"firmographics": firmographics,',
+        '"firmographics": Column(firmographics, run_if=known),',
+    ).replace(
+        "async def firmographics(row, rc):",
+        'async def known(row):\n    return (await ctx_tools().execute("k", "t.up", {"n": -row["n"]})).output is not None\n\n'
+        "async def firmographics(row, rc):",
+    )
+    source = source.replace(
+        "from deepline_cli import ProviderTransientError, ToolExecutionError, play, steps, tool",
+        "from deepline_cli import Column, ProviderTransientError, ToolExecutionError, play, steps, tool\n\n"
+        "CTX = []\n\ndef ctx_tools():\n    return CTX[0].tools",
+    ).replace("async def handled(ctx, input):\n", "async def handled(ctx, input):\n    CTX.append(ctx)\n")
+    result = run_play(write_play(source), store_path, run_id="hdg")
+    assert (result.status, result.output) == ("completed", 0), result.error
+    missing = result.stats["tools"]["t.missing"]
+    assert (missing["failed"], missing["recovered"]) == (6, 3), missing

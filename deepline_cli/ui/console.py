@@ -262,7 +262,7 @@ class ConsoleView:
             self.console.print(f"{clock(s.elapsed)} {m.name}  {words}")
         elif name == "run.finished":
             for m in s.maps.values():  # a map the run stopped between two progress lines: where it ended
-                if self._shown.get(m.name) != fit(map_pieces(m), width):
+                if not m.completed and self._shown.get(m.name) != fit(map_pieces(m), width):
                     self._print_map(m, width)
             for line in tool_lines(s, width):
                 self.console.print(line)

@@ -198,8 +198,9 @@ class MapBook:
         row.reused_row, row.reused_cells = reused
         earlier = self._earlier_failed.pop(job.key, None) if self._earlier_failed else None
         row.found = _prefixes(found, earlier.found if earlier else None)
-        if outcome == "failed" or fell_back is not None:  # a succeeded row's: a failure the play handled
-            row.fell_back = _prefixes(fell_back, earlier.fell_back if earlier else None) or []
+        said = earlier.fell_back if earlier else None
+        if outcome == "failed" or fell_back is not None or said is not None:  # a succeeded row's: a handled failure
+            row.fell_back = _prefixes(fell_back, said) or []
         row.kept = sheet_row is None and previous is not None and previous.run_id == self.run_id
         if self._earlier:
             row.moved_from = self._moved_from(job.idx, job.key)
@@ -285,10 +286,14 @@ class MapBook:
                         seeds.extend(zeros)
                 self._seed_key[idx] = hash(row.row_key)
                 self._earlier.append(idx)
-                if not row.succeeded:
-                    if row.found or row.fell_back:
+                if not row.succeeded or row.fell_back is not None:
+                    # A failed row, or one whose cells the play got past a failure in itself
+                    # (final): what it found and fell back from stays with it where it is done
+                    # again, or moved (a succeeded row otherwise says no failure fell back).
+                    if row.found or row.fell_back is not None:
                         self._earlier_failed[row.row_key] = row
-                    continue
+                    if not row.succeeded:
+                        continue
                 count += 1
                 self.mark(idx)
                 self._seed_reuse[idx] = row.reused_cells << 1 | row.reused_row

@@ -118,7 +118,7 @@ class MapRun:
             record.input_columns = list(self.intake.input_columns)  # a list's fields: known as it is read
             if self.attempt > 1 and self.intake.read_whole and self.limit is None:
                 # Rows of earlier attempts at places it did not reach: gone where the input lost them.
-                with contextlib.suppress(Exception, asyncio.CancelledError):
+                with contextlib.suppress(Exception):
                     await self.book.trim(self.intake.seen)
             await self.book.save_unfinished(record, exc, *self._row_counts())
             raise
@@ -251,8 +251,8 @@ class MapRun:
             return False
         error = cells[-1].error if cells else None  # the cells stop at the first error
         assert job.previous is not None
-        if job.seeded and job.previous.run_id == self.run_id:
-            self.book.count_seeded(job.idx)  # recorded here by that attempt: nothing to write
+        if job.seeded:  # that attempt's row, recorded here (its sheet row this run's or an earlier run's)
+            self.book.count_seeded(job.idx)
             return True
         # A row an earlier attempt of this run wrote (a failed one, its errors kept) is
         # that attempt's work, not a reuse of an earlier run's.
@@ -383,7 +383,9 @@ async def resolve_cell(
             wanted = await wanted
         if not wanted:  # an input field of the column's name ("fill where blank") keeps its value
             return row.get(column.name), {"run_if": False}, ()
-        gate = cell.answered[asked:] if cell is not None else []
+        if cell is not None:
+            gate = cell.answered[asked:]
+            cell.gate = len(cell.answered)
     result = spec.fn(row, rc) if column.arity != 1 else spec.fn(row)
     if _awaitable(result):
         result = await result

@@ -45,9 +45,9 @@ class ReusePolicy:
         if (self.force_refresh or spec.recompute) and not own:
             return None
         if cell.error is not None:  # kept, stale or not, unless asked (or this run's own, and may pass)
-            retry = (
-                spec.recompute_on_error or self.refresh_failed or (cell.transient and previous.run_id == self.run_id)
-            )
+            # A refresh (forced too) recomputes it: its receipt says whether its call is asked again.
+            asked = self.refresh_failed or self.force_refresh
+            retry = spec.recompute_on_error or asked or (cell.transient and own)
             return None if retry else cell
         if spec.stale_after_seconds is not None and not own and self.is_stale(column, cell):
             return None

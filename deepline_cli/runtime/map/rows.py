@@ -439,7 +439,11 @@ class _Watched(io.FileIO):
         if now == self._seen:
             return False
         last = self._last
-        if last and os.pread(self.fileno(), len(last), self._offset - len(last)) != last:
+        try:
+            again = os.pread(self.fileno(), len(last), self._offset - len(last)) if last else last
+        except OSError:  # not a file read twice (a pipe): nothing to tell
+            again = last
+        if again != last:
             return True
         self._seen = now
         return False
