@@ -268,3 +268,19 @@ def test_a_proxy_password_from_env_keeps_the_url_whole_whatever_it_holds(monkeyp
     assert proxy.authorization is not None
     assert base64.b64decode(proxy.authorization.split()[1]) == b"svc:Xy7#a@b/c:d%e"
     assert "Xy7" not in proxy.url
+
+
+def test_a_proxy_url_python_cannot_split_is_one_sentence(
+    deepline: Run, tmp_path: Path, http_provider: Provider
+) -> None:
+    """`HTTP_PROXY='http://[::1'`: its error message split the URL again and raised, so every
+    row failed for good as an internal ValueError (and `check` of a tool naming it crashed)."""
+    play = project(tmp_path, http_provider.url)
+    bad = deepline("run", str(play), "--run-id", "v6", HTTP_PROXY="http://user:pw@[::1")
+    assert bad.code == 2, bad.stderr
+    assert "is not valid" in bad.stderr and "internal error" not in bad.stderr and "pw@" not in bad.stderr, bad.stderr
+    assert deepline("resume", "v6").code == 0  # nothing was recorded against the call
+    assert http_provider.count("/v1/lookup") == 1
+    project(tmp_path, http_provider.url, extra='proxy = "http://[::1"')
+    checked = deepline("check", str(play))
+    assert checked.code == 2 and "internal error" not in checked.stderr, checked.stderr

@@ -760,7 +760,8 @@ def test_a_handled_failure_after_a_run_if_lookup_is_final(write_play, store_path
         '"firmographics": Column(firmographics, run_if=known),',
     ).replace(
         "async def firmographics(row, rc):",
-        'async def known(row):\n    return (await ctx_tools().execute("k", "t.up", {"n": -row["n"]})).output is not None\n\n'
+        "async def known(row):\n"
+        '    return (await ctx_tools().execute("k", "t.up", {"n": -row["n"]})).output is not None\n\n'
         "async def firmographics(row, rc):",
     )
     source = source.replace(

@@ -142,10 +142,14 @@ class Proxy:
 
 
 def _without_password(url: str) -> str:
-    parts = urlsplit(url if "://" in url else "http://" + url)
-    if parts.password is None:
+    try:
+        parts = urlsplit(url if "://" in url else "http://" + url)
+        password = parts.password
+    except ValueError:  # not even a URL Python can split: whatever follows a ':' before '@' hidden
+        return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", url)
+    if password is None:
         return url
-    return url.replace(f":{parts.password}@", ":***@", 1)
+    return url.replace(f":{password}@", ":***@", 1)
 
 
 class Proxies:
