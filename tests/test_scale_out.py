@@ -440,3 +440,5 @@ def test_no_call_goes_out_while_the_store_cannot_record_it(
     # Calls in flight when the connection dropped finish; none starts while it is down.
     during = [t for t in started if cut + 0.5 < t < cut + 2.9]
     assert during == [], f"{len(during)} calls went out while the store could not record them"
+    said = [e["message"] for e in map(_json.loads, out.splitlines()) if e["event"] == "log"]
+    assert any("no call goes out until it is back" in message for message in said), said

@@ -66,7 +66,7 @@ def reconnecting(
         return fn(*args)
     except StoreConnectionLost as lost:
         reason = lost
-    told = _told(outage)
+    told = outage or _unheard
     told(True)
     gave_up, waited = store.url in _GAVE_UP, 0.0
     for delay in _waits(once=gave_up):
@@ -90,19 +90,8 @@ def reconnecting(
     raise StoreUnreachable(f"{reason} Gave up after {waited:.0f}s of trying to reconnect.") from None
 
 
-def _told(outage: Callable[[bool], None] | None) -> Callable[[bool], None]:
-    """`outage`, told each change once; never failing the store call it is told from (a run's
-    loop that has closed no longer hears)."""
-    state: list[bool] = []
-
-    def tell(down: bool) -> None:
-        if outage is None or state[-1:] == [down]:
-            return
-        state.append(down)
-        with contextlib.suppress(RuntimeError):
-            outage(down)
-
-    return tell
+def _unheard(down: bool) -> None:
+    """Nobody listens for this call's outage (a command's own store calls)."""
 
 
 class Reconnecting:
@@ -134,9 +123,10 @@ class StoreIO:
     def __init__(self, store: Store, report: Callable[[str], None] | None = None) -> None:
         self.store = store
         self.report = report  # how a reconnect is told (a warning in the run's log)
-        # Told True when the connection is found lost, False once it is back: the run holds
-        # its calls meanwhile (what they answer could not be recorded).
+        # Told True when the connection is found lost, False once it is back (each change
+        # once, whichever store call found it): the run holds its calls meanwhile.
         self.outage: Callable[[bool], None] | None = None
+        self._down = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="deepline-store")
         # Leases use the store's clock; measure its offset once instead of asking per call.
         self._offset = store.now() - time.time()
@@ -165,9 +155,17 @@ class StoreIO:
         """Runs on the store thread; `busy_s` is how long the store kept it busy (run stats)."""
         start = time.perf_counter()
         try:
-            return reconnecting(self.store, partial(fn, *args, **kwargs), report=self.report, outage=self.outage)
+            return reconnecting(self.store, partial(fn, *args, **kwargs), report=self.report, outage=self._outage)
         finally:
             self.busy_s += time.perf_counter() - start
+
+    def _outage(self, down: bool) -> None:
+        if down == self._down:
+            return
+        self._down = down
+        if self.outage is not None:
+            with contextlib.suppress(RuntimeError):  # the run's loop has closed: nobody to tell
+                self.outage(down)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)

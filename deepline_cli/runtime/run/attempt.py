@@ -161,6 +161,9 @@ class Attempt:
 
         def outage(down: bool) -> None:  # from the store thread: its connection lost, or back
             loop.call_soon_threadsafe(book.store_outage, down)
+            if down:  # said at once (the reconnect is said once it is made)
+                lost = "the store cannot be reached: no call goes out until it is back"
+                loop.call_soon_threadsafe(self._warn, lost, "store.lost")
 
         self.io.outage = outage
         self.bus.emit(
