@@ -485,3 +485,15 @@ def test_a_csv_touched_saved_as_it_was_or_appended_to_is_read_on(deepline, tmp_p
     result = deepline("run", "play.py", "--json")
     assert result.code == 0, result.stderr
     assert result.json_lines()[-1]["output"] == (3050 if action == "append" else 3000)
+
+
+def test_a_pipe_as_the_csv_is_named_for_what_it_is(deepline, tmp_path: Path) -> None:
+    """`--csv /dev/stdin` or `--csv <(cat a.csv)`: it was refused as a file that "does not exist"."""
+    import os
+
+    (tmp_path / "play.py").write_text(CLI_PLAY)
+    fifo = tmp_path / "leads.csv"
+    os.mkfifo(fifo)
+    result = deepline("run", "play.py", "--csv", str(fifo), "--quiet")
+    assert result.code == 2, result.stderr
+    assert "not a regular file" in result.stderr and "does not exist" not in result.stderr, result.stderr

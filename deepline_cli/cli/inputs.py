@@ -77,6 +77,11 @@ def apply_set(target: dict[str, Any], assignment: str) -> None:
 def _not_a_file(flag: str, path: Path) -> InputError:
     if path.is_dir():
         return InputError(f"{flag} {path} is a folder, not a file.")
+    if path.exists():  # a pipe (`<(…)`, /dev/stdin), a device
+        return InputError(
+            f"{flag} {path} is not a regular file (a pipe or a device): a map reads its CSV more than once "
+            "and a resume reads it again; save it to a file first."
+        )
     return InputError(f"{flag} file {path} does not exist.")
 
 
