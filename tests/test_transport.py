@@ -17,7 +17,6 @@ import shutil
 import ssl
 import subprocess
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -693,21 +692,18 @@ def test_timeout_s_bounds_the_whole_answer_not_each_read() -> None:
             writer.close()
             done.set()
 
-    async def slow() -> tuple[BaseException | Response, float]:
+    async def slow() -> BaseException | Response:
         server = await asyncio.start_server(trickle, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         async with server, client() as http:
-            started = time.monotonic()
             (outcome,) = await asyncio.gather(
                 send(http, f"http://127.0.0.1:{port}/", timeout_s=0.3), return_exceptions=True
             )
-            took = time.monotonic() - started
             await done.wait()
-            return outcome, took
+            return outcome
 
-    outcome, took = run(slow())
+    outcome = run(slow())  # the whole answer takes a second: with a timer per read, it arrived
     assert isinstance(outcome, ProviderTransientError) and "timed out after 0.3s" in str(outcome), outcome
-    assert took < 0.9, took
 
 
 def test_a_request_that_waited_for_a_free_connection_is_checked_before_it_goes_out(provider: Provider) -> None:

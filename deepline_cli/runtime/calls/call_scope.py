@@ -24,12 +24,12 @@ class CellScope:
     failed: list[str] = field(default_factory=list)
     gate: int = 0  # of the answers, those of the column's run_if (asked before its resolver)
 
-    def got_past(self) -> list[str]:
-        """The failed calls another call of the cell's resolver answered beside (a waterfall's
-        next step, a provider asked at the same time): in a cell that got a value, they were
-        fallen back from. Where none answered, the play handled the failure itself (a 404
+    def got_past(self) -> bool:
+        """Did another call of the cell's resolver answer beside its failed ones (a waterfall's
+        next step, a provider asked at the same time)? In a cell that got a value, they were
+        fallen back from; where none answered, the play handled the failure itself (a 404
         caught): final."""
-        return list(self.failed) if len(self.answered) > self.gate else []
+        return len(self.answered) > self.gate
 
 
 _CELL: ContextVar[CellScope | None] = ContextVar("deepline_cell", default=None)

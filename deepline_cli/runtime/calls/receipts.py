@@ -307,9 +307,7 @@ class ReceiptBook:
                 reserved = self._budget.reserve(*asked, metered=call.metered) or await self._budget.admit(
                     *asked, metered=call.metered
                 )
-                if not self._breaker.store_up:  # its answer could not be recorded: it waits
-                    await self._breaker.until_store_up()
-                info.ensure_lease()  # after a wait for the budget (or the store) too
+                await info.ready()  # after a wait for the budget too
             except BaseException:
                 if reserved is not None:
                     self._budget.release(reserved)

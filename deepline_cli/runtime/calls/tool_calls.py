@@ -182,11 +182,7 @@ class Tools:
             label=id,
             tool=tool,
             force=force,
-            stale_after_s=(
-                await staleness_of(self._book, key, stale_after_seconds)
-                if callable(stale_after_seconds)
-                else stale_after_seconds
-            ),
+            stale_after_s=await staleness_of(self._book, key, stale_after_seconds),
             credits=definition.credits,
             metered=definition.metered,
             receipt_wait_s=receipt_wait_s,

@@ -91,10 +91,10 @@ class MapBook:
         # asked, their keys' hashes in order beside their idx: where each key was written.
         self._earlier = array.array("q")
         self._places: tuple[array.array[int], array.array[int]] | None = None
-        # Rows earlier attempts failed, by key, with the answers they found a value with and
-        # the failed calls their cells got past: cells of theirs a resume reuses keep them
-        # (rows that succeeded are seeded, not redone).
-        self._earlier_failed: dict[str, EarlierRow] = {}
+        # Rows earlier attempts failed, or whose cells handled a failure themselves, by key,
+        # with the answers they found a value with and the failed calls their cells got past:
+        # a row done again or moved keeps them (other succeeded rows say nothing of either).
+        self._earlier_said: dict[str, EarlierRow] = {}
         self.first_failures: list[tuple[object, ...]] = []  # signatures, while no row succeeded
         self.started = time.monotonic()
         self.limit: int | None = None  # the distinct rows a limit lets through (a pilot)
@@ -196,7 +196,7 @@ class MapBook:
         row = MapRow(self.run_id, self.name, job.idx, job.input_index, job.key, outcome, error, self.sheet, rev)
         row.attempt, row.steps = self.attempt, steps
         row.reused_row, row.reused_cells = reused
-        earlier = self._earlier_failed.pop(job.key, None) if self._earlier_failed else None
+        earlier = self._earlier_said.pop(job.key, None) if self._earlier_said else None
         row.found = _prefixes(found, earlier.found if earlier else None)
         said = earlier.fell_back if earlier else None
         if outcome == "failed" or fell_back is not None or said is not None:  # a succeeded row's: a handled failure
@@ -287,11 +287,8 @@ class MapBook:
                 self._seed_key[idx] = hash(row.row_key)
                 self._earlier.append(idx)
                 if not row.succeeded or row.fell_back is not None:
-                    # A failed row, or one whose cells the play got past a failure in itself
-                    # (final): what it found and fell back from stays with it where it is done
-                    # again, or moved (a succeeded row otherwise says no failure fell back).
                     if row.found or row.fell_back is not None:
-                        self._earlier_failed[row.row_key] = row
+                        self._earlier_said[row.row_key] = row
                     if not row.succeeded:
                         continue
                 count += 1

@@ -345,16 +345,15 @@ class MapRun:
             reused_cells = 0  # this run's own cells, from an earlier attempt: not a reuse
         self.book.tally.reused_cells += reused_cells
         steps = self.book.steps(cells)
-        # The row's failed calls settle: fallen back from where a later call of their cell
-        # got past them (a waterfall's next step) and the cell got a value; final in the cell
-        # that failed the row, and where the play handled the failure itself.
+        # The row's failed calls settle: fallen back from where another call of their cell
+        # answered (CellScope.got_past) and the cell got a value; final in the cell that failed
+        # the row, and where the play handled the failure itself.
         final = list(scopes.pop().failed) if failure is not None and scopes else []
         fell_back: list[str] = []
         handled: list[str] = []
         for scope in scopes:
             if scope.failed:  # most rows' cells have none
-                fell_back += scope.got_past()
-                handled += [key for key in scope.failed if key not in fell_back]
+                (fell_back if scope.got_past() else handled).extend(scope.failed)
         final += handled
         self._stop_on(
             self.book.record(

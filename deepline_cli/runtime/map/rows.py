@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import hashlib
 import io
@@ -10,7 +9,7 @@ import itertools
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from deepline_cli import _json
 from deepline_cli.errors import InputError
@@ -88,25 +87,15 @@ class CsvSource:
                 )
             first[name] = number
 
-    @contextlib.contextmanager
-    def _open_watched(self) -> Iterator[tuple[Any, _Watched]]:
-        """The file as text, and what tells whether it was written over while it is read."""
+    def _open(self, raw: type[io.FileIO] = io.FileIO) -> io.TextIOWrapper:
+        """The file as text; `raw=_Watched` for the read that tells whether it was written over."""
         try:
-            raw = _Watched(self.path)
+            file = raw(self.path, "r")
         except FileNotFoundError:
             raise InputError(f"CSV file {self.path} does not exist.") from None
         except OSError as exc:
             raise InputError(f"CSV file {self.path} cannot be read: {exc.strerror}.") from None
-        with io.TextIOWrapper(io.BufferedReader(raw, WATCHED_BYTES), encoding="utf-8-sig", newline="") as handle:
-            yield handle, raw
-
-    def _open(self) -> Any:
-        try:
-            return self.path.open(encoding="utf-8-sig", newline="")
-        except FileNotFoundError:
-            raise InputError(f"CSV file {self.path} does not exist.") from None
-        except OSError as exc:
-            raise InputError(f"CSV file {self.path} cannot be read: {exc.strerror}.") from None
+        return io.TextIOWrapper(io.BufferedReader(file, WATCHED_BYTES), encoding="utf-8-sig", newline="")
 
     def _header(self) -> list[str]:
         with self._open() as handle:
@@ -136,7 +125,8 @@ class CsvSource:
         header = self.columns[: len(self.columns) - len(absent)]
         width = len(header)
         self.doubts, self._doubted = [], 0  # this read's own (the file may be read more than once)
-        with self._open_watched() as (handle, watch):
+        with self._open(_Watched) as handle:
+            watch = cast(_Watched, cast(Any, handle.buffer).raw)
             reader = csv.reader(handle, delimiter=self.delimiter)
             line = 1
             spanned = (0, 0, 0)  # the last row over several lines: its first and last line, rows shaped in it
@@ -419,8 +409,8 @@ class _Watched(io.FileIO):
     offset is another file's content (WrittenOver). A file renamed over its path is another
     file: the one open is read to its end."""
 
-    def __init__(self, path: Path) -> None:
-        super().__init__(path, "r")
+    def __init__(self, path: Path, mode: str = "r") -> None:
+        super().__init__(path, mode)
         self._seen = _version(self.fileno())
         self._offset = 0
         self._last = b""  # the block read last
