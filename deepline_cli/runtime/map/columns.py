@@ -245,9 +245,8 @@ def _feed_instance(walk: _Walk, obj: Any) -> None:
     The run's own objects (`ctx.log` is a method of ctx) by what they are (see _feed_data)."""
     if isinstance(obj, type | types.ModuleType) or id(obj) in walk.seen:
         return
-    named = getattr(type(obj), "__fingerprint_as__", None)
-    if named is not None:
-        _tag(walk, f"<{named}>".encode())
+    if hasattr(type(obj), "__fingerprint_as__"):
+        _tag(walk, _kind(obj))
         return
     walk.seen.add(id(obj))
     attributes = getattr(obj, "__dict__", None)
@@ -331,8 +330,14 @@ def _feed_data(walk: _Walk, value: Any) -> None:
     Anything else by its type only: a list (made from a set, its order is the hash seed's),
     a time, a client, a lock; its content may also change as the play runs."""
     digest = _data_digest(_unordered(value)) if _plain(value) else None
-    named = getattr(type(value), "__fingerprint_as__", None) or f"{type(value).__module__}.{type(value).__qualname__}"
-    _tag(walk, digest.encode() if digest else f"<{named}>".encode())
+    _tag(walk, digest.encode() if digest else _kind(value))
+
+
+def _kind(value: Any) -> bytes:
+    """What a value is, by its type: the run's own objects (ctx, ctx.tools, a Dataset) by the
+    name they give (`__fingerprint_as__`: the same in a run and in `deepline plan`)."""
+    kind = type(value)
+    return f"<{getattr(kind, '__fingerprint_as__', None) or f'{kind.__module__}.{kind.__qualname__}'}>".encode()
 
 
 def _unordered(value: Any) -> Any:
