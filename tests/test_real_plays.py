@@ -1193,3 +1193,45 @@ def test_a_closure_holding_a_tuple_with_nan_has_a_fingerprint() -> None:
     nan_first = code_fingerprint(make((float("nan"), 1.0, "a")))
     assert nan_first == code_fingerprint(make((1.0, "a", float("nan"))))
     assert nan_first != code_fingerprint(make((2.0, "a", float("nan"))))
+
+
+# --- a local tool's answer is the same live and replayed -------------------------------------
+
+KINDS_PLAY = """\
+import datetime
+import math
+
+from deepline_cli import play, tool
+
+
+@tool("local.kinds")
+def kinds(input):
+    n = input["n"]
+    return {
+        "tags": {f"t{n}", "shared"},
+        "pair": (n, "x"),
+        "when": datetime.date(2026, 1, n),
+        "ratio": math.nan,
+        "nested": [{"seen": frozenset({n})}],
+    }
+
+
+@play("kinds")
+async def kinds_play(ctx, input):
+    answer = (await ctx.tools.execute("kinds", "local.kinds", {"n": 3})).output
+    return {name: [type(value).__name__, value] for name, value in sorted(answer.items())}
+"""
+
+
+def test_a_local_tools_answer_is_the_same_live_and_replayed(deepline: Run, write_play: Callable[..., Path]) -> None:
+    """A Python tool's answer reaches the play as its receipt holds it: a set, a tuple, a
+    date and NaN live are what a replay of the receipt gives (a list, a list, text, None),
+    so a play never behaves differently on a later run or a resume."""
+    play = write_play(KINDS_PLAY)
+    live = finished(deepline("run", str(play), "--json"))
+    replayed = finished(deepline("run", str(play), "--json"))
+    assert replayed["stats"]["tools"]["local.kinds"]["reused"] == 1
+    assert live["output"] == replayed["output"]
+    assert live["output"]["tags"] == ["list", ["shared", "t3"]]
+    assert live["output"]["when"] == ["str", "2026-01-03"]
+    assert live["output"]["ratio"] == ["NoneType", None]

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
+from deepline_cli import _json
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.providers.governor import parse_rate
 
@@ -134,6 +135,7 @@ class ToolDef:
     wants_call: bool = False
     metered: bool = False  # its answers say what they cost (remote tools): the budget counts those
     placement: Placement = field(default_factory=Placement)  # a sync tool: a thread, or the loop once proven quick
+    local: bool = False  # the play's own Python (@tool): its answers are given as stored
     is_async: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -145,15 +147,16 @@ class ToolDef:
         copy of the caller's context either way (what it sets does not leak out)."""
         args = (input, call) if self.wants_call else (input,)
         if self.is_async:
-            return await self.fn(*args)
-        context = contextvars.copy_context()
-        if self.placement.inline and not under_timeout:
-            result = context.run(self._timed, *args)
+            result = await self.fn(*args)
         else:
-            result = await asyncio.get_running_loop().run_in_executor(None, context.run, self._timed, *args)
-        if inspect.isawaitable(result):
-            return await result
-        return result
+            context = contextvars.copy_context()
+            if self.placement.inline and not under_timeout:
+                result = context.run(self._timed, *args)
+            else:
+                result = await asyncio.get_running_loop().run_in_executor(None, context.run, self._timed, *args)
+            if inspect.isawaitable(result):
+                result = await result
+        return _json.as_stored(result) if self.local else result
 
     def _timed(self, *args: Any) -> Any:
         start = time.perf_counter()
@@ -201,6 +204,7 @@ def tool(
             version=str(version),
             batch=batch,
             wants_call=len(params) == 2,
+            local=True,
         )
         fn.__deepline_tool__ = _REGISTRY[id]  # type: ignore[attr-defined]
         return fn
