@@ -356,3 +356,41 @@ def test_export_of_a_run_a_live_process_is_at_does_not_say_resume_it(
     assert result.code == 0, result.stderr
     assert "is running" in result.stderr and "partial" in result.stderr, result.stderr
     assert "deepline resume" not in result.stderr, result.stderr
+
+
+@pytest.mark.process
+def test_an_export_that_fails_halfway_leaves_the_file_it_would_replace_whole(
+    deepline, write_play, tmp_path: Path, store_path: Path, cli_env: dict[str, str]
+) -> None:
+    """The disk fills up (here: a file size limit) while an export replaces last week's
+    file: that file is still there as it was, and no half-written one is left beside it."""
+    import resource
+    import signal
+
+    play = write_play(
+        """
+        from deepline_cli import play
+
+        @play("wide")
+        async def wide(ctx, input):
+            rows = [{"id": n} for n in range(3000)]
+            await ctx.map("rows", rows, key="id", columns={"note": lambda row: f"row {row['id']:>6} " + "x" * 60})
+        """
+    )
+    assert deepline("run", str(play), "--run-id", "exp-full").code == 0
+    previous = tmp_path / "enriched.csv"
+    previous.write_text("id,note\nlast,week\n")
+
+    def small_disk() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))  # the export is ~230 KB
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "deepline_cli", "export", "exp-full", "--out", "enriched.csv"],
+        cwd=tmp_path, env={**cli_env, "DEEPLINE_STORE": str(store_path)}, capture_output=True, text=True,
+        timeout=60, preexec_fn=small_disk, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "Cannot write enriched.csv" in proc.stderr
+    assert previous.read_text() == "id,note\nlast,week\n"
+    assert sorted(p.name for p in tmp_path.iterdir() if "enriched" in p.name) == ["enriched.csv"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -105,20 +104,20 @@ def _write(out: Path | None, format: str, dataset: Any) -> int:
     """Write the rows; a file that cannot be written (a full disk, no permission) is one
     sentence, exit 2."""
     from deepline_cli.errors import UsageError
-    from deepline_cli.runtime.map.dataset import open_output, write_csv, write_jsonl
+    from deepline_cli.runtime.map.dataset import replacing, stdout_output, write_csv, write_jsonl
 
     writer = write_csv if format == "csv" else write_jsonl
     try:
-        handle = open_output(str(out) if out else None)
+        if out is not None:
+            with replacing(out) as handle:
+                return writer(dataset, handle)
+        handle = stdout_output()
         try:
             count = writer(dataset, handle)
             handle.flush()
             return count
         finally:
-            if out:
-                handle.close()  # closes the file even when its last flush fails (a full disk)
-            elif isinstance(handle, io.TextIOWrapper):
-                handle.detach()  # stdout's own buffer stays open: only the wrapper goes
+            handle.detach()  # stdout's own buffer stays open: only the wrapper goes
     except OSError as exc:
         if isinstance(exc, BrokenPipeError):
             raise  # the reader went away: cli_errors ends quietly

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import itertools
+import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, ClassVar
@@ -100,11 +103,11 @@ class Dataset:
         return values
 
     def to_csv(self, path: str | Path) -> int:
-        with Path(path).open("w", encoding="utf-8", newline="") as handle:
+        with replacing(Path(path)) as handle:
             return write_csv(self, handle)
 
     def to_jsonl(self, path: str | Path) -> int:
-        with Path(path).open("w", encoding="utf-8") as handle:
+        with replacing(Path(path)) as handle:
             return write_jsonl(self, handle)
 
     def to_json(self) -> dict[str, Any]:
@@ -147,7 +150,42 @@ def write_jsonl(dataset: Dataset, handle: IO[str]) -> int:
     return count
 
 
-def open_output(path: str | None) -> IO[str]:
-    if path is None:
-        return io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="", write_through=True)
-    return Path(path).open("w", encoding="utf-8", newline="")
+def stdout_output() -> IO[str]:
+    return io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="", write_through=True)
+
+
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[IO[str]]:
+    """A file written whole or not at all: the rows go to a new file beside `path`, which
+    takes its place once every row is on disk. A write that fails halfway (a full disk,
+    Ctrl-C) leaves what `path` held before as it was, and nothing beside it. A link is
+    followed (the file it names is replaced); a device or pipe (/dev/null) is written."""
+    target = Path(os.path.realpath(path))
+    if target.exists() and not target.is_file():
+        with target.open("w", encoding="utf-8", newline="") as handle:
+            yield handle
+        return
+    try:
+        fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    except PermissionError:  # a folder only its files may be written in: written in place
+        with target.open("w", encoding="utf-8", newline="") as handle:
+            yield handle
+        return
+    try:
+        with open(fd, "w", encoding="utf-8", newline="") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        mode = target.stat().st_mode if target.exists() else 0o666 & ~_umask()
+        os.chmod(temporary, mode & 0o7777)  # as the file it replaces, or as a new file would be
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
