@@ -111,13 +111,13 @@ def _write(out: Path | None, format: str, dataset: Any) -> int:
         if out is not None:
             with replacing(out) as handle:
                 return writer(dataset, handle)
-        handle = stdout_output()
+        stdout = stdout_output()
         try:
-            count = writer(dataset, handle)
-            handle.flush()
+            count = writer(dataset, stdout)
+            stdout.flush()
             return count
         finally:
-            handle.detach()  # stdout's own buffer stays open: only the wrapper goes
+            stdout.detach()  # stdout's own buffer stays open: only the wrapper goes
     except OSError as exc:
         if isinstance(exc, BrokenPipeError):
             raise  # the reader went away: cli_errors ends quietly

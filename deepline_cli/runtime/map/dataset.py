@@ -150,7 +150,7 @@ def write_jsonl(dataset: Dataset, handle: IO[str]) -> int:
     return count
 
 
-def stdout_output() -> IO[str]:
+def stdout_output() -> io.TextIOWrapper:
     return io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="", write_through=True)
 
 
