@@ -3,6 +3,8 @@ columns, malformed files, and relative paths that survive a resume from elsewher
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import json
 import re
 from pathlib import Path
@@ -207,9 +209,12 @@ async def rel(ctx, input):
         (b"Name,Domain\nAda,acme.com\n", "required column 'first_name' is missing (looked for 'First Name')"),
         (b"", "empty"),
         (b"First Name,Domain\nAda,acme.com\nGrace\n", "line 3"),
-        (b"First Name,Domain\nAda,acme.com\nGr\xe9ce,globex.io\n", "UTF-8"),
+        (b"First Name,Domain\nAda,acme.com\nGr\xe9ce,globex.io\n", "line 3, column 3: not valid UTF-8 (a spreadsheet"),
+        (gzip.compress(b"First Name,Domain\nAda,acme.com\n"), "is gzip-compressed, not a CSV: decompress it first"),
+        (b"PK\x03\x04\x14\x00\x06\x00" + bytes(range(256)), "is a zip archive (an Excel .xlsx workbook is one)"),
+        (bz2.compress(b"First Name,Domain\nAda,acme.com\n"), "is bzip2-compressed, not a CSV"),
     ],
-    ids=["required", "empty", "ragged", "undecodable"],
+    ids=["required", "empty", "ragged", "undecodable", "gzip", "xlsx", "bzip2"],
 )
 def test_input_errors_exit_2_through_the_cli(deepline, tmp_path: Path, content: bytes, expected: str) -> None:
     (tmp_path / "play.py").write_text(CLI_PLAY)

@@ -20,6 +20,25 @@ RowKey = str | Sequence[str] | Callable[[Mapping[str, Any]], Any] | None
 csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))
 
 
+SAVE_AS_UTF8 = " (a spreadsheet saves it as UTF-8 with Save As › CSV UTF-8; iconv -f latin1 -t utf-8 converts it)"
+# What a file given as a CSV is, by its first bytes, when it is a compressed or binary file.
+_PACKED = (
+    (b"\x1f\x8b", "gzip-compressed", "decompress it first (gunzip -k {name})"),
+    (b"PK\x03\x04", "a zip archive (an Excel .xlsx workbook is one)", "save the sheet as CSV UTF-8, or unzip it"),
+    (b"\xd0\xcf\x11\xe0", "an Excel .xls workbook", "save the sheet as CSV UTF-8"),
+    (b"BZh", "bzip2-compressed", "decompress it first (bunzip2 -k {name})"),  # then a digit and "1AY&"
+    (b"\xfd7zXZ\x00", "xz-compressed", "decompress it first (unxz -k {name})"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed", "decompress it first (unzstd {name})"),
+)
+
+
+def _packed_kind(head: bytes) -> tuple[str, str] | None:
+    for magic, kind, fix in _PACKED:
+        if head.startswith(magic) and (magic != b"BZh" or head[4:8] == b"1AY&"):
+            return kind, fix
+    return None
+
+
 class CsvSource:
     """`ctx.csv(...)`: a CSV read lazily, row by row, as dicts.
 
@@ -99,6 +118,9 @@ class CsvSource:
 
     def _header(self) -> list[str]:
         with self._open() as handle:
+            kind = _packed_kind(handle.buffer.peek(8)[:8])
+            if kind is not None:
+                raise InputError(f"{self.path} is {kind[0]}, not a CSV: {kind[1].format(name=self.path.name)}.")
             try:
                 self.delimiter = _delimiter(handle.read(SNIFF_BYTES))
                 handle.seek(0)
@@ -117,8 +139,8 @@ class CsvSource:
                     raw.decode("utf-8-sig" if number == 1 else "utf-8")
                 except UnicodeDecodeError as exc:
                     column = len(raw[: exc.start].decode("utf-8", errors="replace")) + 1
-                    return InputError(f"{self.path} line {number}, column {column}: not valid UTF-8.")
-        return InputError(f"{self.path}: not valid UTF-8.")
+                    return InputError(f"{self.path} line {number}, column {column}: not valid UTF-8{SAVE_AS_UTF8}.")
+        return InputError(f"{self.path}: not valid UTF-8{SAVE_AS_UTF8}.")
 
     def __iter__(self) -> Iterator[dict[str, str]]:
         absent = self._absent
