@@ -118,7 +118,7 @@ class CsvSource:
 
     def _header(self) -> list[str]:
         with self._open() as handle:
-            kind = _packed_kind(handle.buffer.peek(8)[:8])
+            kind = _packed_kind(cast(io.BufferedReader, handle.buffer).peek(8)[:8])
             if kind is not None:
                 raise InputError(f"{self.path} is {kind[0]}, not a CSV: {kind[1].format(name=self.path.name)}.")
             try:
