@@ -32,6 +32,14 @@ class SqlBase:
         sends many rows in one statement."""
         self._many(c, f"{head} VALUES {row}{tail}", rows)
 
+    def _insert_returning(
+        self, c: Any, head: str, row: str, tail: str, rows: Sequence[Sequence[Any]]
+    ) -> list[tuple[Any, ...]] | None:
+        """`_insert` and the rows its `RETURNING` tail gives, where a backend gets them at no
+        extra cost (SQLite); None where it does not (the caller reads what it needs)."""
+        self._insert(c, head, row, tail.partition(" RETURNING ")[0], rows)
+        return None
+
     def close(self) -> None:
         raise NotImplementedError
 

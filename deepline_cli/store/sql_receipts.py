@@ -62,11 +62,10 @@ class ReceiptsSql(ClaimsSql, SheetsSql):
             settled = self._settle(c, writes.settlements, now)
             outcomes = self._claim(c, writes.claims, now, stale, known) if writes.claims else []
             sheet_rows = _current(writes.sheet_rows, stale)
-            if sheet_rows:
-                self._write_sheet_rows(c, sheet_rows)
+            revs = self._write_sheet_rows(c, sheet_rows) if sheet_rows else None
             map_rows = _current(writes.map_rows, stale)
             if map_rows:
-                self._write_map_rows(c, map_rows)
+                self._write_map_rows(c, map_rows, revs)
             logs = _current(writes.logs, stale)
             if logs:
                 self._insert(

@@ -168,8 +168,9 @@ class SheetsSql(SqlBase):
         )
         return [map_from_row(r) for r in rows]
 
-    def _write_sheet_rows(self, c: Any, rows: Sequence[SheetRow]) -> None:
-        """A new revision of each row; one another run finished with goes to the history."""
+    def _write_sheet_rows(self, c: Any, rows: Sequence[SheetRow]) -> dict[tuple[str, str], int] | None:
+        """A new revision of each row; one another run finished with goes to the history.
+        The revisions written, by (sheet, row key), where the backend returns them."""
         self._many(
             c,
             "INSERT INTO sheet_history (sheet, row_key, rev, input, cells, run_id, updated_at)"
@@ -177,14 +178,14 @@ class SheetsSql(SqlBase):
             " WHERE sheet = ? AND row_key = ? AND run_id <> ? ON CONFLICT DO NOTHING",
             [(r.sheet, r.row_key, r.run_id) for r in rows if r.replaces],
         )
-        self._insert(
+        revs = self._insert_returning(
             c,
             "INSERT INTO sheet_rows (sheet, row_key, input, input_digest, cells, status, run_id, updated_at, rev)",
             "(?, ?, ?, ?, ?, ?, ?, ?, 1)",
             " ON CONFLICT (sheet, row_key) DO UPDATE SET"
             " input = excluded.input, input_digest = excluded.input_digest, cells = excluded.cells,"
             " status = excluded.status, run_id = excluded.run_id, updated_at = excluded.updated_at,"
-            " rev = sheet_rows.rev + 1",
+            " rev = sheet_rows.rev + 1 RETURNING sheet, row_key, rev",
             [
                 (
                     r.sheet,
@@ -199,8 +200,10 @@ class SheetsSql(SqlBase):
                 for r in rows
             ],
         )
+        return {(sheet, row_key): rev for sheet, row_key, rev in revs} if revs is not None else None
 
-    def _write_map_rows(self, c: Any, rows: Sequence[MapRow]) -> None:
+    def _write_map_rows(self, c: Any, rows: Sequence[MapRow], revs: dict[tuple[str, str], int] | None = None) -> None:
+        """`revs`: the revisions of the sheet rows this transaction wrote, where known."""
         # A row a resume did again at another place: its key leaves the place it had.
         self._many(
             c,
@@ -218,19 +221,20 @@ class SheetsSql(SqlBase):
             "INSERT INTO map_rows (run_id, map, idx, input_index, row_key, outcome, error, steps, attempt,"
             " reused_row, reused_cells, found, fell_back, rev)"
         )
-        known = [r for r in rows if r.rev is not None]
+        revs = revs or {}
+        # Written with their sheet row in this transaction: the revision it just got.
+        known = [(r, r.rev if r.rev is not None else revs.get((r.sheet, r.row_key))) for r in rows]
         self._insert(
             c,
             columns,
             "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             upsert,
-            [(*map_row_values(r), r.rev) for r in known],
+            [(*map_row_values(r), rev) for r, rev in known if rev is not None],
         )
-        # Written with their sheet row in this transaction: the revision it just got.
         self._insert(
             c,
             columns,
             "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, (SELECT rev FROM sheet_rows WHERE sheet = ? AND row_key = ?))",
             upsert,
-            [(*map_row_values(r), r.sheet, r.row_key) for r in rows if r.rev is None],
+            [(*map_row_values(r), r.sheet, r.row_key) for r, rev in known if rev is None],
         )

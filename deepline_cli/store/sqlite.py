@@ -244,6 +244,15 @@ class SQLiteStore(SqlStore):
             part = rows[start : start + ROWS_PER_INSERT]
             c.execute(_values(head, row, tail, len(part)), [v for r in part for v in r])
 
+    def _insert_returning(
+        self, c: Any, head: str, row: str, tail: str, rows: Sequence[Sequence[Any]]
+    ) -> list[tuple[Any, ...]] | None:
+        returned: list[tuple[Any, ...]] = []
+        for start in range(0, len(rows), ROWS_PER_INSERT):
+            part = rows[start : start + ROWS_PER_INSERT]
+            returned += c.execute(_values(head, row, tail, len(part)), [v for r in part for v in r]).fetchall()
+        return returned
+
     def _settle_all(self, c: Any, settlements: Sequence[Settlement], now: float) -> list[bool]:
         """Each kind of settlement in one executemany: when every one of them changed its
         row (the usual case: our leases), they all applied; otherwise each is tried on its
