@@ -328,6 +328,22 @@ def test_resume_of_a_completed_run_reports_it(deepline, basic) -> None:
     assert len(logged(log)) == 3  # no tool ran again
 
 
+@pytest.mark.parametrize("flag", ["--refresh-failed", "--force-refresh"])
+def test_a_refresh_flag_on_a_completed_run_says_it_did_not_apply(deepline, basic, flag: str) -> None:
+    """`resume RUN --refresh-failed` (or `run --run-id RUN`) of a completed run runs
+    nothing: it says so, and how the failed rows are asked again (a new run), instead
+    of dropping the flag without a word."""
+    play, log, payload = basic
+    assert deepline("run", str(play), "--input", payload, "--run-id", "done-2").code == 0
+    for again in (("resume", "done-2", flag), ("run", str(play), "--input", payload, "--run-id", "done-2", flag)):
+        result = deepline(*again, "--json")
+        assert result.code == 0, result.stderr
+        assert result.json_lines()[-1]["event"] == "run.finished"  # stdout stays NDJSON
+        assert f"{flag} did not apply: run done-2 already completed" in result.stderr, again
+        assert f"start a new run of the play with {flag} (without --run-id)" in result.stderr
+    assert len(logged(log)) == 3  # nothing ran again
+
+
 def test_run_id_twice_reports_the_completed_run_without_running_tools(deepline, basic) -> None:
     play, log, payload = basic
     first = run_json(deepline, "run", str(play), "--input", payload, "--run-id", "ci-1")

@@ -225,7 +225,21 @@ def execute(
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     (report or report_run)(result, json_mode, view)
+    if result.reported and result.status == "completed":
+        _not_applied(result.run_id, options)
     raise typer.Exit(result.exit_code)
+
+
+def _not_applied(run_id: str, options: RunOptions) -> None:
+    """A refresh asked of a run that completed already: nothing ran, and it says so (and how
+    the failed or stale rows are asked again), instead of dropping the flag without a word."""
+    for flag, given in (("--refresh-failed", options.refresh_failed), ("--force-refresh", options.force_refresh)):
+        if given:
+            sys.stderr.write(
+                f"Warning: {flag} did not apply: run {run_id} already completed, and a completed run is not run "
+                f"again. To ask again, start a new run of the play with {flag} (without --run-id): its receipts "
+                "answer everything else.\n"
+            )
 
 
 def _hand_signals_to(runner: Runner, finished: threading.Event) -> None:
