@@ -344,6 +344,17 @@ def test_a_refresh_flag_on_a_completed_run_says_it_did_not_apply(deepline, basic
     assert len(logged(log)) == 3  # nothing ran again
 
 
+@pytest.mark.parametrize("empty", ["", " "])
+def test_an_empty_run_id_is_refused_not_ignored(deepline, basic, empty: str) -> None:
+    """`--run-id "$RUN_ID"` with the variable unset: refused (exit 2), not a new run under a
+    random id each time, which would lose the idempotency the CI script asked for."""
+    play, log, payload = basic
+    result = deepline("run", str(play), "--input", payload, "--run-id", empty)
+    assert result.code == 2, result.stderr
+    assert "is empty (an unset variable?)" in result.stderr
+    assert logged(log) == [] and deepline("runs", "list", "--json").stdout == ""
+
+
 def test_run_id_twice_reports_the_completed_run_without_running_tools(deepline, basic) -> None:
     play, log, payload = basic
     first = run_json(deepline, "run", str(play), "--input", payload, "--run-id", "ci-1")

@@ -51,6 +51,10 @@ RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 def check_run_id(run_id: str) -> str:
     """A run id becomes a file name (`runs report`) and is printed: letters, digits, `.`, `_`
     and `-`, starting with a letter or digit, at most 128 characters."""
+    if not run_id.strip():
+        raise UsageError(
+            f"Run id {run_id!r} is empty (an unset variable?): give the run's id, or leave --run-id out for a new run."
+        )
     if not RUN_ID.fullmatch(run_id):
         raise UsageError(
             f"Run id {run_id!r} is not valid: use letters, digits, '.', '_' and '-', starting with a letter "
@@ -88,7 +92,7 @@ class Runner:
         With `enqueue`, the run is only recorded (`queued`, with a snapshot of the play's
         source and config) for a `deepline worker` to execute.
         """
-        if self.options.run_id:
+        if self.options.run_id is not None:
             existing = self.store.runs.get_run(check_run_id(self.options.run_id))
             if existing is not None:
                 loaded = self._same_run(existing, play_ref, input)
@@ -103,7 +107,7 @@ class Runner:
         if not enqueue:  # a queued run's secrets are the worker's, checked when it runs
             self._prepare(play, cwd or os.getcwd())
         now = self.store.now()
-        run_id = self.options.run_id or new_run_id()
+        run_id = self.options.run_id if self.options.run_id is not None else new_run_id()
         options = self.options.persisted()
         digest = None
         if enqueue:
