@@ -355,6 +355,39 @@ def test_an_empty_run_id_is_refused_not_ignored(deepline, basic, empty: str) -> 
     assert logged(log) == [] and deepline("runs", "list", "--json").stdout == ""
 
 
+def test_a_play_that_prints_keeps_stdout_to_the_runs_own_output(deepline, write_play) -> None:
+    """`print()` in a play (the README suggests `print(rows.count(), rows.peek(3))`) and in
+    its tools goes to stderr: under --json stdout is NDJSON only, and without it stdout is
+    the run's output alone (`deepline run play.py > out.json`)."""
+    play = write_play(
+        """
+        import sys
+        from deepline_cli import play, tool
+
+        @tool("t.loud")
+        def loud(input):
+            print("tool says", input["n"])
+            return input["n"]
+
+        @play("chatty")
+        async def chatty(ctx, input):
+            print("peek:", [1, 2])
+            sys.stdout.write("raw write\\n")
+            rows = await ctx.map("rows", [{"n": 1}, {"n": 2}], key="n",
+                                 columns={"x": lambda row, rc: rc.tools.execute("loud", "t.loud", {"n": row["n"]})})
+            return {"rows": len(rows)}
+        """
+    )
+    result = deepline("run", str(play), "--json")
+    assert result.code == 0, result.stderr
+    assert [line["event"] for line in result.json_lines()][-1] == "run.finished"  # every line is JSON
+    assert "peek: [1, 2]" in result.stderr and "raw write" in result.stderr and "tool says 2" in result.stderr
+    human = deepline("run", str(play), "--quiet")
+    assert human.code == 0, human.stderr
+    assert _json.loads(human.stdout) == {"rows": 2}
+    assert "peek: [1, 2]" in human.stderr
+
+
 def test_run_id_twice_reports_the_completed_run_without_running_tools(deepline, basic) -> None:
     play, log, payload = basic
     first = run_json(deepline, "run", str(play), "--input", payload, "--run-id", "ci-1")

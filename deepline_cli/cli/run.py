@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -211,11 +212,14 @@ def execute(
     if view is not None:
         view.on_closed = runner.request_stop  # `--json | head -1`, `2>&1 | head`: interrupt, resumable
     try:
-        if view is None:
-            result = action(runner)
-        else:
-            with view:
+        # stdout is the run's own (NDJSON under --json, else its output at the end): what the
+        # play and its tools print goes to stderr, beside the live view.
+        with contextlib.redirect_stdout(sys.stderr):
+            if view is None:
                 result = action(runner)
+            else:
+                with view:
+                    result = action(runner)
     finally:
         runner.close()
         finished.set()

@@ -16,7 +16,8 @@ class NdjsonView:
     calls `on_closed` once, so the run is interrupted (resumable) rather than failed."""
 
     def __init__(self, stream: IO[str] | None = None, on_closed: Callable[[], None] | None = None) -> None:
-        self._stream = stream or sys.stdout
+        self._stream = stream or sys.stdout  # the real stdout: a play's prints go to stderr meanwhile
+        self._to_stdout = stream is None
         self.on_closed = on_closed
         self.closed = False
 
@@ -34,8 +35,8 @@ class NdjsonView:
 
     def _reader_gone(self) -> None:
         self.closed = True
-        if self._stream is sys.stdout:
-            silence(sys.stdout.fileno())
+        if self._to_stdout:
+            silence(self._stream.fileno())
         if self.on_closed is not None:
             self.on_closed()
 
