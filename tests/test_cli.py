@@ -388,6 +388,30 @@ def test_a_play_that_prints_keeps_stdout_to_the_runs_own_output(deepline, write_
     assert "peek: [1, 2]" in human.stderr
 
 
+def test_a_completed_run_with_failed_rows_exits_as_it_was_started_to_every_time(deepline, write_play) -> None:
+    """Started with --fail-on-row-errors (exit 1 for its failed row), the run is reported by
+    `resume` and `run --run-id` with the same exit code: a CI retry step does not turn green
+    with nothing changed."""
+    play = write_play(
+        """
+        from deepline_cli import play
+
+        def check(row):
+            if row["n"] == 2:
+                raise ValueError("no such lead")
+            return row["n"]
+
+        @play("strict")
+        async def strict(ctx, input):
+            await ctx.map("rows", [{"n": 1}, {"n": 2}], key="n", columns={"x": check})
+        """
+    )
+    assert deepline("run", str(play), "--run-id", "strict-1", "--fail-on-row-errors").code == 1
+    assert deepline("resume", "strict-1").code == 1
+    assert deepline("run", str(play), "--run-id", "strict-1").code == 1
+    assert deepline("runs", "tail", "strict-1").code == 1
+
+
 def test_run_id_twice_reports_the_completed_run_without_running_tools(deepline, basic) -> None:
     play, log, payload = basic
     first = run_json(deepline, "run", str(play), "--input", payload, "--run-id", "ci-1")

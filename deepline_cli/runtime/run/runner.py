@@ -194,8 +194,8 @@ class Runner:
         if record is None:
             raise UsageError(f"No run {run_id!r} in the store {self.store.url}.")
         if record.status == "completed":
-            result = RunResult.of_record(record, fail_on_row_errors=self.options.fail_on_row_errors)
-            return result
+            # Its failed rows fail the command as the run was started to, or as this one asks.
+            return RunResult.of_record(record, fail_on_row_errors=self.options.fail_on_row_errors or None)
         if record.status == "waiting":
             self._apply_persisted(record)
             if not ready_to_resume(self.store, run_id, self.store.now(), self.options.max_inline_wait):
