@@ -412,6 +412,34 @@ def test_a_completed_run_with_failed_rows_exits_as_it_was_started_to_every_time(
     assert deepline("runs", "tail", "strict-1").code == 1
 
 
+def test_a_fixed_run_id_over_a_csv_written_anew_is_refused_not_reported(deepline, write_play, tmp_path: Path) -> None:
+    """A nightly job with a fixed --run-id and a CSV regenerated at the same path: tonight's
+    file is not last night's input, so the completed run is not reported as tonight's
+    result (exit 2, saying what to do); the same file, untouched, is reported as before."""
+    play = write_play(
+        """
+        from deepline_cli import play
+
+        @play("nightly")
+        async def nightly(ctx, input):
+            rows = await ctx.map("rows", ctx.csv(input["csv"]), key="id", columns={"x": lambda row: row["id"]})
+            return {"rows": len(rows)}
+        """
+    )
+    leads = tmp_path / "nightly.csv"
+    leads.write_text("id\n1\n2\n")
+    assert deepline("run", str(play), "--csv", "nightly.csv", "--run-id", "nightly").code == 0
+    again = deepline("run", str(play), "--csv", "nightly.csv", "--run-id", "nightly")
+    assert again.code == 0 and "already completed" in again.stderr
+    leads.write_text("id\n1\n2\n3\n")
+    tonight = deepline("run", str(play), "--csv", "nightly.csv", "--run-id", "nightly")
+    assert tonight.code == 2, tonight.stderr
+    assert "nightly.csv as it was then, and that file has been written since" in tonight.stderr
+    assert "give this run a new --run-id" in tonight.stderr
+    fresh = deepline("run", str(play), "--csv", "nightly.csv", "--run-id", "nightly-2", "--json")
+    assert fresh.code == 0 and fresh.json_lines()[-1]["output"] == {"rows": 3}
+
+
 def test_run_id_twice_reports_the_completed_run_without_running_tools(deepline, basic) -> None:
     play, log, payload = basic
     first = run_json(deepline, "run", str(play), "--input", payload, "--run-id", "ci-1")

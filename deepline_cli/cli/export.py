@@ -35,6 +35,7 @@ def export(
 
     from deepline_cli.errors import UsageError
     from deepline_cli.runtime.map.dataset import Dataset
+    from deepline_cli.runtime.run.input_files import named_files
     from deepline_cli.store import open_store
 
     if out is not None and str(out) == "-":
@@ -60,7 +61,7 @@ def export(
         if out is not None and out.is_dir():
             raise UsageError(f"Cannot write {out}: it is a directory; give a file name, like {out / 'rows.csv'}.")
         sources = [Path(m.source) for m in maps.values() if m.source]
-        if out is not None and any(_same_file(out, path) for path in [*_input_files(run.input, run.cwd), *sources]):
+        if out is not None and any(_same_file(out, path) for path in [*named_files(run.input, run.cwd), *sources]):
             raise UsageError(
                 f"Cannot write {out}: {out} is an input of run {run_id} (a file it read), which the export would "
                 f"replace; give another file name, like {out.with_name(out.stem + '-export' + out.suffix)}."
@@ -79,18 +80,6 @@ def export(
         )
     if partial:
         sys.stderr.write(partial + "\n")
-
-
-def _input_files(value: Any, cwd: str) -> list[Path]:
-    """The files a run's input names (`--csv leads.csv`, `--set list=…`), as the run found
-    them: relative ones against the directory it was started in."""
-    if isinstance(value, dict):
-        return [path for item in value.values() for path in _input_files(item, cwd)]
-    if isinstance(value, list):
-        return [path for item in value for path in _input_files(item, cwd)]
-    if isinstance(value, str) and value and len(value) < 4096 and "\n" not in value:
-        return [Path(cwd or ".", value)]
-    return []
 
 
 def _same_file(out: Path, path: Path) -> bool:

@@ -11,6 +11,7 @@ import asyncio
 import os
 import re
 import secrets as _secrets
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -32,6 +33,7 @@ from deepline_cli.runtime.providers.secrets import Secrets
 from deepline_cli.runtime.run.attempt import Attempt, env_folder
 from deepline_cli.runtime.run.builtin import BUILTIN_PLAYS
 from deepline_cli.runtime.run.holders import holder_alive, holder_id, holder_words
+from deepline_cli.runtime.run.input_files import changed, stamps
 from deepline_cli.runtime.run.options import RunOptions, RunResult
 from deepline_cli.runtime.run.play import PlayDef, load_module, load_play, tools_in
 from deepline_cli.runtime.run.snapshot import materialize_snapshot, take_snapshot
@@ -108,7 +110,7 @@ class Runner:
             self._prepare(play, cwd or os.getcwd())
         now = self.store.now()
         run_id = self.options.run_id if self.options.run_id is not None else new_run_id()
-        options = self.options.persisted()
+        options = {**self.options.persisted(), "input_files": stamps(input, cwd or os.getcwd())}
         digest = None
         if enqueue:
             digest, snapshot = take_snapshot(play, config_path)
@@ -144,6 +146,12 @@ class Runner:
             differs = f"of play {existing.play!r}, not {name!r}"
         elif _json.loads(_json.dumps(input)) != existing.input:  # as stored (JSON), in any key order
             differs = f"of play {existing.play!r} with another input"
+        elif existing.status == "completed" and (rewritten := changed(existing.options.get("input_files"))):
+            raise UsageError(
+                f"Run {run_id} completed on {rewritten} as it was then, and that file has been written since; give "
+                f"this run a new --run-id (say {run_id}-{time.strftime('%Y-%m-%d')}), or see that run's results "
+                f"with `deepline export {run_id}`."
+            )
         else:
             return play
         raise UsageError(
@@ -260,7 +268,8 @@ class Runner:
             if name in RunOptions.PERSISTED and getattr(self.options, name) == getattr(defaults, name):
                 setattr(self.options, name, value)
         self.options.workspace = record.workspace
-        record.options = {**record.options, **self.options.persisted()}
+        # The files its input names, as this attempt reads them (`--run-id` of it once completed).
+        record.options = {**record.options, **self.options.persisted(), "input_files": stamps(record.input, record.cwd)}
 
     # --- one attempt ----------------------------------------------------------------------
 
