@@ -38,7 +38,7 @@ def changed(stamped: Any) -> str | None:
         return None
     for path, stamp in stamped.items():
         if _stamp(Path(path)) != stamp:
-            return path
+            return str(path)
     return None
 
 
