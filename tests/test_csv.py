@@ -10,6 +10,8 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deepline_cli.runtime.run.options import RunResult
 from tests.helpers import run_play
@@ -502,3 +504,34 @@ def test_a_pipe_as_the_csv_is_named_for_what_it_is(deepline, tmp_path: Path) -> 
     result = deepline("run", "play.py", "--csv", str(fifo), "--quiet")
     assert result.code == 2, result.stderr
     assert "not a regular file" in result.stderr and "does not exist" not in result.stderr, result.stderr
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["x", '"a\nb"', '"q""\n""r"', "", " ", '"\n\n"', '"a\r\nb"', '""']), st.booleans()),
+        max_size=25,
+    ),
+    st.sampled_from(["\n", "\r\n"]),
+    st.sampled_from(["", "\n", "\n\n", "\r\n"]),
+    st.integers(min_value=1, max_value=9),
+)
+@settings(max_examples=300, deadline=None)
+def test_the_row_estimate_counts_records_not_lines(
+    tmp_path_factory: pytest.TempPathFactory, cells: list[tuple[str, bool]], newline: str, tail: str, block: int
+) -> None:
+    """The total a map shows before it has read its CSV counts what the csv module reads
+    as rows: a line break inside a quoted cell, or a blank line, is no row; whatever the
+    block the file is read in splits."""
+    import csv as csv_module
+    import io
+
+    from deepline_cli.runtime.map.intake import count_records
+
+    lines = ["id,v"]
+    for n, (cell, blank_after) in enumerate(cells):
+        lines += [f"{n},{cell}", *([""] if blank_after else [])]
+    text = newline.join(lines) + tail
+    path = tmp_path_factory.mktemp("count") / "rows.csv"
+    path.write_bytes(text.encode())
+    records = sum(1 for row in csv_module.reader(io.StringIO(text, newline="")) if row)
+    assert count_records(path, block_size=block) == records
