@@ -226,3 +226,8 @@ def _ends_line(text: bytes, ended: bool) -> bool:
 
 _BLANK_LINE = re.compile(rb"\n(?=\r?\n)")  # a line end an empty line follows (lookahead: runs of them too)
 _BLANK_START = re.compile(rb"\r*\n")
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
