@@ -394,3 +394,17 @@ def test_an_export_that_fails_halfway_leaves_the_file_it_would_replace_whole(
     assert "Cannot write enriched.csv" in proc.stderr
     assert previous.read_text() == "id,note\nlast,week\n"
     assert sorted(p.name for p in tmp_path.iterdir() if "enriched" in p.name) == ["enriched.csv"]
+
+
+def test_export_out_jsonl_is_json_lines_without_format(deepline, tmp_path: Path, store_path: Path) -> None:
+    """`--out rows.jsonl` (or .ndjson) writes JSON Lines, not CSV under a .jsonl name;
+    `--format` still decides when given."""
+    run_in_process(tmp_path, store_path, "exp-sfx")
+    jsonl = deepline("export", "exp-sfx", "--format", "jsonl").stdout
+    for name in ("rows.jsonl", "rows.NDJSON"):
+        assert deepline("export", "exp-sfx", "--out", name).code == 0
+        assert (tmp_path / name).read_text() == jsonl
+    assert deepline("export", "exp-sfx", "--out", "rows.txt").code == 0
+    assert parse_csv((tmp_path / "rows.txt").read_text())[0] == EXPECTED_HEADER
+    assert deepline("export", "exp-sfx", "--out", "forced.jsonl", "--format", "csv").code == 0
+    assert parse_csv((tmp_path / "forced.jsonl").read_text())[0] == EXPECTED_HEADER

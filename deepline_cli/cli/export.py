@@ -17,8 +17,9 @@ def export(
         str | None, typer.Option("--map", metavar="NAME", help="The map to export (needed when the run has several).")
     ] = None,
     format: Annotated[
-        Literal["csv", "jsonl"], typer.Option("--format", metavar="csv|jsonl", help="csv or jsonl.")
-    ] = "csv",
+        Literal["csv", "jsonl"] | None,
+        typer.Option("--format", metavar="csv|jsonl", help="csv or jsonl (default: by --out's suffix, else csv)."),
+    ] = None,
     out: Annotated[
         Path | None, typer.Option("--out", metavar="FILE", help="Write here instead of stdout (-: stdout).")
     ] = None,
@@ -40,6 +41,8 @@ def export(
 
     if out is not None and str(out) == "-":
         out = None  # stdout, as `-` is for most tools
+    if format is None:  # `--out rows.jsonl` is JSON Lines without saying it twice
+        format = "jsonl" if out is not None and out.suffix.lower() in (".jsonl", ".ndjson") else "csv"
     db = open_store(store)
     try:
         run = db.runs.get_run(run_id)
