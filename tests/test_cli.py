@@ -771,3 +771,18 @@ def test_runs_list_says_when_its_filters_match_nothing(deepline, tmp_path) -> No
     assert deepline("run", "play.py", "--quiet").code == 0
     assert "No run matches these filters." in deepline("runs", "list", "--play", "other").stdout
     assert "No run matches these filters." in deepline("runs", "list", "--status", "waiting").stdout
+
+
+def test_a_read_only_command_on_a_mistyped_store_path_creates_nothing(deepline, tmp_path: Path) -> None:
+    """`runs list --store /no/such/dir/x.db` is a typo: refused (exit 2) with the path, and
+    no folder or empty store is left behind to look like a store with no runs. A store URL
+    missing its slashes (`sqlite:rel.db`) is refused too, not made a file of that name."""
+    missing = tmp_path / "no" / "such" / "x.db"
+    for args in (("runs", "list"), ("runs", "show", "r-1"), ("export", "r-1"), ("receipts", "inspect")):
+        result = deepline(*args, "--store", str(missing))
+        assert result.code == 2, (args, result.stderr)
+        assert f"There is no store at {missing}: the folder {missing.parent} does not exist" in result.stderr
+    assert not (tmp_path / "no").exists()
+    bad = deepline("runs", "list", "--store", "sqlite:rel.db")
+    assert bad.code == 2 and "use sqlite:///path/to/file.db" in bad.stderr
+    assert not (tmp_path / "sqlite:rel.db").exists()

@@ -43,7 +43,7 @@ def export(
         out = None  # stdout, as `-` is for most tools
     if format is None:  # `--out rows.jsonl` is JSON Lines without saying it twice
         format = "jsonl" if out is not None and out.suffix.lower() in (".jsonl", ".ndjson") else "csv"
-    db = open_store(store)
+    db = open_store(store, existing=True)
     try:
         run = db.runs.get_run(run_id)
         if run is None:

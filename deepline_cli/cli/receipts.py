@@ -75,7 +75,7 @@ def inspect(
 
     if status is not None and status not in RECEIPT_STATUSES:
         raise UsageError(f"--status must be one of {', '.join(RECEIPT_STATUSES)}, not {status!r}.")
-    db = open_store(store)
+    db = open_store(store, existing=True)
     try:
         if run is not None and db.runs.get_run(run) is None:
             raise UsageError(f"No run {run!r} in the store {db.url}.")

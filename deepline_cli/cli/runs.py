@@ -20,7 +20,7 @@ def _load(store: str | None, run_id: str) -> Any:
     from deepline_cli.errors import UsageError
     from deepline_cli.store import open_store
 
-    db = open_store(store)
+    db = open_store(store, existing=True)
     record = db.runs.get_run(run_id)
     if record is None:
         url = db.url
@@ -53,7 +53,7 @@ def list_runs(
 
     if status is not None and status not in RUN_STATUSES:
         raise UsageError(f"--status must be one of {', '.join(RUN_STATUSES)}, not {status!r}.")
-    db = open_store(store)
+    db = open_store(store, existing=True)
     try:
         runs = db.runs.list_runs(status=status, play=play, limit=limit)
         now = db.now()
@@ -333,4 +333,4 @@ def report(
 def open_store_for(store: str | None) -> Any:
     from deepline_cli.store import open_store
 
-    return open_store(store)
+    return open_store(store, existing=True)

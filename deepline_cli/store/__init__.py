@@ -27,8 +27,10 @@ def resolve_store_url(url: str | None) -> str:
     return url or os.environ.get("DEEPLINE_STORE") or str(default_store_path())
 
 
-def open_store(url: str | None = None) -> Store:
-    """Open the store at a path, `sqlite:///path` or `postgresql://…` URL."""
+def open_store(url: str | None = None, *, existing: bool = False) -> Store:
+    """Open the store at a path, `sqlite:///path` or `postgresql://…` URL. `existing`: for
+    commands that only read, a store named (--store, DEEPLINE_STORE) in a folder that is not
+    there is a mistyped path: refused, not created (folders and all) and shown empty."""
     target = resolve_store_url(url)
     scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", target)
     if scheme and scheme.group(1).lower() not in ("sqlite", "postgresql", "postgres"):
@@ -43,11 +45,18 @@ def open_store(url: str | None = None) -> Store:
         return PostgresStore(target)
     if target.startswith("sqlite:///"):
         target = target[len("sqlite:///") :]
-    elif target.startswith("sqlite://"):
+    elif target.startswith("sqlite:"):
         raise UsageError(f"The store URL {target!r} is not valid; use sqlite:///path/to/file.db.")
     from deepline_cli.store.sqlite import SQLiteStore
 
-    return SQLiteStore(Path(target).expanduser())
+    path = Path(target).expanduser()
+    named = url or os.environ.get("DEEPLINE_STORE")
+    if existing and named and not path.exists() and not path.parent.is_dir():
+        raise UsageError(
+            f"There is no store at {path}: the folder {path.parent} does not exist. Check --store (or "
+            "DEEPLINE_STORE); a run creates its store."
+        )
+    return SQLiteStore(path)
 
 
 __all__ = ["Store", "default_store_path", "open_store", "resolve_store_url", "safe_url"]
