@@ -91,6 +91,10 @@ def test_runs_logs_lists_every_failed_row_not_only_those_the_map_logged(
     as_json = deepline("runs", "logs", "M", "--kind", "row.failed", "--json").json_lines()
     assert [line["fields"]["row_key"] for line in as_json] == failing
     assert {line["kind"] for line in as_json} == {"row.failed"}
+    # listed from the map's rows, not written lines: no id, rather than the first one's for all
+    assert {line["id"] for line in as_json} == {None}
+    stored = deepline("runs", "logs", "M", "--json").json_lines()
+    assert len({line["id"] for line in stored}) == len(stored) and None not in {line["id"] for line in stored}
     last = {"map": "leads", "row_key": "76", "error": "ValueError: no lead 76 (play.py line 8)"}
     assert as_json[68]["fields"] == last
     one = deepline("runs", "logs", "M", "--kind", "row.failed", "--where", "row_key=55", "--json").json_lines()

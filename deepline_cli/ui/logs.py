@@ -63,7 +63,7 @@ def matches_all(line: LogLine, wheres: Sequence[Where]) -> bool:
 def line_dict(line: LogLine) -> dict[str, Any]:
     """A line as `runs logs --json` writes it."""
     return {
-        "id": line.id,
+        "id": line.id or None,  # None: a line listed from the store's rows, not a written one
         "run_id": line.run_id,
         "attempt": line.attempt,
         "ts": line.ts,
@@ -133,6 +133,7 @@ def _failed_lines(store: SheetStore, run_id: str, map_name: str, at: LogLine) ->
 def _failed_line(row: MapRow, at: LogLine) -> LogLine:
     return replace(
         at,
+        id=0,  # read from the map's rows, not a line of the log: it has no id of its own
         message=f"row {row.row_key} failed: {row.error}",
         kind="row.failed",
         fields={"map": row.map, "row_key": row.row_key, "error": row.error},
