@@ -218,6 +218,36 @@ def test_show_of_a_run_whose_process_died_says_so_and_counts_its_rows_from_the_s
     assert shown["stale"] is True and (shown["maps"][0]["succeeded"], shown["maps"][0]["failed"]) == (2, 1)
 
 
+def test_runs_show_tells_a_live_process_that_let_its_lease_run_out_from_one_that_is_gone(
+    deepline: Run, store_path: Path
+) -> None:
+    """A process stopped past its lease (Ctrl-Z, a debugger) is alive: `runs show` says it
+    let its lease run out, not that it is gone."""
+    import time
+
+    from deepline_cli.runtime.run.holders import holder_id
+    from deepline_cli.store import open_store
+    from deepline_cli.store.records import RunRecord
+
+    now = time.time()
+    alive = holder_id()  # this very process: alive, as a stopped one is
+    store = open_store(str(store_path))
+    try:
+        store.runs.insert_run(RunRecord(
+            run_id="Z", play="demo", play_ref="/tmp/play.py:demo", input={}, status="running", root_run_id="Z",
+            attempt=1, holder=alive, lease_expires_at=now - 5, created_at=now, updated_at=now,
+        ))  # fmt: skip
+        store.runs.begin_attempt("Z", 1, alive, now)
+    finally:
+        store.close()
+    text = deepline("runs", "show", "Z").stdout
+    assert (
+        "status    running (stale: its process let its lease run out (stopped, or its machine lost); "
+        "deepline resume Z continues it)"
+    ) in text, text
+    assert "[its process let its lease run out" in deepline("runs", "show", "Z", "--full").stdout
+
+
 def test_retries_by_cause_add_up_when_an_attempt_was_killed() -> None:
     """Attempt 1 killed (its 24 retries counted by the ledger, their causes kept nowhere),
     attempt 2 ended with 59 retries on 5xx: `runs show --full` said "retries 83 (5xx 59)"."""

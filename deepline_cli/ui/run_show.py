@@ -13,7 +13,7 @@ from typing import Any
 
 from deepline_cli import _json
 from deepline_cli._format import format_credits, retry_causes
-from deepline_cli.runtime.run.holders import holder_stale, holder_words
+from deepline_cli.runtime.run.holders import holder_gone_here, holder_stale, holder_words
 from deepline_cli.store.ledger import AttemptRow
 from deepline_cli.store.records import Boundary, MapRecord, RunRecord
 from deepline_cli.store.roles import Store
@@ -60,7 +60,8 @@ class Shown:
     # --full: per tool, the ledger's counts with what only the run's outcome kept (retries by
     # cause, failures a waterfall got past)
     tools: dict[str, dict[str, Any]] = field(default_factory=dict)
-    stale: bool = False  # `running`, but its process is gone (killed, a machine lost)
+    stale: bool = False  # `running`, but no live process holds it (killed, paused past its lease, a machine lost)
+    gone: bool = False  # stale, and the OS of this machine says its process is gone
 
 
 def read_shown(store: Store, record: RunRecord, *, full: bool = False) -> Shown:
@@ -72,6 +73,7 @@ def read_shown(store: Store, record: RunRecord, *, full: bool = False) -> Shown:
     maps = maps_now(store, record.run_id)
     shown = Shown(record, maps, store.suspension.boundaries(record.run_id), store.runs.child_runs(record.run_id), full)
     shown.stale = holder_stale(record, store.now())
+    shown.gone = shown.stale and holder_gone_here(record)
     if full:
         shown.attempts = store.ledger.attempt_rows(record.run_id)
         shown.tools = record.stats["tools"]
@@ -150,6 +152,12 @@ def _map_dict(m: MapRecord, full: bool) -> dict[str, Any]:
 # --- text -----------------------------------------------------------------------------------
 
 
+def _stale_words(s: Shown) -> str:
+    """Why no process holds a `running` run: its process is gone (the OS says so), or it
+    let its lease run out (stopped: Ctrl-Z, a debugger; or on a machine that was lost)."""
+    return "its process is gone" if s.gone else "its process let its lease run out (stopped, or its machine lost)"
+
+
 def shown_lines(s: Shown, when: Any) -> list[str]:
     """The text of `runs show` (`when` formats a timestamp)."""
     r, stats = s.run, s.run.stats or {}
@@ -157,7 +165,7 @@ def shown_lines(s: Shown, when: Any) -> list[str]:
         f"run       {r.run_id}",
         f"play      {r.play}  ({r.play_ref})",
         f"status    {r.status}"
-        + (f" (stale: its process is gone; deepline resume {r.run_id} continues it)" if s.stale else ""),
+        + (f" (stale: {_stale_words(s)}; deepline resume {r.run_id} continues it)" if s.stale else ""),
     ]
     if s.full and r.stop_reason:
         lines.append(f"stop      {r.stop_reason}")
@@ -185,7 +193,7 @@ def shown_lines(s: Shown, when: Any) -> list[str]:
     for a in s.attempts:
         status = a.status or "running"
         if status == "running" and s.stale and a.attempt == r.attempt:
-            status = "its process is gone"
+            status = _stale_words(s)
         lines.append(f"attempt   #{a.attempt}  {holder_words(a.holder) or '-'}  started {when(a.started_at)}  "
                      f"ended {when(a.ended_at) or '-'}  [{status}]")  # fmt: skip
     for b in s.boundaries:
