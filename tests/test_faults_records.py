@@ -150,6 +150,36 @@ def test_a_store_deleted_mid_run_fails_the_run_loudly(tmp_path: Path, cli_env: d
     assert "Traceback" not in err
 
 
+def test_a_store_deleted_while_a_child_play_runs_fails_the_run_with_its_verdict(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """The same loss under a child play (a parent's journal is written as the child ends):
+    the run fails with the verdict a person reads (`✗ Run … failed: …`, what to do next),
+    not a bare error line."""
+    (tmp_path / "play.py").write_text(
+        COUNTING_PLAY
+        + """
+@play("parent")
+async def parent(ctx, input):
+    return await ctx.run_play("kid", "counting", input)
+"""
+    )
+    store = Path(cli_env["DEEPLINE_STORE"])
+    payload = _json.dumps_str({"n": 400, "s": 0.02, "log": str(tmp_path / "calls.log"), "c": 4})
+    proc = start(["run", "play.py:parent", "--input", payload, "--run-id", "P"], cli_env, tmp_path)
+    try:
+        wait_until(lambda: completed(str(store), "count.work") >= 10, what="calls recorded")
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{store}{suffix}").unlink(missing_ok=True)
+        code, out, err = finish(proc, timeout=60)
+    finally:
+        kill(proc)
+    assert code == 1, err
+    assert out == ""
+    assert "✗ Run P failed: The store" in err and "deleted" in err, err
+    assert "Next:" in err and "Traceback" not in err
+
+
 def test_a_signal_after_the_run_finished_does_not_change_its_exit_code(tmp_path: Path, cli_env: dict[str, str]) -> None:
     (tmp_path / "play.py").write_text(COUNTING_PLAY)
     payload = _json.dumps_str({"n": 3, "s": 0.0, "log": str(tmp_path / "calls.log")})

@@ -206,6 +206,8 @@ class Attempt:
             if tripped is None:
                 raise
             return BodyOutcome("failed", error=describe(tripped, services, self.play.file))
+        except StoreError as exc:  # the store failed under the body itself (its journal's last write)
+            return BodyOutcome("failed", error=describe(exc, services, self.play.file), raised=exc)
         if self.stop_requested and outcome.status == "failed" and isinstance(outcome.raised, RunInterrupted):
             return self._interrupted()
         if outcome.status == "waiting":
