@@ -23,6 +23,7 @@ class PgProxy:
         self._refuse_until = 0.0
         self.port = 0
         self.dropped = 0
+        self.refused = 0  # connections refused while cut: a client trying to reconnect
         # Client messages that followed an answer: the round trips the client waited for.
         self.round_trips = 0
 
@@ -68,6 +69,7 @@ class PgProxy:
 
     async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         if time.monotonic() < self._refuse_until:
+            self.refused += 1
             client_w.transport.abort()
             return
         try:

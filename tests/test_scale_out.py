@@ -6,7 +6,10 @@ deepline 0.1.0 migrates."""
 from __future__ import annotations
 
 import shutil
+import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -314,6 +317,43 @@ def test_a_run_rides_out_a_dropped_postgresql_connection(
     assert len(set(executed)) == 300 and len(executed) <= 310  # at most the calls in flight again
     warnings = [e["message"] for e in map(_json.loads, out.splitlines()) if e["event"] == "log"]
     assert any("reconnected" in message for message in warnings), warnings
+
+
+@pytest.mark.postgres
+def test_ctrl_c_while_the_store_is_down_stops_within_seconds_and_says_the_end_is_not_recorded(
+    tmp_path: Path, cli_env: dict[str, str], proxy: PgProxy, pg_url: str
+) -> None:
+    """The store is unreachable (refused for two minutes) and the person presses Ctrl-C:
+    the run stops in seconds, not after the minute of reconnecting, exits 130, and says its
+    end could not be recorded and how to go on. A resume once the store is back finishes it,
+    nothing paid twice."""
+    (tmp_path / "play.py").write_text(WORK)
+    log = tmp_path / "calls.log"
+    env = {**cli_env, "DEEPLINE_STORE": proxy.url}
+    payload = _json.dumps_str({"n": 300, "log": str(log)})
+    proc = start(["run", "play.py", "--input", payload, "--run-id", "down"], env, tmp_path)
+    try:
+        wait_until(lambda: _calls(pg_url) >= 30, what="30 calls recorded")
+        proxy.cut(refuse_for_s=120)
+        wait_until(lambda: proxy.refused >= 2, what="the run trying to reconnect")
+        asked = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        code, _, err = finish(proc, timeout=60)
+        took = time.monotonic() - asked
+    finally:
+        kill(proc)
+    assert code == 130, err
+    assert took < 20, f"Ctrl-C took {took:.1f}s during the outage"
+    assert "■ Run down interrupted after" in err and "while its store was unreachable: its end is not recorded" in err
+    assert "Next: once the store is back: deepline resume down" in err and "Traceback" not in err, err
+    proxy.cut(refuse_for_s=0)
+    again = subprocess.run(
+        [sys.executable, "-m", "deepline_cli", "resume", "down", "--quiet"], env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    executed = log.read_text().split()
+    assert len(set(executed)) == 300 and len(executed) <= 300 + 10  # at most the calls in flight again
 
 
 GATED = """

@@ -100,6 +100,13 @@ def _interrupted(run_id: str, stats: dict[str, Any], error: dict[str, Any], play
     rows = stats.get("rows") or {}
     done = f", {rows['succeeded'] + rows.get('failed', 0):,} rows done" if rows.get("succeeded") is not None else ""
     how = f"stopped ({error['reason']})" if error.get("reason") else "interrupted"  # `deepline runs stop`
+    if error.get("unrecorded"):  # the store was unreachable: nothing could say how it ended
+        return [
+            f"■ Run {run_id} {how} after {clock(stats.get('duration_s', 0))}, {_credits(stats)}, while its store "
+            "was unreachable: its end is not recorded, and answers that came after the store went down are asked "
+            "again by the resume (under the same idempotency keys).",
+            f"  Next: once the store is back: deepline resume {run_id}",
+        ]
     return [
         f"■ Run {run_id} {how} after {clock(stats.get('duration_s', 0))}{done}, {_credits(stats)}; "
         "nothing finished is lost.",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -47,12 +48,18 @@ def _waits(once: bool) -> Iterator[float]:
     yield from delays(0.1, cap=5.0, until=reconnect_bound_s())  # 0.1, 0.2, 0.4 … then every 5 s
 
 
+# How long an outage is still tried once the run was asked to stop (Ctrl-C, SIGTERM): a
+# blip passes, and a person who asked to stop is not kept waiting the whole bound.
+STOPPING_RECONNECT_S = 5.0
+
+
 def reconnecting(
     store: Store,
     fn: Callable[..., R],
     *args: Any,
     report: Callable[[str], None] | None = None,
     outage: Callable[[bool], None] | None = None,
+    stopping: threading.Event | None = None,
 ) -> R:
     """`fn(*args)`, connecting again (with backoff) when the store dropped the connection.
 
@@ -60,7 +67,8 @@ def reconnecting(
     is idempotent when applied twice (claims by their lease id, settlements by theirs,
     rows by their keys). Past the bound, StoreUnreachable. `outage` hears True when the
     connection is found lost and False as soon as a new one is made, whatever `fn` does
-    with it then (not when given up on).
+    with it then (not when given up on). Once `stopping` is set (the run was asked to
+    stop), it is tried for STOPPING_RECONNECT_S more at most.
     """
     try:
         return fn(*args)
@@ -68,10 +76,13 @@ def reconnecting(
         reason = lost
     told = outage or _unheard
     told(True)
-    gave_up, waited = store.url in _GAVE_UP, 0.0
+    stop = stopping or threading.Event()
+    gave_up, began, stopped_at = store.url in _GAVE_UP, time.monotonic(), None
     for delay in _waits(once=gave_up):
-        time.sleep(delay)
-        waited += delay
+        if stopped_at is None and stop.wait(delay):
+            stopped_at = time.monotonic()  # asked to stop while waiting: try now, then briefly
+        elif stopped_at is not None:
+            time.sleep(min(delay, max(0.0, stopped_at + STOPPING_RECONNECT_S - time.monotonic())))
         try:
             store.reconnect()
             told(False)
@@ -79,15 +90,19 @@ def reconnecting(
         except StoreConnectionLost as again:
             reason = again
             told(True)
+            if stopped_at is not None and time.monotonic() - stopped_at >= STOPPING_RECONNECT_S:
+                break
             continue
         _GAVE_UP.discard(store.url)
         if report is not None:
-            report(f"the store dropped its connection ({reason}); reconnected after {waited:.1f}s")
+            report(f"the store dropped its connection ({reason}); reconnected after {time.monotonic() - began:.1f}s")
         return result
+    waited = time.monotonic() - began
     if gave_up:
         raise StoreUnreachable(f"{reason} Still down, after {reconnect_bound_s():.0f}s of trying earlier.") from None
     _GAVE_UP.add(store.url)
-    raise StoreUnreachable(f"{reason} Gave up after {waited:.0f}s of trying to reconnect.") from None
+    why = ", the run being asked to stop" if stopped_at is not None else ""
+    raise StoreUnreachable(f"{reason} Gave up after {waited:.0f}s of trying to reconnect{why}.") from None
 
 
 def _unheard(down: bool) -> None:
@@ -132,6 +147,8 @@ class StoreIO:
         self._offset = store.now() - time.time()
         self.busy_s = 0.0
         self._queued = 0  # calls handed to the store thread and not yet answered
+        # Set when the run is asked to stop: an outage is then tried a few seconds, not the bound.
+        self.stopping = threading.Event()
 
     def now(self) -> float:
         return time.time() + self._offset
@@ -155,7 +172,13 @@ class StoreIO:
         """Runs on the store thread; `busy_s` is how long the store kept it busy (run stats)."""
         start = time.perf_counter()
         try:
-            return reconnecting(self.store, partial(fn, *args, **kwargs), report=self.report, outage=self._outage)
+            return reconnecting(
+                self.store,
+                partial(fn, *args, **kwargs),
+                report=self.report,
+                outage=self._outage,
+                stopping=self.stopping,
+            )
         finally:
             self.busy_s += time.perf_counter() - start
 

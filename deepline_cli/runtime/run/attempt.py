@@ -245,6 +245,22 @@ class Attempt:
         except StoreError as exc:
             # The outcome cannot be recorded (the store is gone or unreachable): say so,
             # and never report a run the store does not know finished as completed.
+            if status == "interrupted":  # as asked; only its end is not recorded
+                error = error_dict(
+                    RunInterrupted(
+                        f"The run was interrupted while its store was unreachable ({exc}); its end is not "
+                        f"recorded: `deepline resume {record.run_id}` continues it once the store is back."
+                    )
+                )
+                error["unrecorded"] = True
+                live = {  # what this process counted: the store could not be asked
+                    "tools": {tool: counts.to_dict() for tool, counts in self.stats.tools.items()},
+                    "credits": self.stats.credits,
+                    "duration_s": round(max(0.0, self.io.now() - (record.created_at or self.io.now())), 3),
+                }
+                result = RunResult(record.run_id, "interrupted", record.attempt, None, error, live)
+                self._announce(result)
+                return result
             error = {**error_dict(exc), "exit_code": 1}
             result = RunResult(record.run_id, "failed", record.attempt, None, error, {})
             self._announce(result)
@@ -357,6 +373,7 @@ class Attempt:
             return
         self.stop_requested = True
         self.stop_reason = reason
+        self.io.stopping.set()  # a store that is down now is not waited for the whole bound
         if self.services is not None:
             self.services.effects.book.close(RunInterrupted(self._interrupt_message()))
             said = "interrupt received" if reason is None else f"stop requested ({reason})"
