@@ -367,6 +367,47 @@ def test_event_timeout_while_waiting_inline_fails_the_run(deepline, write_play, 
     assert "'approve'" in shown["error"]["message"]
 
 
+FALLBACK_PLAY = (
+    TOOL
+    + """
+from deepline_cli.errors import DeeplineError
+
+
+@play("fallback")
+async def fallback(ctx, input):
+    try:
+        await ctx.wait_for_event("approve", timeout_s=input["timeout"])
+        branch = await ctx.tools.execute("primary", "t.work", {"label": "primary", "log": input["log"]})
+    except DeeplineError:
+        branch = await ctx.tools.execute("fallback", "t.work", {"label": "fallback", "log": input["log"]})
+    done = await ctx.wait_for_event("done")
+    return {"branch": branch.output, "done": done}
+"""
+)
+
+
+def test_a_timed_out_wait_stays_timed_out_on_resume(deepline, write_play, tmp_path):
+    """A wait that timed out took the play down its other branch (paid for): a resume
+    replays the timeout, so the branch is the same and nothing is paid for the other one;
+    an event sent for it later is kept but taken by nothing, and the run is not shown
+    waiting for it."""
+    write_play(FALLBACK_PLAY)
+    log = tmp_path / "l"
+    first = deepline("run", "play.py", "--run-id", "fb", "--input", as_json({"log": str(log), "timeout": 0.5}))
+    assert first.code == 3, first.stderr
+    assert logged(log) == ["fallback"]
+    waits = [b["id"] for b in show(deepline, "fb")["boundaries"] if b["status"] == "waiting"]
+    assert waits == ["event:done"]
+    late = deepline("events", "send", "fb", "approve", "--payload", "true")
+    assert late.code == 0, late.stderr
+    assert "timed out" in late.stderr
+    assert deepline("events", "send", "fb", "done", "--payload", "1").code == 0
+    resumed = deepline("resume", "fb", "--json")
+    assert resumed.code == 0, resumed.stderr
+    assert finished(resumed)["output"] == {"branch": "FALLBACK", "done": 1}
+    assert logged(log) == ["fallback"]  # the primary branch never ran, the fallback not again
+
+
 def test_event_sent_while_the_run_waits_inline_completes_it(deepline, write_play, tmp_path, spawn):
     write_play(EVENT_PLAY)
     proc = spawn(

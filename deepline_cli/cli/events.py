@@ -30,7 +30,7 @@ def send(
     """
     from deepline_cli.cli.inputs import parse_json_flag
     from deepline_cli.errors import UsageError
-    from deepline_cli.runtime.run.suspension import event_targets
+    from deepline_cli.runtime.run.suspension import event_targets, timed_out_waits
     from deepline_cli.store import open_store
 
     value = parse_json_flag(payload, flag="--payload") if payload is not None else None
@@ -40,6 +40,7 @@ def send(
         if record is None:
             raise UsageError(f"No run {run_id!r} in the store {db.url}.")
         targets = event_targets(db, run_id, event_id)
+        lapsed = [] if targets else timed_out_waits(db, run_id, event_id)
         if not targets and record.status in ("completed", "failed"):
             raise UsageError(f"Run {run_id} has {record.status}; nothing in it waits for events any more.")
         # Not waiting for it yet: kept for the run, and found when it (or a child) waits for it.
@@ -50,6 +51,14 @@ def send(
             db.queue.notify()  # wake workers: the waiting run is due
     finally:
         db.close()
+    if lapsed:
+        where = "" if lapsed[0] == run_id else f" (child run {lapsed[0]})"
+        typer.echo(
+            f"Run {run_id}{where} waited for {event_id!r} and timed out; the play went on without it, and a "
+            "resume takes the same way. The event is kept, but that wait will not take it.",
+            err=True,
+        )
+        return
     if not targets:
         kept = "the event is kept for when it does" if delivered else "an earlier one is kept (the first wins)"
         typer.echo(f"Run {run_id} is not waiting for {event_id!r} yet; {kept}.", err=True)

@@ -42,12 +42,13 @@ class SuspensionSql(SqlBase):
             ).fetchone()
         return boundary_from_row(row)
 
-    def resolve_boundary(self, run_id: str, id: str, payload: Any, now: float) -> None:
+    def resolve_boundary(self, run_id: str, id: str, payload: Any, now: float, status: str = "resolved") -> None:
+        """Got past: `resolved` (with what it waited for) or `timed_out` (an event that did not come)."""
         with self._write() as c:
             c.execute(
-                "UPDATE boundaries SET status = 'resolved', payload = ?, resolved_at = ?"
+                "UPDATE boundaries SET status = ?, payload = ?, resolved_at = ?"
                 " WHERE run_id = ? AND id = ? AND status = 'waiting'",
-                (json_or_none(payload), now, run_id, id),
+                (status, json_or_none(payload), now, run_id, id),
             )
 
     def boundaries(self, run_id: str) -> list[Boundary]:

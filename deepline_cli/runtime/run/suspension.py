@@ -54,6 +54,8 @@ async def wait_for_event(s: RunParts, id: str, timeout_s: float | None) -> Any:
     )
     if boundary.status == "resolved":
         return boundary.payload
+    if boundary.status == "timed_out":  # as it did the first time: the play went on without it
+        raise _timed_out(id, boundary, run_id)
     while True:
         delivered, payload = await s.infra.io.call(_event_for, s.infra.io.store, run_id, s.identity.root, id)
         if delivered:
@@ -63,10 +65,19 @@ async def wait_for_event(s: RunParts, id: str, timeout_s: float | None) -> Any:
             return payload
         now = s.infra.io.now()
         if boundary.due_at is not None and now >= boundary.due_at:
-            raise EventTimeoutError(f"Event {id!r} did not arrive within {timeout_s:g}s (run {run_id}).")
+            # Recorded, so every replay takes the same way (an event sent later waits for nothing).
+            await s.infra.io.call(
+                s.infra.io.store.suspension.resolve_boundary, run_id, boundary_id, None, now, "timed_out"
+            )
+            raise _timed_out(id, boundary, run_id)
         if boundary.due_at is None or boundary.due_at - now > s.settings.max_inline_wait:
             raise Suspended(boundary)
         await _wait(s, min(EVENT_POLL_S, boundary.due_at - now))
+
+
+def _timed_out(id: str, boundary: Boundary, run_id: str) -> EventTimeoutError:
+    waited = (boundary.due_at or 0.0) - (boundary.created_at or 0.0)
+    return EventTimeoutError(f"Event {id!r} did not arrive within {waited:g}s (run {run_id}).")
 
 
 async def _wait(s: RunParts, seconds: float) -> None:
@@ -87,7 +98,7 @@ def _event_for(store: Store, run_id: str, root_run_id: str, event_id: str) -> tu
 
 def is_ready(boundary: Boundary, now: float, max_inline_wait: float, delivered: bool) -> bool:
     """Would resuming now get past this boundary (or at least reach it again in time)?"""
-    if boundary.status == "resolved":
+    if boundary.status in ("resolved", "timed_out"):
         return True
     if boundary.kind == "sleep":
         return (boundary.due_at or 0.0) - now <= max_inline_wait
@@ -157,6 +168,18 @@ def ready_to_resume(store: Store, run_id: str, now: float, max_inline_wait: floa
         elif is_ready(b, now, max_inline_wait, store.suspension.get_event(run_id, b.event_id or "")[0]):
             return True
     return False
+
+
+def timed_out_waits(store: Store, run_id: str, event_id: str) -> list[str]:
+    """Every run, this one or a descendant, whose wait for `event_id` timed out."""
+    found = [
+        run_id
+        for b in store.suspension.boundaries(run_id)
+        if b.kind == "event" and b.event_id == event_id and b.status == "timed_out"
+    ]
+    for child in store.runs.child_runs(run_id):
+        found.extend(timed_out_waits(store, child.run_id, event_id))
+    return found
 
 
 def event_targets(store: Store, run_id: str, event_id: str) -> list[str]:
