@@ -4,6 +4,7 @@ idempotent `--run-id`, `runs …`, `receipts inspect`, busy runs and interrupts.
 from __future__ import annotations
 
 import collections
+import os
 import signal
 import subprocess
 import sys
@@ -431,6 +432,10 @@ def test_a_fixed_run_id_over_a_csv_written_anew_is_refused_not_reported(deepline
     assert deepline("run", str(play), "--csv", "nightly.csv", "--run-id", "nightly").code == 0
     again = deepline("run", str(play), "--csv", "nightly.csv", "--run-id", "nightly")
     assert again.code == 0 and "already completed" in again.stderr
+    leads.write_text("id\n1\n2\n")  # the same bytes, written again (a fresh checkout, a touch)
+    os.utime(leads, ns=(1, 1))
+    same = deepline("run", str(play), "--csv", "nightly.csv", "--run-id", "nightly")
+    assert same.code == 0 and "already completed" in same.stderr, same.stderr
     leads.write_text("id\n1\n2\n3\n")
     tonight = deepline("run", str(play), "--csv", "nightly.csv", "--run-id", "nightly")
     assert tonight.code == 2, tonight.stderr

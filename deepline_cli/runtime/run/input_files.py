@@ -1,9 +1,11 @@
 """The files a run's input names (`--csv leads.csv`, `--set list=…`): found, and stamped as
 they were when the run started, so `--run-id` of a completed run is not reported again for
-a file written anew since (a nightly export regenerated at the same path)."""
+a file whose content changed since (a nightly export regenerated at the same path). A file
+touched, or checked out again, with the same bytes is the same input."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -21,9 +23,9 @@ def named_files(value: Any, cwd: str) -> list[Path]:
     return []
 
 
-def stamps(value: Any, cwd: str) -> dict[str, list[int]]:
-    """Each regular file the input names, by path: its size and modification time."""
-    found: dict[str, list[int]] = {}
+def stamps(value: Any, cwd: str) -> dict[str, list[Any]]:
+    """Each regular file the input names, by path: its size, modification time and digest."""
+    found: dict[str, list[Any]] = {}
     for path in named_files(value, cwd):
         stamp = _stamp(path)
         if stamp is not None:
@@ -37,16 +39,37 @@ def changed(stamped: Any) -> str | None:
     if not isinstance(stamped, dict):
         return None
     for path, stamp in stamped.items():
-        if _stamp(Path(path)) != stamp:
+        if not _same(Path(path), stamp):
             return str(path)
     return None
 
 
-def _stamp(path: Path) -> list[int] | None:
+def _same(path: Path, stamp: Any) -> bool:
+    """Is the file as `stamp` says: the same size, and the same time or else the same bytes?"""
+    try:
+        stat = path.stat()
+    except (OSError, ValueError):
+        return False
+    if not isinstance(stamp, list) or len(stamp) < 2 or stat.st_size != stamp[0]:
+        return False
+    if stat.st_mtime_ns == stamp[1]:
+        return True
+    return len(stamp) > 2 and _digest(path) == stamp[2]
+
+
+def _stamp(path: Path) -> list[Any] | None:
     try:
         stat = path.stat()
     except (OSError, ValueError):  # no such file, a name too long, a NUL: no file named
         return None
     if not os.path.isfile(path):
         return None
-    return [stat.st_size, stat.st_mtime_ns]
+    return [stat.st_size, stat.st_mtime_ns, _digest(path)]
+
+
+def _digest(path: Path) -> str | None:
+    try:
+        with path.open("rb") as handle:
+            return hashlib.file_digest(handle, "sha256").hexdigest()
+    except OSError:
+        return None
