@@ -79,6 +79,8 @@ def plain(value: Any, what: str) -> Any:
         from deepline_cli.errors import UsageError
 
         found = "dict keyed by an object" if keyed else str(exc).rpartition(": ")[2]
+        if found == "coroutine":
+            found = "coroutine (an `await` missing before a ctx or rc call?)"
         raise UsageError(
             f"{what} holds a {found}, which has no JSON form: return data (a dict, list, text, number, "
             "True/False or None), or give the class a to_json() method."

@@ -791,3 +791,36 @@ def test_a_read_only_command_on_a_mistyped_store_path_creates_nothing(deepline, 
     bad = deepline("runs", "list", "--store", "sqlite:rel.db")
     assert bad.code == 2 and "use sqlite:///path/to/file.db" in bad.stderr
     assert not (tmp_path / "sqlite:rel.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("returned", "says"),
+    [
+        ('ctx.map("m", [{"a": 1}], columns={"b": lambda row: row["a"] + 1})', "returned Context.map() without"),
+        ('{"r": ctx.tools.execute("x", "t.none", {})}', "an `await` missing before a ctx or rc call"),
+        ("Lead()", "holds a Lead, which has no JSON form"),
+    ],
+    ids=["missing-await", "missing-await-inside", "object"],
+)
+def test_a_play_returning_no_json_fails_in_one_sentence_not_completes_with_a_repr(
+    deepline, write_play, returned: str, says: str
+) -> None:
+    """A forgotten `await` (the map never ran) or an object with no JSON form is not a
+    completed run whose output is "<coroutine object … at 0x…>": the run fails, saying why."""
+    play = write_play(
+        f"""
+        from deepline_cli import play
+
+        class Lead:
+            pass
+
+        @play("odd")
+        async def odd(ctx, input):
+            return {returned}
+        """
+    )
+    result = deepline("run", str(play))
+    assert result.code == 2, result.stderr
+    assert "The play" in result.stderr and says in result.stderr, result.stderr
+    assert "0x" not in result.stderr and "RuntimeWarning" not in result.stderr
+    assert result.stdout == ""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
+
 from dataclasses import dataclass
 from typing import Any
 
 from deepline_cli import _json
-from deepline_cli.errors import DeeplineError, RunInterrupted, error_dict
+from deepline_cli.errors import DeeplineError, RunInterrupted, UsageError, error_dict
 from deepline_cli.runtime.calls.suspended import Suspended
 from deepline_cli.runtime.map import failures
 from deepline_cli.runtime.run.context import ChildPlays, Context
@@ -46,7 +48,30 @@ async def execute_body(play: PlayDef, s: RunParts, input: Any, children: ChildPl
     tripped = s.effects.book.tripped
     if tripped is not None:
         return BodyOutcome("failed", error=describe(tripped, s, play.file), raised=tripped)
-    return BodyOutcome("completed", output=s.infra.secrets.redact_json(_json.loads(_json.dumps(value))))
+    if inspect.iscoroutine(value):  # `return ctx.map(...)`: nothing it names ever ran
+        value.close()  # said here, not again as Python's "never awaited" warning
+        missing = UsageError(
+            f"The play returned {value.__qualname__}() without awaiting it, so it never ran: write `return await …`."
+        )
+        return BodyOutcome("failed", error=describe(missing, s, play.file))
+    try:
+        output = _json.plain(value, "The play's return value")
+    except DeeplineError as exc:  # no JSON form: an object, a coroutine in a dict
+        _close_coroutines(value)
+        return BodyOutcome("failed", error=describe(exc, s, play.file))
+    return BodyOutcome("completed", output=s.infra.secrets.redact_json(output))
+
+
+def _close_coroutines(value: Any) -> None:
+    """Coroutines an output holds (an `await` missing): closed, their error said once."""
+    if inspect.iscoroutine(value):
+        value.close()
+    elif isinstance(value, dict):
+        for item in value.values():
+            _close_coroutines(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _close_coroutines(item)
 
 
 async def _flush_journal(s: RunParts) -> None:
