@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-
 from dataclasses import dataclass
 from typing import Any
 
