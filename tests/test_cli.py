@@ -824,3 +824,14 @@ def test_a_play_returning_no_json_fails_in_one_sentence_not_completes_with_a_rep
     assert "The play" in result.stderr and says in result.stderr, result.stderr
     assert "0x" not in result.stderr and "RuntimeWarning" not in result.stderr
     assert result.stdout == ""
+
+
+def test_every_log_kind_the_runtime_writes_can_be_filtered_on(deepline, basic) -> None:
+    """`runs logs --kind K` takes every kind a run writes (the README lists them)."""
+    from deepline_cli.store.records import LOG_KINDS
+
+    play, log, payload = basic
+    assert deepline("run", str(play), "--input", payload, "--run-id", "kinds").code == 0
+    for kind in (*LOG_KINDS, "store.lost", "store.reconnected"):  # the outage's two lines among them
+        result = deepline("runs", "logs", "kinds", "--kind", kind)
+        assert result.code == 0, (kind, result.stderr)

@@ -126,7 +126,8 @@ def logs(
             metavar="KIND",
             help="Only lines of this kind: log (the play's own and the runtime's notes), row.failed (every "
             "failed row of the run's maps, not only those their log names; listed from the rows, so with no "
-            "log id), row.failed.omitted, map.completed, run.interrupted, store.reconnected. Repeat for several.",
+            "log id), row.failed.omitted, map.completed, run.interrupted, store.lost, store.reconnected. Repeat for "
+            "several.",
         ),
     ] = None,
     where: Annotated[

@@ -17,6 +17,7 @@ LOG_KINDS: tuple[str, ...] = (
     "row.failed.omitted",  # map, omitted: the failed rows the map's log left out
     "map.completed",  # map, total, succeeded, failed, duplicate
     "run.interrupted",  # reason: Ctrl-C, SIGTERM, a draining worker, `deepline runs stop`
+    "store.lost",  # the store's connection was found lost: no call goes out until it is back
     "store.reconnected",  # the store dropped its connection and the run reconnected
 )
 # released: given back after the provider may have been called (a crash, an interrupt, a
