@@ -830,7 +830,7 @@ def test_every_log_kind_the_runtime_writes_can_be_filtered_on(deepline, basic) -
     """`runs logs --kind K` takes every kind a run writes (the README lists them)."""
     from deepline_cli.store.records import LOG_KINDS
 
-    play, log, payload = basic
+    play, _log, payload = basic
     assert deepline("run", str(play), "--input", payload, "--run-id", "kinds").code == 0
     for kind in (*LOG_KINDS, "store.lost", "store.reconnected"):  # the outage's two lines among them
         result = deepline("runs", "logs", "kinds", "--kind", kind)
