@@ -488,3 +488,36 @@ def test_changed_tool_calls_do_not_trip_the_determinism_guard(deepline, write_pl
     assert resumed.code == 0, resumed.stderr
     assert json.loads(resumed.stdout) == {"first": "one", "tool": "NEW", "payload": "yes"}
     assert logged(log) == ["old", "new"]
+
+
+GATHERED_PLAY = """
+import asyncio
+from deepline_cli import play
+
+
+@play("approver")
+async def approver(ctx, input):
+    return {"i": input["i"], "ok": await ctx.wait_for_event(f"ok-{input['i']}")}
+
+
+@play("fanout")
+async def fanout(ctx, input):
+    got = await asyncio.gather(*[ctx.run_play(f"a{i}", "approver", {"i": i}) for i in range(2)],
+                               return_exceptions=True)
+    return {"results": [r if isinstance(r, dict) else repr(r) for r in got]}
+"""
+
+
+def test_children_that_wait_under_gather_return_exceptions_make_the_parent_wait(deepline, write_play):
+    """`asyncio.gather(..., return_exceptions=True)` hands the play the children's waits as
+    results: the parent does not complete with them (its children waiting for good); it
+    waits for them all, and a resume gives it their results."""
+    write_play(GATHERED_PLAY)
+    first = deepline("run", "play.py:fanout", "--run-id", "fan")
+    assert first.code == 3, first.stderr
+    assert show(deepline, "fan")["status"] == "waiting"
+    for i in range(2):
+        assert deepline("events", "send", "fan", f"ok-{i}", "--payload", "true").code == 0
+    resumed = deepline("resume", "fan", "--json")
+    assert resumed.code == 0, resumed.stderr
+    assert finished(resumed)["output"] == {"results": [{"i": 0, "ok": True}, {"i": 1, "ok": True}]}

@@ -42,11 +42,18 @@ async def execute_body(play: PlayDef, s: RunParts, input: Any, children: ChildPl
             if isinstance(failure, RunInterrupted) or (isinstance(failure, DeeplineError) and failure.fatal)
             else None
         )
+        if stop is None and s.effects.journal.waits:  # a wait the play caught: it still waits
+            return BodyOutcome("waiting")
         return BodyOutcome("failed", error=describe(failure, s, play.file), raised=stop)
     await _flush_journal(s)
     tripped = s.effects.book.tripped
     if tripped is not None:
         return BodyOutcome("failed", error=describe(tripped, s, play.file), raised=tripped)
+    if s.effects.journal.waits:
+        # The play caught a Suspended (`asyncio.gather(..., return_exceptions=True)` over
+        # children that wait): what it returned holds no results yet. The run waits for them
+        # all, and a resume gives the play their results.
+        return BodyOutcome("waiting")
     if inspect.iscoroutine(value):  # `return ctx.map(...)`: nothing it names ever ran
         value.close()  # said here, not again as Python's "never awaited" warning
         missing = UsageError(

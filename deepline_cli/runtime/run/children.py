@@ -15,7 +15,6 @@ from typing import Any
 from deepline_cli import _json
 from deepline_cli.errors import DeeplineError, GovernanceError, InputError, PlayLoadError, RunInterrupted
 from deepline_cli.runtime.calls.receipts import DurableCall, receipt_key
-from deepline_cli.runtime.calls.suspended import Suspended
 from deepline_cli.runtime.run.body import execute_body
 from deepline_cli.runtime.run.holders import holder_id
 from deepline_cli.runtime.run.parts import Journal, RunParts
@@ -162,7 +161,7 @@ async def _schedule_child(s: RunParts, call_id: str, play: PlayDef, child_id: st
         store.suspension.put_boundary,
         Boundary(s.identity.run_id, boundary_id, "child", child_run_id=child_id, created_at=s.infra.io.now()),
     )
-    raise Suspended(boundary)
+    raise s.effects.journal.suspend(boundary)
 
 
 async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str, input: Any, description: str) -> Any:
@@ -235,7 +234,7 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
             store.suspension.put_boundary,
             Boundary(s.identity.run_id, f"child:{call_id}", "child", child_run_id=child_id, created_at=io.now()),
         )
-        raise Suspended(boundary)
+        raise s.effects.journal.suspend(boundary)
     if outcome.raised is not None:
         raise outcome.raised  # interrupt, budget, lease…: the whole run stops
     if outcome.status == "failed":

@@ -27,6 +27,7 @@ from deepline_cli.runtime.calls.identity import Identity
 from deepline_cli.runtime.calls.receipts import ReceiptBook
 from deepline_cli.runtime.calls.stats import RunStats
 from deepline_cli.runtime.calls.store_thread import StoreIO, WriteQueue
+from deepline_cli.runtime.calls.suspended import Suspended
 from deepline_cli.runtime.calls.tool_calls import RunTools
 from deepline_cli.runtime.providers.config import Config
 from deepline_cli.runtime.providers.governor import Governor
@@ -35,7 +36,7 @@ from deepline_cli.runtime.providers.secrets import Secrets
 from deepline_cli.runtime.providers.tools import ToolDef
 from deepline_cli.runtime.providers.transport import Transport
 from deepline_cli.runtime.run.holders import release_if_dead
-from deepline_cli.store.records import LogLine
+from deepline_cli.store.records import Boundary, LogLine
 
 
 @dataclass
@@ -48,6 +49,15 @@ class Journal:
     pending: list[tuple[int, str]] = field(default_factory=list)
     logged: set[str] = field(default_factory=set)  # the play body's log lines earlier attempts wrote
     logs_here: int = 0  # log lines since the last durable call
+    # The boundaries this attempt reached and could not pass: the run waits, even when the
+    # play caught the Suspended (`asyncio.gather(..., return_exceptions=True)`).
+    waits: list[Suspended] = field(default_factory=list)
+
+    def suspend(self, boundary: Boundary) -> Suspended:
+        """The run must wait at `boundary`: the Suspended to raise, and remembered."""
+        waits = Suspended(boundary)
+        self.waits.append(waits)
+        return waits
 
     def log_key(self) -> str:
         """Where a log line of the play body is: after which durable call, and which line

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from deepline_cli.errors import DeeplineError
-from deepline_cli.runtime.calls.suspended import Suspended
 from deepline_cli.store.records import Boundary
 from deepline_cli.store.roles import Store
 
@@ -33,7 +32,7 @@ async def sleep(s: RunParts, id: str, seconds: float) -> None:
         return
     remaining = (boundary.due_at or now) - now
     if remaining > s.settings.max_inline_wait:
-        raise Suspended(boundary)
+        raise s.effects.journal.suspend(boundary)
     if remaining > 0:
         await _wait(s, remaining)
     await s.infra.io.call(
@@ -71,7 +70,7 @@ async def wait_for_event(s: RunParts, id: str, timeout_s: float | None) -> Any:
             )
             raise _timed_out(id, boundary, run_id)
         if boundary.due_at is None or boundary.due_at - now > s.settings.max_inline_wait:
-            raise Suspended(boundary)
+            raise s.effects.journal.suspend(boundary)
         await _wait(s, min(EVENT_POLL_S, boundary.due_at - now))
 
 
