@@ -230,3 +230,45 @@ def test_a_refused_call_says_what_the_run_spent_once_its_calls_in_flight_ended()
     message = asyncio.run(scenario())
     said = "would be exceeded by 'e' (expected to cost 2; 0 spent, 30 held for calls in flight); 30 spent in the end"
     assert said in message, message
+
+
+SWALLOWING_PLAY = """
+from deepline_cli import play, tool
+
+@tool("paid.lookup", credits=1, concurrency=1)
+def lookup(input):
+    with open(input["log"], "a") as f:
+        f.write(f"{input['i']}\\n")
+    return {"v": input["i"] * 2}
+
+@play("swallowing")
+async def swallowing(ctx, input):
+    async def careful(row, rc):
+        try:
+            return (await rc.tools.execute("l", "paid.lookup", {"i": row["i"], "log": input["log"]})).output["v"]
+        except Exception:  # the defensive habit: a provider that fails leaves the cell empty
+            return None
+
+    rows = await ctx.map("m", [{"i": i} for i in range(6)], key="i", concurrency=1, columns={"v": careful})
+    return {"values": [row["v"] for row in rows]}
+"""
+
+
+def test_a_budget_refusal_the_play_catches_still_stops_the_run_and_keeps_no_empty_cell(
+    deepline: Run, tmp_path: Path
+) -> None:
+    """A resolver's `except Exception` catches the budget's refusal: the run still fails on
+    the budget (not "completed" with empty cells), the rows the refusal emptied are not
+    recorded, and a resume with a bigger budget fills them, each call paid once."""
+    play = tmp_path / "play.py"
+    play.write_text(SWALLOWING_PLAY)
+    log = tmp_path / "calls.log"
+    payload = json.dumps({"log": str(log)})
+    first = deepline("run", str(play), "--input", payload, "--max-credits", "3", "--run-id", "sw")
+    assert first.code == 1, first.stderr
+    assert "--max-credits 3" in first.stderr
+    assert log.read_text().split() == ["0", "1", "2"]
+    resumed = deepline("resume", "sw", "--max-credits", "10", "--json")
+    assert resumed.code == 0, resumed.stderr
+    assert resumed.json_lines()[-1]["output"] == {"values": [0, 2, 4, 6, 8, 10]}
+    assert sorted(log.read_text().split()) == ["0", "1", "2", "3", "4", "5"]  # each paid once

@@ -28,6 +28,7 @@ from typing import Any
 from deepline_cli import _json
 from deepline_cli.errors import (
     TRANSIENT_CATEGORIES,
+    BudgetExceededError,
     Category,
     DeeplineError,
     ProviderTransientError,
@@ -308,10 +309,14 @@ class ReceiptBook:
                     *asked, metered=call.metered
                 )
                 await info.ready()  # after a wait for the budget too
-            except BaseException:
+            except BaseException as exc:
                 if reserved is not None:
                     self._budget.release(reserved)
                 self._writes.settle(given_back(call.key, claimed, sent=False))
+                if isinstance(exc, BudgetExceededError):
+                    # The run stops on it even if the play catches it (`except Exception`):
+                    # nothing more is sent, and the run fails on the budget, resumable.
+                    self._breaker.trip(exc)
                 raise
             started = self._io.now()
             try:

@@ -341,6 +341,9 @@ class MapRun:
             cells[column.name] = Cell(value, None, self.s.io.now(), column.fingerprint, meta)
             row[column.name] = value
             found.update(key for key in scope.answered if (key in hits if hits is not None else is_found(value)))
+        tripped = self.s.tripped()
+        if tripped is not None:  # the run stopped (a budget refusal…) while the row ran: its
+            raise tripped  # resolver may have caught that and returned a value it is not
         if job.previous is not None and job.previous.run_id == self.run_id:
             reused_cells = 0  # this run's own cells, from an earlier attempt: not a reuse
         self.book.tally.reused_cells += reused_cells

@@ -63,3 +63,6 @@ class MapParts:
     # Where a running map puts the call that says its progress; the run makes it with its own.
     progress: list[Callable[[], None]] = field(default_factory=list)
     tool_versions: str = ""  # the declared tools' versions (RunTools.versions): part of a cell's fingerprint
+    # The fatal reason the run stopped for (a budget refusal, a lost lease…), if it did: a
+    # row that ends after it may hold what a resolver caught of it, so it is not recorded.
+    tripped: Callable[[], BaseException | None] = lambda: None

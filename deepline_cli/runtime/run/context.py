@@ -225,6 +225,7 @@ class Context:
             s.settings.limit,
             s.infra.progress,
             s.effects.tools.versions(),
+            tripped=lambda: s.effects.book.tripped,
         )
 
     def resolve_path(self, path: str | Path) -> Path:
