@@ -181,3 +181,50 @@ def test_a_due_run_a_draining_worker_did_not_start_is_not_counted_failed(deeplin
 
     assert (worker.stats.started, worker.stats.failed) == (0, 0), said
     assert runs_of(deepline)["due"]["status"] == "waiting"
+
+
+BUDGETED = """
+import asyncio
+from deepline_cli import play, tool
+
+@tool("cost.one", credits=1)
+async def one(input):
+    with open(input["log"], "a") as f:
+        f.write(f"one {input['k']}\\n")
+    await asyncio.sleep(0.5)  # the children are all in flight at once
+    return 1
+
+@tool("cost.two", credits=2)
+async def two(input):
+    with open(input["log"], "a") as f:
+        f.write(f"two {input['k']}\\n")
+    return 2
+
+@play("kid")
+async def kid(ctx, input):
+    a = (await ctx.tools.execute("one", "cost.one", input)).output
+    b = (await ctx.tools.execute("two", "cost.two", input)).output
+    return a + b
+
+@play("budgeted")
+async def budgeted(ctx, input):
+    got = await asyncio.gather(*(ctx.run_play(f"kid-{k}", "kid", {"k": k, "log": input["log"]}) for k in range(6)))
+    return sum(got)
+"""
+
+
+def test_a_budget_holds_across_the_children_a_worker_runs(deepline, write_play, tmp_path) -> None:
+    """`--max-credits 7` over six children of 3 credits each, run by one worker taking six
+    runs at once: the children spend from the one budget (at most 7 credits paid, not 18),
+    and the run fails on the budget, resumable."""
+    play = write_play(BUDGETED, "family.py")
+    log = tmp_path / "calls.log"
+    payload = json.dumps({"log": str(log)})
+    queued = deepline(
+        "run", f"{play}:budgeted", "--enqueue", "--run-id", "bud", "--max-credits", "7", "--input", payload
+    )
+    assert queued.code == 0, queued.stderr
+    deepline("worker", "--once", "--concurrency", "6")
+    paid = sum(1 if line.startswith("one") else 2 for line in log.read_text().splitlines())
+    assert paid <= 7, log.read_text()
+    assert runs_of(deepline)["bud"]["status"] == "failed"

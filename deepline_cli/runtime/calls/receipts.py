@@ -185,6 +185,11 @@ class ReceiptBook:
     def scope(self) -> Identity:
         return self._scope
 
+    @property
+    def budgeted(self) -> bool:
+        """Does a credit budget bound this run (and the children that share its book)?"""
+        return self._budget.max_credits is not None
+
     def for_scope(self, scope: Identity) -> ReceiptBook:
         """A book for a child run: its own claims, the same writes, budget and secrets."""
         child = ReceiptBook(

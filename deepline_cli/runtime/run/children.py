@@ -107,6 +107,10 @@ async def _schedule_child(s: RunParts, call_id: str, play: PlayDef, child_id: st
         # Begun in its parent's process by an earlier attempt (`deepline run`), not queued:
         # it goes on where it began, in the parent's attempt (no worker would take it).
         return await _execute_child(s, call_id, play, child_id, input, description)
+    if record is None and s.effects.book.budgeted:
+        # A credit budget is held in one process: the children of a budgeted run run here,
+        # spending from it, not queued for workers that would each see the whole of it.
+        return await _execute_child(s, call_id, play, child_id, input, description)
     if record is None:
         s.effects.caps.count_child_play()  # per run: children started by earlier attempts count too
         digest, snapshot = take_snapshot(play, Path(s.settings.config) if s.settings.config else None)
