@@ -319,3 +319,23 @@ def test_play_in_a_directory_whose_name_has_a_colon(tmp_path: Path) -> None:
 
     assert load_play(f"{path}:second").name == "second-play"
     assert "several plays" in load_error(str(path))
+
+
+def test_a_play_imports_its_own_folders_helpers_whichever_folder_loaded_last(tmp_path: Path) -> None:
+    """A worker loads plays of several projects in one process, each with its own
+    `helpers.py`: a play loaded again after another project's gets its own folder's, not
+    the one whose folder went on sys.path last."""
+    from deepline_cli.runtime.run.play import load_module
+
+    modules = {}
+    for project in ("x", "y"):
+        folder = tmp_path / project
+        folder.mkdir()
+        (folder / "helpers.py").write_text(f"VALUE = {project!r}\n")
+        (folder / "play.py").write_text("import helpers\nSEEN = helpers.VALUE\n")
+        modules[project] = folder / "play.py"
+    try:
+        for project in ("x", "y", "x", "y"):
+            assert load_module(modules[project]).SEEN == project
+    finally:
+        sys.modules.pop("helpers", None)

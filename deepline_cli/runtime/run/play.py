@@ -225,8 +225,9 @@ def load_module(path: Path) -> Any:
     # Let a play import helper modules that sit next to it — its own versions of them: a
     # worker runs plays from several folders (several snapshots of one play, say).
     parent = str(path.parent)
-    if parent not in sys.path:
-        sys.path.insert(0, parent)
+    if parent in sys.path:  # first, even if it is there already: another folder's same-named module is not it
+        sys.path.remove(parent)
+    sys.path.insert(0, parent)
     _forget_other_versions(path.parent)
     try:
         # Compile from source every time: a cached .pyc is trusted by file size and
