@@ -336,6 +336,7 @@ def test_a_play_imports_its_own_folders_helpers_whichever_folder_loaded_last(tmp
         modules[project] = folder / "play.py"
     try:
         for project in ("x", "y", "x", "y"):
-            assert load_module(modules[project]).SEEN == project
+            seen = load_module(modules[project]).SEEN
+            assert seen == project
     finally:
         sys.modules.pop("helpers", None)
