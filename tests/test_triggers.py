@@ -559,3 +559,27 @@ def test_serve_run_here_on_a_store_a_newer_deepline_wrote_stops_in_one_sentence(
     assert code == 1, err
     assert "written by a newer deepline" in err and "cannot be reached" not in err, err
     assert "Traceback" not in err, err
+
+
+def test_serve_on_a_port_in_use_is_one_sentence_before_anything_starts(deepline, write_play) -> None:
+    """The README's walkthrough starts its providers on 8787, serve's default: a port in
+    use is refused in one sentence (exit 2), with no "listening" line and no worker."""
+    write_play(
+        """
+        from deepline_cli import play
+
+        @play("inbound", webhook_secret="HOOK_SECRET")
+        async def inbound(ctx, input):
+            return input
+        """
+    )
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = deepline("serve", "play.py", "--port", str(port), "--run-here", HOOK_SECRET="s")
+    assert result.code == 2, result.stderr
+    assert (
+        result.stderr
+        == f"Error: Port {port} on 127.0.0.1 is in use (another process listens there); pick another with --port N.\n"
+    )

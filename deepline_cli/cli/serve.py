@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import signal
+import socket
 import sys
 import threading
 from typing import Annotated
@@ -52,6 +54,8 @@ def serve(
     from deepline_cli.server.webhooks import create_app, hooks_for
 
     hooks = hooks_for([load_play(path) for path in plays])
+    listening = _listen(host, port)  # before anything starts: a port in use is one sentence
+    port = listening.getsockname()[1]  # --port 0: the one the system gave
     app = create_app(hooks, store, max_body_bytes=max_body_bytes, tolerance_s=tolerance)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
     worker, runs_here = None, None
@@ -76,7 +80,7 @@ def serve(
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
     try:
-        server.run()
+        server.run(sockets=[listening])
     finally:
         if worker is not None and runs_here is not None:
             worker.drain()  # runs in progress end `interrupted`, queued again for the next worker
@@ -86,6 +90,25 @@ def serve(
             runs_here.join(timeout=30)
     if worker is not None and worker.failure is not None:
         raise fail(f"the runs here stopped: {worker.failure}", 1)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The server's socket, bound: an address in use or not this machine's is a usage error."""
+    from deepline_cli.errors import UsageError
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise UsageError(
+                f"Port {port} on {host} is in use (another process listens there); pick another with --port N."
+            ) from None
+        raise UsageError(f"Cannot listen on {host}:{port}: {exc.strerror or exc}.") from None
+    return sock
 
 
 def _say(line: str) -> None:
