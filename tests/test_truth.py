@@ -773,3 +773,36 @@ def test_a_handled_failure_after_a_run_if_lookup_is_final(write_play, store_path
     assert (result.status, result.output) == ("completed", 0), result.error
     missing = result.stats["tools"]["t.missing"]
     assert (missing["failed"], missing["recovered"]) == (6, 3), missing
+
+
+LAST_STEP_FAILS = """
+from deepline_cli import ToolExecutionError, play, steps, tool
+
+@tool("t.empty", credits=1)
+def empty(input):
+    return {"email": None}
+
+@tool("t.gone", credits=1)
+def gone(input):
+    raise ToolExecutionError("404: unknown", category="validation", status_code=404)
+
+EMAIL = steps().step("a", lambda row, rc: rc.tools.execute("a", "t.empty", {"n": row["n"]})).step(
+    "b", lambda row, rc: rc.tools.execute("b", "t.gone", {"n": row["n"]}))
+
+@play("last")
+async def last(ctx, input):
+    return len(await ctx.map("rows", [{"n": n} for n in range(2)], key="n", columns={"email": EMAIL}))
+"""
+
+
+def test_a_failure_nothing_found_a_value_after_is_final_not_fallen_back(deepline, write_play) -> None:
+    """A waterfall whose first step answers with nothing and whose last step fails: no
+    provider found the value, so the failures are final ("fell back to another provider,
+    which answered" would be false), live, in the store and in the report alike."""
+    write_play(LAST_STEP_FAILS)
+    run = deepline("run", "play.py", "--run-id", "last", "--json")
+    assert run.code == 0, run.stderr
+    gone = run.json_lines()[-1]["stats"]["tools"]["t.gone"]
+    assert (gone["failed"], gone["recovered"]) == (2, 0), gone
+    shown = json.loads(deepline("runs", "show", "last", "--json").stdout)["stats"]["tools"]["t.gone"]
+    assert (shown["failed"], shown["recovered"]) == (2, 0), shown

@@ -23,13 +23,15 @@ class CellScope:
     answered: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     gate: int = 0  # of the answers, those of the column's run_if (asked before its resolver)
+    found: bool = False  # the cell's value holds something (a waterfall: a step found it)
 
     def got_past(self) -> bool:
         """Did another call of the cell's resolver answer beside its failed ones (a waterfall's
-        next step, a provider asked at the same time)? In a cell that got a value, they were
-        fallen back from; where none answered, the play handled the failure itself (a 404
-        caught): final."""
-        return len(self.answered) > self.gate
+        next step, a provider asked at the same time), and the cell find a value with it?
+        Then they were fallen back from. Where none answered, the play handled the failure
+        itself (a 404 caught), and where nothing was found, the failure may have hidden the
+        value: final."""
+        return self.found and len(self.answered) > self.gate
 
 
 _CELL: ContextVar[CellScope | None] = ContextVar("deepline_cell", default=None)

@@ -338,6 +338,7 @@ class MapRun:
                     cells.pop(later.name, None)
                 break
             changed = changed or before is None or before.value != value
+            scope.found = meta["step"] is not None if meta and "step" in meta else is_found(value)
             cells[column.name] = Cell(value, None, self.s.io.now(), column.fingerprint, meta)
             row[column.name] = value
             found.update(key for key in scope.answered if (key in hits if hits is not None else is_found(value)))
