@@ -809,3 +809,40 @@ def test_rows_of_a_map_waiting_on_children_all_wait_and_the_others_finish(deepli
     assert finished["output"] == {"rows": 4, "approved": ["A", "B", "C", None]}
     assert sorted((tmp_path / "work.log").read_text().split()) == ["a", "b", "c", "d"]  # none paid twice
     assert finished["stats"]["tools"]["t.work"]["live"] == 4
+
+
+NESTED_CREDITS = """
+from deepline_cli import play, tool
+
+@tool("c.enrich", credits=1)
+def enrich(input):
+    return 1
+
+@tool("c.email", credits=2)
+def email(input):
+    return 2
+
+@play("grand")
+async def grand(ctx, input):
+    return (await ctx.tools.execute("e", "c.email", {})).output
+
+@play("child")
+async def child(ctx, input):
+    mine = (await ctx.tools.execute("e", "c.enrich", {})).output
+    return mine + await ctx.run_play("g", "grand", {})
+
+@play("top")
+async def top(ctx, input):
+    return await ctx.run_play("c", "child", {})
+"""
+
+
+def test_a_child_runs_credits_count_its_own_children_at_every_level(deepline, write_play) -> None:
+    """`runs show` of a run counts the credits of its child runs, whatever its depth: the
+    middle run of three spent 1 itself and 2 through its child, so 3."""
+    write_play(NESTED_CREDITS)
+    assert deepline("run", "play.py:top", "--run-id", "top").code == 0
+    listed = {r["play"]: r for r in deepline("runs", "list", "--json").json_lines()}
+    credits = {name: json.loads(deepline("runs", "show", r["run_id"], "--json").stdout)["stats"]["credits"]
+               for name, r in listed.items()}  # fmt: skip
+    assert credits == {"top": 3, "child": 3, "grand": 2}, credits

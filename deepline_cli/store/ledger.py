@@ -13,8 +13,8 @@ from typing import Any
 from deepline_cli import _json
 from deepline_cli._format import add_credits, round_credits, sum_credits
 from deepline_cli.store.records import FOUND_PREFIX, NOT_FOUND, FailedCall
+from deepline_cli.store.sql_rows import TREE
 
-_TREE = "(SELECT run_id FROM runs WHERE run_id = ? OR root_run_id = ?)"  # a run and its child runs
 _ROWS_PAGE = 50_000  # map rows read per store call, to say how the rows of failed calls ended
 
 
@@ -97,7 +97,7 @@ class LedgerQueries:
         steps = {"live": 0, "reused": 0}
         executed = self._read(
             "SELECT kind, tool, count(*), coalesce(sum(credits), 0), coalesce(sum(retries), 0)"
-            f" FROM calls WHERE run_id IN {_TREE} AND status = 'completed' GROUP BY kind, tool",
+            f" FROM calls WHERE run_id IN {TREE} AND status = 'completed' GROUP BY kind, tool",
             (run_id, run_id),
         )
         for kind, tool, n, credits, retries in executed:
@@ -110,7 +110,7 @@ class LedgerQueries:
             counts["retries"] += int(retries)
         failed_retries = self._read(
             "SELECT kind, tool, coalesce(sum(retries), 0) FROM calls"
-            f" WHERE run_id IN {_TREE} AND status = 'failed' AND kind <> 'step' GROUP BY kind, tool",
+            f" WHERE run_id IN {TREE} AND status = 'failed' AND kind <> 'step' GROUP BY kind, tool",
             (run_id, run_id),
         )
         for kind, tool, retries in failed_retries:
@@ -123,7 +123,7 @@ class LedgerQueries:
             counts["recovered"] += failure.recovered
         used = self._read(
             "SELECT r.kind, r.tool, count(*) FROM run_receipts u JOIN receipts r ON r.key = u.key"
-            f" WHERE u.used_at IS NOT NULL AND u.run_id IN {_TREE} AND r.status = 'completed' GROUP BY r.kind, r.tool",
+            f" WHERE u.used_at IS NOT NULL AND u.run_id IN {TREE} AND r.status = 'completed' GROUP BY r.kind, r.tool",
             (run_id, run_id),
         )
         for kind, tool, n in used:
@@ -147,13 +147,13 @@ class LedgerQueries:
         rows = self._read(
             "SELECT f.key, f.kind, f.tool, f.run_id, f.map, f.row_key, r.retryable FROM calls f"
             # The last execution of each key that ever failed in the run (few keys, one pass).
-            f" JOIN (SELECT key, max(id) AS last FROM calls WHERE run_id IN {_TREE} AND key IN"
-            f" (SELECT key FROM calls WHERE run_id IN {_TREE} AND status = 'failed') GROUP BY key) l ON l.last = f.id"
+            f" JOIN (SELECT key, max(id) AS last FROM calls WHERE run_id IN {TREE} AND key IN"
+            f" (SELECT key FROM calls WHERE run_id IN {TREE} AND status = 'failed') GROUP BY key) l ON l.last = f.id"
             " LEFT JOIN receipts r ON r.key = f.key WHERE f.status = 'failed' AND f.kind <> 'step'"
             " UNION ALL SELECT u.key, r.kind, r.tool, u.run_id, u.map, u.row_key, r.retryable"
             " FROM run_receipts u JOIN receipts r ON r.key = u.key"
-            f" WHERE u.used_at IS NOT NULL AND u.run_id IN {_TREE} AND r.status = 'failed' AND r.kind <> 'step'"
-            f" AND u.key NOT IN (SELECT key FROM calls WHERE run_id IN {_TREE})",
+            f" WHERE u.used_at IS NOT NULL AND u.run_id IN {TREE} AND r.status = 'failed' AND r.kind <> 'step'"
+            f" AND u.key NOT IN (SELECT key FROM calls WHERE run_id IN {TREE})",
             (run_id,) * 8,
         )
         ended = self._rows_ended({(run, map, row) for _, _, _, run, map, row, _ in rows if map is not None})
@@ -233,7 +233,7 @@ class LedgerQueries:
         rows = self._read(
             "SELECT c.run_id, c.attempt, c.key, c.kind, c.tool, c.status, coalesce(c.credits, 0), c.started_at,"
             " c.ended_at, coalesce(c.retries, 0), c.category, c.map, c.row_key, c.waited_s FROM calls c"
-            f" WHERE c.run_id IN {_TREE} ORDER BY c.id",
+            f" WHERE c.run_id IN {TREE} ORDER BY c.id",
             (run_id, run_id),
         )
         return [_call_row(r) for r in rows]
@@ -243,7 +243,7 @@ class LedgerQueries:
         rows = self._read(
             "SELECT u.run_id, u.used_at, r.key, r.kind, r.tool, r.label, r.status, u.map"
             " FROM run_receipts u JOIN receipts r ON r.key = u.key"
-            f" WHERE u.used_at IS NOT NULL AND u.run_id IN {_TREE} ORDER BY u.used_at",
+            f" WHERE u.used_at IS NOT NULL AND u.run_id IN {TREE} ORDER BY u.used_at",
             (run_id, run_id),
         )
         return [ReuseRow(r[0], r[1], r[2], r[3], r[4], r[5] or "", r[6], r[7] is None) for r in rows]
@@ -252,7 +252,7 @@ class LedgerQueries:
         """The answers the run's map rows found a value with (runtime/found.py), as receipt
         key prefixes (`MapRow.found`); an answer a map row used that is not here found nothing."""
         found: set[str] = set()
-        for (text,) in self._read(f"SELECT found FROM map_rows WHERE run_id IN {_TREE} AND found IS NOT NULL",
+        for (text,) in self._read(f"SELECT found FROM map_rows WHERE run_id IN {TREE} AND found IS NOT NULL",
                                   (run_id, run_id)):  # fmt: skip
             found.update(_json.loads(text) or [])
         return found
@@ -272,7 +272,7 @@ class LedgerQueries:
         rows = self._read(
             "SELECT DISTINCT r.tool, r.description FROM receipts r"
             " WHERE r.description IS NOT NULL AND r.tool IS NOT NULL"
-            f" AND (r.run_id IN {_TREE} OR r.key IN (SELECT key FROM run_receipts WHERE run_id IN {_TREE}))"
+            f" AND (r.run_id IN {TREE} OR r.key IN (SELECT key FROM run_receipts WHERE run_id IN {TREE}))"
             " ORDER BY r.tool, r.description",
             (run_id, run_id, run_id, run_id),
         )

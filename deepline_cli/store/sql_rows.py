@@ -22,7 +22,11 @@ RECEIPT_COLUMNS = (
     " batch_key, request, generation, description, input"
 )
 BOUNDARY_COLUMNS = "run_id, id, kind, status, due_at, event_id, child_run_id, payload, created_at, resolved_at"
-TREE = "(SELECT run_id FROM runs WHERE run_id = ? OR root_run_id = ?)"  # a run and its child runs
+# A run and every run below it (its children, theirs…): two parameters, the run's id twice.
+TREE = (
+    "(WITH RECURSIVE tree(run_id) AS (SELECT run_id FROM runs WHERE run_id = ? OR parent_run_id = ?"
+    " UNION SELECT r.run_id FROM runs r JOIN tree t ON r.parent_run_id = t.run_id) SELECT run_id FROM tree)"
+)
 LOG_COLUMNS = "run_id, attempt, ts, level, message, key, kind, fields, id"
 CHUNK = 400  # bound parameters per statement stay well under every backend's limit
 
