@@ -52,7 +52,7 @@ def _completed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: 
     live = sum(c.get("live", 0) + c.get("failed", 0) for c in tools.values())
     reused = sum(c.get("reused", 0) for c in tools.values())
     if live == 0 and (reused or rows.get("reused")):
-        came = [f"{n:,} {what}" for n, what in ((rows.get("reused", 0), "rows"), (reused, "calls")) if n]
+        came = [counted(n, what) for n, what in ((rows.get("reused", 0), "row"), (reused, "call")) if n]
         lines.append(f"  Nothing was paid: {' and '.join(came)} came from earlier runs.")
     elif origin := row_origin(rows):
         lines.append(f"  Rows: {origin}.")
@@ -156,7 +156,7 @@ def _rows(rows: dict[str, Any]) -> str:
     parts = [f"{rows.get('succeeded', 0):,} succeeded", f"{rows.get('failed', 0):,} failed"]
     if rows.get("duplicate"):
         parts.append(f"{rows['duplicate']:,} duplicate")
-    return f": {total:,} rows ({', '.join(parts)})"
+    return f": {counted(total, 'row')} ({', '.join(parts)})"
 
 
 def row_origin(rows: dict[str, Any]) -> str:
@@ -187,6 +187,11 @@ def _credits(stats: dict[str, Any]) -> str:
     over = f" over {attempts} attempts" if attempts > 1 else ""
     credits = stats.get("credits", 0)
     return f"{format_credits(credits)} credit{'' if credits == 1 else 's'}{over}"
+
+
+def counted(n: int, word: str) -> str:
+    """`1 row`, `2 rows`, `1,000 rows`."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 def clock(seconds: float) -> str:
