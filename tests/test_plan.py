@@ -528,3 +528,29 @@ def test_the_hit_rates_count_each_row_the_waterfall_ran_for_once(deepline, write
     assert deepline("run", play, "--quiet").code == 0
     (column, _) = _plan(deepline, play)["maps"][0]["columns"]
     assert column["step_hits"] == {"a": 4, "b": 8}, column["step_hits"]
+
+
+def test_a_plan_says_why_its_rows_would_fail_not_only_zero_calls(deepline, write_play, tmp_path) -> None:
+    """A column reading a misspelt field: the plan does not say "0 new calls, max 0
+    credits" and nothing else; it names the error, where it is, and how many rows."""
+    (tmp_path / "co.csv").write_text("Company Name,Website\nAcme,acme.com\nGlobex,globex.io\n")
+    play = write_play(
+        """
+        from deepline_cli import play, tool
+
+        @tool("t.y", credits=1)
+        def y(input):
+            return 1
+
+        @play("typo")
+        async def typo(ctx, input):
+            rows = ctx.csv(input["csv"], columns={"domain": ["Website"]})
+            return await ctx.map("co", rows, key="domain", columns={
+                "x": lambda row, rc: rc.tools.execute("e", "t.y", {"domain": row["Webiste"]})})
+        """
+    )
+    human = deepline("plan", str(play), "--csv", "co.csv")
+    assert human.code == 0, human.stderr
+    assert "x: stops the run at its first row: KeyError: 'Webiste' (play.py line 12); fix the play first (2 rows)" in (
+        human.stdout
+    ), human.stdout

@@ -41,6 +41,7 @@ from deepline_cli.runtime.calls.receipts import receipt_key, stored_failure
 from deepline_cli.runtime.calls.stats import RunStats
 from deepline_cli.runtime.calls.store_thread import StoreIO
 from deepline_cli.runtime.calls.tool_calls import Staleness, Tools, staleness_of
+from deepline_cli.runtime.map import failures
 from deepline_cli.runtime.map.columns import Column, ResolvedColumn
 from deepline_cli.runtime.map.engine import MapRun, resolve_cell
 from deepline_cli.runtime.map.pilot import whole_row_reusable
@@ -528,9 +529,14 @@ class RowPlanner:
             if exc.fatal or exc.exit_code != 1:
                 raise
             plan.failed_rows += 1
+            plan.note(f"would fail: {failures.describe(exc)}")
             return _Failed(str(exc))
         except Exception as exc:
             plan.failed_rows += 1
+            if failures.is_play_bug(exc):  # the run stops at the first such row, calling nothing more
+                plan.note(f"stops the run at its first row: {failures.describe(exc)}; fix the play first")
+            else:
+                plan.note(f"would fail: {failures.describe(exc)}")
             return _Failed(f"{type(exc).__name__}: {exc}")
         finally:
             _TRACKER.reset(token)
