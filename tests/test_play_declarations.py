@@ -85,14 +85,18 @@ def test_an_input_the_schema_refuses_stops_run_plan_and_enqueue_before_a_run_is_
         ("run", "--input", '{"provider": "gamma", "limit": 1}'): (
             "Error: Input field 'provider' must be one of alpha, beta (got 'gamma')."
         ),
-        ("run", "--set", "provider=alpha"): "Error: Input field 'limit' is required.",
+        ("run", "--set", "provider=alpha"): (
+            "Error: Input field 'limit' is required; give it with --set limit=VALUE or --input JSON."
+        ),
         ("run", "--input", '{"provider": "alpha", "limit": 1, "tags": ["a", 2]}'): (
             "Error: Input field 'tags[1]' must be a string (got 2)."
         ),
         ("run", "--enqueue", "--input", '{"provider": "beta", "limit": "ten"}'): (
             "Error: Input field 'limit' must be an integer (got 'ten')."
         ),
-        ("plan", "--input", '{"provider": "beta"}'): "Error: Input field 'limit' is required.",
+        ("plan", "--input", '{"provider": "beta"}'): (
+            "Error: Input field 'limit' is required; give it with --set limit=VALUE or --input JSON."
+        ),
     }
     for (command, *flags), expected in refused.items():
         result = cli(command, "play.py", *flags)

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from deepline_cli import _json
 from deepline_cli.errors import InputError, PlayLoadError, UsageError
 from deepline_cli.runtime.map.failures import is_play_file
+from deepline_cli.runtime.run.play_input import how_to_give
 from deepline_cli.runtime.run.schema import Schema, SchemaDefinitionError, compile_schema, violation
 from deepline_cli.runtime.run.triggers import Schedule, schedule_of
 
@@ -55,7 +56,10 @@ class PlayDef:
             return
         found = violation(self.input_schema, input)
         if found is not None:
-            raise InputError(found.sentence(subject))
+            sentence = found.sentence(subject)
+            if found.problem == "is required" and "." not in found.field and subject == "Input":
+                sentence = f"{sentence[:-1]}; {how_to_give(found.field)}."  # a top-level field of the run's
+            raise InputError(sentence)
 
     def missing_secret(self, lookup: Callable[[str], str | None]) -> str | None:
         """The first declared secret `lookup` does not find."""

@@ -37,6 +37,11 @@ def play_input(given: Any, *, child: bool = False) -> Any:
 def _how(name: str, child: bool) -> str:
     if child:
         return "its parent gives it in the input of ctx.run_play"
+    return how_to_give(name)
+
+
+def how_to_give(name: str) -> str:
+    """The flag a run's input field is given with."""
     if name == "csv":
         return "give it with --csv FILE"
     return f"give it with --set {name}=VALUE or --input JSON"
