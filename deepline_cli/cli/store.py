@@ -12,10 +12,12 @@ app = typer.Typer(help="Where the store is (a SQLite file opens in sqlite-utils 
 @app.command("path", cls=Command)
 @cli_errors
 def path(store: StoreOption = None) -> None:
-    """Print the store's path (or PostgreSQL URL, password hidden).
+    """Print the store's path (or PostgreSQL URL, password hidden). sqlite-utils comes with
+    `pip install 'deepline-cli[inspect]'`; Datasette is installed on its own.
 
     \b
     Examples:
+      deepline store path
       sqlite-utils tables "$(deepline store path)" --counts
       datasette "$(deepline store path)"
     """
