@@ -1235,3 +1235,45 @@ def test_a_local_tools_answer_is_the_same_live_and_replayed(deepline: Run, write
     assert live["output"]["tags"] == ["list", ["shared", "t3"]]
     assert live["output"]["when"] == ["str", "2026-01-03"]
     assert live["output"]["ratio"] == ["NoneType", None]
+
+
+# --- a map that stops sends nothing more ---------------------------------------------------
+
+STOPPING_PLAY = """\
+import asyncio
+from deepline_cli import play, tool
+
+
+@tool("slow.lookup", credits=1, concurrency=1)
+async def lookup(input):
+    with open(input["log"], "a") as f:
+        f.write(input["domain"] + "\\n")
+    await asyncio.sleep(0.05)
+    return {"name": input["domain"]}
+
+
+@play("stopping")
+async def stopping(ctx, input):
+    rows = [{"domain": f"n{i}.com"} for i in range(60)]
+
+    async def name(row, rc):
+        found = await rc.tools.execute("l", "slow.lookup", {"domain": row["domain"], "log": input["log"]})
+        return found.output["nope"]  # a typo: KeyError on the first row that gets an answer
+
+    return len(await ctx.map("m", rows, key="domain", columns={"name": name}))
+"""
+
+
+def test_a_map_stopped_by_a_play_bug_sends_none_of_the_calls_waiting_for_a_slot(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A tool of concurrency 1 and 50 rows waiting for its slot when the first answer hits
+    a typo in the resolver: the map stops and the rows still waiting send nothing (they
+    were not sent, so nothing of them is paid or kept), as its message says."""
+    play = write_play(STOPPING_PLAY)
+    log = tmp_path / "calls.log"
+    result = deepline("run", str(play), "--input", json.dumps({"log": str(log)}))
+    assert result.code == 1, result.stderr
+    assert "nothing more was called" in result.stderr
+    sent = log.read_text().split()
+    assert len(sent) <= 2, sent  # the first, and at most one that had its slot already

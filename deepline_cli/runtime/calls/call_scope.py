@@ -8,6 +8,7 @@ the answer it holds is older than the cell's time to live. Outside maps there is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
@@ -24,6 +25,17 @@ class CellScope:
     failed: list[str] = field(default_factory=list)
     gate: int = 0  # of the answers, those of the column's run_if (asked before its resolver)
     found: bool = False  # the cell's value holds something (a waterfall: a step found it)
+    # Why the map stopped, once it has: a call of the cell not sent yet is not sent then
+    # (`halted_call`), and the row is not recorded (what its resolver made of that is no value).
+    stopped: Callable[[], BaseException | None] | None = None
+    held_back: bool = False  # a call of this cell was not sent because the map had stopped
+
+    def halted_call(self) -> BaseException | None:
+        """The map's stop reason, if it stopped: the call about to go out stays back."""
+        reason = self.stopped() if self.stopped is not None else None
+        if reason is not None:
+            self.held_back = True
+        return reason
 
     def got_past(self) -> bool:
         """Did another call of the cell's resolver answer beside its failed ones (a waterfall's

@@ -82,6 +82,12 @@ class RunTakenOver(ReceiptLeaseLostError):
     """Another process took this run over (a later attempt): this one may claim nothing more."""
 
 
+class MapStopped(DeeplineError):
+    """The map this call's row belongs to stopped before the call went out: not sent, given back."""
+
+    fatal = True
+
+
 @dataclass(slots=True)  # one per call, never changed (not frozen: see DurableCall)
 class Outcome:
     value: Any
@@ -418,6 +424,9 @@ class ReceiptBook:
         and the lease still ours? The lease counts as ours until the expiry the store last
         confirmed: a process paused past it (SIGSTOP, a laptop lid) sends nothing."""
         self.check_open()
+        cell = current_cell()
+        if cell is not None and (reason := cell.halted_call()) is not None:
+            raise MapStopped(f"Map {cell.map!r} stopped ({reason}); {call.label!r} was not sent.")
         if not self._leases.owned(lease_id):
             raise LeaseLost(f"The lease on {call.kind} {call.label!r} was lost before the call was made.")
 

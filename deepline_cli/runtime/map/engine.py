@@ -271,6 +271,10 @@ class MapRun:
     def _progress(self) -> None:
         self.book.progress(self.total_estimate)
 
+    def _stopped(self) -> BaseException | None:
+        """Why the map stopped, once it has (its rows' calls not sent yet are not sent)."""
+        return self.stop
+
     def _stop_on(self, reason: BaseException | None) -> None:
         """Stop the map (after the rows in flight) for the first reason given."""
         if reason is not None and self.stop is None:
@@ -317,7 +321,7 @@ class MapRun:
             rc.previous = previous_value(before)
             # Calls made for this cell: recorded with its row, refreshed when their answer is
             # older than the cell may be.
-            scope = CellScope(self.name, job.key, refresh_after(column, before))
+            scope = CellScope(self.name, job.key, refresh_after(column, before), stopped=self._stopped)
             scopes.append(scope)
             enter_cell(scope)
             try:
@@ -345,6 +349,8 @@ class MapRun:
         tripped = self.s.tripped()
         if tripped is not None:  # the run stopped (a budget refusal…) while the row ran: its
             raise tripped  # resolver may have caught that and returned a value it is not
+        if self.stop is not None and any(scope.held_back for scope in scopes):
+            raise self.stop  # a call of the row was held back as the map stopped: no value
         if job.previous is not None and job.previous.run_id == self.run_id:
             reused_cells = 0  # this run's own cells, from an earlier attempt: not a reuse
         self.book.tally.reused_cells += reused_cells
