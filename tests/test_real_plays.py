@@ -690,6 +690,39 @@ def test_an_http_answer_with_half_an_emoji_is_kept_not_refused_as_malformed(
         assert list(provider.billed.values()) == [1]
 
 
+@dataclass
+class Latin1Provider(Provider):
+    """A provider answering JSON in the charset it declares: ISO-8859-1."""
+
+    def answer(self, seen: Seen) -> tuple[int, dict[str, str], bytes]:
+        self.billed[seen.headers.get("idempotency-key", "")] += 1
+        body = '{"name": "René Müller"}'.encode("iso-8859-1")
+        return 200, {"content-type": "application/json; charset=iso-8859-1"}, body
+
+
+def test_an_http_answer_in_its_declared_charset_is_read_not_refused_as_malformed(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    """JSON sent as `charset=iso-8859-1` was read as UTF-8, refused as malformed (transient),
+    and asked again, paid, on every run. It is read in the charset it declares, once."""
+    with ProviderServer(Latin1Provider()) as provider:
+        (tmp_path / "deepline.toml").write_text(f'[tools."p.latin1"]\nurl = "{provider.url}/who"\ncredits = 1\n')
+        play = write_play(
+            """
+            from deepline_cli import play
+
+            @play("who")
+            async def who(ctx, input):
+                return (await ctx.tools.execute("who", "p.latin1", {"domain": "acme.com"})).output
+            """
+        )
+        first = finished(deepline("run", str(play), "--json"))
+        assert first["output"] == {"name": "René Müller"}
+        again = finished(deepline("run", str(play), "--json"))
+        assert again["output"] == {"name": "René Müller"}
+        assert list(provider.billed.values()) == [1]
+
+
 # --- a resume keeps the refresh the run was started with --------------------------------
 
 SERIAL_PLAY = EVERY_ROW_PLAY.replace('return result.output["email"]', 'return result.output["serial"]')

@@ -217,7 +217,8 @@ class Http:
         if not response.content:
             return None
         try:
-            value = _json.loads_lenient(response.content)
+            # JSON in another charset than UTF-8 (`charset=iso-8859-1`) is read as it declares.
+            value = _json.loads_lenient(response.content if response.charset == "utf-8" else response.text)
         except ValueError:
             if "json" in response.headers.get("content-type", ""):
                 raise ProviderTransientError(

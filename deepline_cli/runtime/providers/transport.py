@@ -505,9 +505,14 @@ class Response:
     content: bytes
 
     @property
+    def charset(self) -> str:
+        """The charset its content type declares (UTF-8 when none or unknown), by its codec name."""
+        return _charset(self.headers.get("content-type", ""))
+
+    @property
     def text(self) -> str:
         """The body decoded with the charset of its content type (UTF-8 when none or unknown)."""
-        return self.content.decode(_charset(self.headers.get("content-type", "")), errors="replace")
+        return self.content.decode(self.charset, errors="replace")
 
 
 def _charset(content_type: str) -> str:
