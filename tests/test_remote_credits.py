@@ -166,3 +166,19 @@ def test_plan_bounds_a_remote_tool_at_the_most_it_has_cost_on_this_store(deeplin
     (column,) = plan["maps"][0]["columns"]
     assert column["tools"] == {"vendor.lookup": 3.0}, column
     assert plan["totals"]["credits"]["max"] == 12
+
+
+def test_a_remote_base_url_takes_its_secrets_like_every_url(deepline, tmp_path, write_play, remote) -> None:
+    """`base_url = "http://127.0.0.1:${VENDOR_PORT}"`: filled from the environment as tool
+    URLs are; `deepline check` names it when it is not set, instead of calling the config
+    valid and every call failing on a port "${VENDOR_PORT}"."""
+    port = remote.url.rsplit(":", 1)[1]
+    (tmp_path / "deepline.toml").write_text(
+        '[remote]\nbase_url = "http://127.0.0.1:${VENDOR_PORT}"\napi_key_env = "METERED_KEY"\n'
+    )
+    play = str(write_play(PLAY))
+    unset = deepline("check", play, METERED_KEY=KEY)
+    assert unset.code == 2 and "VENDOR_PORT" in unset.stderr + unset.stdout, unset.stdout + unset.stderr
+    run = deepline("run", play, "--json", "--input", '{"calls": 2}', METERED_KEY=KEY, VENDOR_PORT=port)
+    assert run.code == 0, run.stderr
+    assert _finished(run)["output"] == [1, 2]

@@ -283,8 +283,8 @@ def check(
         needed = [*spec.secret_names(), *spec.proxy_secret_names()]
         missing += [(None, tool_id, name) for name in needed if secrets.lookup(name) is None]
     remote = catalog.config.remote
-    if remote is not None and secrets.lookup(remote.api_key_env) is None:
-        missing.append((None, "[remote]", remote.api_key_env))
+    if remote is not None:
+        missing += [(None, "[remote]", name) for name in remote.secret_names() if secrets.lookup(name) is None]
     tool_rows = _tool_rows(catalog)
     unknown = _unknown_tools(path, catalog)
     report = {

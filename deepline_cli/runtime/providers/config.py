@@ -111,6 +111,10 @@ class RemoteSpec:
     credits: dict[str, float] = field(default_factory=dict)
     proxy: str | None = None
 
+    def secret_names(self) -> list[str]:
+        """The secrets a remote call needs: its API key, and any `${NAME}` of its base_url."""
+        return [self.api_key_env, *sorted(references(self.base_url)[0] - {self.api_key_env})]
+
     def credits_for(self, tool_id: str) -> float | None:
         """The declared credits of a call to `tool_id`, None when nothing is declared."""
         return self.credits.get(tool_id, self.credits.get("*"))

@@ -415,9 +415,10 @@ class HttpTools:
 
         async def call_remote(input: Any, call: ToolCall) -> Any:
             api_key = http.secrets.get(key_name)
+            base_url = render_url(remote.base_url, {}, http.secrets, tool=tool_id)  # its `${NAME}`s
             request = Request(
                 method="POST",
-                url=f"{remote.base_url}/v1/tools/{tool_id}/execute",
+                url=f"{base_url}/v1/tools/{tool_id}/execute",
                 headers={
                     "Authorization": f"Bearer {api_key}",
                     "x-deepline-idempotency-key": call.idempotency_key,

@@ -121,7 +121,7 @@ def describe_remote(tool_id: str, remote: RemoteSpec, secrets: Secrets) -> dict[
         "query": {},
         "json": {"tool": tool_id, "payload": "<the whole input>", "metadata": "<run id, receipt and idempotency keys>"},
         "fields": [],
-        "secrets": _secrets([remote.api_key_env], secrets),
+        "secrets": _secrets(remote.secret_names(), secrets),
         "credits": remote.credits_for(tool_id),  # None: what each answer reports
         "rate_limit": None,
         "concurrency": None,
