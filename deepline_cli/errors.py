@@ -126,6 +126,7 @@ class ToolExecutionError(DeeplineError):
             "status_code": self.status_code,
             "retry_after_s": self.retry_after_s,
             "tool": self.tool,
+            **({"replayed": True} if self.replayed else {}),  # from its receipt: no call made
         }
 
 

@@ -343,3 +343,28 @@ def test_check_and_describe_know_the_secret_of_a_tools_proxy(tmp_path: Path, dee
     assert d["secrets"] == [{"name": "CORP_PROXY_PASSWORD", "set": True}], d
     assert d["proxy"] == "http://svc:${CORP_PROXY_PASSWORD}@127.0.0.1:18600"
     assert "pr0xy-passw0rd" not in described.stdout
+
+
+def test_execute_says_a_failure_came_from_its_receipt_not_a_new_call(
+    tmp_path: Path, deepline: Callable[..., Result], write_play: Callable[..., Path]
+) -> None:
+    """A failure kept on a receipt, given back again: the error says it came from the
+    receipt and how to call again, so a fixed config is not taken for still broken."""
+    write_play(
+        """
+        from deepline_cli import tool, ToolExecutionError
+
+        @tool("te.bad")
+        def bad(input):
+            with open("calls.log", "a") as f:
+                f.write("x\\n")
+            raise ToolExecutionError("400: bad domain", category="validation", status_code=400)
+        """
+    )
+    args = ("tools", "execute", "te.bad", "--play", "play.py", "--input", '{"d": 1}')
+    first = deepline(*args)
+    assert first.code == 1 and "receipt" not in first.stderr, first.stderr
+    again = deepline(*args)
+    assert again.code == 1
+    assert "this failure is the one its receipt kept: the provider was not called again" in again.stderr
+    assert (tmp_path / "calls.log").read_text().split() == ["x"]

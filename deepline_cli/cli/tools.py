@@ -237,6 +237,11 @@ def _report_call(result: RunResult, json_mode: bool, view: Any) -> None:
     if json_mode or result.status != "completed":
         if result.status == "failed" and not json_mode:
             message = (result.error or {}).get("message", "the call failed")
+            if (result.error or {}).get("replayed"):
+                message += (
+                    "; this failure is the one its receipt kept: the provider was not called again "
+                    "(--force calls it again)"
+                )
             sys.stderr.write(f"Error: {message} (run {result.run_id}).\n")
             return
         report_run(result, json_mode, view)
