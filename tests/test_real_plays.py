@@ -1310,3 +1310,43 @@ def test_a_map_stopped_by_a_play_bug_sends_none_of_the_calls_waiting_for_a_slot(
     assert "nothing more was called" in result.stderr
     sent = log.read_text().split()
     assert len(sent) <= 2, sent  # the first, and at most one that had its slot already
+
+
+@dataclass
+class NginxDownProvider(Provider):
+    """A provider behind nginx whose upstream is down: 502 with nginx's HTML page, CRLFs."""
+
+    def answer(self, seen: Seen) -> tuple[int, dict[str, str], bytes]:
+        self.billed[seen.headers.get("idempotency-key", "")] += 1
+        page = (
+            "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
+            "<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"
+        )
+        return 502, {"content-type": "text/html"}, page.encode()
+
+
+def test_an_html_error_page_is_said_in_one_line_by_its_title(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A 502 page from a web server in front of the provider: the row's error and the log
+    say `502 from …: 502 Bad Gateway`, one line, not the page's markup and carriage returns."""
+    with ProviderServer(NginxDownProvider()) as provider:
+        (tmp_path / "deepline.toml").write_text(
+            f'[tools."ng.find"]\nurl = "{provider.url}/find"\nretries = 0\ncredits = 1\n'
+        )
+        play = write_play(
+            """
+            from deepline_cli import play
+
+            @play("ng")
+            async def ng(ctx, input):
+                rows = await ctx.map("m", [{"d": "acme.com"}], key="d",
+                                     columns={"e": lambda row, rc: rc.tools.execute("e", "ng.find", row)})
+                return rows.failed_count
+            """
+        )
+        result = deepline("run", str(play), "--run-id", "ng")
+        assert result.code == 0, result.stderr
+        failed = [line for line in result.stderr.splitlines() if "failed:" in line]
+        assert failed and failed[0].endswith("502 from ng.find: 502 Bad Gateway"), result.stderr
+        assert "<html" not in result.stderr and "\\x0d" not in result.stderr

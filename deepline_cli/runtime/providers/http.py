@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import html
 import ipaddress
 import math
 import os
+import re
 import time
 import urllib.parse
 import uuid
@@ -176,7 +178,7 @@ class Http:
         status = response.status_code
         if status < 400:
             return None
-        body = self.secrets.excerpt(response.text.lstrip(), 200).rstrip()
+        body = self.secrets.excerpt(_readable(response.text), 200).rstrip()
         detail = f"{status} from {tool}" + (f": {body}" if body else "")
         if status == 429 or status >= 500:
             category: Category = "rate_limit" if status == 429 else "upstream"
@@ -229,6 +231,19 @@ class Http:
                 ) from None
             value = response.text
         return self.secrets.redact_json(value)
+
+
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+_TAG = re.compile(r"<[^>]+>")
+
+
+def _readable(text: str) -> str:
+    """An error body as one line a person reads: an HTML page (a proxy's or a web server's
+    502 page) by its title, or its text without markup; every run of whitespace one space."""
+    if "<" in text and re.search(r"<(html|head|body|title|h1|!doctype)\b", text, re.IGNORECASE):
+        title = _TITLE.search(text)
+        text = html.unescape(title.group(1) if title else _TAG.sub(" ", text))
+    return " ".join(text.split())
 
 
 def invalid(message: str, tool: str) -> ToolExecutionError:
