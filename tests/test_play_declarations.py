@@ -362,7 +362,7 @@ def test_bearer_sends_the_secret_and_keeps_it_redacted(
     get = cli("run", "play.py", "--set", "name=DECL_NOPE", "--json", DECL_GET="1")
     assert bearer.code == 2
     message = bearer.json_lines()[-1]["error"]["message"]
-    assert message == "Secret DECL_NOPE is not set; export it or add it to .env next to the play."
+    assert message == f"Secret DECL_NOPE is not set; export it or add it to {tmp_path / '.env'}."
     assert get.json_lines()[-1]["error"]["message"] == message
     assert len(provider.requests) == 1
 

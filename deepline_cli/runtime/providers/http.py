@@ -366,7 +366,9 @@ class HttpTools:
         for name in names:
             value = self.http.secrets.lookup(name)
             if value is None:
-                raise UsageError(f"Tool {owner!r}: secret {name} is not set; export it or add it to .env.")
+                raise UsageError(
+                    f"Tool {owner!r}: secret {name} is not set; export it or add it to {self.http.secrets.env_file}."
+                )
             if len(value) >= MIN_SECRET_LENGTH:  # a port or a region is not a credential
                 values.append(f"{name}={value}")
         return _json.digest("auth", *values)[:16] if values else ""

@@ -83,7 +83,7 @@ class Secrets:
     def get(self, name: str) -> str:
         value = self.lookup(name)
         if value is None:
-            raise UsageError(f"Secret {name} is not set; export it or add it to .env next to the play.")
+            raise UsageError(f"Secret {name} is not set; export it or add it to {self.env_file}.")
         if len(value) < MIN_SECRET_LENGTH and name not in self._short and self.warn is not None:
             self._short.add(name)
             self.warn(

@@ -129,7 +129,7 @@ def _fill(template: str, input: Any, secrets: Secrets, tool: str, *, encode_from
 def _secret(secrets: Secrets, name: str, tool: str) -> str:
     value = secrets.lookup(name)
     if value is None:
-        raise UsageError(f"Tool {tool!r}: secret {name} is not set; export it or add it to .env.")
+        raise UsageError(f"Tool {tool!r}: secret {name} is not set; export it or add it to {secrets.env_file}.")
     return value
 
 
