@@ -535,3 +535,13 @@ def test_the_row_estimate_counts_records_not_lines(
     path.write_bytes(text.encode())
     records = sum(1 for row in csv_module.reader(io.StringIO(text, newline="")) if row)
     assert count_records(path, block_size=block) == records
+
+
+def test_the_row_estimate_of_a_csv_with_a_literal_quote_in_a_cell_counts_its_lines(tmp_path: Path) -> None:
+    """`Acme 27" Monitors` in an unquoted cell is a literal quote, as the csv module reads
+    it: the estimate is not one row (a quote "opened" and never closed) but every line."""
+    from deepline_cli.runtime.map.intake import count_records
+
+    path = tmp_path / "inch.csv"
+    path.write_text('name,domain\nAcme 27" Monitors,acme.com\n' + "".join(f"n{i},d{i}.com\n" for i in range(500)))
+    assert count_records(path, block_size=97) == 502

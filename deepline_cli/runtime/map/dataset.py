@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import io
 import itertools
 import os
@@ -165,6 +166,8 @@ def replacing(path: Path) -> Iterator[IO[str]]:
         with target.open("w", encoding="utf-8", newline="") as handle:
             yield handle
         return
+    if target.exists() and not os.access(target, os.W_OK):  # replacing it would bypass its permissions
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
     try:
         fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
     except PermissionError:  # a folder only its files may be written in: written in place
