@@ -521,3 +521,21 @@ def test_children_that_wait_under_gather_return_exceptions_make_the_parent_wait(
     resumed = deepline("resume", "fan", "--json")
     assert resumed.code == 0, resumed.stderr
     assert finished(resumed)["output"] == {"results": [{"i": 0, "ok": True}, {"i": 1, "ok": True}]}
+
+
+def test_a_budget_given_to_a_resume_of_a_run_not_due_yet_is_kept(deepline, write_play, tmp_path):
+    """`resume RUN --max-credits 2` of a run whose sleep is not due: the run waits on, and
+    the budget holds when it does go on (a later `resume` without the flag, or a worker),
+    instead of being dropped without a word."""
+    write_play(SLEEP_PLAY)
+    payload = as_json({"log": str(tmp_path / "l"), "seconds": 30})
+    assert deepline("run", "play.py", "--run-id", "nap", "--max-inline-wait", "0", "--input", payload).code == 3
+    assert deepline("resume", "nap", "--max-credits", "2").code == 3
+    from deepline_cli.store import open_store
+
+    store = open_store(str(tmp_path / "deepline.db"))
+    try:
+        record = store.runs.get_run("nap")
+    finally:
+        store.close()
+    assert record is not None and record.options.get("max_credits") == 2

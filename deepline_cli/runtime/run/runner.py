@@ -205,8 +205,11 @@ class Runner:
             # Its failed rows fail the command as the run was started to, or as this one asks.
             return RunResult.of_record(record, fail_on_row_errors=self.options.fail_on_row_errors or None)
         if record.status == "waiting":
+            before = dict(record.options)
             self._apply_persisted(record)
             if not ready_to_resume(self.store, run_id, self.store.now(), self.options.max_inline_wait):
+                if record.options != before:  # flags given now (--max-credits…) hold when it does go on
+                    self.store.runs.update_run(run_id, options=record.options)
                 result = RunResult.of_record(record, fail_on_row_errors=False)
                 result.waiting = waiting_on(self.store, run_id)
                 return result
