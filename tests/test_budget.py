@@ -272,3 +272,41 @@ def test_a_budget_refusal_the_play_catches_still_stops_the_run_and_keeps_no_empt
     assert resumed.code == 0, resumed.stderr
     assert resumed.json_lines()[-1]["output"] == {"values": [0, 2, 4, 6, 8, 10]}
     assert sorted(log.read_text().split()) == ["0", "1", "2", "3", "4", "5"]  # each paid once
+
+
+STEP_CATCHING_PLAY = """
+from deepline_cli import play, tool
+
+@tool("paid.find", credits=1)
+def find(input):
+    with open(input["log"], "a") as f:
+        f.write(input["d"] + "\\n")
+    return {"email": "x@" + input["d"]}
+
+@play("stepcatch")
+async def stepcatch(ctx, input):
+    first = (await ctx.tools.execute("a", "paid.find", {"d": "a.com", "log": input["log"]})).output["email"]
+
+    async def lookup():
+        try:
+            return (await ctx.tools.execute("b", "paid.find", {"d": "b.com", "log": input["log"]})).output["email"]
+        except Exception:
+            return "fallback"
+
+    return {"first": first, "second": await ctx.step("lookup", lookup)}
+"""
+
+
+def test_a_budget_refusal_caught_inside_a_step_is_not_kept_as_its_value(deepline: Run, tmp_path: Path) -> None:
+    """`ctx.step` whose function catches the budget's refusal: the step's "fallback" is not
+    recorded (a resume would replay it and never make the call); a resume with more budget
+    makes the call."""
+    play = tmp_path / "play.py"
+    play.write_text(STEP_CATCHING_PLAY)
+    log = tmp_path / "calls.log"
+    payload = json.dumps({"log": str(log)})
+    assert deepline("run", str(play), "--input", payload, "--max-credits", "1", "--run-id", "sc").code == 1
+    resumed = deepline("resume", "sc", "--max-credits", "5", "--json")
+    assert resumed.code == 0, resumed.stderr
+    assert resumed.json_lines()[-1]["output"] == {"first": "x@a.com", "second": "x@b.com"}
+    assert log.read_text().split() == ["a.com", "b.com"]

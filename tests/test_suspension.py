@@ -539,3 +539,39 @@ def test_a_budget_given_to_a_resume_of_a_run_not_due_yet_is_kept(deepline, write
     finally:
         store.close()
     assert record is not None and record.options.get("max_credits") == 2
+
+
+COLUMN_GATHER_PLAY = """
+import asyncio
+from deepline_cli import play
+
+
+@play("approver")
+async def approver(ctx, input):
+    return {"who": input["who"], "ok": await ctx.wait_for_event(f"ok-{input['who']}")}
+
+
+@play("rows")
+async def rows_play(ctx, input):
+    async def approval(row, rc):
+        got = await asyncio.gather(rc.run_play(f"a-{row['who']}", "approver", {"who": row["who"]}),
+                                   return_exceptions=True)
+        return repr(got[0]) if isinstance(got[0], BaseException) else got[0]["ok"]
+
+    done = await ctx.map("people", [{"who": "cat"}, {"who": "dan"}], key="who", columns={"ok": approval})
+    return [row["ok"] for row in done]
+"""
+
+
+def test_a_wait_a_column_catches_makes_its_row_wait_not_recorded_with_the_wait(deepline, write_play):
+    """A column gathers a child play that waits, with return_exceptions=True: the row is
+    not recorded holding the wait's repr; the run waits, and a resume gives the rows the
+    children's results."""
+    write_play(COLUMN_GATHER_PLAY)
+    first = deepline("run", "play.py:rows_play", "--run-id", "cg", "--max-inline-wait", "0")
+    assert first.code == 3, first.stderr
+    for who in ("cat", "dan"):
+        assert deepline("events", "send", "cg", f"ok-{who}", "--payload", "true").code == 0
+    resumed = deepline("resume", "cg", "--json")
+    assert resumed.code == 0, resumed.stderr
+    assert finished(resumed)["output"] == [True, True]

@@ -29,6 +29,9 @@ class CellScope:
     # (`halted_call`), and the row is not recorded (what its resolver made of that is no value).
     stopped: Callable[[], BaseException | None] | None = None
     held_back: bool = False  # a call of this cell was not sent because the map had stopped
+    # A wait reached in the cell (a child play that waits, a long sleep): the row waits with
+    # it, even if its resolver caught the Suspended and returned something else.
+    waits: BaseException | None = None
 
     def halted_call(self) -> BaseException | None:
         """The map's stop reason, if it stopped: the call about to go out stays back."""

@@ -351,6 +351,9 @@ class MapRun:
             raise tripped  # resolver may have caught that and returned a value it is not
         if self.stop is not None and any(scope.held_back for scope in scopes):
             raise self.stop  # a call of the row was held back as the map stopped: no value
+        waits = next((scope.waits for scope in scopes if scope.waits is not None), None)
+        if waits is not None:
+            raise waits  # a wait its resolver caught: the row waits, its value is none yet
         if job.previous is not None and job.previous.run_id == self.run_id:
             reused_cells = 0  # this run's own cells, from an earlier attempt: not a reuse
         self.book.tally.reused_cells += reused_cells

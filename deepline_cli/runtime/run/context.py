@@ -92,9 +92,15 @@ class Context:
         )
 
         async def invoke(_: ToolCall) -> Any:
+            journal, waited = self._s.effects.journal, len(self._s.effects.journal.waits)
             value = fn()
             if inspect.isawaitable(value):
                 value = await value
+            # What fn caught is not its value: a budget refusal stops the run, a wait makes it wait.
+            if (tripped := self._s.effects.book.tripped) is not None:
+                raise tripped
+            if len(journal.waits) > waited:
+                raise journal.waits[waited]
             # Round-trip now so a resumed run sees exactly what a fresh one saw.
             return _json.plain(value, f"The value of step {id!r}")
 

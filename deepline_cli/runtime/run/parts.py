@@ -21,6 +21,7 @@ from typing import Any
 
 from deepline_cli.errors import DeterminismError
 from deepline_cli.runtime.calls.budget import Budget
+from deepline_cli.runtime.calls.call_scope import current_cell
 from deepline_cli.runtime.calls.caps import Caps
 from deepline_cli.runtime.calls.events import EventBus
 from deepline_cli.runtime.calls.identity import Identity
@@ -57,6 +58,9 @@ class Journal:
         """The run must wait at `boundary`: the Suspended to raise, and remembered."""
         waits = Suspended(boundary)
         self.waits.append(waits)
+        cell = current_cell()
+        if cell is not None and cell.waits is None:
+            cell.waits = waits
         return waits
 
     def log_key(self) -> str:
