@@ -7,6 +7,7 @@
 # enum: some 6 ms more).
 import _signal  # type: ignore[import-not-found]  # the C module under `signal`, without enum
 import os
+import sys
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing before the handlers are in
 if TYPE_CHECKING:
@@ -22,6 +23,12 @@ def stop_at_once(signum: int, frame: "Any") -> None:
     exceptions (a weakref callback, a finaliser), and the signal would be lost."""
     if _said[0]:
         os.write(2, _said[0])
+    dataset = sys.modules.get("deepline_cli.runtime.map.dataset")
+    for part in list(getattr(dataset, "PARTS", ())):  # an export cut short leaves no half file
+        try:  # noqa: SIM105 (contextlib is an import this module makes no earlier than it must)
+            os.unlink(part)
+        except OSError:
+            pass
     os._exit(130)
 
 

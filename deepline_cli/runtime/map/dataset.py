@@ -174,6 +174,7 @@ def replacing(path: Path) -> Iterator[IO[str]]:
         with target.open("w", encoding="utf-8", newline="") as handle:
             yield handle
         return
+    PARTS.add(temporary)
     try:
         with open(fd, "w", encoding="utf-8", newline="") as handle:
             yield handle
@@ -186,6 +187,12 @@ def replacing(path: Path) -> Iterator[IO[str]]:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+    finally:
+        PARTS.discard(temporary)
+
+
+# The files `replacing` is writing: a process ended at once (Ctrl-C: cli.stop_at_once) removes them.
+PARTS: set[str] = set()
 
 
 def _umask() -> int:
