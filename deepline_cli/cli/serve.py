@@ -54,6 +54,7 @@ def serve(
     from deepline_cli.server.webhooks import create_app, hooks_for
 
     hooks = hooks_for([load_play(path) for path in plays])
+    host = host.removeprefix("[").removesuffix("]")  # `[::1]`, as a URL writes it
     listening = _listen(host, port)  # before anything starts: a port in use is one sentence
     port = listening.getsockname()[1]  # --port 0: the one the system gave
     app = create_app(hooks, store, max_body_bytes=max_body_bytes, tolerance_s=tolerance)
@@ -70,8 +71,9 @@ def serve(
 
         runs_here = threading.Thread(target=work, daemon=True, name="deepline-serve-worker")
         runs_here.start()
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
     _say(
-        f"deepline serve: http://{host}:{port}/hooks/{{{'|'.join(hooks)}}}"
+        f"deepline serve: http://{shown}:{port}/hooks/{{{'|'.join(hooks)}}}"
         + (" (running them here)" if run_here else "")
     )
     if worker is not None:
