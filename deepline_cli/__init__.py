@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from deepline_cli.runtime.providers.tools import ToolCall, ToolResult, tool
     from deepline_cli.runtime.run.context import Context
     from deepline_cli.runtime.run.play import play
+    from deepline_cli.runtime.run.suspension import EventTimeoutError
 
 __version__ = "0.1.0"
 
@@ -54,6 +55,7 @@ _EXPORTS = {
     "SheetVisibilityError": "deepline_cli.errors",
     "StoreError": "deepline_cli.errors",
     "ToolExecutionError": "deepline_cli.errors",
+    "EventTimeoutError": "deepline_cli.runtime.run.suspension",
 }
 
 __all__ = sorted(_EXPORTS)
