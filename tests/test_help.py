@@ -104,6 +104,7 @@ EXPECTED_ALL = [
     "Context",
     "Dataset",
     "DeeplineError",
+    "EventTimeoutError",
     "GovernanceError",
     "InputError",
     "MapAccountingError",
