@@ -8,6 +8,7 @@ run whose holder on this machine is gone, and one held elsewhere once its lease 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import secrets as _secrets
@@ -299,4 +300,5 @@ class Runner:
         self.stop_pending = True
         attempt = self.attempt
         if attempt is not None and attempt.loop is not None:
-            attempt.loop.call_soon_threadsafe(partial(attempt.request_stop, again=again))
+            with contextlib.suppress(RuntimeError):  # its loop has closed: that attempt has ended
+                attempt.loop.call_soon_threadsafe(partial(attempt.request_stop, again=again))
