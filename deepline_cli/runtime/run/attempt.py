@@ -208,8 +208,12 @@ class Attempt:
             return BodyOutcome("failed", error=describe(tripped, services, self.play.file))
         except StoreError as exc:  # the store failed under the body itself (its journal's last write)
             return BodyOutcome("failed", error=describe(exc, services, self.play.file), raised=exc)
-        if self.stop_requested and outcome.status == "failed" and isinstance(outcome.raised, RunInterrupted):
-            return self._interrupted()
+        if (
+            self.stop_requested
+            and outcome.status == "failed"
+            and isinstance(outcome.raised, RunInterrupted | StoreError)
+        ):
+            return self._interrupted()  # a store given up on because the run was asked to stop: as asked
         if outcome.status == "waiting":
             # Siblings may be about to suspend too (several children at once): let them
             # reach their boundaries so every one is recorded.

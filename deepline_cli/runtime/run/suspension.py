@@ -171,24 +171,21 @@ def ready_to_resume(store: Store, run_id: str, now: float, max_inline_wait: floa
 
 def timed_out_waits(store: Store, run_id: str, event_id: str) -> list[str]:
     """Every run, this one or a descendant, whose wait for `event_id` timed out."""
-    found = [
-        run_id
-        for b in store.suspension.boundaries(run_id)
-        if b.kind == "event" and b.event_id == event_id and b.status == "timed_out"
-    ]
-    for child in store.runs.child_runs(run_id):
-        found.extend(timed_out_waits(store, child.run_id, event_id))
-    return found
+    return _waits_for(store, run_id, event_id, "timed_out")
 
 
 def event_targets(store: Store, run_id: str, event_id: str) -> list[str]:
     """Every run, this one or a descendant, that has reached `wait_for_event(event_id)`
     and not yet got past it."""
+    return _waits_for(store, run_id, event_id, "waiting")
+
+
+def _waits_for(store: Store, run_id: str, event_id: str, status: str) -> list[str]:
     found = [
         run_id
         for b in store.suspension.boundaries(run_id)
-        if b.kind == "event" and b.event_id == event_id and b.status == "waiting"
+        if b.kind == "event" and b.event_id == event_id and b.status == status
     ]
     for child in store.runs.child_runs(run_id):
-        found.extend(event_targets(store, child.run_id, event_id))
+        found.extend(_waits_for(store, child.run_id, event_id, status))
     return found
