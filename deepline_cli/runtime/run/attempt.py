@@ -207,6 +207,8 @@ class Attempt:
                 raise
             return BodyOutcome("failed", error=describe(tripped, services, self.play.file))
         except StoreError as exc:  # the store failed under the body itself (its journal's last write)
+            if self.stop_requested:  # given up on because the run was asked to stop: as asked
+                return self._interrupted()
             return BodyOutcome("failed", error=describe(exc, services, self.play.file), raised=exc)
         if (
             self.stop_requested
