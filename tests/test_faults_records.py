@@ -130,19 +130,25 @@ def test_calls_given_back_after_they_may_have_been_sent_are_released(
     assert statuses == ["released"] * 3  # not `running` with an expired lease forever
 
 
-def test_a_store_deleted_mid_run_fails_the_run_loudly(tmp_path: Path, cli_env: dict[str, str]) -> None:
-    (tmp_path / "play.py").write_text(COUNTING_PLAY)
-    env = {**cli_env, "DEEPLINE_LEASE_TTL": "1"}
+def _store_deleted_mid_run(args: list[str], env: dict[str, str], tmp_path: Path) -> tuple[int, str, str]:
+    """`deepline run ARGS` of the counting play, its store deleted once 10 calls are recorded."""
     store = Path(env["DEEPLINE_STORE"])
     payload = _json.dumps_str({"n": 400, "s": 0.02, "log": str(tmp_path / "calls.log"), "c": 4})
-    proc = start(["run", "play.py", "--input", payload], env, tmp_path)
+    proc = start(["run", *args, "--input", payload], env, tmp_path)
     try:
         wait_until(lambda: completed(str(store), "count.work") >= 10, what="calls recorded")
         for suffix in ("", "-wal", "-shm"):
             Path(f"{store}{suffix}").unlink(missing_ok=True)
-        code, out, err = finish(proc, timeout=60)
+        return finish(proc, timeout=60)
     finally:
         kill(proc)
+
+
+def test_a_store_deleted_mid_run_fails_the_run_loudly(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    (tmp_path / "play.py").write_text(COUNTING_PLAY)
+    env = {**cli_env, "DEEPLINE_LEASE_TTL": "1"}
+    store = Path(env["DEEPLINE_STORE"])
+    code, out, err = _store_deleted_mid_run(["play.py"], env, tmp_path)
     assert code == 1, err
     assert out == ""  # no output: the run did not complete
     lines = [line for line in err.splitlines() if line.strip()]
@@ -164,16 +170,7 @@ async def parent(ctx, input):
     return await ctx.run_play("kid", "counting", input)
 """
     )
-    store = Path(cli_env["DEEPLINE_STORE"])
-    payload = _json.dumps_str({"n": 400, "s": 0.02, "log": str(tmp_path / "calls.log"), "c": 4})
-    proc = start(["run", "play.py:parent", "--input", payload, "--run-id", "P"], cli_env, tmp_path)
-    try:
-        wait_until(lambda: completed(str(store), "count.work") >= 10, what="calls recorded")
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{store}{suffix}").unlink(missing_ok=True)
-        code, out, err = finish(proc, timeout=60)
-    finally:
-        kill(proc)
+    code, out, err = _store_deleted_mid_run(["play.py:parent", "--run-id", "P"], cli_env, tmp_path)
     assert code == 1, err
     assert out == ""
     assert "✗ Run P failed: The store" in err and "deleted" in err, err
