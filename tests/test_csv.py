@@ -545,3 +545,12 @@ def test_the_row_estimate_of_a_csv_with_a_literal_quote_in_a_cell_counts_its_lin
     path = tmp_path / "inch.csv"
     path.write_text('name,domain\nAcme 27" Monitors,acme.com\n' + "".join(f"n{i},d{i}.com\n" for i in range(500)))
     assert count_records(path, block_size=97) == 502
+
+
+def test_blank_lines_before_the_header_are_skipped(deepline, tmp_path: Path) -> None:
+    """An export that starts with blank lines is not "empty: no header row"."""
+    (tmp_path / "play.py").write_text(CLI_PLAY)
+    (tmp_path / "leads.csv").write_text("\n\r\nFirst Name,Domain\nAda,acme.com\n\nGrace,globex.io\n")
+    result = deepline("run", "play.py", "--set", "file=leads.csv", "--quiet")
+    assert result.code == 0, result.stderr
+    assert json.loads(result.stdout)["rows"] == ["ADA", "GRACE"]

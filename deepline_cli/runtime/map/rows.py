@@ -124,7 +124,8 @@ class CsvSource:
             try:
                 self.delimiter = _delimiter(handle.read(SNIFF_BYTES))
                 handle.seek(0)
-                header = next(csv.reader(handle, delimiter=self.delimiter), None)
+                rows = csv.reader(handle, delimiter=self.delimiter)
+                header = next((row for row in rows if row and row != [""]), None)  # blank lines before it skipped
             except UnicodeDecodeError:
                 raise self._undecodable() from None
         if not header or not any(h.strip() for h in header):
@@ -153,7 +154,10 @@ class CsvSource:
             line = 1
             spanned = (0, 0, 0)  # the last row over several lines: its first and last line, rows shaped in it
             try:
-                next(reader)
+                for heading in reader:  # the header, after any blank lines
+                    if heading and heading != [""]:
+                        break
+                line = reader.line_num
                 for record in reader:
                     start, line = line + 1, reader.line_num
                     if line > start:
