@@ -835,3 +835,33 @@ def test_every_log_kind_the_runtime_writes_can_be_filtered_on(deepline, basic) -
     for kind in (*LOG_KINDS, "store.lost", "store.reconnected"):  # the outage's two lines among them
         result = deepline("runs", "logs", "kinds", "--kind", kind)
         assert result.code == 0, (kind, result.stderr)
+
+
+def test_plan_check_and_tools_execute_keep_stdout_to_their_own_output(deepline, write_play) -> None:
+    """A play that prints as it loads and as it runs: `plan --json`, `check --json` and
+    `tools execute --play` print only their own output on stdout (the prints go to stderr)."""
+    import json
+
+    write_play(
+        """
+        from deepline_cli import play, tool
+        print("loading!")
+
+        @tool("pr.t")
+        def t(input):
+            return 1
+
+        @play("pr")
+        async def pr(ctx, input):
+            print("body!")
+            return (await ctx.tools.execute("t", "pr.t", {})).output
+        """
+    )
+    for args in (("plan", "play.py", "--json"), ("check", "play.py", "--json")):
+        result = deepline(*args)
+        assert result.code == 0, (args, result.stderr)
+        json.loads(result.stdout)
+        assert "loading!" in result.stderr
+    executed = deepline("tools", "execute", "pr.t", "--play", "play.py")
+    assert executed.code == 0, executed.stderr
+    assert json.loads(executed.stdout) == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -42,13 +43,15 @@ def plan(
     from deepline_cli.store import open_store
 
     payload = build_input(input, csv, set_ or [], cwd=Path.cwd())
-    play_def = load_play(play)
-    config_path = find_config(Path(play_def.file), str(config) if config else None)
-    db = open_store(store)
-    try:
-        result = plan_play(play_def, payload, config_path, db, PlanOptions(workspace=workspace, limit=limit)).as_dict()
-    finally:
-        db.close()
+    with contextlib.redirect_stdout(sys.stderr):  # what the play prints: stdout is the plan's own
+        play_def = load_play(play)
+        config_path = find_config(Path(play_def.file), str(config) if config else None)
+        db = open_store(store)
+        try:
+            options = PlanOptions(workspace=workspace, limit=limit)
+            result = plan_play(play_def, payload, config_path, db, options).as_dict()
+        finally:
+            db.close()
     if json:
         from deepline_cli.cli.tables import print_json
 

@@ -3,6 +3,7 @@ make one call of a tool through a receipt."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -32,7 +33,8 @@ ToolArgument = Annotated[str, typer.Argument(metavar="TOOL", help="The tool id, 
 def _catalog(play: str | None, config: Path | None) -> Catalog:
     from deepline_cli.runtime.run.catalog import open_catalog
 
-    return open_catalog(play, config, Path.cwd())
+    with contextlib.redirect_stdout(sys.stderr):  # what the play prints as it loads: stdout is the command's
+        return open_catalog(play, config, Path.cwd())
 
 
 @app.command("list", cls=Command)
@@ -275,7 +277,8 @@ def check(
 
     raw, selector = split_ref(play)
     path = Path(raw).resolve()
-    plays = plays_in(load_module(path))
+    with contextlib.redirect_stdout(sys.stderr):  # what the play prints as it loads
+        plays = plays_in(load_module(path))
     if selector and not any(selector in (p.name, p.function) for p in plays):
         raise UsageError(f"{path} has no play {selector!r}.")
     chosen = [p for p in plays if not selector or selector in (p.name, p.function)]
