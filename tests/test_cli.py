@@ -783,7 +783,10 @@ def test_a_read_only_command_on_a_mistyped_store_path_creates_nothing(deepline, 
     no folder or empty store is left behind to look like a store with no runs. A store URL
     missing its slashes (`sqlite:rel.db`) is refused too, not made a file of that name."""
     missing = tmp_path / "no" / "such" / "x.db"
-    for args in (("runs", "list"), ("runs", "show", "r-1"), ("export", "r-1"), ("receipts", "inspect")):
+    for args in (
+        ("runs", "list"), ("runs", "show", "r-1"), ("export", "r-1"), ("receipts", "inspect"),
+        ("runs", "stop", "r-1"), ("events", "send", "r-1", "go"),
+    ):  # fmt: skip
         result = deepline(*args, "--store", str(missing))
         assert result.code == 2, (args, result.stderr)
         assert f"There is no store at {missing}: the folder {missing.parent} does not exist" in result.stderr
@@ -791,6 +794,11 @@ def test_a_read_only_command_on_a_mistyped_store_path_creates_nothing(deepline, 
     bad = deepline("runs", "list", "--store", "sqlite:rel.db")
     assert bad.code == 2 and "use sqlite:///path/to/file.db" in bad.stderr
     assert not (tmp_path / "sqlite:rel.db").exists()
+    options = deepline("runs", "list", "--store", "sqlite:///x.db?mode=ro")
+    assert options.code == 2 and "has options (after '?')" in options.stderr
+    upper = deepline("runs", "list", "--store", "SQLITE:///upper.db")  # the scheme in any case
+    assert upper.code == 0, upper.stderr
+    assert (tmp_path / "upper.db").exists() and not (tmp_path / "SQLITE:").exists()
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ def send(
     from deepline_cli.store import open_store
 
     value = parse_json_flag(payload, flag="--payload") if payload is not None else None
-    db = open_store(store)
+    db = open_store(store, existing=True)
     try:
         record = db.runs.get_run(run_id)
         if record is None:

@@ -269,7 +269,7 @@ def stop(
     reason = reason.strip()
     if not reason:
         raise UsageError("--reason must say something (or leave it out).")
-    db = open_store(store)
+    db = open_store(store, existing=True)
     try:
         stopped = stop_run(db, run_id, reason, wait_s=timeout if wait else None)
     finally:

@@ -37,6 +37,8 @@ def open_store(url: str | None = None, *, existing: bool = False) -> Store:
         raise UsageError(
             f"Unknown store scheme {scheme.group(1)!r} in {target!r}; use a path, sqlite:///path or postgresql://…"
         )
+    if scheme:  # `SQLITE:///x.db`, `PostgreSQL://…`: the scheme in any case
+        target = scheme.group(1).lower() + target[len(scheme.group(1)) :]
     if target.startswith(("postgresql://", "postgres://")):
         try:
             from deepline_cli.store.postgres import PostgresStore
@@ -45,6 +47,8 @@ def open_store(url: str | None = None, *, existing: bool = False) -> Store:
         return PostgresStore(target)
     if target.startswith("sqlite:///"):
         target = target[len("sqlite:///") :]
+        if "?" in target:  # `?mode=ro`: a URI's options, which a store file name would silently take in
+            raise UsageError(f"The store URL {target!r} has options (after '?'); deepline takes none: give the path.")
     elif target.startswith("sqlite:"):
         raise UsageError(f"The store URL {target!r} is not valid; use sqlite:///path/to/file.db.")
     from deepline_cli.store.sqlite import SQLiteStore
