@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import errno
 import signal
-import socket
 import sys
 import threading
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from deepline_cli.cli import stop_at_once
 from deepline_cli.cli.common import StoreOption, cli_errors
+
+if TYPE_CHECKING:
+    import socket
 
 
 @cli_errors
@@ -96,6 +97,9 @@ def serve(
 
 def _listen(host: str, port: int) -> socket.socket:
     """The server's socket, bound: an address in use or not this machine's is a usage error."""
+    import errno
+    import socket  # here, not on every command's way to its --help
+
     from deepline_cli.errors import UsageError
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
