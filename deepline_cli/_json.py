@@ -101,15 +101,19 @@ def _plain_default(value: Any) -> Any:
     raise TypeError
 
 
+def as_is(value: Any) -> bool:
+    """Does JSON keep `value` as it is, stored and read back (checked without writing it)?
+    None, True/False, ASCII text (other text may hold a lone surrogate), a 64-bit integer."""
+    kind = type(value)
+    if value is None or kind is bool or (kind is str and value.isascii()):
+        return True
+    return kind is int and -(2**63) <= value < 2**64
+
+
 def as_stored(value: Any) -> Any:
     """`value` as a receipt gives it back once stored (a set or tuple a list, a date its text,
     NaN None): a local tool's answer live is the one every replay of it gives."""
-    kind = type(value)
-    if value is None or kind is bool or (kind is str and value.isascii()):
-        return value
-    if kind is int and -(2**63) <= value < 2**64:
-        return value
-    return orjson.loads(dumps(value))
+    return value if as_is(value) else orjson.loads(dumps(value))
 
 
 def dumps_str(value: Any) -> str:

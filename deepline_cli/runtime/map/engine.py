@@ -342,7 +342,8 @@ class MapRun:
                     cells.pop(later.name, None)
                 break
             changed = changed or before is None or before.value != value
-            scope.found = meta["step"] is not None if meta and "step" in meta else is_found(value)
+            if scope.failed:  # settled as fallen back only where the cell found a value (got_past)
+                scope.found = meta["step"] is not None if meta and "step" in meta else is_found(value)
             cells[column.name] = Cell(value, None, self.s.io.now(), column.fingerprint, meta)
             row[column.name] = value
             found.update(key for key in scope.answered if (key in hits if hits is not None else is_found(value)))
@@ -409,8 +410,8 @@ async def resolve_cell(
             hits = (*hits, *gate)
     if isinstance(result, ToolResult):
         result = result.output
-    if result is None or result is True or result is False or (type(result) is str and result.isascii()):
-        return result, meta, hits  # JSON keeps these as they are (other text may hold a lone surrogate)
+    if _json.as_is(result):
+        return result, meta, hits
     return _json.plain(result, f"The value of column {column.name!r}"), meta, hits
 
 
