@@ -192,11 +192,8 @@ def count_records(path: Path, block_size: int = 1 << 20) -> int:
     breaks inside quoted cells and blank lines (which the map skips). An estimate still,
     until the map has read the file: the view says the exact count once it has."""
     count, quoted, ended = 0, False, True  # `ended`: the text so far ends a line
-    lines, lines_ended = 0, True  # the same, counting every line (for a file whose quotes are not CSV's)
     with path.open("rb") as handle:
         while block := handle.read(block_size):
-            lines += _line_ends(block, lines_ended)
-            lines_ended = _ends_line(block, lines_ended)
             if not quoted and b'"' not in block:
                 count += _line_ends(block, ended)
                 ended = _ends_line(block, ended)
@@ -212,7 +209,17 @@ def count_records(path: Path, block_size: int = 1 << 20) -> int:
             quoted ^= len(pieces) % 2 == 0  # an odd number of quotes in the block
             ended = not quoted and _ends_line(outside, ended)
     if quoted:  # a quote never closed: a literal `"` in an unquoted cell (27" Monitors), as csv reads it
-        return lines + (0 if lines_ended else 1)
+        return _count_lines(path, block_size)
+    return count + (0 if ended else 1)
+
+
+def _count_lines(path: Path, block_size: int) -> int:
+    """The file's lines that hold something, quotes or not."""
+    count, ended = 0, True
+    with path.open("rb") as handle:
+        while block := handle.read(block_size):
+            count += _line_ends(block, ended)
+            ended = _ends_line(block, ended)
     return count + (0 if ended else 1)
 
 
