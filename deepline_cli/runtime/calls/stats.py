@@ -93,6 +93,10 @@ class RunStats:
     def credits(self) -> float:
         return sum_credits(c.credits for c in self.tools.values())
 
+    def tools_dict(self) -> dict[str, dict[str, Any]]:
+        """Each tool's counts, as the views and the run's stats say them."""
+        return {tool: counts.to_dict() for tool, counts in self.tools.items()}
+
     def call_failed(self, key: str, tool: str, *, in_row: bool) -> None:
         """A call failed (or reused a stored failure). Counted once per key: in a map row it
         waits for the row to end; outside maps it is final at once."""

@@ -207,15 +207,10 @@ class Attempt:
                 raise
             return BodyOutcome("failed", error=describe(tripped, services, self.play.file))
         except StoreError as exc:  # the store failed under the body itself (its journal's last write)
-            if self.stop_requested:  # given up on because the run was asked to stop: as asked
-                return self._interrupted()
-            return BodyOutcome("failed", error=describe(exc, services, self.play.file), raised=exc)
-        if (
-            self.stop_requested
-            and outcome.status == "failed"
-            and isinstance(outcome.raised, RunInterrupted | StoreError)
-        ):
-            return self._interrupted()  # a store given up on because the run was asked to stop: as asked
+            outcome = BodyOutcome("failed", error=describe(exc, services, self.play.file), raised=exc)
+        stopped = RunInterrupted | StoreError  # a store is given up on at once when the run is asked to stop
+        if self.stop_requested and outcome.status == "failed" and isinstance(outcome.raised, stopped):
+            return self._interrupted()
         if outcome.status == "waiting":
             # Siblings may be about to suspend too (several children at once): let them
             # reach their boundaries so every one is recorded.
@@ -260,7 +255,7 @@ class Attempt:
                 )
                 error["unrecorded"] = True
                 live = {  # what this process counted: the store could not be asked
-                    "tools": {tool: counts.to_dict() for tool, counts in self.stats.tools.items()},
+                    "tools": self.stats.tools_dict(),
                     "credits": self.stats.credits,
                     "duration_s": round(max(0.0, self.io.now() - (record.created_at or self.io.now())), 3),
                 }
@@ -553,7 +548,7 @@ async def tick(bus: EventBus, run_id: str, stats: RunStats, services: RunParts) 
         bus.emit(
             "run.progress",
             run_id,
-            tools={t: c.to_dict() for t, c in stats.tools.items()},
+            tools=stats.tools_dict(),
             paced=governor.paced(),
             paused=governor.paused(),
         )
