@@ -111,7 +111,9 @@ class Runner:
             self._prepare(play, cwd or os.getcwd())
         now = self.store.now()
         run_id = self.options.run_id if self.options.run_id is not None else new_run_id()
-        options = {**self.options.persisted(), "input_files": stamps(input, cwd or os.getcwd())}
+        options = self.options.persisted()
+        if self.options.run_id is not None:  # only a run named again by `--run-id` is checked against its files
+            options["input_files"] = stamps(input, cwd or os.getcwd())
         digest = None
         if enqueue:
             digest, snapshot = take_snapshot(play, config_path)
@@ -209,8 +211,8 @@ class Runner:
             before = dict(record.options)
             self._apply_persisted(record)
             if not ready_to_resume(self.store, run_id, self.store.now(), self.options.max_inline_wait):
-                if record.options != before:  # flags given now (--max-credits…) hold when it does go on
-                    self.store.runs.update_run(run_id, options=record.options)
+                if any(record.options.get(n) != before.get(n) for n in RunOptions.PERSISTED):
+                    self.store.runs.update_run(run_id, options=record.options)  # flags given now hold later
                 result = RunResult.of_record(record, fail_on_row_errors=False)
                 result.waiting = waiting_on(self.store, run_id)
                 return result
@@ -272,8 +274,9 @@ class Runner:
             if name in RunOptions.PERSISTED and getattr(self.options, name) == getattr(defaults, name):
                 setattr(self.options, name, value)
         self.options.workspace = record.workspace
-        # The files its input names, as this attempt reads them (`--run-id` of it once completed).
-        record.options = {**record.options, **self.options.persisted(), "input_files": stamps(record.input, record.cwd)}
+        record.options = {**record.options, **self.options.persisted()}
+        if "input_files" in record.options:  # the files its input names, as this attempt reads them
+            record.options["input_files"] = stamps(record.input, record.cwd)
 
     # --- one attempt ----------------------------------------------------------------------
 
