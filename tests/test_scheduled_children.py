@@ -191,7 +191,11 @@ from deepline_cli import play, tool
 async def one(input):
     with open(input["log"], "a") as f:
         f.write(f"one {input['k']}\\n")
-    await asyncio.sleep(0.5)  # the children are all in flight at once
+    for _ in range(1000):  # all six children are in flight at once before any goes on
+        with open(input["log"]) as f:
+            if f.read().count("one ") >= 6:
+                break
+        await asyncio.sleep(0.01)
     return 1
 
 @tool("cost.two", credits=2)

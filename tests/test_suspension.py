@@ -490,6 +490,7 @@ def test_changed_tool_calls_do_not_trip_the_determinism_guard(deepline, write_pl
     assert logged(log) == ["old", "new"]
 
 
+# Plays that catch their children's waits: a body gathering children, and a map column.
 GATHERED_PLAY = """
 import asyncio
 from deepline_cli import play
@@ -497,14 +498,25 @@ from deepline_cli import play
 
 @play("approver")
 async def approver(ctx, input):
-    return {"i": input["i"], "ok": await ctx.wait_for_event(f"ok-{input['i']}")}
+    return {"who": input["who"], "ok": await ctx.wait_for_event(f"ok-{input['who']}")}
 
 
 @play("fanout")
 async def fanout(ctx, input):
-    got = await asyncio.gather(*[ctx.run_play(f"a{i}", "approver", {"i": i}) for i in range(2)],
+    got = await asyncio.gather(*[ctx.run_play(f"a{who}", "approver", {"who": who}) for who in ("cat", "dan")],
                                return_exceptions=True)
     return {"results": [r if isinstance(r, dict) else repr(r) for r in got]}
+
+
+@play("rows")
+async def rows_play(ctx, input):
+    async def approval(row, rc):
+        got = await asyncio.gather(rc.run_play(f"a-{row['who']}", "approver", {"who": row["who"]}),
+                                   return_exceptions=True)
+        return repr(got[0]) if isinstance(got[0], BaseException) else got[0]["ok"]
+
+    done = await ctx.map("people", [{"who": "cat"}, {"who": "dan"}], key="who", columns={"ok": approval})
+    return [row["ok"] for row in done]
 """
 
 
@@ -516,11 +528,11 @@ def test_children_that_wait_under_gather_return_exceptions_make_the_parent_wait(
     first = deepline("run", "play.py:fanout", "--run-id", "fan")
     assert first.code == 3, first.stderr
     assert show(deepline, "fan")["status"] == "waiting"
-    for i in range(2):
-        assert deepline("events", "send", "fan", f"ok-{i}", "--payload", "true").code == 0
+    for who in ("cat", "dan"):
+        assert deepline("events", "send", "fan", f"ok-{who}", "--payload", "true").code == 0
     resumed = deepline("resume", "fan", "--json")
     assert resumed.code == 0, resumed.stderr
-    assert finished(resumed)["output"] == {"results": [{"i": 0, "ok": True}, {"i": 1, "ok": True}]}
+    assert finished(resumed)["output"] == {"results": [{"who": "cat", "ok": True}, {"who": "dan", "ok": True}]}
 
 
 def test_a_budget_given_to_a_resume_of_a_run_not_due_yet_is_kept(deepline, write_play, tmp_path):
@@ -541,33 +553,11 @@ def test_a_budget_given_to_a_resume_of_a_run_not_due_yet_is_kept(deepline, write
     assert record is not None and record.options.get("max_credits") == 2
 
 
-COLUMN_GATHER_PLAY = """
-import asyncio
-from deepline_cli import play
-
-
-@play("approver")
-async def approver(ctx, input):
-    return {"who": input["who"], "ok": await ctx.wait_for_event(f"ok-{input['who']}")}
-
-
-@play("rows")
-async def rows_play(ctx, input):
-    async def approval(row, rc):
-        got = await asyncio.gather(rc.run_play(f"a-{row['who']}", "approver", {"who": row["who"]}),
-                                   return_exceptions=True)
-        return repr(got[0]) if isinstance(got[0], BaseException) else got[0]["ok"]
-
-    done = await ctx.map("people", [{"who": "cat"}, {"who": "dan"}], key="who", columns={"ok": approval})
-    return [row["ok"] for row in done]
-"""
-
-
 def test_a_wait_a_column_catches_makes_its_row_wait_not_recorded_with_the_wait(deepline, write_play):
     """A column gathers a child play that waits, with return_exceptions=True: the row is
     not recorded holding the wait's repr; the run waits, and a resume gives the rows the
     children's results."""
-    write_play(COLUMN_GATHER_PLAY)
+    write_play(GATHERED_PLAY)
     first = deepline("run", "play.py:rows_play", "--run-id", "cg", "--max-inline-wait", "0")
     assert first.code == 3, first.stderr
     for who in ("cat", "dan"):
