@@ -1384,6 +1384,13 @@ def test_send_event_delivers_once_and_the_first_payload_wins(store: Store, other
     assert store.get_event("r1", "other") == (True, [1, "two"])
 
 
+def test_an_event_sent_after_a_deadline_is_not_found_by_it(store: Store) -> None:
+    assert store.send_event("r1", "approval", {"ok": True}, T0 + 10) is True
+    assert store.get_event("r1", "approval", T0 + 10) == (True, {"ok": True})
+    assert store.get_event("r1", "approval", T0 + 9.5) == (False, None)
+    assert store.get_event("r1", "approval") == (True, {"ok": True})
+
+
 def test_append_journal_is_idempotent_per_position_and_read_in_order(store: Store, other: Store) -> None:
     store.append_journal("r1", 1, "step:b")
     store.append_journal("r1", 0, "step:a")

@@ -408,6 +408,28 @@ def test_a_timed_out_wait_stays_timed_out_on_resume(deepline, write_play, tmp_pa
     assert logged(log) == ["fallback"]  # the primary branch never ran, the fallback not again
 
 
+def test_an_event_sent_after_its_wait_timed_out_but_before_the_resume_is_not_taken(deepline, write_play, tmp_path):
+    """The wait's deadline passed while the run was not running; the event came later,
+    before the resume. The wait timed out at its deadline, so the resume takes the
+    timeout's branch (as an inline wait would have), and `events send` says so."""
+    write_play(FALLBACK_PLAY)
+    log = tmp_path / "l"
+    args = ("--max-inline-wait", "0", "--input", as_json({"log": str(log), "timeout": 0.5}))
+    first = deepline("run", "play.py", "--run-id", "late", *args)
+    assert first.code == 3, first.stderr
+    (due,) = [b["due_at"] for b in show(deepline, "late")["boundaries"] if b["id"] == "event:approve"]
+    due_ts = dt.datetime.fromisoformat(due).timestamp() if isinstance(due, str) else float(due)
+    wait_until(lambda: time.time() > due_ts + 0.05, what="the wait's deadline to pass")
+    sent = deepline("events", "send", "late", "approve", "--payload", "true")
+    assert sent.code == 0, sent.stderr
+    assert "timed out before it was sent" in sent.stderr, sent.stderr
+    assert deepline("events", "send", "late", "done", "--payload", "1").code == 0
+    resumed = deepline("resume", "late", "--json")
+    assert resumed.code == 0, resumed.stderr
+    assert finished(resumed)["output"] == {"branch": "FALLBACK", "done": 1}
+    assert logged(log) == ["fallback"]
+
+
 def test_event_sent_while_the_run_waits_inline_completes_it(deepline, write_play, tmp_path, spawn):
     write_play(EVENT_PLAY)
     proc = spawn(

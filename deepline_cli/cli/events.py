@@ -39,8 +39,9 @@ def send(
         record = db.runs.get_run(run_id)
         if record is None:
             raise UsageError(f"No run {run_id!r} in the store {db.url}.")
-        targets = event_targets(db, run_id, event_id)
-        lapsed = [] if targets else timed_out_waits(db, run_id, event_id)
+        now = db.now()
+        targets = event_targets(db, run_id, event_id, now)
+        lapsed = [] if targets else timed_out_waits(db, run_id, event_id, now)
         if not targets and record.status in ("completed", "failed"):
             raise UsageError(f"Run {run_id} has {record.status}; nothing in it waits for events any more.")
         # Not waiting for it yet: kept for the run, and found when it (or a child) waits for it.
@@ -54,8 +55,8 @@ def send(
     if lapsed:
         where = "" if lapsed[0] == run_id else f" (child run {lapsed[0]})"
         typer.echo(
-            f"Run {run_id}{where} waited for {event_id!r} and timed out; the play went on without it, and a "
-            "resume takes the same way. The event is kept, but that wait will not take it.",
+            f"Run {run_id}{where} waited for {event_id!r} and timed out before it was sent; the play goes on "
+            "without it, and a resume takes that way. The event is kept, but that wait will not take it.",
             err=True,
         )
         return

@@ -66,8 +66,12 @@ class SuspensionSql(SqlBase):
             )
             return bool(cur.rowcount == 1)
 
-    def get_event(self, run_id: str, event_id: str) -> tuple[bool, Any]:
-        rows = self._read("SELECT payload FROM events WHERE run_id = ? AND event_id = ?", (run_id, event_id))
+    def get_event(self, run_id: str, event_id: str, by: float | None = None) -> tuple[bool, Any]:
+        sql = "SELECT payload FROM events WHERE run_id = ? AND event_id = ?"
+        params: list[Any] = [run_id, event_id]
+        if by is not None:
+            sql, params = sql + " AND created_at <= ?", [*params, by]
+        rows = self._read(sql, params)
         return (True, _json.loads(rows[0][0])) if rows else (False, None)
 
     def journal(self, run_id: str) -> list[str]:

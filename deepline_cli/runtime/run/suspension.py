@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from deepline_cli.errors import DeeplineError
@@ -56,7 +57,9 @@ async def wait_for_event(s: RunParts, id: str, timeout_s: float | None) -> Any:
     if boundary.status == "timed_out":  # as it did the first time: the play went on without it
         raise _timed_out(id, boundary, run_id)
     while True:
-        delivered, payload = await s.infra.io.call(_event_for, s.infra.io.store, run_id, s.identity.root, id)
+        delivered, payload = await s.infra.io.call(
+            _event_for, s.infra.io.store, run_id, s.identity.root, id, boundary.due_at
+        )
         if delivered:
             await s.infra.io.call(
                 s.infra.io.store.suspension.resolve_boundary, run_id, boundary_id, payload, s.infra.io.now()
@@ -87,11 +90,13 @@ async def _wait(s: RunParts, seconds: float) -> None:
     book.check_open()
 
 
-def _event_for(store: Store, run_id: str, root_run_id: str, event_id: str) -> tuple[bool, Any]:
-    """An event delivered to this run, or sent to its root before anything waited for it."""
-    delivered, payload = store.suspension.get_event(run_id, event_id)
+def _event_for(store: Store, run_id: str, root_run_id: str, event_id: str, due_at: float | None) -> tuple[bool, Any]:
+    """An event delivered to this run, or sent to its root before anything waited for it;
+    either in time for the wait's deadline (one sent later finds the wait timed out, as it
+    would have if the run had been running then)."""
+    delivered, payload = store.suspension.get_event(run_id, event_id, due_at)
     if not delivered and root_run_id and root_run_id != run_id:
-        return store.suspension.get_event(root_run_id, event_id)
+        return store.suspension.get_event(root_run_id, event_id, due_at)
     return delivered, payload
 
 
@@ -137,7 +142,7 @@ def next_wake(store: Store, run_id: str, root_run_id: str, now: float, max_inlin
     for b in store.suspension.boundaries(run_id):
         if b.status != "waiting":
             continue
-        if b.kind == "event" and _event_for(store, run_id, root_run_id, b.event_id or "")[0]:
+        if b.kind == "event" and _event_for(store, run_id, root_run_id, b.event_id or "", b.due_at)[0]:
             times.append(now)
         elif b.kind in ("sleep", "event") and b.due_at is not None:
             times.append(b.due_at - max_inline_wait)
@@ -164,28 +169,33 @@ def ready_to_resume(store: Store, run_id: str, now: float, max_inline_wait: floa
                     return True
             elif ready_to_resume(store, b.child_run_id, now, max_inline_wait):
                 return True
-        elif is_ready(b, now, max_inline_wait, store.suspension.get_event(run_id, b.event_id or "")[0]):
+        elif is_ready(b, now, max_inline_wait, store.suspension.get_event(run_id, b.event_id or "", b.due_at)[0]):
             return True
     return False
 
 
-def timed_out_waits(store: Store, run_id: str, event_id: str) -> list[str]:
-    """Every run, this one or a descendant, whose wait for `event_id` timed out."""
-    return _waits_for(store, run_id, event_id, "timed_out")
+def timed_out_waits(store: Store, run_id: str, event_id: str, now: float) -> list[str]:
+    """Every run, this one or a descendant, whose wait for `event_id` timed out, or whose
+    deadline passed while it was not running (its resume will time it out)."""
+    return _waits_for(store, run_id, event_id, lambda b: b.status == "timed_out" or _lapsed(b, now))
 
 
-def event_targets(store: Store, run_id: str, event_id: str) -> list[str]:
+def event_targets(store: Store, run_id: str, event_id: str, now: float) -> list[str]:
     """Every run, this one or a descendant, that has reached `wait_for_event(event_id)`
-    and not yet got past it."""
-    return _waits_for(store, run_id, event_id, "waiting")
+    and not yet got past it, its deadline (if any) not passed."""
+    return _waits_for(store, run_id, event_id, lambda b: b.status == "waiting" and not _lapsed(b, now))
 
 
-def _waits_for(store: Store, run_id: str, event_id: str, status: str) -> list[str]:
+def _lapsed(boundary: Boundary, now: float) -> bool:
+    return boundary.status == "waiting" and boundary.due_at is not None and boundary.due_at < now
+
+
+def _waits_for(store: Store, run_id: str, event_id: str, wanted: Callable[[Boundary], bool]) -> list[str]:
     found = [
         run_id
         for b in store.suspension.boundaries(run_id)
-        if b.kind == "event" and b.event_id == event_id and b.status == status
+        if b.kind == "event" and b.event_id == event_id and wanted(b)
     ]
     for child in store.runs.child_runs(run_id):
-        found.extend(_waits_for(store, child.run_id, event_id, status))
+        found.extend(_waits_for(store, child.run_id, event_id, wanted))
     return found
