@@ -1,6 +1,7 @@
 """A TCP proxy in front of PostgreSQL that a test can cut: every open connection is
 dropped at once (as a failover or a network blip would), and new ones can be refused
-for a while. Runs on its own event loop thread, on 127.0.0.1."""
+for a while. It can also stall: connections stay open, but nothing passes (a server
+that stopped answering, a hung middlebox). Runs on its own event loop thread, on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ class PgProxy:
         self._server: asyncio.base_events.Server | None = None
         self._links: set[asyncio.StreamWriter] = set()
         self._refuse_until = 0.0
+        self._flowing = asyncio.Event()
+        self._flowing.set()
         self.port = 0
         self.dropped = 0
         self.refused = 0  # connections refused while cut: a client trying to reconnect
@@ -57,6 +60,11 @@ class PgProxy:
         self.dropped += len(links)
         return len(links)
 
+    def stall(self, stalled: bool = True) -> None:
+        """Hold every byte from now on (connections stay open, new ones are accepted and
+        never answered); `stall(False)` lets them flow again."""
+        self._loop.call_soon_threadsafe(self._flowing.clear if stalled else self._flowing.set)
+
     async def _start(self) -> None:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
@@ -72,6 +80,7 @@ class PgProxy:
             self.refused += 1
             client_w.transport.abort()
             return
+        await self._flowing.wait()
         try:
             server_r, server_w = await asyncio.open_connection(*self._target)
         except OSError:
@@ -92,6 +101,7 @@ class PgProxy:
                 if side == "client" and turn[0] == "server":
                     self.round_trips += 1
                 turn[0] = side
+                await self._flowing.wait()
                 writer.write(data)
                 await writer.drain()
         writer.transport.abort()

@@ -96,7 +96,7 @@ def test_the_store_is_said_back_once_it_reconnects_whatever_the_call_then_does()
         def __init__(self) -> None:
             self.calls = 0
 
-        def reconnect(self) -> None:
+        def reconnect(self, hurry: bool = False) -> None:
             pass
 
     store, heard = Flaky(), []

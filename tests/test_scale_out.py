@@ -356,6 +356,45 @@ def test_ctrl_c_while_the_store_is_down_stops_within_seconds_and_says_the_end_is
     assert len(set(executed)) == 300 and len(executed) <= 300 + 10  # at most the calls in flight again
 
 
+@pytest.mark.postgres
+def test_ctrl_c_while_the_store_has_stopped_answering_stops_within_seconds(
+    tmp_path: Path, cli_env: dict[str, str], proxy: PgProxy, pg_url: str
+) -> None:
+    """The connection stays open but the store no longer answers (a hung server or
+    middlebox: nothing is refused or reset, so no reconnect starts). Ctrl-C stops the run
+    in seconds, exit 130, its end said not recorded; a resume once the store answers again
+    finishes it, nothing paid twice."""
+    (tmp_path / "play.py").write_text(WORK)
+    log = tmp_path / "calls.log"
+    env = {**cli_env, "DEEPLINE_STORE": proxy.url}
+    payload = _json.dumps_str({"n": 300, "log": str(log)})
+    proc = start(["run", "play.py", "--input", payload, "--run-id", "stalled"], env, tmp_path)
+    try:
+        wait_until(lambda: _calls(pg_url) >= 30, what="30 calls recorded")
+        proxy.stall()
+        stalled_at = _calls(pg_url)  # read directly, not through the proxy
+        time.sleep(1.0)  # the run now waits on the store
+        assert _calls(pg_url) == stalled_at and proc.poll() is None
+        asked = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        code, _, err = finish(proc, timeout=120)
+        took = time.monotonic() - asked
+    finally:
+        kill(proc)
+        proxy.stall(False)
+    assert code == 130, err
+    assert took < 20, f"Ctrl-C took {took:.1f}s while the store did not answer"
+    assert "■ Run stalled interrupted after" in err and "its end is not recorded" in err, err
+    assert "Traceback" not in err, err
+    again = subprocess.run(
+        [sys.executable, "-m", "deepline_cli", "resume", "stalled", "--quiet"], env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    executed = log.read_text().split()
+    assert len(set(executed)) == 300 and len(executed) <= 300 + 10  # at most the calls in flight again
+
+
 GATED = """
 import os
 import time

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
+from psycopg.conninfo import conninfo_to_dict
 
 from deepline_cli.errors import StoreConflict, StoreConnectionLost, StoreError, StoreOpenError
 from deepline_cli.store import safe_url
@@ -79,8 +81,30 @@ CHANNEL = "deepline_work"  # NOTIFY channel: new queued runs, delivered events
 IDLE_IN_TRANSACTION_S = float(os.environ.get("DEEPLINE_PG_IDLE_IN_TRANSACTION_S", "10"))
 
 
-def _connect(url: str) -> psycopg.Connection[Any]:
-    conn = psycopg.connect(url, autocommit=True)
+# How a connection to a server that stopped answering is found dead, unless the URL says
+# otherwise: a connect that gets no answer gives up (psycopg's own default is 130 s); an idle
+# connection, or one waiting for an answer, is probed by TCP keepalives; data the network
+# never acknowledges fails the connection (a dropped route, a VPN gone). A server that
+# still acknowledges but never answers is only ended by a stop (StoreIO.unstick).
+CONNECT_TIMEOUT_S = 10
+HURRIED_CONNECT_TIMEOUT_S = 2  # libpq's least
+_DEAD_PEER = {
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 60_000,  # ms
+}
+
+
+def _connect(url: str, hurry: bool = False) -> psycopg.Connection[Any]:
+    given = conninfo_to_dict(url)
+    extra: dict[str, Any] = {name: value for name, value in _DEAD_PEER.items() if name not in given}
+    if hurry:
+        extra["connect_timeout"] = HURRIED_CONNECT_TIMEOUT_S
+    elif "connect_timeout" not in given:
+        extra["connect_timeout"] = CONNECT_TIMEOUT_S
+    conn = psycopg.connect(url, autocommit=True, **extra)
     conn.execute(f"SET idle_in_transaction_session_timeout = {int(IDLE_IN_TRANSACTION_S * 1000)}")
     # psycopg prepares a statement run five times; PostgreSQL then may keep one generic plan
     # for it, costed when the tables were empty (a run's first batches): a sequential scan of
@@ -132,15 +156,25 @@ class PostgresStore(SqlStore):
                 return True
             return False
 
-    def reconnect(self) -> None:
+    def reconnect(self, hurry: bool = False) -> None:
         """A new connection in place of one that dropped (StoreConnectionLost if it can't)."""
         with self._lock:
             with contextlib.suppress(psycopg.Error):
                 self._conn.close()
             try:
-                self._conn = _connect(self._dsn)
+                self._conn = _connect(self._dsn, hurry)
             except psycopg.Error as exc:
                 raise StoreConnectionLost(f"The store {self.url} is unreachable: {_reason(exc)}.") from None
+
+    def abort(self) -> None:
+        """Shut the connection's socket down under whatever waits on it (not taking the lock
+        that thread holds): its statement fails at once, as a dropped connection does."""
+        with contextlib.suppress(OSError, psycopg.Error, ValueError):
+            sock = socket.socket(fileno=os.dup(self._conn.fileno()))
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            finally:
+                sock.close()
 
     @contextmanager
     def _errors(self, doing: str) -> Iterator[None]:

@@ -43,8 +43,14 @@ class Connection(Protocol):
 
     def close(self) -> None: ...
 
-    def reconnect(self) -> None:
-        """After StoreConnectionLost: connect again (raises StoreConnectionLost if it can't)."""
+    def reconnect(self, hurry: bool = False) -> None:
+        """After StoreConnectionLost: connect again (raises StoreConnectionLost if it can't);
+        in a hurry (the run was asked to stop), giving up on a silent server sooner."""
+        ...
+
+    def abort(self) -> None:
+        """From any thread: end the connection under a statement the store never answers,
+        so that statement fails as a lost connection (nothing to do for a file)."""
         ...
 
     def now(self) -> float:

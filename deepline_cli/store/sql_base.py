@@ -43,8 +43,11 @@ class SqlBase:
     def close(self) -> None:
         raise NotImplementedError
 
-    def reconnect(self) -> None:
+    def reconnect(self, hurry: bool = False) -> None:
         return None  # a file has no connection to lose (PostgresStore has)
+
+    def abort(self) -> None:
+        return None  # a statement on a file ends by itself (busy_timeout bounds its waits)
 
     def now(self) -> float:
         raise NotImplementedError

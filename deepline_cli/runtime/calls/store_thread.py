@@ -78,13 +78,15 @@ def reconnecting(
     told(True)
     stop = stopping or threading.Event()
     gave_up, began, stopped_at = store.url in _GAVE_UP, time.monotonic(), None
+    if gave_up and stop.is_set():  # given up on already, and the run is stopping: not tried again
+        raise StoreUnreachable(f"{reason} Given up on already, the run being asked to stop.") from None
     for delay in _waits(once=gave_up):
         if stopped_at is None and stop.wait(delay):
             stopped_at = time.monotonic()  # asked to stop while waiting: try now, then briefly
         elif stopped_at is not None:
             time.sleep(min(delay, max(0.0, stopped_at + STOPPING_RECONNECT_S - time.monotonic())))
         try:
-            store.reconnect()
+            store.reconnect(hurry=stopped_at is not None)
             told(False)
             result = fn(*args)
         except StoreConnectionLost as again:
@@ -146,6 +148,7 @@ class StoreIO:
         # Leases use the store's clock; measure its offset once instead of asking per call.
         self._offset = store.now() - time.time()
         self.busy_s = 0.0
+        self._since: float | None = None  # when the store thread's call now running began
         self._queued = 0  # calls handed to the store thread and not yet answered
         # Set when the run is asked to stop: an outage is then tried a few seconds, not the bound.
         self.stopping = threading.Event()
@@ -170,7 +173,7 @@ class StoreIO:
 
     def _timed(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
         """Runs on the store thread; `busy_s` is how long the store kept it busy (run stats)."""
-        start = time.perf_counter()
+        start = self._since = time.perf_counter()
         try:
             return reconnecting(
                 self.store,
@@ -180,7 +183,19 @@ class StoreIO:
                 stopping=self.stopping,
             )
         finally:
+            self._since = None
             self.busy_s += time.perf_counter() - start
+
+    def unstick(self) -> bool:
+        """Once the run is stopping: a store call that has waited past the stop's bound on a
+        server that does not answer (a connection still open, so no reconnect began) is
+        ended as a lost connection; it is tried again briefly, then given up on. True if it
+        was."""
+        since = self._since
+        if not self.stopping.is_set() or since is None or time.perf_counter() - since < STOPPING_RECONNECT_S:
+            return False
+        self.store.abort()
+        return True
 
     def _outage(self, down: bool) -> None:
         if down == self._down:

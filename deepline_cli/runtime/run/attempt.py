@@ -375,6 +375,7 @@ class Attempt:
         self.stop_requested = True
         self.stop_reason = reason
         self.io.stopping.set()  # a store that is down now is not waited for the whole bound
+        self._unstick(asyncio.get_running_loop())
         if self.services is not None:
             self.services.effects.book.close(RunInterrupted(self._interrupt_message()))
             said = "interrupt received" if reason is None else f"stop requested ({reason})"
@@ -386,6 +387,12 @@ class Attempt:
             )
         if self.task is not None:
             asyncio.get_running_loop().call_later(self.options.interrupt_grace_s, self.task.cancel)
+
+    def _unstick(self, loop: asyncio.AbstractEventLoop) -> None:
+        """While the run stops: a store that holds a statement without answering is not
+        waited on past the stop's bound (StoreIO.unstick), checked each second."""
+        self.io.unstick()
+        loop.call_later(1.0, self._unstick, loop)
 
     def _install_signals(self, services: RunParts) -> Callable[[], None]:
         """Ctrl-C and SIGTERM stop the attempt gracefully until it has finished."""
