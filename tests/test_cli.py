@@ -389,6 +389,39 @@ def test_a_play_that_prints_keeps_stdout_to_the_runs_own_output(deepline, write_
     assert "peek: [1, 2]" in human.stderr
 
 
+@pytest.mark.process
+def test_what_a_tools_subprocess_prints_keeps_off_stdout_too(deepline_process, write_play, tmp_path) -> None:
+    """A tool that runs a program (`subprocess.run`, `os.system`) writes to file descriptor
+    1, not to `sys.stdout`: under --json stdout is still NDJSON only, the program's output on
+    stderr; without --json stdout is the run's output alone."""
+    play = write_play(
+        """
+        import os, subprocess, sys
+        from deepline_cli import play, tool
+
+        @tool("t.shell")
+        def shell(input):
+            subprocess.run([sys.executable, "-c", f"print('child says {input['n']}')"], check=True)
+            os.system(f"echo system says {input['n']}")
+            return input["n"]
+
+        @play("shelly")
+        async def shelly(ctx, input):
+            rows = await ctx.map("rows", [{"n": 1}, {"n": 2}], key="n",
+                                 columns={"x": lambda row, rc: rc.tools.execute("sh", "t.shell", {"n": row["n"]})})
+            return {"rows": len(rows)}
+        """
+    )
+    result = deepline_process("run", str(play), "--json")
+    assert result.code == 0, result.stderr
+    assert [line["event"] for line in result.json_lines()][-1] == "run.finished"  # every line is JSON
+    assert "child says 2" in result.stderr and "system says 1" in result.stderr
+    human = deepline_process("run", str(play), "--quiet", DEEPLINE_STORE=str(tmp_path / "fresh.db"))
+    assert human.code == 0, human.stderr
+    assert _json.loads(human.stdout) == {"rows": 2}
+    assert "child says 1" in human.stderr
+
+
 def test_a_completed_run_with_failed_rows_exits_as_it_was_started_to_every_time(deepline, write_play) -> None:
     """Started with --fail-on-row-errors (exit 1 for its failed row), the run is reported by
     `resume` and `run --run-id` with the same exit code: a CI retry step does not turn green

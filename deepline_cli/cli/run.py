@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import sys
 import threading
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from deepline_cli.cli.common import JsonOption, Settings, StoreOption, cli_errors
+from deepline_cli.ui.streams import own_stdout
 
 if TYPE_CHECKING:
     from deepline_cli.runtime.run.options import RunOptions, RunResult
@@ -214,13 +214,17 @@ def execute(
     try:
         # stdout is the run's own (NDJSON under --json, else its output at the end): what the
         # play and its tools print goes to stderr, beside the live view.
-        with contextlib.redirect_stdout(sys.stderr):
+        with own_stdout() as stdout:
+            if json_mode:
+                view.stream = stdout
             if view is None:
                 result = action(runner)
             else:
                 with view:
                     result = action(runner)
     finally:
+        if json_mode:
+            view.stream = sys.stdout
         runner.close()
         finished.set()
     # The outcome is decided: a late Ctrl-C or SIGTERM changes nothing (`on_signal` ignores

@@ -16,7 +16,8 @@ class NdjsonView:
     calls `on_closed` once, so the run is interrupted (resumable) rather than failed."""
 
     def __init__(self, stream: IO[str] | None = None, on_closed: Callable[[], None] | None = None) -> None:
-        self._stream = stream or sys.stdout  # the real stdout: a play's prints go to stderr meanwhile
+        # The real stdout (own_stdout's while the play runs: its prints go to stderr meanwhile).
+        self.stream = stream or sys.stdout
         self._to_stdout = stream is None
         self.on_closed = on_closed
         self.closed = False
@@ -28,15 +29,15 @@ class NdjsonView:
         if self.closed:
             return
         try:
-            self._stream.write(_json.dumps_str(payload) + "\n")
-            self._stream.flush()
+            self.stream.write(_json.dumps_str(payload) + "\n")
+            self.stream.flush()
         except BrokenPipeError:
             self._reader_gone()
 
     def _reader_gone(self) -> None:
         self.closed = True
         if self._to_stdout:
-            silence(self._stream.fileno())
+            silence(self.stream.fileno())
         if self.on_closed is not None:
             self.on_closed()
 
@@ -46,6 +47,6 @@ class NdjsonView:
     def __exit__(self, *exc: object) -> None:
         if not self.closed:
             try:
-                self._stream.flush()
+                self.stream.flush()
             except BrokenPipeError:
                 self._reader_gone()
