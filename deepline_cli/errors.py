@@ -63,6 +63,14 @@ class UsageError(DeeplineError):
     exit_code = 2
 
 
+class NoStoreError(UsageError):
+    """A command that only reads was given a store file that is not there (a run creates it)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"There is no store at {path} (a run creates it). Check --store (or DEEPLINE_STORE).")
+        self.path = path
+
+
 class PlayLoadError(UsageError):
     """The play file cannot be loaded, or does not define the requested play."""
 

@@ -802,7 +802,8 @@ def test_interrupt_then_resume_does_every_call_once(
 
 
 def test_runs_list_says_when_its_filters_match_nothing(deepline, tmp_path) -> None:
-    assert "No runs yet." in deepline("runs", "list").stdout
+    assert "No runs yet: there is no store at" in deepline("runs", "list").stdout
+    assert not (tmp_path / "deepline.db").exists()  # a listing creates no store
     (tmp_path / "play.py").write_text(
         "from deepline_cli import play\n\n@play('one')\nasync def one(ctx, input):\n    return 1\n"
     )
@@ -831,7 +832,16 @@ def test_a_read_only_command_on_a_mistyped_store_path_creates_nothing(deepline, 
     assert options.code == 2 and "has options (after '?')" in options.stderr
     upper = deepline("runs", "list", "--store", "SQLITE:///upper.db")  # the scheme in any case
     assert upper.code == 0, upper.stderr
-    assert (tmp_path / "upper.db").exists() and not (tmp_path / "SQLITE:").exists()
+    assert "No runs yet: there is no store at upper.db" in upper.stdout, upper.stdout
+    assert not (tmp_path / "upper.db").exists() and not (tmp_path / "SQLITE:").exists()
+    # A file that is not there, in a folder that is: a typo too (or nothing has run yet).
+    for args in (("runs", "show", "r-1"), ("export", "r-1"), ("receipts", "inspect"), ("events", "send", "r-1", "go")):
+        result = deepline(*args, "--store", "typo.db")
+        assert result.code == 2, (args, result.stderr)
+        assert "There is no store at typo.db (a run creates it)" in result.stderr, result.stderr
+    listed = deepline("runs", "list", "--store", "typo.db")
+    assert listed.code == 0 and "No runs yet: there is no store at typo.db" in listed.stdout
+    assert not (tmp_path / "typo.db").exists()
 
 
 @pytest.mark.parametrize(

@@ -93,9 +93,11 @@ def test_reused_calls_attempts_and_a_pilot_projection_are_reported(deepline, tmp
 
 
 def test_report_errors_are_one_sentence(deepline) -> None:
+    no_store = deepline("runs", "report", "r-nope", "--html")
+    assert no_store.code == 2 and no_store.stderr.startswith("Error: There is no store at")
+    hello = _run(deepline, str(ROOT / "examples" / "hello" / "play.py"))
     unknown = deepline("runs", "report", "r-nope", "--html")
     assert unknown.code == 2 and unknown.stderr.startswith("Error: No run 'r-nope'")
-    hello = _run(deepline, str(ROOT / "examples" / "hello" / "play.py"))
     no_format = deepline("runs", "report", hello["run_id"])
     assert no_format.code == 2 and "--html" in no_format.stderr
 

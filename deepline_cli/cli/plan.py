@@ -46,7 +46,7 @@ def plan(
     with contextlib.redirect_stdout(sys.stderr):  # what the play prints: stdout is the plan's own
         play_def = load_play(play)
         config_path = find_config(Path(play_def.file), str(config) if config else None)
-        db = open_store(store, existing=True)
+        db = open_store(store, existing="folder")
         try:
             options = PlanOptions(workspace=workspace, limit=limit)
             result = plan_play(play_def, payload, config_path, db, options).as_dict()

@@ -45,7 +45,7 @@ def list_runs(
       deepline runs list --status failed
       deepline runs list --play lead-emails --json
     """
-    from deepline_cli.errors import UsageError
+    from deepline_cli.errors import NoStoreError, UsageError
     from deepline_cli.runtime.run.holders import holder_stale
     from deepline_cli.store import open_store
     from deepline_cli.store.records import RUN_STATUSES
@@ -53,7 +53,12 @@ def list_runs(
 
     if status is not None and status not in RUN_STATUSES:
         raise UsageError(f"--status must be one of {', '.join(RUN_STATUSES)}, not {status!r}.")
-    db = open_store(store, existing=True)
+    try:
+        db = open_store(store, existing=True)
+    except NoStoreError as missing:  # nothing has run on it yet, or a typo: either way, said with its path
+        if not json:
+            typer.echo(f"No runs yet: there is no store at {missing.path} (a run creates it).")
+        return
     try:
         runs = db.runs.list_runs(status=status, play=play, limit=limit)
         now = db.now()

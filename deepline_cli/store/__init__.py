@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Literal
 
-from deepline_cli.errors import UsageError
+from deepline_cli.errors import NoStoreError, UsageError
 from deepline_cli.store.roles import Store
 
 
@@ -27,10 +28,12 @@ def resolve_store_url(url: str | None) -> str:
     return url or os.environ.get("DEEPLINE_STORE") or str(default_store_path())
 
 
-def open_store(url: str | None = None, *, existing: bool = False) -> Store:
+def open_store(url: str | None = None, *, existing: bool | Literal["folder"] = False) -> Store:
     """Open the store at a path, `sqlite:///path` or `postgresql://…` URL. `existing`: for
-    commands that only read, a store named (--store, DEEPLINE_STORE) in a folder that is not
-    there is a mistyped path: refused, not created (folders and all) and shown empty."""
+    commands that only read, a store file that is not there (a mistyped --store, or nothing
+    has run yet) is refused (NoStoreError), not created and shown empty ("folder": only a
+    named store in a folder that is not there is refused, for a plan made before a store's
+    first run)."""
     target = resolve_store_url(url)
     scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", target)
     if scheme and scheme.group(1).lower() not in ("sqlite", "postgresql", "postgres"):
@@ -55,11 +58,14 @@ def open_store(url: str | None = None, *, existing: bool = False) -> Store:
 
     path = Path(target).expanduser()
     named = url or os.environ.get("DEEPLINE_STORE")
-    if existing and named and not path.exists() and not path.parent.is_dir():
-        raise UsageError(
-            f"There is no store at {path}: the folder {path.parent} does not exist. Check --store (or "
-            "DEEPLINE_STORE); a run creates its store."
-        )
+    if existing and not path.exists():
+        if named and not path.parent.is_dir():
+            raise UsageError(
+                f"There is no store at {path}: the folder {path.parent} does not exist. Check --store (or "
+                "DEEPLINE_STORE); a run creates its store."
+            )
+        if existing is True:
+            raise NoStoreError(str(path))
     return SQLiteStore(path)
 
 
