@@ -161,6 +161,59 @@ def test_an_enqueued_play_brings_the_child_plays_it_runs_by_path(deepline: Run, 
     assert _json.loads(deepline("runs", "show", "q", "--json").stdout)["output"] == "HI?"
 
 
+COUSIN = """\
+from deepline_cli import play
+from tidy import strip
+
+@play("cousin")
+async def cousin(ctx, input):
+    return strip(input["word"]) + "!"
+"""
+
+
+def test_a_child_play_in_a_subfolder_imports_a_module_from_its_parents_folder_under_a_worker(
+    deepline: Run, tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """`kids/cousin.py` imports `tidy` from the parent's folder, as it does when the parent
+    runs it in its own process (the parent's folder is on the path): under a worker, in a
+    process of its own, its snapshot carries that module too."""
+    folder = tmp_path / "plays"
+    (folder / "kids").mkdir(parents=True)
+    (folder / "play.py").write_text(PARENT.replace("kids/child.py", "kids/cousin.py"))
+    (folder / "kids" / "cousin.py").write_text(COUSIN)
+    (folder / "tidy.py").write_text("def strip(w):\n    return w.strip()\n")
+    queued = deepline("run", "plays/play.py", "--set", "word= hi ", "--run-id", "q", "--enqueue")
+    assert queued.code == 0, queued.stderr
+    shutil.move(folder, tmp_path / "gone")  # the worker has only what the snapshot holds
+
+    code, _, err = finish(start(["worker", "--once"], cli_env, tmp_path), timeout=60)
+
+    assert code == 0 and "2 completed, 0 failed" in err, err
+    assert _json.loads(deepline("runs", "show", "q", "--json").stdout)["output"] == "hi!"
+    # The child ran in the parent's worker, which had `tidy` loaded already; a worker on
+    # another machine has only the child's snapshot: it must hold the module.
+    db = open_store(cli_env["DEEPLINE_STORE"])
+    try:
+        (child,) = db.runs.child_runs("q")
+        snapshot = db.queue.get_snapshot(child.snapshot or "")
+    finally:
+        db.close()
+    assert snapshot is not None and "tidy.py" in snapshot["files"], sorted(snapshot["files"]) if snapshot else None
+    # And in a process of its own, the child's snapshot alone loads and runs it.
+    loads = (
+        "import asyncio, json, sys\n"
+        "from deepline_cli.runtime.run.snapshot import materialize_snapshot\n"
+        "from deepline_cli.runtime.run.play import load_play\n"
+        "ref, _ = materialize_snapshot(sys.argv[1], json.loads(sys.stdin.read()))\n"
+        "print(asyncio.run(load_play(ref).fn(None, {'word': ' yo '})))\n"
+    )
+    alone = subprocess.run(
+        [sys.executable, "-c", loads, child.snapshot or ""], input=_json.dumps_str(snapshot), env=cli_env,
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert alone.returncode == 0 and alone.stdout.strip() == "yo!", alone.stderr
+
+
 SECRETIVE = """\
 from deepline_cli import play
 

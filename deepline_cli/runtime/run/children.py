@@ -113,7 +113,8 @@ async def _schedule_child(s: RunParts, call_id: str, play: PlayDef, child_id: st
         return await _execute_child(s, call_id, play, child_id, input, description)
     if record is None:
         s.effects.caps.count_child_play()  # per run: children started by earlier attempts count too
-        digest, snapshot = take_snapshot(play, Path(s.settings.config) if s.settings.config else None)
+        parent_folder = Path(s.identity.play_file).parent if s.identity.play_file else None
+        digest, snapshot = take_snapshot(play, Path(s.settings.config) if s.settings.config else None, parent_folder)
         record = RunRecord(
             run_id=child_id,
             play=play.name,

@@ -228,11 +228,7 @@ def load_module(path: Path) -> Any:
     sys.modules[module_name] = module
     # Let a play import helper modules that sit next to it — its own versions of them: a
     # worker runs plays from several folders (several snapshots of one play, say).
-    parent = str(path.parent)
-    if parent in sys.path:  # first, even if it is there already: another folder's same-named module is not it
-        sys.path.remove(parent)
-    sys.path.insert(0, parent)
-    _forget_other_versions(path.parent)
+    on_path(path.parent)
     try:
         # Compile from source every time: a cached .pyc is trusted by file size and
         # modification second, and a play edited within that second would run stale code.
@@ -250,6 +246,14 @@ def load_module(path: Path) -> Any:
         where = f"{path} line {line}" if line else str(path)
         raise PlayLoadError(f"Importing {where} failed: {type(exc).__name__}: {exc}".rstrip(".") + ".") from exc
     return module
+
+
+def on_path(folder: Path) -> None:
+    """Put `folder` first on the import path, its modules imported from there from now on."""
+    if str(folder) in sys.path:  # first, even if it is there already: another folder's same-named module is not it
+        sys.path.remove(str(folder))
+    sys.path.insert(0, str(folder))
+    _forget_other_versions(folder)
 
 
 def _forget_other_versions(folder: Path) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from deepline_cli import _json
 from deepline_cli.errors import UsageError
-from deepline_cli.runtime.run.play import PlayDef, load_play
+from deepline_cli.runtime.run.play import PlayDef, load_play, on_path
 
 MAX_SNAPSHOT_BYTES = 2 * 1024 * 1024  # the play and its local modules, together
 
@@ -29,18 +29,23 @@ MAX_SNAPSHOT_BYTES = 2 * 1024 * 1024  # the play and its local modules, together
 Source = str | dict[str, str]
 
 
-def take_snapshot(play: PlayDef, config: Path | None) -> tuple[str, dict[str, Any]]:
+def take_snapshot(play: PlayDef, config: Path | None, root: Path | None = None) -> tuple[str, dict[str, Any]]:
     """(digest, snapshot) of a loaded play: its file, the local modules it imported, the
-    child plays it runs by path (loaded, with theirs), its config."""
-    folder = Path(play.file).parent
-    files: dict[str, Source] = {Path(play.file).name: _source(Path(play.file).read_bytes())}
+    child plays it runs by path (loaded, with theirs), its config. `root`: the folder of the
+    play that runs this one as a child (`kids/enrich.py`): when the child is inside it, the
+    snapshot is of that folder, as the child imports from it (its parent's `helpers.py`)."""
+    file = Path(play.file)
+    folder = root if root is not None and file.resolve().is_relative_to(root.resolve()) else file.parent
+    name = file.resolve().relative_to(folder.resolve()).as_posix()
+    files: dict[str, Source] = {name: _source(file.read_bytes())}
     modules = local_modules(folder)
-    modules.update(child_plays(Path(play.file), folder))
-    for name, path in sorted(modules.items()):
-        files[name] = _source(path.read_bytes())
+    modules.update(child_plays(file, folder))
+    modules.pop(name, None)
+    for module, path in sorted(modules.items()):
+        files[module] = _source(path.read_bytes())
     _check_size(files, folder)
     snapshot = {
-        "play_file": Path(play.file).name,
+        "play_file": name,
         "function": play.function,
         "files": files,
         "config": _config_text(config) if config else None,
@@ -154,6 +159,8 @@ def materialize_snapshot(digest: str, snapshot: dict[str, Any]) -> tuple[str, st
         target = folder / name
         target.parent.mkdir(parents=True, exist_ok=True)
         _write_once(target, _raw(content))
+    if "/" in play_file:  # a child play in a subfolder imports from its parent's folder too
+        on_path(folder)
     config = None
     if snapshot.get("config") is not None:
         config_file = folder / "deepline.toml"
