@@ -71,6 +71,14 @@ class ChildRunner:
 CHILDREN = ChildRunner()
 
 
+def child_failed(play: PlayDef, child_id: str, error: dict[str, Any] | None) -> ChildPlayError:
+    """The child's failure as its parent sees it: its message, and where in the child's code."""
+    error = error or {}
+    where = f" ({error['where']})" if error.get("where") else ""
+    message = f"Child play {play.name!r} (run {child_id}) failed: {error.get('message', 'unknown error')}{where}"
+    return ChildPlayError(message, error)
+
+
 async def run_play(s: RunParts, id: str, play_ref: str, input: Any, description: str = "", journal: bool = True) -> Any:
     if journal:
         s.effects.journal.reach(f"run_play:{id}", s.identity.run_id)
@@ -155,8 +163,7 @@ async def _schedule_child(s: RunParts, call_id: str, play: PlayDef, child_id: st
             # and waits for something else is not woken for it again and again.
             await s.infra.io.call(store.runs.update_run, child_id, failure_seen_by=s.identity.attempt)
             await s.infra.io.call(store.suspension.resolve_boundary, s.identity.run_id, boundary_id, None, now)
-            message = (record.error or {}).get("message", "unknown error")
-            raise ChildPlayError(f"Child play {play.name!r} (run {child_id}) failed: {message}", record.error)
+            raise child_failed(play, child_id, record.error)
         await s.infra.io.call(store.runs.set_status, child_id, "queued", failure_seen_by=None, holder=None)
         await s.infra.io.call(store.queue.notify)
     if record.status == "interrupted" and stopped_with_parent(record.error):  # this resume runs it again
@@ -243,8 +250,7 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
     if outcome.raised is not None:
         raise outcome.raised  # interrupt, budget, lease…: the whole run stops
     if outcome.status == "failed":
-        message = (outcome.error or {}).get("message", "unknown error")
-        raise ChildPlayError(f"Child play {play.name!r} (run {child_id}) failed: {message}", outcome.error)
+        raise child_failed(play, child_id, outcome.error)
     await s.infra.io.call(
         store.suspension.resolve_boundary, s.identity.run_id, f"child:{call_id}", None, s.infra.io.now()
     )
