@@ -209,10 +209,11 @@ def test_an_overrun_says_what_the_run_spent_once_its_calls_in_flight_ended() -> 
     assert "(the last one 8, 5 expected)" in message, message
 
 
-def test_a_refused_call_says_what_the_run_spent_once_its_calls_in_flight_ended() -> None:
-    """The budget refuses a call while the calls it holds credits for are still out: the
-    run stops with that refusal. Once they are answered, its message adds what was spent in
-    the end, as the run's figures say; its figures of the moment stay (they add up)."""
+def test_a_call_waits_while_calls_in_flight_hold_its_credits_and_is_refused_once_spent_leaves_no_room() -> None:
+    """The budget is held whole by calls in flight: a new call waits for them (not refused
+    at once, which stopped the held calls unsent). One of them fails, unbilled: its credits
+    come back and the waiting call is admitted. Once all are spent, the next is refused,
+    its message saying what was spent."""
     import asyncio
 
     from deepline_cli.errors import BudgetExceededError
@@ -221,15 +222,68 @@ def test_a_refused_call_says_what_the_run_spent_once_its_calls_in_flight_ended()
     async def scenario() -> str:
         budget = Budget(30.0)
         held = [await budget.admit("t.enrich", 2.0, f"c{n}") for n in range(15)]
-        with pytest.raises(BudgetExceededError) as refused:
-            await budget.admit("t.enrich", 2.0, "e")
-        for reservation in held:
+        waiting = asyncio.create_task(budget.admit("t.enrich", 2.0, "w"))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert not waiting.done()  # the budget is held, not spent: it waits
+        budget.release(held[0])  # a call that failed: not billed
+        admitted = await asyncio.wait_for(waiting, 5)
+        for reservation in [*held[1:], admitted]:
             budget.settle(reservation, 2.0)
+        with pytest.raises(BudgetExceededError) as refused:
+            await asyncio.wait_for(budget.admit("t.enrich", 2.0, "e"), 5)
         return str(refused.value)
 
     message = asyncio.run(scenario())
-    said = "would be exceeded by 'e' (expected to cost 2; 0 spent, 30 held for calls in flight); 30 spent in the end"
+    said = "would be exceeded by 'e' (expected to cost 2; 30 spent, 0 held for calls in flight)"
     assert said in message, message
+
+
+PACED_PLAY = """
+from deepline_cli import play, tool
+
+@tool("paced.lookup", credits=1, rate_limit="1000/s")
+def lookup(input):
+    with open(input["log"], "a") as f:
+        f.write(f"{input['i']}\\n")
+    return input["i"]
+
+@play("paced")
+async def paced(ctx, input):
+    rows = await ctx.map("m", [{"i": i} for i in range(30)], key="i", columns={
+        "v": lambda row, rc: rc.tools.execute("l", "paced.lookup", {"i": row["i"], "log": input["log"]}),
+    })
+    return {"rows": len(rows)}
+"""
+
+
+def test_a_budget_below_the_lists_cost_pays_what_it_allows_then_each_resume_goes_on(
+    deepline: Run, tmp_path: Path
+) -> None:
+    """A rate-limited tool: every row holds its credits while it waits for its slot, so the
+    eleventh row's call found the budget of 10 held, was refused, and the refusal stopped the
+    ten held calls before any was sent: nothing was ever paid, on any resume. A call waits
+    while calls in flight hold the credits it needs; it is refused once what was spent
+    leaves no room. So 10 are paid, then 10 more on a resume with 20, then the rest."""
+    play = tmp_path / "play.py"
+    play.write_text(PACED_PLAY)
+    log = tmp_path / "calls.log"
+    payload = json.dumps({"log": str(log)})
+
+    def paid() -> list[str]:
+        return log.read_text().split() if log.exists() else []
+
+    first = deepline("run", str(play), "--input", payload, "--max-credits", "10", "--run-id", "pace")
+    assert first.code == 1, first.stderr
+    assert "--max-credits 10 would be exceeded" in first.stderr and "10 spent" in first.stderr, first.stderr
+    assert len(paid()) == 10
+    second = deepline("resume", "pace", "--max-credits", "20")
+    assert second.code == 1, second.stderr
+    assert len(paid()) == 20 and len(set(paid())) == 20
+    last = deepline("resume", "pace", "--max-credits", "30", "--json")
+    assert last.code == 0, last.stderr
+    assert last.json_lines()[-1]["stats"]["credits"] == 30
+    assert sorted(map(int, paid())) == list(range(30))  # each paid once
 
 
 SWALLOWING_PLAY = """

@@ -2,7 +2,10 @@
 across attempts, and the promise it keeps.
 
 A call is sent only if what the run has spent, plus what the calls in flight are expected
-to cost, plus this call's expected cost, stays within the budget. A call's expected cost:
+to cost, plus this call's expected cost, stays within the budget. While the credits held for
+calls in flight are what keeps it out, it waits for them to end (a call that fails is not
+billed: its credits come back); it is refused once what was spent leaves it no room. A call's
+expected cost:
 
 - a tool whose cost is fixed (a local or HTTP tool): its declared credits;
 - a tool whose answers say what they cost (remote tools, "metered"): the most any of its
@@ -62,6 +65,7 @@ class Budget:
         self._known = dict(known or {})  # metered tool -> the most one answer has cost
         self._inflight: list[Reservation] = []
         self._probes: dict[str, asyncio.Future[None]] = {}  # metered tool -> its first answer
+        self._freed: asyncio.Future[None] | None = None  # set when held credits come back (a call ended)
         self._overrun: BudgetExceededError | None = None
         # The first call refused (the run stops with it), and what its message says of it: told
         # again as calls in flight end, so it says what the run spent in the end.
@@ -75,20 +79,28 @@ class Budget:
         return None if learned is None else expected_cost(declared, learned)
 
     async def admit(self, tool: str | None, declared: float, label: str, *, metered: bool = False) -> Reservation:
-        """Hold credits for a call about to be made, or refuse it (BudgetExceededError),
-        after the first answer of a metered tool of unknown cost when one is out."""
+        """Hold credits for a call about to be made, or refuse it (BudgetExceededError):
+        after the first answer of a metered tool of unknown cost when one is out, and while
+        calls in flight hold the credits it needs."""
         while (reserved := self.reserve(tool, declared, label, metered=metered)) is None:
-            assert tool is not None
-            await asyncio.shield(self._probes[tool])  # the tool's first answer tells its cost
+            if tool is not None and tool in self._probes:
+                await asyncio.shield(self._probes[tool])  # the tool's first answer tells its cost
+            else:
+                if self._freed is None or self._freed.done():
+                    self._freed = asyncio.get_running_loop().create_future()
+                await asyncio.shield(self._freed)
         return reserved
 
     def reserve(self, tool: str | None, declared: float, label: str, *, metered: bool = False) -> Reservation | None:
-        """`admit` without a wait: None when it must wait for a metered tool's first answer."""
+        """`admit` without a wait: None when it must wait (for a metered tool's first answer,
+        or for calls in flight to give back the credits it needs)."""
         expected = self.expected(tool, declared, metered=metered)
         if expected is None and tool in self._probes and self.max_credits is not None:
             return None
         probe = expected is None
         amount = declared if expected is None else expected
+        if self._inflight and not self._fits(amount, probe, self.reserved) and self._fits(amount, probe, 0.0):
+            return None  # it fits once the calls in flight have ended (or some failed, unbilled)
         self._check(amount, label, unknown=probe)
         reservation = Reservation(tool, amount, metered, probe, amount)
         if probe and tool is not None and self.max_credits is not None:
@@ -97,12 +109,15 @@ class Budget:
         self.reserved = add_credits(self.reserved, amount)
         return reservation
 
-    def _check(self, amount: float, label: str, *, unknown: bool) -> None:
+    def _fits(self, amount: float, unknown: bool, held: float) -> bool:
         limit = self.max_credits
         if limit is None or (not amount and not unknown):
-            return
-        total = sum_credits((self.spent, self.reserved, amount))
-        if total > limit or (unknown and total >= limit):
+            return True
+        total = sum_credits((self.spent, held, amount))
+        return not (total > limit or (unknown and total >= limit))
+
+    def _check(self, amount: float, label: str, *, unknown: bool) -> None:
+        if not self._fits(amount, unknown, self.reserved):
             cost = "of unknown cost" if unknown else f"expected to cost {format_credits(amount)}"
             said = (
                 f"{self._limit()} would be exceeded by {label!r} ({cost}; {format_credits(self.spent)} spent, "
@@ -178,6 +193,8 @@ class Budget:
         if reservation in self._inflight:
             self._inflight.remove(reservation)
             self.reserved = add_credits(self.reserved, -reservation.amount)
+        if self._freed is not None and not self._freed.done():
+            self._freed.set_result(None)  # the calls waiting for credits look again
 
     def _answered(self, reservation: Reservation) -> None:
         if reservation.probe and reservation.tool is not None:
