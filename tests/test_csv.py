@@ -215,8 +215,11 @@ async def rel(ctx, input):
         (gzip.compress(b"First Name,Domain\nAda,acme.com\n"), "is gzip-compressed, not a CSV: decompress it first"),
         (b"PK\x03\x04\x14\x00\x06\x00" + bytes(range(256)), "is a zip archive (an Excel .xlsx workbook is one)"),
         (bz2.compress(b"First Name,Domain\nAda,acme.com\n"), "is bzip2-compressed, not a CSV"),
+        (b"First Name,Domain\nO\x92Brien,ob.com\n", "iconv -f cp1252 -t utf-8"),  # Excel on Windows: not latin1
+        ("First Name,Domain\nAda,acme.com\n".encode("utf-16"), "is UTF-16 text (Excel's Unicode Text)"),
+        (b"First Name,,Domain,,Notes\nA,,a.com,,x\n", "columns 2 and 4 have no header"),
     ],
-    ids=["required", "empty", "ragged", "undecodable", "gzip", "xlsx", "bzip2"],
+    ids=["required", "empty", "ragged", "undecodable", "gzip", "xlsx", "bzip2", "cp1252", "utf16", "unnamed"],
 )
 def test_input_errors_exit_2_through_the_cli(deepline, tmp_path: Path, content: bytes, expected: str) -> None:
     (tmp_path / "play.py").write_text(CLI_PLAY)
@@ -554,3 +557,55 @@ def test_blank_lines_before_the_header_are_skipped(deepline, tmp_path: Path) -> 
     result = deepline("run", "play.py", "--set", "file=leads.csv", "--quiet")
     assert result.code == 0, result.stderr
     assert json.loads(result.stdout)["rows"] == ["ADA", "GRACE"]
+
+
+def test_excels_sep_line_names_the_delimiter(deepline, tmp_path: Path) -> None:
+    """Excel writes (and honours) a first line `sep=;`: it names the delimiter, and is not
+    the header; lines are still counted as the file has them."""
+    (tmp_path / "play.py").write_text(CLI_PLAY)
+    (tmp_path / "leads.csv").write_bytes(b"sep=;\r\nFirst Name;Domain\r\nAda;acme.com\r\nGrace\r\n")
+    result = deepline("run", "play.py", "--set", "file=leads.csv", "--quiet")
+    assert result.code == 2 and "leads.csv line 4: 1 fields where the header has 2" in result.stderr, result.stderr
+    (tmp_path / "leads.csv").write_bytes(b"sep=;\r\nFirst Name;Domain\r\nAda;acme.com\r\nGrace;a;b.io\r\n")
+    assert "line 4" in deepline("run", "play.py", "--set", "file=leads.csv", "--quiet").stderr
+    (tmp_path / "leads.csv").write_bytes(b"sep=;\r\nFirst Name;Domain\r\nAda;acme.com\r\nGrace;globex.io\r\n")
+    result = deepline("run", "play.py", "--set", "file=leads.csv", "--quiet")
+    assert result.code == 0, result.stderr
+    assert json.loads(result.stdout)["rows"] == ["ADA", "GRACE"]
+
+
+CLAIMING_PLAY = """\
+from deepline_cli import play
+
+@play("claiming")
+async def claiming(ctx, input):
+    rows = ctx.csv(input["file"], **input["how"])
+    return [dict(r) for r in rows]
+"""
+
+
+@pytest.mark.parametrize(
+    ("how", "expected"),
+    [
+        ({"columns": {"domain": ["Website"], "url": ["Website"]}}, "claimed by both 'url' and 'domain'"),
+        ({"rename": {"Website": "url"}, "columns": {"domain": ["Website"]}}, "claimed by both 'domain' and 'url'"),
+        ({"rename": {"Website": "url"}, "columns": {"domain": ["Website", "Company Domain"]}}, None),
+        ({"required": "Website"}, None),
+    ],
+    ids=["two-columns", "rename-and-columns", "rename-then-fallback", "required-one-name"],
+)
+def test_two_names_claiming_one_header_are_refused_not_left_empty(
+    deepline, tmp_path: Path, how: dict, expected: str | None
+) -> None:
+    """`columns={"domain": ["Website"], "url": ["Website"]}` left `url` empty in every row,
+    and a `rename=` of the header a `columns=` alias also found was dropped: refused, naming
+    both. A column with another alias takes that one. `required="Website"` is one name."""
+    (tmp_path / "play.py").write_text(CLAIMING_PLAY)
+    (tmp_path / "o.csv").write_text("First Name,Website,Company Domain\nA,a.com,b.com\n")
+    result = deepline("run", "play.py", "--input", json.dumps({"file": "o.csv", "how": how}), "--quiet")
+    if expected is None:
+        assert result.code == 0, result.stderr
+        (row,) = json.loads(result.stdout)
+        assert row.get("url", row.get("Website")) == "a.com" and row.get("domain", "b.com") == "b.com", row
+    else:
+        assert result.code == 2 and expected in result.stderr, result.stderr

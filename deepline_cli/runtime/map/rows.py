@@ -7,6 +7,7 @@ import hashlib
 import io
 import itertools
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -20,7 +21,10 @@ RowKey = str | Sequence[str] | Callable[[Mapping[str, Any]], Any] | None
 csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))
 
 
-SAVE_AS_UTF8 = " (a spreadsheet saves it as UTF-8 with Save As › CSV UTF-8; iconv -f latin1 -t utf-8 converts it)"
+SAVE_AS_UTF8 = (
+    " (a spreadsheet saves it as UTF-8 with Save As › CSV UTF-8; a file Excel saved on Windows is "
+    "converted by iconv -f cp1252 -t utf-8)"
+)
 # What a file given as a CSV is, by its first bytes, when it is a compressed or binary file.
 _PACKED = (
     (b"\x1f\x8b", "gzip-compressed", "decompress it first (gunzip -k {name})"),
@@ -29,7 +33,19 @@ _PACKED = (
     (b"BZh", "bzip2-compressed", "decompress it first (bunzip2 -k {name})"),  # then a digit and "1AY&"
     (b"\xfd7zXZ\x00", "xz-compressed", "decompress it first (unxz -k {name})"),
     (b"\x28\xb5\x2f\xfd", "zstd-compressed", "decompress it first (unzstd {name})"),
+    (
+        b"\xff\xfe",
+        "UTF-16 text (Excel's Unicode Text)",
+        "save the sheet as CSV UTF-8, or convert it (iconv -f utf-16 -t utf-8 {name})",
+    ),
+    (
+        b"\xfe\xff",
+        "UTF-16 text (Excel's Unicode Text)",
+        "save the sheet as CSV UTF-8, or convert it (iconv -f utf-16 -t utf-8 {name})",
+    ),
 )
+# Excel's first line naming the delimiter (`sep=;`), which it writes and honours.
+_EXCEL_SEP = re.compile(r"sep=([^\r\n\"])\r?\n")
 
 
 def _packed_kind(head: bytes) -> tuple[str, str] | None:
@@ -65,14 +81,17 @@ class CsvSource:
     ) -> None:
         self.path = path
         self.description = description
-        self.required = list(required or [])
+        required = [required] if isinstance(required, str) else list(required or [])  # one name, or several
+        self.required = required
         self.line = 0  # the file line of the row last read (a row may span lines)
         self.delimiter = ","
+        self._preamble = 0  # lines before the header that are not blank (Excel's `sep=;`)
         self.doubts: list[str] = []  # what reading the file found suspect (the map warns of it)
         self._doubted = 0  # of those, how many were said (the first few are enough)
         header = self._header()
         self._rename = _renames(header, rename or {})
-        self._rename.update(_aliases(header, columns or {}))
+        self._rename.update(_aliases(header, columns or {}, claimed=self._rename))
+        self._refuse_claimed_twice(header, columns or {})
         # A required column is found as `columns=` finds one: case and spaces aside (`Domain`).
         named = {self._rename.get(name, name) for name in header}
         unnamed = [name for name in header if name not in self._rename]
@@ -81,7 +100,7 @@ class CsvSource:
         self.columns = [self._rename.get(name, name) for name in header]
         self._refuse_duplicates(header)
         self._absent = [name for name in (columns or {}) if name not in self.columns]
-        missing = [name for name in (required or []) if name not in self.columns]
+        missing = [name for name in required if name not in self.columns]
         if missing:
             tried = _tried(missing[0], columns or {}, rename or {})
             raise InputError(
@@ -89,11 +108,35 @@ class CsvSource:
             )
         self.columns += self._absent
 
+    def _refuse_claimed_twice(self, header: list[str], columns: Mapping[str, str | Sequence[str]]) -> None:
+        """A `columns=` name whose headers in the file another name took already (`rename=`,
+        or another of `columns=`) would be empty in every row without a word: refused."""
+        taken = set(self._rename.values())
+        by_fold = {_fold(name): name for name in reversed(header)}
+        for column, names in columns.items():
+            if column in taken:
+                continue
+            present = [
+                by_fold[f]
+                for f in map(_fold, [column, *([names] if isinstance(names, str) else names)])
+                if f in by_fold
+            ]
+            if present:
+                other = self._rename[present[0]]
+                raise InputError(
+                    f"{self.path}: the column {present[0]!r} is claimed by both {column!r} and {other!r} (rename= or "
+                    "columns=); give each its own header in the file."
+                )
+
     def _refuse_duplicates(self, header: list[str]) -> None:
         """Two columns of one name would become one key of each row: one would be lost. The
         file's own names, or the play's `rename=` / `columns=`, made them one."""
         first: dict[str, int] = {}
         for number, name in enumerate(self.columns, start=1):
+            if name in first and not name:
+                raise InputError(
+                    f"{self.path}: columns {first[name]} and {number} have no header; name them in the file's first row."
+                )
             if name in first:
                 renamed = [f"{header[n - 1]!r}" for n in (first[name], number) if header[n - 1] != name]
                 if renamed:
@@ -122,8 +165,13 @@ class CsvSource:
             if kind is not None:
                 raise InputError(f"{self.path} is {kind[0]}, not a CSV: {kind[1].format(name=self.path.name)}.")
             try:
-                self.delimiter = _delimiter(handle.read(SNIFF_BYTES))
+                sample = handle.read(SNIFF_BYTES)
+                named = _EXCEL_SEP.match(sample)
+                self.delimiter = named.group(1) if named else _delimiter(sample)
+                self._preamble = 1 if named else 0
                 handle.seek(0)
+                if named:
+                    handle.readline()
                 rows = csv.reader(handle, delimiter=self.delimiter)
                 header = next((row for row in rows if row and row != [""]), None)  # blank lines before it skipped
             except UnicodeDecodeError:
@@ -150,16 +198,19 @@ class CsvSource:
         self.doubts, self._doubted = [], 0  # this read's own (the file may be read more than once)
         with self._open(_Watched) as handle:
             watch = cast(_Watched, cast(Any, handle.buffer).raw)
+            skipped = self._preamble
+            for _ in range(skipped):
+                handle.readline()
             reader = csv.reader(handle, delimiter=self.delimiter)
-            line = 1
+            line = 1 + skipped
             spanned = (0, 0, 0)  # the last row over several lines: its first and last line, rows shaped in it
             try:
                 for heading in reader:  # the header, after any blank lines
                     if heading and heading != [""]:
                         break
-                line = reader.line_num
+                line = reader.line_num + skipped
                 for record in reader:
-                    start, line = line + 1, reader.line_num
+                    start, line = line + 1, reader.line_num + skipped
                     if line > start:
                         spanned = (start, line, self._rows_in(record, width, start, line))
                     if len(record) != width:
@@ -186,7 +237,7 @@ class CsvSource:
             except UnicodeDecodeError:
                 raise self._undecodable() from None
             except csv.Error as exc:
-                raise InputError(f"{self.path} line {reader.line_num}: {exc}.") from None
+                raise InputError(f"{self.path} line {reader.line_num + skipped}: {exc}.") from None
             except WrittenOver:
                 raise self._changed(line) from None
             if watch.written_over():
@@ -272,9 +323,12 @@ def _fold(name: str) -> str:
     return "".join(name.split()).lower()
 
 
-def _aliases(header: Sequence[str], columns: Mapping[str, str | Sequence[str]]) -> dict[str, str]:
-    """header name → column name, for the first header each column's aliases find."""
-    found: dict[str, str] = {}
+def _aliases(
+    header: Sequence[str], columns: Mapping[str, str | Sequence[str]], claimed: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """header name → column name, for the first header each column's aliases find that no
+    other column took (nor a `claimed` one: renamed by `rename=`)."""
+    found: dict[str, str] = dict(claimed or {})
     by_fold: dict[str, str] = {}
     for name in header:
         by_fold.setdefault(_fold(name), name)
@@ -285,7 +339,7 @@ def _aliases(header: Sequence[str], columns: Mapping[str, str | Sequence[str]]) 
             if original is not None and original not in found:
                 found[original] = column
                 break
-    return found
+    return {name: column for name, column in found.items() if not claimed or name not in claimed}
 
 
 def _renames(header: Sequence[str], rename: Mapping[str, str]) -> dict[str, str]:
