@@ -135,7 +135,8 @@ class CsvSource:
         for number, name in enumerate(self.columns, start=1):
             if name in first and not name:
                 raise InputError(
-                    f"{self.path}: columns {first[name]} and {number} have no header; name them in the file's first row."
+                    f"{self.path}: columns {first[name]} and {number} have no header; name them in the file's "
+                    "first row."
                 )
             if name in first:
                 renamed = [f"{header[n - 1]!r}" for n in (first[name], number) if header[n - 1] != name]
