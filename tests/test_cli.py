@@ -422,6 +422,32 @@ def test_what_a_tools_subprocess_prints_keeps_off_stdout_too(deepline_process, w
     assert "child says 1" in human.stderr
 
 
+def test_a_completed_pilot_under_a_run_id_is_not_reported_as_the_full_run(deepline, write_play) -> None:
+    """`--run-id lim-1 --limit 5` (a pilot), then `--run-id lim-1` for every row: the second
+    was told "already completed" with the pilot's 5 rows, and a CI job went green. Refused
+    (exit 2), naming both; the same --limit again is reported as before."""
+    play = write_play(
+        """
+        from deepline_cli import play
+
+        @play("pilot")
+        async def pilot(ctx, input):
+            rows = await ctx.map("m", [{"i": i} for i in range(12)], key="i", columns={"d": lambda row: row["i"] * 2})
+            return {"rows": len(rows)}
+        """
+    )
+    first = deepline("run", str(play), "--run-id", "lim-1", "--limit", "5", "--quiet")
+    assert first.code == 0 and _json.loads(first.stdout) == {"rows": 5}, first.stderr
+    again = deepline("run", str(play), "--run-id", "lim-1", "--limit", "5", "--quiet")
+    assert again.code == 0 and _json.loads(again.stdout) == {"rows": 5}, again.stderr
+    full = deepline("run", str(play), "--run-id", "lim-1", "--quiet")
+    assert full.code == 2, full.stderr
+    assert "completed with --limit 5" in full.stderr and "asks for every row" in full.stderr, full.stderr
+    other = deepline("run", str(play), "--run-id", "lim-1", "--limit", "8")
+    assert other.code == 2 and "asks for --limit 8" in other.stderr, other.stderr
+    assert deepline("run", str(play), "--run-id", "lim-1-full", "--quiet").stdout.strip() == '{"rows":12}'
+
+
 def test_a_completed_run_with_failed_rows_exits_as_it_was_started_to_every_time(deepline, write_play) -> None:
     """Started with --fail-on-row-errors (exit 1 for its failed row), the run is reported by
     `resume` and `run --run-id` with the same exit code: a CI retry step does not turn green

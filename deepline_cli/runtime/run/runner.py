@@ -155,6 +155,14 @@ class Runner:
                 f"this run a new --run-id (say {run_id}-{time.strftime('%Y-%m-%d')}), or see that run's results "
                 f"with `deepline export {run_id}`."
             )
+        elif existing.status == "completed" and existing.options.get("limit") != self.options.limit:
+            was, now = existing.options.get("limit"), self.options.limit
+            asked = "every row" if now is None else f"--limit {now}"
+            done = "every row" if was is None else f"--limit {was} (the first {was} rows of each map)"
+            raise UsageError(
+                f"Run {run_id} completed with {done}; this run asks for {asked}: give it a new --run-id (say "
+                f"{run_id}-full), or see that run's results with `deepline export {run_id}`."
+            )
         else:
             return play
         raise UsageError(
