@@ -408,3 +408,9 @@ def test_export_out_jsonl_is_json_lines_without_format(deepline, tmp_path: Path,
     assert parse_csv((tmp_path / "rows.txt").read_text())[0] == EXPECTED_HEADER
     assert deepline("export", "exp-sfx", "--out", "forced.jsonl", "--format", "csv").code == 0
     assert parse_csv((tmp_path / "forced.jsonl").read_text())[0] == EXPECTED_HEADER
+    # `--out rows.json` wrote CSV under a .json name: asked which it is, nothing written.
+    json_out = deepline("export", "exp-sfx", "--out", "rows.json")
+    assert json_out.code == 2 and "rows.jsonl" in json_out.stderr, json_out.stderr
+    assert not (tmp_path / "rows.json").exists()
+    assert deepline("export", "exp-sfx", "--out", "rows.json", "--format", "jsonl").code == 0
+    assert (tmp_path / "rows.json").read_text() == jsonl

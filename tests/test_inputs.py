@@ -235,6 +235,14 @@ def test_set_replaces_a_leaf_value() -> None:
     assert target == {"a": {"b": 2}}
 
 
+def test_a_later_set_may_not_replace_an_object_an_earlier_set_built(tmp_path: Path) -> None:
+    """`--set a.b=2 --set a=1` quietly gave {"a": 1}, dropping a.b (the other order was
+    refused): refused too; replacing --input's object, or a value twice, still works."""
+    message = input_error(build_input, None, None, ["a.b=2", "a=1"], cwd=tmp_path)
+    assert "--set 'a=1' would replace what --set 'a.b=2' gave" in message
+    assert build_input('{"a": {"b": 1}}', None, ["a=5", "x=1", "x=2"], cwd=tmp_path) == {"a": 5, "x": 2}
+
+
 def test_build_input_reports_the_conflict_as_input_error(tmp_path: Path) -> None:
     message = input_error(build_input, '{"a": "x"}', None, ["a.b=1"], cwd=tmp_path)
 

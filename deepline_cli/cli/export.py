@@ -41,8 +41,14 @@ def export(
 
     if out is not None and str(out) == "-":
         out = None  # stdout, as `-` is for most tools
+    suffix = out.suffix.lower() if out is not None else ""
+    if format is None and suffix == ".json":  # one JSON document is not what it writes: not CSV either
+        raise UsageError(
+            f"--out {out} asks for JSON: export writes CSV or JSON Lines (one row per line); name the file "
+            f"{out.with_suffix('.jsonl') if out else ''} or give --format csv|jsonl."
+        )
     if format is None:  # `--out rows.jsonl` is JSON Lines without saying it twice
-        format = "jsonl" if out is not None and out.suffix.lower() in (".jsonl", ".ndjson") else "csv"
+        format = "jsonl" if suffix in (".jsonl", ".ndjson") else "csv"
     db = open_store(store, existing=True)
     try:
         run = db.runs.get_run(run_id)
