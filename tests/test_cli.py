@@ -422,6 +422,24 @@ def test_what_a_tools_subprocess_prints_keeps_off_stdout_too(deepline_process, w
     assert "child says 1" in human.stderr
 
 
+def test_an_error_in_the_play_body_is_named_by_its_type(deepline, write_play) -> None:
+    """`row["first_name"]` in the body (not in a column) failed the run with `'first_name'
+    (play.py line 7)`: a KeyError, said as map rows say theirs."""
+    play = write_play(
+        """
+        from deepline_cli import play
+
+        @play("body")
+        async def body(ctx, input):
+            row = {"First Name": "Ada"}
+            return row["first_name"]
+        """
+    )
+    result = deepline("run", str(play))
+    assert result.code == 1
+    assert "failed: KeyError: 'first_name' (play.py line 7)" in result.stderr, result.stderr
+
+
 def test_a_completed_pilot_under_a_run_id_is_not_reported_as_the_full_run(deepline, write_play) -> None:
     """`--run-id lim-1 --limit 5` (a pilot), then `--run-id lim-1` for every row: the second
     was told "already completed" with the pilot's 5 rows, and a CI job went green. Refused

@@ -93,7 +93,9 @@ def describe(exc: BaseException, s: RunParts, play_file: str) -> dict[str, Any]:
     error["message"] = s.infra.secrets.redact(error["message"])
     if isinstance(exc, DeeplineError):
         error["exit_code"] = exc.exit_code
-    else:
+    else:  # an error of the play's own code: named by its type, as a map row's is (KeyError: 'domain')
+        if not error["message"].startswith(f"{type(exc).__name__}:"):
+            error["message"] = f"{type(exc).__name__}: {error['message']}".rstrip(": ")
         place = failures.where(exc)
         if place:
             error["where"] = place
