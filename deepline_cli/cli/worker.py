@@ -77,6 +77,7 @@ def worker(
     report(
         f"worker: done — {stats.started} started, {stats.completed} completed, {stats.failed} failed, "
         f"{stats.waiting} waiting, {stats.requeued} re-queued"
+        + (f", {stats.stopped} stopped" if stats.stopped else "")
         + (f", {stats.taken_over} taken over by another process" if stats.taken_over else "")
     )
     if running.failure is not None:

@@ -57,6 +57,7 @@ class WorkerStats:
     waiting: int = 0
     requeued: int = 0
     taken_over: int = 0  # runs another process took over while this one ran them (paused past the lease)
+    stopped: int = 0  # interrupted and not re-queued: `runs stop`, or the worker stopping as the run began
 
 
 class Worker:
@@ -304,7 +305,9 @@ class Worker:
             self.stats.waiting += 1
         elif result.status == "taken_over":
             self.stats.taken_over += 1
-        elif result.status != "interrupted":
+        elif result.status == "interrupted":
+            self.stats.stopped += 0 if result.requeued else 1
+        else:
             self.stats.failed += 1
         said = "taken over by another process" if result.status == "taken_over" else result.status
         self.report(f"worker: {run_id} {said} (attempt {result.attempt}, {time.monotonic() - started:.1f}s)")
