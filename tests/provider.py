@@ -9,7 +9,7 @@ idempotency keys and "bills" each key once (as a provider that honours
     provider.default_fault = "slow:2"                          # for every request
 
 Faults: `500` (any 5xx/4xx status), `429:SECONDS` (Retry-After), `slow:SECONDS`,
-`malformed` (invalid JSON with a JSON content type), `reset` (close without answer),
+`malformed` (invalid JSON with a JSON content type), `reset` (a reset, RST, without an answer),
 `echo` (answer with the request headers, to test redaction; `echo_keys`: their values as
 the object's keys, as a usage endpoint keyed by the API key answers), `302:LOCATION` (any 3xx
 status, redirecting to LOCATION), `ok`.
@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
+import struct
 import threading
 import time
 from collections import Counter, defaultdict
@@ -170,7 +172,10 @@ class ProviderServer:
             await asyncio.sleep(provider.latency_s)
         fault = provider._fault_for(seen.path)
         kind, _, arg = fault.partition(":")
-        if kind == "reset":
+        if kind == "reset":  # a real reset (RST), not a close: SO_LINGER 0
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             writer.transport.abort()
             return False
         if kind == "slow":

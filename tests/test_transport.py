@@ -512,6 +512,58 @@ def test_an_idle_connection_the_server_closed_is_not_reused() -> None:
     assert run(two()) == ([200, 200], 2)
 
 
+def test_a_kept_connection_the_server_closed_as_the_request_went_out_is_sent_again_on_a_new_one() -> None:
+    """A server closing kept connections (nginx's keepalive_requests) may close one just as
+    the next request is written on it: the answer never comes, not a byte of it. The request
+    goes again on a new connection at once, as HTTP clients do (it carries its idempotency
+    key): not a failed call with retries=0, not a retry in the figures."""
+
+    async def two() -> tuple[list[int], int, int]:
+        connections = 0
+        requests = 0
+        handlers: list[asyncio.Task[Any]] = []
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal connections, requests
+            connections += 1
+            first = connections == 1
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                while True:
+                    await reader.readuntil(b"\r\n\r\n")
+                    requests += 1
+                    if first and requests == 2:
+                        break  # the kept connection closes under the second request
+                    writer.write(answer(b"ok"))
+                    await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            handlers.append(asyncio.current_task())  # type: ignore[arg-type]
+            await serve(reader, writer)
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        async with server:
+            async with client() as http:
+                first = await send(http, url)
+                second = await send(http, url, retries=0)
+            await asyncio.wait_for(asyncio.gather(*handlers), 5)  # each saw the client close
+        return [first.status_code, second.status_code], connections, requests
+
+    assert run(two()) == ([200, 200], 2, 3)
+
+
+def test_a_new_connection_closed_before_answering_is_a_network_error_as_before() -> None:
+    async def closed() -> None:
+        async with scripted((b"", True)) as server, client() as http:
+            await send(http, server.url, retries=0)
+
+    with pytest.raises(ProviderTransientError) as failure:
+        run(closed())
+    assert "closed the connection before answering" in str(failure.value)
+
+
 def test_an_undecodable_gzip_body_is_a_provider_error() -> None:
     async def broken() -> None:
         async with scripted(answer(b"not gzip at all", "Content-Encoding: gzip")) as server, client() as http:

@@ -94,14 +94,14 @@ def build_input(raw: str | None, csv: Path | None, assignments: list[str], *, cw
         value["csv"] = str(path.resolve())
     given: dict[tuple[str, ...], str] = {}  # each --set's path: a later one may not replace an object they built
     for assignment in assignments:
-        path = tuple(part.strip() for part in assignment.partition("=")[0].split("."))
+        keys = tuple(part.strip() for part in assignment.partition("=")[0].split("."))
         inside = next(
-            (earlier for prefix, earlier in given.items() if prefix[: len(path)] == path and prefix != path), None
+            (earlier for prefix, earlier in given.items() if prefix[: len(keys)] == keys and prefix != keys), None
         )
         if inside is not None:
             raise InputError(f"--set {assignment!r} would replace what --set {inside!r} gave; give one of them.")
         apply_set(value, assignment)
-        given[path] = assignment
+        given[keys] = assignment
     _check_text(value, "")
     return value
 

@@ -72,6 +72,10 @@ class TransportError(Exception):
     """The connection failed before a whole answer arrived."""
 
 
+class ClosedUnanswered(TransportError):
+    """The server closed the connection before a byte of its answer arrived."""
+
+
 class BadSettings(InvalidRequest):
     """The machine's settings keep the request from going out (a proxy URL that cannot be
     used, certificates that cannot be loaded or that do not vouch for the server): the
@@ -625,6 +629,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.idle_since = 0.0
         self.closed = False
+        self.ended = False  # the server ended it cleanly (a FIN, not a reset or an error)
         self._feed: Callable[[bytes], None] | None = None  # who reads the bytes now (None: nobody asked)
         self._waiter: asyncio.Future[None] | None = None
 
@@ -640,6 +645,7 @@ class Connection(asyncio.Protocol):
         self._wake()
 
     def eof_received(self) -> None:
+        self.ended = not self.closed
         self._lost()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -685,6 +691,8 @@ class Connection(asyncio.Protocol):
                         break  # its body ends where the connection does
                     if answer.status:
                         raise TransportError("the server closed the connection in the middle of its answer")
+                    if self.ended:  # a clean close: the server was done with the connection
+                        raise ClosedUnanswered("the server closed the connection before answering")
                     raise TransportError("the server closed the connection before answering")
                 await self._readable(deadline - loop.time())
         except BaseException:
@@ -906,13 +914,24 @@ class Transport:
             if ready is not None:  # the wait may have outlasted the lease, the store, the run
                 await ready()
             connection = self._reused(route)
-            if connection is None:
+            response: Response | None = None
+            if connection is not None:
+                try:
+                    response = await connection.exchange(request, timeout_s)
+                except ClosedUnanswered:
+                    # A kept connection the server closed as the request went out (its keep-alive
+                    # limit, its idle timeout): not a byte of an answer. Sent again at once on a new
+                    # connection, as HTTP clients do for a request that carries an idempotency key.
+                    pass
+                finally:
+                    self._keep(route, connection)  # closed, if it was
+            if response is None:
                 connection = await self._connect(request.origin, timeout_s, proxy)
                 self._open.add(connection)
-            try:
-                response = await connection.exchange(request, timeout_s)
-            finally:
-                self._keep(route, connection)
+                try:
+                    response = await connection.exchange(request, timeout_s)
+                finally:
+                    self._keep(route, connection)
         finally:
             self._slots.release()
         if response.status_code == 407 and proxy is not None:  # only a proxy says 407
