@@ -9,7 +9,8 @@ idempotency keys and "bills" each key once (as a provider that honours
     provider.default_fault = "slow:2"                          # for every request
 
 Faults: `500` (any 5xx/4xx status), `429:SECONDS` (Retry-After), `slow:SECONDS`,
-`malformed` (invalid JSON with a JSON content type), `reset` (a reset, RST, without an answer),
+`malformed` (invalid JSON with a JSON content type), `html` (a 200 HTML page), `empty_json`
+(a 200 with a JSON content type and no body), `reset` (a reset, RST, without an answer),
 `echo` (answer with the request headers, to test redaction; `echo_keys`: their values as
 the object's keys, as a usage endpoint keyed by the API key answers), `302:LOCATION` (any 3xx
 status, redirecting to LOCATION), `ok`.
@@ -185,6 +186,10 @@ class ProviderServer:
             status, headers, body = provider.answer(seen)
         elif kind == "malformed":
             status, headers, body = 200, {"content-type": "application/json"}, b'{"broken": '
+        elif kind == "html":  # a bot check or a login page, with a 200
+            status, headers, body = 200, {"content-type": "text/html"}, b"<html><title>Just a moment...</title></html>"
+        elif kind == "empty_json":
+            status, headers, body = 200, {"content-type": "application/json"}, b""
         elif kind in ("echo", "echo_keys"):  # echo_keys: the header values as the JSON object's keys
             echoed = seen.headers if kind == "echo" else {value: name for name, value in seen.headers.items()}
             status, headers, body = 200, {"content-type": "application/json"}, json.dumps(echoed).encode()

@@ -380,6 +380,35 @@ def test_extract_declares_what_tool_result_get_returns(project: Project) -> None
     assert out[0]["get"] == {"name": "Grace", "first_tag": "x", "last_tag": "z", "nope": None, "ok": True}
 
 
+@pytest.mark.parametrize("fault", ["html", "empty_json"])
+def test_a_200_that_is_not_the_json_a_tool_reads_is_not_kept_as_its_answer(
+    project: Project, provider: LoopbackProvider, fault: str
+) -> None:
+    """A bot check's HTML page (or an empty body said to be JSON), with a 200, answered a
+    tool whose `extract` paths read JSON: it was kept as a completed answer, for good (no
+    resume or --refresh-failed asked again). It fails as transient, and the next run asks
+    again, under the same idempotency key, and keeps the JSON answer."""
+    project.config(
+        """        [tools."ht.person"]
+        url = "@URL@/person/{name}"
+
+        [tools."ht.person".extract]
+        email = "path"
+        """
+    )
+    provider.script("/person/ada", [fault])
+    first = project.run(calls(call("ht.person", {"name": "ada"}, get=["email"]), catch=True)).output
+    assert first[0].get("type") == "ProviderTransientError", first
+    said = "where JSON was expected (Just a moment...)" if fault == "html" else "its content type says JSON"
+    assert said in first[0]["error"]["message"], first
+    (receipt,) = project.receipts(tool="ht.person")
+    assert (receipt.status, receipt.retryable) == ("failed", True)
+    again = project.run(calls(call("ht.person", {"name": "ada"}, get=["email"]))).output
+    assert again[0]["get"] == {"email": "/person/ada"}
+    keys = [r.headers.get("idempotency-key") for r in provider.requests]
+    assert len(keys) == 2 and len(set(keys)) == 1
+
+
 @pytest.mark.parametrize("name", ["../../admin/delete", "Ben & Jerry#s", "What? Inc", "AT&T", "100%/50 co"])
 def test_a_field_in_the_url_is_one_path_segment_or_one_query_value(
     project: Project, provider: LoopbackProvider, name: str

@@ -214,23 +214,33 @@ class Http:
             exc.args = (f"{exc.args[0]} (retried {attempts}x)",)
         return exc
 
-    def decode(self, response: Response, tool: str) -> Any:
-        """The JSON body (secrets redacted), the text for non-JSON bodies, None when empty."""
+    def decode(self, response: Response, tool: str, *, expects_json: bool = False) -> Any:
+        """The JSON body (secrets redacted), the text for non-JSON bodies, None when empty.
+        An answer that is not the JSON it says it is (or, `expects_json`, a tool's answer
+        its `extract` paths or batch read: an HTML page, a login form) is not kept as an
+        answer: transient, asked again (same idempotency key) by a resume."""
+        content_type = response.headers.get("content-type", "")
         if not response.content:
+            if "json" in content_type and response.status_code != 204:
+                raise self._not_json(f"an empty answer from {tool} (its content type says JSON)", response, tool)
             return None
         try:
             # JSON in another charset than UTF-8 (`charset=iso-8859-1`) is read as it declares.
             value = _json.loads_lenient(response.content if response.charset == "utf-8" else response.text)
         except ValueError:
-            if "json" in response.headers.get("content-type", ""):
-                raise ProviderTransientError(
-                    f"malformed JSON from {tool}",
-                    category="upstream",
-                    status_code=response.status_code,
-                    tool=tool,
+            if "json" in content_type:
+                raise self._not_json(f"malformed JSON from {tool}", response, tool) from None
+            if expects_json:
+                said = _readable(response.text)[:120]
+                raise self._not_json(
+                    f"{tool} answered {content_type or 'text'} where JSON was expected ({said})", response, tool
                 ) from None
             value = response.text
         return self.secrets.redact_json(value)
+
+    @staticmethod
+    def _not_json(message: str, response: Response, tool: str) -> ProviderTransientError:
+        return ProviderTransientError(message, category="upstream", status_code=response.status_code, tool=tool)
 
 
 _TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
@@ -408,7 +418,7 @@ class HttpTools:
                 call=call,
                 proxy=render_proxy(spec.proxy, http.secrets, tool=spec.id) if spec.proxy else spec.proxy,
             )
-            answer = http.decode(response, spec.id)
+            answer = http.decode(response, spec.id, expects_json=bool(spec.extract or spec.batch))
             if spec.batch and isinstance(answer, dict):
                 return answer.get((spec.batch or {}).get("results_field", "results"))
             return answer
@@ -456,7 +466,7 @@ class HttpTools:
             response = await http.send(
                 request, tool=tool_id, timeout_s=remote.timeout_s, retries=remote.retries, call=call, proxy=proxy
             )
-            body = http.decode(response, tool_id)
+            body = http.decode(response, tool_id, expects_json=True)
             if not isinstance(body, dict):
                 return body
             call.credits = reported_credits(body, tool_id)
