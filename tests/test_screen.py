@@ -121,6 +121,32 @@ def test_retries_of_a_call_an_interrupt_abandoned_still_count(
     assert sum(tool["retry_reasons"].values()) == tool["retries"]  # and their reasons add up
 
 
+def test_retry_causes_of_a_killed_attempt_add_up_in_json_too(
+    flaky: Provider, tmp_path: Path, cli_env: dict[str, str], deepline: Run
+) -> None:
+    """Attempt 1 retried calls (5xx) that ended, recorded, and was SIGKILLed: its causes
+    died with it. The resume's run.finished (--json) gave retries 4 with reasons {}: they
+    did not add up, as they do on screen and in `runs show` (`earlier`)."""
+    flaky.default_fault = "ok"
+    flaky.script("/v1/flaky", ["503", "ok", "503", "ok"])
+    proc = start(
+        ["run", "play.py", "--set", "n=400", "--run-id", "kk", "--json"],
+        cli_env | {"DEEPLINE_RETRY_BASE_S": "0.01"},
+        tmp_path,
+    )
+    try:
+        wait_until(lambda: flaky.count() >= 60, what="60 requests, two of them retries")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        kill(proc)
+    resumed = deepline("resume", "kk", "--json")
+    assert resumed.code == 0, resumed.stderr
+    tool = _json.loads(resumed.stdout.splitlines()[-1])["stats"]["tools"]["flaky.tool"]
+    assert tool["retries"] == 2, tool
+    assert tool["retry_reasons"] == {"earlier": 2}, tool
+
+
 SLOW_PLAY = """
 import asyncio
 from deepline_cli import play, tool

@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
+from deepline_cli._format import retry_causes
 from deepline_cli.errors import (
     DeeplineError,
     ReceiptLeaseLostError,
@@ -472,10 +473,12 @@ def record_end(
         )
     for tool_id, counts in stats["tools"].items():  # counted in memory only
         counted = known.tool(tool_id)
-        counts["retry_reasons"] = dict(counted.retry_reasons)  # the attempts that ended with an outcome
         # The ledger counts a call's retries when it ends; one abandoned by an interrupt
         # retried too (and the live view showed it).
         counts["retries"] = max(counts["retries"], counted.retries)
+        # By cause, as every view shows them: those of attempts killed before an outcome as
+        # `earlier`, so the causes add up to the retries (--json's run.finished too).
+        counts["retry_reasons"] = retry_causes(dict(counted.retry_reasons), counts["retries"])
     wake = None
     if status == "waiting":
         wake = next_wake(store, record.run_id, record.root_run_id or record.run_id, now, max_inline_wait)
