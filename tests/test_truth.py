@@ -316,6 +316,51 @@ def test_a_resume_keeps_the_calls_a_failed_row_fell_back_from(write_play, store_
     assert (down["failed"], down["recovered"]) == (3, 3), down
 
 
+RECOVERED_ON_RESUME = """
+from pathlib import Path
+from deepline_cli import ProviderTransientError, play, steps, tool
+
+FLAG = Path(__file__).with_name("c.down")
+
+@tool("t.b", credits=1)
+def b(input):
+    raise ProviderTransientError("502 from t.b", category="upstream", status_code=502)
+
+@tool("t.c", credits=1)
+def c(input):
+    if FLAG.exists():
+        raise ProviderTransientError("503 from t.c", category="upstream", status_code=503)
+    return {"email": f"x{input['n']}@y.z"}
+
+EMAIL = steps().step("b", lambda row, rc: rc.tools.execute("b", "t.b", {"n": row["n"]})).step(
+    "c", lambda row, rc: rc.tools.execute("c", "t.c", {"n": row["n"]}))
+
+@play("recovered")
+async def recovered(ctx, input):
+    rows = await ctx.map("rows", [{"n": n} for n in range(2)], key="n", columns={"email": EMAIL})
+    if ctx.run.attempt == 1:
+        raise RuntimeError("after the map")
+    return rows.failed_count
+"""
+
+
+def test_a_failure_a_resume_got_past_is_counted_fallen_back_not_final(write_play, store_path) -> None:
+    """Attempt 1: steps b and c failed: the rows failed, b's failure final. The resume (with
+    --refresh-failed) asked again: b failed again, c answered, so b was fallen back from
+    after all. It stayed final (the earlier attempt's word for the row was kept)."""
+    path = write_play(RECOVERED_ON_RESUME)
+    (path.parent / "c.down").touch()
+    first = run_play(path, store_path, run_id="rec")
+    assert first.status == "failed"
+    (path.parent / "c.down").unlink()
+    from tests.helpers import resume_run as resume
+
+    again = resume("rec", store_path, refresh_failed=True)
+    assert (again.status, again.output) == ("completed", 0), again.error
+    b = again.stats["tools"]["t.b"]
+    assert (b["failed"], b["recovered"]) == (2, 2), b
+
+
 def test_the_live_counts_settle_a_rows_failures_by_the_cell_that_failed_it() -> None:
     """What the live view counts while the run goes on, for the same row: the waterfall's
     failed step fell back (its cell got a value), the check's failure is final."""

@@ -199,7 +199,10 @@ class MapBook:
         earlier = self._earlier_said.pop(job.key, None) if self._earlier_said else None
         row.found = _prefixes(found, earlier.found if earlier else None)
         said = earlier.fell_back if earlier else None
-        if outcome == "failed" or fell_back is not None or said is not None:  # a succeeded row's: a handled failure
+        # A succeeded row says which failed calls it got past only when the play handled one
+        # itself; else (None) it got past every one, those an earlier attempt counted final too.
+        # A row taken back whole (no cells computed) keeps what the earlier attempt said.
+        if outcome == "failed" or fell_back is not None or (said is not None and cells is None):
             row.fell_back = _prefixes(fell_back, said) or []
         row.kept = sheet_row is None and previous is not None and previous.run_id == self.run_id
         if self._earlier:
