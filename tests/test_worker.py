@@ -601,6 +601,8 @@ def test_a_worker_says_which_event_an_enqueued_run_waits_for(cli: CLI, tmp_path:
     worker = cli.worker_once()
     assert f"… Run {run_id} is waiting: for event 'approve' (deepline events send {run_id} approve)." in worker.stderr
     assert "Next: once its event is sent (a worker resumes it by itself)" in worker.stderr, worker.stderr
+    sent = cli("events", "send", run_id, "approve")
+    assert sent.code == 0 and f"A `deepline worker` on this store continues run {run_id}" in sent.stderr, sent.stderr
 
 
 # --- killed and stopped workers ---------------------------------------------------------------

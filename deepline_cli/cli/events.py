@@ -70,5 +70,9 @@ def send(
             typer.echo(f"Delivered {event_id!r}{where}.", err=True)
         else:
             typer.echo(f"Event {event_id!r} was already delivered{where}; the first payload is kept.", err=True)
-    if delivered:
+    if delivered and (record.scheduled or record.snapshot):  # enqueued: a worker takes it up, woken by the event
+        typer.echo(
+            f"A `deepline worker` on this store continues run {run_id} (or: deepline resume {run_id}).", err=True
+        )
+    elif delivered:
         typer.echo(f"Continue the run with: deepline resume {run_id}", err=True)
