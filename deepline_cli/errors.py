@@ -104,6 +104,7 @@ class ToolExecutionError(DeeplineError):
     """A tool call failed."""
 
     replayed = False  # the stored failure of a receipt, given back with no call made
+    at_once = False  # retried with no backoff (a kept connection the server had closed)
 
     def __init__(
         self,

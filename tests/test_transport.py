@@ -512,13 +512,15 @@ def test_an_idle_connection_the_server_closed_is_not_reused() -> None:
     assert run(two()) == ([200, 200], 2)
 
 
-def test_a_kept_connection_the_server_closed_as_the_request_went_out_is_sent_again_on_a_new_one() -> None:
+def test_a_kept_connection_the_server_closed_as_the_request_went_out_is_retried_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A server closing kept connections (nginx's keepalive_requests) may close one just as
-    the next request is written on it: the answer never comes, not a byte of it. The request
-    goes again on a new connection at once, as HTTP clients do (it carries its idempotency
-    key): not a failed call with retries=0, not a retry in the figures."""
+    the next request is written on it: the answer never comes, not a byte of it. It is a
+    retry like any network error (counted, within `retries`: with none, the call fails), but
+    at once on a new connection, without the backoff's wait."""
 
-    async def two() -> tuple[list[int], int, int]:
+    async def two(retries: int) -> tuple[list[int], int, int, float]:
         connections = 0
         requests = 0
         handlers: list[asyncio.Task[Any]] = []
@@ -547,11 +549,22 @@ def test_a_kept_connection_the_server_closed_as_the_request_went_out_is_sent_aga
         async with server:
             async with client() as http:
                 first = await send(http, url)
-                second = await send(http, url, retries=0)
+                began = asyncio.get_running_loop().time()
+                try:
+                    second: Any = (await send(http, url, retries=retries)).status_code
+                except ProviderTransientError as exc:
+                    second = str(exc)
+                took = asyncio.get_running_loop().time() - began
             await asyncio.wait_for(asyncio.gather(*handlers), 5)  # each saw the client close
-        return [first.status_code, second.status_code], connections, requests
+        return [first.status_code, second], connections, requests, took
 
-    assert run(two()) == ([200, 200], 2, 3)
+    monkeypatch.setenv("DEEPLINE_RETRY_BASE_S", "2")  # a backoff waited would show
+    statuses, connections, requests, took = run(two(1))
+    assert (statuses, connections, requests) == ([200, 200], 2, 3)
+    assert took < 1.0  # no backoff
+    statuses, connections, requests, _ = run(two(0))
+    assert statuses[1] == "network error: the server closed a kept connection before answering", statuses
+    assert (connections, requests) == (1, 2)
 
 
 def test_a_new_connection_closed_before_answering_is_a_network_error_as_before() -> None:

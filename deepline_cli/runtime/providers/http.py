@@ -42,6 +42,7 @@ from deepline_cli.runtime.providers.transport import (
     InvalidResponse,
     ProxyRefused,
     Response,
+    StaleConnection,
     Transport,
     TransportError,
     TransportTimeout,
@@ -116,7 +117,8 @@ class Http:
                     raise self._too_long(exc, attempt) from None
                 if waits is None:
                     waits = delays(backoff_base_s(), cap=MAX_BACKOFF_S, jitter=True)
-                delay = max(next(waits), exc.retry_after_s or 0.0)  # never shorter than the provider asked
+                # Never shorter than the provider asked; none for a kept connection the server had closed.
+                delay = 0.0 if exc.at_once else max(next(waits), exc.retry_after_s or 0.0)
                 if exc.category == "rate_limit":
                     self.governor.back_off(tool, delay)  # slow the tool down for everyone
                 if call is not None:
@@ -170,6 +172,10 @@ class Http:
             raise ToolExecutionError(f"unusable answer: {reason}", category="upstream", retryable=False) from None
         except TransportTimeout:
             raise ProviderTransientError(f"timed out after {timeout_s:g}s", category="network") from None
+        except StaleConnection as exc:
+            stale = ProviderTransientError(f"network error: {exc}", category="network")
+            stale.at_once = True  # asked again at once, no backoff: counted as a retry, within `retries`
+            raise stale from None
         except TransportError as exc:
             reason = self.secrets.redact(str(exc) or type(exc).__name__)
             raise ProviderTransientError(f"network error: {reason}", category="network") from None
@@ -221,7 +227,7 @@ class Http:
         answer: transient, asked again (same idempotency key) by a resume."""
         content_type = response.headers.get("content-type", "")
         if not response.content:
-            if "json" in content_type and response.status_code != 204:
+            if expects_json and "json" in content_type and response.status_code not in (201, 202, 204, 205):
                 raise self._not_json(f"an empty answer from {tool} (its content type says JSON)", response, tool)
             return None
         try:
@@ -231,7 +237,7 @@ class Http:
             if "json" in content_type:
                 raise self._not_json(f"malformed JSON from {tool}", response, tool) from None
             if expects_json:
-                said = _readable(response.text)[:120]
+                said = self.secrets.excerpt(_readable(response.text), 120)
                 raise self._not_json(
                     f"{tool} answered {content_type or 'text'} where JSON was expected ({said})", response, tool
                 ) from None

@@ -73,7 +73,12 @@ class TransportError(Exception):
 
 
 class ClosedUnanswered(TransportError):
-    """The server closed the connection before a byte of its answer arrived."""
+    """The server closed the connection cleanly (a FIN) before a byte of its answer arrived."""
+
+
+class StaleConnection(TransportError):
+    """A kept connection the server closed cleanly, not a byte of an answer on it: most
+    often closed as the request went out (a keep-alive limit). Retried at once, no backoff."""
 
 
 class BadSettings(InvalidRequest):
@@ -914,24 +919,18 @@ class Transport:
             if ready is not None:  # the wait may have outlasted the lease, the store, the run
                 await ready()
             connection = self._reused(route)
-            response: Response | None = None
-            if connection is not None:
-                try:
-                    response = await connection.exchange(request, timeout_s)
-                except ClosedUnanswered:
-                    # A kept connection the server closed as the request went out (its keep-alive
-                    # limit, its idle timeout): not a byte of an answer. Sent again at once on a new
-                    # connection, as HTTP clients do for a request that carries an idempotency key.
-                    pass
-                finally:
-                    self._keep(route, connection)  # closed, if it was
-            if response is None:
+            kept = connection is not None
+            if connection is None:
                 connection = await self._connect(request.origin, timeout_s, proxy)
                 self._open.add(connection)
-                try:
-                    response = await connection.exchange(request, timeout_s)
-                finally:
-                    self._keep(route, connection)
+            try:
+                response = await connection.exchange(request, timeout_s)
+            except ClosedUnanswered:
+                if kept:  # the server was done with a kept connection (its keep-alive limit, its idle timeout)
+                    raise StaleConnection("the server closed a kept connection before answering") from None
+                raise TransportError("the server closed the connection before answering") from None
+            finally:
+                self._keep(route, connection)
         finally:
             self._slots.release()
         if response.status_code == 407 and proxy is not None:  # only a proxy says 407
