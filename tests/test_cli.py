@@ -464,6 +464,13 @@ def test_a_completed_pilot_under_a_run_id_is_not_reported_as_the_full_run(deepli
     other = deepline("run", str(play), "--run-id", "lim-1", "--limit", "8")
     assert other.code == 2 and "asks for --limit 8" in other.stderr, other.stderr
     assert deepline("run", str(play), "--run-id", "lim-1-full", "--quiet").stdout.strip() == '{"rows":12}'
+    # A pilot that failed: the same command again resumes it; the whole list under its id is refused.
+    failing = play.read_text().replace('    return {"rows": len(rows)}', '    raise RuntimeError("after the pilot")')
+    play.write_text(failing)
+    assert deepline("run", str(play), "--run-id", "lim-2", "--limit", "5", "--quiet").code == 1
+    refused = deepline("run", str(play), "--run-id", "lim-2", "--quiet")
+    assert refused.code == 2 and "was started with --limit 5" in refused.stderr, refused.stderr
+    assert "deepline resume lim-2" in refused.stderr
 
 
 def test_a_completed_run_with_failed_rows_exits_as_it_was_started_to_every_time(deepline, write_play) -> None:

@@ -155,13 +155,19 @@ class Runner:
                 f"this run a new --run-id (say {run_id}-{time.strftime('%Y-%m-%d')}), or see that run's results "
                 f"with `deepline export {run_id}`."
             )
-        elif existing.status == "completed" and existing.options.get("limit") != self.options.limit:
+        elif existing.options.get("limit") != self.options.limit:
+            # A pilot (--limit 5) and the whole list under one id: never one told it is the other.
             was, now = existing.options.get("limit"), self.options.limit
             asked = "every row" if now is None else f"--limit {now}"
             done = "every row" if was is None else f"--limit {was} (the first {was} rows of each map)"
+            then = "completed with" if existing.status == "completed" else "was started with"
             raise UsageError(
-                f"Run {run_id} completed with {done}; this run asks for {asked}: give it a new --run-id (say "
-                f"{run_id}-full), or see that run's results with `deepline export {run_id}`."
+                f"Run {run_id} {then} {done}; this run asks for {asked}: give it a new --run-id, or "
+                + (
+                    f"see that run's results with `deepline export {run_id}`."
+                    if existing.status == "completed"
+                    else f"continue that one as it was with `deepline resume {run_id}`."
+                )
             )
         else:
             return play
