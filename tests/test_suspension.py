@@ -430,6 +430,19 @@ def test_an_event_sent_after_its_wait_timed_out_but_before_the_resume_is_not_tak
     assert logged(log) == ["fallback"]
 
 
+def test_a_flag_given_again_at_its_default_value_overrides_the_runs_start(deepline, write_play, tmp_path):
+    """Started with --max-inline-wait 0, the run waits (exit 3). `resume` without the flag
+    keeps 0; `resume --max-inline-wait 30` (30 is the default) was taken as not given, and
+    the run exited 3 again: it now waits the second left inline and completes."""
+    write_play(SLEEP_PLAY)
+    log = tmp_path / "l"
+    args = ("--max-inline-wait", "0", "--input", as_json({"log": str(log), "seconds": 1}))
+    assert deepline("run", "play.py", "--run-id", "mi", *args).code == 3
+    assert deepline("resume", "mi").code == 3  # not given: the run's own 0
+    resumed = deepline("resume", "mi", "--max-inline-wait", "30")
+    assert resumed.code == 0, resumed.stderr
+
+
 def test_event_sent_while_the_run_waits_inline_completes_it(deepline, write_play, tmp_path, spawn):
     write_play(EVENT_PLAY)
     proc = spawn(

@@ -91,6 +91,7 @@ Examples:
 
 @cli_errors
 def run(
+    context: typer.Context,
     play: Annotated[str, typer.Argument(metavar="PLAY", help="The play: PATH.py or PATH.py:FUNCTION.")],
     input: InputOption = None,
     csv: CsvOption = None,
@@ -142,12 +143,14 @@ def run(
         max_depth=max_depth,
         max_child_plays=max_child_plays,
         max_tool_calls=max_tool_calls,
+        given=given_flags(context),
     )
     execute(options, lambda runner: runner.start(play, payload, cwd=str(cwd), enqueue=enqueue), json, quiet)
 
 
 @cli_errors
 def resume(
+    context: typer.Context,
     run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run to continue.")],
     store: StoreOption = None,
     concurrency: ConcurrencyOption = None,
@@ -182,8 +185,16 @@ def resume(
         max_depth=max_depth,
         max_child_plays=max_child_plays,
         max_tool_calls=max_tool_calls,
+        given=given_flags(context),
     )
     execute(options, lambda runner: runner.resume(run_id), json, quiet)
+
+
+def given_flags(context: typer.Context) -> frozenset[str]:
+    """The command's options given on its command line or by their environment variable
+    (`resume --max-inline-wait 30` is given, though 30 is the default)."""
+    sources = {name: context.get_parameter_source(name) for name in context.params}
+    return frozenset(name for name, source in sources.items() if source is not None and "DEFAULT" not in source.name)
 
 
 def execute(

@@ -42,6 +42,9 @@ class RunOptions:
     # own failures of earlier attempts are tried again too. Not persisted.
     refresh_given: bool = True
     max_credits: float | None = None
+    # The flags given on this command line (None: not known, a flag at its default value
+    # counts as not given): on resume, the others come from the run's start. Not persisted.
+    given: frozenset[str] | None = None
     max_inline_wait: float = 30.0
     fail_on_row_errors: bool = False
     interrupt_grace_s: float = 5.0

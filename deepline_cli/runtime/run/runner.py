@@ -284,8 +284,11 @@ class Runner:
         """Flags not given again on resume come from the run's first start."""
         defaults = RunOptions(lease_ttl=self.options.lease_ttl)
         self.options.refresh_given = self.options.force_refresh or self.options.refresh_failed
+        given = self.options.given
         for name, value in record.options.items():
-            if name in RunOptions.PERSISTED and getattr(self.options, name) == getattr(defaults, name):
+            if name not in RunOptions.PERSISTED:
+                continue
+            if name not in given if given is not None else getattr(self.options, name) == getattr(defaults, name):
                 setattr(self.options, name, value)
         self.options.workspace = record.workspace
         record.options = {**record.options, **self.options.persisted()}
