@@ -438,6 +438,9 @@ def test_an_error_in_the_play_body_is_named_by_its_type(deepline, write_play) ->
     result = deepline("run", str(play))
     assert result.code == 1
     assert "failed: KeyError: 'first_name' (play.py line 7)" in result.stderr, result.stderr
+    play.write_text(play.read_text().replace('return row["first_name"]', "assert not row"))
+    bare = deepline("run", str(play))  # no message: named by its type, once
+    assert bare.code == 1 and "failed: AssertionError (play.py line 7)" in bare.stderr, bare.stderr
 
 
 def test_a_completed_pilot_under_a_run_id_is_not_reported_as_the_full_run(deepline, write_play) -> None:

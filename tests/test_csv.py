@@ -217,9 +217,22 @@ async def rel(ctx, input):
         (bz2.compress(b"First Name,Domain\nAda,acme.com\n"), "is bzip2-compressed, not a CSV"),
         (b"First Name,Domain\nO\x92Brien,ob.com\n", "iconv -f cp1252 -t utf-8"),  # Excel on Windows: not latin1
         ("First Name,Domain\nAda,acme.com\n".encode("utf-16"), "is UTF-16 text (Excel's Unicode Text)"),
+        ("First Name\tDomain\nAda\tacme.com\n".encode("utf-16-le"), "is UTF-16 text (Excel's Unicode Text)"),
         (b"First Name,,Domain,,Notes\nA,,a.com,,x\n", "columns 2 and 4 have no header"),
     ],
-    ids=["required", "empty", "ragged", "undecodable", "gzip", "xlsx", "bzip2", "cp1252", "utf16", "unnamed"],
+    ids=[
+        "required",
+        "empty",
+        "ragged",
+        "undecodable",
+        "gzip",
+        "xlsx",
+        "bzip2",
+        "cp1252",
+        "utf16",
+        "utf16-no-bom",
+        "unnamed",
+    ],
 )
 def test_input_errors_exit_2_through_the_cli(deepline, tmp_path: Path, content: bytes, expected: str) -> None:
     (tmp_path / "play.py").write_text(CLI_PLAY)

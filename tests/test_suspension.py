@@ -469,6 +469,7 @@ def test_event_sent_while_the_run_waits_inline_completes_it(deepline, write_play
     assert proc.poll() is None
     sent = deepline("events", "send", "r-inline", "approve", "--payload", '{"ok":true}')
     assert sent.code == 0, sent.stderr
+    assert "the process running it takes the event" in sent.stderr, sent.stderr  # no `resume` to run
     stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, stderr
     last = json.loads(stdout.splitlines()[-1])

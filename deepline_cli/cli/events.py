@@ -45,7 +45,7 @@ def send(
         if not targets and record.status in ("completed", "failed"):
             raise UsageError(f"Run {run_id} has {record.status}; nothing in it waits for events any more.")
         # Not waiting for it yet: kept for the run, and found when it (or a child) waits for it.
-        delivered = [t for t in targets or [run_id] if db.suspension.send_event(t, event_id, value, db.now())]
+        delivered = [t for t in targets or [run_id] if db.suspension.send_event(t, event_id, value, now)]
         if targets and delivered:
             for woken in {*delivered, run_id}:  # the run that waits, and the root a worker resumes
                 db.queue.set_wake(woken, db.now())
@@ -70,7 +70,9 @@ def send(
             typer.echo(f"Delivered {event_id!r}{where}.", err=True)
         else:
             typer.echo(f"Event {event_id!r} was already delivered{where}; the first payload is kept.", err=True)
-    if delivered and (record.scheduled or record.snapshot):  # enqueued: a worker takes it up, woken by the event
+    if delivered and record.status == "running":  # waiting inline: that process takes it
+        typer.echo(f"Run {run_id} is running: the process running it takes the event.", err=True)
+    elif delivered and (record.scheduled or record.snapshot):  # enqueued: a worker takes it up, woken by the event
         typer.echo(
             f"A `deepline worker` on this store continues run {run_id} (or: deepline resume {run_id}).", err=True
         )

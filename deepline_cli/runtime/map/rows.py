@@ -25,6 +25,10 @@ SAVE_AS_UTF8 = (
     " (a spreadsheet saves it as UTF-8 with Save As › CSV UTF-8; a file Excel saved on Windows is "
     "converted by iconv -f cp1252 -t utf-8)"
 )
+_UTF16 = (
+    "UTF-16 text (Excel's Unicode Text)",
+    "save the sheet as CSV UTF-8, or convert it (iconv -f utf-16 -t utf-8 {name})",
+)
 # What a file given as a CSV is, by its first bytes, when it is a compressed or binary file.
 _PACKED = (
     (b"\x1f\x8b", "gzip-compressed", "decompress it first (gunzip -k {name})"),
@@ -33,22 +37,17 @@ _PACKED = (
     (b"BZh", "bzip2-compressed", "decompress it first (bunzip2 -k {name})"),  # then a digit and "1AY&"
     (b"\xfd7zXZ\x00", "xz-compressed", "decompress it first (unxz -k {name})"),
     (b"\x28\xb5\x2f\xfd", "zstd-compressed", "decompress it first (unzstd {name})"),
-    (
-        b"\xff\xfe",
-        "UTF-16 text (Excel's Unicode Text)",
-        "save the sheet as CSV UTF-8, or convert it (iconv -f utf-16 -t utf-8 {name})",
-    ),
-    (
-        b"\xfe\xff",
-        "UTF-16 text (Excel's Unicode Text)",
-        "save the sheet as CSV UTF-8, or convert it (iconv -f utf-16 -t utf-8 {name})",
-    ),
+    (b"\xff\xfe", *_UTF16),
+    (b"\xfe\xff", *_UTF16),
 )
 # Excel's first line naming the delimiter (`sep=;`), which it writes and honours.
 _EXCEL_SEP = re.compile(r"sep=([^\r\n\"])\r?\n")
 
 
 def _packed_kind(head: bytes) -> tuple[str, str] | None:
+    half = len(head) // 2
+    if half >= 2 and half in (head[0::2].count(0), head[1::2].count(0)):
+        return _UTF16  # a NUL in every other byte and no byte-order mark: UTF-16 all the same
     for magic, kind, fix in _PACKED:
         if head.startswith(magic) and (magic != b"BZh" or head[4:8] == b"1AY&"):
             return kind, fix

@@ -94,8 +94,9 @@ def describe(exc: BaseException, s: RunParts, play_file: str) -> dict[str, Any]:
     if isinstance(exc, DeeplineError):
         error["exit_code"] = exc.exit_code
     else:  # an error of the play's own code: named by its type, as a map row's is (KeyError: 'domain')
-        if not error["message"].startswith(f"{type(exc).__name__}:"):
-            error["message"] = f"{type(exc).__name__}: {error['message']}".rstrip(": ")
+        said = str(exc)  # an exception with no message is named by its type already
+        if said and not error["message"].startswith(f"{type(exc).__name__}:"):
+            error["message"] = f"{type(exc).__name__}: {error['message']}"
         place = failures.where(exc)
         if place:
             error["where"] = place
