@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -372,6 +373,27 @@ def test_a_run_rides_out_a_dropped_postgresql_connection(
     assert any("reconnected" in message for message in warnings), warnings
 
 
+def _start_work(
+    tmp_path: Path, cli_env: dict[str, str], proxy: PgProxy, run_id: str
+) -> tuple[Any, Path, dict[str, str]]:
+    """WORK's 300 calls, started through the proxy: the process, its calls log, its env."""
+    (tmp_path / "play.py").write_text(WORK)
+    log = tmp_path / "calls.log"
+    env = {**cli_env, "DEEPLINE_STORE": proxy.url}
+    payload = _json.dumps_str({"n": 300, "log": str(log)})
+    return start(["run", "play.py", "--input", payload, "--run-id", run_id], env, tmp_path), log, env
+
+
+def _resume_pays_each_once(run_id: str, env: dict[str, str], tmp_path: Path, log: Path) -> None:
+    again = subprocess.run(
+        [sys.executable, "-m", "deepline_cli", "resume", run_id, "--quiet"], env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    executed = log.read_text().split()
+    assert len(set(executed)) == 300 and len(executed) <= 300 + 10  # at most the calls in flight again
+
+
 @pytest.mark.postgres
 def test_ctrl_c_while_the_store_is_down_stops_within_seconds_and_says_the_end_is_not_recorded(
     tmp_path: Path, cli_env: dict[str, str], proxy: PgProxy, pg_url: str
@@ -380,11 +402,7 @@ def test_ctrl_c_while_the_store_is_down_stops_within_seconds_and_says_the_end_is
     the run stops in seconds, not after the minute of reconnecting, exits 130, and says its
     end could not be recorded and how to go on. A resume once the store is back finishes it,
     nothing paid twice."""
-    (tmp_path / "play.py").write_text(WORK)
-    log = tmp_path / "calls.log"
-    env = {**cli_env, "DEEPLINE_STORE": proxy.url}
-    payload = _json.dumps_str({"n": 300, "log": str(log)})
-    proc = start(["run", "play.py", "--input", payload, "--run-id", "down"], env, tmp_path)
+    proc, log, env = _start_work(tmp_path, cli_env, proxy, "down")
     try:
         wait_until(lambda: _calls(pg_url) >= 30, what="30 calls recorded")
         proxy.cut(refuse_for_s=120)
@@ -400,13 +418,7 @@ def test_ctrl_c_while_the_store_is_down_stops_within_seconds_and_says_the_end_is
     assert "■ Run down interrupted after" in err and "while its store was unreachable: its end is not recorded" in err
     assert "Next: once the store is back: deepline resume down" in err and "Traceback" not in err, err
     proxy.cut(refuse_for_s=0)
-    again = subprocess.run(
-        [sys.executable, "-m", "deepline_cli", "resume", "down", "--quiet"], env=env, cwd=tmp_path,
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert again.returncode == 0, again.stderr
-    executed = log.read_text().split()
-    assert len(set(executed)) == 300 and len(executed) <= 300 + 10  # at most the calls in flight again
+    _resume_pays_each_once("down", env, tmp_path, log)
 
 
 @pytest.mark.postgres
@@ -417,11 +429,7 @@ def test_ctrl_c_while_the_store_has_stopped_answering_stops_the_run(
     middlebox: nothing is refused or reset, so no reconnect starts). Ctrl-C stops the run
     within half a minute, exit 130, its end said not recorded; a resume once the store answers again
     finishes it, nothing paid twice."""
-    (tmp_path / "play.py").write_text(WORK)
-    log = tmp_path / "calls.log"
-    env = {**cli_env, "DEEPLINE_STORE": proxy.url}
-    payload = _json.dumps_str({"n": 300, "log": str(log)})
-    proc = start(["run", "play.py", "--input", payload, "--run-id", "stalled"], env, tmp_path)
+    proc, log, env = _start_work(tmp_path, cli_env, proxy, "stalled")
     try:
         wait_until(lambda: _calls(pg_url) >= 30, what="30 calls recorded")
         proxy.stall()
@@ -439,13 +447,7 @@ def test_ctrl_c_while_the_store_has_stopped_answering_stops_the_run(
     assert took < 30, f"Ctrl-C took {took:.1f}s while the store did not answer"
     assert "■ Run stalled interrupted after" in err and "its end is not recorded" in err, err
     assert "Traceback" not in err, err
-    again = subprocess.run(
-        [sys.executable, "-m", "deepline_cli", "resume", "stalled", "--quiet"], env=env, cwd=tmp_path,
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert again.returncode == 0, again.stderr
-    executed = log.read_text().split()
-    assert len(set(executed)) == 300 and len(executed) <= 300 + 10  # at most the calls in flight again
+    _resume_pays_each_once("stalled", env, tmp_path, log)
 
 
 GATED = """
