@@ -204,6 +204,7 @@ async def chain(ctx, input):
         "b": lambda row, rc: rc.tools.execute("b", "c.b", {"a": row["a"]}),
         "c": lambda row, rc: rc.tools.execute("c", "c.c", {"n": row["n"]}),
         "d": lambda row, rc: rc.tools.execute("d", "c.d", {"b": row.get("b")}),
+        "size": lambda row: len(str(row["b"])),  # reads b, calls nothing
     })
     return {"rows": len(rows)}
 """
@@ -212,7 +213,7 @@ async def chain(ctx, input):
 def test_a_column_depends_on_the_column_it_reads_not_on_the_first_unknown_one(deepline, write_play) -> None:
     play = write_play(CHAIN)
     (m,) = _plan(deepline, str(play))["maps"]
-    a, b, c, d = m["columns"]
+    a, b, c, d, size = m["columns"]
     assert (a["new_calls"], a["dependent_rows"], a["notes"]) == (5, 0, [])
     assert (b["new_calls"], b["dependent_rows"]) == (0, 5)
     assert b["notes"] == ["depends on 'a', known only after running (5 rows)"]
@@ -221,6 +222,8 @@ def test_a_column_depends_on_the_column_it_reads_not_on_the_first_unknown_one(de
     assert c["credits"] == {"min": 20.0, "expected": 20.0, "max": 20.0}
     assert (d["new_calls"], d["dependent_rows"]) == (0, 5)
     assert d["notes"] == ["depends on 'b', known only after running (5 rows)"]
+    assert (size["new_calls"], size["dependent_rows"]) == (0, 0)  # waits for b, but calls nothing
+    assert m["dependent_calls"] == 10
     human = deepline("plan", str(play))
     assert human.code == 0, human.stderr
     lines = [line.strip() for line in human.stdout.splitlines() if "depends on" in line and ":" in line]

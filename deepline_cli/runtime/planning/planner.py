@@ -122,6 +122,9 @@ class ColumnPlan:
     tools: list[str]
     credits_each: dict[str, float]
     run_if: bool
+    # No tool id in its code and no `rc` to call one with (`lambda row: ...`): a cell that
+    # depends on another column's value still calls nothing.
+    calls_nothing: bool = False
     reused_cells: int = 0  # cells the sheet gives back (same row input and column code)
     paid_calls: int = 0  # calls answered by receipts that exist (no new bill)
     new_calls: int = 0  # calls that would be made for sure
@@ -568,6 +571,8 @@ class RowPlanner:
 
     def _dependent(self, plan: ColumnPlan, reason: str, tracker: Tracker | None, reached: set[str]) -> None:
         """A cell whose calls cannot be known before running: bounded by the tools it names."""
+        if plan.calls_nothing:  # its value waits for another column's; no call does
+            return
         plan.dependent_rows += 1
         plan.note(reason + (" (then its run_if decides)" if plan.run_if and reason.startswith("depends on") else ""))
         called = tracker.called if tracker is not None else set()
@@ -758,7 +763,9 @@ class Planner:
         tools: PlanTools = PlanTools(self.services, self)
         fns = [column.column.fn] + ([column.column.run_if] if column.column.run_if else [])
         found = tool_ids(fns, lambda t: tools.declared(t) is not None)
-        return ColumnPlan(column.name, found, self._credits_of(found), column.column.run_if is not None)
+        plan = ColumnPlan(column.name, found, self._credits_of(found), column.column.run_if is not None)
+        plan.calls_nothing = column.arity == 1 and not found
+        return plan
 
     def _credits_of(self, tool_ids: list[str]) -> dict[str, float]:
         tools = PlanTools(self.services, self)
