@@ -168,20 +168,30 @@ from tidy import strip
 
 @play("cousin")
 async def cousin(ctx, input):
-    return strip(input["word"]) + "!"
+    return await ctx.run_play("g", "deeper/grand.py", {"word": strip(input["word"])}) + "!"
+"""
+GRAND = """\
+from deepline_cli import play
+from tidy import strip
+
+@play("grand")
+async def grand(ctx, input):
+    return strip(input["word"]) + "?"
 """
 
 
 def test_a_child_play_in_a_subfolder_imports_a_module_from_its_parents_folder_under_a_worker(
     deepline: Run, tmp_path: Path, cli_env: dict[str, str]
 ) -> None:
-    """`kids/cousin.py` imports `tidy` from the parent's folder, as it does when the parent
-    runs it in its own process (the parent's folder is on the path): under a worker, in a
-    process of its own, its snapshot carries that module too."""
+    """`kids/cousin.py` (and the `kids/deeper/grand.py` it runs) import `tidy` from the top
+    play's folder, as they do when the parent runs them in its own process (that folder is
+    on the path): under a worker, in a process of its own, each one's snapshot carries it."""
     folder = tmp_path / "plays"
     (folder / "kids").mkdir(parents=True)
     (folder / "play.py").write_text(PARENT.replace("kids/child.py", "kids/cousin.py"))
     (folder / "kids" / "cousin.py").write_text(COUSIN)
+    (folder / "kids" / "deeper").mkdir()
+    (folder / "kids" / "deeper" / "grand.py").write_text(GRAND)
     (folder / "tidy.py").write_text("def strip(w):\n    return w.strip()\n")
     queued = deepline("run", "plays/play.py", "--set", "word= hi ", "--run-id", "q", "--enqueue")
     assert queued.code == 0, queued.stderr
@@ -189,13 +199,14 @@ def test_a_child_play_in_a_subfolder_imports_a_module_from_its_parents_folder_un
 
     code, _, err = finish(start(["worker", "--once"], cli_env, tmp_path), timeout=60)
 
-    assert code == 0 and "2 completed, 0 failed" in err, err
-    assert _json.loads(deepline("runs", "show", "q", "--json").stdout)["output"] == "hi!"
-    # The child ran in the parent's worker, which had `tidy` loaded already; a worker on
-    # another machine has only the child's snapshot: it must hold the module.
+    assert code == 0 and "3 completed, 0 failed" in err, err
+    assert _json.loads(deepline("runs", "show", "q", "--json").stdout)["output"] == "hi?!"
+    # The children ran in the parent's worker, which had `tidy` loaded already; a worker on
+    # another machine has only a child's snapshot: it must hold the module, a level down too.
     db = open_store(cli_env["DEEPLINE_STORE"])
     try:
-        (child,) = db.runs.child_runs("q")
+        (kid,) = db.runs.child_runs("q")
+        (child,) = db.runs.child_runs(kid.run_id)
         snapshot = db.queue.get_snapshot(child.snapshot or "")
     finally:
         db.close()
@@ -212,7 +223,7 @@ def test_a_child_play_in_a_subfolder_imports_a_module_from_its_parents_folder_un
         [sys.executable, "-c", loads, child.snapshot or ""], input=_json.dumps_str(snapshot), env=cli_env,
         cwd=tmp_path, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert alone.returncode == 0 and alone.stdout.strip() == "yo!", alone.stderr
+    assert alone.returncode == 0 and alone.stdout.strip() == "yo?", alone.stderr
 
 
 SECRETIVE = """\

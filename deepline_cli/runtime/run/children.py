@@ -19,7 +19,7 @@ from deepline_cli.runtime.run.body import execute_body
 from deepline_cli.runtime.run.holders import holder_id
 from deepline_cli.runtime.run.parts import Journal, RunParts
 from deepline_cli.runtime.run.play import PlayDef, find_play_by_name, load_play
-from deepline_cli.runtime.run.snapshot import take_snapshot
+from deepline_cli.runtime.run.snapshot import child_root, take_snapshot
 from deepline_cli.runtime.run.stop import stopped_with_parent
 from deepline_cli.store.records import Boundary, RunRecord
 
@@ -121,8 +121,8 @@ async def _schedule_child(s: RunParts, call_id: str, play: PlayDef, child_id: st
         return await _execute_child(s, call_id, play, child_id, input, description)
     if record is None:
         s.effects.caps.count_child_play()  # per run: children started by earlier attempts count too
-        parent_folder = Path(s.identity.play_file).parent if s.identity.play_file else None
-        digest, snapshot = take_snapshot(play, Path(s.settings.config) if s.settings.config else None, parent_folder)
+        root = child_root(s.identity.play_file) if s.identity.play_file else None
+        digest, snapshot = take_snapshot(play, Path(s.settings.config) if s.settings.config else None, root)
         record = RunRecord(
             run_id=child_id,
             play=play.name,

@@ -149,11 +149,24 @@ def _check_size(files: dict[str, Source], folder: Path) -> None:
     )
 
 
-def materialize_snapshot(digest: str, snapshot: dict[str, Any]) -> tuple[str, str | None]:
-    """Write a snapshot into the cache directory once; return (play ref, config path)."""
+def _snapshots() -> Path:
     import platformdirs
 
-    folder = Path(platformdirs.user_cache_dir("deepline", appauthor=False)) / "snapshots" / digest
+    return Path(platformdirs.user_cache_dir("deepline", appauthor=False)) / "snapshots"
+
+
+def child_root(play_file: str) -> Path:
+    """The folder a child play's snapshot is taken of, for a parent run from `play_file`:
+    the parent's folder, or, for a parent run from a snapshot, that snapshot's whole folder
+    (a grandchild in `kids/` imports from the top folder as its parent did)."""
+    path = Path(play_file)
+    snapshots = _snapshots()
+    return next((folder for folder in path.parents if folder.parent == snapshots), path.parent)
+
+
+def materialize_snapshot(digest: str, snapshot: dict[str, Any]) -> tuple[str, str | None]:
+    """Write a snapshot into the cache directory once; return (play ref, config path)."""
+    folder = _snapshots() / digest
     files, play_file = _files(snapshot)
     for name, content in files.items():
         target = folder / name
