@@ -374,6 +374,11 @@ def test_a_plan_after_a_run_with_a_failed_row_gives_its_columns_as_none(deepline
     assert deepline("run", str(play), "--quiet").code == 0
     plan = _plan(deepline, str(play))
     assert plan["complete"] and plan["totals"]["credits"]["max"] == 0, plan
+    # bob's failure is kept: the plan says a run gives it back failed, and how to ask again.
+    (m,) = plan["maps"]
+    score = m["columns"][0]
+    assert score["failed_rows"] == 1, (score, m)
+    assert any("--refresh-failed asks again" in note for note in score["notes"]), score["notes"]
 
 
 CHAINED_WATERFALL = """

@@ -116,6 +116,9 @@ class Credits:
         return {"min": round(self.min, 4), "expected": round(self.expected, 4), "max": high}
 
 
+KEPT_FAILURE = "keeps the failure an earlier run recorded; a run with --refresh-failed asks again"
+
+
 @dataclass
 class ColumnPlan:
     column: str
@@ -495,7 +498,9 @@ class RowPlanner:
             if cell is not None:
                 plan.reused_cells += 1
                 row[column.name] = cell.value
-                if cell.error is not None:
+                if cell.error is not None:  # a run gives it back failed, calling nothing
+                    plan.failed_rows += 1
+                    plan.note(KEPT_FAILURE)
                     return self._keep(row, cell.error)
                 continue
             before = job.previous.cells.get(column.name) if job.previous else None
@@ -794,7 +799,11 @@ class Planner:
                 elif whole_row_reusable(engine, job):
                     plan.paid_rows += 1
                     for column in rows.columns:
-                        column.reused_cells += column.column in job.previous.cells  # type: ignore[union-attr]
+                        cell = job.previous.cells.get(column.column)  # type: ignore[union-attr]
+                        column.reused_cells += cell is not None
+                        if cell is not None and cell.error is not None:  # a run gives it back failed
+                            column.failed_rows += 1
+                            column.note(KEPT_FAILURE)
                     rows._keep(_sheet_values(job), _first_error(job))
                 else:
                     await rows.row(job)
