@@ -258,14 +258,13 @@ class Worker:
     def _execute(self, run_id: str, action: Callable[[Runner], RunResult]) -> None:
         options = RunOptions(store=self.store_url, schedule_children=True)
         options.fetch_public_only = options.fetch_public_only or self.fetch_public_only
-        runner = Runner(options, self._bus())
+        runner = Runner(options, self._bus(run_id))
         with self._lock:
             self._runners.add(runner)
         if self._draining.is_set():
             runner.request_stop(again=False)
         self.stats.started += 1
         started = time.monotonic()
-        self.report(f"worker: running {run_id}")
         try:
             result = action(runner)
             stopped = (result.error or {}).get("reason")  # `runs stop`, or its parent's: it stays stopped
@@ -275,8 +274,7 @@ class Worker:
                 self.stats.requeued += 1
                 result.requeued = True
         except RunBusyError:
-            self.stats.started -= 1  # another worker leased it first: this one did not run it
-            self.report(f"worker: {run_id} was taken by another process first")
+            self.stats.started -= 1  # another worker leased it first (a race for a due run): not this one's
             raise
         except RunInterrupted:  # the worker is stopping, and the run was not taken: it stays as it was
             self.stats.started -= 1
@@ -317,9 +315,11 @@ class Worker:
     def _reconnected(self, message: str) -> None:
         self.report(f"worker: {message}")
 
-    def _bus(self) -> EventBus:
+    def _bus(self, run_id: str) -> EventBus:
         def warn(event: Event) -> None:
-            if event.event == "log" and event.data.get("level") != "info":
+            if event.event == "run.started" and event.run_id == run_id:  # leased: this worker runs it
+                self.report(f"worker: running {run_id}")
+            elif event.event == "log" and event.data.get("level") != "info":
                 self.report(f"worker: {event.run_id}: {event.data.get('message')}")
 
         return EventBus([warn])
