@@ -49,6 +49,9 @@ RECHECK_S = 5.0  # a run found not due yet is looked at again no sooner than thi
 Report = Callable[[str], None]
 
 
+WORKER_EARLY_S = 1.0
+
+
 @dataclass
 class WorkerStats:
     started: int = 0
@@ -247,7 +250,9 @@ class Worker:
         if record.status == "running":
             return not holder_alive(record, now)  # its holder died: take it over
         wait = record.options.get("max_inline_wait")
-        wait = 30.0 if wait is None else float(wait)
+        # Taken at most WORKER_EARLY_S before its timer: a worker's slot does not sit out the
+        # run's whole inline wait (30 s by default) in a sleep that another run could use.
+        wait = min(WORKER_EARLY_S, 30.0 if wait is None else float(wait))
         if ready_to_resume(store, record.run_id, now, wait):
             return True
         # Not yet after all: look again when it may be (never in a loop on the same run).
