@@ -120,6 +120,19 @@ def test_silent_remote_answers_are_billed_at_the_declared_credits(deepline, proj
     assert _finished(run)["stats"]["credits"] == 6
 
 
+def test_a_budget_says_once_that_it_cannot_hold_a_remote_tool_of_no_known_price(deepline, project, remote) -> None:
+    """The API says no price and none is declared: `--max-credits 2` let every call through
+    as free without a word. It still does (nothing known to count), but says so, once."""
+    remote.silent = True
+    play = project()
+    run = deepline("run", play, "--max-credits", "2", "--json", METERED_KEY=KEY)
+    assert run.code == 0, run.stderr
+    said = [e["message"] for e in run.json_lines() if e["event"] == "log" and "without a price" in e["message"]]
+    assert len(said) == 1 and "vendor.lookup" in said[0] and "[remote] credits" in said[0], said
+    quiet = deepline("run", play, "--json", "--run-id", "no-budget", METERED_KEY=KEY)  # no budget: nothing to say
+    assert not [e for e in quiet.json_lines() if e["event"] == "log" and "without a price" in e.get("message", "")]
+
+
 def test_remote_credits_must_be_numbers(deepline, project) -> None:
     play = project('credits = { "vendor.lookup" = "two" }')
     result = deepline("run", play, METERED_KEY=KEY)

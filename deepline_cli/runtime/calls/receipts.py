@@ -186,6 +186,7 @@ class ReceiptBook:
         self._leases = HeldLeases(io, scope.lease_ttl)
         self._tally = CallTally(stats, bus, scope.run_id)
         self._breaker = Breaker()  # shared with child runs: stopping one stops them all
+        self._unpriced: set[str] = set()  # metered tools whose answers say no price, warned of once
 
     @property
     def scope(self) -> Identity:
@@ -345,6 +346,8 @@ class ReceiptBook:
         # later claim of this run; a crash before that commit makes this call one of
         # those "in flight", repeated on resume under the same idempotency key.
         credits = call.credits if info.credits is None else info.credits  # what the provider said it cost
+        if call.metered and info.credits is None and not call.credits and self._budget.max_credits is not None:
+            self._warn_unpriced(call.tool or call.label)
         overrun = self._budget.settle(reserved, credits)
         if overrun is not None:
             self._breaker.trip(overrun)  # nothing more is sent; the calls in flight finish and are recorded
@@ -361,6 +364,16 @@ class ReceiptBook:
         self._writes.settle(settlement, partial(self._check_recorded, call))
         self._tally.count(call, "live", credits)
         return Outcome(value, "live", call.key, credits)
+
+    def _warn_unpriced(self, tool: str) -> None:
+        """A budget cannot hold calls that cost nothing it knows of: said once per tool."""
+        if tool not in self._unpriced:
+            self._unpriced.add(tool)
+            self._log(
+                f"{tool} answered without a price and declares no credits: the budget counts its calls as free; "
+                f"declare its credits in deepline.toml ([remote] credits) for --max-credits to hold them",
+                level="warning",
+            )
 
     def _check_recorded(self, call: DurableCall, applied: bool | BaseException) -> None:
         """The circuit breaker: a billed call that was not recorded stops the run."""
