@@ -1352,6 +1352,12 @@ async def leaky(ctx, input):
     })
     fetched = await ctx.fetch("f", input["url"] + "/echo", headers={"X-Key": ctx.secrets.get("HT_TOKEN")})
     ctx.log("secret is " + ctx.secrets.get("HT_TOKEN"))
+    # Ids a play builds with a secret in them (a habit: one step per API key).
+    token = ctx.secrets.get("HT_TOKEN")
+    await ctx.step(f"step-{token}", lambda: 1)
+    await ctx.fetch(f"fetch-{token}", input["url"] + "/echo")
+    if ctx.run.attempt == 1 and input.get("fail_once"):
+        raise RuntimeError("after the steps")  # a resume reaches the same ids: the same, redacted
     return {"rows": len(data), "fetched": fetched.text, "secret": ctx.secrets.get("HT_TOKEN")}
 """
 
@@ -1378,14 +1384,17 @@ def test_secrets_are_never_stored_logged_exported_or_printed(
     assert as_json.code == 0, as_json.stderr
     finished = as_json.json_lines()[-1]
     run_id = finished["run_id"]
-    human = cli("run", "leaky.py", "--input", json.dumps({"n": 4, "url": provider.url}))
-    assert human.code == 0, human.stderr
+    payload = json.dumps({"n": 4, "url": provider.url, "fail_once": True})
+    failed = cli("run", "leaky.py", "--input", payload, "--run-id", "leaky-h")
+    assert failed.code == 1, failed.stderr
+    human = cli("resume", "leaky-h")
+    assert human.code == 0, human.stderr  # the journal's ids, kept redacted, matched again
     # The secret did reach the provider, in a header and in a query string.
     assert provider.on("/echo")[0].headers["authorization"] == f"Bearer {SECRET}"
     assert SECRET in provider.on("/query")[0].query
     assert "[redacted]" in as_json.stdout
 
-    outputs = [as_json.stdout, as_json.stderr, human.stdout, human.stderr]
+    outputs = [as_json.stdout, as_json.stderr, failed.stdout, failed.stderr, human.stdout, human.stderr]
     for args in (
         ("runs", "logs", run_id),
         ("runs", "show", run_id, "--json"),
@@ -1399,7 +1408,7 @@ def test_secrets_are_never_stored_logged_exported_or_printed(
         shown = cli(*args)
         assert shown.code == 0, (args, shown.stderr)
         outputs += [shown.stdout, shown.stderr]
-    assert any("[redacted]" in text for text in outputs[4:])
+    assert any("[redacted]" in text for text in outputs[6:])
     assert_no_secret(store_path, SECRET.encode(), *outputs)
 
 

@@ -211,6 +211,8 @@ class ReceiptBook:
     async def execute(self, call: DurableCall, invoke: Callable[[ToolCall], Awaitable[Any]]) -> Outcome:
         """One durable call: its answer from a receipt, from an identical call in flight, or
         from the provider (then settled on a receipt)."""
+        if self._secrets.active:  # an id may hold a secret: it is stored, shown and logged as redacted
+            call.label = self._secrets.redact(call.label)
         if not call.force and call.key in self._inflight:
             outcome = await self._inflight.share(call.key)
             # One call answered both: it is counted once, by how it was answered.

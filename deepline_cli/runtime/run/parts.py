@@ -53,6 +53,8 @@ class Journal:
     # The boundaries this attempt reached and could not pass: the run waits, even when the
     # play caught the Suspended (`asyncio.gather(..., return_exceptions=True)`).
     waits: list[Suspended] = field(default_factory=list)
+    # An id may hold a secret (`ctx.step(f"step-{token}", ...)`): kept and compared as redacted.
+    redact: Callable[[str], str] | None = None
 
     def suspend(self, boundary: Boundary) -> Suspended:
         """The run must wait at `boundary`: the Suspended to raise, and remembered."""
@@ -71,6 +73,8 @@ class Journal:
         return f"{self.position}.{self.logs_here}"
 
     def reach(self, durable_id: str, run_id: str) -> None:
+        if self.redact is not None:
+            durable_id = self.redact(durable_id)
         position = self.position
         self.position += 1
         self.logs_here = 0
@@ -160,6 +164,7 @@ class RunParts:
         """The parts of a child run in this process: its own identity, receipts, journal and
         tools; the rest is its parent's."""
         identity = self.identity.child(run_id, attempt, play, play_file)
+        journal.redact = self.infra.secrets.redact
         book = self.effects.book.for_scope(identity)
         self.effects.books.append(book)
         effects = replace(
@@ -203,4 +208,5 @@ def build_parts(
         settings,
     )
     secrets.warn = partial(parts.log, level="warning")
+    journal.redact = secrets.redact  # a secret read later is redacted from then on
     return parts
