@@ -1362,6 +1362,30 @@ async def leaky(ctx, input):
 """
 
 
+def test_a_fetch_whose_json_is_not_json_is_refused_before_it_is_sent(
+    project: Project, provider: LoopbackProvider, cli: Callable[..., Any]
+) -> None:
+    """`ctx.fetch(json={"o": Lead()})` sent `"<Lead object at 0x7f…>"` and completed; a tool's
+    input with the same value is refused. So is the fetch's: exit 2, nothing sent."""
+    project.play(
+        """\
+from deepline_cli import play
+
+class Lead:
+    pass
+
+@play("poster")
+async def poster(ctx, input):
+    return (await ctx.fetch("post", input["url"] + "/echo", method="POST", json={"o": Lead()})).status
+""",
+        "poster.py",
+    )
+    result = cli("run", "poster.py", "--input", json.dumps({"url": provider.url}))
+    assert result.code == 2, result.stderr
+    assert "The json of ctx.fetch 'post' cannot be sent: a value of type Lead is not JSON" in result.stderr
+    assert provider.on("/echo") == []
+
+
 def test_secrets_are_never_stored_logged_exported_or_printed(
     project: Project, provider: LoopbackProvider, cli: Callable[..., Any], tmp_path: Path, store_path: Path
 ) -> None:

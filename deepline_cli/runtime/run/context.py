@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
 from deepline_cli import _json
-from deepline_cli.errors import UsageError
+from deepline_cli.errors import InputError, UsageError
 from deepline_cli.runtime.calls.events import log_fields
 from deepline_cli.runtime.calls.receipts import DurableCall, receipt_key
 from deepline_cli.runtime.calls.tool_calls import Staleness, Tools, staleness_of
@@ -122,6 +122,11 @@ class Context:
         `stale_after_seconds`, a number or a function of the stored answer); secrets are
         redacted."""
         scope = self._s.identity
+        if json is not None:  # refused before anything is sent, as a tool's input is (not sent as a repr)
+            try:
+                _json.canonical(json)
+            except TypeError as exc:
+                raise InputError(f"The json of ctx.fetch {id!r} cannot be sent: {exc}.") from None
         if _journal:
             self._s.effects.journal.reach(f"fetch:{id}", scope.run_id)
         key = receipt_key("fetch", scope.workspace, scope.run_id, id)
