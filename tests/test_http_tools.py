@@ -1386,6 +1386,38 @@ async def poster(ctx, input):
     assert provider.on("/echo") == []
 
 
+def test_reading_json_of_a_fetch_that_is_not_json_says_so_at_the_plays_line(
+    project: Project, provider: LoopbackProvider, cli: Callable[..., Any]
+) -> None:
+    """`.json` of a text answer failed the run with orjson's words, placed in deepline's own
+    _json.py: every deepline module outside runtime/ was taken for the play's code."""
+    project.play(
+        """\
+from deepline_cli import play
+
+@play("reader")
+async def reader(ctx, input):
+    fetched = await ctx.fetch("page", input["url"] + "/page")
+    return fetched.json
+""",
+        "reader.py",
+    )
+    provider.script("/page", ["html"])
+    result = cli("run", "reader.py", "--input", json.dumps({"url": provider.url}))
+    assert result.code == 1
+    assert "the fetched answer is not JSON (200, text/html)" in result.stderr, result.stderr
+    assert "(reader.py line 6)" in result.stderr and "_json.py" not in result.stderr, result.stderr
+
+
+def test_deeplines_own_modules_are_never_the_plays_code() -> None:
+    import deepline_cli
+    from deepline_cli.runtime.map import failures
+
+    package = Path(deepline_cli.__file__).parent
+    for module in ("_json.py", "cli/run.py", "store/sqlite.py", "runtime/map/engine.py"):
+        assert not failures.is_play_file(str(package / module)), module
+
+
 def test_secrets_are_never_stored_logged_exported_or_printed(
     project: Project, provider: LoopbackProvider, cli: Callable[..., Any], tmp_path: Path, store_path: Path
 ) -> None:

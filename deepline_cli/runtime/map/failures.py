@@ -25,7 +25,7 @@ PROGRAMMING_ERRORS: tuple[type[BaseException], ...] = (
     ImportError,
     SyntaxError,
 )
-_PACKAGE = str(Path(__file__).resolve().parent.parent)
+_PACKAGE = str(Path(__file__).resolve().parents[2])  # deepline_cli/: every module of deepline's own
 _LIBRARIES = tuple(
     {str(Path(p).resolve()) for p in (sysconfig.get_path(name) for name in ("stdlib", "purelib", "platlib")) if p}
 )

@@ -513,7 +513,13 @@ class FetchResult:
 
     @property
     def json(self) -> Any:
-        return _json.loads(self.text) if self.text else None
+        if not self.text:
+            return None
+        try:
+            return _json.loads(self.text)
+        except ValueError:
+            kind = self.headers.get("content-type", "no content type")
+            raise ValueError(f"the fetched answer is not JSON ({self.status}, {kind}): {self.text[:60]!r}") from None
 
     def to_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "status": self.status, "headers": self.headers, "text": self.text}
