@@ -218,3 +218,55 @@ def test_a_killed_maps_row_total_counts_csv_rows_not_lines(deepline, tmp_path: P
     assert (rows["rows"], rows["duplicate"]) == (40, 10), rows
     export = deepline("export", "lines")
     assert "2 of 40 rows" in export.stderr, export.stderr
+
+
+FLAKY_TENTH = """\
+import asyncio
+
+from deepline_cli import ProviderTransientError, play, tool
+
+@tool("flaky.tenth")
+async def tenth(input):
+    await asyncio.sleep(0.003)
+    if input["n"] % 10 == 0:  # a provider that is down for these, every time
+        raise ProviderTransientError(f"503 for {input['n']}", category="upstream", status_code=503)
+    return input["n"]
+
+@play("tenths")
+async def tenths(ctx, input):
+    rows = await ctx.map("m", [{"n": n} for n in range(1, 1201)], key="n", concurrency=8, columns={
+        "v": lambda row, rc: rc.tools.execute("t", "flaky.tenth", {"n": row["n"]}),
+    })
+    return {"rows": len(rows), "failed": rows.failed_count}
+"""
+
+
+def test_a_resume_that_asks_again_the_rows_that_failed_is_not_stopped_as_a_systemic_failure(
+    deepline, tmp_path: Path, store_path: Path, cli_env
+) -> None:
+    """Attempt 1 was stopped with 30-odd rows failed (every tenth: that provider is down for
+    them). A resume asks those again first; they fail again, the same way, and were taken
+    for the map's "first 20 rows all failing the same way": every resume stopped there, the
+    rest of the list never computed, --refresh-failed or not. Those rows are not the map's
+    first: the resume goes on through the list."""
+    (tmp_path / "play.py").write_text(FLAKY_TENTH)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deepline_cli", "run", "play.py", "--run-id", "tenths", "--quiet"],
+        cwd=tmp_path, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while count_finished(store_path, "tenths") < 300:
+            assert proc.poll() is None, "the run ended before it could be stopped"
+            assert time.monotonic() < deadline, "the map never reached 300 finished rows"
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+        assert proc.stderr is not None
+        proc.stderr.close()
+    resumed = deepline("resume", "tenths", "--json")
+    finished = resumed.json_lines()[-1]
+    assert (finished["status"], finished["output"]) == ("completed", {"rows": 1200, "failed": 120}), resumed.stderr

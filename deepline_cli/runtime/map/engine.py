@@ -376,7 +376,9 @@ class MapRun:
             )
         )  # fmt: skip
         self.s.stats.row_ended(fell_back, final)
-        if failure is not None:
+        # A row an earlier attempt of this run failed, asked again, says nothing of the map's
+        # first rows: a resume asks those first, and their recurring failure stopped it for good.
+        if failure is not None and not (job.previous is not None and job.previous.run_id == self.run_id):
             self._stop_on(self.book.systemic(failure, error or ""))
 
 
