@@ -223,7 +223,11 @@ def test_a_killed_maps_row_total_counts_csv_rows_not_lines(deepline, tmp_path: P
 FLAKY_TENTH = """\
 import asyncio
 
+from pathlib import Path
+
 from deepline_cli import ProviderTransientError, play, tool
+
+STOP = Path(__file__).with_name("stop")
 
 @tool("flaky.tenth")
 async def tenth(input):
@@ -232,11 +236,14 @@ async def tenth(input):
         raise ProviderTransientError(f"503 for {input['n']}", category="upstream", status_code=503)
     return input["n"]
 
+async def value(row, rc):
+    if row["n"] == 900 and STOP.exists():
+        return {}["a bug"]  # a bug in the play: the map stops there
+    return await rc.tools.execute("t", "flaky.tenth", {"n": row["n"]})
+
 @play("tenths")
 async def tenths(ctx, input):
-    rows = await ctx.map("m", [{"n": n} for n in range(1, 1201)], key="n", concurrency=8, columns={
-        "v": lambda row, rc: rc.tools.execute("t", "flaky.tenth", {"n": row["n"]}),
-    })
+    rows = await ctx.map("m", [{"n": n} for n in range(1, 1201)], key="n", concurrency=8, columns={"v": value})
     return {"rows": len(rows), "failed": rows.failed_count}
 """
 
@@ -267,6 +274,15 @@ def test_a_resume_that_asks_again_the_rows_that_failed_is_not_stopped_as_a_syste
         proc.wait(timeout=30)
         assert proc.stderr is not None
         proc.stderr.close()
+    (tmp_path / "stop").touch()
+    stopped = deepline("resume", "tenths")  # goes past the rows that failed, to the play's bug
+    assert stopped.code == 1 and "row 900" in stopped.stderr, stopped.stderr
+    # The stopped map's line counts the rows its run counts (it gave its last attempt's tally).
+    shown = json.loads(deepline("runs", "show", "tenths", "--json").stdout)
+    (m,) = shown["maps"]
+    rows = shown["stats"]["rows"]
+    assert (m["succeeded"], m["failed"]) == (rows["succeeded"], rows["failed"]), (m, rows)
+    (tmp_path / "stop").unlink()
     resumed = deepline("resume", "tenths", "--json")
     finished = resumed.json_lines()[-1]
     assert (finished["status"], finished["output"]) == ("completed", {"rows": 1200, "failed": 120}), resumed.stderr

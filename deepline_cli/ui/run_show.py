@@ -82,10 +82,11 @@ def read_shown(store: Store, record: RunRecord, *, full: bool = False) -> Shown:
 
 def maps_now(store: Store, run_id: str) -> list[MapRecord]:
     """The run's maps as far as they got: a map's record is written when it starts and ends,
-    so one still running (or whose process died) is counted from the rows it wrote."""
+    so one that has not completed (still running, stopped, its process dead) is counted from
+    the rows every attempt wrote, as the run's own row counts are."""
     maps = store.sheets.get_maps(run_id)
     for m in maps:
-        if m.status == "running":
+        if m.status != "completed":
             counts = store.sheets.count_map_rows(run_id, m.map)
             m.succeeded, m.failed = counts.get("succeeded", 0), counts.get("failed", 0)
     return maps
