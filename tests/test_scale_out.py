@@ -395,6 +395,14 @@ def _start_work(
     return start(["run", "play.py", "--input", payload, "--run-id", run_id], env, tmp_path), log, env
 
 
+def _ctrl_c(proc: Any, timeout: float) -> tuple[int, str, float]:
+    """Ctrl-C to the run: its exit code, its stderr, and how long it took to stop."""
+    asked = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    code, _, err = finish(proc, timeout=timeout)
+    return code, err, time.monotonic() - asked
+
+
 def _resume_pays_each_once(run_id: str, env: dict[str, str], tmp_path: Path, log: Path) -> None:
     again = subprocess.run(
         [sys.executable, "-m", "deepline_cli", "resume", run_id, "--quiet"], env=env, cwd=tmp_path,
@@ -418,10 +426,7 @@ def test_ctrl_c_while_the_store_is_down_stops_within_seconds_and_says_the_end_is
         wait_until(lambda: _calls(pg_url) >= 30, what="30 calls recorded")
         proxy.cut(refuse_for_s=120)
         wait_until(lambda: proxy.refused >= 2, what="the run trying to reconnect")
-        asked = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        code, _, err = finish(proc, timeout=60)
-        took = time.monotonic() - asked
+        code, err, took = _ctrl_c(proc, timeout=60)
     finally:
         kill(proc)
     assert code == 130, err
@@ -447,10 +452,7 @@ def test_ctrl_c_while_the_store_has_stopped_answering_stops_the_run(
         stalled_at = _calls(pg_url)  # read directly, not through the proxy
         time.sleep(1.0)  # the run now waits on the store
         assert _calls(pg_url) == stalled_at and proc.poll() is None
-        asked = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        code, _, err = finish(proc, timeout=120)
-        took = time.monotonic() - asked
+        code, err, took = _ctrl_c(proc, timeout=120)
     finally:
         kill(proc)
         proxy.stall(False)
