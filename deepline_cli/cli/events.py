@@ -48,7 +48,7 @@ def send(
         delivered = [t for t in targets or [run_id] if db.suspension.send_event(t, event_id, value, now)]
         if targets and delivered:
             for woken in {*delivered, run_id}:  # the run that waits, and the root a worker resumes
-                db.queue.set_wake(woken, db.now())
+                db.queue.set_wake(woken, now)
             db.queue.notify()  # wake workers: the waiting run is due
     finally:
         db.close()

@@ -355,7 +355,9 @@ class MapRun:
         waits = next((scope.waits for scope in scopes if scope.waits is not None), None)
         if waits is not None:
             raise waits  # a wait its resolver caught: the row waits, its value is none yet
-        if job.previous is not None and job.previous.run_id == self.run_id:
+        # A row an earlier attempt of this run wrote, done again (its failure asked again…).
+        redone = job.previous is not None and job.previous.run_id == self.run_id
+        if redone:
             reused_cells = 0  # this run's own cells, from an earlier attempt: not a reuse
         self.book.tally.reused_cells += reused_cells
         steps = self.book.steps(cells)
@@ -376,9 +378,9 @@ class MapRun:
             )
         )  # fmt: skip
         self.s.stats.row_ended(fell_back, final)
-        # A row an earlier attempt of this run failed, asked again, says nothing of the map's
-        # first rows: a resume asks those first, and their recurring failure stopped it for good.
-        if failure is not None and not (job.previous is not None and job.previous.run_id == self.run_id):
+        # A redone row says nothing of the map's first rows: a resume asks the rows that failed
+        # first, and their recurring failure stopped it for good.
+        if failure is not None and not redone:
             self._stop_on(self.book.systemic(failure, error or ""))
 
 

@@ -328,7 +328,8 @@ def _aliases(
 ) -> dict[str, str]:
     """header name → column name, for the first header each column's aliases find that no
     other column took (nor a `claimed` one: renamed by `rename=`)."""
-    found: dict[str, str] = dict(claimed or {})
+    found: dict[str, str] = {}
+    taken = set(claimed or ())
     by_fold: dict[str, str] = {}
     for name in header:
         by_fold.setdefault(_fold(name), name)
@@ -336,10 +337,10 @@ def _aliases(
         candidates = [names] if isinstance(names, str) else list(names)
         for alias in [column, *candidates]:
             original = by_fold.get(_fold(alias))
-            if original is not None and original not in found:
+            if original is not None and original not in found and original not in taken:
                 found[original] = column
                 break
-    return {name: column for name, column in found.items() if not claimed or name not in claimed}
+    return found
 
 
 def _renames(header: Sequence[str], rename: Mapping[str, str]) -> dict[str, str]:

@@ -768,9 +768,10 @@ class Planner:
         tools: PlanTools = PlanTools(self.services, self)
         fns = [column.column.fn] + ([column.column.run_if] if column.column.run_if else [])
         found = tool_ids(fns, lambda t: tools.declared(t) is not None)
-        plan = ColumnPlan(column.name, found, self._credits_of(found), column.column.run_if is not None)
-        plan.calls_nothing = column.arity == 1 and not found
-        return plan
+        return ColumnPlan(
+            column.name, found, self._credits_of(found), column.column.run_if is not None,
+            calls_nothing=column.arity == 1 and not found,
+        )  # fmt: skip
 
     def _credits_of(self, tool_ids: list[str]) -> dict[str, float]:
         tools = PlanTools(self.services, self)

@@ -928,7 +928,7 @@ class Transport:
             except ClosedUnanswered:
                 if kept:  # the server was done with a kept connection (its keep-alive limit, its idle timeout)
                     raise StaleConnection("the server closed a kept connection before answering") from None
-                raise TransportError("the server closed the connection before answering") from None
+                raise
             finally:
                 self._keep(route, connection)
         finally:

@@ -47,8 +47,8 @@ DUE_SCAN = 50
 RECHECK_S = 5.0  # a run found not due yet is looked at again no sooner than this
 
 Report = Callable[[str], None]
-
-
+# A sleeping run is taken at most this long before its timer: a worker's slot does not sit
+# out the run's whole inline wait (30 s by default) in a sleep another run could use.
 WORKER_EARLY_S = 1.0
 
 
@@ -250,8 +250,6 @@ class Worker:
         if record.status == "running":
             return not holder_alive(record, now)  # its holder died: take it over
         wait = record.options.get("max_inline_wait")
-        # Taken at most WORKER_EARLY_S before its timer: a worker's slot does not sit out the
-        # run's whole inline wait (30 s by default) in a sleep that another run could use.
         wait = min(WORKER_EARLY_S, 30.0 if wait is None else float(wait))
         if ready_to_resume(store, record.run_id, now, wait):
             return True
@@ -309,7 +307,8 @@ class Worker:
         elif result.status == "taken_over":
             self.stats.taken_over += 1
         elif result.status == "interrupted":
-            self.stats.stopped += 0 if result.requeued else 1
+            if not result.requeued:  # a re-queued one is counted as such
+                self.stats.stopped += 1
         else:
             self.stats.failed += 1
         said = "taken over by another process" if result.status == "taken_over" else result.status
