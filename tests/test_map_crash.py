@@ -237,8 +237,8 @@ async def tenth(input):
     return input["n"]
 
 async def value(row, rc):
-    if row["n"] == 900 and STOP.exists():
-        return {}["a bug"]  # a bug in the play: the map stops there
+    if row["n"] == 150 and STOP.exists():  # a row that failed before: the resume asks it again early
+        return {}["a bug"]  # a bug in the play: the map stops there, the later failed rows not asked again
     return await rc.tools.execute("t", "flaky.tenth", {"n": row["n"]})
 
 @play("tenths")
@@ -275,9 +275,10 @@ def test_a_resume_that_asks_again_the_rows_that_failed_is_not_stopped_as_a_syste
         assert proc.stderr is not None
         proc.stderr.close()
     (tmp_path / "stop").touch()
-    stopped = deepline("resume", "tenths")  # goes past the rows that failed, to the play's bug
-    assert stopped.code == 1 and "row 900" in stopped.stderr, stopped.stderr
-    # The stopped map's line counts the rows its run counts (it gave its last attempt's tally).
+    stopped = deepline("resume", "tenths")  # stops at the play's bug among the rows that failed
+    assert stopped.code == 1 and "row 150" in stopped.stderr, stopped.stderr
+    # The stopped map's line counts the rows its run counts (it gave its last attempt's tally,
+    # without the failed rows of the first attempt it had not asked again).
     shown = json.loads(deepline("runs", "show", "tenths", "--json").stdout)
     (m,) = shown["maps"]
     rows = shown["stats"]["rows"]
