@@ -666,28 +666,36 @@ class HalfEmojiProvider(Provider):
         return 200, {"content-type": "application/json"}, b'{"bio": "Founder \\ud83d", "id": 18446744073709551616}'
 
 
+def _answered_twice(
+    provider: Provider, deepline: Run, write_play: Callable[..., Path], tmp_path: Path, credits: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One HTTP tool call to `provider`, in two runs: each run's run.finished (the second
+    reuses the first's answer)."""
+    with ProviderServer(provider) as running:
+        (tmp_path / "deepline.toml").write_text(f'[tools."p.one"]\nurl = "{running.url}/one"\ncredits = {credits}\n')
+        play = write_play(
+            """
+            from deepline_cli import play
+
+            @play("one")
+            async def one(ctx, input):
+                return (await ctx.tools.execute("one", "p.one", {"domain": "acme.com"})).output
+            """
+        )
+        return finished(deepline("run", str(play), "--json")), finished(deepline("run", str(play), "--json"))
+
+
 def test_an_http_answer_with_half_an_emoji_is_kept_not_refused_as_malformed(
     deepline: Run, write_play: Callable[..., Path], tmp_path: Path
 ) -> None:
     """The provider was paid for that answer: "malformed JSON" (transient) asked again on
     every later run, and showed 0 credits. It is read as Python's json reads it, mended."""
-    with ProviderServer(HalfEmojiProvider()) as provider:
-        (tmp_path / "deepline.toml").write_text(f'[tools."bio.http"]\nurl = "{provider.url}/bio"\ncredits = 2\n')
-        play = write_play(
-            """
-            from deepline_cli import play
-
-            @play("bios")
-            async def bios(ctx, input):
-                return (await ctx.tools.execute("bio", "bio.http", {"domain": "acme.com"})).output
-            """
-        )
-        first = finished(deepline("run", str(play), "--json"))
-        assert first["output"] == {"bio": "Founder \ufffd", "id": 18446744073709551616}
-        assert first["stats"]["credits"] == 2
-        again = finished(deepline("run", str(play), "--json"))
-        assert again["output"]["bio"] == "Founder \ufffd"
-        assert list(provider.billed.values()) == [1]
+    provider = HalfEmojiProvider()
+    first, again = _answered_twice(provider, deepline, write_play, tmp_path, credits=2)
+    assert first["output"] == {"bio": "Founder \ufffd", "id": 18446744073709551616}
+    assert first["stats"]["credits"] == 2
+    assert again["output"]["bio"] == "Founder \ufffd"
+    assert list(provider.billed.values()) == [1]
 
 
 @dataclass
@@ -705,22 +713,10 @@ def test_an_http_answer_in_its_declared_charset_is_read_not_refused_as_malformed
 ) -> None:
     """JSON sent as `charset=iso-8859-1` was read as UTF-8, refused as malformed (transient),
     and asked again, paid, on every run. It is read in the charset it declares, once."""
-    with ProviderServer(Latin1Provider()) as provider:
-        (tmp_path / "deepline.toml").write_text(f'[tools."p.latin1"]\nurl = "{provider.url}/who"\ncredits = 1\n')
-        play = write_play(
-            """
-            from deepline_cli import play
-
-            @play("who")
-            async def who(ctx, input):
-                return (await ctx.tools.execute("who", "p.latin1", {"domain": "acme.com"})).output
-            """
-        )
-        first = finished(deepline("run", str(play), "--json"))
-        assert first["output"] == {"name": "René Müller"}
-        again = finished(deepline("run", str(play), "--json"))
-        assert again["output"] == {"name": "René Müller"}
-        assert list(provider.billed.values()) == [1]
+    provider = Latin1Provider()
+    first, again = _answered_twice(provider, deepline, write_play, tmp_path, credits=1)
+    assert first["output"] == again["output"] == {"name": "René Müller"}
+    assert list(provider.billed.values()) == [1]
 
 
 # --- a resume keeps the refresh the run was started with --------------------------------
