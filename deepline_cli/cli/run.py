@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from deepline_cli.cli.common import JsonOption, Settings, StoreOption, cli_errors
-from deepline_cli.ui.streams import own_stdout
 
 if TYPE_CHECKING:
     from deepline_cli.runtime.run.options import RunOptions, RunResult
@@ -207,6 +206,7 @@ def execute(
     """Run `action` with the right view attached, print the outcome (`report`), exit with its code."""
     from deepline_cli.runtime.calls.events import EventBus
     from deepline_cli.runtime.run.runner import Runner
+    from deepline_cli.ui.streams import own_stdout
 
     view = _view(json_mode, quiet)
     finished = threading.Event()
