@@ -187,7 +187,9 @@ def _feed_value(walk: _Walk, value: Any, *, top: bool = False) -> None:
             _feed_value(walk, value.keywords[name])
     elif isinstance(value, types.MethodType):
         _feed_value(walk, value.__func__, top=top)
-        _feed_instance(walk, value.__self__)  # `Enricher("hunter").via`: what it was made with
+        owner = value.__self__
+        _feed_class(walk, owner if isinstance(owner, type) else type(owner))  # what `self.other()` runs
+        _feed_instance(walk, owner)  # `Enricher("hunter").via`: what it was made with
     elif isinstance(value, types.FunctionType):
         if top or is_play_file(value.__code__.co_filename):
             _feed_function(walk, value)
@@ -200,6 +202,7 @@ def _feed_value(walk: _Walk, value: Any, *, top: bool = False) -> None:
         if isinstance(call, types.FunctionType):
             _tag(walk, f"{type(value).__module__}.{type(value).__qualname__}".encode())
             _feed_value(walk, call, top=True)
+            _feed_class(walk, type(value))
             _feed_instance(walk, value)
         else:
             _tag(walk, f"{type(value).__module__}.{type(value).__qualname__}".encode())
@@ -304,6 +307,8 @@ def _feed_class(walk: _Walk, cls: type) -> None:
         return
     walk.seen.add(id(cls))
     _tag(walk, cls.__qualname__.encode())
+    for base in cls.__mro__[1:]:  # what it inherits from classes of the play's own
+        _feed_class(walk, base)
     for name in sorted(vars(cls)):
         member = vars(cls)[name]
         if isinstance(member, staticmethod | classmethod):
@@ -331,6 +336,9 @@ def _feed_data(walk: _Walk, value: Any) -> None:
     a time, a client, a lock; its content may also change as the play runs."""
     digest = _data_digest(_unordered(value)) if _plain(value) else None
     _tag(walk, digest.encode() if digest else _kind(value))
+    if digest is None and _is_play_object(type(value)):  # an object of a class of the play's own
+        _feed_class(walk, type(value))
+        _feed_instance(walk, value)
 
 
 def _kind(value: Any) -> bytes:
