@@ -1346,3 +1346,95 @@ def test_an_html_error_page_is_said_in_one_line_by_its_title(
         failed = [line for line in result.stderr.splitlines() if "failed:" in line]
         assert failed and failed[0].endswith("502 from ng.find: 502 Bad Gateway"), result.stderr
         assert "<html" not in result.stderr and "\\x0d" not in result.stderr
+
+
+# --- a class's code reaches its cells: methods it calls through self, and its base classes ------
+
+CLASS_HELPERS = """\
+class Enricher:
+    def __init__(self, prefix):
+        self.prefix = prefix
+
+    def go(self, row, rc):
+        return self.prefix + row["name"] + self.tag()
+
+    def tag(self):
+        return "!"
+
+
+class Base:
+    def bump(self, n):
+        return n + 1
+
+
+class Sub(Base):
+    pass
+"""
+
+CLASS_PLAY = """\
+from deepline_cli import play
+from hh import Enricher, Sub
+
+
+@play("classes")
+async def classes(ctx, input):
+    held = Enricher("c:")
+    rows = await ctx.map("m", [{"name": "x", "n": 1}], key="name", columns={
+        "bound": Enricher("b:").go,
+        "inherited": lambda row, rc: Sub().bump(row["n"]),
+        "closure": lambda row, rc: held.go(row, rc),
+    })
+    return {k: v for k, v in list(rows)[0].items() if k not in ("name", "n")}
+"""
+
+
+def test_an_edit_of_a_method_a_column_reaches_through_its_class_recomputes_the_cell(
+    deepline_process: Run, tmp_path: Path
+) -> None:
+    """A bound method's resolver calling another method through `self`, a method inherited
+    from a base class, an object a closure holds: an edit of the method the cell runs gave
+    the old value back on the next night (the class was not in the fingerprint)."""
+    (tmp_path / "hh.py").write_text(CLASS_HELPERS)
+    (tmp_path / "play.py").write_text(CLASS_PLAY)
+    first = finished(deepline_process("run", "play.py", "--json"))
+    assert first["output"] == {"bound": "b:x!", "inherited": 2, "closure": "c:x!"}
+    again = finished(deepline_process("run", "play.py", "--json"))
+    assert again["stats"]["rows"]["reused"] == 1, again["stats"]  # unchanged: every cell reused
+
+    (tmp_path / "hh.py").write_text(CLASS_HELPERS.replace('return "!"', 'return "?"').replace("n + 1", "n + 100"))
+    edited = finished(deepline_process("run", "play.py", "--json"))
+
+    assert edited["output"] == {"bound": "b:x?", "inherited": 101, "closure": "c:x?"}
+
+
+DROPPED_PLAY = """\
+from deepline_cli import play
+from cfg import MULT
+
+
+@play("dropped")
+async def dropped(ctx, input):
+    rows = await ctx.map("m", [{"name": "x", "n": "1"}, {"name": "y", "n": "150"}], key="name", columns={
+        "base": lambda row, rc: int(row["n"]) * MULT,
+        "double": lambda row, rc: row["base"] * 2,
+    })
+    return [dict(r) for r in rows]
+"""
+
+
+def test_a_column_dropped_for_a_night_and_restored_is_computed_from_the_values_it_follows(
+    deepline_process: Run, tmp_path: Path
+) -> None:
+    """Night 2 recomputes `base` (its code changed) without `double` (commented out); night
+    3 restores `double`: it came back with night 1's value, computed from the old `base`."""
+    (tmp_path / "cfg.py").write_text("MULT = 1\n")
+    (tmp_path / "play.py").write_text(DROPPED_PLAY)
+    assert [r["double"] for r in finished(deepline_process("run", "play.py", "--json"))["output"]] == [2, 300]
+    (tmp_path / "cfg.py").write_text("MULT = 10\n")
+    (tmp_path / "play.py").write_text(DROPPED_PLAY.replace('        "double"', '        # "double"'))
+    assert [r["base"] for r in finished(deepline_process("run", "play.py", "--json"))["output"]] == [10, 1500]
+    (tmp_path / "play.py").write_text(DROPPED_PLAY)
+
+    restored = finished(deepline_process("run", "play.py", "--json"))
+
+    assert [(r["base"], r["double"]) for r in restored["output"]] == [(10, 20), (1500, 3000)]
