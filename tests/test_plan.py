@@ -562,3 +562,50 @@ def test_a_plan_says_why_its_rows_would_fail_not_only_zero_calls(deepline, write
     assert "x: stops the run at its first row: KeyError: 'Webiste' (play.py line 12); fix the play first (2 rows)" in (
         human.stdout
     ), human.stdout
+
+
+HELPER_STEPS = """
+from deepline_cli import tool
+
+@tool("h.first", credits=1)
+def first(input):
+    return None
+
+@tool("h.second", credits=2)
+def second(input):
+    return None
+
+@tool("h.third", credits=3)
+def third(input):
+    return None
+
+async def by_second(row, rc):
+    return (await rc.tools.execute("second", "h.second", {"d": row["d"]})).output
+
+async def by_third(row, rc):
+    return (await rc.tools.execute("third", "h.third", {"d": row["d"]})).output
+"""
+
+HELPER_PLAY = """
+from deepline_cli import play, steps
+import helpers
+from helpers import by_second
+
+@play("helped")
+async def helped(ctx, input):
+    await ctx.tools.execute("first", "h.first", {"d": "x"})
+    rows = await ctx.map("m", [{"d": "a"}], columns={
+        "email": steps().step("second", by_second).step("third", helpers.by_third),
+    })
+    return len(rows)
+"""
+
+
+def test_the_plan_names_the_tools_the_play_calls_through_its_helper_module(deepline, write_play) -> None:
+    """A waterfall's steps in a helpers.py next to the play, imported by name or reached as
+    `helpers.fn`: the plan named none of their tools among those the play may also call."""
+    write_play(HELPER_STEPS, "helpers.py")
+    play = write_play(HELPER_PLAY)
+    plan = _plan(deepline, str(play))
+    assert plan["stopped"] == "new call to h.first"
+    assert plan["body"]["may_also_call"] == {"h.second": 2.0, "h.third": 3.0}

@@ -1,8 +1,8 @@
 """Which tools a column resolver may call, read from its code without running it.
 
 The tool ids a resolver names appear as string constants in its bytecode, or in the
-bytecode of the play's own functions it calls (followed through globals of the same
-module and closures, however deep). What the scan cannot see: a tool id built at run
+bytecode of the play's own functions it calls (in its file or a module next to it, by
+name or as `helpers.fn`, and through closures, however deep). What the scan cannot see: a tool id built at run
 time (`f"finder.{name}"`), and how many times a loop calls a tool; `deepline plan`
 says its bound assumes each tool at most once per row and column.
 
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from deepline_cli.runtime.map.columns import Column
+from deepline_cli.runtime.map.failures import is_play_file
 
 
 def string_constants(fn: Any) -> list[str]:
@@ -60,16 +61,23 @@ def _walk(fn: Any, seen: set[int]) -> Iterator[str]:
     module = getattr(fn, "__module__", None)
     namespace = getattr(fn, "__globals__", {})
     yield from _code_strings(code)
-    for name in _names(code):
+    names = list(dict.fromkeys(_names(code)))
+    for name in names:
         value = namespace.get(name)
-        # The play's own functions, and the columns and waterfalls it built (their classes
-        # are deepline's), alone or in a dict of columns.
-        for found in value.values() if isinstance(value, dict) else (value,):
+        if isinstance(value, types.ModuleType):  # `helpers.find_email`: a module of the play's own
+            values = [getattr(value, attr, None) for attr in names] if _own(value) else []
+        else:
+            values = list(value.values()) if isinstance(value, dict) else [value]
+        # The play's own functions (its file's, or a module's next to it), and the columns
+        # and waterfalls it built (their classes are deepline's), alone or in a dict of columns.
+        for found in values:
             if isinstance(found, Column):
                 yield from _walk(found.fn, seen)
                 if found.run_if is not None:
                     yield from _walk(found.run_if, seen)
-            elif callable(found) and (getattr(found, "__module__", None) == module or _is_waterfall(found)):
+            elif callable(found) and (
+                getattr(found, "__module__", None) == module or _is_waterfall(found) or _own(found)
+            ):
                 yield from _walk(found, seen)
     for cell in getattr(fn, "__closure__", None) or ():
         try:
@@ -78,6 +86,13 @@ def _walk(fn: Any, seen: set[int]) -> Iterator[str]:
             continue
         if callable(value):
             yield from _walk(value, seen)
+
+
+def _own(value: Any) -> bool:
+    """A function or module of the play's own: in its file or a module next to it."""
+    code = getattr(value, "__code__", None)
+    file = code.co_filename if isinstance(code, types.CodeType) else getattr(value, "__file__", None)
+    return isinstance(file, str) and is_play_file(file)
 
 
 def _code_strings(code: types.CodeType) -> Iterator[str]:
