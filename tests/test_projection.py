@@ -278,3 +278,36 @@ def test_a_map_over_a_pilot_map_counts_the_rows_paid_before_in_its_rest(deepline
     assert projection["credits"] == pilot["stats"]["credits"], projection
     full = _finished(deepline("run", str(play), "--csv", str(whole), "--json"))
     assert full["stats"]["credits"] == 0
+
+
+DERIVED = """
+from deepline_cli import play, tool
+
+@tool("t.a", credits=1)
+def a(input):
+    return {"v": 1}
+
+@tool("t.b", credits=10)
+def b(input):
+    return {"w": 2}
+
+@play("derived")
+async def derived(ctx, input):
+    companies = await ctx.map("companies", [{"id": i} for i in range(100)], key="id", columns={
+        "a": lambda row, rc: rc.tools.execute("a", "t.a", {"id": row["id"]})})
+    people = [{"id": f"{c['id']}-{n}"} for c in companies for n in range(2)]  # two people a company
+    found = await ctx.map("people", people, key="id", columns={
+        "b": lambda row, rc: rc.tools.execute("b", "t.b", {"id": row["id"]})})
+    return len(found)
+"""
+
+
+def test_a_map_over_a_list_made_from_a_pilots_rows_is_not_projected_as_a_whole_list(deepline, write_play) -> None:
+    """People found for the pilot's companies: the limit cut that list too, and the rest of
+    it (the pilot companies' people) was projected as the whole list: 20 rows where the
+    full run has 200, a confident projection ten times too low."""
+    play = write_play(DERIVED)
+    pilot = _finished(deepline("run", str(play), "--limit", "10", "--json"))
+    projection = pilot["stats"]["projection"]
+    assert [m["map"] for m in projection["maps"]] == ["companies"]
+    assert projection["unprojected"] == ["people"]

@@ -174,8 +174,9 @@ def read_sample(store: Store, run_id: str, record: MapRecord) -> PilotSample:
 def projection_stats(store: Store, run_id: str) -> dict[str, Any]:
     """`{"projection": …}` for a run whose maps a limit cut short, else `{}` (run stats).
     A map over a pilot map's rows is projected with it: for the full list it runs on as
-    many rows per row of that map as in the pilot. A map that ran whole after the first
-    pilot map (a list of its own) is named as not projected: its cost is what it spent."""
+    many rows per row of that map as in the pilot. A map after the first pilot map over a
+    list of its own (run whole) or over a list that is no CSV (it may be made from the
+    pilot's rows) is named as not projected: its cost is what it spent."""
     records = [m for m in store.sheets.get_maps(run_id) if m.status == "completed"]
     if not any(m.pilot and "fed_by" not in m.pilot for m in records):
         return {}
@@ -192,7 +193,9 @@ def projection_stats(store: Store, run_id: str) -> dict[str, Any]:
             source_rest = source["full_rows"] - source["pilot_rows"]
             paid = round(rest * source["already_paid"] / source_rest) if source_rest > 0 else 0
             pilot.update(rest_rows=rest, rest_distinct=rest, rest_paid=min(rest, paid))
-        elif "rest_distinct" not in pilot:
+        elif "rest_distinct" not in pilot or (maps and record.source is None):
+            # After a pilot map, a list that is no CSV may be made from the pilot's rows
+            # (people found for its companies): what is left of it is not the full list's rest.
             if maps:
                 unprojected.append(record.map)
             continue
@@ -217,8 +220,8 @@ def describe(projection: dict[str, Any]) -> list[str]:
     if projection.get("unprojected"):
         names = ", ".join(projection["unprojected"])
         lines.append(
-            f"not projected: {names} (run whole on lists of their own; counted as spent — more if they follow "
-            "the pilot's rows)"
+            f"not projected: {names} (lists of their own, or made from the pilot's rows; counted as spent — "
+            "more if they follow the pilot's rows)"
         )
     lists = [m for m in projection["maps"] if not m.get("fed_by")]  # a map over another's rows is no new list
     full = sum(m["full_rows"] for m in lists)
