@@ -268,3 +268,37 @@ def test_the_same_timer_of_several_child_plays_is_said_once() -> None:
     said = describe_waiting([*naps, event])
     assert said.count("timer 'z'") == 1 and said.count("(3 child plays)") == 1, said
     assert said.endswith("for event 'go' (deepline events send r-9 go)"), said
+
+
+TOOL_MAP = """
+from deepline_cli import play, tool
+
+@tool("t.echo")
+def echo(input):
+    return input["n"]
+
+@play("echoes")
+async def echoes(ctx, input):
+    rows = await ctx.map("rows", [{"n": n} for n in range(60)], key="n", columns={
+        "v": lambda row, rc: rc.tools.execute("echo", "t.echo", {"n": row["n"]})})
+    return {"rows": len(rows), "failed": rows.failed_count}
+"""
+
+
+def test_a_view_that_fails_mid_run_fails_no_row(write_play: Callable[..., Path], store_path: Path) -> None:
+    """The NDJSON view's stdout filled up (a full disk) in the middle of a map: its OSError
+    rose out of the event each call emits, into the rows, which were kept as failed for
+    good (their answers paid), blamed on the play's own line."""
+    from deepline_cli.runtime.calls.events import EventBus
+    from tests.helpers import run_play
+
+    heard: list[str] = []
+
+    def full_disk(event) -> None:
+        heard.append(event.event)
+        if len(heard) > 20:
+            raise OSError(28, "No space left on device")
+
+    play = write_play(TOOL_MAP)
+    result = run_play(play, store_path, bus=EventBus([full_disk], per_call=True))
+    assert (result.status, result.output) == ("completed", {"rows": 60, "failed": 0}), result.error

@@ -357,3 +357,53 @@ def test_store_path_says_where_the_store_is_without_its_password(deepline: Run, 
     assert deepline("store", "path").stdout.strip() == str(store_path)
     hidden = deepline("store", "path", DEEPLINE_STORE="postgresql://ana:s3cret-pass@db.internal/deepline")
     assert hidden.stdout.strip() == "postgresql://ana:***@db.internal/deepline"
+
+
+# --- an output that cannot be written (a full disk, a closed descriptor) ----------------------------
+
+QUICK_MAP = SLOW_MAP.replace('0.05 if row["id"] < 40 else 30', "0")
+
+
+def _output_to(target: str, args: list[str], tmp_path: Path, cli_env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`deepline ARGS > /dev/full` (stdout), `2> /dev/full` (stderr), or `>&-` (closed)."""
+    command = [sys.executable, "-m", "deepline_cli", *args]
+    if target == "closed":
+        script = "import os, subprocess, sys; os.close(1); sys.exit(subprocess.call(sys.argv[1:], stdout=None))"
+        command = [sys.executable, "-c", script, *command]
+    with open("/dev/full", "w") as full:
+        out = {"stdout": full} if target == "stdout" else {"stdout": subprocess.DEVNULL}
+        err = {"stderr": full} if target == "stderr" else {"stderr": subprocess.PIPE}
+        if target == "closed":
+            out = {}
+        return subprocess.run(
+            command, cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, text=True, timeout=60, **out, **err
+        )
+
+
+@pytest.mark.parametrize(("target", "json"), [("stdout", True), ("stderr", False), ("closed", True)])
+def test_an_output_that_cannot_be_written_interrupts_the_run_resumably(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path, cli_env: dict[str, str], target: str, json: bool
+) -> None:
+    """`--json > /dev/full`, `2> /dev/full`, `--json >&-`: the run failed with an internal
+    error and was left "running" (its holder gone); a resume had to wait for its lease."""
+    write_play(QUICK_MAP)
+    args = ["run", "play.py", "--run-id", "full", *(["--json"] if json else [])]
+    proc = _output_to(target, args, tmp_path, cli_env)
+    assert proc.returncode == 130, proc.stderr
+    if target != "stderr":
+        assert "internal error" not in proc.stderr and "could not be written" in proc.stderr, proc.stderr
+    assert _json.loads(deepline("runs", "show", "full", "--json").stdout)["status"] == "interrupted"
+    resumed = deepline("resume", "full")
+    assert resumed.code == 0 and resumed.stdout.strip() == "100", resumed.stderr
+
+
+def test_a_run_whose_stdout_is_closed_still_completes(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """`deepline run play.py >&-` (no --json): the run completed, then printing its output
+    failed as an internal error, exit 1."""
+    write_play(QUICK_MAP)
+    proc = _output_to("closed", ["run", "play.py", "--run-id", "shut"], tmp_path, cli_env)
+    assert proc.returncode == 0, proc.stderr
+    assert "internal error" not in proc.stderr
+    assert _json.loads(deepline("runs", "show", "shut", "--json").stdout)["status"] == "completed"

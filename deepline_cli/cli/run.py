@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import signal
 import sys
 import threading
@@ -243,10 +244,31 @@ def execute(
     # down, when Python puts the default action (death by the signal) back.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+    for failure in bus.failures:  # a view that failed (its listener was dropped): said, not hidden
+        sys.stderr.write(f"Warning: the run's view stopped: {type(failure).__name__}: {failure}.\n")
     (report or report_run)(result, json_mode, view)
     if result.reported and result.status == "completed":
         _not_applied(result.run_id, options)
     raise typer.Exit(result.exit_code)
+
+
+def _print_output(result: RunResult) -> None:
+    """The completed run's output on stdout; where stdout is closed or cannot be written, it
+    is said where to read it (the run completed: its output is stored)."""
+    from deepline_cli import _json
+
+    try:
+        if sys.stdout is None:
+            raise OSError(errno.EBADF, "stdout is closed")
+        sys.stdout.write(_json.dumps_str(result.output) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        sys.stderr.write(
+            f"Warning: the run's output could not be written ({exc.strerror or exc}); it is stored: "
+            f"deepline runs show {result.run_id} --json\n"
+        )
 
 
 def _not_applied(run_id: str, options: RunOptions) -> None:
@@ -292,7 +314,6 @@ def _view(json_mode: bool, quiet: bool) -> Any:
 def report_run(result: RunResult, json_mode: bool, view: Any) -> None:
     """After the run: the output on stdout; for a person, how it ended (the live view
     says it itself when it ran the attempt)."""
-    from deepline_cli import _json
     from deepline_cli.ui.verdict import verdict
 
     err = sys.stderr
@@ -317,7 +338,7 @@ def report_run(result: RunResult, json_mode: bool, view: Any) -> None:
             )
         return
     if result.status == "completed":
-        sys.stdout.write(_json.dumps_str(result.output) + "\n")
+        _print_output(result)
     if result.status == "failed" and Settings.debug and (result.error or {}).get("traceback"):
         err.write(result.error["traceback"])  # type: ignore[index]
     if result.reported and result.status == "completed":

@@ -203,7 +203,7 @@ class ConsoleView:
                         continue
                     for part in next_lines(line, self.console.width):  # a command is never broken
                         self.console.print(Text(part, style=_style(line)), soft_wrap=part is not line)
-            except BrokenPipeError:
+            except OSError:  # its reader went away, a full disk
                 self._reader_gone()
 
     def handle(self, event: Event) -> None:
@@ -215,7 +215,7 @@ class ConsoleView:
                 self._print_log(event)
             elif not self.live_mode:
                 self._plain(event)
-        except BrokenPipeError:
+        except OSError:  # its reader went away (`2>&1 | head`), a full disk: the run stops, resumable
             self._reader_gone()
 
     def _reader_gone(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import sys
 from collections.abc import Callable
 from typing import IO, Any
@@ -12,8 +14,9 @@ from deepline_cli.ui.streams import silence
 
 
 class NdjsonView:
-    """Writes events; when the reader goes away (`--json | head -1`), it stops writing and
-    calls `on_closed` once, so the run is interrupted (resumable) rather than failed."""
+    """Writes events; when the reader goes away (`--json | head -1`) or stdout cannot be
+    written (a full disk, a closed descriptor), it stops writing and calls `on_closed`
+    once, so the run is interrupted (resumable) rather than failed."""
 
     def __init__(self, stream: IO[str] | None = None, on_closed: Callable[[], None] | None = None) -> None:
         # The real stdout (own_stdout's while the play runs: its prints go to stderr meanwhile).
@@ -29,15 +32,24 @@ class NdjsonView:
         if self.closed:
             return
         try:
+            if self.stream is None:  # `>&-`: Python has no stdout at all
+                raise OSError(errno.EBADF, "stdout is closed")
             self.stream.write(_json.dumps_str(payload) + "\n")
             self.stream.flush()
-        except BrokenPipeError:
-            self._reader_gone()
+        except OSError as exc:
+            self._reader_gone(exc, payload.get("run_id"))
 
-    def _reader_gone(self) -> None:
+    def _reader_gone(self, exc: OSError, run_id: str | None = None) -> None:
         self.closed = True
-        if self._to_stdout:
-            silence(self.stream.fileno())
+        if self._to_stdout and self.stream is not None:
+            with contextlib.suppress(OSError, ValueError):
+                silence(self.stream.fileno())
+        if not isinstance(exc, BrokenPipeError):  # no reader to tell, the user is: on stderr
+            run = f"run {run_id}" if run_id else "the run"
+            resume = f"; `deepline resume {run_id}` finishes it" if run_id else ""
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                said = f"Error: the --json output could not be written ({exc.strerror or exc})"
+                sys.stderr.write(f"{said}: {run} stops here{resume}.\n")
         if self.on_closed is not None:
             self.on_closed()
 
@@ -45,8 +57,8 @@ class NdjsonView:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if not self.closed:
+        if not self.closed and self.stream is not None:
             try:
                 self.stream.flush()
-            except BrokenPipeError:
-                self._reader_gone()
+            except OSError as exc:
+                self._reader_gone(exc)

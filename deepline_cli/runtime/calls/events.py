@@ -36,6 +36,9 @@ class EventBus:
         self._listeners = list(listeners or [])
         # `tool.call` events are one per call: only built when a listener asked for them.
         self.per_call = per_call
+        # What listeners raised: each is unsubscribed then. A view's error never reaches the
+        # run's work (a row whose call emitted the event would be kept as failed).
+        self.failures: list[BaseException] = []
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -44,8 +47,15 @@ class EventBus:
         if not self._listeners:
             return
         event = Event(name, run_id, time.time(), data)
+        failed = None
         for listener in self._listeners:
-            listener(event)
+            try:
+                listener(event)
+            except Exception as exc:
+                self.failures.append(exc)
+                failed = [*(failed or []), listener]
+        if failed:
+            self._listeners = [listener for listener in self._listeners if listener not in failed]
 
 
 def log_fields(fields: dict[str, Any]) -> dict[str, Any] | None:
