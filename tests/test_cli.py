@@ -532,6 +532,36 @@ def test_a_fixed_run_id_over_a_csv_written_anew_is_refused_not_reported(deepline
     assert fresh.code == 0 and fresh.json_lines()[-1]["output"] == {"rows": 3}
 
 
+def test_a_fixed_run_id_run_from_another_folder_whose_input_names_another_file_is_refused(
+    deepline, write_play, tmp_path: Path
+) -> None:
+    """`--input '{"csv": "small.csv"}' --run-id rel` from another folder names that folder's
+    small.csv: the completed run over the first folder's file was reported as its result.
+    A file gone since is said to be gone, not "written since"."""
+    play = write_play(
+        """
+        from deepline_cli import play
+
+        @play("rel")
+        async def rel(ctx, input):
+            rows = await ctx.map("rows", ctx.csv(input["csv"]), key="id", columns={"x": lambda row: row["id"]})
+            return {"rows": len(rows)}
+        """
+    )
+    (tmp_path / "small.csv").write_text("id\n1\n2\n3\n4\n")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "small.csv").write_text("id\n8\n9\n")
+    payload = '{"csv": "small.csv"}'
+    assert deepline("run", str(play), "--input", payload, "--run-id", "rel").code == 0
+    there = deepline("run", str(play), "--input", payload, "--run-id", "rel", cwd=other)
+    assert there.code == 2, there.stderr
+    assert f"{other / 'small.csv'}" in there.stderr and f"run it from {tmp_path}" in there.stderr, there.stderr
+    (tmp_path / "small.csv").unlink()
+    gone = deepline("run", str(play), "--input", payload, "--run-id", "rel")
+    assert gone.code == 2 and "that file is gone since" in gone.stderr, gone.stderr
+
+
 def test_run_id_twice_reports_the_completed_run_without_running_tools(deepline, basic) -> None:
     play, log, payload = basic
     first = run_json(deepline, "run", str(play), "--input", payload, "--run-id", "ci-1")

@@ -33,6 +33,17 @@ def stamps(value: Any, cwd: str) -> dict[str, list[Any]]:
     return found
 
 
+def named_elsewhere(value: Any, then: str, here: str) -> tuple[str, str] | None:
+    """A relative path of the input that names another file from `here` than it did from
+    `then` (the folder the run was started in): (that file, this one). None if none does."""
+    if not then or os.path.realpath(then) == os.path.realpath(here):
+        return None
+    for before, now in zip(named_files(value, then), named_files(value, here), strict=True):
+        if before != now and (before.is_file() or now.is_file()) and before.resolve() != now.resolve():
+            return str(before), str(now)
+    return None
+
+
 def changed(stamped: Any) -> str | None:
     """The first file of `stamped` (as `stamps` gave it) that is not as it was: written
     since, replaced or gone. None when all are as they were (or nothing was stamped)."""

@@ -34,7 +34,7 @@ from deepline_cli.runtime.providers.secrets import Secrets
 from deepline_cli.runtime.run.attempt import Attempt, env_folder
 from deepline_cli.runtime.run.builtin import BUILTIN_PLAYS
 from deepline_cli.runtime.run.holders import holder_alive, holder_id, holder_words
-from deepline_cli.runtime.run.input_files import changed, stamps
+from deepline_cli.runtime.run.input_files import changed, named_elsewhere, stamps
 from deepline_cli.runtime.run.options import RunOptions, RunResult
 from deepline_cli.runtime.run.play import PlayDef, load_module, load_play, tools_in
 from deepline_cli.runtime.run.snapshot import materialize_snapshot, take_snapshot
@@ -98,7 +98,7 @@ class Runner:
         if self.options.run_id is not None:
             existing = self.store.runs.get_run(check_run_id(self.options.run_id))
             if existing is not None:
-                loaded = self._same_run(existing, play_ref, input)
+                loaded = self._same_run(existing, play_ref, input, cwd or os.getcwd())
                 return self._requeue(existing) if enqueue else self.resume(existing.run_id, loaded)
         play = find_play(play_ref)
         if enqueue and play.builtin:
@@ -135,7 +135,7 @@ class Runner:
             return RunResult(run_id, "queued", 0)
         return self._execute(play, record)
 
-    def _same_run(self, existing: RunRecord, play_ref: str, input: Any) -> PlayDef | None:
+    def _same_run(self, existing: RunRecord, play_ref: str, input: Any, cwd: str) -> PlayDef | None:
         """`--run-id` of an existing run names that run: the same play and input are reported
         or resumed (the play loaded here, for the resume); another play or input under it is
         refused (a nightly job with a fixed id must not be told last night's run completed)."""
@@ -149,9 +149,15 @@ class Runner:
             differs = f"of play {existing.play!r}, not {name!r}"
         elif _json.loads(_json.dumps(input)) != existing.input:  # as stored (JSON), in any key order
             differs = f"of play {existing.play!r} with another input"
-        elif existing.status == "completed" and (rewritten := changed(existing.options.get("input_files"))):
+        elif (elsewhere := named_elsewhere(input, existing.cwd, cwd)) is not None:
             raise UsageError(
-                f"Run {run_id} completed on {rewritten} as it was then, and that file has been written since; give "
+                f"Run {run_id} read {elsewhere[0]}; from here its input names {elsewhere[1]}: run it from "
+                f"{existing.cwd} to go on with that run, or give this run a new --run-id."
+            )
+        elif existing.status == "completed" and (rewritten := changed(existing.options.get("input_files"))):
+            since = "has been written since" if Path(rewritten).exists() else "is gone since"
+            raise UsageError(
+                f"Run {run_id} completed on {rewritten} as it was then, and that file {since}; give "
                 f"this run a new --run-id (say {run_id}-{time.strftime('%Y-%m-%d')}), or see that run's results "
                 f"with `deepline export {run_id}`."
             )
