@@ -121,3 +121,25 @@ def test_ledger_queries_on_both_backends(deepline, write_play, tmp_path, store_u
     assert deepline("runs", "report", finished["run_id"], "--html", "--out", str(out), **env).code == 0
     credits = finished["stats"]["credits"]
     assert f'id="card-credits"><span>credits</span><b>{credits:,.6g}</b>' in out.read_text()
+
+
+def test_the_reports_first_failures_number_input_rows_from_one(deepline, write_play, tmp_path) -> None:
+    """The third row of the list was "input row 2", beside logs that number lines from one."""
+    write_play(
+        """
+        from deepline_cli import play
+
+        def check(row):
+            if row["id"] == "c":
+                raise ValueError("no such company")
+            return row["id"]
+
+        @play("numbered")
+        async def numbered(ctx, input):
+            rows = await ctx.map("m", [{"id": "a"}, {"id": "b"}, {"id": "c"}], key="id", columns={"v": check})
+            return len(rows)
+        """
+    )
+    run_id = _run(deepline, "play.py")["run_id"]
+    page = Path(deepline("runs", "report", run_id, "--html").stdout.strip())
+    assert "<tr><td class=n>3</td><td>c</td>" in page.read_text()

@@ -342,7 +342,7 @@ def _map_section(report: Report, m: MapFigures) -> str:
     failures = (
         _table(
             ["input row", "row key", "error"],
-            [[f"{f.input_index:,}", _e(_short(f.row_key, 60)), _error(f.error)] for f in m.failures],
+            [[f"{f.input_index + 1:,}", _e(_short(f.row_key, 60)), _error(f.error)] for f in m.failures],
             numeric={0},
         )
         if m.failures
