@@ -265,6 +265,25 @@ async def nightly(ctx, input):
 """
 
 
+def test_a_schedules_relative_csv_is_read_from_the_plays_folder_whichever_worker_fires_it(
+    deepline, tmp_path: Path, store_path: Path
+) -> None:
+    """`schedule_input={"csv": "accounts.csv"}` beside the play: a worker started one folder
+    up (`deepline worker --play s3/refresh.py`) queued the tick with its own folder, and the
+    run failed for a CSV that is not there (a resume could not mend it)."""
+    folder = tmp_path / "s3"
+    folder.mkdir()
+    (folder / "accounts.csv").write_text("domain\na.com\nb.com\n")
+    listed = 'schedule_input={"domains": ["a.com", "b.com", "c.com"]}'
+    play = NIGHTLY_PLAY.replace(listed, 'schedule_input={"csv": "accounts.csv"}')
+    play = play.replace('[{"domain": d} for d in input["domains"]]', 'ctx.csv(input["csv"])')
+    (folder / "refresh.py").write_text(play)
+    fired = deepline("worker", "--play", "s3/refresh.py", "--once", cwd=tmp_path)
+    assert fired.code == 0, fired.stderr
+    (run,) = runs_of(str(store_path), "nightly")
+    assert (run.status, run.output) == ("completed", {"rows": 2}), run.error
+
+
 def test_a_scheduled_run_says_it_paid_only_for_new_rows(deepline, write_play, tmp_path: Path) -> None:
     write_play(NIGHTLY_PLAY)
     first = deepline("worker", "--play", "play.py", "--once")
@@ -372,15 +391,18 @@ def test_bad_deliveries_get_4xx_with_one_sentence_and_queue_nothing(served: str,
         "no delivery id": httpx.post(f"{served}/hooks/inbound", content=body,
                                      headers={"content-type": "application/json"}),
         "input refused": deliver(served, json.dumps({"email": 5}).encode(), "d-2"),
+        "field missing": deliver(served, json.dumps({"name": "Ada"}).encode(), "d-3"),
     }  # fmt: skip
     codes = {name: response.status_code for name, response in cases.items()}
     assert codes == {
         "bad signature": 401, "replayed": 401, "10 MB body": 413, "unknown play": 404, "not JSON": 415,
-        "no delivery id": 400, "input refused": 422,
+        "no delivery id": 400, "input refused": 422, "field missing": 422,
     }  # fmt: skip
     for name, response in cases.items():
         message = response.json()["error"]
         assert message.endswith(".") and "\n" not in message, (name, message)
+        assert "--" not in message, (name, message)  # a sender has no command line: no flag to give
+    assert cases["field missing"].json()["error"] == "The delivery's body field 'email' is required.", cases
     assert runs_of(cli_env["DEEPLINE_STORE"], "inbound") == []
 
 

@@ -182,7 +182,7 @@ def _input(body: bytes) -> Any:
 def _enqueue(store_url: str | None, play: PlayDef, input: Any, run_id: str, delivery_id: str) -> bool:
     runner = Runner(RunOptions(store=store_url), EventBus([]))
     try:
-        return runner.enqueue_new(play, input, run_id, f"webhook {delivery_id[:80]}")
+        return runner.enqueue_new(play, input, run_id, f"webhook {delivery_id[:80]}", subject="The delivery's body")
     finally:
         runner.close()
 
