@@ -208,6 +208,8 @@ def test_a_run_taken_over_while_paused_exits_4_and_leaves_the_new_owners_record(
         record = db.runs.get_run("held")
         assert record is not None and record.status == "completed"
         assert record.output == {"total": 15}
+        # `runs show --full`: the paused attempt lived to hear it was taken over (not "killed").
+        assert [a.status for a in db.ledger.attempt_rows("held")][:1] == ["taken_over"]
     finally:
         db.close()
 

@@ -233,6 +233,9 @@ class Attempt:
     async def _finish(self, outcome: BodyOutcome) -> RunResult:
         record, status = self.record, outcome.status
         if self.lease_lost:
+            with contextlib.suppress(DeeplineError):  # it lived to hear it: not `killed` (runs show --full)
+                await self.io.call(self.io.store.runs.end_attempt, record.run_id, record.attempt, "taken_over",
+                                   self.io.now())  # fmt: skip
             return self._taken_over()
         try:
             stats = await self.io.call(
