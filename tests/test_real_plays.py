@@ -1379,12 +1379,20 @@ from hh import Enricher, Sub
 @play("classes")
 async def classes(ctx, input):
     held = Enricher("c:")
-    rows = await ctx.map("m", [{"name": "x", "n": 1}], key="name", columns={
+    several = [Enricher("l:"), Sub()]
+    by_name = {"e": Enricher("d:")}
+    columns = {  # a map each: a cell recomputed makes the cells after it recomputed too
         "bound": Enricher("b:").go,
         "inherited": lambda row, rc: Sub().bump(row["n"]),
         "closure": lambda row, rc: held.go(row, rc),
-    })
-    return {k: v for k, v in list(rows)[0].items() if k not in ("name", "n")}
+        "listed": lambda row, rc: several[0].go(row, rc) + str(several[1].bump(0)),
+        "keyed": lambda row, rc: by_name["e"].go(row, rc),
+    }
+    out = {}
+    for name, fn in columns.items():
+        rows = await ctx.map(name, [{"name": "x", "n": 1}], key="name", columns={name: fn})
+        out[name] = list(rows)[0][name]
+    return out
 """
 
 
@@ -1392,19 +1400,22 @@ def test_an_edit_of_a_method_a_column_reaches_through_its_class_recomputes_the_c
     deepline_process: Run, tmp_path: Path
 ) -> None:
     """A bound method's resolver calling another method through `self`, a method inherited
-    from a base class, an object a closure holds: an edit of the method the cell runs gave
-    the old value back on the next night (the class was not in the fingerprint)."""
+    from a base class, an object a closure holds (alone, in a list, in a dict): an edit of
+    the method the cell runs gave the old value back on the next night (the class was not
+    in the fingerprint)."""
     (tmp_path / "hh.py").write_text(CLASS_HELPERS)
     (tmp_path / "play.py").write_text(CLASS_PLAY)
     first = finished(deepline_process("run", "play.py", "--json"))
-    assert first["output"] == {"bound": "b:x!", "inherited": 2, "closure": "c:x!"}
+    assert first["output"] == {"bound": "b:x!", "inherited": 2, "closure": "c:x!", "listed": "l:x!1", "keyed": "d:x!"}
     again = finished(deepline_process("run", "play.py", "--json"))
-    assert again["stats"]["rows"]["reused"] == 1, again["stats"]  # unchanged: every cell reused
+    assert again["stats"]["rows"]["reused"] == 5, again["stats"]  # unchanged: every cell reused
 
     (tmp_path / "hh.py").write_text(CLASS_HELPERS.replace('return "!"', 'return "?"').replace("n + 1", "n + 100"))
     edited = finished(deepline_process("run", "play.py", "--json"))
 
-    assert edited["output"] == {"bound": "b:x?", "inherited": 101, "closure": "c:x?"}
+    assert edited["output"] == {
+        "bound": "b:x?", "inherited": 101, "closure": "c:x?", "listed": "l:x?100", "keyed": "d:x?",
+    }  # fmt: skip
 
 
 DROPPED_PLAY = """\

@@ -27,7 +27,7 @@ import math
 import os
 import sys
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -339,6 +339,36 @@ def _feed_data(walk: _Walk, value: Any) -> None:
     if digest is None and _is_play_object(type(value)):  # an object of a class of the play's own
         _feed_class(walk, type(value))
         _feed_instance(walk, value)
+    elif digest is None:  # a list or dict of such objects: their classes' code (in no process's order)
+        found: set[type] = set()
+        _play_classes(value, found, [PLAY_CLASS_LOOKS])
+        for cls in sorted(found, key=lambda c: (c.__module__, c.__qualname__)):
+            _feed_class(walk, cls)
+
+
+PLAY_CLASS_LOOKS = 2000  # values a container's scan looks at: a list of rows is data, not code
+
+
+def _play_classes(value: Any, found: set[type], left: list[int]) -> None:
+    """The classes of the play's own whose objects a container holds (`[Hunter(), Apollo()]`)."""
+    if left[0] <= 0:
+        return
+    left[0] -= 1
+    if isinstance(value, dict):
+        items: Iterable[Any] = value.values()
+    elif isinstance(value, list | tuple | set | frozenset):
+        items = value
+    else:
+        if not isinstance(value, _PLAIN_TYPES) and _is_play_object(type(value)):
+            found.add(type(value))
+        return
+    for item in items:
+        if left[0] <= 0:
+            return
+        _play_classes(item, found, left)
+
+
+_PLAIN_TYPES = (str, int, float, bool, type(None), bytes)
 
 
 def _kind(value: Any) -> bytes:
