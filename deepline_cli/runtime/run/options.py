@@ -128,6 +128,7 @@ class RunResult:
             "output": self.output,
             "error": self.error,
             "stats": self.stats,
+            "exit_code": self.exit_code,  # what the process exits with (--fail-on-row-errors: 1)
         }
         if self.waiting:
             event["waiting"] = self.waiting
