@@ -11,6 +11,7 @@ in a subprocess where the command line itself is what is tested.
 from __future__ import annotations
 
 import asyncio
+import base64
 import email.utils
 import json
 import math
@@ -432,6 +433,40 @@ def test_a_field_in_the_url_is_one_path_segment_or_one_query_value(
     assert (prefix, urllib.parse.unquote(segment), tail, profile.query) == ("", name, "profile", "")
     assert find.path == "/v2/find"
     assert urllib.parse.parse_qs(find.query) == {"company": [name], "country": ["us"]}
+
+
+@pytest.mark.parametrize("key", ["Zm9vYmFy+S3CR3T/base64==", "p@ss/w#rd:0&x?y%z"])
+def test_a_secret_in_the_url_reaches_the_provider_whole(
+    project: Project, provider: LoopbackProvider, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A generated key (`+ / = # @ & ?`) put into `url` as it was: its `+` read as a space in
+    the query, its `#` cut the path (another endpoint, a piece of the key kept in the answer),
+    its `@` in the credentials sent the request to a host named by part of the password."""
+    monkeypatch.setenv("HT_URL_KEY", key)
+    project.config(
+        """\
+        [tools."ht.query"]
+        url = "@URL@/v2/find?api_key=${HT_URL_KEY}&company={name}"
+
+        [tools."ht.path"]
+        url = "@URL@/v1/${HT_URL_KEY}/profile"
+
+        [tools."ht.basic"]
+        url = "@URL@/v3/basic"
+        """
+    )
+    with_password = provider.url.replace("://", "://svc:${HT_URL_KEY}@") + "/v3/basic"
+    toml = project.dir / "deepline.toml"
+    toml.write_text(toml.read_text() + f'\n[tools."ht.userinfo"]\nurl = "{with_password}"\n')
+    project.run(calls(call("ht.query", {"name": "acme"}), call("ht.path", {}), call("ht.userinfo", {})))
+    query, path, basic = provider.requests
+    assert urllib.parse.parse_qs(query.query) == {"api_key": [key], "company": ["acme"]}
+    prefix, _, rest = path.path.partition("/v1/")
+    segment, _, tail = rest.partition("/")
+    assert (prefix, urllib.parse.unquote(segment), tail) == ("", key, "profile")
+    scheme, _, encoded = basic.headers["authorization"].partition(" ")
+    assert (scheme, basic.path) == ("Basic", "/v3/basic")
+    assert base64.b64decode(encoded).decode() == f"svc:{key}"
 
 
 def test_a_path_segment_that_is_only_dots_or_blank_is_refused_unsent(

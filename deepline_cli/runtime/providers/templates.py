@@ -72,7 +72,9 @@ def render_url(template: str, input: Any, secrets: Secrets, *, tool: str) -> str
     """Fill a tool's `url`: a `{field}` in its path or query is percent-encoded as one path
     segment or one query value (a row's `/`, `?`, `#` or `&` stays inside it, and a path
     segment that is only `.` or `..` is refused); one in its host is put in as it is, for
-    `allow_hosts` to check."""
+    `allow_hosts` to check. A `${NAME}` secret in its path, query or credentials
+    (`https://user:${PASS}@host/`) is percent-encoded too: a generated key's `+`, `/`, `#`
+    or `@` reaches the provider as it is, and never moves the request elsewhere."""
     return _fill(template, input, secrets, tool, encode_from=authority_end(template))
 
 
@@ -107,10 +109,15 @@ def render(template: Any, input: Any, secrets: Secrets, *, tool: str) -> Any:
 def _fill(template: str, input: Any, secrets: Secrets, tool: str, *, encode_from: int | None = None) -> str:
     """One pass over the template's tokens; fields from `encode_from` on are percent-encoded."""
 
+    credentials_end = template.rfind("@", 0, encode_from) if encode_from is not None else -1
+
     def replace(match: re.Match[str]) -> str:
         secret, name = match.group(1), match.group(2)
         if secret:
-            return _secret(secrets, secret, tool)
+            value = _secret(secrets, secret, tool)
+            if encode_from is None or credentials_end <= match.start() < encode_from:  # a body, a header, the host
+                return value
+            return urllib.parse.quote(value, safe="")
         if name:
             text = _text(_field(input, name, tool))
             if encode_from is None or match.start() < encode_from:
