@@ -178,6 +178,34 @@ def test_a_redirect_to_another_origin_drops_the_authorization_header(hosts: list
     assert landed.headers["host"] == f"127.0.0.1:{other.port}"
 
 
+def test_a_redirect_to_another_origin_drops_every_header_that_holds_a_secret(
+    hosts: list[Provider], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many providers take their key in `X-Api-Key`: a redirect to another host carried it
+    there (only `Authorization` was dropped). A redirect on the same host keeps it."""
+    first, other = hosts[0], hosts[1]
+    first.script("/start", [f"302:{other.url}/landed"])
+    first.script("/moved", ["302:/here"])
+    monkeypatch.setenv("T_REDIRECT_KEY", SECRET)
+    secrets = Secrets()
+    assert secrets.lookup("T_REDIRECT_KEY") == SECRET  # read by a template, as a tool's header is
+
+    async def follow() -> None:
+        http = Http(Transport(8), secrets, Governor())
+        try:
+            for path in ("/start", "/moved"):
+                headers = {"X-Api-Key": SECRET, "X-Auth": f"Token {SECRET}", "X-Trace": "t1"}
+                await http.send(Request("GET", f"{first.url}{path}", headers, {}), tool="t.x", timeout_s=5, retries=0)
+        finally:
+            await http.pool.aclose()
+
+    run(follow())
+    landed = other.requests[0].headers
+    assert ("x-api-key" in landed, "x-auth" in landed, landed.get("x-trace")) == (False, False, "t1")
+    here = next(r for r in first.requests if r.path == "/here").headers
+    assert here["x-api-key"] == SECRET
+
+
 def test_a_redirect_loop_fails_as_a_provider_error_without_retries(provider: Provider) -> None:
     provider.default_fault = "302:/again"
     with pytest.raises(ToolExecutionError) as failure:

@@ -18,7 +18,7 @@ import re
 import time
 import urllib.parse
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,6 +135,12 @@ class Http:
         if self.fetch_pool is not self.pool:
             await self.fetch_pool.aclose()
 
+    def _private(self, headers: Mapping[str, str]) -> frozenset[str]:
+        """The headers holding a secret: not sent on to another origin a redirect names."""
+        if not self.secrets.active:
+            return frozenset()
+        return frozenset(name.lower() for name, value in headers.items() if self.secrets.holds(value))
+
     async def _once(
         self,
         pool: Transport,
@@ -153,6 +159,7 @@ class Http:
                 timeout_s=timeout_s,
                 proxy=proxy,
                 ready=ready,
+                private=self._private(request.headers),
             )
         except ProxyRefused as exc:
             # Configuration, not the call's failure: nothing is recorded on its receipt, so

@@ -28,7 +28,7 @@ import ssl
 import time
 import zlib
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, parse_qsl, quote, unquote, urlencode, urljoin, urlsplit
 
@@ -288,21 +288,25 @@ class Outgoing:
     head: Head
     body: bytes
     headers: Mapping[str, str]
+    private: frozenset[str] = frozenset()  # headers (lower case) holding a secret: kept to their origin
 
     def redirected(self, status: int, location: str) -> Outgoing:
-        """The request a redirect asks for, as httpx builds it."""
+        """The request a redirect asks for, as httpx builds it; to another origin, without
+        `Authorization` nor any header holding a secret (`X-Api-Key`)."""
         method = self.method
         if (status in (302, 303) and method != "HEAD") or (status == 301 and method == "POST"):
             method = "GET"
         url = urljoin(self.url, location)
         headers = {k: v for k, v in self.headers.items() if k.lower() != "cookie"}
         if _origin_of(url) != self.origin and not _is_https_upgrade(self.origin, url):
-            headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+            headers = {
+                k: v for k, v in headers.items() if k.lower() != "authorization" and k.lower() not in self.private
+            }
         body = b"" if method == "GET" and method != self.method else self.body
         if not body and self.body:  # the body is dropped: its framing goes with it (as httpx does)
             headers = {k: v for k, v in headers.items() if k.lower() not in ("content-length", "transfer-encoding")}
         try:
-            return build(method, url, headers, None, body)
+            return replace(build(method, url, headers, None, body), private=self.private)
         except InvalidRequest as exc:
             raise InvalidResponse(f"redirected to a URL that cannot be requested: {exc}") from None
 
@@ -889,12 +893,16 @@ class Transport:
         timeout_s: float,
         proxy: str | None = None,
         ready: Callable[[], Awaitable[None]] | None = None,
+        private: frozenset[str] = frozenset(),
     ) -> Response:
         """The answer, after following up to MAX_REDIRECTS redirects (as httpx does); `json`
         (when not None) is the body. `proxy`: the tool's own proxy URL ("" for none; None:
         the environment decides). `ready` is awaited once a connection is free, just before
-        the request goes out (it raises when the call may no longer go out)."""
+        the request goes out (it raises when the call may no longer go out). `private`: the
+        headers (lower case) a redirect to another origin leaves out (they hold a secret)."""
         outgoing = build(method, url, headers, params, b"" if json is None else _json.dumps(json))
+        if private:
+            outgoing = replace(outgoing, private=private)
         for _ in range(MAX_REDIRECTS + 1):
             response = await self._exchange(outgoing, timeout_s, proxy, ready)
             location = response.headers.get("location") if response.status_code in _REDIRECTS else None
