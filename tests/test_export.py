@@ -414,3 +414,31 @@ def test_export_out_jsonl_is_json_lines_without_format(deepline, tmp_path: Path,
     assert not (tmp_path / "rows.json").exists()
     assert deepline("export", "exp-sfx", "--out", "rows.json", "--format", "jsonl").code == 0
     assert (tmp_path / "rows.json").read_text() == jsonl
+
+
+def test_a_datasets_relative_file_is_written_where_the_run_started_whatever_resumes_it(
+    deepline, write_play, tmp_path: Path
+) -> None:
+    """`ds.to_csv("out.csv")`: relative to the folder a resume was typed in, while the run's
+    `ctx.csv` paths are relative to the folder it was started in."""
+    write_play(
+        """
+        from deepline_cli import play
+
+        @play("written")
+        async def written(ctx, input):
+            ds = await ctx.map("m", [{"a": 1}, {"a": 2}], key="a", columns={"b": lambda row: row["a"] * 2})
+            await ctx.wait_for_event("go")
+            return [ds.to_csv("out.csv"), ds.to_jsonl("out.jsonl")]
+        """
+    )
+    started = tmp_path / "started"
+    started.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert deepline("run", str(tmp_path / "play.py"), "--run-id", "w", cwd=started).code == 3
+    assert deepline("events", "send", "w", "go").code == 0
+    resumed = deepline("resume", "w", cwd=elsewhere)
+    assert resumed.code == 0, resumed.stderr
+    assert sorted(p.name for p in started.iterdir()) == ["out.csv", "out.jsonl"]
+    assert list(elsewhere.iterdir()) == []

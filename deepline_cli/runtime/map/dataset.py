@@ -30,9 +30,10 @@ class Dataset:
 
     __fingerprint_as__: ClassVar[str] = "deepline.Dataset"  # a run's and the plan's alike
 
-    def __init__(self, store: SheetStore, record: MapRecord) -> None:
+    def __init__(self, store: SheetStore, record: MapRecord, cwd: str | None = None) -> None:
         self._store = store
         self.record = record
+        self._cwd = cwd  # the folder the run was started in: a relative file is written there, as ctx.csv reads
 
     @property
     def name(self) -> str:
@@ -104,12 +105,17 @@ class Dataset:
         return values
 
     def to_csv(self, path: str | Path) -> int:
-        with replacing(Path(path)) as handle:
+        with replacing(self._place(path)) as handle:
             return write_csv(self, handle)
 
     def to_jsonl(self, path: str | Path) -> int:
-        with replacing(Path(path)) as handle:
+        with replacing(self._place(path)) as handle:
             return write_jsonl(self, handle)
+
+    def _place(self, path: str | Path) -> Path:
+        """A relative path: in the folder the run was started in (a resume runs from anywhere)."""
+        path = Path(path).expanduser()
+        return path if path.is_absolute() or self._cwd is None else Path(self._cwd, path)
 
     def to_json(self) -> dict[str, Any]:
         return {"map": self.name, "rows": len(self), "failed": self.failed_count}

@@ -132,7 +132,7 @@ class MapRun:
         record.input_columns = list(self.intake.input_columns)
         record.pilot = self._fed_by_pilot() or await scan_rest(self)  # what the rest holds (projection)
         await self.book.complete(record, counts)
-        return Dataset(s.io.store.sheets, record)
+        return Dataset(s.io.store.sheets, record, s.identity.cwd)
 
     async def _execute(self) -> None:
         queue: asyncio.Queue[PendingRow | None] = asyncio.Queue(maxsize=self.concurrency * 2)
