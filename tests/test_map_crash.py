@@ -126,6 +126,15 @@ def test_sigkill_mid_map_then_resume(deepline, tmp_path: Path, store_path: Path,
 
     at_kill = finished_rows(store_path, "crash-1")
     assert KILL_AT <= len(at_kill) < DISTINCT, "the kill did not land mid-way through the map"
+    # `runs show` of the killed run: the duplicates read before its furthest row (it said 0)
+    with (tmp_path / "rows.csv").open(newline="") as handle:
+        ids = [line[0] for line in csv.reader(handle)][1:]
+    first = {}
+    for place, key in enumerate(ids):
+        first.setdefault(key, place)
+    furthest = max(first[key] for key in at_kill)
+    (shown,) = json.loads(deepline("runs", "show", "crash-1", "--json").stdout)["maps"]
+    assert shown["duplicate"] == furthest + 1 - len(set(ids[: furthest + 1])) > 0, shown
 
     resumed = deepline("resume", "crash-1", "--json")
 

@@ -265,6 +265,11 @@ class SheetStore(Protocol):
         """Visible finished rows of this run's map by outcome (the visibility barrier)."""
         ...
 
+    def map_duplicates(self, run_id: str, map: str) -> int:
+        """Input rows skipped as duplicates before the furthest finished row of this run's map
+        (a map not completed: its record counts them only when it ends)."""
+        ...
+
     def failed_map_rows(self, run_id: str, map: str, limit: int, *, after_idx: int = -1) -> list[MapRow]:
         """The map's failed rows in input order, at most `limit`, after the distinct row
         `after_idx` (paging through every one: `runs logs --kind row.failed`)."""

@@ -89,6 +89,7 @@ def maps_now(store: Store, run_id: str) -> list[MapRecord]:
         if m.status != "completed":
             counts = store.sheets.count_map_rows(run_id, m.map)
             m.succeeded, m.failed = counts.get("succeeded", 0), counts.get("failed", 0)
+            m.duplicate = max(m.duplicate, store.sheets.map_duplicates(run_id, m.map))  # a killed map wrote none
     return maps
 
 
