@@ -62,6 +62,10 @@ def test_a_blank_required_cell_fails_its_row_without_a_call(
     refreshed = deepline("run", "play.py", "--csv", "leads.csv", "--refresh-failed", "--json").json_lines()[-1]
     assert refreshed["output"] == {"rows": 5, "failed": 2}
     assert len((tmp_path / "calls.txt").read_text().split()) == 3  # still no call for them
+    # the plan after them: blank rows fail with nothing called, never "already paid" nor refreshed
+    (after,) = deepline("plan", "play.py", "--csv", "leads.csv", "--json").json_lines()[-1]["maps"]
+    assert (after["blank_rows"], after["paid_rows"], after["new_calls"]) == (2, 3, 0), after
+    assert "--refresh-failed" not in deepline("plan", "play.py", "--csv", "leads.csv").stdout
     exported = list(csv.DictReader(io.StringIO(deepline("export", "B").stdout)))
     assert [(r["id"], r["domain"], r["_error"] != "") for r in exported] == [
         ("1", "acme.com", False), ("2", "", True), ("3", "   ", True), ("4", "b.com", False), ("5", "c.com", False)

@@ -794,8 +794,8 @@ class Planner:
             previous = await self.io.call(self.store.sheets.load_sheet_rows, engine.sheet, keys, with_input=False)
             for job in chunk:
                 job.previous = previous.get(job.key)
-                if job.blank is not None and not (engine.reusable(job) and whole_row_reusable(engine, job)):
-                    plan.blank_rows += 1  # the run fails the row before any call
+                if job.blank is not None:  # the run fails the row before any call (its kept failure, or anew)
+                    plan.blank_rows += 1
                     rows._keep(job.row, job.blank)
                 elif whole_row_reusable(engine, job):
                     plan.paid_rows += 1
