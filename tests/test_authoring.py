@@ -295,3 +295,59 @@ def test_csv_columns_find_a_column_by_the_headers_it_may_have(deepline: Run, tmp
     missing = deepline("run", "play.py", "--csv", "other.csv")
     assert missing.code == 2
     assert "required column 'first_name' is missing (looked for 'First Name', 'Firstname')" in missing.stderr
+
+
+MISUSE = """
+from deepline_cli import Column, play, tool
+
+@tool("m.echo")
+def echo(input):
+    return input
+
+@play("misused")
+async def misused(ctx, input):
+    case = input["case"]
+    rows = [{"d": "a.com"}]
+    if case == "stale-text":
+        await ctx.tools.execute("e", "m.echo", {"d": 1}, stale_after_seconds="3600")
+    elif case == "step-stale-text":
+        await ctx.step("s", lambda: 1, stale_after_seconds="10")
+    elif case == "column-stale-text":
+        await ctx.map("m", rows, columns={"e": Column(lambda row: 1, stale_after_seconds="3600")})
+    elif case == "run-if-text":
+        await ctx.map("m", rows, columns={"e": Column(lambda row: 1, run_if="has_domain")})
+    elif case == "limit-zero":
+        await ctx.map("m", rows, columns={"e": lambda row: 1}, limit=0)
+    elif case == "limit-negative":
+        await ctx.map("m", rows, columns={"e": lambda row: 1}, limit=-5)
+    elif case == "step-id-number":
+        await ctx.step(5, lambda: 1)
+    elif case == "sleep-text":
+        await ctx.sleep("z", "10")
+    return case
+"""
+
+
+@pytest.mark.parametrize(
+    ("case", "words"),
+    [
+        ("stale-text", "stale_after_seconds must be a number of seconds"),
+        ("step-stale-text", "stale_after_seconds must be a number of seconds"),
+        ("column-stale-text", "Column(stale_after_seconds=...) must be a number of seconds"),
+        ("run-if-text", "Column(run_if=...) must be a function"),
+        ("limit-zero", "limit must be a whole number of rows, 1 or more"),
+        ("limit-negative", "limit must be a whole number of rows, 1 or more"),
+        ("step-id-number", "The id of ctx.step must be text"),
+        ("sleep-text", "seconds must be a number"),
+    ],
+)
+def test_a_misused_call_is_one_sentence_naming_the_plays_line_at_its_first_run(
+    deepline: Run, write_play: Callable[..., Path], case: str, words: str
+) -> None:
+    """A text TTL passed the first run (nothing stored to compare) and crashed every later
+    one with a raw TypeError; `run_if="has_domain"` failed every row; `limit=0` ran nothing
+    and reported success; a number as a step's id, text as a sleep's seconds: TypeErrors."""
+    write_play(MISUSE)
+    result = deepline("run", "play.py", "--set", f"case={case}")
+    assert result.code == 2, result.stderr
+    assert words in result.stderr and "play.py line" in result.stderr, result.stderr

@@ -35,6 +35,7 @@ from deepline_cli.errors import (
     ReceiptLeaseLostError,
     StoreError,
     ToolExecutionError,
+    UsageError,
 )
 from deepline_cli.runtime.calls.breaker import Breaker
 from deepline_cli.runtime.calls.budget import Budget, Reservation
@@ -94,6 +95,13 @@ class Outcome:
     execution: Execution
     key: str
     credits: float = 0.0
+
+
+def durable_id(id: Any, call: str) -> str:
+    """A durable call's id as given: text (it names paid work across runs), else refused."""
+    if not isinstance(id, str) or not id:
+        raise UsageError(f'The id of {call} must be text that names the call, like "company", not {id!r}.')
+    return id
 
 
 def receipt_key(*parts: str | bytes) -> str:

@@ -14,7 +14,7 @@ from deepline_cli.errors import InputError, ToolExecutionError, UsageError
 from deepline_cli.runtime.calls.batch import Batcher
 from deepline_cli.runtime.calls.caps import Caps
 from deepline_cli.runtime.calls.identity import Identity
-from deepline_cli.runtime.calls.receipts import DurableCall, ReceiptBook, receipt_key
+from deepline_cli.runtime.calls.receipts import DurableCall, ReceiptBook, durable_id, receipt_key
 from deepline_cli.runtime.providers.governor import Governor
 from deepline_cli.runtime.providers.http import CredentialChanged, HttpTools
 from deepline_cli.runtime.providers.tools import ToolCall, ToolDef, ToolResult, find_tool
@@ -54,15 +54,29 @@ class RunTools:
         return _json.digest(*(f"{tool_id}\0{version}" for tool_id, version in sorted(declared.items())))[:16]
 
 
+def checked_staleness(value: Any, what: str = "stale_after_seconds") -> Any:
+    """`stale_after_seconds` as given: None, a number of seconds (0 or more), or a function
+    of the stored value. Anything else (text from a config: "3600") is refused at once, not
+    when a later run first compares it with a stored answer."""
+    if value is None or callable(value):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise UsageError(
+            f"{what} must be a number of seconds (0 or more), None, or a function of the stored value, not {value!r}."
+        )
+    return value
+
+
 async def staleness_of(book: ReceiptBook, key: str, stale_after_seconds: Staleness) -> float | None:
     """`stale_after_seconds` as a number: a function of the stored answer is asked with it
     (None when there is no answer yet)."""
+    checked_staleness(stale_after_seconds)
     if not callable(stale_after_seconds):
         return stale_after_seconds
     stored = await book.stored(key)
     previous = stored.output if stored is not None and stored.status == "completed" else None
-    ttl = stale_after_seconds(previous)
-    return None if ttl is None else float(ttl)
+    ttl = checked_staleness(stale_after_seconds(previous), "The stale_after_seconds function's answer")
+    return None if ttl is None or callable(ttl) else float(ttl)
 
 
 class Tools:
@@ -154,6 +168,7 @@ class Tools:
         """A durable tool call. `description`: what it is for, in the play's words (kept
         with its receipt, shown in its errors and the report)."""
 
+        durable_id(id, "ctx.tools.execute")
         args = (id, tool, input, force, stale_after_seconds, timeout_s, receipt_wait_s, description)
         try:
             return await self._execute(*args)

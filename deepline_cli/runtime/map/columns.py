@@ -34,7 +34,7 @@ from typing import Any
 
 from deepline_cli import _json
 from deepline_cli.errors import UsageError
-from deepline_cli.runtime.calls.tool_calls import Staleness
+from deepline_cli.runtime.calls.tool_calls import Staleness, checked_staleness
 from deepline_cli.runtime.map.failures import is_play_file
 
 
@@ -60,6 +60,9 @@ class Column:
     def __post_init__(self) -> None:
         if not callable(self.fn):
             raise UsageError(f"A column's resolver must be a function, not {type(self.fn).__name__}.")
+        if self.run_if is not None and not callable(self.run_if):
+            raise UsageError(f"Column(run_if=...) must be a function of the row, not {self.run_if!r}.")
+        checked_staleness(self.stale_after_seconds, "Column(stale_after_seconds=...)")
         if self.depends_on is not None and (
             isinstance(self.depends_on, str) or not all(isinstance(f, str) for f in self.depends_on)
         ):
@@ -68,7 +71,7 @@ class Column:
     def staleness(self, previous: Any) -> float | None:
         """The cell's time to live in seconds given its previous value (None: forever)."""
         ttl = self.stale_after_seconds
-        return ttl(previous) if callable(ttl) else ttl
+        return checked_staleness(ttl(previous), "The stale_after_seconds function's answer") if callable(ttl) else ttl
 
     def functions(self) -> list[Callable[..., Any]]:
         """The functions that decide what this column holds (not when it goes stale: a new

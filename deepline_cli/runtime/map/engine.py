@@ -65,6 +65,8 @@ class MapRun:
     ) -> None:
         if on_row_error not in ("isolate", "fail"):
             raise UsageError(f"Map {name!r}: on_row_error must be 'isolate' or 'fail', not {on_row_error!r}.")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise UsageError(f"Map {name!r}: limit must be a whole number of rows, 1 or more (or None), not {limit!r}.")
         self.ctx, self.s, self.name, self.rows = host, parts, name, rows
         # A CSV's path is left out of the input a cell is keyed on: its rows are keyed by content.
         path = getattr(rows, "path", None)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepline_cli.runtime.calls.events import log_fields
+from deepline_cli.runtime.calls.receipts import durable_id
 from deepline_cli.runtime.calls.tool_calls import Staleness
 from deepline_cli.runtime.map.host import MapHost, MapParts
 from deepline_cli.store.records import SheetRow
@@ -34,7 +35,7 @@ class RowContext:
     def _scoped(self, id: str) -> str:
         # Row-level durable ids: unique per map and row, and outside the run's journal,
         # since rows finish in no fixed order.
-        return f"map:{self._map}:{self.row_key}:{id}"
+        return f"map:{self._map}:{self.row_key}:{durable_id(id, 'an rc call')}"
 
     async def step(self, id: str, fn: Callable[[], Any], *, stale_after_seconds: Staleness = None) -> Any:
         return await self._ctx.step(self._scoped(id), fn, stale_after_seconds=stale_after_seconds, _journal=False)

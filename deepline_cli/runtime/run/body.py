@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepline_cli import _json
-from deepline_cli.errors import DeeplineError, RunInterrupted, UsageError, error_dict
+from deepline_cli.errors import DeeplineError, InputError, RunInterrupted, UsageError, error_dict
 from deepline_cli.runtime.calls.suspended import Suspended
 from deepline_cli.runtime.map import failures
 from deepline_cli.runtime.run.context import ChildPlays, Context
@@ -93,6 +93,9 @@ def describe(exc: BaseException, s: RunParts, play_file: str) -> dict[str, Any]:
     error["message"] = s.infra.secrets.redact(error["message"])
     if isinstance(exc, DeeplineError):
         error["exit_code"] = exc.exit_code
+        place = failures.where(exc) if isinstance(exc, UsageError | InputError) else None
+        if place:  # a call the play made wrong (`limit=0`): where in its code
+            error["where"] = place
     else:  # an error of the play's own code: named by its type, as a map row's is (KeyError: 'domain')
         said = str(exc)  # an exception with no message is named by its type already
         if said and not error["message"].startswith(f"{type(exc).__name__}:"):

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal, Protocol
 from deepline_cli import _json
 from deepline_cli.errors import InputError, UsageError
 from deepline_cli.runtime.calls.events import log_fields
-from deepline_cli.runtime.calls.receipts import DurableCall, receipt_key
+from deepline_cli.runtime.calls.receipts import DurableCall, durable_id, receipt_key
 from deepline_cli.runtime.calls.tool_calls import Staleness, Tools, staleness_of
 from deepline_cli.runtime.map.columns import Column
 from deepline_cli.runtime.map.dataset import Dataset
@@ -81,6 +81,7 @@ class Context:
         """A durable memoised value: `fn` runs once per run; resumes get the stored value
         (unless older than `stale_after_seconds`, a number or a function of that value)."""
         scope = self._s.identity
+        durable_id(id, "ctx.step")
         if _journal:
             self._s.effects.journal.reach(f"step:{id}", scope.run_id)
         key = receipt_key("step", scope.workspace, scope.run_id, id)
@@ -122,6 +123,7 @@ class Context:
         `stale_after_seconds`, a number or a function of the stored answer); secrets are
         redacted."""
         scope = self._s.identity
+        durable_id(id, "ctx.fetch")
         if json is not None:  # refused before anything is sent, as a tool's input is (not sent as a repr)
             try:
                 _json.canonical(json)
@@ -154,16 +156,21 @@ class Context:
         self, id: str, play_ref: str, input: Any = None, *, description: str = "", _journal: bool = True
     ) -> Any:
         """Run a child play (a play name, or "path/to/file.py[:function]") → its output."""
+        durable_id(id, "ctx.run_play")
         return await self._children.run_play(
             self._s, id, play_ref, {} if input is None else input, description, _journal
         )
 
     async def sleep(self, id: str, seconds: float) -> None:
         """A durable timer: short waits sleep inline, long ones suspend the run (`waiting`)."""
+        durable_id(id, "ctx.sleep")
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
+            raise UsageError(f"ctx.sleep({id!r}, seconds): seconds must be a number, 0 or more, not {seconds!r}.")
         await suspension.sleep(self._s, id, seconds)
 
     async def wait_for_event(self, id: str, *, timeout_s: float | None = None) -> Any:
         """Suspend until `deepline events send RUN_ID ID --payload JSON`; returns the payload."""
+        durable_id(id, "ctx.wait_for_event")
         return await suspension.wait_for_event(self._s, id, timeout_s)
 
     def csv(
