@@ -130,18 +130,50 @@ def test_calls_given_back_after_they_may_have_been_sent_are_released(
     assert statuses == ["released"] * 3  # not `running` with an expired lease forever
 
 
-def _store_deleted_mid_run(args: list[str], env: dict[str, str], tmp_path: Path) -> tuple[int, str, str]:
-    """`deepline run ARGS` of the counting play, its store deleted once 10 calls are recorded."""
+def _store_deleted_mid_run(
+    args: list[str], env: dict[str, str], tmp_path: Path, suffixes: tuple[str, ...] = ("", "-wal", "-shm")
+) -> tuple[int, str, str]:
+    """`deepline run ARGS` of the counting play, its store's files (`suffixes`) deleted once
+    10 calls are recorded; ("moved",): the store moved to another folder instead."""
     store = Path(env["DEEPLINE_STORE"])
     payload = _json.dumps_str({"n": 400, "s": 0.02, "log": str(tmp_path / "calls.log"), "c": 4})
     proc = start(["run", *args, "--input", payload], env, tmp_path)
     try:
         wait_until(lambda: completed(str(store), "count.work") >= 10, what="calls recorded")
-        for suffix in ("", "-wal", "-shm"):
+        if suffixes == ("moved",):
+            (tmp_path / "moved").mkdir()
+            store.rename(tmp_path / "moved" / store.name)
+        for suffix in () if suffixes == ("moved",) else suffixes:
             Path(f"{store}{suffix}").unlink(missing_ok=True)
         return finish(proc, timeout=60)
     finally:
         kill(proc)
+
+
+def test_a_stores_wal_file_deleted_mid_run_fails_the_run_loudly(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """`rm store.db-wal store.db-shm` ("cleaning up"): the run wrote on into the deleted
+    WAL, which held all of it, said "completed", and was gone from the store."""
+    (tmp_path / "play.py").write_text(COUNTING_PLAY)
+    store = Path(cli_env["DEEPLINE_STORE"])
+    code, out, err = _store_deleted_mid_run(["play.py", "--run-id", "W"], cli_env, tmp_path, ("-wal", "-shm"))
+    assert code == 1, err
+    assert out == "" and "completed" not in err, err
+    assert f"{store}-wal" in err and "deleted" in err, err
+
+
+def test_a_store_moved_mid_run_says_so_and_resumes_once_put_back(
+    tmp_path: Path, cli_env: dict[str, str], deepline: Callable[..., Result]
+) -> None:
+    """`mv store.db elsewhere/`: the run said what it recorded "is gone" and to start again
+    (paying again), though putting the file back and resuming finishes it."""
+    (tmp_path / "play.py").write_text(COUNTING_PLAY)
+    store = Path(cli_env["DEEPLINE_STORE"])
+    code, _, err = _store_deleted_mid_run(["play.py", "--run-id", "M"], cli_env, tmp_path, ("moved",))
+    assert code == 1, err
+    assert "moved" in err and "is gone" not in err and "deepline resume M" in err, err
+    (tmp_path / "moved" / store.name).rename(store)
+    resumed = deepline("resume", "M")
+    assert resumed.code == 0, resumed.stderr
 
 
 def test_a_store_deleted_mid_run_fails_the_run_loudly(tmp_path: Path, cli_env: dict[str, str]) -> None:

@@ -133,6 +133,7 @@ class SQLiteStore(SqlStore):
         # One connection, used from the runtime's store thread and the main thread.
         self._lock = threading.RLock()
         self._identity = _identity(self.path)
+        self._logs: dict[str, tuple[int, int] | None] = {"-wal": None, "-shm": None}  # known once they exist
         self._nowait = False  # inside `try_now` before its first commit: a lock to wait for is WouldWait
 
     def try_now(self, work: Callable[[], R]) -> tuple[bool, R | None]:
@@ -280,13 +281,27 @@ class SQLiteStore(SqlStore):
         return time.time()
 
     def _check_file(self) -> None:
-        """A store file deleted (or replaced) under an open connection still takes writes,
-        into a file nobody will ever read again: refuse them, loudly."""
-        if _identity(self.path) != self._identity:
-            raise StoreLostError(
-                f"The store {self.path} was deleted or replaced while this process was using it; "
-                "what was recorded in it is gone."
-            )
+        """A store file deleted, moved or replaced under an open connection still takes
+        writes, into a file nobody will ever read again: refuse them, loudly. Its `-wal`
+        too: it holds every write since the last checkpoint (the whole run, often), and
+        `-shm` (how processes share it); deleting them under a run loses what it wrote."""
+        now = _identity(self.path)
+        if now != self._identity:
+            if now is None:
+                raise StoreLostError(
+                    f"The store {self.path} was moved or deleted while this process was using it; nothing more "
+                    "is recorded in it."
+                )
+            raise StoreLostError(f"The store {self.path} was replaced while this process was using it.")
+        for suffix, known in self._logs.items():
+            found = _identity(self.path + suffix)
+            if known is None:
+                self._logs[suffix] = found
+            elif found != known:
+                raise StoreLostError(
+                    f"The store's {self.path}{suffix} file was deleted or replaced while this process was using it; "
+                    "what the store held in it since its last checkpoint is gone."
+                )
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:

@@ -85,7 +85,11 @@ def _failed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str
     where = f" ({error['where']})" if error.get("where") else ""
     lines = [f"✗ Run {run_id} failed: {error.get('message', 'unknown error')}{where}"]
     if error.get("type") == "StoreLostError":
-        lines.append("  Next: start the run again on a store that stays.")
+        if "was moved or deleted" in error.get("message", ""):
+            lines.append(f"  Next: if the store file was moved, put it back, then: deepline resume {run_id}")
+            lines.append("  If it was deleted, start the run again on a store that stays.")
+        else:
+            lines.append("  Next: start the run again on a store that stays.")
     elif error.get("type") == "MissingInputField":
         lines.append("  Next: start a new run that gives it (a resume keeps this run's input).")
     elif "deepline resume" not in error.get("message", ""):
