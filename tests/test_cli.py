@@ -1004,3 +1004,25 @@ def test_plan_check_and_tools_execute_keep_stdout_to_their_own_output(deepline, 
     executed = deepline("tools", "execute", "pr.t", "--play", "play.py")
     assert executed.code == 0, executed.stderr
     assert json.loads(executed.stdout) == 1
+
+
+def test_a_sqlite_file_of_another_program_is_refused_and_left_as_it_was(deepline, tmp_path: Path) -> None:
+    """`runs list --store crm.db` (another program's SQLite file): it printed "No runs yet",
+    having switched the file to WAL and added deepline's tables to it."""
+    import sqlite3
+
+    other = tmp_path / "crm.db"
+    conn = sqlite3.connect(other)
+    conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+    conn.commit()
+    conn.close()
+    for args in (("runs", "list"), ("receipts", "inspect")):
+        result = deepline(*args, "--store", str(other))
+        assert result.code == 2, result.stderr
+        assert "another program's database" in result.stderr and "customers" in result.stderr, result.stderr
+    conn = sqlite3.connect(other)
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master")] == ["customers"]
+    finally:
+        conn.close()

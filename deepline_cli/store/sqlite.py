@@ -96,6 +96,18 @@ def _enable_wal(conn: sqlite3.Connection) -> None:
             time.sleep(wait)
 
 
+def _not_another_programs(conn: sqlite3.Connection, path: str) -> None:
+    """A SQLite file with tables and no deepline migrations is another program's database:
+    refused before anything is written to it (WAL, deepline's tables)."""
+    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+    if tables and "_migrations" not in tables:
+        shown = ", ".join(tables[:5]) + (", …" if len(tables) > 5 else "")
+        raise StoreOpenError(
+            f"The file {path} is another program's database (tables {shown}), not a deepline store; "
+            "give a new file or an existing store with --store."
+        )
+
+
 def _identity(path: str) -> tuple[int, int] | None:
     try:
         stat = os.stat(path)
@@ -119,6 +131,7 @@ class SQLiteStore(SqlStore):
         except (sqlite3.Error, OSError) as exc:
             raise StoreOpenError(f"Cannot open the store {self.path}: {exc}.") from exc
         try:
+            _not_another_programs(self._conn, self.path)
             configure(self._conn)
             self._migrate()
         except BaseException as exc:
