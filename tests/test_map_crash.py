@@ -133,8 +133,10 @@ def test_sigkill_mid_map_then_resume(deepline, tmp_path: Path, store_path: Path,
     for place, key in enumerate(ids):
         first.setdefault(key, place)
     furthest = max(first[key] for key in at_kill)
-    (shown,) = json.loads(deepline("runs", "show", "crash-1", "--json").stdout)["maps"]
+    killed_run = json.loads(deepline("runs", "show", "crash-1", "--json").stdout)
+    (shown,) = killed_run["maps"]
     assert shown["duplicate"] == furthest + 1 - len(set(ids[: furthest + 1])) > 0, shown
+    assert killed_run["stats"]["duration_s"] > 0  # until it was last heard of (it said 0.00s)
 
     resumed = deepline("resume", "crash-1", "--json")
 

@@ -265,9 +265,10 @@ class SheetStore(Protocol):
         """Visible finished rows of this run's map by outcome (the visibility barrier)."""
         ...
 
-    def map_duplicates(self, run_id: str, map: str) -> int:
-        """Input rows skipped as duplicates before the furthest finished row of this run's map
-        (a map not completed: its record counts them only when it ends)."""
+    def unfinished_counts(self, run_id: str, map: str) -> tuple[int, int]:
+        """For a map not completed (its record counts these only when it ends): the input rows
+        skipped as duplicates before its furthest finished row, and its rows taken whole from
+        sheet rows earlier runs wrote."""
         ...
 
     def failed_map_rows(self, run_id: str, map: str, limit: int, *, after_idx: int = -1) -> list[MapRow]:

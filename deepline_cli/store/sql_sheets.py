@@ -97,14 +97,16 @@ class SheetsSql(SqlBase):
         )
         return {outcome: n for outcome, n in rows}
 
-    def map_duplicates(self, run_id: str, map: str) -> int:
+    def unfinished_counts(self, run_id: str, map: str) -> tuple[int, int]:
         # Distinct rows are numbered in input order: before the row at input place i with
         # number k, the input held k + 1 distinct rows, so i - k duplicates (the most is the furthest's).
         rows = self._read(
-            "SELECT max(input_index - idx) FROM map_rows WHERE run_id = ? AND map = ? AND input_index IS NOT NULL",
+            "SELECT max(input_index - idx), sum(CASE WHEN reused_row THEN 1 ELSE 0 END) FROM map_rows"
+            " WHERE run_id = ? AND map = ?",
             (run_id, map),
         )
-        return max(0, int(rows[0][0] or 0)) if rows else 0
+        duplicates, reused = rows[0] if rows else (0, 0)
+        return max(0, int(duplicates or 0)), int(reused or 0)
 
     def failed_map_rows(self, run_id: str, map: str, limit: int, *, after_idx: int = -1) -> list[MapRow]:
         rows = self._read(
