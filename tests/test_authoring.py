@@ -324,6 +324,10 @@ async def misused(ctx, input):
         await ctx.step(5, lambda: 1)
     elif case == "sleep-text":
         await ctx.sleep("z", "10")
+    elif case == "columns-list":
+        await ctx.map("m", rows, columns=[lambda row: 1])
+    elif case == "rows-text":
+        await ctx.map("m", ["a.com", "b.com"], columns={"e": lambda row: 1})
     return case
 """
 
@@ -339,6 +343,8 @@ async def misused(ctx, input):
         ("limit-negative", "limit must be a whole number of rows, 1 or more"),
         ("step-id-number", "The id of ctx.step must be text"),
         ("sleep-text", "seconds must be a number"),
+        ("columns-list", "columns must be a dict"),
+        ("rows-text", "row 1 is a str, not a dict of fields"),
     ],
 )
 def test_a_misused_call_is_one_sentence_naming_the_plays_line_at_its_first_run(

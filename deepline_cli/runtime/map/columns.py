@@ -108,6 +108,11 @@ def resolve_columns(
     from, left out of the input a column is keyed on (each row's content is keyed already),
     however the input names it (relative ones from `cwd`, where the run started).
     `tools`: the declared tools' versions (a version bumped: the answers change meaning)."""
+    if not isinstance(columns, Mapping):
+        raise UsageError(
+            f"A map's columns must be a dict of column name → function, like {{'email': find_email}}, "
+            f"not a {type(columns).__name__}."
+        )
     resolved = []
     for name, spec in columns.items():
         column = spec if isinstance(spec, Column) else Column(spec)

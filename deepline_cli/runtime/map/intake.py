@@ -11,7 +11,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
-from deepline_cli.errors import InputError
+from deepline_cli.errors import InputError, UsageError
 from deepline_cli.runtime.map.book import MapBook
 from deepline_cli.runtime.map.failures import PlayCodeError, where
 from deepline_cli.runtime.map.row_context import PendingRow
@@ -95,7 +95,7 @@ class Intake:
             if limit is not None and distinct >= limit:
                 break
             read += 1
-            row = raw if type(raw) is dict and csv is not None else dict(raw)  # a CSV row is a new dict already
+            row = raw if type(raw) is dict and csv is not None else self._fields(raw, input_index)  # a CSV row is new
             blank = csv.blank(row) if csv is not None else None
             if not row.keys() <= columns:  # every field any row has is an input column (for export)
                 new = [column for column in row if column not in self.input_columns]
@@ -123,6 +123,15 @@ class Intake:
             self.read_whole = True
         if chunk or read:
             yield chunk, (read, duplicate)
+
+    def _fields(self, raw: Any, input_index: int) -> dict[str, Any]:
+        """A row of a list as a dict of its fields (a copy: the map adds its columns to it)."""
+        if isinstance(raw, Mapping):
+            return dict(raw)
+        raise UsageError(
+            f"Map {self.name!r}: row {input_index + 1} is a {type(raw).__name__}, not a dict of fields "
+            f"(give rows like {{'domain': 'acme.com'}})."
+        )
 
     def key(self, row: dict[str, Any], input_index: int, blank: str | None) -> str:
         """The row's key. A blank one is no identity: the row is keyed by where it is (each
