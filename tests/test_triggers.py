@@ -284,6 +284,17 @@ def test_a_schedules_relative_csv_is_read_from_the_plays_folder_whichever_worker
     assert (run.status, run.output) == ("completed", {"rows": 2}), run.error
 
 
+def test_a_scheduled_run_missing_an_input_field_says_to_fix_the_schedule(deepline, write_play) -> None:
+    """A tick whose input lacks `csv`: it said to give it with --csv FILE, which a schedule
+    has not, and named the play's line twice."""
+    write_play(NIGHTLY_PLAY.replace('[{"domain": d} for d in input["domains"]]', 'ctx.csv(input["csv"])'))
+    fired = deepline("worker", "--play", "play.py", "--once")
+    failed = [line for line in fired.stderr.splitlines() if "failed:" in line]
+    assert failed and "give it in the schedule's input" in failed[0] and "--csv" not in failed[0], fired.stderr
+    assert failed[0].count("play.py line") == 1, failed[0]
+    assert "Next: fix the schedule's input" in fired.stderr, fired.stderr
+
+
 def test_a_scheduled_run_says_it_paid_only_for_new_rows(deepline, write_play, tmp_path: Path) -> None:
     write_play(NIGHTLY_PLAY)
     first = deepline("worker", "--play", "play.py", "--once")

@@ -91,7 +91,10 @@ def _failed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str
         else:
             lines.append("  Next: start the run again on a store that stays.")
     elif error.get("type") == "MissingInputField":
-        lines.append("  Next: start a new run that gives it (a resume keeps this run's input).")
+        if "the schedule's input" in error.get("message", ""):
+            lines.append("  Next: fix the schedule's input; its next tick runs with it.")
+        else:
+            lines.append("  Next: start a new run that gives it (a resume keeps this run's input).")
     elif "deepline resume" not in error.get("message", ""):
         # A tool's own failure that is not transient is kept on its receipt: a plain resume
         # replays it, the flag asks the tool again.

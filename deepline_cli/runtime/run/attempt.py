@@ -438,6 +438,7 @@ def attempt_parts(
         config=options.config,
         # A child run started by this one (scheduled under workers) has this run's budget.
         persisted={**options.persisted(), "max_credits": budget.max_credits},
+        trigger=str(record.options.get("trigger") or ""),
     )
     caps = Caps(  # counted per run: what earlier attempts did counts too
         max_depth=options.max_depth,

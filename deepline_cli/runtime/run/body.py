@@ -27,7 +27,7 @@ class BodyOutcome:
 async def execute_body(play: PlayDef, s: RunParts, input: Any, children: ChildPlays) -> BodyOutcome:
     """Run the play's body once with a fresh `ctx`; `children` runs the child plays it starts."""
     try:
-        given = play_input(input, child=s.identity.depth > 0)
+        given = play_input(input, child=s.identity.depth > 0, trigger=s.settings.trigger)
         value = await play.fn(Context(s, children, given), given)
     except Suspended:
         await _flush_journal(s)
@@ -94,7 +94,7 @@ def describe(exc: BaseException, s: RunParts, play_file: str) -> dict[str, Any]:
     if isinstance(exc, DeeplineError):
         error["exit_code"] = exc.exit_code
         place = failures.where(exc) if isinstance(exc, UsageError | InputError) else None
-        if place:  # a call the play made wrong (`limit=0`): where in its code
+        if place and place not in error["message"]:  # a call the play made wrong (`limit=0`): where in its code
             error["where"] = place
     else:  # an error of the play's own code: named by its type, as a map row's is (KeyError: 'domain')
         said = str(exc)  # an exception with no message is named by its type already

@@ -128,6 +128,7 @@ class Settings:
     schedule_children: bool = False  # under workers: child plays become queued runs of their own
     config: str | None = None  # the deepline.toml in use
     persisted: dict[str, Any] = field(default_factory=dict)  # the flags kept with the run (a child's too)
+    trigger: str = ""  # what started the run when no command did ("schedule …", "webhook …")
 
 
 @dataclass

@@ -16,27 +16,34 @@ class PlayInput(dict[str, Any]):
     MissingInputField: exit 2 with one sentence, and still a KeyError for a play that
     catches one (`try: input["limit"] except KeyError: ...`)."""
 
-    def __init__(self, given: dict[str, Any], *, child: bool = False) -> None:
+    def __init__(self, given: dict[str, Any], *, child: bool = False, trigger: str = "") -> None:
         super().__init__(given)
         self.child = child
+        self.trigger = trigger
 
     def __missing__(self, name: Any) -> Any:
         if not isinstance(name, str):
             raise KeyError(name)
         where = _caller()
         raise MissingInputField(
-            f"The play's input has no field {name!r}{f' ({where})' if where else ''}; {_how(name, self.child)}."
+            f"The play's input has no field {name!r}{f' ({where})' if where else ''}; "
+            f"{_how(name, self.child, self.trigger)}."
         )
 
 
-def play_input(given: Any, *, child: bool = False) -> Any:
-    """What the body gets: a dict input as a PlayInput, anything else as it is."""
-    return PlayInput(given, child=child) if type(given) is dict else given
+def play_input(given: Any, *, child: bool = False, trigger: str = "") -> Any:
+    """What the body gets: a dict input as a PlayInput, anything else as it is. `trigger`:
+    what started the run, if no command did (a schedule, a webhook): it says how to give a field."""
+    return PlayInput(given, child=child, trigger=trigger) if type(given) is dict else given
 
 
-def _how(name: str, child: bool) -> str:
+def _how(name: str, child: bool, trigger: str = "") -> str:
     if child:
         return "its parent gives it in the input of ctx.run_play"
+    if trigger.startswith("schedule"):
+        return "give it in the schedule's input (schedule_input=, or the input of its [schedules] table)"
+    if trigger.startswith("webhook"):
+        return "the delivery's body must hold it"
     return how_to_give(name)
 
 
