@@ -165,6 +165,9 @@ def test_describe_a_local_tool_and_a_remote_one(project: Path, deepline: Callabl
     }
     human = deepline("tools", "describe", "local.score", "--play", "play.py")
     assert "signature    async def score(input, call)" in human.stdout.splitlines()
+    # listed where its author wrote it, not under the loader's module name (deepline_play_…)
+    listed = {row["id"]: row for row in deepline("tools", "list", "--play", "play.py", "--json").json_lines()}
+    assert listed["local.score"]["target"] == "score in play.py line 6"
 
     remote_config = project / "remote.toml"
     remote_config.write_text('[remote]\nbase_url = "https://tools.example.com"\napi_key_env = "TT_REMOTE"\n')

@@ -44,7 +44,12 @@ def inspect(
     ] = None,
     run: Annotated[str | None, typer.Option("--run", metavar="RUN_ID", help="Receipts this run used.")] = None,
     status: Annotated[
-        str | None, typer.Option("--status", metavar="STATUS", help="running, completed, failed or skipped.")
+        str | None,
+        typer.Option(
+            "--status",
+            metavar="STATUS",
+            help="running, completed, failed, skipped or released (given back after it may have gone out).",
+        ),
     ] = None,
     tool: Annotated[str | None, typer.Option("--tool", metavar="TOOL", help="Only this tool id.")] = None,
     limit: Annotated[int | None, typer.Option("--limit", metavar="N", min=1, help="At most N receipts.")] = None,

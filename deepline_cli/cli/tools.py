@@ -87,7 +87,7 @@ def _tool_rows(catalog: Catalog) -> list[dict[str, object]]:
                 "credits": local.credits,
                 "rate_limit": local.rate_limit,
                 "concurrency": local.concurrency,
-                "target": f"{local.fn.__module__}.{local.fn.__qualname__}",
+                "target": _where_defined(local.fn),
                 "secrets": [],
                 "fields": [],
             }
@@ -389,3 +389,12 @@ def _print_check(path: Path, plays: list[PlayDef], report: dict[str, Any], tool_
         typer.echo(f"tool       {row['id']}  [{row['kind']}]  {row['target']}")
     for u in report["unknown_tools"]:
         typer.echo(f"unknown    {u['tool']}  ({u['file']} line {u['line']}): nothing here can run it")
+
+
+def _where_defined(fn: Any) -> str:
+    """`company in play.py line 39`: a local tool's function where the play's author wrote it
+    (its module's name is the loader's own, `deepline_play_…`)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return f"{fn.__module__}.{fn.__qualname__}"
+    return f"{fn.__qualname__} in {Path(code.co_filename).name} line {code.co_firstlineno}"
