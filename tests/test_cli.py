@@ -1026,3 +1026,30 @@ def test_a_sqlite_file_of_another_program_is_refused_and_left_as_it_was(deepline
         assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master")] == ["customers"]
     finally:
         conn.close()
+
+
+def test_every_failed_row_is_listed_with_the_attempt_it_failed_in(deepline, write_play) -> None:
+    """`runs logs --kind row.failed` labelled every failed row with the attempt that logged
+    the map's summary: `--where attempt=1` found none of the rows attempt 1 failed."""
+    write_play(
+        """
+        from deepline_cli import play
+
+        @play("two")
+        async def two(ctx, input):
+            async def check(row):
+                if row["id"] == "b":
+                    await ctx.wait_for_event("go")  # the run waits here; its resume goes on
+                raise ValueError(f"no company for {row['id']}")
+
+            rows = await ctx.map("m", [{"id": "a"}, {"id": "b"}], key="id", columns={"v": check})
+            return rows.failed_count
+        """
+    )
+    assert deepline("run", "play.py", "--run-id", "two").code == 3
+    assert deepline("events", "send", "two", "go").code == 0
+    assert deepline("resume", "two").code == 0
+    lines = deepline("runs", "logs", "two", "--kind", "row.failed", "--json").json_lines()
+    assert {line["fields"]["row_key"]: line["attempt"] for line in lines} == {"a": 1, "b": 2}
+    first = deepline("runs", "logs", "two", "--kind", "row.failed", "--where", "attempt=1", "--json")
+    assert [line["fields"]["row_key"] for line in first.json_lines()] == ["a"]

@@ -110,7 +110,7 @@ class SheetsSql(SqlBase):
 
     def failed_map_rows(self, run_id: str, map: str, limit: int, *, after_idx: int = -1) -> list[MapRow]:
         rows = self._read(
-            "SELECT run_id, map, idx, input_index, row_key, outcome, error, '', rev FROM map_rows"
+            "SELECT run_id, map, idx, input_index, row_key, outcome, error, '', rev, coalesce(attempt, 0) FROM map_rows"
             " WHERE run_id = ? AND map = ? AND outcome = 'failed' AND idx > ? ORDER BY idx LIMIT ?",
             (run_id, map, after_idx, limit),
         )

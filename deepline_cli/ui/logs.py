@@ -123,7 +123,8 @@ def every_failed_row(lines: Iterable[LogLine], store: SheetStore, run_id: str, a
 
 
 def _failed_lines(store: SheetStore, run_id: str, map_name: str, at: LogLine) -> Iterator[LogLine]:
-    """The map's failed rows as `row.failed` lines worded as the map logs them, dated like `at`."""
+    """The map's failed rows as `row.failed` lines worded as the map logs them, each with the attempt
+    it failed in, dated like `at`."""
     after = -1
     while page := store.failed_map_rows(run_id, map_name, FAILED_PAGE, after_idx=after):
         after = page[-1].idx
@@ -133,6 +134,7 @@ def _failed_lines(store: SheetStore, run_id: str, map_name: str, at: LogLine) ->
 def _failed_line(row: MapRow, at: LogLine) -> LogLine:
     return replace(
         at,
+        attempt=row.attempt or at.attempt,  # the attempt the row failed in
         id=0,  # read from the map's rows, not a line of the log: it has no id of its own
         message=f"row {row.row_key} failed: {row.error}",
         kind="row.failed",
