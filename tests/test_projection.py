@@ -311,3 +311,33 @@ def test_a_map_over_a_list_made_from_a_pilots_rows_is_not_projected_as_a_whole_l
     projection = pilot["stats"]["projection"]
     assert [m["map"] for m in projection["maps"]] == ["companies"]
     assert projection["unprojected"] == ["people"]
+
+
+CHILD_PAID = """
+from deepline_cli import play, tool
+
+@tool("k.paid", credits=1)
+def paid(input):
+    return {"d": input["domain"]}
+
+@play("summary")
+async def summary(ctx, input):
+    return (await ctx.tools.execute("p", "k.paid", {"domain": input["domain"]})).output
+
+@play("kids")
+async def kids(ctx, input):
+    rows = await ctx.map("accounts", [{"d": f"c{i}.com"} for i in range(50)], key="d",
+        columns={"summary": lambda row, rc: rc.run_play("sum", "summary", {"domain": row["d"]})})
+    return len(rows)
+"""
+
+
+def test_a_pilot_counts_what_a_rows_child_plays_paid(deepline, write_play) -> None:
+    """A column that runs a child play per row (which pays 1 credit): the pilot paid 10 on
+    10 rows and projected "0 credits/row", the full list at what the pilot had paid."""
+    play = write_play(CHILD_PAID)
+    pilot = _finished(deepline("run", f"{play}:kids", "--limit", "10", "--json"))
+    projection = pilot["stats"]["projection"]
+    (m,) = projection["maps"]
+    assert (pilot["stats"]["credits"], m["credits_per_row"]["mean"]) == (10, 1), m
+    assert projection["credits"] == 50, projection

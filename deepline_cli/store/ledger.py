@@ -290,11 +290,12 @@ class LedgerQueries:
         return [AttemptRow(*r) for r in rows]
 
     def row_credits(self, run_id: str, map: str) -> dict[str, float]:
-        """Credits of the completed calls made for each row of a run's map (every attempt)."""
+        """Credits of the completed calls made for each row of a run's map (every attempt),
+        those of the child plays a row ran included (their calls are made for its row)."""
         rows = self._read(
-            "SELECT row_key, sum(credits) FROM calls WHERE run_id = ? AND map = ? AND status = 'completed'"
+            f"SELECT row_key, sum(credits) FROM calls WHERE run_id IN {TREE} AND map = ? AND status = 'completed'"
             " AND row_key IS NOT NULL GROUP BY row_key",
-            (run_id, map),
+            (run_id, run_id, map),
         )
         return {key: round_credits(float(credits or 0.0)) for key, credits in rows}
 
