@@ -382,6 +382,9 @@ def test_a_run_rides_out_a_dropped_postgresql_connection(
     assert len(set(executed)) == 300 and len(executed) <= 310  # at most the calls in flight again
     warnings = [e["message"] for e in map(_json.loads, out.splitlines()) if e["event"] == "log"]
     assert any("reconnected" in message for message in warnings), warnings
+    # one sentence each: no store error nested in another, no driver's own lines on stderr
+    assert not any("(The store" in message for message in warnings), warnings
+    assert "psycopg" not in err and " at 0x" not in err, err
 
 
 def _start_work(

@@ -118,3 +118,24 @@ def test_a_store_password_in_the_query_is_never_shown(deepline) -> None:
     assert safe_url("postgresql://u@h/db?sslpassword=K3y") == "postgresql://u@h/db?sslpassword=***"
     result = deepline("runs", "list", "--store", "postgresql://postgres@127.0.0.1:9/x?password=S3cretPassw0rd")
     assert result.code == 2 and "S3cretPassw0rd" not in result.stderr + result.stdout, result.stderr
+
+
+def test_a_key_holding_a_nul_character_runs_and_resumes_on_each_backend(store_url: str, tmp_path) -> None:
+    """A CSV key cell with a NUL byte: PostgreSQL's writes replaced it, but its reads sent it
+    as it was ("text fields cannot contain NUL"): the run failed, and every resume with it."""
+    from tests.helpers import run_play
+
+    (tmp_path / "keys.csv").write_bytes(b"domain,name\nco2\x00x.example.com,C\nco3.example.com,D\n")
+    play = tmp_path / "play.py"
+    play.write_text(
+        "from deepline_cli import play\n\n"
+        '@play("nul")\n'
+        "async def nul(ctx, input):\n"
+        '    columns = {"n": lambda row: len(row["name"])}\n'
+        '    rows = await ctx.map("m", ctx.csv(input["csv"]), key="domain", columns=columns)\n'
+        "    return len(rows)\n"
+    )
+    first = run_play(play, store_url, {"csv": str(tmp_path / "keys.csv")})
+    assert (first.status, first.output) == ("completed", 2), first.error
+    again = run_play(play, store_url, {"csv": str(tmp_path / "keys.csv")})  # its sheet rows read back
+    assert (again.status, again.output) == ("completed", 2), again.error

@@ -8,6 +8,7 @@ Lease times come from the database server's clock, so machines' clocks don't mat
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import threading
@@ -25,6 +26,10 @@ from deepline_cli.store import safe_url
 from deepline_cli.store.migrations import POSTGRES, migrate
 from deepline_cli.store.records import Settlement
 from deepline_cli.store.sql import SqlStore, settle_statement
+
+# psycopg logs what it ignores while a dropped connection is closed (several lines, memory
+# addresses) to Python's last-resort handler, on stderr: the store says it in one sentence.
+logging.getLogger("psycopg").addHandler(logging.NullHandler())
 
 R = TypeVar("R")
 
@@ -64,7 +69,8 @@ def _reason(exc: BaseException) -> str:
 
 
 def _no_nul(params: Sequence[Any]) -> Sequence[Any]:
-    """PostgreSQL text cannot hold NUL; one in a log line must not sink a whole batch."""
+    """PostgreSQL text cannot hold NUL; one in a log line must not sink a whole batch. Reads
+    ask with the same text (a row key with a NUL is found as it was written)."""
     if any(isinstance(p, str) and "\x00" in p for p in params):
         return [p.replace("\x00", "\ufffd") if isinstance(p, str) else p for p in params]
     return params
@@ -206,4 +212,4 @@ class PostgresStore(SqlStore):
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock, self._errors("read"):
-            return self._conn.execute(_pg(sql), params).fetchall()
+            return self._conn.execute(_pg(sql), _no_nul(params)).fetchall()  # a key as written

@@ -104,7 +104,8 @@ def reconnecting(
             continue
         _GAVE_UP.discard(store.url)
         if report is not None:
-            report(f"the store dropped its connection ({reason}); reconnected after {time.monotonic() - began:.1f}s")
+            said = str(reason).rstrip(".")
+            report(f"{said}; reconnected after {time.monotonic() - began:.1f}s")
         return result
     waited = time.monotonic() - began
     if gave_up:
