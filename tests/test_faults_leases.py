@@ -121,11 +121,14 @@ async def batched(ctx, input):
 """
 
 
+@pytest.mark.parametrize("unbatched", [False, True], ids=["as-it-was", "batch-removed-before-the-resume"])
 def test_a_batch_in_flight_at_a_crash_is_sent_again_as_the_same_batch(
-    tmp_path: Path, provider: TimedProvider, env: dict[str, str]
+    tmp_path: Path, provider: TimedProvider, env: dict[str, str], unbatched: bool
 ) -> None:
     """Members of a batch that was in flight when the process died go out again in that
-    same batch, under its key, even when the resumed run would group rows otherwise."""
+    same batch, under its key, even when the resumed run would group rows otherwise. With
+    `batch` removed from deepline.toml before the resume, they went out one by one under
+    their own keys: billed twice. The resume is refused until `batch` is back."""
     provider.latency_s = 0.0
     provider.script("/v1/batch", ["ok", *["slow:4"] * 10])  # one batch answers, the rest hang past the kill
     (tmp_path / "play.py").write_text(BATCH_PLAY)
@@ -149,15 +152,28 @@ batch = {{ max_size = 5, max_wait_ms = 50 }}
     finally:
         kill(a)
     provider.script("/v1/batch", [])
+    resume = [sys.executable, "-m", "deepline_cli", "resume", "batch-run", "--concurrency", "3", "--json"]
+    if unbatched:
+        config = tmp_path / "deepline.toml"
+        batched = config.read_text()
+        config.write_text(batched.replace("batch = {", "# batch = {"))
+        sent = len(provider.requests)
+        refused = subprocess.run(
+            resume, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL
+        )
+        assert refused.returncode == 2, refused.stderr
+        assert "put its `batch` setting back" in refused.stdout, refused.stdout  # run.finished (--json)
+        assert len(provider.requests) == sent  # nothing sent alone
+        config.write_text(batched)
     resumed = subprocess.run(
-        [sys.executable, "-m", "deepline_cli", "resume", "batch-run", "--concurrency", "3", "--json"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        resume, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL
+    )
     assert resumed.returncode == 0, resumed.stderr
     # A provider honouring idempotency keys bills each key it receives once.
     members: dict[str, set[str]] = {}
     for seen in provider.requests:
-        members.setdefault(seen.headers["idempotency-key"], set()).update(i["domain"] for i in seen.body["items"])
+        sent_items = seen.body.get("items", [seen.body])  # a batch, or one call alone
+        members.setdefault(seen.headers["idempotency-key"], set()).update(i["domain"] for i in sent_items)
     billed = [domain for key in members for domain in members[key]]
     assert sorted(billed) == sorted(f"d{i}.com" for i in range(20)), "a member was billed in two batches"
     finished = _json.loads(resumed.stdout.splitlines()[-1])

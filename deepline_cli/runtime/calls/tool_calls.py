@@ -215,6 +215,12 @@ class Tools:
         else:
 
             async def invoke(info: ToolCall) -> Any:
+                if info.batch_key:  # sent in a batch by an attempt that batched the tool: never again alone
+                    raise UsageError(
+                        f"Tool {tool!r} was called in a batch that may have gone out before the run stopped, and "
+                        "deepline.toml no longer batches it (sent alone, its calls would be billed again): put its "
+                        "`batch` setting back to resume the run, and change it once the run is done."
+                    )
                 self._caps.count_tool_call()  # --max-tool-calls counts calls actually made
                 return await self._invoke(definition, input, info, timeout_s)
 
