@@ -364,3 +364,14 @@ def test_a_budget_refusal_caught_inside_a_step_is_not_kept_as_its_value(deepline
     assert resumed.code == 0, resumed.stderr
     assert resumed.json_lines()[-1]["output"] == {"first": "x@a.com", "second": "x@b.com"}
     assert log.read_text().split() == ["a.com", "b.com"]
+
+
+def test_a_run_stopped_by_its_budget_says_to_resume_it_with_a_higher_one(deepline: Run, tmp_path: Path) -> None:
+    """Its `Next:` said `deepline resume RUN`, which stops again at once: the budget stays
+    with the run."""
+    play = tmp_path / "play.py"
+    play.write_text(TENTHS_PLAY)
+    stopped = deepline("run", str(play), "--max-credits", "1", "--run-id", "tight")
+    assert stopped.code == 1, stopped.stderr
+    assert "Next: deepline resume tight --max-credits N" in stopped.stderr, stopped.stderr
+    assert deepline("resume", "tight", "--max-credits", "5").code == 0

@@ -851,3 +851,14 @@ def test_a_failure_nothing_found_a_value_after_is_final_not_fallen_back(deepline
     assert (gone["failed"], gone["recovered"]) == (2, 0), gone
     shown = json.loads(deepline("runs", "show", "last", "--json").stdout)["stats"]["tools"]["t.gone"]
     assert (shown["failed"], shown["recovered"]) == (2, 0), shown
+
+
+def test_the_progress_bar_shows_how_far_a_map_is_without_colours() -> None:
+    """Done and to-do were the same character in two colours: under NO_COLOR (or on a
+    monochrome terminal) a map 18% through looked done."""
+    from deepline_cli.ui.console import _bar
+    from deepline_cli.ui.state import MapView
+
+    half = _bar(MapView("m", total=100, done=50, succeeded=50), 10).plain
+    assert half == "━━━━━─────", half
+    assert _bar(MapView("m", total=100, done=100, succeeded=100, completed=True), 10).plain == "━" * 10

@@ -314,7 +314,8 @@ def _bar(m: MapView, width: int) -> Text:
     total = m.total or 0
     share = 1.0 if m.completed else (min(1.0, m.seen / total) if total else 0.0)
     filled = int(share * width)
-    return Text.assemble(("━" * filled, "green" if m.completed else "magenta"), ("━" * (width - filled), "grey23"))
+    # What is left is drawn thinner: without colours (NO_COLOR) the bar still shows how far it is.
+    return Text.assemble(("━" * filled, "green" if m.completed else "magenta"), ("─" * (width - filled), "grey23"))
 
 
 def _with_waiting(finished: dict[str, Any]) -> dict[str, Any]:

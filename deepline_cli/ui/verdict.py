@@ -95,6 +95,8 @@ def _failed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str
             lines.append("  Next: fix the schedule's input; its next tick runs with it.")
         else:
             lines.append("  Next: start a new run that gives it (a resume keeps this run's input).")
+    elif error.get("type") == "BudgetExceededError":  # the budget stays with the run: a plain resume stops again
+        lines.append(f"  Next: deepline resume {run_id} --max-credits N (N above the budget it stopped at)")
     elif "deepline resume" not in error.get("message", ""):
         # A tool's own failure that is not transient is kept on its receipt: a plain resume
         # replays it, the flag asks the tool again.
