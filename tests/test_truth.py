@@ -862,3 +862,12 @@ def test_the_progress_bar_shows_how_far_a_map_is_without_colours() -> None:
     half = _bar(MapView("m", total=100, done=50, succeeded=50), 10).plain
     assert half == "━━━━━─────", half
     assert _bar(MapView("m", total=100, done=100, succeeded=100, completed=True), 10).plain == "━" * 10
+
+
+def test_the_live_view_draws_nothing_before_the_run_is_known() -> None:
+    """A play that failed to load left "deepline  run   attempt 0" on screen above its error."""
+    import io
+
+    view = ConsoleView(io.StringIO(), live=False)
+    view.console.print(view.render())
+    assert view._stream.getvalue() == ""  # type: ignore[attr-defined]

@@ -280,6 +280,8 @@ class ConsoleView:
 
     def render(self) -> Group:
         s, width = self.state, self.console.width
+        if not s.run_id:  # before the run is known (its play still loading, or failing to): nothing yet
+            return Group()
         right = fit([(f"credits {format_credits(s.credits)}" if s.credits else "", 0), (clock(s.elapsed), 0)], width)
         left = fit([("deepline", 3), (s.play, 2), (f"run {s.run_id}", 0), (f"attempt {s.attempt}", 1)],
                    max(0, width - len(right) - 2))  # fmt: skip
