@@ -113,6 +113,9 @@ def test_short_sleep_is_slept_inline_and_completes(deepline, write_play, tmp_pat
     assert nap["kind"] == "sleep"
     assert nap["status"] == "resolved"
     assert logged(log) == ["before", "after"]
+    # said while it waits, with when it ends: a run that only waits looked hung
+    lines = deepline("runs", "logs", "r-short").stdout
+    assert "waiting for timer 'nap' in this process: 1s, until " in lines, lines
 
 
 def test_long_sleep_suspends_and_early_resume_stays_waiting(deepline, write_play, tmp_path):

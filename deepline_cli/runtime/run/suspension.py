@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
     from deepline_cli.runtime.run.parts import RunParts
 
 EVENT_POLL_S = 0.25
+SAID_WAIT_S = 0.5  # an inline wait this long is said (a run that only waits looks hung otherwise)
 
 
 class EventTimeoutError(DeeplineError):
@@ -35,6 +37,7 @@ async def sleep(s: RunParts, id: str, seconds: float) -> None:
     if remaining > s.settings.max_inline_wait:
         raise s.effects.journal.suspend(boundary)
     if remaining > 0:
+        _say_wait(s, f"timer {id!r}", remaining, boundary.due_at)
         await _wait(s, remaining)
     await s.infra.io.call(
         s.infra.io.store.suspension.resolve_boundary, s.identity.run_id, boundary_id, None, s.infra.io.now()
@@ -56,6 +59,7 @@ async def wait_for_event(s: RunParts, id: str, timeout_s: float | None) -> Any:
         return boundary.payload
     if boundary.status == "timed_out":  # as it did the first time: the play went on without it
         raise _timed_out(id, boundary, run_id)
+    said = False
     while True:
         delivered, payload = await s.infra.io.call(
             _event_for, s.infra.io.store, run_id, s.identity.root, id, boundary.due_at
@@ -74,7 +78,17 @@ async def wait_for_event(s: RunParts, id: str, timeout_s: float | None) -> Any:
             raise _timed_out(id, boundary, run_id)
         if boundary.due_at is None or boundary.due_at - now > s.settings.max_inline_wait:
             raise s.effects.journal.suspend(boundary)
+        if not said:
+            said = True
+            _say_wait(s, f"event {id!r} (deepline events send {run_id} {id})", boundary.due_at - now, boundary.due_at)
         await _wait(s, min(EVENT_POLL_S, boundary.due_at - now))
+
+
+def _say_wait(s: RunParts, what: str, seconds: float, due_at: float | None) -> None:
+    """A wait in this process long enough to be seen: said, with when it ends."""
+    if seconds >= SAID_WAIT_S and due_at is not None:
+        until = time.strftime("%H:%M:%S", time.localtime(due_at))
+        s.log(f"waiting for {what} in this process: {seconds:.0f}s, until {until}")
 
 
 def _timed_out(id: str, boundary: Boundary, run_id: str) -> EventTimeoutError:
