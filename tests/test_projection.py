@@ -145,7 +145,7 @@ def test_a_pilot_of_rows_all_paid_before_does_not_project_a_cost_it_cannot_know(
     assert "≈ 0 credits" not in shown.stderr
 
 
-CHAINED = """
+TOOLS_AB = """
 from deepline_cli import play, tool
 
 @tool("t.a", credits=1)
@@ -155,7 +155,11 @@ def a(input):
 @tool("t.b", credits=10)
 def b(input):
     return {"w": 2}
+"""
 
+CHAINED = (
+    TOOLS_AB
+    + """
 @play("chain")
 async def chain(ctx, input):
     first = await ctx.map("first", [{"id": i} for i in range(100)], key="id", columns={
@@ -165,6 +169,7 @@ async def chain(ctx, input):
     seeds = await ctx.map("seeds", [{"id": "x"}], key="id", columns={"n": lambda row: 1})
     return len(second) + len(seeds)
 """
+)
 
 
 def test_a_map_over_a_pilot_maps_rows_is_projected_with_it(deepline, write_play) -> None:
@@ -280,17 +285,9 @@ def test_a_map_over_a_pilot_map_counts_the_rows_paid_before_in_its_rest(deepline
     assert full["stats"]["credits"] == 0
 
 
-DERIVED = """
-from deepline_cli import play, tool
-
-@tool("t.a", credits=1)
-def a(input):
-    return {"v": 1}
-
-@tool("t.b", credits=10)
-def b(input):
-    return {"w": 2}
-
+DERIVED = (
+    TOOLS_AB
+    + """
 @play("derived")
 async def derived(ctx, input):
     companies = await ctx.map("companies", [{"id": i} for i in range(100)], key="id", columns={
@@ -300,6 +297,7 @@ async def derived(ctx, input):
         "b": lambda row, rc: rc.tools.execute("b", "t.b", {"id": row["id"]})})
     return len(found)
 """
+)
 
 
 def test_a_map_over_a_list_made_from_a_pilots_rows_is_not_projected_as_a_whole_list(deepline, write_play) -> None:
