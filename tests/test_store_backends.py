@@ -139,3 +139,33 @@ def test_a_key_holding_a_nul_character_runs_and_resumes_on_each_backend(store_ur
     assert (first.status, first.output) == ("completed", 2), first.error
     again = run_play(play, store_url, {"csv": str(tmp_path / "keys.csv")})  # its sheet rows read back
     assert (again.status, again.output) == ("completed", 2), again.error
+
+
+def test_runs_show_of_a_map_that_did_not_complete_on_each_backend(store_url: str, tmp_path) -> None:
+    """Its counts are read from the rows written (duplicates, reused rows): the query was
+    SQLite's only, and `runs show` of any such run failed on PostgreSQL."""
+    from deepline_cli.ui.run_show import read_shown
+    from tests.helpers import run_play
+
+    play = tmp_path / "play.py"
+    play.write_text(
+        "from deepline_cli import play\n\n"
+        "def check(row):\n"
+        "    if row['id'] == 3:\n"
+        "        raise ValueError('stop here')\n"
+        "    return row['id']\n\n"
+        '@play("stops")\n'
+        "async def stops(ctx, input):\n"
+        "    rows = [{'id': i} for i in (1, 1, 2, 3, 4)]\n"
+        "    await ctx.map('m', rows, key='id', columns={'v': check}, on_row_error='fail', concurrency=1)\n"
+    )
+    result = run_play(play, store_url, run_id="stops")
+    assert result.status == "failed", result.error
+    db = open_store(store_url)
+    try:
+        record = db.runs.get_run("stops")
+        assert record is not None
+        (shown,) = read_shown(db, record).maps
+    finally:
+        db.close()
+    assert (shown.status, shown.duplicate, shown.reused) == ("failed", 1, 0)

@@ -188,11 +188,11 @@ class PostgresStore(SqlStore):
         try:
             yield
         except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
-            raise StoreConflict(f"The store {self.url} aborted a transaction: {str(exc).strip()}.") from exc
+            raise StoreConflict(f"The store {self.url} aborted a transaction: {_reason(exc)}.") from exc
         except psycopg.Error as exc:
             if self._conn.closed or self._conn.broken:
                 raise StoreConnectionLost(f"The store {self.url} dropped the connection: {_reason(exc)}.") from exc
-            raise StoreError(f"The store {self.url} could not be {doing}: {str(exc).strip()}.") from exc
+            raise StoreError(f"The store {self.url} could not be {doing}: {_reason(exc)}.") from exc
 
     def _settle_all(self, c: Any, settlements: Sequence[Settlement], now: float) -> list[bool]:
         return list(c.changed_each([settle_statement(s, now) for s in settlements]))

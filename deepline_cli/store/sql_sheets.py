@@ -101,8 +101,7 @@ class SheetsSql(SqlBase):
         # Distinct rows are numbered in input order: before the row at input place i with
         # number k, the input held k + 1 distinct rows, so i - k duplicates (the most is the furthest's).
         rows = self._read(
-            "SELECT max(input_index - idx), sum(CASE WHEN reused_row THEN 1 ELSE 0 END) FROM map_rows"
-            " WHERE run_id = ? AND map = ?",
+            "SELECT max(input_index - idx), coalesce(sum(reused_row), 0) FROM map_rows WHERE run_id = ? AND map = ?",
             (run_id, map),
         )
         duplicates, reused = rows[0] if rows else (0, 0)
