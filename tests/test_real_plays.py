@@ -1449,3 +1449,35 @@ def test_a_column_dropped_for_a_night_and_restored_is_computed_from_the_values_i
     restored = finished(deepline_process("run", "play.py", "--json"))
 
     assert [(r["base"], r["double"]) for r in restored["output"]] == [(10, 20), (1500, 3000)]
+
+
+INPUT_DROPPED_PLAY = """\
+from deepline_cli import play
+
+
+@play("input-dropped")
+async def input_dropped(ctx, input):
+    rows = await ctx.map("m", ctx.csv("people.csv"), key="id", columns={
+        "company": lambda row, rc: "acme",
+        "email": lambda row, rc: f"{row['who']}@{row['company']}",
+    })
+    return [dict(r) for r in rows]
+"""
+
+
+def test_a_column_dropped_while_its_rows_input_changed_is_computed_from_the_new_input(
+    deepline_process: Run, tmp_path: Path
+) -> None:
+    """Night 2: the row's input changed (bob → alice) while `email` was commented out, and
+    `company` computed the same value again; night 3 restored `email` as bob@acme."""
+    (tmp_path / "play.py").write_text(INPUT_DROPPED_PLAY)
+    (tmp_path / "people.csv").write_text("id,who\nx,bob\n")
+    assert finished(deepline_process("run", "play.py", "--json"))["output"][0]["email"] == "bob@acme"
+    (tmp_path / "play.py").write_text(INPUT_DROPPED_PLAY.replace('        "email"', '        # "email"'))
+    (tmp_path / "people.csv").write_text("id,who\nx,alice\n")
+    finished(deepline_process("run", "play.py", "--json"))
+    (tmp_path / "play.py").write_text(INPUT_DROPPED_PLAY)
+
+    restored = finished(deepline_process("run", "play.py", "--json"))
+
+    assert restored["output"][0]["email"] == "alice@acme"
