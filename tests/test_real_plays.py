@@ -1481,3 +1481,42 @@ def test_a_column_dropped_while_its_rows_input_changed_is_computed_from_the_new_
     restored = finished(deepline_process("run", "play.py", "--json"))
 
     assert restored["output"][0]["email"] == "alice@acme"
+
+
+STATEFUL_PLAY = """\
+from deepline_cli import play
+
+
+class Counter:
+    def __init__(self):
+        self.calls = 0
+
+    def bump(self, row):
+        self.calls += 1  # state that changes as the play runs: not what the cell means
+        return row["id"].upper()
+
+
+@play("stateful")
+async def stateful(ctx, input):
+    counter = Counter()
+    root = {"name": "root", "kids": []}
+    root["kids"].append({"name": "kid", "parent": root})  # a tree with parent links
+    first = await ctx.map("a", [{"id": "x"}, {"id": "y"}], key="id", columns={"v": lambda row, rc: counter.bump(row)})
+    second = await ctx.map("b", [{"id": "x"}, {"id": "y"}], key="id", columns={
+        "v": lambda row, rc: counter.bump(row) + root["kids"][0]["name"],
+    })
+    return [len(first), len(second)]
+"""
+
+
+def test_objects_in_a_closure_count_by_their_class_not_their_state_and_a_cyclic_tree_is_fine(
+    deepline_process: Run, tmp_path: Path
+) -> None:
+    """An object whose attributes change as the play runs made map b's fingerprint depend on
+    how many rows map a ran (every row recomputed on the next run); a closure's tree with
+    parent links failed the run with RecursionError."""
+    (tmp_path / "play.py").write_text(STATEFUL_PLAY)
+    first = finished(deepline_process("run", "play.py", "--json"))
+    assert first["output"] == [2, 2]
+    again = finished(deepline_process("run", "play.py", "--json"))
+    assert again["stats"]["rows"]["reused"] == 4, again["stats"]["rows"]

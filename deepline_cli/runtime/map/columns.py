@@ -27,7 +27,7 @@ import math
 import os
 import sys
 import types
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -344,39 +344,48 @@ def _feed_data(walk: _Walk, value: Any) -> None:
     a time, a client, a lock; its content may also change as the play runs."""
     digest = _data_digest(_unordered(value)) if _plain(value) else None
     _tag(walk, digest.encode() if digest else _kind(value))
-    if digest is None and _is_play_object(type(value)):  # an object of a class of the play's own
-        _feed_class(walk, type(value))
-        _feed_instance(walk, value)
-    elif digest is None:  # a list or dict of such objects: their classes' code (in no process's order)
-        found: set[type] = set()
-        _play_classes(value, found, [PLAY_CLASS_LOOKS])
-        for cls in sorted(found, key=lambda c: (c.__module__, c.__qualname__)):
-            _feed_class(walk, cls)
+    if digest is None:  # objects of the play's own classes, alone or in a list or dict: their classes' code
+        # (not their attributes: an object's state changes as the play runs), in the order of
+        # their digests (classes a factory made share a name; a set of them has no order of its own)
+        for class_digest in sorted(_class_digest(cls) for cls in _play_classes(value)):
+            _tag(walk, class_digest)
 
 
-PLAY_CLASS_LOOKS = 2000  # values a container's scan looks at: a list of rows is data, not code
+PLAY_CLASS_LOOKS = 2000  # values a scan for objects looks at: a list of rows is data, not code
 
 
-def _play_classes(value: Any, found: set[type], left: list[int]) -> None:
-    """The classes of the play's own whose objects a container holds (`[Hunter(), Apollo()]`)."""
-    if left[0] <= 0:
-        return
-    left[0] -= 1
-    if isinstance(value, dict):
-        items: Iterable[Any] = value.values()
-    elif isinstance(value, list | tuple | set | frozenset):
-        items = value
-    else:
-        if not isinstance(value, _PLAIN_TYPES) and _is_play_object(type(value)):
-            found.add(type(value))
-        return
-    for item in items:
-        if left[0] <= 0:
-            return
-        _play_classes(item, found, left)
+def _play_classes(value: Any) -> set[type]:
+    """The classes of the play's own whose objects `value` is or holds (`[Hunter(), Apollo()]`),
+    at most PLAY_CLASS_LOOKS values looked at, each container once (a tree with parent links)."""
+    found: set[type] = set()
+    judged: dict[type, bool] = {}  # per type: a class of the play's own?
+    seen: set[int] = set()
+    stack, left = [value], PLAY_CLASS_LOOKS
+    while stack and left > 0:
+        item = stack.pop()
+        left -= 1
+        kind = type(item)
+        if kind is dict or kind is list or kind is tuple or kind is set or kind is frozenset:
+            if id(item) not in seen:
+                seen.add(id(item))
+                stack.extend(item.values() if kind is dict else item)
+        elif kind not in _PLAIN_TYPES:
+            own = judged.get(kind)
+            if own is None:
+                own = judged[kind] = _is_play_object(kind)
+            if own:
+                found.add(kind)
+    return found
 
 
-_PLAIN_TYPES = (str, int, float, bool, type(None), bytes)
+def _class_digest(cls: type) -> bytes:
+    """What a class's code is, as a fingerprint of its own."""
+    walk = _Walk()
+    _feed_class(walk, cls)
+    return walk.h.digest()  # type: ignore[no-any-return]
+
+
+_PLAIN_TYPES = frozenset({str, int, float, bool, type(None), bytes})
 
 
 def _kind(value: Any) -> bytes:
