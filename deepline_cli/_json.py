@@ -42,8 +42,23 @@ def dumps(value: Any) -> bytes:
     except orjson.JSONEncodeError as refused:
         try:
             return _dumps_mended(value)
+        except orjson.JSONEncodeError as deep:
+            if "Recursion limit" not in str(deep):
+                raise
+            return _dumps_deep(value)  # nested deeper than orjson writes (254): Python's json does
         except (RecursionError, ValueError):  # a value that holds itself: no JSON form at all
             raise refused from None
+
+
+def _dumps_deep(value: Any) -> bytes:
+    """A value nested deeper than orjson writes (a provider's answer 300 levels deep, paid
+    for): written by Python's json, which orjson reads back (up to 1,024 levels)."""
+    import json  # only for these rare values
+
+    try:
+        return json.dumps(_mend(value), default=_default, ensure_ascii=False, separators=(",", ":")).encode()
+    except (RecursionError, ValueError) as exc:
+        raise ValueError(f"a value nested too deep to store ({exc})") from None
 
 
 def _dumps_mended(value: Any) -> bytes:

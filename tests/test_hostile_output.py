@@ -117,3 +117,44 @@ def test_a_value_that_holds_itself_is_refused_as_no_json() -> None:
     loop.append(loop)
     with pytest.raises(TypeError):
         _json.dumps(loop)
+
+
+DEEP_PLAY = """
+from deepline_cli import play, tool
+
+def nested(depth):
+    value = 1
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+@tool("d.deep", credits=1)
+def deep(input):
+    with open(input["log"], "a") as log:
+        log.write(input["id"] + "\\n")
+    return nested(300) if input["id"] == "deep" else {"ok": input["id"]}
+
+@play("deep")
+async def deep_play(ctx, input):
+    rows = [{"id": "deep"}, *({"id": f"r{i}"} for i in range(9))]
+    done = await ctx.map("m", rows, key="id", columns={
+        "a": lambda row, rc: rc.tools.execute("d", "d.deep", {"id": row["id"], "log": input["log"]}),
+        "depth": lambda row: len(str(row["a"])),
+    })
+    return {"rows": len(done), "failed": done.failed_count}
+"""
+
+
+def test_an_answer_nested_300_deep_is_recorded_and_never_asked_again(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    """orjson writes 254 levels at most: the paid answer could not be recorded, the run
+    stopped with the calls of its write batch unrecorded, and every resume sent them again."""
+    write_play(DEEP_PLAY)
+    log = tmp_path / "calls.log"
+    first = deepline("run", "play.py", "--set", f"log={log}", "--run-id", "deep", "--json")
+    assert first.code == 0, first.stdout[-2000:]
+    assert first.json_lines()[-1]["output"] == {"rows": 10, "failed": 0}
+    again = deepline("run", "play.py", "--set", f"log={log}", "--json")  # a new run: every call from its receipt
+    assert again.code == 0 and again.json_lines()[-1]["stats"]["credits"] == 0
+    assert sorted(log.read_text().split()) == sorted(["deep", *(f"r{i}" for i in range(9))])  # each paid once
