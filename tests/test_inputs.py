@@ -9,6 +9,7 @@ import pytest
 
 from deepline_cli.cli.inputs import apply_set, build_input, parse_value, read_input
 from deepline_cli.errors import InputError
+from tests.conftest import ROOT
 
 
 def input_error(fn: Any, *args: Any, **kwargs: Any) -> str:
@@ -247,3 +248,19 @@ def test_build_input_reports_the_conflict_as_input_error(tmp_path: Path) -> None
     message = input_error(build_input, '{"a": "x"}', None, ["a.b=1"], cwd=tmp_path)
 
     assert "already a value" in message
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("--set", "account=900000000000000000000001"), "has more than 64 bits"),
+        (("--input", '{"x": 1e999}'), "is too large to be stored"),
+        (("--set", "x=1e999"), "is too large to be stored"),
+    ],
+)
+def test_a_number_the_store_cannot_keep_as_it_is_is_refused(deepline, args: tuple[str, ...], words: str) -> None:
+    """A 24-digit account number was stored as the float it reads back as: the resume asked
+    the same tool with another input, and paid again; 1e999 was seen as inf, stored as null."""
+    result = deepline("run", str(ROOT / "examples" / "hello" / "play.py"), *args)
+    assert result.code == 2, result.stderr
+    assert words in result.stderr, result.stderr

@@ -13,9 +13,28 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+class _Unstorable(ValueError):
+    """A number the store cannot keep as it is: a resume would read back another one."""
+
+
+def _int(text: str) -> int:
+    value = int(text)
+    if not -(2**63) <= value < 2**64:
+        raise _Unstorable(f"the number {text} has more than 64 bits, so it cannot be stored as it is; give it as text")
+    return value
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise _Unstorable(f"the number {text} is too large to be stored")
+    return value
+
+
 def _strict_loads(text: str) -> Any:
-    """JSON as the standard has it: NaN and Infinity are not numbers here."""
-    return json.loads(text, parse_constant=_reject_constant)
+    """JSON as the standard has it: NaN and Infinity are not numbers here, and a number is
+    one the store keeps as it is (a resume reads back the input its first attempt saw)."""
+    return json.loads(text, parse_constant=_reject_constant, parse_int=_int, parse_float=_float)
 
 
 def _parse_json(text: str, *, flag: str) -> Any:
@@ -23,6 +42,8 @@ def _parse_json(text: str, *, flag: str) -> Any:
         return _strict_loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"{flag} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}.") from None
+    except _Unstorable as exc:
+        raise InputError(f"{flag}: {exc}.") from None
     except ValueError as exc:
         raise InputError(f"{flag} is not valid JSON: {exc}.") from None
 
@@ -55,6 +76,8 @@ def parse_value(text: str) -> Any:
     """`--set` values: JSON when they parse (numbers, true, lists…), else the string."""
     try:
         return _strict_loads(text)
+    except _Unstorable as exc:
+        raise InputError(f"--set {text[:40]}: {exc} (quote it: '\"{text[:40]}\"').") from None
     except ValueError:
         return text
 
