@@ -442,3 +442,30 @@ def test_a_datasets_relative_file_is_written_where_the_run_started_whatever_resu
     assert resumed.code == 0, resumed.stderr
     assert sorted(p.name for p in started.iterdir()) == ["out.csv", "out.jsonl"]
     assert list(elsewhere.iterdir()) == []
+
+
+def test_export_to_dev_stdout_writes_after_what_the_redirected_file_holds(
+    deepline, write_play, tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """`deepline export RUN --out /dev/stdout >> app.txt` replaced app.txt (its lines lost),
+    and `--out /dev/stdout | wc -l` could not open the pipe."""
+    write_play(
+        """
+        from deepline_cli import play
+
+        @play("small")
+        async def small(ctx, input):
+            return len(await ctx.map("m", [{"a": 1}, {"a": 2}], key="a", columns={"b": lambda row: row["a"]}))
+        """
+    )
+    assert deepline("run", "play.py", "--run-id", "small").code == 0
+    app = tmp_path / "app.txt"
+    app.write_text("KEEP ME\n")
+    command = [sys.executable, "-m", "deepline_cli", "export", "small"]
+    with app.open("a") as appended:
+        done = subprocess.run([*command, "--out", "/dev/stdout"], stdout=appended, env=cli_env, cwd=tmp_path)
+    assert done.returncode == 0
+    assert app.read_text().splitlines() == ["KEEP ME", "a,b,_error", "1,1,", "2,2,"]
+    to_stderr = [*command, "--out", "/dev/stderr"]
+    piped = subprocess.run(to_stderr, capture_output=True, text=True, env=cli_env, cwd=tmp_path)
+    assert piped.returncode == 0 and piped.stderr.startswith("a,b,_error\n"), piped.stderr

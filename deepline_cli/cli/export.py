@@ -39,8 +39,10 @@ def export(
     from deepline_cli.runtime.run.input_files import named_files
     from deepline_cli.store import open_store
 
-    if out is not None and str(out) == "-":
-        out = None  # stdout, as `-` is for most tools
+    if out is not None and str(out) in _STDOUT_NAMES:
+        # stdout, as `-` is for most tools; /dev/stdout too (replaced, it was the file stdout
+        # was redirected to, `>> log.txt` losing what it held; a pipe could not be opened)
+        out = None
     suffix = out.suffix.lower() if out is not None else ""
     if format is None and suffix == ".json":  # one JSON document is not what it writes: not CSV either
         raise UsageError(
@@ -89,6 +91,9 @@ def export(
         )
     if partial:
         sys.stderr.write(partial + "\n")
+
+
+_STDOUT_NAMES = frozenset({"-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"})
 
 
 def _same_file(out: Path, path: Path) -> bool:

@@ -168,6 +168,12 @@ def replacing(path: Path) -> Iterator[IO[str]]:
     Ctrl-C) leaves what `path` held before as it was, and nothing beside it. A link is
     followed (the file it names is replaced); a device or pipe (/dev/null) is written."""
     target = Path(os.path.realpath(path))
+    if str(path).startswith(("/dev/", "/proc/")):
+        # A descriptor's name (/dev/stderr): what is behind it is written through it, a file
+        # after what it holds (never replaced nor truncated), a pipe or terminal as it is.
+        with open(path, "a" if target.is_file() else "w", encoding="utf-8", newline="") as handle:
+            yield handle
+        return
     if target.exists() and not target.is_file():
         with target.open("w", encoding="utf-8", newline="") as handle:
             yield handle
