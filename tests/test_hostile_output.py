@@ -158,3 +158,22 @@ def test_an_answer_nested_300_deep_is_recorded_and_never_asked_again(
     again = deepline("run", "play.py", "--set", f"log={log}", "--json")  # a new run: every call from its receipt
     assert again.code == 0 and again.json_lines()[-1]["stats"]["credits"] == 0
     assert sorted(log.read_text().split()) == sorted(["deep", *(f"r{i}" for i in range(9))])  # each paid once
+
+
+def test_names_with_brackets_or_escapes_are_shown_as_they_are(deepline: Run, write_play: Callable[..., Path]) -> None:
+    """A map named "accounts [/tier]" stopped the plain view (a closing tag of Rich's markup)
+    before its verdict; "[b]" turned text bold; a play name's escape sequence reached the terminal."""
+    write_play(
+        """
+        from deepline_cli import play
+
+        @play("odd\\x1b[2Jplay")
+        async def odd(ctx, input):
+            done = await ctx.map(input["m"], [{"d": "a"}, {"d": "b"}], key="d", columns={"x": lambda row: 1})
+            return len(done)
+        """
+    )
+    result = deepline("run", "play.py", "--set", "m=accounts [/tier] [b]")
+    assert result.code == 0, result.stderr
+    assert "accounts [/tier] [b]" in result.stderr and "Map completed: 2 results" in result.stderr, result.stderr
+    assert "✓ Run" in result.stderr and "\x1b" not in result.stderr, result.stderr

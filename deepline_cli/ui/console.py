@@ -172,7 +172,8 @@ class ConsoleView:
         # once, so the run is interrupted (resumable) rather than killed by a write.
         self.on_closed: Callable[[], None] | None = None
         self.closed = False
-        self.console = Console(file=self._stream, highlight=False, soft_wrap=True)
+        # No markup: a map named "accounts [/tier]" is its name, not a closing tag that stops the view.
+        self.console = Console(file=self._stream, highlight=False, soft_wrap=True, markup=False)
         # rich ends the process (SystemExit) when its reader goes away: mid-run, with calls out.
         self.console.on_broken_pipe = self._reader_gone  # type: ignore[method-assign]
         self.live_mode = self.console.is_terminal if live is None else live

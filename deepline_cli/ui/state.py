@@ -9,6 +9,7 @@ from typing import Any
 from deepline_cli._format import sum_credits
 from deepline_cli.runtime.calls.events import Event
 from deepline_cli.store.records import NOT_FOUND
+from deepline_cli.ui.text import printable
 
 
 @dataclass
@@ -59,15 +60,15 @@ class RunView:
         if event.event.startswith(("map.", "barrier.")):
             self._apply_map(event.event, data)
         elif event.event == "run.started":
-            self.run_id, self.play, self.attempt = event.run_id, data["play"], data["attempt"]
+            self.run_id, self.play, self.attempt = event.run_id, printable(data["play"]), data["attempt"]
             self.started = time.monotonic()
         elif event.event == "run.progress":
-            self.tools = data.get("tools", {})
+            self.tools = _shown(data.get("tools", {}))
             self.paced = data.get("paced", {})
             self.paused = data.get("paused", {})
         elif event.event == "run.finished" and event.run_id == (self.run_id or event.run_id):
             self.finished = {"run_id": event.run_id, **data}
-            self.tools = data.get("stats", {}).get("tools") or self.tools
+            self.tools = _shown(data.get("stats", {}).get("tools")) or self.tools
             self.paced, self.paused = {}, {}
 
     @property
@@ -79,7 +80,7 @@ class RunView:
         return sum_credits(float(c.get("credits", 0)) for c in self.tools.values())
 
     def _apply_map(self, name: str, data: dict[str, Any]) -> None:
-        view = self.maps.setdefault(data["map"], MapView(data["map"]))
+        view = self.maps.setdefault(data["map"], MapView(printable(data["map"])))
         if name == "map.started":
             view.total = data.get("total")
             view.limit = data.get("limit")
@@ -132,3 +133,8 @@ def finalization_words(data: dict[str, Any]) -> str:
         dup = f" + {duplicate:,} duplicate" if duplicate else ""
         return f"✓ all {rows:,} input rows accounted for ({distinct:,} distinct{dup})"
     return f"✗ input rows not accounted for: {', '.join(str(i) for i in data.get('missing') or [])}"
+
+
+def _shown(tools: dict[str, Any] | None) -> dict[str, Any]:
+    """Per tool, by its id as a terminal may show it (an id is the play's or its config's text)."""
+    return {printable(tool): counts for tool, counts in (tools or {}).items()}
