@@ -206,6 +206,33 @@ def test_a_redirect_to_another_origin_drops_every_header_that_holds_a_secret(
     assert here["x-api-key"] == SECRET
 
 
+def test_a_redirect_to_another_origin_that_keeps_a_body_holding_a_secret_is_not_followed(
+    hosts: list[Provider], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`json = { api_key = "${KEY}" }` and a 307 to another host: the body went on with the key."""
+    first, other = hosts[0], hosts[1]
+    first.script("/start", [f"307:{other.url}/landed"])
+    first.script("/here", ["307:/kept"])
+    monkeypatch.setenv("T_BODY_KEY", SECRET)
+    secrets = Secrets()
+    secrets.lookup("T_BODY_KEY")
+
+    async def follow(path: str) -> Response:
+        http = Http(Transport(8), secrets, Governor())
+        try:
+            request = Request("POST", f"{first.url}{path}", {}, {}, {"api_key": SECRET, "q": "x"})
+            return await http.send(request, tool="t.x", timeout_s=5, retries=0)
+        finally:
+            await http.pool.aclose()
+
+    with pytest.raises(ToolExecutionError) as refused:
+        run(follow("/start"))
+    assert "another host" in str(refused.value) and SECRET not in str(refused.value)
+    assert other.requests == []
+    assert run(follow("/here")).status_code == 200  # the same host: followed, body and all
+    assert next(r for r in first.requests if r.path == "/kept").body == {"api_key": SECRET, "q": "x"}
+
+
 def test_a_redirect_loop_fails_as_a_provider_error_without_retries(provider: Provider) -> None:
     provider.default_fault = "302:/again"
     with pytest.raises(ToolExecutionError) as failure:

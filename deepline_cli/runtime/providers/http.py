@@ -160,6 +160,7 @@ class Http:
                 proxy=proxy,
                 ready=ready,
                 private=self._private(request.headers),
+                private_body=request.json is not None and self.secrets.active and self.secrets.holds(request.json),
             )
         except ProxyRefused as exc:
             # Configuration, not the call's failure: nothing is recorded on its receipt, so

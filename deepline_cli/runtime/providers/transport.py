@@ -289,6 +289,7 @@ class Outgoing:
     body: bytes
     headers: Mapping[str, str]
     private: frozenset[str] = frozenset()  # headers (lower case) holding a secret: kept to their origin
+    private_body: bool = False  # the body holds a secret: never sent on to another origin
 
     def redirected(self, status: int, location: str) -> Outgoing:
         """The request a redirect asks for, as httpx builds it; to another origin, without
@@ -298,15 +299,22 @@ class Outgoing:
             method = "GET"
         url = urljoin(self.url, location)
         headers = {k: v for k, v in self.headers.items() if k.lower() != "cookie"}
-        if _origin_of(url) != self.origin and not _is_https_upgrade(self.origin, url):
+        elsewhere = _origin_of(url) != self.origin and not _is_https_upgrade(self.origin, url)
+        if elsewhere:
             headers = {
                 k: v for k, v in headers.items() if k.lower() != "authorization" and k.lower() not in self.private
             }
         body = b"" if method == "GET" and method != self.method else self.body
+        if elsewhere and body and self.private_body:  # a 307/308 would send the secret to that host
+            raise InvalidResponse(
+                f"redirected to another host ({_origin_of(url)}) with a body holding a secret: not followed"
+            )
         if not body and self.body:  # the body is dropped: its framing goes with it (as httpx does)
             headers = {k: v for k, v in headers.items() if k.lower() not in ("content-length", "transfer-encoding")}
         try:
-            return replace(build(method, url, headers, None, body), private=self.private)
+            return replace(
+                build(method, url, headers, None, body), private=self.private, private_body=self.private_body
+            )
         except InvalidRequest as exc:
             raise InvalidResponse(f"redirected to a URL that cannot be requested: {exc}") from None
 
@@ -894,15 +902,17 @@ class Transport:
         proxy: str | None = None,
         ready: Callable[[], Awaitable[None]] | None = None,
         private: frozenset[str] = frozenset(),
+        private_body: bool = False,
     ) -> Response:
         """The answer, after following up to MAX_REDIRECTS redirects (as httpx does); `json`
         (when not None) is the body. `proxy`: the tool's own proxy URL ("" for none; None:
         the environment decides). `ready` is awaited once a connection is free, just before
         the request goes out (it raises when the call may no longer go out). `private`: the
-        headers (lower case) a redirect to another origin leaves out (they hold a secret)."""
+        headers (lower case) a redirect to another origin leaves out (they hold a secret);
+        `private_body`: the body holds one (a redirect to another origin that keeps it is refused)."""
         outgoing = build(method, url, headers, params, b"" if json is None else _json.dumps(json))
-        if private:
-            outgoing = replace(outgoing, private=private)
+        if private or private_body:
+            outgoing = replace(outgoing, private=private, private_body=private_body)
         for _ in range(MAX_REDIRECTS + 1):
             response = await self._exchange(outgoing, timeout_s, proxy, ready)
             location = response.headers.get("location") if response.status_code in _REDIRECTS else None
