@@ -461,9 +461,7 @@ def test_a_secret_in_the_url_reaches_the_provider_whole(
     project.run(calls(call("ht.query", {"name": "acme"}), call("ht.path", {}), call("ht.userinfo", {})))
     query, path, basic = provider.requests
     assert urllib.parse.parse_qs(query.query) == {"api_key": [key], "company": ["acme"]}
-    prefix, _, rest = path.path.partition("/v1/")
-    segment, _, tail = rest.partition("/")
-    assert (prefix, urllib.parse.unquote(segment), tail) == ("", key, "profile")
+    assert urllib.parse.unquote(path.path) == f"/v1/{key}/profile"  # a secret path's `/` kept, nothing cut
     scheme, _, encoded = basic.headers["authorization"].partition(" ")
     assert (scheme, basic.path) == ("Basic", "/v3/basic")
     assert base64.b64decode(encoded).decode() == f"svc:{key}"
@@ -1794,3 +1792,18 @@ def test_a_429_pause_and_the_rate_limit_wait_through_the_calls_pause() -> None:
 
     asyncio.run(scenario())
     assert len(asked) == 2 and 55 < asked[0] <= 60 and 25 < asked[1] <= 30
+
+
+def test_a_rows_value_in_the_urls_credentials_cannot_move_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`https://{user}:${PASS}@api.example.com/` with a user `evil.com/x?`: put in as it was,
+    the request went to evil.com, the password in its query."""
+    from deepline_cli.runtime.providers.secrets import Secrets
+    from deepline_cli.runtime.providers.templates import render_url
+
+    monkeypatch.setenv("HT_CRED_PASS", "pa/ss#word")
+    url = render_url("https://{user}:${HT_CRED_PASS}@api.example.com/v1", {"user": "evil.com/x?"}, Secrets(), tool="t")
+    parts = urllib.parse.urlsplit(url)
+    assert parts.hostname == "api.example.com" and parts.path == "/v1"
+    assert (urllib.parse.unquote(parts.username or ""), urllib.parse.unquote(parts.password or "")) == (
+        "evil.com/x?", "pa/ss#word"
+    )  # fmt: skip

@@ -72,9 +72,10 @@ def render_url(template: str, input: Any, secrets: Secrets, *, tool: str) -> str
     """Fill a tool's `url`: a `{field}` in its path or query is percent-encoded as one path
     segment or one query value (a row's `/`, `?`, `#` or `&` stays inside it, and a path
     segment that is only `.` or `..` is refused); one in its host is put in as it is, for
-    `allow_hosts` to check. A `${NAME}` secret in its path, query or credentials
-    (`https://user:${PASS}@host/`) is percent-encoded too: a generated key's `+`, `/`, `#`
-    or `@` reaches the provider as it is, and never moves the request elsewhere."""
+    `allow_hosts` to check. A `${NAME}` secret (or a field) in its credentials
+    (`https://user:${PASS}@host/`) or query is percent-encoded whole, in its path all but
+    its `/`: a generated key's `+`, `#` or `@` reaches the provider as it is, and never moves
+    the request elsewhere."""
     return _fill(template, input, secrets, tool, encode_from=authority_end(template))
 
 
@@ -113,14 +114,20 @@ def _fill(template: str, input: Any, secrets: Secrets, tool: str, *, encode_from
 
     def replace(match: re.Match[str]) -> str:
         secret, name = match.group(1), match.group(2)
+        where = match.start()
         if secret:
             value = _secret(secrets, secret, tool)
-            if encode_from is None or credentials_end <= match.start() < encode_from:  # a body, a header, the host
+            if encode_from is None or credentials_end <= where < encode_from:  # a body, a header, the host
                 return value
-            return urllib.parse.quote(value, safe="")
+            # Whole in the credentials and the query; in the path its `/` stays (a webhook's
+            # secret path, `T0/B0/XXX`), its `?`, `#` and `%` do not end or change the path.
+            in_path = where >= encode_from and "?" not in template[encode_from:where]
+            return urllib.parse.quote(value, safe="/" if in_path else "")
         if name:
             text = _text(_field(input, name, tool))
-            if encode_from is None or match.start() < encode_from:
+            if encode_from is not None and where < credentials_end:  # a row's value in the credentials
+                return urllib.parse.quote(text, safe="")
+            if encode_from is None or where < encode_from:
                 return text
             if text.strip() in ("", ".", "..") and _whole_segment(template, match):
                 raise ToolExecutionError(
