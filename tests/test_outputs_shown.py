@@ -302,3 +302,21 @@ def test_a_view_that_fails_mid_run_fails_no_row(write_play: Callable[..., Path],
     play = write_play(TOOL_MAP)
     result = run_play(play, store_path, bus=EventBus([full_disk], per_call=True))
     assert (result.status, result.output) == ("completed", {"rows": 60, "failed": 0}), result.error
+
+
+def test_an_ndjson_line_that_cannot_be_written_stops_the_run_resumably() -> None:
+    """The --json view swallowed by the event bus (its error not an OSError): every later
+    event was lost, run.finished too, and the process exited 0."""
+    import io
+
+    from deepline_cli.runtime.calls.events import Event
+    from deepline_cli.ui.ndjson import NdjsonView
+
+    class Refusing(io.StringIO):
+        def write(self, text: str) -> int:
+            raise TypeError("cannot serialise this")
+
+    stopped: list[bool] = []
+    view = NdjsonView(Refusing(), on_closed=lambda: stopped.append(True))
+    view.handle(Event("log", "r-1", 0.0, {"message": "hello"}))
+    assert stopped == [True] and view.closed

@@ -36,10 +36,10 @@ class NdjsonView:
                 raise OSError(errno.EBADF, "stdout is closed")
             self.stream.write(_json.dumps_str(payload) + "\n")
             self.stream.flush()
-        except OSError as exc:
+        except Exception as exc:  # an output that fails (a full disk), or a line that cannot be written
             self._reader_gone(exc, payload.get("run_id"))
 
-    def _reader_gone(self, exc: OSError, run_id: str | None = None) -> None:
+    def _reader_gone(self, exc: Exception, run_id: str | None = None) -> None:
         self.closed = True
         if self._to_stdout and self.stream is not None:
             with contextlib.suppress(OSError, ValueError):
@@ -48,7 +48,7 @@ class NdjsonView:
             run = f"run {run_id}" if run_id else "the run"
             resume = f"; `deepline resume {run_id}` finishes it" if run_id else ""
             with contextlib.suppress(OSError, ValueError, AttributeError):
-                said = f"Error: the --json output could not be written ({exc.strerror or exc})"
+                said = f"Error: the --json output could not be written ({getattr(exc, 'strerror', None) or exc})"
                 sys.stderr.write(f"{said}: {run} stops here{resume}.\n")
         if self.on_closed is not None:
             self.on_closed()

@@ -47,13 +47,13 @@ class EventBus:
         if not self._listeners:
             return
         event = Event(name, run_id, time.time(), data)
-        failed = None
+        failed: list[Listener] | None = None  # none made for the events that go well
         for listener in self._listeners:
             try:
                 listener(event)
             except Exception as exc:
                 self.failures.append(exc)
-                failed = [*(failed or []), listener]
+                failed = [*failed, listener] if failed else [listener]
         if failed:
             self._listeners = [listener for listener in self._listeners if listener not in failed]
 
