@@ -558,6 +558,11 @@ def test_a_fixed_run_id_run_from_another_folder_whose_input_names_another_file_i
     (other / "small.csv").write_text("id\n8\n9\n")
     payload = '{"csv": "small.csv"}'
     assert deepline("run", str(play), "--input", payload, "--run-id", "rel").code == 0
+    checkout = tmp_path / "checkout"  # another folder holding the same file: a CI job's fresh checkout
+    checkout.mkdir()
+    (checkout / "small.csv").write_bytes((tmp_path / "small.csv").read_bytes())
+    same = deepline("run", str(play), "--input", payload, "--run-id", "rel", cwd=checkout)
+    assert same.code == 0 and "already completed" in same.stderr, same.stderr
     there = deepline("run", str(play), "--input", payload, "--run-id", "rel", cwd=other)
     assert there.code == 2, there.stderr
     assert f"{other / 'small.csv'}" in there.stderr and f"run it from {tmp_path}" in there.stderr, there.stderr

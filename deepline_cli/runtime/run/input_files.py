@@ -33,14 +33,21 @@ def stamps(value: Any, cwd: str) -> dict[str, list[Any]]:
     return found
 
 
-def named_elsewhere(value: Any, then: str, here: str) -> tuple[str, str] | None:
+def named_elsewhere(value: Any, then: str, here: str, stamped: Any = None) -> tuple[str, str] | None:
     """A relative path of the input that names another file from `here` than it did from
-    `then` (the folder the run was started in): (that file, this one). None if none does."""
+    `then` (the folder the run was started in): (that file, this one). None if none does, or
+    if the one here holds what that one held when the run started (`stamped`: a CI job's
+    checkout in another folder, the same bytes)."""
     if not then or os.path.realpath(then) == os.path.realpath(here):
         return None
+    stamps = stamped if isinstance(stamped, dict) else {}
     for before, now in zip(named_files(value, then), named_files(value, here), strict=True):
-        if before != now and (before.is_file() or now.is_file()) and before.resolve() != now.resolve():
-            return str(before), str(now)
+        if before == now or not (before.is_file() or now.is_file()) or before.resolve() == now.resolve():
+            continue
+        stamp = stamps.get(str(before))
+        if stamp is not None and _same(now, stamp):
+            continue
+        return str(before), str(now)
     return None
 
 

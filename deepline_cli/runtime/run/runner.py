@@ -149,7 +149,7 @@ class Runner:
             differs = f"of play {existing.play!r}, not {name!r}"
         elif _json.loads(_json.dumps(input)) != existing.input:  # as stored (JSON), in any key order
             differs = f"of play {existing.play!r} with another input"
-        elif (elsewhere := named_elsewhere(input, existing.cwd, cwd)) is not None:
+        elif (elsewhere := named_elsewhere(input, existing.cwd, cwd, existing.options.get("input_files"))) is not None:
             raise UsageError(
                 f"Run {run_id} read {elsewhere[0]}; from here its input names {elsewhere[1]}: run it from "
                 f"{existing.cwd} to go on with that run, or give this run a new --run-id."
