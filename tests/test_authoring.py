@@ -324,6 +324,12 @@ async def misused(ctx, input):
         await ctx.step(5, lambda: 1)
     elif case == "sleep-text":
         await ctx.sleep("z", "10")
+    elif case == "stale-function-of-function":
+        await ctx.tools.execute("e", "m.echo", {"d": 2})
+        await ctx.tools.execute("e", "m.echo", {"d": 2}, stale_after_seconds=lambda previous: (lambda: 1))
+    elif case == "pairs":
+        done = await ctx.map("m", [[("d", "a.com")], [("d", "b.com")]], key="d", columns={"e": lambda row: 1})
+        return len(done)
     elif case == "columns-list":
         await ctx.map("m", rows, columns=[lambda row: 1])
     elif case == "rows-text":
@@ -343,6 +349,7 @@ async def misused(ctx, input):
         ("limit-negative", "limit must be a whole number of rows, 1 or more"),
         ("step-id-number", "The id of ctx.step must be text"),
         ("sleep-text", "seconds must be a number"),
+        ("stale-function-of-function", "The stale_after_seconds function's answer must be a number"),
         ("columns-list", "columns must be a dict"),
         ("rows-text", "row 1 is a str, not a dict of fields"),
     ],
@@ -357,3 +364,9 @@ def test_a_misused_call_is_one_sentence_naming_the_plays_line_at_its_first_run(
     result = deepline("run", "play.py", "--set", f"case={case}")
     assert result.code == 2, result.stderr
     assert words in result.stderr and "play.py line" in result.stderr, result.stderr
+
+
+def test_rows_given_as_pairs_of_name_and_value_are_rows(deepline: Run, write_play: Callable[..., Path]) -> None:
+    write_play(MISUSE)
+    result = deepline("run", "play.py", "--set", "case=pairs")
+    assert result.code == 0 and result.stdout.strip() == "2", result.stderr

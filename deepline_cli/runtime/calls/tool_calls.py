@@ -54,11 +54,11 @@ class RunTools:
         return _json.digest(*(f"{tool_id}\0{version}" for tool_id, version in sorted(declared.items())))[:16]
 
 
-def checked_staleness(value: Any, what: str = "stale_after_seconds") -> Any:
-    """`stale_after_seconds` as given: None, a number of seconds (0 or more), or a function
-    of the stored value. Anything else (text from a config: "3600") is refused at once, not
-    when a later run first compares it with a stored answer."""
-    if value is None or callable(value):
+def checked_staleness(value: Any, what: str = "stale_after_seconds", *, function: bool = True) -> Any:
+    """`stale_after_seconds` as given: None, a number of seconds (0 or more), or (`function`)
+    a function of the stored value. Anything else (text from a config: "3600") is refused at
+    once, not when a later run first compares it with a stored answer."""
+    if value is None or (function and callable(value)):
         return value
     if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
         raise UsageError(
@@ -75,8 +75,8 @@ async def staleness_of(book: ReceiptBook, key: str, stale_after_seconds: Stalene
         return stale_after_seconds
     stored = await book.stored(key)
     previous = stored.output if stored is not None and stored.status == "completed" else None
-    ttl = checked_staleness(stale_after_seconds(previous), "The stale_after_seconds function's answer")
-    return None if ttl is None or callable(ttl) else float(ttl)
+    ttl = checked_staleness(stale_after_seconds(previous), "The stale_after_seconds function's answer", function=False)
+    return None if ttl is None else float(ttl)
 
 
 class Tools:

@@ -71,7 +71,12 @@ class Column:
     def staleness(self, previous: Any) -> float | None:
         """The cell's time to live in seconds given its previous value (None: forever)."""
         ttl = self.stale_after_seconds
-        return checked_staleness(ttl(previous), "The stale_after_seconds function's answer") if callable(ttl) else ttl
+        if not callable(ttl):
+            return ttl
+        answer: float | None = checked_staleness(
+            ttl(previous), "The stale_after_seconds function's answer", function=False
+        )
+        return answer
 
     def functions(self) -> list[Callable[..., Any]]:
         """The functions that decide what this column holds (not when it goes stale: a new

@@ -5,6 +5,7 @@ Every field any row has becomes an input column (for the export)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Mapping
 from itertools import chain
@@ -128,6 +129,9 @@ class Intake:
         """A row of a list as a dict of its fields (a copy: the map adds its columns to it)."""
         if isinstance(raw, Mapping):
             return dict(raw)
+        if not isinstance(raw, str | bytes):
+            with contextlib.suppress(TypeError, ValueError):
+                return dict(raw)  # (name, value) pairs
         raise UsageError(
             f"Map {self.name!r}: row {input_index + 1} is a {type(raw).__name__}, not a dict of fields "
             f"(give rows like {{'domain': 'acme.com'}})."
