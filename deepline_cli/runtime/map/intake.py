@@ -176,12 +176,15 @@ class Intake:
         """Columns whose names differ only in case (`Company` in the CSV, a `company` column):
         the export keeps both, but spreadsheets and many CSV readers take them for one."""
         ours = self.column_names
-        # the input's own columns (`Email` and `email`) clash as a column of ours does
-        known = [*ours, *(n for n in self.input_columns if n not in ours)]
+        # the input's own columns (`Email` and `email`) clash as a column of ours does; names
+        # are grouped by their lower case (10,000 columns compared each with each took 30 s)
+        by_case: dict[str, list[str]] = {}
+        for column in [*ours, *(n for n in self.input_columns if n not in ours)]:
+            by_case.setdefault(column.lower(), []).append(column)
         for name in [*input_columns, *ours]:
-            for column in known:
+            for column in by_case.get(name.lower(), ()):
                 pair = (min(name, column), max(name, column))
-                if name != column and name.lower() == column.lower() and pair not in self.clashes:
+                if name != column and pair not in self.clashes:
                     self.clashes.add(pair)
                     self.warn(
                         f"Map {self.name!r}: the columns {pair[0]!r} and {pair[1]!r} differ only in case; the "
