@@ -658,6 +658,23 @@ def test_sigkilled_worker_is_taken_over_and_nothing_is_paid_twice(cli: CLI, tmp_
     assert max(counts.values()) <= 2
 
 
+def test_a_killed_workers_run_is_taken_before_the_queued_ones(cli: CLI, tmp_path: Path) -> None:
+    """A worker killed mid-run: its run waited behind every queued run (and every tick of a
+    schedule) before another worker took it over."""
+    run_id, log = start_many(cli, tmp_path)
+    with opened(cli.store) as store:
+        worker = cli.spawn("worker")
+        wait_for_some_completed(store, run_id, worker)
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=10)
+        queued = [cli.enqueue("play.py", n=3, log=str(log)) for _ in range(2)]
+        cli.worker_once()
+        attempts = [row for one in (run_id, *queued) for row in store.ledger.attempt_rows(one)]
+        started = {row.run_id: row.started_at for row in attempts if row.run_id != run_id or row.attempt == 2}
+        assert started[run_id] < min(started[other] for other in queued), started
+        assert run_of(store, run_id).status == "completed"
+
+
 def test_sigterm_drains_the_worker_and_requeues_the_run(cli: CLI, tmp_path: Path) -> None:
     run_id, log = start_many(cli, tmp_path)
     with opened(cli.store) as store:

@@ -202,17 +202,10 @@ class Worker:
             store.close()
 
     def _take_one(self, store: Store) -> bool:
+        """One run to do: first a run already begun that is due (its timer, its event, a
+        holder gone: a killed worker's runs do not wait behind the whole queue), then a
+        queued one."""
         ttl = lease_ttl_from_env()
-
-        def claim() -> RunRecord | None:
-            return store.queue.claim_queued_run(holder=holder_id(), expires_at=store.now() + ttl)
-
-        record = reconnecting(store, claim, report=self._reconnected)
-        if record is not None:
-            claimed = record
-            if not reconnecting(store, self._root_stopped, store, claimed):
-                self._execute(claimed.run_id, lambda runner: runner.run_claimed(claimed))
-            return True
         here = socket.gethostname()
         due = reconnecting(store, lambda: store.queue.due_runs(DUE_SCAN, store.now(), here), report=self._reconnected)
         for candidate in due:
@@ -223,6 +216,16 @@ class Worker:
                 self._execute(run_id, lambda runner, run_id=run_id: runner.resume(run_id))  # type: ignore[misc]
             except RunBusyError:
                 continue  # another worker took it first
+            return True
+
+        def claim() -> RunRecord | None:
+            return store.queue.claim_queued_run(holder=holder_id(), expires_at=store.now() + ttl)
+
+        record = reconnecting(store, claim, report=self._reconnected)
+        if record is not None:
+            claimed = record
+            if not reconnecting(store, self._root_stopped, store, claimed):
+                self._execute(claimed.run_id, lambda runner: runner.run_claimed(claimed))
             return True
         return False
 
