@@ -407,3 +407,19 @@ def test_a_run_whose_stdout_is_closed_still_completes(
     assert proc.returncode == 0, proc.stderr
     assert "internal error" not in proc.stderr
     assert _json.loads(deepline("runs", "show", "shut", "--json").stdout)["status"] == "completed"
+
+
+def test_a_run_whose_output_cannot_be_written_completes_and_exits_1(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """`deepline run play.py > out.json` on a full disk: the run completed and exited 0, so
+    `&& upload out.json` went on with an empty file."""
+    write_play(QUICK_MAP)
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "deepline_cli", "run", "play.py", "--run-id", "full-out"],
+            cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=full, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "Error: the run's output could not be written" in proc.stderr, proc.stderr
+    assert _json.loads(deepline("runs", "show", "full-out", "--json").stdout)["status"] == "completed"

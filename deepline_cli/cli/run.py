@@ -265,10 +265,13 @@ def _print_output(result: RunResult) -> None:
     except BrokenPipeError:
         raise
     except OSError as exc:
+        closed = exc.errno == errno.EBADF  # `>&-`: nobody asked for it
         sys.stderr.write(
-            f"Warning: the run's output could not be written ({exc.strerror or exc}); it is stored: "
-            f"deepline runs show {result.run_id} --json\n"
+            f"{'Warning' if closed else 'Error'}: the run's output could not be written ({exc.strerror or exc}); "
+            f"it is stored: deepline runs show {result.run_id} --json\n"
         )
+        if not closed:  # `> out.json && upload out.json` must not go on with an empty file
+            raise typer.Exit(1) from None
 
 
 def _not_applied(run_id: str, options: RunOptions) -> None:
