@@ -309,6 +309,10 @@ def test_a_map_over_a_list_made_from_a_pilots_rows_is_not_projected_as_a_whole_l
     projection = pilot["stats"]["projection"]
     assert [m["map"] for m in projection["maps"]] == ["companies"]
     assert projection["unprojected"] == ["people"]
+    # the full list's figure says what it leaves out (it read as the whole run's cost)
+    shown = deepline("run", str(play), "--limit", "10")
+    (headline,) = [line for line in shown.stderr.splitlines() if "full list of" in line]
+    assert headline.endswith("(not counting people)"), headline
 
 
 CHILD_PAID = """

@@ -231,9 +231,10 @@ def describe(projection: dict[str, Any]) -> list[str]:
         cost = f": the cost of its {new:,} new rows is unknown (no pilot row was paid for), "
     else:
         cost = f" ≈ {projection['credits']:,.0f} credits (±{projection['margin']:,.0f}, 95%), "
+    besides = f" (not counting {', '.join(projection['unprojected'])})" if projection.get("unprojected") else ""
     lines.append(
         f"full list of {full:,} rows{cost}≈ {_duration(projection['rest_s'])} more at the current rate; "
-        f"{paid:,} rows already paid"
+        f"{paid:,} rows already paid{besides}"
     )
     return lines
 
