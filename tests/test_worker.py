@@ -624,14 +624,19 @@ def wait_for_some_completed(store: Store, run_id: str, proc: subprocess.Popen[by
     wait_until(enough, what=f"{least} completed receipts", timeout=30, every=0.01)
 
 
+def kill_worker_mid_run(cli: CLI, store: Store, run_id: str) -> None:
+    """A worker started on the queue, SIGKILLed once some of the run's calls completed."""
+    worker = cli.spawn("worker")
+    wait_for_some_completed(store, run_id, worker)
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(timeout=10)
+    assert worker.returncode == -signal.SIGKILL
+
+
 def test_sigkilled_worker_is_taken_over_and_nothing_is_paid_twice(cli: CLI, tmp_path: Path) -> None:
     run_id, log = start_many(cli, tmp_path)
     with opened(cli.store) as store:
-        worker = cli.spawn("worker")
-        wait_for_some_completed(store, run_id, worker)
-        worker.send_signal(signal.SIGKILL)
-        worker.wait(timeout=10)
-        assert worker.returncode == -signal.SIGKILL
+        kill_worker_mid_run(cli, store, run_id)
 
         # The store as the dead worker left it: what was paid and recorded, what was in flight.
         completed_at_kill = ids_of(receipt_labels(store, run_id, "completed"))
@@ -663,10 +668,7 @@ def test_a_killed_workers_run_is_taken_before_the_queued_ones(cli: CLI, tmp_path
     schedule) before another worker took it over."""
     run_id, log = start_many(cli, tmp_path)
     with opened(cli.store) as store:
-        worker = cli.spawn("worker")
-        wait_for_some_completed(store, run_id, worker)
-        worker.send_signal(signal.SIGKILL)
-        worker.wait(timeout=10)
+        kill_worker_mid_run(cli, store, run_id)
         queued = [cli.enqueue("play.py", n=3, log=str(log)) for _ in range(2)]
         cli.worker_once()
         attempts = [row for one in (run_id, *queued) for row in store.ledger.attempt_rows(one)]
