@@ -1058,3 +1058,18 @@ def test_every_failed_row_is_listed_with_the_attempt_it_failed_in(deepline, writ
     assert {line["fields"]["row_key"]: line["attempt"] for line in lines} == {"a": 1, "b": 2}
     first = deepline("runs", "logs", "two", "--kind", "row.failed", "--where", "attempt=1", "--json")
     assert [line["fields"]["row_key"] for line in first.json_lines()] == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("run", "play.py", "--limit", "0"), "Invalid value for '--limit': must be 1 or more, not 0."),
+        (("run", "play.py", "--max-credits", "-1"), "Invalid value for '--max-credits': must be 0 or more, not -1."),
+        (("run", "play.py", "--concurrency", "many"), "Invalid value for '--concurrency': must be a whole number"),
+        (("serve", "play.py", "--port", "70000"), "Invalid value for '--port': must be from 0 to 65535, not 70000."),
+    ],
+)
+def test_an_option_out_of_its_range_is_said_in_words(deepline, args: tuple[str, ...], words: str) -> None:
+    """`--limit 0` said "Input should be greater than or equal to 1"."""
+    result = deepline(*args)
+    assert result.code == 2 and words in result.stderr, result.stderr

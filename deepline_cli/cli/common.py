@@ -87,3 +87,21 @@ def cli_errors(fn: F) -> F:
             ) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def at_least(least: float, *, number: Callable[[str], Any] = int, most: float | None = None) -> Callable[[str], Any]:
+    """An option's parser: a whole number (or `number=float`) from `least` (to `most`), said
+    in words when it is not: `--limit 0` → "must be 1 or more, not 0"."""
+    kind = "a whole number" if number is int else "a number"
+    bound = f"from {least:g} to {most:g}" if most is not None else f"{least:g} or more"
+
+    def parse(text: str) -> Any:
+        try:
+            value = number(text)
+        except (TypeError, ValueError):
+            raise typer.BadParameter(f"must be {kind}, not {text!r}.") from None
+        if value < least or (most is not None and value > most) or value != value:  # NaN is no number
+            raise typer.BadParameter(f"must be {bound}, not {text}.")
+        return value
+
+    return parse

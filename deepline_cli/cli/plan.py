@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from deepline_cli._format import format_credits
-from deepline_cli.cli.common import JsonOption, StoreOption, cli_errors
+from deepline_cli.cli.common import JsonOption, StoreOption, at_least, cli_errors
 from deepline_cli.cli.run import CsvOption, InputOption, PlayConfigOption, SetOption, WorkspaceOption
 
 PLAN_EPILOG = """\b
@@ -31,7 +31,9 @@ def plan(
     workspace: WorkspaceOption = "default",
     limit: Annotated[
         int | None,
-        typer.Option("--limit", metavar="N", min=1, help="Plan a pilot: only the first N distinct rows of each map."),
+        typer.Option(
+            "--limit", metavar="N", parser=at_least(1), help="Plan a pilot: only the first N distinct rows of each map."
+        ),
     ] = None,
     json: JsonOption = False,
 ) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from deepline_cli._format import format_credits
-from deepline_cli.cli.common import Command, JsonOption, StoreOption, cli_errors
+from deepline_cli.cli.common import Command, JsonOption, StoreOption, at_least, cli_errors
 from deepline_cli.cli.tables import print_json_lines, print_table, when
 
 app = typer.Typer(help="Inspect receipts: the durable record of every tool call and step.", no_args_is_help=True)
@@ -52,7 +52,9 @@ def inspect(
         ),
     ] = None,
     tool: Annotated[str | None, typer.Option("--tool", metavar="TOOL", help="Only this tool id.")] = None,
-    limit: Annotated[int | None, typer.Option("--limit", metavar="N", min=1, help="At most N receipts.")] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", metavar="N", parser=at_least(1), help="At most N receipts.")
+    ] = None,
     history: Annotated[
         bool, typer.Option("--history", help="Also the earlier answers of refreshed receipts (older generations).")
     ] = False,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from deepline_cli.cli.common import JsonOption, Settings, StoreOption, cli_errors
+from deepline_cli.cli.common import JsonOption, Settings, StoreOption, at_least, cli_errors
 
 if TYPE_CHECKING:
     from deepline_cli.runtime.run.options import RunOptions, RunResult
@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
 ConcurrencyOption = Annotated[
-    int | None, typer.Option("--concurrency", metavar="N", min=1, help="Most tool calls in flight at once.")
+    int | None,
+    typer.Option("--concurrency", metavar="N", parser=at_least(1), help="Most tool calls in flight at once."),
 ]
 RefreshFailedOption = Annotated[
     bool, typer.Option("--refresh-failed", help="Retry calls whose receipts failed for good.")
@@ -34,26 +35,37 @@ MaxCreditsOption = Annotated[
     typer.Option(
         "--max-credits",
         metavar="N",
-        min=0,
+        parser=at_least(0, number=float),
         help="Stop before the run's credits would exceed N (resume with more); overrides the play's "
         "max_credits_per_run.",
     ),
 ]
 MaxInlineWaitOption = Annotated[
     float,
-    typer.Option("--max-inline-wait", metavar="SECONDS", min=0, help="Longer waits suspend the run (exit 3) instead."),
+    typer.Option(
+        "--max-inline-wait",
+        metavar="SECONDS",
+        parser=at_least(0, number=float),
+        help="Longer waits suspend the run (exit 3) instead.",
+    ),
 ]
 FailOnRowErrorsOption = Annotated[
     bool, typer.Option("--fail-on-row-errors", help="Exit 1 when a map isolated failed rows (for CI).")
 ]
-MaxDepthOption = Annotated[int, typer.Option("--max-depth", metavar="N", min=1, help="Deepest chain of child plays.")]
+MaxDepthOption = Annotated[
+    int, typer.Option("--max-depth", metavar="N", parser=at_least(1), help="Deepest chain of child plays.")
+]
 MaxChildPlaysOption = Annotated[
     int | None,
-    typer.Option("--max-child-plays", metavar="N", min=0, help="Most child plays one run may start (all attempts)."),
+    typer.Option(
+        "--max-child-plays", metavar="N", parser=at_least(0), help="Most child plays one run may start (all attempts)."
+    ),
 ]
 MaxToolCallsOption = Annotated[
     int | None,
-    typer.Option("--max-tool-calls", metavar="N", min=0, help="Most tool calls one run may make (all attempts)."),
+    typer.Option(
+        "--max-tool-calls", metavar="N", parser=at_least(0), help="Most tool calls one run may make (all attempts)."
+    ),
 ]
 WorkspaceOption = Annotated[
     str,
@@ -105,7 +117,9 @@ def run(
     workspace: WorkspaceOption = "default",
     limit: Annotated[
         int | None,
-        typer.Option("--limit", metavar="N", min=1, help="Pilot run: only the first N distinct rows of each map."),
+        typer.Option(
+            "--limit", metavar="N", parser=at_least(1), help="Pilot run: only the first N distinct rows of each map."
+        ),
     ] = None,
     concurrency: ConcurrencyOption = None,
     force_refresh: ForceRefreshOption = False,

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from deepline_cli.cli.common import Command, JsonOption, StoreOption, cli_errors
+from deepline_cli.cli.common import Command, JsonOption, StoreOption, at_least, cli_errors
 from deepline_cli.cli.tables import print_json, print_json_lines, print_table, when
 
 app = typer.Typer(help="List runs, show one, follow or stop one, read its logs.", no_args_is_help=True)
@@ -34,7 +34,9 @@ def _load(store: str | None, run_id: str) -> Any:
 def list_runs(
     status: Annotated[str | None, typer.Option("--status", metavar="STATUS", help="Only runs in this status.")] = None,
     play: Annotated[str | None, typer.Option("--play", metavar="NAME", help="Only runs of this play.")] = None,
-    limit: Annotated[int | None, typer.Option("--limit", metavar="N", min=1, help="At most N runs.")] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", metavar="N", parser=at_least(1), help="At most N runs.")
+    ] = None,
     store: StoreOption = None,
     json: JsonOption = False,
 ) -> None:
@@ -253,7 +255,8 @@ def stop(
         typer.Option("--wait/--no-wait", help="Wait until the run's process has recorded it interrupted."),
     ] = True,
     timeout: Annotated[
-        float, typer.Option("--timeout", metavar="SECONDS", min=0, help="How long --wait waits.")
+        float,
+        typer.Option("--timeout", metavar="SECONDS", parser=at_least(0, number=float), help="How long --wait waits."),
     ] = 60.0,
     store: StoreOption = None,
 ) -> None:

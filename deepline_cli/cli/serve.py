@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from deepline_cli.cli import stop_at_once
-from deepline_cli.cli.common import StoreOption, cli_errors
+from deepline_cli.cli.common import StoreOption, at_least, cli_errors
 
 if TYPE_CHECKING:
     import socket
@@ -21,17 +21,22 @@ def serve(
     plays: Annotated[list[str], typer.Argument(metavar="PLAY_FILE...", help="Plays served at /hooks/{play name}.")],
     host: Annotated[str, typer.Option("--host", metavar="ADDRESS", help="The address to listen on.")] = "127.0.0.1",
     port: Annotated[
-        int, typer.Option("--port", metavar="PORT", min=0, max=65535, help="The port to listen on.")
+        int, typer.Option("--port", metavar="PORT", parser=at_least(0, most=65535), help="The port to listen on.")
     ] = 8787,
     run_here: Annotated[
         bool, typer.Option("--run-here", help="Also run the queued runs in this process (else workers do).")
     ] = False,
     max_body_bytes: Annotated[
-        int, typer.Option("--max-body-bytes", metavar="N", min=1, help="Larger deliveries get 413.")
+        int, typer.Option("--max-body-bytes", metavar="N", parser=at_least(1), help="Larger deliveries get 413.")
     ] = 1 << 20,
     tolerance: Annotated[
         float,
-        typer.Option("--tolerance", metavar="SECONDS", min=1, help="How far a delivery's timestamp may be from now."),
+        typer.Option(
+            "--tolerance",
+            metavar="SECONDS",
+            parser=at_least(1, number=float),
+            help="How far a delivery's timestamp may be from now.",
+        ),
     ] = 300.0,
     store: StoreOption = None,
 ) -> None:

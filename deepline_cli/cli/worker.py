@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from deepline_cli.cli.common import StoreOption, cli_errors
+from deepline_cli.cli.common import StoreOption, at_least, cli_errors
 
 if TYPE_CHECKING:
     from deepline_cli.runtime.run.options import RunResult
@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 @cli_errors
 def worker(
     store: StoreOption = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", metavar="N", min=1, help="Runs executed at once.")] = 1,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", metavar="N", parser=at_least(1), help="Runs executed at once.")
+    ] = 1,
     once: Annotated[bool, typer.Option("--once", help="Run what is due now, then exit.")] = False,
     fetch_public_only: Annotated[
         bool,
