@@ -1067,6 +1067,7 @@ def test_every_failed_row_is_listed_with_the_attempt_it_failed_in(deepline, writ
         (("run", "play.py", "--max-credits", "-1"), "Invalid value for '--max-credits': must be 0 or more, not -1."),
         (("run", "play.py", "--concurrency", "many"), "Invalid value for '--concurrency': must be a whole number"),
         (("serve", "play.py", "--port", "70000"), "Invalid value for '--port': must be from 0 to 65535, not 70000."),
+        (("export", "r-1", "--format", "xml"), "Invalid value for '--format': must be csv or jsonl, not 'xml'."),
     ],
 )
 def test_an_option_out_of_its_range_is_said_in_words(deepline, args: tuple[str, ...], words: str) -> None:

@@ -105,3 +105,14 @@ def at_least(least: float, *, number: Callable[[str], Any] = int, most: float | 
         return value
 
     return parse
+
+
+def one_of(*choices: str) -> Callable[[str], str]:
+    """An option's parser: one of `choices`, said in words when it is not."""
+
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise typer.BadParameter(f"must be {' or '.join(choices)}, not {text!r}.")
+        return text
+
+    return parse

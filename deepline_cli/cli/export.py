@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import typer
 
-from deepline_cli.cli.common import StoreOption, cli_errors
+from deepline_cli.cli.common import StoreOption, cli_errors, one_of
 
 
 @cli_errors
@@ -17,8 +17,13 @@ def export(
         str | None, typer.Option("--map", metavar="NAME", help="The map to export (needed when the run has several).")
     ] = None,
     format: Annotated[
-        Literal["csv", "jsonl"] | None,
-        typer.Option("--format", metavar="csv|jsonl", help="csv or jsonl (default: by --out's suffix, else csv)."),
+        str | None,
+        typer.Option(
+            "--format",
+            metavar="csv|jsonl",
+            parser=one_of("csv", "jsonl"),
+            help="csv or jsonl (default: by --out's suffix, else csv).",
+        ),
     ] = None,
     out: Annotated[
         Path | None, typer.Option("--out", metavar="FILE", help="Write here instead of stdout (-: stdout).")
