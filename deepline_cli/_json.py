@@ -56,9 +56,10 @@ def _dumps_deep(value: Any) -> bytes:
     import json  # only for these rare values
 
     try:
-        return json.dumps(_mend(value), default=_default, ensure_ascii=False, separators=(",", ":")).encode()
+        data = json.dumps(_mend(value), default=_default, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (RecursionError, ValueError) as exc:
-        raise ValueError(f"a value nested too deep to store ({exc})") from None
+        raise TypeError(f"a value nested too deep to store ({exc})") from None
+    return data.encode()
 
 
 def _dumps_mended(value: Any) -> bytes:
@@ -74,6 +75,8 @@ def _mend(value: Any) -> Any:
         return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     if type(value) is int and not -(2**63) <= value < 2**64:
         return float(value)  # as it is read back once stored (a live answer is the replayed one)
+    if type(value) is float and not math.isfinite(value):
+        return None  # as orjson writes NaN and Infinity
     if isinstance(value, dict):
         return {_mend_key(k): _mend(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

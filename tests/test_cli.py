@@ -565,6 +565,10 @@ def test_a_fixed_run_id_run_from_another_folder_whose_input_names_another_file_i
     assert same.code == 0 and "already completed" in same.stderr, same.stderr
     there = deepline("run", str(play), "--input", payload, "--run-id", "rel", cwd=other)
     assert there.code == 2, there.stderr
+    (tmp_path / "small.csv").write_text("id\n9\n8\n7\n")  # the run's own folder's file changed since
+    moved = deepline("run", str(play), "--input", payload, "--run-id", "rel", cwd=checkout)
+    assert moved.code == 2, moved.stderr  # the checkout's same old bytes do not stand for it
+    (tmp_path / "small.csv").write_bytes((checkout / "small.csv").read_bytes())
     assert f"{other / 'small.csv'}" in there.stderr and f"run it from {tmp_path}" in there.stderr, there.stderr
     (tmp_path / "small.csv").unlink()
     gone = deepline("run", str(play), "--input", payload, "--run-id", "rel")
@@ -1074,3 +1078,33 @@ def test_an_option_out_of_its_range_is_said_in_words(deepline, args: tuple[str, 
     """`--limit 0` said "Input should be greater than or equal to 1"."""
     result = deepline(*args)
     assert result.code == 2 and words in result.stderr, result.stderr
+
+
+def test_a_run_id_not_completed_is_not_resumed_from_a_folder_whose_copy_no_longer_matches(
+    deepline, write_play, tmp_path: Path
+) -> None:
+    """A failed run over a.csv, its file rewritten since; `--run-id` again from a checkout
+    holding the old bytes went on with the run, which read the rewritten file."""
+    play = write_play(
+        """
+        from pathlib import Path
+        from deepline_cli import play
+
+        @play("gated")
+        async def gated(ctx, input):
+            rows = await ctx.map("rows", ctx.csv(input["csv"]), key="id", columns={"x": lambda row: row["id"]})
+            if not (Path(__file__).parent / "gate").exists():
+                raise ValueError("the gate is shut")
+            return [row["id"] for row in rows]
+        """
+    )
+    (tmp_path / "small.csv").write_text("id\\n1\\n2\\n")
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    (checkout / "small.csv").write_text("id\\n1\\n2\\n")
+    payload = '{"csv": "small.csv"}'
+    assert deepline("run", str(play), "--input", payload, "--run-id", "g").code == 1
+    (tmp_path / "small.csv").write_text("id\\n9\\n8\\n7\\n")
+    (tmp_path / "gate").write_text("open")
+    again = deepline("run", str(play), "--input", payload, "--run-id", "g", cwd=checkout)
+    assert again.code == 2, again.stdout + again.stderr

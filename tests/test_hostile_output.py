@@ -177,3 +177,17 @@ def test_names_with_brackets_or_escapes_are_shown_as_they_are(deepline: Run, wri
     assert result.code == 0, result.stderr
     assert "accounts [/tier] [b]" in result.stderr and "Map completed: 2 results" in result.stderr, result.stderr
     assert "✓ Run" in result.stderr and "\x1b" not in result.stderr, result.stderr
+
+
+def test_a_deep_answer_holding_nan_is_stored_as_the_store_reads_back() -> None:
+    """Python's json (the path for answers deeper than 254 levels) writes NaN as `NaN`,
+    which no JSON reader takes back: the receipt could not be read by any replay."""
+    from deepline_cli import _json
+
+    value: object = {"score": float("nan"), "top": float("inf")}
+    for _ in range(300):
+        value = {"a": value}
+    back = _json.loads(_json.dumps(value))
+    for _ in range(300):
+        back = back["a"]
+    assert back == {"score": None, "top": None}

@@ -1372,6 +1372,8 @@ class Sub(Base):
 """
 
 CLASS_PLAY = """\
+from collections import defaultdict
+
 from deepline_cli import play
 from hh import Enricher, Sub
 
@@ -1380,7 +1382,7 @@ from hh import Enricher, Sub
 async def classes(ctx, input):
     held = Enricher("c:")
     several = [Enricher("l:"), Sub()]
-    by_name = {"e": Enricher("d:")}
+    by_name = defaultdict(list, {"e": Enricher("d:")})  # a dict of a kind of its own
     columns = {  # a map each: a cell recomputed makes the cells after it recomputed too
         "bound": Enricher("b:").go,
         "inherited": lambda row, rc: Sub().bump(row["n"]),
@@ -1520,3 +1522,24 @@ def test_objects_in_a_closure_count_by_their_class_not_their_state_and_a_cyclic_
     assert first["output"] == [2, 2]
     again = finished(deepline_process("run", "play.py", "--json"))
     assert again["stats"]["rows"]["reused"] == 4, again["stats"]["rows"]
+
+
+def test_a_column_added_while_another_is_dropped_keeps_the_dropped_columns_cells(
+    deepline_process: Run, tmp_path: Path
+) -> None:
+    """Adding a column on the night another was commented out dropped that one's cells on
+    every row, though nothing it was computed from had changed: restored, it was computed
+    again (a stale tool call paid again)."""
+    (tmp_path / "cfg.py").write_text("MULT = 1\n")
+    (tmp_path / "play.py").write_text(DROPPED_PLAY)
+    finished(deepline_process("run", "play.py", "--json"))
+    added = DROPPED_PLAY.replace(
+        '        "double"', '        "triple": lambda row, rc: row["base"] * 3,\n        # "double"'
+    )
+    (tmp_path / "play.py").write_text(added)
+    finished(deepline_process("run", "play.py", "--json"))
+    (tmp_path / "play.py").write_text(DROPPED_PLAY)
+
+    restored = finished(deepline_process("run", "play.py", "--json"))
+
+    assert restored["stats"]["rows"]["reused"] == 2, restored["stats"]["rows"]

@@ -61,9 +61,8 @@ def checked_staleness(value: Any, what: str = "stale_after_seconds", *, function
     if value is None or (function and callable(value)):
         return value
     if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise UsageError(
-            f"{what} must be a number of seconds (0 or more), None, or a function of the stored value, not {value!r}."
-        )
+        function_too = ", or a function of the stored value" if function else ""
+        raise UsageError(f"{what} must be a number of seconds (0 or more) or None{function_too}, not {value!r}.")
     return value
 
 

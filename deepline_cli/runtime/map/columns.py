@@ -363,24 +363,32 @@ def _play_classes(value: Any) -> set[type]:
     """The classes of the play's own whose objects `value` is or holds (`[Hunter(), Apollo()]`),
     at most PLAY_CLASS_LOOKS values looked at, each container once (a tree with parent links)."""
     found: set[type] = set()
-    judged: dict[type, bool] = {}  # per type: a class of the play's own?
+    judged: dict[type, str] = {}  # per type: "mapping", "items" (a list, a tuple, a set…), "own", "other"
     seen: set[int] = set()
     stack, left = [value], PLAY_CLASS_LOOKS
     while stack and left > 0:
         item = stack.pop()
         left -= 1
         kind = type(item)
-        if kind is dict or kind is list or kind is tuple or kind is set or kind is frozenset:
-            if id(item) not in seen:
-                seen.add(id(item))
-                stack.extend(item.values() if kind is dict else item)
-        elif kind not in _PLAIN_TYPES:
-            own = judged.get(kind)
-            if own is None:
-                own = judged[kind] = _is_play_object(kind)
-            if own:
-                found.add(kind)
+        judgement = judged.get(kind)
+        if judgement is None:
+            judgement = judged[kind] = _judged(kind)
+        if judgement == "own":
+            found.add(kind)
+        elif judgement != "other" and id(item) not in seen:  # a defaultdict, a namedtuple: looked into too
+            seen.add(id(item))
+            stack.extend(item.values() if judgement == "mapping" else item)
     return found
+
+
+def _judged(kind: type) -> str:
+    if issubclass(kind, dict):
+        return "mapping"
+    if issubclass(kind, list | tuple | set | frozenset):
+        return "items"
+    if kind in _PLAIN_TYPES or not _is_play_object(kind):
+        return "other"
+    return "own"
 
 
 def _class_digest(cls: type) -> bytes:

@@ -167,13 +167,14 @@ def replacing(path: Path) -> Iterator[IO[str]]:
     takes its place once every row is on disk. A write that fails halfway (a full disk,
     Ctrl-C) leaves what `path` held before as it was, and nothing beside it. A link is
     followed (the file it names is replaced); a device or pipe (/dev/null) is written."""
-    target = Path(os.path.realpath(path))
-    if str(path).startswith(("/dev/", "/proc/")):
-        # A descriptor's name (/dev/stderr): what is behind it is written through it, a file
-        # after what it holds (never replaced nor truncated), a pipe or terminal as it is.
-        with open(path, "a" if target.is_file() else "w", encoding="utf-8", newline="") as handle:
+    descriptor = _descriptor(str(path))
+    if descriptor is not None:
+        # A descriptor's name (/dev/stderr, /dev/fd/3): written through that descriptor, at its
+        # place (a file `2>> log` redirects to is never replaced nor truncated; a pipe works).
+        with open(os.dup(descriptor), "w", encoding="utf-8", newline="") as handle:
             yield handle
         return
+    target = Path(os.path.realpath(path))
     if target.exists() and not target.is_file():
         with target.open("w", encoding="utf-8", newline="") as handle:
             yield handle
@@ -201,6 +202,17 @@ def replacing(path: Path) -> Iterator[IO[str]]:
         raise
     finally:
         PARTS.discard(temporary)
+
+
+def _descriptor(path: str) -> int | None:
+    """The file descriptor a path names (/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N)."""
+    named = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}.get(path)
+    if named is not None:
+        return named
+    for prefix in ("/dev/fd/", "/proc/self/fd/"):
+        if path.startswith(prefix) and path[len(prefix) :].isdigit():
+            return int(path[len(prefix) :])
+    return None
 
 
 # The files `replacing` is writing: a process ended at once (Ctrl-C: cli.stop_at_once) removes them.

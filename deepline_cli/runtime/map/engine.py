@@ -305,6 +305,7 @@ class MapRun:
         cells: dict[str, Cell] = dict(job.previous.cells) if job.previous else {}
         rc = RowContext(self.ctx, self.s, self.name, job.key, job.idx)
         changed = False
+        moved = False  # a value the row had before changed (not one computed for the first time)
         error: str | None = None
         failure: BaseException | None = None
         scopes: list[CellScope] = []
@@ -343,14 +344,15 @@ class MapRun:
                 for later in self.columns[position + 1 :]:  # not computed on a failed row
                     cells.pop(later.name, None)
                 break
-            changed = changed or before is None or before.value != value
+            moved = moved or (before is not None and before.value != value)
+            changed = changed or moved or before is None
             if scope.failed:  # settled as fallen back only where the cell found a value (got_past)
                 scope.found = meta["step"] is not None if meta and "step" in meta else is_found(value)
             cells[column.name] = Cell(value, None, self.s.io.now(), column.fingerprint, meta)
             row[column.name] = value
             found.update(key for key in scope.answered if (key in hits if hits is not None else is_found(value)))
         previous = job.previous
-        outdated = previous is not None and (changed or job.digest != previous.input_digest)
+        outdated = previous is not None and (moved or job.digest != previous.input_digest)
         if outdated and not cells.keys() <= self.column_names:
             # A column dropped from the play for now and restored later is computed again:
             # its cell was computed from an input or values this row no longer has.

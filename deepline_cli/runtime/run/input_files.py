@@ -36,8 +36,8 @@ def stamps(value: Any, cwd: str) -> dict[str, list[Any]]:
 def named_elsewhere(value: Any, then: str, here: str, stamped: Any = None) -> tuple[str, str] | None:
     """A relative path of the input that names another file from `here` than it did from
     `then` (the folder the run was started in): (that file, this one). None if none does, or
-    if the one here holds what that one held when the run started (`stamped`: a CI job's
-    checkout in another folder, the same bytes)."""
+    if both hold what that one held when the run started (`stamped`: a CI job's checkout
+    in another folder, the same bytes; a resume reads the run's folder's)."""
     if not then or os.path.realpath(then) == os.path.realpath(here):
         return None
     stamps = stamped if isinstance(stamped, dict) else {}
@@ -45,7 +45,7 @@ def named_elsewhere(value: Any, then: str, here: str, stamped: Any = None) -> tu
         if before == now or not (before.is_file() or now.is_file()) or before.resolve() == now.resolve():
             continue
         stamp = stamps.get(str(before))
-        if stamp is not None and _same(now, stamp):
+        if stamp is not None and _same(now, stamp) and _same(before, stamp):  # the same bytes, here and there
             continue
         return str(before), str(now)
     return None
