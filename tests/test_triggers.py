@@ -284,6 +284,25 @@ def test_a_schedules_relative_csv_is_read_from_the_plays_folder_whichever_worker
     assert (run.status, run.output) == ("completed", {"rows": 2}), run.error
 
 
+def test_a_toml_schedules_relative_paths_are_the_tomls_folders(deepline, tmp_path: Path, store_path: Path) -> None:
+    """`play = "plays/refresh.py"` and `input = { csv = "data/accounts.csv" }`, both written
+    beside deepline.toml: the input's path was read from the play's folder."""
+    (tmp_path / "plays").mkdir()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "accounts.csv").write_text("domain\na.com\nbb.com\n")
+    play = NIGHTLY_PLAY.replace('schedule="* * * * * *", schedule_input={"domains": ["a.com", "b.com", "c.com"]}', "")
+    (tmp_path / "plays" / "refresh.py").write_text(
+        play.replace('[{"domain": d} for d in input["domains"]]', 'ctx.csv(input["csv"])')
+    )
+    (tmp_path / "deepline.toml").write_text(
+        '[schedules.nightly]\nplay = "plays/refresh.py"\ncron = "* * * * * *"\ninput = { csv = "data/accounts.csv" }\n'
+    )
+    fired = deepline("worker", "--play", "deepline.toml", "--once")
+    assert fired.code == 0, fired.stderr
+    (run,) = runs_of(str(store_path), "nightly")
+    assert (run.status, run.output) == ("completed", {"rows": 2}), run.error
+
+
 def test_a_scheduled_run_missing_an_input_field_says_to_fix_the_schedule(deepline, write_play) -> None:
     """A tick whose input lacks `csv`: it said to give it with --csv FILE, which a schedule
     has not, and named the play's line twice."""

@@ -182,12 +182,15 @@ class Runner:
             f"as it was with `deepline resume {run_id}`."
         )
 
-    def enqueue_new(self, play: PlayDef, input: Any, run_id: str, trigger: str, *, subject: str = "Input") -> bool:
+    def enqueue_new(
+        self, play: PlayDef, input: Any, run_id: str, trigger: str, *, subject: str = "Input", folder: str | None = None
+    ) -> bool:
         """Queue a run of `play` under `run_id` for a worker, unless a run with that id exists
         (a tick another worker fired, a delivery sent again): then nothing is queued, and
         nothing is re-queued either. True if this call queued it. `trigger` says what
         started it (`runs list`); `subject`, what a refused input is called. Its relative
-        paths are the play folder's: the same tick means the same file on every worker."""
+        paths are `folder`'s (a deepline.toml's), else the play folder's: the same tick means
+        the same file on every worker."""
         play.check_input(input, subject=subject)
         config_path = find_config(Path(play.file), self.options.config)
         load_config(config_path)
@@ -199,7 +202,7 @@ class Runner:
         now = self.store.now()
         record = RunRecord(
             run_id=run_id, play=play.name, play_ref=play.ref, input=input, status="queued", attempt=0,
-            workspace=self.options.workspace, cwd=str(Path(play.file).resolve().parent),
+            workspace=self.options.workspace, cwd=folder or str(Path(play.file).resolve().parent),
             options={**self.options.persisted(), "trigger": trigger}, root_run_id=run_id,
             holder=None, lease_expires_at=0.0, created_at=now, updated_at=now, snapshot=digest,
         )  # fmt: skip

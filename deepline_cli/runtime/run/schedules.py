@@ -64,7 +64,8 @@ def schedules_in(path: Path) -> list[PlayDef]:
         # Its runs are named after the play and the table: `sched-refresh.enterprise-<tick>`.
         when = schedule_of(f"{play.name}.{name}", spec["cron"], spec.get("input", {}), spec.get("timezone"),
                            spec.get("catch_up"), schema=play.input_schema, owner=owner, input_key="input")  # fmt: skip
-        plays.append(replace(play, schedule=when))
+        # Its input's relative paths are the toml's, as its `play` is (not the play's folder).
+        plays.append(replace(play, schedule=replace(when, folder=str(path.parent.resolve())) if when else when))
     return plays
 
 
@@ -123,7 +124,9 @@ class Ticks:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(tick))
         run_id = tick_run_id(play.schedule.name, tick)
         try:
-            queued = runner.enqueue_new(play, play.schedule.input, run_id, f"schedule {when} UTC")
+            queued = runner.enqueue_new(
+                play, play.schedule.input, run_id, f"schedule {when} UTC", folder=play.schedule.folder or None
+            )
         except DeeplineError as exc:
             self.report(f"worker: schedule of {play.name} at {when} UTC was not queued: {exc}")
             return

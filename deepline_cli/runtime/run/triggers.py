@@ -35,6 +35,7 @@ class Schedule:
     timezone: str = "UTC"
     catch_up: CatchUp = "latest"  # a tick missed while no worker ran: fire the latest once, or none
     name: str = ""  # what its run ids are named after: the play's name, or the table's in deepline.toml
+    folder: str = ""  # where its input's relative paths are: deepline.toml's folder ("": the play's)
 
     def next_tick(self, after: float) -> float:
         """The first tick strictly after `after` (a Unix time)."""
