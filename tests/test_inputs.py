@@ -256,6 +256,7 @@ def test_build_input_reports_the_conflict_as_input_error(tmp_path: Path) -> None
         (("--set", "account=900000000000000000000001"), "has more than 64 bits"),
         (("--input", '{"x": 1e999}'), "is too large to be stored"),
         (("--set", "x=1e999"), "is too large to be stored"),
+        (("--set", "x=1e-400"), "is too small to be stored"),
     ],
 )
 def test_a_number_the_store_cannot_keep_as_it_is_is_refused(deepline, args: tuple[str, ...], words: str) -> None:

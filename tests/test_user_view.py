@@ -423,3 +423,14 @@ def test_a_run_whose_output_cannot_be_written_completes_and_exits_1(
     assert proc.returncode == 1, proc.stderr
     assert "Error: the run's output could not be written" in proc.stderr, proc.stderr
     assert _json.loads(deepline("runs", "show", "full-out", "--json").stdout)["status"] == "completed"
+
+
+def test_export_with_stdout_closed_is_one_sentence(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """`deepline export RUN >&-`: an internal error (AttributeError), exit 1."""
+    write_play(QUICK_MAP)
+    assert deepline("run", "play.py", "--run-id", "shut-export", "--quiet").code == 0
+    proc = _output_to("closed", ["export", "shut-export"], tmp_path, cli_env)
+    assert proc.returncode == 2, proc.stderr
+    assert "Cannot write the rows to stdout: it is closed" in proc.stderr and "internal error" not in proc.stderr

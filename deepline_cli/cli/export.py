@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -119,6 +120,8 @@ def _write(out: Path | None, format: str, dataset: Any) -> int:
         if out is not None:
             with replacing(out) as handle:
                 return writer(dataset, handle)
+        if sys.stdout is None:  # `>&-`
+            raise UsageError("Cannot write the rows to stdout: it is closed; give --out FILE.")
         stdout = stdout_output()
         try:
             count = writer(dataset, stdout)

@@ -28,6 +28,8 @@ def _float(text: str) -> float:
     value = float(text)
     if value in (float("inf"), float("-inf")):
         raise _Unstorable(f"the number {text} is too large to be stored")
+    if value == 0 and any(digit in "123456789" for digit in text.lower().partition("e")[0]):
+        raise _Unstorable(f"the number {text} is too small to be stored (it would be 0)")
     return value
 
 

@@ -274,8 +274,8 @@ class ConsoleView:
         self.console.print(f"{clock(s.elapsed)} {fit([*map_pieces(m), (rate, 1)], width)}")
         self._shown[m.name] = fit(map_pieces(m), width)
         for column, order in m.waterfalls.items():
-            hits = step_hits(order, m.steps.get(column) or {})
-            self.console.print(f"{clock(s.elapsed)} {m.name}  {column}: {hits}")
+            hits = printable(step_hits(order, m.steps.get(column) or {}))  # names are the play's text
+            self.console.print(f"{clock(s.elapsed)} {m.name}  {printable(column)}: {hits}")
 
     # --- the live view --------------------------------------------------------------------------
 
@@ -305,8 +305,10 @@ class ConsoleView:
         if not m.completed and self.state.finished is None:
             lines.append(Text(indent + fit([(f"{m.rows_per_s:,.0f} rows/s", 0), (_eta(m.eta_s), 0)], width), "dim"))
         for column, order in m.waterfalls.items():
-            hits = step_hits(order, m.steps.get(column) or {})
-            lines.append(Text(indent + fit([(f"{column}:", 0), (hits, 0)], width - len(indent)), no_wrap=True))
+            hits = printable(step_hits(order, m.steps.get(column) or {}))  # names are the play's text
+            lines.append(
+                Text(indent + fit([(f"{printable(column)}:", 0), (hits, 0)], width - len(indent)), no_wrap=True)
+            )
         for words in (m.visibility, m.finalization):
             if words:
                 lines.append(Text(indent + fit([(words, 0)], width - len(indent)), no_wrap=True))

@@ -307,7 +307,7 @@ class Outgoing:
         body = b"" if method == "GET" and method != self.method else self.body
         if elsewhere and body and self.private_body:  # a 307/308 would send the secret to that host
             raise InvalidResponse(
-                f"redirected to another host ({_origin_of(url)}) with a body holding a secret: not followed"
+                f"redirected to another host ({urlsplit(url).netloc}) with a body holding a secret: not followed"
             )
         if not body and self.body:  # the body is dropped: its framing goes with it (as httpx does)
             headers = {k: v for k, v in headers.items() if k.lower() not in ("content-length", "transfer-encoding")}
