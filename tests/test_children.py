@@ -507,6 +507,42 @@ def test_events_to_the_root_and_to_the_child_reach_a_waiting_child(deepline, pla
     assert listed[child_id]["attempt"] == 3
 
 
+APPROVAL_PLAYS = (
+    TOOL
+    + """
+
+@play("vip")
+async def vip(ctx, input):
+    ok = await ctx.wait_for_event("approve")  # the same name as its parent's approval
+    return (await ctx.tools.execute("email", "t.work", {"label": "vip", "log": input["log"]})).output if ok else None
+
+
+@play("approvals")
+async def approvals(ctx, input):
+    await ctx.wait_for_event("approve")  # a manager approves the run
+    return await ctx.run_play("vip", "vip", {"log": input["log"]})
+"""
+)
+
+
+def test_an_event_the_root_took_itself_is_not_handed_to_its_children(deepline, plays, tmp_path):
+    """A manager's approval sent to the run and taken by its own wait was taken again by
+    every child play waiting later for an event of the same name: their paid calls went
+    out with nobody approving them."""
+    plays("approvals.py", APPROVAL_PLAYS)
+    log = tmp_path / "tools.log"
+    payload = as_json({"log": str(log)})
+    assert deepline("run", "plays/approvals.py:approvals", "--run-id", "r-appr", "--input", payload).code == 3
+    assert deepline("events", "send", "r-appr", "approve", "--payload", '{"by": "manager"}').code == 0
+    resumed = deepline("resume", "r-appr")
+    assert resumed.code == 3, resumed.stderr  # its child waits for its own approval
+    assert logged(log) == []  # nothing paid before it
+    child = children_of(runs(deepline), "r-appr")["vip"]["run_id"]
+    assert deepline("events", "send", child, "approve", "--payload", "true").code == 0
+    assert deepline("resume", "r-appr").code == 0
+    assert logged(log) == ["vip"]
+
+
 def test_children_suspending_together_are_all_recorded(deepline, plays):
     plays("fanout.py", GATHER_PLAYS)
     result = deepline("run", "plays/fanout.py:fanout", "--run-id", "r-fan", "--json")

@@ -109,7 +109,14 @@ def _event_for(store: Store, run_id: str, root_run_id: str, event_id: str, due_a
     either in time for the wait's deadline (one sent later finds the wait timed out, as it
     would have if the run had been running then)."""
     delivered, payload = store.suspension.get_event(run_id, event_id, due_at)
-    if not delivered and root_run_id and root_run_id != run_id:
+    # Not one the root waits for itself (a manager's approval of the root is not its
+    # children's, which wait for the same name later): only one sent for its children.
+    if (
+        not delivered
+        and root_run_id
+        and root_run_id != run_id
+        and store.suspension.get_boundary(root_run_id, f"event:{event_id}") is None
+    ):
         return store.suspension.get_event(root_run_id, event_id, due_at)
     return delivered, payload
 
