@@ -543,6 +543,21 @@ def test_an_event_the_root_took_itself_is_not_handed_to_its_children(deepline, p
     assert logged(log) == ["vip"]
 
 
+def test_a_child_resumed_on_its_own_ends_its_parents_wait_for_it(deepline, plays, tmp_path):
+    """A waiting child resumed by its own id (as `events send` to it suggests) completed;
+    its parent read its output but left its wait for it `waiting` for good: every later
+    resume of the parent started a new attempt for it."""
+    plays("host.py", EVENT_CHILD_PLAYS)
+    log = tmp_path / "tools.log"
+    assert deepline("run", "plays/host.py:host", "--run-id", "r-own", "--input", as_json({"log": str(log)})).code == 3
+    child_id = children_of(runs(deepline), "r-own")["listener"]["run_id"]
+    for event in ("first", "second"):
+        assert deepline("events", "send", child_id, event, "--payload", "1").code == 0
+    assert deepline("resume", child_id).code == 0
+    assert deepline("resume", "r-own").code == 0
+    assert [(b["kind"], b["status"]) for b in show(deepline, "r-own")["boundaries"]] == [("child", "resolved")]
+
+
 def test_children_suspending_together_are_all_recorded(deepline, plays):
     plays("fanout.py", GATHER_PLAYS)
     result = deepline("run", "plays/fanout.py:fanout", "--run-id", "r-fan", "--json")

@@ -200,7 +200,8 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
             updated_at=now,
         )
         await s.infra.io.call(store.runs.insert_run, record)
-    elif record.status == "completed":
+    elif record.status == "completed":  # finished meanwhile (its own resume): the parent's wait for it ends
+        await s.infra.io.call(store.suspension.resolve_boundary, s.identity.run_id, f"child:{call_id}", None, now)
         return record.output
     else:
         record.attempt += 1
