@@ -375,3 +375,25 @@ def test_a_run_stopped_by_its_budget_says_to_resume_it_with_a_higher_one(deeplin
     assert stopped.code == 1, stopped.stderr
     assert "Next: deepline resume tight --max-credits N" in stopped.stderr, stopped.stderr
     assert deepline("resume", "tight", "--max-credits", "5").code == 0
+
+
+def test_a_refusal_the_run_stops_with_says_how_far_calls_in_flight_passed_the_budget() -> None:
+    """A call refused while calls in flight held credits; those then cost more than
+    expected, past the budget. The run's error (the refusal: the breaker keeps the first)
+    said "would be exceeded" and "90 spent in the end", never that the budget was passed."""
+    import asyncio
+
+    from deepline_cli.errors import BudgetExceededError
+    from deepline_cli.runtime.calls.budget import Budget
+
+    async def scenario() -> str:
+        budget = Budget(20.0, spent=18.0, known={"p.search": 1.0})
+        held = [await budget.admit("p.search", 0.0, f"c{n}", metered=True) for n in range(2)]
+        with pytest.raises(BudgetExceededError) as refused:
+            budget.reserve("p.enrich", 3.0, "dear")  # 18 spent + 3 cannot fit 20, whatever ends
+        for reservation in held:
+            budget.settle(reservation, 8.0)
+        return str(refused.value)
+
+    message = asyncio.run(scenario())
+    assert "34 spent in the end, 14 over" in message, message

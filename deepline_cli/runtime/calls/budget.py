@@ -134,6 +134,9 @@ class Budget:
         if self._refused is not None:
             refused, said, spent = self._refused
             end = f"; {format_credits(self.spent)} spent in the end" if self.spent != spent else ""
+            limit = self.max_credits
+            if limit is not None and self.spent > limit:  # calls in flight cost more than expected: said
+                end += f", {format_credits(add_credits(self.spent, -limit))} over"
             refused.args = (f"{said}{end}; {self._advice()}",)
 
     def release(self, reservation: Reservation) -> None:
