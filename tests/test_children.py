@@ -492,6 +492,8 @@ def test_events_to_the_root_and_to_the_child_reach_a_waiting_child(deepline, pla
     again = deepline("resume", "r-host")
     assert again.code == 3, again.stderr  # now waiting for "second"
     assert "'second'" in again.stderr
+    resent = deepline("events", "send", child_id, "first", "--payload", "{}")  # "not waiting for it yet" said
+    assert f"Run {child_id} took 'first' already" in resent.stderr, resent.stderr
 
     # Sent to the child run id directly.
     to_child = deepline("events", "send", child_id, "second", "--payload", '{"via":"child"}')

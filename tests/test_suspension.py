@@ -338,7 +338,8 @@ def test_events_send_errors_are_usage_errors(deepline, write_play, tmp_path):
 
     other = deepline("events", "send", "r-ev2", "other-event", "--payload", "{}")
     assert other.code == 0  # kept for when the run waits for it, not an error
-    assert "not waiting for 'other-event' yet; the event is kept" in other.stderr
+    # a typo of the id is kept, as an event a later wait may take, and says what the run waits for
+    assert "not waiting for 'other-event' yet (it waits for 'approve'); the event is kept" in other.stderr
     no_traceback(other.stderr)
 
     bad = deepline("events", "send", "r-ev2", "approve", "--payload", "{not json")

@@ -42,6 +42,9 @@ def send(
         now = db.now()
         targets = event_targets(db, run_id, event_id, now)
         lapsed = [] if targets else timed_out_waits(db, run_id, event_id, now)
+        own = db.suspension.boundaries(run_id)
+        taken = any(b.kind == "event" and b.event_id == event_id and b.status == "resolved" for b in own)
+        awaited = [b.event_id for b in own if b.kind == "event" and b.status == "waiting" and b.event_id]
         if not targets and record.status in ("completed", "failed"):
             raise UsageError(f"Run {run_id} has {record.status}; nothing in it waits for events any more.")
         # Not waiting for it yet: kept for the run, and found when it (or a child) waits for it.
@@ -60,9 +63,13 @@ def send(
             err=True,
         )
         return
+    if not targets and taken:
+        typer.echo(f"Run {run_id} took {event_id!r} already; no wait of it is left to take this one.", err=True)
+        return
     if not targets:
         kept = "the event is kept for when it does" if delivered else "an earlier one is kept (the first wins)"
-        typer.echo(f"Run {run_id} is not waiting for {event_id!r} yet; {kept}.", err=True)
+        waits = f" (it waits for {', '.join(repr(e) for e in awaited)})" if awaited else ""
+        typer.echo(f"Run {run_id} is not waiting for {event_id!r} yet{waits}; {kept}.", err=True)
         return
     for target in targets:
         where = "" if target == run_id else f" to child run {target}"
