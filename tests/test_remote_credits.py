@@ -167,6 +167,15 @@ def test_plan_counts_declared_remote_credits_and_then_what_was_paid(deepline, pr
     assert after["totals"]["new_calls"] == 0 and after["totals"]["paid_rows"] == 4
 
 
+def test_plan_has_no_maximum_for_a_remote_tool_of_no_known_price(deepline, project, remote, write_play) -> None:
+    """No price declared and none learned: the plan said "max 0 credits" for a list that
+    then cost 1,116."""
+    project()
+    plan = deepline("plan", str(write_play(MAPPED)), "--json", METERED_KEY=KEY).json_lines()[-1]
+    assert plan["totals"]["credits"]["max"] is None, plan["totals"]
+    assert any("prices its answers itself" in note for note in plan["maps"][0]["columns"][0]["notes"]), plan
+
+
 def test_plan_bounds_a_remote_tool_at_the_most_it_has_cost_on_this_store(deepline, project, remote, write_play) -> None:
     """Declared at 1 credit, a remote tool's answers have cost up to 3 on this store: the
     budget holds 3 for each of its calls, and the plan's bound says the same (it used 1,

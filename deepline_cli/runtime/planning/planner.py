@@ -79,9 +79,10 @@ class NotPlanned(BaseException):
 class NewCall(NotPlanned):
     """A resolver reached a call that would be made (and billed) for real."""
 
-    def __init__(self, tool: str, credits: float, shared: bool) -> None:
+    def __init__(self, tool: str, credits: float, shared: bool, *, unpriced: bool = False) -> None:
         super().__init__(f"new call to {tool}")
         self.tool, self.credits, self.shared = tool, credits, shared
+        self.unpriced = unpriced  # its answers say their price, and none is known yet: no maximum
 
 
 @dataclass
@@ -564,7 +565,11 @@ class RowPlanner:
         else:
             plan.new_calls += 1
             paid = self.history.pays(stop.tool)  # a call that may fail (a 404) may cost nothing
-            plan.credits.add(stop.credits if paid >= 1.0 else 0.0, stop.credits * paid, stop.credits)
+            plan.credits.add(
+                stop.credits if paid >= 1.0 else 0.0, stop.credits * paid, None if stop.unpriced else stop.credits
+            )
+            if stop.unpriced:
+                plan.note(f"{stop.tool} prices its answers itself and none is known yet: no maximum")
         rest = [t for t in plan.tools if t != stop.tool and t not in tracker.called]
         if rest:
             plan.note(f"after {stop.tool}, may call {', '.join(rest)} depending on its answer")
@@ -633,6 +638,7 @@ class Planner:
         self.config = load_config(config_path)
         self.plan = Plan(play.name)
         self._learned: dict[str, float] | None = None  # the most each tool has cost here (tool_costs)
+        self._unpriced: set[str] = set()  # tools whose answers say their price, none known yet
         self.reference: str | None = None
         self._planned: set[str] = set()  # receipt keys this plan counts as new calls already
         self.io = StoreIO(store)
@@ -730,7 +736,7 @@ class Planner:
         self._planned.add(key)
         cost = self._cost(definition)
         tracker.new.append((definition.id, cost, shared))
-        raise NewCall(definition.id, cost, shared)
+        raise NewCall(definition.id, cost, shared, unpriced=definition.id in self._unpriced)
 
     async def stored(self, kind: str, id: str, *, label: str | None = None) -> Any:
         what = {"run_play": "child play"}.get(kind, kind)
@@ -784,6 +790,8 @@ class Planner:
             return definition.credits
         if self._learned is None:
             self._learned = self.store.receipts.tool_costs()
+        if not definition.credits and definition.id not in self._learned:
+            self._unpriced.add(definition.id)  # bounded by nothing known: the plan says so
         return expected_cost(definition.credits, self._learned.get(definition.id, 0.0))
 
     async def plan_map(self, engine: MapRun, rows: RowPlanner, source: Bounded) -> PlanDataset:
