@@ -341,3 +341,43 @@ def test_help_reads_well(deepline: Run, deepline_process: Run) -> None:
     # The shell named, not detected from the processes above the test (there may be none).
     completion = deepline_process("--show-completion", "bash", _TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION="1")
     assert completion.code == 0 and "COMPREPLY" in completion.stdout
+
+
+def test_export_to_a_terminal_shows_escape_sequences_escaped(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """A provider's answer holding ESC[2J (clear the screen) or OSC 52 (write the clipboard):
+    `deepline export RUN` on a terminal acted on them; to a file or a pipe they stay as they are."""
+    write_play(
+        """
+        from deepline_cli import play
+
+        @play("esc")
+        async def esc(ctx, input):
+            rows = [{"d": "a", "note": "hi\\x1b[2J\\x1b]52;c;aGk=\\x07there"}]
+            return len(await ctx.map("m", rows, key="d", columns={"x": lambda row: row["note"]}))
+        """
+    )
+    assert deepline("run", "play.py", "--run-id", "esc").code == 0
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deepline_cli", "export", "esc"], cwd=tmp_path, env=cli_env,
+        stdin=slave, stdout=slave, stderr=slave, close_fds=True,
+    )  # fmt: skip
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # the terminal closed: the process ended
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=30)
+    os.close(master)
+    shown = b"".join(chunks).decode("utf-8", "replace")
+    assert proc.returncode == 0 and "hi\\x1b[2J\\x1b]52;c;aGk=\\x07there" in shown, shown
+    assert "\x1b" not in shown and "\x07" not in shown
+    piped = deepline("export", "esc")  # not a terminal: the data as it is
+    assert "hi\x1b[2J\x1b]52;c;aGk=\x07there" in piped.stdout

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import IO, Annotated, Any, cast
 
 import typer
 
@@ -124,7 +124,9 @@ def _write(out: Path | None, format: str, dataset: Any) -> int:
             raise UsageError("Cannot write the rows to stdout: it is closed; give --out FILE.")
         stdout = stdout_output()
         try:
-            count = writer(dataset, stdout)
+            # On a terminal the rows are read, not stored: an escape sequence in a cell (a
+            # provider's answer) is shown escaped, never acted on. A file or pipe gets them as they are.
+            count = writer(dataset, cast(IO[str], _Escaped(stdout)) if sys.stdout.isatty() else stdout)
             stdout.flush()
             return count
         finally:
@@ -168,3 +170,22 @@ def _partial(db: Any, run_id: str, record: Any) -> str | None:
     return (
         f"Warning: run {run_id} {state} and map {record.map!r} has {done:,}{of} rows: this export is partial.{resume}"
     )
+
+
+# Characters a terminal acts on (escapes, the bell, C1 controls, text direction overrides);
+# tabs and line ends are left: a CSV's rows and its quoted multi-line cells.
+_ACTED_ON = {
+    code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    for code in [*range(0x20), 0x7F, *range(0x80, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+    if chr(code) not in "\t\n\r"
+}
+
+
+class _Escaped:
+    """A text stream that writes what a terminal would act on as escapes (`\\x1b`)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return int(self._stream.write(text.translate(_ACTED_ON)))
