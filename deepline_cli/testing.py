@@ -171,7 +171,7 @@ class FakeProvider:
             def log_message(self, format: str, *args: Any) -> None:
                 return None  # quiet: the play's view is what matters
 
-        server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
+        server = _Server(("127.0.0.1", port), _Handler)
         server.daemon_threads = True
         return server
 
@@ -184,3 +184,10 @@ def _normalise(answer: Any) -> tuple[int, Any, dict[str, str]]:
 
 
 __all__ = ["FakeProvider", "Request"]
+
+
+class _Server(ThreadingHTTPServer):
+    """A provider that takes a map's calls at once: the listen queue is the OS's default
+    size (5 here) otherwise, and 50 rows in flight met refused connections and retries."""
+
+    request_queue_size = 1024

@@ -345,6 +345,12 @@ def test_a_column_running_a_child_play_has_no_known_maximum(deepline, write_play
     human = deepline("plan", f"{play}:parent")
     assert human.code == 0, human.stderr
     assert "max unknown" in human.stdout and human.stdout.count("runs only in a real run") == 1, human.stdout
+    # After a pilot (an earlier run with this input), the rows it did not reach: the same, said once
+    assert deepline("run", f"{play}:parent", "--limit", "2", "--quiet").code == 0
+    after = _plan(deepline, f"{play}:parent")
+    assert after["totals"]["credits"]["max"] is None, after["totals"]
+    (column,) = after["maps"][0]["columns"]
+    assert len([n for n in column["notes"] if "has no stored result" in n]) == 1, column["notes"]
 
 
 FAILED_ROW_THEN_BODY = """

@@ -750,6 +750,9 @@ class Planner:
             self.store.receipts.get_receipt, receipt_key(kind, scope.workspace, self.reference, id)
         )
         if receipt is None or receipt.status != "completed":
+            if kind == "run_play":  # what it would call is not known: no maximum (one note for every row)
+                raise NotPlanned(f"{what} {label or id!r} has no stored result in run {self.reference}; what it "
+                                 "calls is not counted", unbounded=True)  # fmt: skip
             raise NotPlanned(f"{what} {id!r} has no stored result in run {self.reference}")
         (_TRACKER.get() or self.plan.body).paid += 1
         return receipt.output
