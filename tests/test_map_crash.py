@@ -136,7 +136,13 @@ def test_sigkill_mid_map_then_resume(deepline, tmp_path: Path, store_path: Path,
     killed_run = json.loads(deepline("runs", "show", "crash-1", "--json").stdout)
     (shown,) = killed_run["maps"]
     assert shown["duplicate"] == furthest + 1 - len(set(ids[: furthest + 1])) > 0, shown
-    assert killed_run["stats"]["duration_s"] > 0  # until it was last heard of (it said 0.00s)
+    # as long as its calls went on at least (it said 0.05s: its record's creation to its update)
+    conn = sqlite3.connect(f"file:{store_path}?mode=ro", uri=True)
+    try:
+        (span,) = conn.execute("SELECT max(ended_at) - min(started_at) FROM calls WHERE run_id = 'crash-1'").fetchone()
+    finally:
+        conn.close()
+    assert killed_run["stats"]["duration_s"] >= span > 0, (killed_run["stats"]["duration_s"], span)
 
     resumed = deepline("resume", "crash-1", "--json")
 

@@ -70,10 +70,10 @@ def read_shown(store: Store, record: RunRecord, *, full: bool = False) -> Shown:
     record.stats = {**recorded, **store.ledger.run_stats(record.run_id)}
     # The ledger counts a call's retries when it ends: an interrupted call's are in the run's stats.
     record.stats["tools"] = merged_tools(record.stats.get("tools") or {}, recorded.get("tools") or {})
-    if record.status == "running":
-        # Not ended: how long it has gone (for a run no process holds, until it was last heard of).
-        until = record.finished_at or (store.now() if not holder_stale(record, store.now()) else record.updated_at)
-        record.stats["duration_s"] = max(0.0, (until or 0.0) - (record.created_at or until or 0.0))
+    now = store.now()
+    if record.status == "running" and not holder_stale(record, now):
+        # Going on: how long so far (a run no process holds keeps the span its attempts were heard in).
+        record.stats["duration_s"] = max(0.0, now - (record.created_at or now))
     maps = maps_now(store, record.run_id)
     shown = Shown(record, maps, store.suspension.boundaries(record.run_id), store.runs.child_runs(record.run_id), full)
     shown.stale = holder_stale(record, store.now())
