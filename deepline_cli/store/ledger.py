@@ -85,7 +85,7 @@ class LedgerQueries:
     def map_steps(self, run_id: str) -> dict[str, dict[str, dict[str, int]]]:
         raise NotImplementedError
 
-    def run_stats(self, run_id: str) -> dict[str, Any]:
+    def run_stats(self, run_id: str, failures: list[FailedCall] | None = None) -> dict[str, Any]:
         """What the run (and its child runs) did over every attempt (see `Store.run_stats`).
 
         Per tool: `live` executions (each one paid) and their credits and retries; `reused`
@@ -115,7 +115,7 @@ class LedgerQueries:
         )
         for kind, tool, retries in failed_retries:
             tools.setdefault(tool or f"ctx.{kind}", _tool_counts())["retries"] += int(retries)
-        for failure in self.final_failures(run_id):
+        for failure in self.final_failures(run_id) if failures is None else failures:  # given: read already
             counts = tools.setdefault(failure.tool, _tool_counts())
             if failure.row is None:
                 continue  # its row did not end (the attempt stopped): neither final nor fallen back yet

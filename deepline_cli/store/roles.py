@@ -329,9 +329,10 @@ class SuspensionStore(Protocol):
 class LedgerStore(Protocol):
     """What runs did, read back: stats, the calls ledger, reuse, attempts, log lines."""
 
-    def run_stats(self, run_id: str) -> dict[str, Any]:
+    def run_stats(self, run_id: str, failures: list[FailedCall] | None = None) -> dict[str, Any]:
         """What the run (and its child runs) did over every attempt, from the calls ledger,
-        the receipts it reused, its map rows and its attempts."""
+        the receipts it reused, its map rows and its attempts (`failures`: its
+        `final_failures`, when read already)."""
         ...
 
     def final_failures(self, run_id: str) -> list[FailedCall]:

@@ -81,12 +81,13 @@ class History:
         store.runs.begin_attempt(record.run_id, record.attempt, record.holder or holder_id(), now)
         root = record.root_run_id or record.run_id
         tool_calls, child_plays = store.receipts.run_usage(root)
+        failures = store.ledger.final_failures(record.run_id)  # read once: the stats count them too
         return History(
             spent=store.receipts.credits_spent(root),
             journal=store.suspension.journal(record.run_id),
             logged=store.suspension.logged(record.run_id),
-            stats=store.ledger.run_stats(record.run_id),
-            failures=store.ledger.final_failures(record.run_id),
+            stats=store.ledger.run_stats(record.run_id, failures),
+            failures=failures,
             tool_calls=tool_calls,
             child_plays=child_plays,
             costs=store.receipts.tool_costs(),
