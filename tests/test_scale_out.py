@@ -592,3 +592,29 @@ def test_no_call_goes_out_while_the_store_cannot_record_it(
     assert during == [], f"{len(during)} calls went out while the store could not record them"
     said = [e["message"] for e in map(_json.loads, out.splitlines()) if e["event"] == "log"]
     assert any("no call goes out until it is back" in message for message in said), said
+
+
+def test_a_worker_opens_a_runs_store_again_when_its_connection_drops_as_it_opens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PostgreSQL ending backends while a worker started a run: the run's own store
+    connection dropped as it opened (its migration check), and the worker stopped for good
+    ("the store cannot be used"), the run it had claimed left running."""
+    from deepline_cli.errors import StoreConnectionLost
+    from deepline_cli.runtime.run import worker as worker_module
+    from deepline_cli.runtime.run.options import RunOptions
+
+    opened: list[object] = []
+
+    class Flaky:
+        def __init__(self, options: object, bus: object) -> None:
+            if len(opened) < 2:
+                opened.append(None)
+                raise StoreConnectionLost("The store dropped the connection: terminating connection.")
+            opened.append(self)
+
+    monkeypatch.setattr(worker_module, "Runner", Flaky)
+    monkeypatch.setattr(time, "sleep", lambda _: None)
+    worker = worker_module.Worker("postgresql://example/none", report=lambda _: None)
+    runner = worker._runner(RunOptions(store="postgresql://example/none"), "r-1")
+    assert isinstance(runner, Flaky) and len(opened) == 3

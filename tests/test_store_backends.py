@@ -169,3 +169,23 @@ def test_runs_show_of_a_map_that_did_not_complete_on_each_backend(store_url: str
     finally:
         db.close()
     assert (shown.status, shown.duplicate, shown.reused) == ("failed", 1, 0)
+
+
+def test_a_connection_the_server_ended_inside_a_pipeline_is_taken_as_dropped() -> None:
+    """PostgreSQL ending backends during a batch of settlements (a pipeline): psycopg said
+    "cannot exit pipeline mode while busy" before marking the connection broken; taken as a
+    store error, the run failed with its paid answers unrecorded (sent again on resume)."""
+    import psycopg
+    from psycopg import pq
+
+    from deepline_cli.store.postgres import _cut
+
+    class Conn:
+        def __init__(self, status: int) -> None:
+            self.pgconn = type("PgConn", (), {"status": status})()
+
+    busy = psycopg.OperationalError("sending query failed: cannot exit pipeline mode while busy")
+    assert _cut(Conn(pq.ConnStatus.OK), busy)  # type: ignore[arg-type]
+    assert _cut(Conn(pq.ConnStatus.BAD), psycopg.OperationalError("server closed the connection"))  # type: ignore[arg-type]
+    assert not _cut(Conn(pq.ConnStatus.OK), psycopg.OperationalError("canceling statement"))  # type: ignore[arg-type]
+    assert not _cut(Conn(pq.ConnStatus.OK), psycopg.errors.UniqueViolation("duplicate key"))  # type: ignore[arg-type]

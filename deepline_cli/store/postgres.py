@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
+from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
 from deepline_cli.errors import StoreConflict, StoreConnectionLost, StoreError, StoreOpenError
@@ -60,6 +61,19 @@ class _Tx:
         with self._conn.pipeline():
             cursors = [self._conn.execute(_pg(sql), _no_nul(params)) for sql, params in statements]
         return [cursor.rowcount == 1 for cursor in cursors]
+
+
+def _cut(conn: psycopg.Connection[Any], exc: BaseException) -> bool:
+    """A connection the server ended that psycopg has not marked broken yet: inside a
+    pipeline (a batch of settlements) it says "cannot exit pipeline mode while busy" first.
+    Taken as a dropped connection: reconnected, and the transaction run again."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    try:
+        bad = conn.pgconn.status == pq.ConnStatus.BAD
+    except Exception:  # no libpq connection left to ask
+        return True
+    return bad or "pipeline mode" in str(exc)
 
 
 def _reason(exc: BaseException) -> str:
@@ -190,7 +204,7 @@ class PostgresStore(SqlStore):
         except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
             raise StoreConflict(f"The store {self.url} aborted a transaction: {_reason(exc)}.") from exc
         except psycopg.Error as exc:
-            if self._conn.closed or self._conn.broken:
+            if self._conn.closed or self._conn.broken or _cut(self._conn, exc):
                 raise StoreConnectionLost(f"The store {self.url} dropped the connection: {_reason(exc)}.") from exc
             raise StoreError(f"The store {self.url} could not be {doing}: {_reason(exc)}.") from exc
 

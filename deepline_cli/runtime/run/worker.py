@@ -21,16 +21,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from deepline_cli.backoff import delays
 from deepline_cli.errors import (
     DeeplineError,
     RunBusyError,
     RunInterrupted,
+    StoreConnectionLost,
     StoreError,
     StoreOpenError,
     StoreUnreachable,
 )
 from deepline_cli.runtime.calls.events import Event, EventBus
-from deepline_cli.runtime.calls.store_thread import reconnecting
+from deepline_cli.runtime.calls.store_thread import reconnect_bound_s, reconnecting
 from deepline_cli.runtime.run.holders import holder_alive, holder_id
 from deepline_cli.runtime.run.options import RunOptions, RunResult, lease_ttl_from_env
 from deepline_cli.runtime.run.play import PlayDef
@@ -261,10 +263,24 @@ class Worker:
         store.queue.set_wake(record.run_id, None if wake is None else max(wake, now + RECHECK_S))
         return False
 
+    def _runner(self, options: RunOptions, run_id: str) -> Runner:
+        """A runner on its own store connection: a connection dropped as it opens (the server
+        ending backends) is opened again, for the store's reconnect bound, before the worker
+        gives up on the store (it stopped at once)."""
+        deadline = time.monotonic() + reconnect_bound_s()
+        for wait in delays(0.1, cap=2.0, tries=1_000):
+            try:
+                return Runner(options, self._bus(run_id))
+            except StoreConnectionLost:
+                if time.monotonic() + wait > deadline:
+                    raise
+                time.sleep(wait)
+        raise AssertionError("unreachable")
+
     def _execute(self, run_id: str, action: Callable[[Runner], RunResult]) -> None:
         options = RunOptions(store=self.store_url, schedule_children=True)
         options.fetch_public_only = options.fetch_public_only or self.fetch_public_only
-        runner = Runner(options, self._bus(run_id))
+        runner = self._runner(options, run_id)
         with self._lock:
             self._runners.add(runner)
         if self._draining.is_set():
