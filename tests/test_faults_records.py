@@ -293,3 +293,32 @@ def test_slots_that_came_due_while_the_process_was_starved_are_not_a_burst(
     # some ms of jitter to each timestamp on a loaded machine (one gap of 73 ms was seen).
     assert len(sent) == 12 and min(gaps) >= 0.05, gaps
     assert sum(gaps) >= 11 * 0.1, gaps  # and no faster than 10/s over the whole run
+
+
+def test_a_served_runs_status_counts_what_a_run_going_on_has_done(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """`GET /runs/ID` of a run still going (or whose process died) said no rows and no
+    credits, where `runs show` counted them from the store."""
+    import asyncio
+
+    import httpx
+
+    from deepline_cli.server.webhooks import create_app
+
+    (tmp_path / "play.py").write_text(COUNTING_PLAY)
+    payload = _json.dumps_str({"n": 400, "s": 0.02, "log": str(tmp_path / "calls.log"), "c": 4})
+    proc = start(["run", "play.py", "--run-id", "served", "--input", payload, "--quiet"], cli_env, tmp_path)
+    try:
+        wait_until(lambda: completed(cli_env["DEEPLINE_STORE"], "count.work") >= 20, what="calls recorded")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        kill(proc)
+    app = create_app({}, cli_env["DEEPLINE_STORE"])
+
+    async def ask() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://deepline") as client:
+            return await client.get("/runs/served")
+
+    shown = asyncio.run(ask()).json()
+    assert (shown["status"], shown["stale"]) == ("running", True), shown
+    assert shown["credits"] >= 20 and shown["rows"]["succeeded"] >= 1, shown

@@ -115,17 +115,17 @@ def create_app(
 
     async def run_status(request: Request) -> JSONResponse:
         try:
-            record = await run_in_threadpool(_get_run, store_url, request.path_params["run_id"])
+            shown = await run_in_threadpool(_get_run, store_url, request.path_params["run_id"])
         except DeeplineError as exc:
             return JSONResponse({"error": str(exc)}, status_code=503)
-        if record is None:
+        if shown is None:
             return JSONResponse({"error": f"No run {request.path_params['run_id']!r}."}, status_code=404)
-        rows = (record.stats or {}).get("rows") or {}
+        record, stats = shown.run, shown.run.stats or {}
         return JSONResponse(
             {
                 "run_id": record.run_id, "play": record.play, "status": record.status, "attempt": record.attempt,
-                "trigger": record.options.get("trigger"), "rows": rows, "credits": (record.stats or {}).get("credits"),
-                "output": record.output, "error": record.error,
+                "stale": shown.stale, "trigger": record.options.get("trigger"), "rows": stats.get("rows") or {},
+                "credits": stats.get("credits"), "output": record.output, "error": record.error,
             }
         )  # fmt: skip
 
@@ -188,9 +188,14 @@ def _enqueue(store_url: str | None, play: PlayDef, input: Any, run_id: str, deli
 
 
 def _get_run(store_url: str | None, run_id: str) -> Any:
+    """The run as `runs show` reads it: its figures from the store's ledger (a run still going
+    has written none of its own yet), and whether no live process holds it."""
+    from deepline_cli.ui.run_show import read_shown
+
     store = open_store(store_url)
     try:
-        return store.runs.get_run(run_id)
+        record = store.runs.get_run(run_id)
+        return None if record is None else read_shown(store, record)
     finally:
         store.close()
 
