@@ -8,6 +8,8 @@ import subprocess
 import sys
 import threading
 
+import pytest
+
 from deepline_cli.runtime.calls.events import EventBus
 from deepline_cli.runtime.run.options import RunOptions
 from deepline_cli.runtime.run.runner import Runner
@@ -189,3 +191,64 @@ def test_a_connection_the_server_ended_inside_a_pipeline_is_taken_as_dropped() -
     assert _cut(Conn(pq.ConnStatus.BAD), psycopg.OperationalError("server closed the connection"))  # type: ignore[arg-type]
     assert not _cut(Conn(pq.ConnStatus.OK), psycopg.OperationalError("canceling statement"))  # type: ignore[arg-type]
     assert not _cut(Conn(pq.ConnStatus.OK), psycopg.errors.UniqueViolation("duplicate key"))  # type: ignore[arg-type]
+
+
+def test_a_maps_dataset_reads_through_a_dropped_connection() -> None:
+    """A play iterating its first map's Dataset (to feed a second map) while PostgreSQL
+    ended connections: its reads went to the store without reconnecting, and the run failed
+    ("the connection is closed") seconds after the store thread had reconnected."""
+    from deepline_cli.errors import StoreConnectionLost
+    from deepline_cli.runtime.calls.store_thread import Reconnecting
+    from deepline_cli.runtime.map.dataset import Dataset
+    from deepline_cli.store.records import DatasetRow, MapRecord
+
+    class Dropping:
+        url = "postgresql://example/drops"
+
+        def __init__(self) -> None:
+            self.dropped = 0
+
+        def reconnect(self, hurry: bool = False) -> None:
+            pass
+
+        def map_rows_page(self, *args: object, **kwargs: object) -> list[DatasetRow]:
+            if self.dropped < 2:  # the connection ended twice, then the rows
+                self.dropped += 1
+                raise StoreConnectionLost("The store dropped the connection: the connection is closed.")
+            after = args[3]  # run, map, sheet, after, page size
+            return [] if after != -1 else [DatasetRow(0, "a", "succeeded", None, {"id": "a"}, {})]
+
+    store = Dropping()
+    record = MapRecord("r-1", "m", "w/p/m", ["id"], [], succeeded=1)
+    rows = list(Dataset(Reconnecting(store).sheets, record))  # type: ignore[arg-type]
+    assert rows == [{"id": "a"}] and store.dropped == 2
+
+
+def test_a_run_iterating_its_maps_dataset_rides_out_a_dropped_connection(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine hands the play a Dataset that reads through reconnects (it read the store raw)."""
+    from deepline_cli.errors import StoreConnectionLost
+    from deepline_cli.store.sqlite import SQLiteStore
+    from tests.helpers import run_play
+
+    real = SQLiteStore.map_rows_page
+    dropped: list[bool] = []
+
+    def dropping(self: SQLiteStore, *args: object, **kwargs: object) -> object:
+        if not dropped:
+            dropped.append(True)
+            raise StoreConnectionLost("The store dropped the connection: the connection is closed.")
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SQLiteStore, "map_rows_page", dropping)
+    play = tmp_path / "play.py"
+    play.write_text(
+        "from deepline_cli import play\n\n"
+        '@play("two")\n'
+        "async def two(ctx, input):\n"
+        "    first = await ctx.map('a', [{'id': 1}, {'id': 2}], key='id', columns={'v': lambda row: row['id']})\n"
+        "    return [row['v'] for row in first]\n"
+    )
+    result = run_play(play, tmp_path / "store.db")
+    assert (result.status, result.output, dropped) == ("completed", [1, 2], [True]), result.error

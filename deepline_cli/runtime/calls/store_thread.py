@@ -154,7 +154,7 @@ class StoreIO:
         self._down = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="deepline-store")
         # Leases use the store's clock; measure its offset once instead of asking per call.
-        self._offset = store.now() - time.time()
+        self._offset = reconnecting(store, store.now) - time.time()  # a connection dropped just now: again
         self.busy_s = 0.0
         self._since: float | None = None  # when the store thread's try now running began
         self._cut: float | None = None  # the try `unstick` ended (each is ended once at most)

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from deepline_cli import _json
 from deepline_cli.errors import DeeplineError, UsageError
 from deepline_cli.runtime.calls.call_scope import CellScope, current_cell, enter_cell
-from deepline_cli.runtime.calls.store_thread import StoreIO
+from deepline_cli.runtime.calls.store_thread import Reconnecting, StoreIO
 from deepline_cli.runtime.calls.suspended import Suspended
 from deepline_cli.runtime.map import barriers, failures
 from deepline_cli.runtime.map.book import MapBook
@@ -134,7 +134,8 @@ class MapRun:
         record.input_columns = list(self.intake.input_columns)
         record.pilot = self._fed_by_pilot() or await scan_rest(self)  # what the rest holds (projection)
         await self.book.complete(record, counts)
-        return Dataset(s.io.store.sheets, record, s.identity.cwd)
+        # Read as the play iterates it (on its own thread, not the store thread's): reconnecting.
+        return Dataset(Reconnecting(s.io.store).sheets, record, s.identity.cwd)
 
     async def _execute(self) -> None:
         queue: asyncio.Queue[PendingRow | None] = asyncio.Queue(maxsize=self.concurrency * 2)

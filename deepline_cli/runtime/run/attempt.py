@@ -34,7 +34,7 @@ from deepline_cli.runtime.calls.events import EventBus
 from deepline_cli.runtime.calls.identity import Identity
 from deepline_cli.runtime.calls.receipts import RunTakenOver
 from deepline_cli.runtime.calls.stats import RunStats
-from deepline_cli.runtime.calls.store_thread import StoreIO
+from deepline_cli.runtime.calls.store_thread import StoreIO, reconnecting
 from deepline_cli.runtime.map.projection import projection_stats
 from deepline_cli.runtime.providers.config import load_config
 from deepline_cli.runtime.run.body import BodyOutcome, describe, execute_body
@@ -77,20 +77,26 @@ class History:
 
     @staticmethod
     def read(store: Store, record: RunRecord, now: float) -> History:
-        """On the store thread: record the attempt's start, then read its history."""
-        store.runs.begin_attempt(record.run_id, record.attempt, record.holder or holder_id(), now)
+        """On the store thread: record the attempt's start, then read its history. Each read
+        is tried again on its own when the connection drops (as one unit, a server ending
+        connections more often than the whole took was never got past)."""
+
+        def each(fn: Callable[..., Any], *args: Any) -> Any:
+            return reconnecting(store, fn, *args)
+
+        each(store.runs.begin_attempt, record.run_id, record.attempt, record.holder or holder_id(), now)
         root = record.root_run_id or record.run_id
-        tool_calls, child_plays = store.receipts.run_usage(root)
-        failures = store.ledger.final_failures(record.run_id)  # read once: the stats count them too
+        tool_calls, child_plays = each(store.receipts.run_usage, root)
+        failures = each(store.ledger.final_failures, record.run_id)  # read once: the stats count them too
         return History(
-            spent=store.receipts.credits_spent(root),
-            journal=store.suspension.journal(record.run_id),
-            logged=store.suspension.logged(record.run_id),
-            stats=store.ledger.run_stats(record.run_id, failures),
+            spent=each(store.receipts.credits_spent, root),
+            journal=each(store.suspension.journal, record.run_id),
+            logged=each(store.suspension.logged, record.run_id),
+            stats=each(store.ledger.run_stats, record.run_id, failures),
             failures=failures,
             tool_calls=tool_calls,
             child_plays=child_plays,
-            costs=store.receipts.tool_costs(),
+            costs=each(store.receipts.tool_costs),
         )
 
 
