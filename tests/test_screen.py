@@ -306,6 +306,14 @@ def test_a_maps_counts_fit_beside_its_name(width: int) -> None:
 
 def _in_terminal(command: list[str], columns: int, env: dict[str, str], cwd: Path) -> list[str]:
     """Run `command` in a pseudo-terminal `columns` wide; the lines it drew, escapes removed."""
+    code, drawn = _raw_in_terminal(command, env, cwd, columns)
+    assert code == 0
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", drawn)
+    return [line.rstrip() for line in re.split(r"\r\n|\r|\n", text)]
+
+
+def _raw_in_terminal(command: list[str], env: dict[str, str], cwd: Path, columns: int = 80) -> tuple[int, str]:
+    """Run `command` in a pseudo-terminal `columns` wide: its exit code and all it wrote."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
     proc = subprocess.Popen(
@@ -326,9 +334,7 @@ def _in_terminal(command: list[str], columns: int, env: dict[str, str], cwd: Pat
         chunks.append(data)
     proc.wait(timeout=30)
     os.close(master)
-    assert proc.returncode == 0
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", b"".join(chunks).decode("utf-8", "replace"))
-    return [line.rstrip() for line in re.split(r"\r\n|\r|\n", text)]
+    return proc.returncode, b"".join(chunks).decode("utf-8", "replace")
 
 
 def test_help_reads_well(deepline: Run, deepline_process: Run) -> None:
@@ -359,25 +365,8 @@ def test_export_to_a_terminal_shows_escape_sequences_escaped(
         """
     )
     assert deepline("run", "play.py", "--run-id", "esc").code == 0
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "deepline_cli", "export", "esc"], cwd=tmp_path, env=cli_env,
-        stdin=slave, stdout=slave, stderr=slave, close_fds=True,
-    )  # fmt: skip
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:  # the terminal closed: the process ended
-            break
-        if not data:
-            break
-        chunks.append(data)
-    proc.wait(timeout=30)
-    os.close(master)
-    shown = b"".join(chunks).decode("utf-8", "replace")
-    assert proc.returncode == 0 and "hi\\x1b[2J\\x1b]52;c;aGk=\\x07there" in shown, shown
+    code, shown = _raw_in_terminal([sys.executable, "-m", "deepline_cli", "export", "esc"], cli_env, tmp_path)
+    assert code == 0 and "hi\\x1b[2J\\x1b]52;c;aGk=\\x07there" in shown, shown
     assert "\x1b" not in shown and "\x07" not in shown
     piped = deepline("export", "esc")  # not a terminal: the data as it is
     assert "hi\x1b[2J\x1b]52;c;aGk=\x07there" in piped.stdout
