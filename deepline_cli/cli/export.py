@@ -9,6 +9,7 @@ from typing import IO, Annotated, Any, cast
 import typer
 
 from deepline_cli.cli.common import StoreOption, cli_errors, one_of
+from deepline_cli.ui.text import for_terminal
 
 
 @cli_errors
@@ -172,15 +173,6 @@ def _partial(db: Any, run_id: str, record: Any) -> str | None:
     )
 
 
-# Characters a terminal acts on (escapes, the bell, C1 controls, text direction overrides);
-# tabs and line ends are left: a CSV's rows and its quoted multi-line cells.
-_ACTED_ON = {
-    code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-    for code in [*range(0x20), 0x7F, *range(0x80, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
-    if chr(code) not in "\t\n\r"
-}
-
-
 class _Escaped:
     """A text stream that writes what a terminal would act on as escapes (`\\x1b`)."""
 
@@ -188,4 +180,4 @@ class _Escaped:
         self._stream = stream
 
     def write(self, text: str) -> int:
-        return int(self._stream.write(text.translate(_ACTED_ON)))
+        return int(self._stream.write(for_terminal(text)))

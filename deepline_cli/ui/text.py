@@ -19,5 +19,23 @@ def _shown(c: str, newlines: bool) -> str:
         return c
     if c == "\t":
         return "    " if newlines else "\\t"
-    code = ord(c)
+    return _escape(ord(c))
+
+
+def _escape(code: int) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+# Characters a terminal acts on (escapes, the bell, C1 controls, text direction overrides);
+# tabs and line ends are left: a CSV's rows and its quoted multi-line cells.
+_ACTED_ON = {
+    code: _escape(code)
+    for code in [*range(0x20), 0x7F, *range(0x80, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+    if chr(code) not in "\t\n\r"
+}
+
+
+def for_terminal(text: str) -> str:
+    """`text` as written to a terminal: what the terminal would act on escaped, the rest
+    (tabs, line ends, any other character) left as it is."""
+    return text.translate(_ACTED_ON)
