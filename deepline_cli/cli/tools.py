@@ -16,6 +16,7 @@ from deepline_cli.cli.run import WorkspaceOption
 from deepline_cli.cli.tables import print_json, print_json_lines, print_table
 
 if TYPE_CHECKING:
+    from deepline_cli.runtime.providers.tools import ToolDef
     from deepline_cli.runtime.run.catalog import Catalog
     from deepline_cli.runtime.run.options import RunResult
     from deepline_cli.runtime.run.play import PlayDef
@@ -87,7 +88,7 @@ def _tool_rows(catalog: Catalog) -> list[dict[str, object]]:
                 "credits": local.credits,
                 "rate_limit": local.rate_limit,
                 "concurrency": local.concurrency,
-                "target": _where_defined(local.fn),
+                "target": _where_defined(local),
                 "secrets": [],
                 "fields": [],
             }
@@ -391,10 +392,12 @@ def _print_check(path: Path, plays: list[PlayDef], report: dict[str, Any], tool_
         typer.echo(f"unknown    {u['tool']}  ({u['file']} line {u['line']}): nothing here can run it")
 
 
-def _where_defined(fn: Any) -> str:
+def _where_defined(local: ToolDef) -> str:
     """`company in play.py line 39`: a local tool's function where the play's author wrote it
     (its module's name is the loader's own, `deepline_play_…`)."""
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return f"{fn.__module__}.{fn.__qualname__}"
-    return f"{fn.__qualname__} in {Path(code.co_filename).name} line {code.co_firstlineno}"
+    from deepline_cli.runtime.run.catalog import describe_local
+
+    where = describe_local(local)
+    if where["line"] is None:
+        return f"{where['module']}.{where['function']}"
+    return f"{where['function']} in {Path(where['module']).name} line {where['line']}"
