@@ -367,7 +367,7 @@ class MapRun:
         if waits is not None:
             raise waits  # a wait its resolver caught: the row waits, its value is none yet
         # A row an earlier attempt of this run wrote, done again (its failure asked again…).
-        redone = job.previous is not None and job.previous.run_id == self.run_id
+        redone = previous is not None and previous.run_id == self.run_id
         if redone:
             reused_cells = 0  # this run's own cells, from an earlier attempt: not a reuse
         self.book.tally.reused_cells += reused_cells
