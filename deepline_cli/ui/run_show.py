@@ -71,13 +71,14 @@ def read_shown(store: Store, record: RunRecord, *, full: bool = False) -> Shown:
     # The ledger counts a call's retries when it ends: an interrupted call's are in the run's stats.
     record.stats["tools"] = merged_tools(record.stats.get("tools") or {}, recorded.get("tools") or {})
     now = store.now()
-    if record.status == "running" and not holder_stale(record, now):
+    stale = holder_stale(record, now)
+    if record.status == "running" and not stale:
         # Going on: how long so far (a run no process holds keeps the span its attempts were heard in).
         record.stats["duration_s"] = max(0.0, now - (record.created_at or now))
     maps = maps_now(store, record.run_id)
     shown = Shown(record, maps, store.suspension.boundaries(record.run_id), store.runs.child_runs(record.run_id), full)
-    shown.stale = holder_stale(record, store.now())
-    shown.gone = shown.stale and holder_gone_here(record)
+    shown.stale = stale
+    shown.gone = stale and holder_gone_here(record)
     if full:
         shown.attempts = store.ledger.attempt_rows(record.run_id)
         shown.tools = record.stats["tools"]
