@@ -1098,13 +1098,13 @@ def test_a_run_id_not_completed_is_not_resumed_from_a_folder_whose_copy_no_longe
             return [row["id"] for row in rows]
         """
     )
-    (tmp_path / "small.csv").write_text("id\\n1\\n2\\n")
+    (tmp_path / "small.csv").write_text("id\n1\n2\n")
     checkout = tmp_path / "checkout"
     checkout.mkdir()
-    (checkout / "small.csv").write_text("id\\n1\\n2\\n")
+    (checkout / "small.csv").write_text("id\n1\n2\n")
     payload = '{"csv": "small.csv"}'
     assert deepline("run", str(play), "--input", payload, "--run-id", "g").code == 1
-    (tmp_path / "small.csv").write_text("id\\n9\\n8\\n7\\n")
+    (tmp_path / "small.csv").write_text("id\n9\n8\n7\n")
     (tmp_path / "gate").write_text("open")
     again = deepline("run", str(play), "--input", payload, "--run-id", "g", cwd=checkout)
     assert again.code == 2, again.stdout + again.stderr
