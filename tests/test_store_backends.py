@@ -109,6 +109,43 @@ def test_postgres_plans_each_statement_with_its_own_values(pg_url: str) -> None:
         db.close()
 
 
+
+def test_a_postgres_schema_of_another_program_is_refused_and_left_as_it_was(deepline, pg_url: str) -> None:
+    """`--store` naming an application's database (its own tables in the schema deepline
+    would use): deepline added its tables beside the application's (a `runs` or `events`
+    table of the application's would have been taken for its own). Refused, naming what is
+    there, untouched; a schema of deepline's own (`search_path` in the URL) is used."""
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("DROP SCHEMA IF EXISTS crm CASCADE")
+        admin.execute("DROP SCHEMA IF EXISTS dl CASCADE")
+        admin.execute("CREATE SCHEMA crm")
+        admin.execute("CREATE TABLE crm.customers (id int PRIMARY KEY, name text)")
+        admin.execute("CREATE SCHEMA dl")
+    try:
+        crm = f"{pg_url}?options=-csearch_path%3Dcrm"
+        for args in (("runs", "list"), ("receipts", "inspect")):
+            result = deepline(*args, "--store", crm)
+            assert result.code == 2, result.stderr
+            assert "another program's" in result.stderr and "customers" in result.stderr, result.stderr
+            assert "search_path" in result.stderr, result.stderr  # how to give deepline a schema of its own
+        own = deepline("runs", "list", "--store", f"{pg_url}?options=-csearch_path%3Ddl")
+        assert own.code == 0, own.stderr
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            tables = {
+                (schema, name)
+                for schema, name in admin.execute(
+                    "SELECT schemaname, tablename FROM pg_tables WHERE schemaname IN ('crm', 'dl')"
+                )
+            }
+        assert {name for schema, name in tables if schema == "crm"} == {"customers"}
+        assert ("dl", "runs") in tables and ("dl", "receipts") in tables
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute("DROP SCHEMA IF EXISTS crm CASCADE")
+            admin.execute("DROP SCHEMA IF EXISTS dl CASCADE")
+
 def test_a_store_password_in_the_query_is_never_shown(deepline) -> None:
     """libpq takes `?password=` as well as `user:password@`: only the second was hidden, so a
     store error (and a dropped connection's warning, kept in the run's log) showed it."""

@@ -90,6 +90,27 @@ def _no_nul(params: Sequence[Any]) -> Sequence[Any]:
     return params
 
 
+def _not_another_programs(c: _Tx, url: str) -> None:
+    """The schema deepline would create its tables in, holding tables (or views) and no
+    deepline migrations, is another program's: refused before anything is written to it
+    (an application's own `runs` or `events` would be taken for deepline's). Tables an
+    extension made (PostGIS's `spatial_ref_sys`) are not counted."""
+    rows = c.execute(
+        "SELECT current_schema(), c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p', 'v', 'm', 'f')"
+        " AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = c.oid AND d.deptype = 'e')"
+        " ORDER BY c.relname"
+    ).fetchall()
+    names = [name for _, name in rows]
+    if names and "_migrations" not in names:
+        shown = ", ".join(names[:5]) + (", …" if len(names) > 5 else "")
+        raise StoreOpenError(
+            f"The store {url} is another program's database (tables {shown} in schema {rows[0][0]}), not a "
+            "deepline store; give deepline a database of its own, or a schema of its own: CREATE SCHEMA deepline, "
+            "then add ?options=-csearch_path%3Ddeepline to the URL."
+        )
+
+
 CHANNEL = "deepline_work"  # NOTIFY channel: new queued runs, delivered events
 
 
@@ -159,6 +180,7 @@ class PostgresStore(SqlStore):
     def _migrate(self) -> None:
         with self._write() as c:
             c.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
+            _not_another_programs(c, self.url)
             migrate(c, POSTGRES, self.url)
 
     def notify(self) -> None:
