@@ -40,3 +40,8 @@ def retry_causes(reasons: dict[str, int] | None, retries: int) -> dict[str, int]
     if retries > sum(known.values()):  # none known at all (every retry in a killed attempt) too
         known["earlier"] = retries - sum(known.values())
     return known
+
+
+def kept_said(kept: int) -> str:
+    """Failures given back from earlier runs' receipts: among the failed, but no request made."""
+    return f"{kept:,} given back from earlier runs"

@@ -109,7 +109,6 @@ def test_postgres_plans_each_statement_with_its_own_values(pg_url: str) -> None:
         db.close()
 
 
-
 def test_a_postgres_schema_of_another_program_is_refused_and_left_as_it_was(deepline, pg_url: str) -> None:
     """`--store` naming an application's database (its own tables in the schema deepline
     would use): deepline added its tables beside the application's (a `runs` or `events`
@@ -145,6 +144,7 @@ def test_a_postgres_schema_of_another_program_is_refused_and_left_as_it_was(deep
         with psycopg.connect(pg_url, autocommit=True) as admin:
             admin.execute("DROP SCHEMA IF EXISTS crm CASCADE")
             admin.execute("DROP SCHEMA IF EXISTS dl CASCADE")
+
 
 def test_a_store_password_in_the_query_is_never_shown(deepline) -> None:
     """libpq takes `?password=` as well as `user:password@`: only the second was hidden, so a

@@ -871,3 +871,65 @@ def test_the_live_view_draws_nothing_before_the_run_is_known() -> None:
     view = ConsoleView(io.StringIO(), live=False)
     view.console.print(view.render())
     assert view._stream.getvalue() == ""  # type: ignore[attr-defined]
+
+
+# Two plays' maps ask a tool the same questions: the second gets the first's answers and
+# failures back from their receipts, without asking the tool again.
+KEPT_FAILURES = """
+import asyncio
+from pathlib import Path
+from deepline_cli import play, tool
+
+ASKED = Path(__file__).with_name("asked.log")
+
+@tool("t.company", credits=1)
+def company(input):
+    with ASKED.open("a") as log:
+        log.write(f"{input['n']}\\n")
+    if input["n"] % 2:
+        raise ValueError(f"no company for {input['n']}")
+    return {"name": f"c{input['n']}"}
+
+@play("kept")
+async def kept(ctx, input):
+    rows = await ctx.map(input["map"], [{"n": n} for n in range(8)], key="n", columns={
+        "company": lambda row, rc: rc.tools.execute("c", "t.company", {"n": row["n"]}),
+    })
+    await asyncio.sleep(input.get("linger", 0))  # a progress tick (every 0.5 s) after the map
+    return rows.failed_count
+"""
+
+
+def test_a_failure_given_back_from_an_earlier_runs_receipt_is_not_counted_as_a_call(
+    write_play, store_path, tmp_path, deepline
+) -> None:
+    """A second map asking a tool what a first one asked: its 4 failures came back from
+    their receipts, no request made, yet every view counted them among the run's calls
+    (the report said 4 tool calls; the tool was asked none)."""
+    play = write_play(KEPT_FAILURES)
+    asked = tmp_path / "asked.log"
+    first = run_play(play, store_path, {"map": "first"})
+    assert first.status == "completed" and first.output == 4, first.error
+    assert len(asked.read_text().splitlines()) == 8
+    seen: list[dict[str, Any]] = []
+    bus = EventBus()
+    bus.subscribe(lambda e: seen.append(e.data["tools"]) if e.event == "run.progress" else None)
+    second = run_play(play, store_path, {"map": "second", "linger": 0.7}, bus=bus)
+    assert second.status == "completed" and second.output == 4, second.error
+    assert len(asked.read_text().splitlines()) == 8  # nothing asked again
+    counts = second.stats["tools"]["t.company"]
+    assert (counts["live"], counts["reused"], counts["failed"], counts["kept"]) == (0, 4, 4, 4), counts
+    live = seen[-1]["t.company"]  # the live view's last counts: the store's
+    assert (live["live"], live["reused"], live["failed"], live["kept"]) == (0, 4, 4, 4), live
+    line = fit(tool_pieces("t.company", counts, {}, {}), 200)
+    assert "failed 4" in line and "4 given back from earlier runs" in line, line
+    _, html = _report_text(store_path, second.run_id)
+    assert '<div class="card" id="card-tool-calls"><span>tool calls</span><b>0</b>' in html, html
+    assert "4 given back from earlier runs" in html
+    shown = deepline("runs", "show", second.run_id)
+    assert shown.code == 0 and "4 given back from earlier runs" in shown.stdout, shown.stdout
+    said = " ".join(verdict(second.run_id, "completed", second.stats, None, "kept"))
+    assert "Nothing was paid: 8 calls came from earlier runs" in said, said
+    # The first run made its calls: none of its failures was given back.
+    counts = first.stats["tools"]["t.company"]
+    assert (counts["live"], counts["failed"], counts["kept"]) == (4, 4, 0), counts

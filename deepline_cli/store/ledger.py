@@ -73,7 +73,7 @@ def _call_row(r: Sequence[Any]) -> CallRow:
 
 
 def _tool_counts() -> dict[str, Any]:
-    return {"live": 0, "reused": 0, "failed": 0, "credits": 0.0, "retries": 0, "recovered": 0}
+    return {"live": 0, "reused": 0, "failed": 0, "credits": 0.0, "retries": 0, "recovered": 0, "kept": 0}
 
 
 class LedgerQueries:
@@ -92,7 +92,8 @@ class LedgerQueries:
         answers of other runs' receipts; `failed`, the calls whose final outcome is a
         failure, each counted once however many attempts tried it (not those whose map row
         did not end: a resume settles them); `recovered`, those of them whose row, or at
-        least whose cell, got past them (a waterfall fell back to its next step)."""
+        least whose cell, got past them (a waterfall fell back to its next step); `kept`,
+        those of them given back from earlier runs' failed receipts (no request made)."""
         tools: dict[str, dict[str, Any]] = {}
         steps = {"live": 0, "reused": 0}
         executed = self._read(
@@ -121,6 +122,7 @@ class LedgerQueries:
                 continue  # its row did not end (the attempt stopped): neither final nor fallen back yet
             counts["failed"] += 1
             counts["recovered"] += failure.recovered
+            counts["kept"] += failure.kept
         used = self._read(
             "SELECT r.kind, r.tool, count(*) FROM run_receipts u JOIN receipts r ON r.key = u.key"
             f" WHERE u.used_at IS NOT NULL AND u.run_id IN {TREE} AND r.status = 'completed' GROUP BY r.kind, r.tool",
@@ -145,23 +147,24 @@ class LedgerQueries:
     def final_failures(self, run_id: str) -> list[FailedCall]:
         """Every call of the run (and its child runs) whose final outcome is a failure."""
         rows = self._read(
-            "SELECT f.key, f.kind, f.tool, f.run_id, f.map, f.row_key, r.retryable FROM calls f"
+            "SELECT f.key, f.kind, f.tool, f.run_id, f.map, f.row_key, r.retryable, 0 FROM calls f"
             # The last execution of each key that ever failed in the run (few keys, one pass).
             f" JOIN (SELECT key, max(id) AS last FROM calls WHERE run_id IN {TREE} AND key IN"
             f" (SELECT key FROM calls WHERE run_id IN {TREE} AND status = 'failed') GROUP BY key) l ON l.last = f.id"
             " LEFT JOIN receipts r ON r.key = f.key WHERE f.status = 'failed' AND f.kind <> 'step'"
-            " UNION ALL SELECT u.key, r.kind, r.tool, u.run_id, u.map, u.row_key, r.retryable"
+            # Failures of earlier runs given back from their receipts (no request made).
+            " UNION ALL SELECT u.key, r.kind, r.tool, u.run_id, u.map, u.row_key, r.retryable, 1"
             " FROM run_receipts u JOIN receipts r ON r.key = u.key"
             f" WHERE u.used_at IS NOT NULL AND u.run_id IN {TREE} AND r.status = 'failed' AND r.kind <> 'step'"
             f" AND u.key NOT IN (SELECT key FROM calls WHERE run_id IN {TREE})",
             (run_id,) * 8,
         )
-        ended = self._rows_ended({(run, map, row) for _, _, _, run, map, row, _ in rows if map is not None})
+        ended = self._rows_ended({(run, map, row) for _, _, _, run, map, row, _, _ in rows if map is not None})
         failed: list[FailedCall] = []
-        for key, kind, tool, run, map, row, retryable in rows:
+        for key, kind, tool, run, map, row, retryable, kept in rows:
             outcome, fell_back = ended.get((run, map, row), (None, None)) if map is not None else ("", None)
             got_past = None if fell_back is None else key[:FOUND_PREFIX] in fell_back
-            failed.append(FailedCall(key, tool or f"ctx.{kind}", outcome, bool(retryable), got_past))
+            failed.append(FailedCall(key, tool or f"ctx.{kind}", outcome, bool(retryable), got_past, bool(kept)))
         return failed
 
     def _rows_ended(

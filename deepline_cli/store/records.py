@@ -212,6 +212,8 @@ class FailedCall:
     # Whether its cell got past it (a waterfall's next step, and a value), where its row says
     # (MapRow.fell_back); None where it does not: a succeeded row's calls all were.
     fell_back: bool | None = None
+    # Given back from an earlier run's failed receipt: the run made no request for it.
+    kept: bool = False
 
     @property
     def recovered(self) -> bool:

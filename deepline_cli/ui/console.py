@@ -23,7 +23,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from deepline_cli._format import format_credits, retry_causes
+from deepline_cli._format import format_credits, kept_said, retry_causes
 from deepline_cli.runtime.calls.events import Event
 from deepline_cli.ui.logs import shown_message
 from deepline_cli.ui.state import MapView, RunView, step_hits
@@ -123,6 +123,7 @@ def tool_pieces(
     """One tool's line in pieces, its name padded to `pad` (the tools' lines line up)."""
     recovered = int(c.get("recovered", 0))
     final = int(c.get("failed", 0)) - recovered
+    kept = int(c.get("kept", 0))
     retries = int(c.get("retries", 0))
     known = retry_causes(c.get("retry_reasons"), retries)
     reasons = ", ".join(f"{k} {v:,}" for k, v in known.items())
@@ -143,6 +144,7 @@ def tool_pieces(
         (f"reused {c.get('reused', 0):,}", 3),
         (f"failed {final:,}", 0),
         (f"fell back {recovered:,}" if recovered else "", 2),
+        (f"({kept_said(kept)})", 2, f"({kept:,} earlier)") if kept else ("", 2),
         retried,
         (state, 1),
         (f"credits {format_credits(c['credits'])}" if c.get("credits") else "", 0),

@@ -32,6 +32,7 @@ class ToolFigures:
     reused: int = 0
     failed: int = 0  # calls whose final outcome is a failure, each once
     recovered: int = 0  # of the failed, those whose cell got past them (a fall back)
+    kept: int = 0  # of the failed, those given back from earlier runs' receipts (no request made)
     retried: int = 0  # executions that needed retries
     retries: int = 0
     credits: float = 0.0
@@ -145,6 +146,7 @@ def tool_figures(
             reused=int(c.get("reused", 0)),
             failed=int(c.get("failed", 0)),
             recovered=int(c.get("recovered", 0)),
+            kept=int(c.get("kept", 0)),
             retries=int(c.get("retries", 0)),
             credits=float(c.get("credits", 0.0)),
         )

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 from deepline_cli import __version__
-from deepline_cli._format import format_credits
+from deepline_cli._format import format_credits, kept_said
 from deepline_cli.runtime.map.projection import CellCounts, describe
 from deepline_cli.runtime.run.holders import holder_words
 from deepline_cli.store.ledger import CallRow
@@ -85,12 +85,14 @@ def _header(report: Report) -> str:
     reused = sum(t.reused for t in report.tools.values())
     failed = sum(t.failed for t in report.tools.values())
     recovered = sum(t.recovered for t in report.tools.values())
+    kept = sum(t.kept for t in report.tools.values())  # failed, with no request: not calls made
+    failed_note = f"{recovered:,} fell back · {failed - recovered:,} final" if failed else ""
     status = f'<span class="{"ok" if run.status == "completed" else "bad"}">{_e(run.status)}</span>'
     cards = [
         ("credits", format_credits(stats.get("credits", 0)), ""),
-        ("tool calls", f"{live + failed:,}", f"{live:,} answered · {failed:,} failed"),
+        ("tool calls", f"{live + failed - kept:,}", f"{live:,} answered · {failed - kept:,} failed"),
         ("reused", f"{reused:,}", "answers from receipts"),
-        ("failed calls", f"{failed:,}", f"{recovered:,} fell back · {failed - recovered:,} final" if failed else ""),
+        ("failed calls", f"{failed:,}", failed_note + (f" · {kept_said(kept)}" if kept else "")),
         ("rows", f"{rows.get('succeeded', 0) + rows.get('failed', 0):,}", _row_origin(rows)),
         ("failed rows", f"{rows.get('failed', 0):,}", ""),
         ("attempts", f"{len(report.attempts):,}", ""),
@@ -121,7 +123,9 @@ def failures_said(report: Report) -> str:
     row_words = f"{rows:,} row{'s' if rows != 1 else ''} failed"
     if not failed:
         return f"No call failed; {row_words}." if rows else "No call failed and no row failed."
-    calls = f"{failed:,} call{'s' if failed != 1 else ''} failed (counted once each, however many attempts tried)"
+    kept = sum(t.kept for t in report.tools.values())
+    calls = f"{failed:,} call{'s' if failed != 1 else ''} failed (counted once each, however many attempts tried"
+    calls += f"; {kept_said(kept)}, not asked again)" if kept else ")"
     if recovered == failed:
         return f"{calls}; every one fell back to another provider of its cell, which answered; {row_words}."
     final = failed - recovered
@@ -279,7 +283,9 @@ def _providers(report: Report) -> str:
             _e(t.tool) + "".join(f'<br><span class="muted">{_e(d)}</span>' for d in t.descriptions),
             f"{t.live:,}",
             f"{t.reused:,}",
-            f"{t.failed:,}" + (f' <span class="muted">({t.recovered:,} fell back)</span>' if t.recovered else ""),
+            f"{t.failed:,}"
+            + (f' <span class="muted">({t.recovered:,} fell back)</span>' if t.recovered else "")
+            + (f' <span class="muted">({kept_said(t.kept)})</span>' if t.kept else ""),
             f"{t.retried:,} ({t.retries:,} retries)",
             format_credits(t.credits),
             f"{_rate(t.found, t.answered)}"

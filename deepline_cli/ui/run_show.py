@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepline_cli import _json
-from deepline_cli._format import format_credits, retry_causes
+from deepline_cli._format import format_credits, kept_said, retry_causes
 from deepline_cli.runtime.run.holders import holder_gone_here, holder_stale, holder_words
 from deepline_cli.store.ledger import AttemptRow
 from deepline_cli.store.records import Boundary, MapRecord, RunRecord
@@ -108,6 +108,7 @@ def merged_tools(counted: dict[str, Any], recorded: dict[str, Any]) -> dict[str,
             "live": int(ledger.get("live", 0)),
             "reused": int(ledger.get("reused", 0)),
             "failed": int(ledger.get("failed", 0)),
+            "kept": int(ledger.get("kept", 0)),  # of the failed, given back from earlier runs' receipts
             "credits": float(ledger.get("credits", 0.0)),
             # The ledger counts a call's retries when it ends; an interrupted call's are kept
             # with the run's outcome.
@@ -243,9 +244,10 @@ def _tool_lines(s: Shown, stats: dict[str, Any]) -> list[str]:
 
 
 def _failures(c: dict[str, Any]) -> str:
-    recovered = int(c.get("recovered", 0))
-    final = f"failed {int(c.get('failed', 0)) - recovered:,}"
-    return f"{final}  fell back {recovered:,}" if recovered else final
+    recovered, kept = int(c.get("recovered", 0)), int(c.get("kept", 0))
+    said = f"failed {int(c.get('failed', 0)) - recovered:,}"
+    said += f"  fell back {recovered:,}" if recovered else ""
+    return said + (f" ({kept_said(kept)})" if kept else "")
 
 
 def _error_lines(s: Shown) -> list[str]:

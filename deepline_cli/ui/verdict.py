@@ -49,8 +49,9 @@ def _completed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: 
     rows = stats.get("rows") or {}
     lines = [f"✓ Run {run_id} completed in {clock(stats.get('duration_s', 0))}{_rows(rows)}, {_credits(stats)}."]
     tools = stats.get("tools") or {}
-    live = sum(c.get("live", 0) + c.get("failed", 0) for c in tools.values())
-    reused = sum(c.get("reused", 0) for c in tools.values())
+    # Calls made: failures given back from earlier runs' receipts made no request.
+    live = sum(c.get("live", 0) + c.get("failed", 0) - c.get("kept", 0) for c in tools.values())
+    reused = sum(c.get("reused", 0) + c.get("kept", 0) for c in tools.values())
     if live == 0 and (reused or rows.get("reused")):
         came = [counted(n, what) for n, what in ((rows.get("reused", 0), "row"), (reused, "call")) if n]
         lines.append(f"  Nothing was paid: {' and '.join(came)} came from earlier runs.")

@@ -249,7 +249,7 @@ class ReceiptBook:
                 kind: Execution = "checkpoint" if call.kind == "step" else "receipt"
                 return Outcome(receipt.output, kind, call.key, receipt.credits)
             if outcome.verdict == "failed":
-                self._tally.count(call, "failed", 0.0, counted=own)
+                self._tally.count(call, "failed", 0.0, counted=own, kept=not own)
                 raise stored_failure(receipt)
             if outcome.verdict == "busy":
                 if not waited and await self._owner_gone(receipt):

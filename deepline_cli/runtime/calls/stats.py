@@ -28,6 +28,7 @@ class ToolCounts:
     retry_reasons: Counter[str] = field(default_factory=Counter)  # "429", "5xx", "network"
     recovered: int = 0  # of the failed, those whose cell got past them (a waterfall fell through)
     pending: int = 0  # failed calls whose row is still running: neither final nor fallen back yet
+    kept: int = 0  # of the failed, those given back from earlier runs' receipts (no request made)
 
     def note_retry(self, reason: str) -> None:
         self.retries += 1
@@ -43,6 +44,7 @@ class ToolCounts:
             "retry_reasons": dict(self.retry_reasons),
             "recovered": self.recovered,
             "pending": self.pending,
+            "kept": self.kept,
         }
 
 
@@ -59,6 +61,7 @@ class RunStats:
     tools: dict[str, ToolCounts] = field(default_factory=dict)
     steps: dict[str, int] = field(default_factory=lambda: {"live": 0, "reused": 0})
     failures: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (tool, pending|final|recovered)
+    kept: set[str] = field(default_factory=set)  # failures given back from earlier runs' receipts
 
     @classmethod
     def since(cls, before: dict[str, Any], recovered: dict[str, Any], failures: Iterable[FailedCall] = (),
@@ -73,6 +76,8 @@ class RunStats:
             stats.tools[tool_id] = ToolCounts(c.get("live", 0), c.get("reused", 0), 0, c.get("credits", 0.0),
                                               c.get("retries", 0))  # fmt: skip
         for f in failures:
+            if f.kept:
+                stats.kept.add(f.key)
             stats._enter(f.key, f.tool, _state_at_start(f, refresh_failed))
         for tool_id, c in recovered.items():
             counts = stats.tool(tool_id)
@@ -97,9 +102,14 @@ class RunStats:
         """Each tool's counts, as the views and the run's stats say them."""
         return {tool: counts.to_dict() for tool, counts in self.tools.items()}
 
-    def call_failed(self, key: str, tool: str, *, in_row: bool) -> None:
-        """A call failed (or reused a stored failure). Counted once per key: in a map row it
-        waits for the row to end; outside maps it is final at once."""
+    def call_failed(self, key: str, tool: str, *, in_row: bool, kept: bool = False) -> None:
+        """A call failed (or, `kept`, gave back an earlier run's stored failure: no request).
+        Counted once per key: in a map row it waits for the row to end; outside maps it is
+        final at once."""
+        if kept:
+            self.kept.add(key)
+        elif key in self.kept and self.failures.get(key, ("", PENDING))[1] == PENDING:
+            self.kept.discard(key)  # asked again (--refresh-failed) and failed: this run's own
         known = self.failures.get(key)
         if known is None:
             self._enter(key, tool, PENDING if in_row else FINAL)
@@ -131,6 +141,7 @@ class RunStats:
         else:
             counts.failed += 1
             counts.recovered += state == RECOVERED
+            counts.kept += key in self.kept
 
     def _move(self, key: str, state: str) -> None:
         tool, _ = self.failures[key]
@@ -139,6 +150,7 @@ class RunStats:
         self.failures[key] = (tool, state)
         counts.failed += 1
         counts.recovered += state == RECOVERED
+        counts.kept += key in self.kept
 
 
 def _state_at_start(f: FailedCall, refresh_failed: bool) -> str:
