@@ -590,6 +590,24 @@ def test_a_batch_of_500_claims_gives_500_outcomes_in_order(store: Store, other: 
     assert done <= keys_of(other.query_receipts(ReceiptQuery(run_id="r2")))
 
 
+def test_receipts_are_read_a_page_at_a_time_in_the_order_they_are_listed(store: Store, other: Store) -> None:
+    """`receipts inspect` of a run of 200,000 calls held them all (600 MB): they are read a
+    page at a time. Every receipt comes once, oldest first (ties by key), across pages,
+    under filters and a limit; a listing left half read leaves the store usable."""
+    keys = [f"k{i:03d}" for i in range(23)]
+    for n, key in enumerate(keys):  # created in threes: ties of created_at cross the pages
+        store.apply(Writes(claims=[mk_claim(key, lease=f"L-{key}")]), T0 + n // 3)
+    listed = [r.key for r in other.receipts.iter_receipts(ReceiptQuery(), page=4)]
+    assert listed == keys
+    assert [r.key for r in other.receipts.iter_receipts(ReceiptQuery(limit=10), page=4)] == keys[:10]
+    assert [r.key for r in other.receipts.iter_receipts(ReceiptQuery(key_prefix="k01"), page=3)] == keys[10:20]
+    half = other.receipts.iter_receipts(ReceiptQuery(), page=4)
+    assert next(half).key == keys[0]
+    half.close()
+    assert other.query_receipts(ReceiptQuery(run_id="r1", limit=2)) == other.query_receipts(ReceiptQuery(limit=2))
+    assert one(other, mk_claim("after", lease="M"), T0 + 99)[0] == "claimed"
+
+
 def test_two_claims_for_one_new_key_in_one_batch(store: Store) -> None:
     applied = store.apply(Writes(claims=[mk_claim("k"), mk_claim("k", run_id="r2", lease="L2", expires=T0 + 99)]), T0)
 

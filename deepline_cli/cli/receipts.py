@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
 import typer
@@ -86,35 +89,43 @@ def inspect(
     try:
         if run is not None and db.runs.get_run(run) is None:
             raise UsageError(f"No run {run!r} in the store {db.url}.")
-        found = db.receipts.query_receipts(ReceiptQuery(key_prefix, run, status, tool, limit))
-        earlier = {r.key: db.receipts.receipt_history(r.key) for r in found} if history else {}
+        query = ReceiptQuery(key_prefix, run, status, tool, limit)
+        # Written as read: a run's hundreds of thousands of receipts are never all in memory.
+        with contextlib.closing(db.receipts.iter_receipts(query)) as found:
+            if json:
+                print_json_lines(
+                    {**receipt_dict(r), **(_history(db.receipts.receipt_history(r.key)) if history else {})}
+                    for r in found
+                )
+            else:
+                _print(found, db.receipts.receipt_history if history else None, full=full, key_prefix=key_prefix)
     finally:
         db.close()
-    if json:
-        print_json_lines([{**receipt_dict(r), **_history(earlier, r.key)} for r in found])
-        return
-    if full or (len(found) == 1 and found[0].key == key_prefix):
-        for r in found:
-            _print_whole(r, earlier.get(r.key, []))
-        if not found:
+
+
+def _print(
+    found: Iterator[Any], history: Callable[[str], list[Any]] | None, *, full: bool, key_prefix: str | None
+) -> None:
+    """As a table (a receipt's line each, its earlier answers after the table), or each
+    receipt whole (--full, or the one receipt a whole key names)."""
+    first = list(itertools.islice(found, 2))
+    if full or (len(first) == 1 and first[0].key == key_prefix):
+        for r in itertools.chain(first, found):
+            _print_whole(r, history(r.key) if history else [])
+        if not first:
             typer.echo("No receipts match.")
         return
-    rows = [
-        (
-            r.key[:12],
-            r.kind,
-            r.label,
-            r.tool or "",
-            r.status,
-            r.run_id,
-            r.attempt,
-            r.generation,
-            r.failure_kind or "",
-            format_credits(r.credits),
-            when(r.completed_at or r.created_at),
-        )
-        for r in found
-    ]
+    earlier: dict[str, list[Any]] = {}
+    rows = []
+    for r in itertools.chain(first, found):
+        rows.append(
+            (
+                r.key[:12], r.kind, r.label, r.tool or "", r.status, r.run_id, r.attempt, r.generation,
+                r.failure_kind or "", format_credits(r.credits), when(r.completed_at or r.created_at),
+            )
+        )  # fmt: skip
+        if history and (generations := history(r.key)):
+            earlier[r.key] = generations
     print_table(
         ["key", "kind", "label", "tool", "status", "run", "attempt", "gen", "failure", "credits", "at"],
         rows,
@@ -165,9 +176,7 @@ def _print_whole(r: Any, generations: list[Any]) -> None:
     typer.echo("\n".join(lines) + "\n")
 
 
-def _history(earlier: dict[str, list[Any]], key: str) -> dict[str, Any]:
-    if key not in earlier:
-        return {}
+def _history(generations: list[Any]) -> dict[str, Any]:
     return {
         "history": [
             {
@@ -180,6 +189,6 @@ def _history(earlier: dict[str, list[Any]], key: str) -> dict[str, Any]:
                 "completed_at": old.completed_at,
                 "replaced_at": old.replaced_at,
             }
-            for old in earlier[key]
+            for old in generations
         ]
     }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 
@@ -14,7 +14,7 @@ def when(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def print_json_lines(rows: Sequence[dict[str, Any]]) -> None:
+def print_json_lines(rows: Iterable[dict[str, Any]]) -> None:
     from deepline_cli import _json
 
     out = sys.stdout

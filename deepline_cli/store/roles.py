@@ -11,7 +11,7 @@ transaction.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, Protocol, TypeVar
 
@@ -216,6 +216,10 @@ class ReceiptStore(Protocol):
         ...
 
     def query_receipts(self, query: ReceiptQuery) -> list[Receipt]: ...
+
+    def iter_receipts(self, query: ReceiptQuery, page: int = 2000) -> Generator[Receipt, None, None]:
+        """As query_receipts, read a page at a time."""
+        ...
 
     def take_rate_slot(self, tool: str, interval_s: float, now: float, count: int = 1) -> float:
         """The start time of the next `count` calls of `tool` paced every `interval_s` (the

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from itertools import chain
 from operator import attrgetter
 from typing import Any, TypeVar
@@ -24,7 +24,14 @@ from deepline_cli.store.records import (
     Writes,
 )
 from deepline_cli.store.sql_claims import ClaimsSql
-from deepline_cli.store.sql_rows import CONFLICT_RETRIES, RECEIPT_COLUMNS, TREE, json_or_none, receipt_from_row
+from deepline_cli.store.sql_rows import (
+    CONFLICT_RETRIES,
+    RECEIPT_COLUMNS,
+    TREE,
+    chunks,
+    json_or_none,
+    receipt_from_row,
+)
 from deepline_cli.store.sql_sheets import SheetsSql
 
 
@@ -132,9 +139,13 @@ class ReceiptsSql(ClaimsSql, SheetsSql):
         ]
 
     def query_receipts(self, query: ReceiptQuery) -> list[Receipt]:
+        return list(self.iter_receipts(query))
+
+    def iter_receipts(self, query: ReceiptQuery, page: int = 2000) -> Generator[Receipt, None, None]:
+        """The receipts `query` matches, oldest first, read `page` at a time by one statement
+        (a run's hundreds of thousands of receipts are never all in memory at once)."""
         clauses: list[str] = []
         params: list[Any] = []
-        source = "receipts"
         if query.run_id:
             clauses.append("(receipts.run_id = ? OR receipts.key IN (SELECT key FROM run_receipts WHERE run_id = ?))")
             params += [query.run_id, query.run_id]
@@ -147,11 +158,21 @@ class ReceiptsSql(ClaimsSql, SheetsSql):
                 clauses.append(f"receipts.{name} = ?")
                 params.append(value)
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-        cols = ", ".join(f"receipts.{c.strip()}" for c in RECEIPT_COLUMNS.split(","))
-        sql = f"SELECT {cols} FROM {source}{where} ORDER BY receipts.created_at, receipts.key"
+        # Ordered by their keys alone (sorting whole receipts held them all in the database's
+        # memory), each page then read whole by key.
+        sql = f"SELECT receipts.key FROM receipts{where} ORDER BY receipts.created_at, receipts.key"
         if query.limit:
             sql += f" LIMIT {int(query.limit)}"
-        return [receipt_from_row(r) for r in self._read(sql, params)]
+        for rows in self._stream(sql, params, page):
+            keys = [key for (key,) in rows]
+            whole: dict[str, tuple[Any, ...]] = {}
+            for chunk in chunks(keys):
+                marks = ", ".join("?" * len(chunk))
+                whole.update(
+                    (r[0], r)
+                    for r in self._read(f"SELECT {RECEIPT_COLUMNS} FROM receipts WHERE key IN ({marks})", chunk)
+                )
+            yield from (receipt_from_row(whole[key]) for key in keys if key in whole)
 
     def take_rate_slot(self, tool: str, interval_s: float, now: float, count: int = 1) -> float:
         with self._write() as c:
