@@ -180,6 +180,58 @@ batch = {{ max_size = 5, max_wait_ms = 50 }}
     assert finished["output"] == {"rows": 20, "failed": 0}
 
 
+def test_a_batch_setting_added_before_a_resume_never_sends_a_call_again_in_a_batch(
+    tmp_path: Path, provider: TimedProvider, env: dict[str, str]
+) -> None:
+    """Calls sent one by one were in flight at a crash; `batch` was then added to the tool.
+    The resume sent them again inside batches, under the batches' keys: billed twice. It
+    is refused until `batch` is taken out; then each goes out alone under its first key."""
+    provider.latency_s = 0.0
+    provider.script("/v1/one", [*["ok"] * 5, *["slow:4"] * 10])  # five answer, the rest hang past the kill
+    (tmp_path / "play.py").write_text(BATCH_PLAY)
+    config = tmp_path / "deepline.toml"
+    alone = f"""
+[tools."p.batch"]
+method = "POST"
+url = "http://127.0.0.1:{provider.port}/v1/one"
+json = {{ domain = "{{domain}}" }}
+credits = 1
+retries = 0
+timeout_s = 60
+concurrency = 8
+"""
+    config.write_text(alone)
+    a = start(["run", "play.py", "--set", "n=20", "--run-id", "alone-run", "--quiet"], env, tmp_path)
+    try:
+        wait_until(lambda: provider.count("/v1/one") >= 8, what="calls in flight")
+        wait_until(lambda: len(_completed(env, "p.batch")) >= 5, what="the first answers recorded")
+        ensure_alive(a)
+    finally:
+        kill(a)
+    provider.script("/v1/one", [])
+    config.write_text(alone + "batch = { max_size = 5, max_wait_ms = 50 }\n")
+    resume = [sys.executable, "-m", "deepline_cli", "resume", "alone-run", "--json"]
+    sent = len(provider.requests)
+    refused = subprocess.run(
+        resume, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "take its `batch` setting out" in refused.stdout, refused.stdout  # run.finished (--json)
+    assert len(provider.requests) == sent  # nothing sent in a batch
+    config.write_text(alone)
+    resumed = subprocess.run(
+        resume, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    keys_of: dict[str, set[str]] = {}
+    for seen in provider.requests:
+        for item in seen.body.get("items", [seen.body]):
+            keys_of.setdefault(item["domain"], set()).add(seen.headers["idempotency-key"])
+    assert sorted(keys_of) == sorted(f"d{i}.com" for i in range(20))
+    assert all(len(keys) == 1 for keys in keys_of.values()), keys_of  # each billed once
+    assert _json.loads(resumed.stdout.splitlines()[-1])["output"] == {"rows": 20, "failed": 0}
+
+
 SLOW_PLAY = """
 import asyncio
 from deepline_cli import play, tool

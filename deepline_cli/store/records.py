@@ -135,6 +135,9 @@ class Claim:
     request: Any = None
     description: str | None = None
     input: Any = None  # kept on the receipt for `receipts inspect` (redacted, small)
+    # A member of a batching tool: sent only inside a batch. Its receipt's batch_key says so
+    # ("" until its batch is formed), so a resume tells it from a call that went out alone.
+    batched: bool = False
     map: str | None = None  # the map row the call is made for (None: outside maps)
     row_key: str | None = None
 

@@ -229,9 +229,14 @@ def claim_row(r: Receipt) -> tuple[Any, ...]:
 
 def claimed_receipt(current: Receipt | None, cl: Claim, now: float) -> Receipt:
     """The receipt `cl` owns now. A call taken over from an owner that may have sent it
-    keeps its batch (and its idempotency key, see claim_idempotency_key)."""
+    keeps its batch (and its idempotency key, see claim_idempotency_key), or that it was
+    claimed alone (batch_key None: it may have gone out alone)."""
     resumed = current is not None and current.status in ("running", "released")
     request = cl.request if cl.request is not None else current.request if resumed and current else None
+    if resumed and current is not None and current.batch_key != "":
+        batch_key = current.batch_key  # its batch, or None: claimed alone
+    else:  # a new call, or a batch member whose batch was never formed (never sent)
+        batch_key = "" if cl.batched else None
     return Receipt(
         key=cl.key,
         kind=cl.kind,
@@ -244,7 +249,7 @@ def claimed_receipt(current: Receipt | None, cl: Claim, now: float) -> Receipt:
         lease_expires_at=cl.lease_expires_at,
         idempotency_key=claim_idempotency_key(current, cl),
         created_at=current.created_at if current else now,
-        batch_key=current.batch_key if resumed and current else None,
+        batch_key=batch_key,
         request=request,
         generation=current.generation if current else 1,
         description=cl.description,

@@ -73,6 +73,7 @@ class DurableCall:
     request: Any = None
     description: str | None = None  # what the call is for, in the play's words (logs, report)
     input: Any = None  # what the call sends, kept on its receipt when small (`receipts inspect`)
+    batched: bool = False  # a member of a batching tool: sent only inside a batch
 
 
 class LeaseLost(ReceiptLeaseLostError):
@@ -300,6 +301,7 @@ class ReceiptBook:
             request=call.request,
             description=call.description,
             input=kept_input(call.input, self._secrets),
+            batched=call.batched,
             map=cell.map if cell is not None else None,
             row_key=cell.row_key if cell is not None else None,
         )

@@ -202,6 +202,7 @@ class Tools:
             receipt_wait_s=receipt_wait_s,
             description=description,
             input=input,
+            batched=bool(definition.batch),
         )
         if definition.batch:
             batcher = self._batcher(definition, timeout_s)
@@ -210,6 +211,12 @@ class Tools:
                 self._caps.count_tool_call()
                 if info.batch_key:  # sent in a batch before a crash: that batch again, same key
                     return await batcher.recover(info)
+                if info.resumed and info.batch_key is None:  # claimed alone: it may have gone out alone
+                    raise UsageError(
+                        f"Tool {tool!r} was called alone by an attempt that may have sent it before the run stopped, "
+                        "and deepline.toml now batches it (inside a batch, its calls would be billed again): take "
+                        "its `batch` setting out to resume the run, and put it back once the run is done."
+                    )
                 return await batcher.submit(info, input)
         else:
 
