@@ -608,6 +608,23 @@ def test_receipts_are_read_a_page_at_a_time_in_the_order_they_are_listed(store: 
     assert one(other, mk_claim("after", lease="M"), T0 + 99)[0] == "claimed"
 
 
+def test_a_listing_read_slowly_is_not_cut_off(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listing read a page at a time held a transaction open between pages: on PostgreSQL
+    a reader slower than the idle-in-transaction limit (`receipts inspect | less`) had
+    its connection ended and the listing stopped half way."""
+    from deepline_cli.store import postgres
+
+    monkeypatch.setattr(postgres, "IDLE_IN_TRANSACTION_S", 0.5)
+    store.apply(Writes(claims=[mk_claim(f"k{i:02d}", lease=f"L{i}") for i in range(9)]), T0)
+    if is_postgres(store.url):
+        store.reconnect()  # a connection of the short limit
+    listed = []
+    for receipt in store.receipts.iter_receipts(ReceiptQuery(), page=3):
+        listed.append(receipt.key)
+        time.sleep(0.35)  # past the limit over two pages
+    assert listed == [f"k{i:02d}" for i in range(9)]
+
+
 def test_two_claims_for_one_new_key_in_one_batch(store: Store) -> None:
     applied = store.apply(Writes(claims=[mk_claim("k"), mk_claim("k", run_id="r2", lease="L2", expires=T0 + 99)]), T0)
 

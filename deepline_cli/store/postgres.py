@@ -249,15 +249,3 @@ class PostgresStore(SqlStore):
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock, self._errors("read"):
             return self._conn.execute(_pg(sql), _no_nul(params)).fetchall()  # a key as written
-
-    def _stream(self, sql: str, params: Sequence[Any], size: int) -> Iterator[list[tuple[Any, ...]]]:
-        # A server-side cursor: the server keeps the result, the client holds a page of it.
-        with (
-            self._lock,
-            self._errors("read"),
-            self._conn.transaction(),
-            self._conn.cursor(name="deepline_stream") as cursor,
-        ):
-            cursor.execute(_pg(sql), _no_nul(params))
-            while rows := cursor.fetchmany(size):
-                yield rows

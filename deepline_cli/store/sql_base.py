@@ -3,7 +3,7 @@ the fencing check every write shares."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -19,11 +19,6 @@ class SqlBase:
         raise NotImplementedError
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        raise NotImplementedError
-
-    def _stream(self, sql: str, params: Sequence[Any], size: int) -> Iterator[list[tuple[Any, ...]]]:
-        """A query's rows `size` at a time, read by one statement as they are taken (a
-        command listing what may be millions of rows). Holds the connection until done."""
         raise NotImplementedError
 
     def _many(self, c: Any, sql: str, rows: Sequence[Sequence[Any]]) -> None:

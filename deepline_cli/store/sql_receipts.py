@@ -142,8 +142,9 @@ class ReceiptsSql(ClaimsSql, SheetsSql):
         return list(self.iter_receipts(query))
 
     def iter_receipts(self, query: ReceiptQuery, page: int = 2000) -> Generator[Receipt, None, None]:
-        """The receipts `query` matches, oldest first, read `page` at a time by one statement
-        (a run's hundreds of thousands of receipts are never all in memory at once)."""
+        """The receipts `query` matches, oldest first, read whole `page` at a time (a run's
+        hundreds of thousands of receipts are never all in memory at once). Nothing is held
+        open between pages: a reader may take its time (a pager, a slow pipe)."""
         clauses: list[str] = []
         params: list[Any] = []
         if query.run_id:
@@ -158,13 +159,14 @@ class ReceiptsSql(ClaimsSql, SheetsSql):
                 clauses.append(f"receipts.{name} = ?")
                 params.append(value)
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-        # Ordered by their keys alone (sorting whole receipts held them all in the database's
-        # memory), each page then read whole by key.
+        # Their keys in order first (sorting whole receipts held them all in the database's
+        # memory: ~90 bytes a receipt here, not thousands), then each page read whole by key.
         sql = f"SELECT receipts.key FROM receipts{where} ORDER BY receipts.created_at, receipts.key"
         if query.limit:
             sql += f" LIMIT {int(query.limit)}"
-        for rows in self._stream(sql, params, page):
-            keys = [key for (key,) in rows]
+        ordered = [key for (key,) in self._read(sql, params)]
+        for start in range(0, len(ordered), page):
+            keys = ordered[start : start + page]
             whole: dict[str, tuple[Any, ...]] = {}
             for chunk in chunks(keys):
                 marks = ", ".join("?" * len(chunk))

@@ -6,7 +6,6 @@ settlements so a transaction carries many calls (group commit).
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import functools
 import os
@@ -341,17 +340,3 @@ class SQLiteStore(SqlStore):
             except sqlite3.Error as exc:
                 self._waited(exc)
                 raise StoreError(f"The store {self.path} could not be read: {exc}.") from exc
-
-    def _stream(self, sql: str, params: Sequence[Any], size: int) -> Iterator[list[tuple[Any, ...]]]:
-        with self._lock:
-            cursor = None
-            try:
-                cursor = self._conn.execute(sql, params)
-                while rows := cursor.fetchmany(size):
-                    yield rows
-            except sqlite3.Error as exc:
-                raise StoreError(f"The store {self.path} could not be read: {exc}.") from exc
-            finally:
-                if cursor is not None:  # its read transaction ends (a checkpoint can pass it)
-                    with contextlib.suppress(sqlite3.Error):  # closed with the store already
-                        cursor.close()
