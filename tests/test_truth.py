@@ -933,3 +933,88 @@ def test_a_failure_given_back_from_an_earlier_runs_receipt_is_not_counted_as_a_c
     # The first run made its calls: none of its failures was given back.
     counts = first.stats["tools"]["t.company"]
     assert (counts["live"], counts["failed"], counts["kept"]) == (4, 4, 0), counts
+
+
+KEPT_THEN_SENT = """
+import asyncio
+from deepline_cli import play, tool
+
+@tool("t.bad", credits=1)
+def bad(input):
+    raise ValueError("no company")
+
+@play("kept-then-sent")
+async def kept_then_sent(ctx, input):
+    try:
+        await ctx.tools.execute("c", "t.bad", {"n": 1})
+    except Exception:
+        pass
+    await asyncio.sleep(input.get("linger", 0))  # a progress tick (every 0.5 s) after the call
+    raise RuntimeError("stop here")
+"""
+
+
+def test_a_kept_failure_asked_again_is_the_runs_own_on_screen_as_in_the_store(write_play, store_path) -> None:
+    """Run B got run A's stored failure back (kept), then its resume with --force-refresh
+    asked the tool again and it failed: the store counts B's own failure (not kept), the
+    live view still said "1 given back from earlier runs"."""
+    play = write_play(KEPT_THEN_SENT)
+    assert run_play(play, store_path, {"who": "a"}).status == "failed"
+    b = run_play(play, store_path, {"who": "b", "linger": 0.6})
+    assert b.stats["tools"]["t.bad"]["kept"] == 1, b.stats["tools"]
+    seen: list[dict[str, Any]] = []
+    bus = EventBus()
+    bus.subscribe(lambda e: seen.append(e.data["tools"]) if e.event == "run.progress" else None)
+    again = resume_run(b.run_id, store_path, bus=bus, force_refresh=True)
+    stored = again.stats["tools"]["t.bad"]
+    assert (stored["failed"], stored["kept"]) == (1, 0), stored
+    live = seen[-1]["t.bad"]
+    assert (live["failed"], live["kept"]) == (1, 0), live
+
+
+KID_FAILS = """
+from deepline_cli import play, tool
+
+@tool("t.bad", credits=1)
+def bad(input):
+    raise ValueError(f"no company for {input['n']}")
+
+@play("kid")
+async def kid(ctx, input):
+    try:
+        await ctx.tools.execute("c", "t.bad", {"n": input["n"] + 100})
+    except Exception:
+        pass
+    return 1
+"""
+
+PARENT_OF_KID = """
+import asyncio
+from deepline_cli import play
+import kid
+
+async def go(row, rc):
+    await rc.run_play("k", "kid.py", {"n": row["n"]})
+    return await rc.tools.execute("c", "t.bad", {"n": row["n"]})
+
+@play("parent")
+async def parent(ctx, input):
+    rows = await ctx.map("m", [{"n": 0}, {"n": 1}], key="n", columns={"x": go})
+    await asyncio.sleep(0.7)  # a progress tick (every 0.5 s) after the map
+    return rows.failed_count
+"""
+
+
+def test_a_child_plays_failed_call_made_for_a_row_counts_as_the_rows(write_play, store_path) -> None:
+    """A child play run for a map row made a call that failed: the live view counted it
+    (final: the row failed), the store did not (it looked for the row among the child
+    run's own map rows, where there are none)."""
+    write_play(KID_FAILS, "kid.py")
+    seen: list[dict[str, Any]] = []
+    bus = EventBus()
+    bus.subscribe(lambda e: seen.append(e.data["tools"]) if e.event == "run.progress" else None)
+    result = run_play(write_play(PARENT_OF_KID, "parent.py"), store_path, bus=bus)
+    assert result.status == "completed" and result.output == 2, result.error
+    stored, live = result.stats["tools"]["t.bad"], seen[-1]["t.bad"]
+    assert (stored["failed"], stored["recovered"]) == (4, 0), stored
+    assert (live["failed"], live["recovered"]) == (4, 0), live

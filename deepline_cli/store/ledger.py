@@ -159,13 +159,34 @@ class LedgerQueries:
             f" AND u.key NOT IN (SELECT key FROM calls WHERE run_id IN {TREE})",
             (run_id,) * 8,
         )
-        ended = self._rows_ended({(run, map, row) for _, _, _, run, map, row, _, _ in rows if map is not None})
+        owner = self._row_owners(run_id, {(run, map) for _, _, _, run, map, _, _, _ in rows if map is not None})
+        ended = self._rows_ended(
+            {(owner[run, map], map, row) for _, _, _, run, map, row, _, _ in rows if map is not None}
+        )
         failed: list[FailedCall] = []
         for key, kind, tool, run, map, row, retryable, kept in rows:
-            outcome, fell_back = ended.get((run, map, row), (None, None)) if map is not None else ("", None)
+            at = (owner[run, map], map, row) if map is not None else None
+            outcome, fell_back = ended.get(at, (None, None)) if at is not None else ("", None)
             got_past = None if fell_back is None else key[:FOUND_PREFIX] in fell_back
             failed.append(FailedCall(key, tool or f"ctx.{kind}", outcome, bool(retryable), got_past, bool(kept)))
         return failed
+
+    def _row_owners(self, run_id: str, made: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
+        """The run whose map each (run, map) call was made for: the run itself, or, for a
+        child play a map row ran (its calls are made for that row), the ancestor whose map it is."""
+        if not made:
+            return {}
+        maps = set(self._read(f"SELECT run_id, map FROM maps WHERE run_id IN {TREE}", (run_id, run_id)))
+        if made <= maps:
+            return {pair: pair[0] for pair in made}
+        parents = dict(self._read(f"SELECT run_id, parent_run_id FROM runs WHERE run_id IN {TREE}", (run_id, run_id)))
+        owners: dict[tuple[str, str], str] = {}
+        for run, map in made:
+            at: str | None = run
+            while at is not None and (at, map) not in maps:
+                at = parents.get(at)
+            owners[run, map] = at if at is not None else run
+        return owners
 
     def _rows_ended(
         self, wanted: set[tuple[str, str, str]]

@@ -61,7 +61,10 @@ class RunStats:
     tools: dict[str, ToolCounts] = field(default_factory=dict)
     steps: dict[str, int] = field(default_factory=lambda: {"live": 0, "reused": 0})
     failures: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (tool, pending|final|recovered)
-    kept: set[str] = field(default_factory=set)  # failures given back from earlier runs' receipts
+    # Failures given back from earlier runs' receipts, as the store tells them: a key this run
+    # asked itself (and saw fail) is its own failure, whatever answered it later.
+    kept: set[str] = field(default_factory=set)
+    asked: set[str] = field(default_factory=set)  # keys this run asked and saw fail
 
     @classmethod
     def since(cls, before: dict[str, Any], recovered: dict[str, Any], failures: Iterable[FailedCall] = (),
@@ -76,8 +79,7 @@ class RunStats:
             stats.tools[tool_id] = ToolCounts(c.get("live", 0), c.get("reused", 0), 0, c.get("credits", 0.0),
                                               c.get("retries", 0))  # fmt: skip
         for f in failures:
-            if f.kept:
-                stats.kept.add(f.key)
+            (stats.kept if f.kept else stats.asked).add(f.key)
             stats._enter(f.key, f.tool, _state_at_start(f, refresh_failed))
         for tool_id, c in recovered.items():
             counts = stats.tool(tool_id)
@@ -106,11 +108,16 @@ class RunStats:
         """A call failed (or, `kept`, gave back an earlier run's stored failure: no request).
         Counted once per key: in a map row it waits for the row to end; outside maps it is
         final at once."""
-        if kept:
-            self.kept.add(key)
-        elif key in self.kept and self.failures.get(key, ("", PENDING))[1] == PENDING:
-            self.kept.discard(key)  # asked again (--refresh-failed) and failed: this run's own
         known = self.failures.get(key)
+        if kept:
+            if key not in self.asked:
+                self.kept.add(key)
+        else:
+            self.asked.add(key)
+            if key in self.kept:  # asked again (--refresh-failed, --force-refresh): this run's own now
+                self.kept.discard(key)
+                if known is not None and known[1] != PENDING:
+                    self.tool(known[0]).kept -= 1
         if known is None:
             self._enter(key, tool, PENDING if in_row else FINAL)
         elif known[1] == PENDING and not in_row:
