@@ -1048,6 +1048,28 @@ def test_forced_batch_members_go_out_in_a_new_batch_and_are_billed_as_sent(
     assert_billed_once(provider)
 
 
+def test_a_batch_that_failed_transiently_is_sent_again_as_that_batch(
+    project: Project, provider: LoopbackProvider
+) -> None:
+    """A batch timed out (its request may have been processed, and billed); the next run
+    asked its members again grouped with other calls, under a new batch's key: the provider
+    billed them twice. They go out again as that batch, under its key, the others apart."""
+    project.config(BATCH_TOOL.replace("credits = 1", "credits = 1\nretries = 0\ntimeout_s = 0.5"))
+    provider.script("/people/batch", ["slow:1"])  # the first batch: answered after the timeout
+    first = [call("ht.batch", {"domain": f"d{i}.com"}) for i in range(2)]
+    failed = project.run(calls(*first, gather=True, catch=True)).output
+    assert all("timed out" in str(a.get("error")) for a in failed), failed
+    more = [call("ht.batch", {"domain": f"d{i}.com"}) for i in range(5)]
+    answered = project.run(calls(*more, gather=True)).output
+    assert [a["output"]["echo"] for a in answered] == [{"domain": f"d{i}.com"} for i in range(5)]
+    keys_of: dict[str, set[str]] = {}
+    for sent in provider.on("/people/batch"):
+        for item in sent.body["items"]:
+            keys_of.setdefault(item["domain"], set()).add(sent.headers["idempotency-key"])
+    assert all(len(keys) == 1 for keys in keys_of.values()), keys_of  # each item billed once
+    assert len(keys_of) == 5
+
+
 # --- remote tools ---------------------------------------------------------------------------------
 
 

@@ -228,13 +228,17 @@ def claim_row(r: Receipt) -> tuple[Any, ...]:
 
 
 def claimed_receipt(current: Receipt | None, cl: Claim, now: float) -> Receipt:
-    """The receipt `cl` owns now. A call taken over from an owner that may have sent it
-    keeps its batch (and its idempotency key, see claim_idempotency_key), or that it was
-    claimed alone (batch_key None: it may have gone out alone)."""
+    """The receipt `cl` owns now. A call sent again under the key it may have gone out with
+    (taken over from an owner that may have sent it, or retried after a transient failure:
+    see claim_idempotency_key) keeps its batch, so it goes out again only as that batch; one
+    taken over keeps that it was claimed alone (batch_key None: it may have gone out alone)."""
     resumed = current is not None and current.status in ("running", "released")
     request = cl.request if cl.request is not None else current.request if resumed and current else None
-    if resumed and current is not None and current.batch_key != "":
-        batch_key = current.batch_key  # its batch, or None: claimed alone
+    retried = current is not None and current.status == "failed" and current.retryable
+    if current is not None and current.batch_key and (resumed or retried):
+        batch_key = current.batch_key  # its batch: that batch again, under its key
+    elif resumed and current is not None and current.batch_key is None:
+        batch_key = None  # claimed alone: it may have gone out alone
     else:  # a new call, or a batch member whose batch was never formed (never sent)
         batch_key = "" if cl.batched else None
     return Receipt(
