@@ -1070,6 +1070,20 @@ def test_a_batch_that_failed_transiently_is_sent_again_as_that_batch(
     assert len(keys_of) == 5
 
 
+def test_a_batch_tool_whose_request_line_or_headers_take_the_calls_fields_is_refused(
+    project: Project, provider: LoopbackProvider, cli: Callable[..., Any]
+) -> None:
+    """A batch goes out as one request: with `query = { region = "{region}" }` every call of
+    a batch went to the first call's region (and `X-Account` the first call's account),
+    billed to the wrong account. Refused where it is written; the body may take them."""
+    for where in ('query = { region = "{region}" }', 'headers = { "X-Account" = "{account}" }'):
+        project.config(BATCH_TOOL + where + "\n")
+        refused = cli("check", str(project.play()))
+        assert refused.code == 2, refused.stderr
+        assert "batch" in refused.stderr and "one request" in refused.stderr, refused.stderr
+    assert provider.requests == []
+
+
 # --- remote tools ---------------------------------------------------------------------------------
 
 

@@ -212,6 +212,17 @@ def _tool(path: Path, tool_id: str, spec: Any) -> HttpToolSpec:
             raise UsageError(f"{path}: {owner} batch max_size must be at least 1.")
         if not 0 <= spec["batch"].get("max_wait_ms", 0) < math.inf:
             raise UsageError(f"{path}: {owner} batch max_wait_ms must be a number of milliseconds, 0 or more.")
+        per_call = sorted(
+            name
+            for name in ("url", "query", "headers")
+            if references(spec.get(name) or "")[1]  # the call's {fields}; ${SECRETS} are the same for every call
+        )
+        if per_call:
+            raise UsageError(
+                f"{path}: {owner} batches its calls, and a batch goes out as one request, but its "
+                f"{' and '.join(per_call)} take{'s' if len(per_call) == 1 else ''} fields of each call (every call "
+                "would go where the first one does); put those fields in its json body, or take `batch` out."
+            )
     for name, json_path in (spec.get("extract") or {}).items():
         if not isinstance(json_path, str):
             raise UsageError(f'{path}: {owner} extract {name!r} must be a JSON path string like "data.email".')
