@@ -1018,3 +1018,46 @@ def test_a_child_plays_failed_call_made_for_a_row_counts_as_the_rows(write_play,
     stored, live = result.stats["tools"]["t.bad"], seen[-1]["t.bad"]
     assert (stored["failed"], stored["recovered"]) == (4, 0), stored
     assert (live["failed"], live["recovered"]) == (4, 0), live
+
+
+REFRESHED_LATER = """
+from pathlib import Path
+from deepline_cli import play, tool
+
+DOWN = Path(__file__).with_name("down")
+
+@tool("t.lookup", credits=1)
+def lookup(input):
+    if DOWN.exists():
+        raise ValueError("lookup is down")
+    return {"name": "acme"}
+
+@play("refreshed")
+async def refreshed(ctx, input):
+    try:
+        await ctx.tools.execute("l", "t.lookup", {"domain": "acme.com"}, stale_after_seconds=input["ttl"])
+    except Exception:
+        return "failed"
+    return "answered"
+"""
+
+
+def test_a_finished_runs_figures_stay_when_a_later_run_refreshes_what_it_reused(
+    write_play, store_path, tmp_path
+) -> None:
+    """Run B was answered from A's receipt; run C refreshed that receipt and the refresh
+    failed: B's figures then said it had a failed call, given back from an earlier run."""
+    play = write_play(REFRESHED_LATER)
+    assert run_play(play, store_path, {"ttl": 100000}).output == "answered"
+    b = run_play(play, store_path, {"ttl": 100000, "b": 1})
+    assert b.output == "answered"
+    before = b.stats["tools"]["t.lookup"]
+    assert (before["live"], before["reused"], before["failed"]) == (0, 1, 0), before
+    (tmp_path / "down").write_text("")
+    assert run_play(play, store_path, {"ttl": 0}).output == "failed"
+    store = open_store(str(store_path))
+    try:
+        after = store.ledger.run_stats(b.run_id)["tools"]["t.lookup"]
+    finally:
+        store.close()
+    assert (after["live"], after["reused"], after["failed"], after["kept"]) == (0, 1, 0, 0), after

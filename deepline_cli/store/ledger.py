@@ -124,8 +124,10 @@ class LedgerQueries:
             counts["recovered"] += failure.recovered
             counts["kept"] += failure.kept
         used = self._read(
+            # As the receipt answered the run then (a later refresh does not change it).
             "SELECT r.kind, r.tool, count(*) FROM run_receipts u JOIN receipts r ON r.key = u.key"
-            f" WHERE u.used_at IS NOT NULL AND u.run_id IN {TREE} AND r.status = 'completed' GROUP BY r.kind, r.tool",
+            f" WHERE u.used_at IS NOT NULL AND u.run_id IN {TREE} AND coalesce(u.status, r.status) = 'completed'"
+            " GROUP BY r.kind, r.tool",
             (run_id, run_id),
         )
         for kind, tool, n in used:
@@ -155,7 +157,8 @@ class LedgerQueries:
             # Failures of earlier runs given back from their receipts (no request made).
             " UNION ALL SELECT u.key, r.kind, r.tool, u.run_id, u.map, u.row_key, r.retryable, 1"
             " FROM run_receipts u JOIN receipts r ON r.key = u.key"
-            f" WHERE u.used_at IS NOT NULL AND u.run_id IN {TREE} AND r.status = 'failed' AND r.kind <> 'step'"
+            f" WHERE u.used_at IS NOT NULL AND u.run_id IN {TREE} AND coalesce(u.status, r.status) = 'failed'"
+            " AND r.kind <> 'step'"
             f" AND u.key NOT IN (SELECT key FROM calls WHERE run_id IN {TREE})",
             (run_id,) * 8,
         )
@@ -265,7 +268,7 @@ class LedgerQueries:
     def reuse_rows(self, run_id: str) -> list[ReuseRow]:
         """Receipts of other runs the run (and its child runs) reused."""
         rows = self._read(
-            "SELECT u.run_id, u.used_at, r.key, r.kind, r.tool, r.label, r.status, u.map"
+            "SELECT u.run_id, u.used_at, r.key, r.kind, r.tool, r.label, coalesce(u.status, r.status), u.map"
             " FROM run_receipts u JOIN receipts r ON r.key = u.key"
             f" WHERE u.used_at IS NOT NULL AND u.run_id IN {TREE} ORDER BY u.used_at",
             (run_id, run_id),

@@ -275,6 +275,14 @@ MIGRATIONS: list[tuple[str, str | Step]] = [
         ALTER TABLE maps ADD COLUMN source TEXT
         """,
     ),
+    (
+        "0013_run_receipts_status",
+        """
+        -- How another run's receipt answered a run when it used it (completed or failed): a
+        -- later run refreshing that receipt does not change what the earlier run got.
+        ALTER TABLE run_receipts ADD COLUMN status TEXT
+        """,
+    ),
 ]
 
 

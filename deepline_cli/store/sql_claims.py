@@ -88,17 +88,18 @@ class ClaimsSql(SqlBase):
         for cl, o in using:
             o.first_use = (cl.run_id, o.receipt.key) not in used
             used.add((cl.run_id, o.receipt.key))
-        usage: list[tuple[str, str, float | None, str | None, str | None]] = [
-            (cl.run_id, o.receipt.key, now, cl.map, cl.row_key) for cl, o in using
+        usage: list[tuple[str, str, float | None, str | None, str | None, str | None]] = [
+            (cl.run_id, o.receipt.key, now, cl.map, cl.row_key, o.receipt.status) for cl, o in using
         ]
         # A run whose receipt another run took over keeps it among its own (no use yet: its
         # `used_at` is NULL); when that run is answered from it later, that is its first use.
-        usage += [(before.run_id, before.key, None, None, None) for before in replaced if before.run_id]
+        usage += [(before.run_id, before.key, None, None, None, None) for before in replaced if before.run_id]
         self._many(
             c,
-            "INSERT INTO run_receipts (run_id, key, used_at, map, row_key) VALUES (?, ?, ?, ?, ?)"
+            "INSERT INTO run_receipts (run_id, key, used_at, map, row_key, status) VALUES (?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (run_id, key) DO UPDATE SET used_at = excluded.used_at, map = excluded.map,"
-            " row_key = excluded.row_key WHERE run_receipts.used_at IS NULL AND excluded.used_at IS NOT NULL",
+            " row_key = excluded.row_key, status = excluded.status"
+            " WHERE run_receipts.used_at IS NULL AND excluded.used_at IS NOT NULL",
             usage,
         )
         return ordered
