@@ -18,6 +18,7 @@
     ├── SheetVisibilityError           written sheet rows are not visible in the store
     └── StoreError                     the store cannot be read or written
         ├── StoreOpenError             exit 2: the store cannot be opened (path, URL, server)
+        │   └── StoreRefusedConnection the server is down or refuses (a worker: exit 1, it may be back)
         ├── StoreLockedError           exit 2: another process holds the store's write lock too long
         ├── StoreConflict              a transaction aborted to break a deadlock: run it again
         ├── StoreConnectionLost        the connection dropped: reconnect and try again
@@ -217,6 +218,10 @@ class StoreOpenError(StoreError):
     """The store cannot be opened: a directory, not a deepline store, a server that refuses."""
 
     exit_code = 2
+
+
+class StoreRefusedConnection(StoreOpenError):
+    """The store's server cannot be connected to: down, a wrong host or port."""
 
 
 class StoreLockedError(StoreError):

@@ -1020,21 +1020,52 @@ def test_a_sqlite_file_of_another_program_is_refused_and_left_as_it_was(deepline
     having switched the file to WAL and added deepline's tables to it."""
     import sqlite3
 
-    other = tmp_path / "crm.db"
-    conn = sqlite3.connect(other)
-    conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+    for own_migrations in (False, True):  # an application with a `_migrations` table of its own too
+        other = tmp_path / f"crm-{own_migrations}.db"
+        conn = sqlite3.connect(other)
+        conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+        if own_migrations:
+            conn.execute("CREATE TABLE _migrations (id INTEGER PRIMARY KEY, name TEXT, applied_at REAL)")
+        conn.commit()
+        conn.close()
+        for args in (("runs", "list"), ("receipts", "inspect")):
+            result = deepline(*args, "--store", str(other))
+            assert result.code == 2, result.stderr
+            assert "another program's database" in result.stderr and "customers" in result.stderr, result.stderr
+        conn = sqlite3.connect(other)
+        try:
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+            assert len(list(conn.execute("SELECT name FROM sqlite_master"))) == 1 + own_migrations
+        finally:
+            conn.close()
+
+
+def test_a_worker_or_server_on_a_store_it_cannot_use_stops_at_once_with_exit_2(deepline, write_play, tmp_path) -> None:
+    """`deepline worker` on another program's database said "the store cannot be reached"
+    (it answered) and exited 1; `deepline serve` started on it and said /healthz ok, then
+    answered every delivery 503."""
+    import sqlite3
+
+    crm = tmp_path / "crm.db"
+    conn = sqlite3.connect(crm)
+    conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY)")
     conn.commit()
     conn.close()
-    for args in (("runs", "list"), ("receipts", "inspect")):
-        result = deepline(*args, "--store", str(other))
-        assert result.code == 2, result.stderr
-        assert "another program's database" in result.stderr and "customers" in result.stderr, result.stderr
-    conn = sqlite3.connect(other)
-    try:
-        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
-        assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master")] == ["customers"]
-    finally:
-        conn.close()
+    worker = deepline("worker", "--once", "--store", str(crm))
+    assert worker.code == 2, worker.stderr
+    assert "another program's database" in worker.stderr and "cannot be reached" not in worker.stderr, worker.stderr
+    write_play(
+        """
+        from deepline_cli import play
+
+        @play("inbound", webhook_secret="HOOK_SECRET")
+        async def inbound(ctx, input):
+            return input
+        """
+    )
+    served = deepline("serve", "play.py", "--port", "0", "--store", str(crm), HOOK_SECRET="s" * 32)
+    assert served.code == 2, served.stderr
+    assert "another program's database" in served.stderr and "deepline serve: http" not in served.stderr
 
 
 def test_every_failed_row_is_listed_with_the_attempt_it_failed_in(deepline, write_play) -> None:

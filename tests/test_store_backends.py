@@ -146,6 +146,57 @@ def test_a_postgres_schema_of_another_program_is_refused_and_left_as_it_was(deep
             admin.execute("DROP SCHEMA IF EXISTS dl CASCADE")
 
 
+def test_a_postgres_schema_that_is_missing_or_not_deeplines_is_refused_and_a_dml_role_may_use_one(
+    deepline, pg_url: str
+) -> None:
+    """A search_path naming no schema that exists said "could not be written: no schema has
+    been selected to create in" (exit 1); an application's own `_migrations` table made
+    deepline take its schema over (its tables added, rows in the app's table); a role that
+    may only read and write deepline's tables could not open an up-to-date store (it
+    created `_migrations` "if not exists", which needs CREATE on the schema)."""
+    import os
+
+    import psycopg
+
+    role = f"dl_dml_{os.getpid()}"
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        for schema in ("app", "dl2"):
+            admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        admin.execute(f"DROP ROLE IF EXISTS {role}")
+        admin.execute("CREATE SCHEMA app")
+        admin.execute("CREATE TABLE app.customers (id int)")
+        admin.execute("CREATE TABLE app._migrations (id serial PRIMARY KEY, name text, applied_at double precision)")
+        admin.execute("CREATE SCHEMA dl2")
+    try:
+        missing = deepline("runs", "list", "--store", f"{pg_url}?options=-csearch_path%3Dnosuch")
+        assert missing.code == 2, missing.stderr
+        assert "nosuch" in missing.stderr and "CREATE SCHEMA" in missing.stderr, missing.stderr
+        app = deepline("runs", "list", "--store", f"{pg_url}?options=-csearch_path%3Dapp")
+        assert app.code == 2 and "another program's" in app.stderr, app.stderr
+        assert "&options=" in app.stderr, app.stderr  # the URL has a query already: added with &
+        own = f"{pg_url}?options=-csearch_path%3Ddl2"
+        assert deepline("runs", "list", "--store", own).code == 0  # deepline's tables made in dl2
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            tables = {name for (name,) in admin.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'app'")}
+            assert tables == {"customers", "_migrations"}
+            assert admin.execute("SELECT count(*) FROM app._migrations").fetchone()[0] == 0
+            admin.execute(f"CREATE ROLE {role} LOGIN")
+            admin.execute(f"GRANT USAGE ON SCHEMA dl2 TO {role}")
+            admin.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA dl2 TO {role}")
+            admin.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA dl2 TO {role}")
+        as_role = own.replace("postgres@", f"{role}@", 1)
+        listed = deepline("runs", "list", "--store", as_role)
+        assert listed.code == 0, listed.stderr
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            for schema in ("app", "dl2"):
+                admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+            admin.execute(f"DROP OWNED BY {role}") if admin.execute(
+                "SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)
+            ).fetchone() else None
+            admin.execute(f"DROP ROLE IF EXISTS {role}")
+
+
 def test_a_store_password_in_the_query_is_never_shown(deepline) -> None:
     """libpq takes `?password=` as well as `user:password@`: only the second was hidden, so a
     store error (and a dropped connection's warning, kept in the run's log) showed it."""

@@ -58,8 +58,10 @@ def serve(
     from deepline_cli.runtime.run.play import load_play
     from deepline_cli.runtime.run.worker import Worker
     from deepline_cli.server.webhooks import create_app, hooks_for
+    from deepline_cli.store import open_store
 
     hooks = hooks_for([load_play(path) for path in plays])
+    open_store(store).close()  # a store it cannot open or use: refused before anything listens
     host = host.removeprefix("[").removesuffix("]")  # `[::1]`, as a URL writes it
     listening = _listen(host, port)  # before anything starts: a port in use is one sentence
     port = listening.getsockname()[1]  # --port 0: the one the system gave

@@ -286,9 +286,14 @@ MIGRATIONS: list[tuple[str, str | Step]] = [
 ]
 
 
-def migrate(c: Cursor, dialect: Dialect, where: str) -> None:
-    """Apply pending migrations (the caller holds one write transaction); refuse a newer schema."""
-    c.execute(f"CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at {dialect.tokens['float']})")
+def migrate(c: Cursor, dialect: Dialect, where: str, *, has_table: bool | None = None) -> None:
+    """Apply pending migrations (the caller holds one write transaction); refuse a newer
+    schema. `has_table`: whether `_migrations` exists, where the caller knows (an up-to-date
+    store then needs no right to create tables: a role that may only read and write)."""
+    if not has_table:
+        c.execute(
+            f"CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at {dialect.tokens['float']})"
+        )
     applied = {row[0] for row in c.execute("SELECT name FROM _migrations").fetchall()}
     unknown = sorted(applied - {name for name, _ in MIGRATIONS})
     if unknown:

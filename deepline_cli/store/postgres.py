@@ -22,9 +22,15 @@ import psycopg.errors
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
-from deepline_cli.errors import StoreConflict, StoreConnectionLost, StoreError, StoreOpenError
+from deepline_cli.errors import (
+    StoreConflict,
+    StoreConnectionLost,
+    StoreError,
+    StoreOpenError,
+    StoreRefusedConnection,
+)
 from deepline_cli.store import safe_url
-from deepline_cli.store.migrations import POSTGRES, migrate
+from deepline_cli.store.migrations import MIGRATIONS, POSTGRES, migrate
 from deepline_cli.store.records import Settlement
 from deepline_cli.store.sql import SqlStore, settle_statement
 
@@ -90,25 +96,54 @@ def _no_nul(params: Sequence[Any]) -> Sequence[Any]:
     return params
 
 
-def _not_another_programs(c: _Tx, url: str) -> None:
-    """The schema deepline would create its tables in, holding tables (or views) and no
-    deepline migrations, is another program's: refused before anything is written to it
-    (an application's own `runs` or `events` would be taken for deepline's). Tables an
-    extension made (PostGIS's `spatial_ref_sys`) are not counted."""
-    rows = c.execute(
-        "SELECT current_schema(), c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p', 'v', 'm', 'f')"
-        " AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = c.oid AND d.deptype = 'e')"
-        " ORDER BY c.relname"
-    ).fetchall()
-    names = [name for _, name in rows]
-    if names and "_migrations" not in names:
-        shown = ", ".join(names[:5]) + (", …" if len(names) > 5 else "")
+def _schema_of_its_own(c: _Tx, url: str) -> bool:
+    """The schema deepline keeps its tables in (the first of the URL's search_path that
+    exists and may be used): refused when there is none, or when it holds tables (or views)
+    and no deepline migrations: another program's (its own `runs` or `events` would be taken
+    for deepline's). Tables an extension made (PostGIS's `spatial_ref_sys`) are not counted.
+    Whether deepline's `_migrations` table is there already."""
+    schema, path, user = c.execute("SELECT current_schema(), current_setting('search_path'), current_user").fetchall()[
+        0
+    ]
+    if schema is None:
         raise StoreOpenError(
-            f"The store {url} is another program's database (tables {shown} in schema {rows[0][0]}), not a "
-            "deepline store; give deepline a database of its own, or a schema of its own: CREATE SCHEMA deepline, "
-            "then add ?options=-csearch_path%3Ddeepline to the URL."
+            f"The store {url} has no schema to keep its tables in: no schema of its search_path ({path}) exists "
+            f"or may be used by {user}; CREATE SCHEMA (and GRANT USAGE, CREATE ON it to {user}), or fix the URL."
         )
+    names = [
+        name
+        for (name,) in c.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p', 'v', 'm', 'f')"
+            " AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = c.oid AND d.deptype = 'e')"
+            " ORDER BY c.relname"
+        ).fetchall()
+    ]
+    if "_migrations" in names and _ours(c):
+        return True
+    if names:
+        shown = ", ".join(names[:5]) + (", …" if len(names) > 5 else "")
+        first = path.split(",")[0].strip().strip('"')
+        passed = f" (schema {first} of its search_path does not exist or may not be used by {user})"
+        add = "&" if "?" in url else "?"
+        raise StoreOpenError(
+            f"The store {url} is another program's database (tables {shown} in schema {schema}"
+            f"{passed if first not in (schema, '$user') else ''}), not a deepline store; give deepline a "
+            "database of its own, or a schema of its own: CREATE SCHEMA deepline, then add "
+            f"{add}options=-csearch_path%3Ddeepline to the URL."
+        )
+    return False
+
+
+def _ours(c: _Tx) -> bool:
+    """Is this schema's `_migrations` deepline's (it lists deepline's first migration)?"""
+    named = c.execute(
+        "SELECT count(*) FROM information_schema.columns WHERE table_schema = current_schema()"
+        " AND table_name = '_migrations' AND column_name = 'name'"
+    ).fetchall()
+    if not named[0][0]:
+        return False
+    return bool(c.execute("SELECT count(*) FROM _migrations WHERE name = ?", (MIGRATIONS[0][0],)).fetchall()[0][0])
 
 
 CHANNEL = "deepline_work"  # NOTIFY channel: new queued runs, delivered events
@@ -168,7 +203,7 @@ class PostgresStore(SqlStore):
         try:
             self._conn: psycopg.Connection[Any] = _connect(url)
         except psycopg.Error as exc:
-            raise StoreOpenError(f"Cannot connect to the store {self.url}: {_reason(exc)}.") from None
+            raise StoreRefusedConnection(f"Cannot connect to the store {self.url}: {_reason(exc)}.") from None
         # One connection, used from the runtime's store thread and the main thread.
         self._lock = threading.RLock()
         try:
@@ -180,8 +215,7 @@ class PostgresStore(SqlStore):
     def _migrate(self) -> None:
         with self._write() as c:
             c.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
-            _not_another_programs(c, self.url)
-            migrate(c, POSTGRES, self.url)
+            migrate(c, POSTGRES, self.url, has_table=_schema_of_its_own(c, self.url))
 
     def notify(self) -> None:
         with self._lock, self._errors("written"):

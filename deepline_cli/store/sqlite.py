@@ -100,12 +100,20 @@ def _not_another_programs(conn: sqlite3.Connection, path: str) -> None:
     """A SQLite file with tables and no deepline migrations is another program's database:
     refused before anything is written to it (WAL, deepline's tables)."""
     tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
-    if tables and "_migrations" not in tables:
+    if tables and not ("_migrations" in tables and _ours(conn)):
         shown = ", ".join(tables[:5]) + (", …" if len(tables) > 5 else "")
         raise StoreOpenError(
             f"The file {path} is another program's database (tables {shown}), not a deepline store; "
             "give a new file or an existing store with --store."
         )
+
+
+def _ours(conn: sqlite3.Connection) -> bool:
+    """Is this file's `_migrations` deepline's (it lists deepline's first migration)?"""
+    try:
+        return conn.execute("SELECT 1 FROM _migrations WHERE name = ?", (MIGRATIONS[0][0],)).fetchone() is not None
+    except sqlite3.Error:  # another program's table of that name
+        return False
 
 
 def _identity(path: str) -> tuple[int, int] | None:

@@ -29,6 +29,7 @@ from deepline_cli.errors import (
     StoreConnectionLost,
     StoreError,
     StoreOpenError,
+    StoreRefusedConnection,
     StoreUnreachable,
 )
 from deepline_cli.runtime.calls.events import Event, EventBus
@@ -170,7 +171,13 @@ class Worker:
         with self._lock:
             if self.failure is None:
                 self.failure = exc
-        why = "cannot be reached" if isinstance(exc, StoreUnreachable | StoreOpenError) else "cannot be used"
+        why = (
+            "cannot be reached"
+            if isinstance(exc, StoreUnreachable | StoreRefusedConnection)
+            else "cannot be opened"
+            if isinstance(exc, StoreOpenError)
+            else "cannot be used"
+        )
         self.drain(f"stopping: the store {why}")
 
     # --- one thread ------------------------------------------------------------------------
