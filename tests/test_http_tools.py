@@ -1020,6 +1020,18 @@ def test_batch_tools_send_members_together_and_keep_a_receipt_per_member(
     aggregates = project.receipts(tool="ht.batch#batch")
     assert sorted(a.idempotency_key for a in aggregates) == sorted(keys)
 
+    # The report counts the 12 calls made, not the 3 requests carrying them as 3 calls more.
+    from deepline_cli.ui.report_data import read_report
+    from deepline_cli.ui.report_html import render
+
+    (run_id,) = [r.run_id for r in members][:1]
+    store = SQLiteStore(project.store)
+    try:
+        html = render(read_report(store, run_id))
+    finally:
+        store.close()
+    assert "<span>tool calls</span><b>12</b><small>12 answered · 0 failed · 3 batch requests</small>" in html
+
     # Members are reused one by one: only the new ones go out, in one request.
     more = [call("ht.batch", {"domain": f"d{i}.com"}) for i in range(15)]
     again = project.run(calls(*more, gather=True)).output

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from deepline_cli import __version__
 from deepline_cli._format import format_credits, kept_said
+from deepline_cli.runtime.calls.batch import BATCH_SUFFIX
 from deepline_cli.runtime.map.projection import CellCounts, describe
 from deepline_cli.runtime.run.holders import holder_words
 from deepline_cli.store.ledger import CallRow
@@ -78,19 +79,30 @@ def render(report: Report) -> str:
 # --- sections ---------------------------------------------------------------------------------
 
 
+def _calls(report: Report) -> list[ToolFigures]:
+    """The tools' calls, not the batch requests carrying a batch tool's calls (`tool#batch`)."""
+    return [t for t in report.tools.values() if not t.tool.endswith(BATCH_SUFFIX)]
+
+
 def _header(report: Report) -> str:
     run, stats = report.run, report.stats
     rows = stats.get("rows") or {}
-    live = sum(t.live for t in report.tools.values())
-    reused = sum(t.reused for t in report.tools.values())
-    failed = sum(t.failed for t in report.tools.values())
-    recovered = sum(t.recovered for t in report.tools.values())
-    kept = sum(t.kept for t in report.tools.values())  # failed, with no request: not calls made
+    calls = _calls(report)
+    live = sum(t.live for t in calls)
+    reused = sum(t.reused for t in calls)
+    failed = sum(t.failed for t in calls)
+    recovered = sum(t.recovered for t in calls)
+    kept = sum(t.kept for t in calls)  # failed, with no request: not calls made
+    batches = sum(t.live + t.failed - t.kept for t in report.tools.values() if t.tool.endswith(BATCH_SUFFIX))
     failed_note = f"{recovered:,} fell back · {failed - recovered:,} final" if failed else ""
     status = f'<span class="{"ok" if run.status == "completed" else "bad"}">{_e(run.status)}</span>'
     cards = [
         ("credits", format_credits(stats.get("credits", 0)), ""),
-        ("tool calls", f"{live + failed - kept:,}", f"{live:,} answered · {failed - kept:,} failed"),
+        (
+            "tool calls",
+            f"{live + failed - kept:,}",
+            f"{live:,} answered · {failed - kept:,} failed" + (f" · {batches:,} batch requests" if batches else ""),
+        ),
         ("reused", f"{reused:,}", "answers from receipts"),
         ("failed calls", f"{failed:,}", failed_note + (f" · {kept_said(kept)}" if kept else "")),
         ("rows", f"{rows.get('succeeded', 0) + rows.get('failed', 0):,}", _row_origin(rows)),
@@ -117,13 +129,13 @@ def _header(report: Report) -> str:
 
 def failures_said(report: Report) -> str:
     """What failed, and what became of it, in one sentence a person can act on."""
-    failed = sum(t.failed for t in report.tools.values())
-    recovered = sum(t.recovered for t in report.tools.values())
+    failed = sum(t.failed for t in _calls(report))
+    recovered = sum(t.recovered for t in _calls(report))
     rows = int((report.stats.get("rows") or {}).get("failed", 0))
     row_words = f"{rows:,} row{'s' if rows != 1 else ''} failed"
     if not failed:
         return f"No call failed; {row_words}." if rows else "No call failed and no row failed."
-    kept = sum(t.kept for t in report.tools.values())
+    kept = sum(t.kept for t in _calls(report))
     calls = f"{failed:,} call{'s' if failed != 1 else ''} failed (counted once each, however many attempts tried"
     calls += f"; {kept_said(kept)}, not asked again)" if kept else ")"
     if recovered == failed:

@@ -25,6 +25,7 @@ from deepline_cli.runtime.calls.receipts import DurableCall, ReceiptBook, receip
 from deepline_cli.runtime.providers.tools import ToolCall, ToolDef
 
 Send = Callable[[list[Any], ToolCall], Awaitable[Any]]
+BATCH_SUFFIX = "#batch"  # a batch request's receipts are a tool of their own: `hunter.email#batch`
 Member = tuple[ToolCall, Any, asyncio.Future[Any]]
 
 
@@ -64,7 +65,10 @@ class Batcher:
         if member.receipt_key not in keys:
             raise DeeplineError(f"{self.tool}: the batch a call was sent in ({member.batch_key}) is not in the store.")
         call = DurableCall(
-            key=member.batch_key, kind="batch", label=f"{self.tool} batch of {len(keys)}", tool=f"{self.tool}#batch"
+            key=member.batch_key,
+            kind="batch",
+            label=f"{self.tool} batch of {len(keys)}",
+            tool=f"{self.tool}{BATCH_SUFFIX}",
         )
         results = await self._execute(call, [input for _, input in sent])
         return results[keys.index(member.receipt_key)]
@@ -89,7 +93,7 @@ class Batcher:
             key=receipt_key("batch", self.tool, *sorted(info.idempotency_key for info, _, _ in members)),
             kind="batch",
             label=f"{self.tool} batch of {len(members)}",
-            tool=f"{self.tool}#batch",
+            tool=f"{self.tool}{BATCH_SUFFIX}",
             members=[(info.receipt_key, info.lease_id) for info, _, _ in members],
             request=[[info.receipt_key, input] for info, input, _ in members],
         )
