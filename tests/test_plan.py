@@ -353,6 +353,47 @@ def test_a_column_running_a_child_play_has_no_known_maximum(deepline, write_play
     assert len([n for n in column["notes"] if "has no stored result" in n]) == 1, column["notes"]
 
 
+CHILD_AFTER_A_CALL = """
+from deepline_cli import Column, play, tool
+
+@tool("p.people", credits=1)
+def people(input):
+    return [{"name": "ada"}, {"name": "grace"}]
+
+@tool("kid.lookup", credits=2.5)
+def lookup(input):
+    return {"ok": input["name"]}
+
+@play("kid")
+async def kid(ctx, input):
+    for person in input["people"]:
+        await ctx.tools.execute("look-" + person["name"], "kid.lookup", {"name": person["name"], "d": input["d"]})
+    return len(input["people"])
+
+async def contacts(row, rc):
+    return await rc.run_play("enrich", "play.py:kid", {"people": row["people"], "d": row["d"]})
+
+@play("parent")
+async def parent(ctx, input):
+    rows = [{"d": f"y{n}.com"} for n in range(5)]
+    done = await ctx.map("m", rows, key="d", columns={
+        "people": lambda row, rc: rc.tools.execute("p", "p.people", {"d": row["d"]}),
+        "contacts": Column(contacts, run_if=lambda row: bool(row["people"])),
+    })
+    return {"rows": len(done)}
+"""
+
+
+def test_a_child_play_column_that_waits_for_an_earlier_column_has_no_known_maximum(deepline, write_play) -> None:
+    """The child play column reads the people an earlier column finds: the plan bounded it
+    by the tools its code names (none) and said "max 5 credits"; the run spent 30."""
+    play = write_play(CHILD_AFTER_A_CALL)
+    plan = _plan(deepline, f"{play}:parent")
+    assert plan["totals"]["credits"]["max"] is None, plan["totals"]
+    run = deepline("run", f"{play}:parent", "--json")
+    assert run.json_lines()[-1]["stats"]["credits"] == 30  # 5 rows × (1 + 2 × 2.5)
+
+
 FAILED_ROW_THEN_BODY = """
 from deepline_cli import play, tool
 

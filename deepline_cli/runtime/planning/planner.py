@@ -48,7 +48,7 @@ from deepline_cli.runtime.map.pilot import whole_row_reusable
 from deepline_cli.runtime.map.reuse import previous_value, refresh_after
 from deepline_cli.runtime.map.row_context import PendingRow, RowContext
 from deepline_cli.runtime.map.rows import CsvSource, RowKey
-from deepline_cli.runtime.planning.toolscan import tool_ids
+from deepline_cli.runtime.planning.toolscan import runs_child_plays, tool_ids
 from deepline_cli.runtime.providers.config import Config, load_config
 from deepline_cli.runtime.providers.http import FetchResult
 from deepline_cli.runtime.providers.tools import ToolDef, ToolResult, find_tool
@@ -129,6 +129,7 @@ class ColumnPlan:
     # No tool id in its code and no `rc` to call one with (`lambda row: ...`): a cell that
     # depends on another column's value still calls nothing.
     calls_nothing: bool = False
+    child_plays: bool = False  # its code runs child plays: what a cell calls has no known bound
     reused_cells: int = 0  # cells the sheet gives back (same row input and column code)
     paid_calls: int = 0  # calls answered by receipts that exist (no new bill)
     new_calls: int = 0  # calls that would be made for sure
@@ -531,7 +532,7 @@ class RowPlanner:
             reached.add(stop.tool)
             return _Stopped()
         except NotPlanned as stop:
-            self._dependent(plan, stop.reason, tracker, reached)
+            self._dependent(plan, stop.reason, tracker, reached, said_unbounded=stop.unbounded)
             plan.credits.unbounded = plan.credits.unbounded or stop.unbounded
             return _Stopped()
         except DeeplineError as exc:
@@ -579,15 +580,22 @@ class RowPlanner:
             )
             plan.credits.add(0.0, expected, high)
 
-    def _dependent(self, plan: ColumnPlan, reason: str, tracker: Tracker | None, reached: set[str]) -> None:
-        """A cell whose calls cannot be known before running: bounded by the tools it names."""
+    def _dependent(
+        self, plan: ColumnPlan, reason: str, tracker: Tracker | None, reached: set[str], *, said_unbounded: bool = False
+    ) -> None:
+        """A cell whose calls cannot be known before running: bounded by the tools it names,
+        unless it runs child plays (`said_unbounded`: the reason says so already)."""
         if plan.calls_nothing:  # its value waits for another column's; no call does
             return
         plan.dependent_rows += 1
         plan.note(reason + (" (then its run_if decides)" if plan.run_if and reason.startswith("depends on") else ""))
         called = tracker.called if tracker is not None else set()
         rest = [t for t in plan.tools if t not in called]
-        high = sum(plan.credits_each.get(t, 0.0) for t in rest)
+        high: float | None = sum(plan.credits_each.get(t, 0.0) for t in rest)
+        if plan.child_plays:  # what its child plays call is known only by running them
+            high = None
+            if not said_unbounded:
+                plan.note("runs child plays; what they call is not counted")
         rest = [t for t in rest if t not in reached]  # an earlier column's call: most likely shared
         if self.history.rows:
             expected = sum(plan.credits_each.get(t, 0.0) * self.history.rate(t) for t in rest)
@@ -779,7 +787,7 @@ class Planner:
         found = tool_ids(fns, lambda t: tools.declared(t) is not None)
         return ColumnPlan(
             column.name, found, self._credits_of(found), column.column.run_if is not None,
-            calls_nothing=column.arity == 1 and not found,
+            calls_nothing=column.arity == 1 and not found, child_plays=runs_child_plays(fns),
         )  # fmt: skip
 
     def _credits_of(self, tool_ids: list[str]) -> dict[str, float]:

@@ -32,6 +32,12 @@ def string_constants(fn: Any) -> list[str]:
     return list(found)
 
 
+def runs_child_plays(fns: list[Any]) -> bool:
+    """Whether `fns`, or the play functions they reach, call `run_play` (a child play, whose
+    calls only a real run can tell)."""
+    return any("run_play" in _walk(fn, set(), _names) for fn in fns)
+
+
 def tool_ids(fns: list[Any], is_tool: Callable[[str], bool]) -> list[str]:
     """The tool ids `fns` name, in the order they appear (the first is a waterfall's first)."""
     found: dict[str, None] = {}
@@ -46,11 +52,14 @@ def _is_waterfall(fn: Any) -> bool:
     return callable(getattr(fn, "__fingerprint__", None)) and not isinstance(fn, type)
 
 
-def _walk(fn: Any, seen: set[int]) -> Iterator[str]:
+def _walk(fn: Any, seen: set[int], take: Callable[[types.CodeType], Iterator[str]] | None = None) -> Iterator[str]:
+    """What `take` reads of the code of `fn` and of the play functions it reaches: its
+    string constants (by default), or the names it uses."""
+    take = take or _code_strings
     if _is_waterfall(fn):  # its steps, in order
         for part in fn.__fingerprint__():
             if callable(part):
-                yield from _walk(part, seen)
+                yield from _walk(part, seen, take)
         return
     code = getattr(fn, "__code__", None)
     if code is None:
@@ -60,7 +69,7 @@ def _walk(fn: Any, seen: set[int]) -> Iterator[str]:
     seen.add(id(fn))
     module = getattr(fn, "__module__", None)
     namespace = getattr(fn, "__globals__", {})
-    yield from _code_strings(code)
+    yield from take(code)
     names = list(dict.fromkeys(_names(code)))
     for name in names:
         value = namespace.get(name)
@@ -72,20 +81,20 @@ def _walk(fn: Any, seen: set[int]) -> Iterator[str]:
         # and waterfalls it built (their classes are deepline's), alone or in a dict of columns.
         for found in values:
             if isinstance(found, Column):
-                yield from _walk(found.fn, seen)
+                yield from _walk(found.fn, seen, take)
                 if found.run_if is not None:
-                    yield from _walk(found.run_if, seen)
+                    yield from _walk(found.run_if, seen, take)
             elif callable(found) and (
                 getattr(found, "__module__", None) == module or _is_waterfall(found) or _own(found)
             ):
-                yield from _walk(found, seen)
+                yield from _walk(found, seen, take)
     for cell in getattr(fn, "__closure__", None) or ():
         try:
             value = cell.cell_contents
         except ValueError:  # an empty cell
             continue
         if callable(value):
-            yield from _walk(value, seen)
+            yield from _walk(value, seen, take)
 
 
 def _own(value: Any) -> bool:
