@@ -1082,6 +1082,22 @@ def test_a_batch_that_failed_transiently_is_sent_again_as_that_batch(
     assert len(keys_of) == 5
 
 
+def test_a_batch_sent_again_answers_its_other_members_later(project: Project, provider: LoopbackProvider) -> None:
+    """A batch of two timed out; the next run asked one of them (the batch went out again,
+    under its key, and answered) and the one after the other: the batch's receipt had lost
+    what it sent, and that run failed ("not in the store") for a call already paid."""
+    project.config(BATCH_TOOL.replace("credits = 1", "credits = 1\nretries = 0\ntimeout_s = 0.5"))
+    provider.script("/people/batch", ["slow:1"])
+    both = [call("ht.batch", {"domain": f"d{i}.com"}) for i in range(2)]
+    project.run(calls(*both, gather=True, catch=True))
+    for i in range(2):
+        (answer,) = project.run(calls(call("ht.batch", {"domain": f"d{i}.com"}))).output
+        assert answer["output"]["echo"] == {"domain": f"d{i}.com"}, answer
+    sent = provider.on("/people/batch")
+    assert len(sent) == 2 and len({r.headers["idempotency-key"] for r in sent}) == 1  # the batch, twice
+    assert_billed_once(provider)
+
+
 def test_a_batch_tool_whose_request_line_or_headers_take_the_calls_fields_is_refused(
     project: Project, provider: LoopbackProvider, cli: Callable[..., Any]
 ) -> None:

@@ -162,33 +162,37 @@ class LedgerQueries:
             f" AND u.key NOT IN (SELECT key FROM calls WHERE run_id IN {TREE})",
             (run_id,) * 8,
         )
-        owner = self._row_owners(run_id, {(run, map) for _, _, _, run, map, _, _, _ in rows if map is not None})
-        ended = self._rows_ended(
-            {(owner[run, map], map, row) for _, _, _, run, map, row, _, _ in rows if map is not None}
-        )
+        owners = self._row_owners(run_id, {(run, map) for _, _, _, run, map, _, _, _ in rows if map is not None})
+        wanted = {(o, map, row) for _, _, _, run, map, row, _, _ in rows if map is not None for o in owners[run, map]}
+        ended = self._rows_ended(wanted)
         failed: list[FailedCall] = []
         for key, kind, tool, run, map, row, retryable, kept in rows:
-            at = (owner[run, map], map, row) if map is not None else None
-            outcome, fell_back = ended.get(at, (None, None)) if at is not None else ("", None)
+            outcome: str | None = ""
+            fell_back: frozenset[str] | None = None
+            if map is not None:  # the row of the nearest run that has it: the call's own run's, or an ancestor's
+                at = next((o for o in owners[run, map] if (o, map, row) in ended), None)
+                outcome, fell_back = ended[at, map, row] if at is not None else (None, None)
             got_past = None if fell_back is None else key[:FOUND_PREFIX] in fell_back
             failed.append(FailedCall(key, tool or f"ctx.{kind}", outcome, bool(retryable), got_past, bool(kept)))
         return failed
 
-    def _row_owners(self, run_id: str, made: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
-        """The run whose map each (run, map) call was made for: the run itself, or, for a
-        child play a map row ran (its calls are made for that row), the ancestor whose map it is."""
+    def _row_owners(self, run_id: str, made: set[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
+        """The runs whose map row a (run, map) call may have been made for, nearest first:
+        the run itself, and for a child play a map row ran (its calls outside its own maps
+        are made for that row) its ancestors with a map of that name."""
         if not made:
             return {}
-        maps = set(self._read(f"SELECT run_id, map FROM maps WHERE run_id IN {TREE}", (run_id, run_id)))
-        if made <= maps:
-            return {pair: pair[0] for pair in made}
         parents = dict(self._read(f"SELECT run_id, parent_run_id FROM runs WHERE run_id IN {TREE}", (run_id, run_id)))
-        owners: dict[tuple[str, str], str] = {}
+        maps = set(self._read(f"SELECT run_id, map FROM maps WHERE run_id IN {TREE}", (run_id, run_id)))
+        owners: dict[tuple[str, str], list[str]] = {}
         for run, map in made:
+            chain: list[str] = []
             at: str | None = run
-            while at is not None and (at, map) not in maps:
+            while at is not None:
+                if (at, map) in maps:
+                    chain.append(at)
                 at = parents.get(at)
-            owners[run, map] = at if at is not None else run
+            owners[run, map] = chain or [run]
         return owners
 
     def _rows_ended(

@@ -233,8 +233,9 @@ def claimed_receipt(current: Receipt | None, cl: Claim, now: float) -> Receipt:
     see claim_idempotency_key) keeps its batch, so it goes out again only as that batch; one
     taken over keeps that it was claimed alone (batch_key None: it may have gone out alone)."""
     resumed = current is not None and current.status in ("running", "released")
-    request = cl.request if cl.request is not None else current.request if resumed and current else None
     retried = current is not None and current.status == "failed" and current.retryable
+    # What it sends (a batch's members), kept when it is sent again as it was.
+    request = cl.request if cl.request is not None else current.request if (resumed or retried) and current else None
     if current is not None and current.batch_key and (resumed or retried):
         batch_key = current.batch_key  # its batch: that batch again, under its key
     elif resumed and current is not None and current.batch_key is None:
