@@ -397,6 +397,45 @@ def test_an_output_that_cannot_be_written_interrupts_the_run_resumably(
     assert resumed.code == 0 and resumed.stdout.strip() == "100", resumed.stderr
 
 
+NO_MAP = """
+from deepline_cli import play
+
+@play("nomap")
+async def nomap(ctx, input):
+    return {"ok": True}
+"""
+
+
+@pytest.mark.parametrize("target", ["stdout", "closed"])
+def test_json_that_cannot_be_written_says_what_became_of_the_run(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path, cli_env: dict[str, str], target: str
+) -> None:
+    """A run its sheet answered whole (`--json >&-`): stderr said "run c1 stops here;
+    `deepline resume c1` finishes it", the run completed and exited 0. It is interrupted
+    now (the map checks as it goes); a run that completes all the same (no map to stop)
+    says so, exit 1 where a script would read its output (a full disk), 0 for a closed one."""
+    write_play(QUICK_MAP)
+    assert deepline("run", "play.py", "--run-id", "base", "--quiet").code == 0
+    proc = _output_to(target, ["run", "play.py", "--run-id", "c1", "--json"], tmp_path, cli_env)
+    assert proc.returncode == 130, proc.stderr
+    assert "`deepline resume c1` finishes it" in proc.stderr, proc.stderr
+    assert _json.loads(deepline("runs", "show", "c1", "--json").stdout)["status"] == "interrupted"
+    write_play(NO_MAP)
+    done = _output_to(target, ["run", "play.py", "--run-id", "n1", "--json"], tmp_path, cli_env)
+    assert done.returncode == (1 if target == "stdout" else 0), done.stderr
+    assert "run n1 completed all the same" in done.stderr and "resume" not in done.stderr, done.stderr
+    assert _json.loads(deepline("runs", "show", "n1", "--json").stdout)["status"] == "completed"
+
+
+def test_a_failed_run_under_json_says_why_on_stderr_too(deepline: Run, write_play: Callable[..., Path]) -> None:
+    """`--json 2>err` of a failed run: stderr was empty, and a CI log showed nothing."""
+    write_play(NO_MAP.replace('return {"ok": True}', 'raise ValueError("the CRM export is empty")'))
+    failed = deepline("run", "play.py", "--json")
+    assert failed.code == 1, failed.stderr
+    assert "failed: ValueError: the CRM export is empty" in failed.stderr, failed.stderr
+    assert _json.loads(failed.stdout.splitlines()[-1])["status"] == "failed"  # stdout: NDJSON only
+
+
 def test_a_run_whose_stdout_is_closed_still_completes(
     deepline: Run, write_play: Callable[..., Path], tmp_path: Path, cli_env: dict[str, str]
 ) -> None:

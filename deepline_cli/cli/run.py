@@ -353,6 +353,11 @@ def report_run(result: RunResult, json_mode: bool, view: Any) -> None:
                     **result.finished_event(),
                 }
             )
+        if view.said_unwritten(result.run_id, result.status):  # `> out.ndjson && upload` must not go on
+            raise typer.Exit(1)
+        if result.status == "failed":  # the NDJSON says it; a CI log shows stderr: one sentence there too
+            err.write("\n".join(verdict(result.run_id, result.status, result.stats, result.error, play=result.play)))
+            err.write("\n")
         return
     if result.status == "completed":
         _print_output(result)

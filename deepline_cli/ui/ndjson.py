@@ -24,6 +24,7 @@ class NdjsonView:
         self._to_stdout = stream is None
         self.on_closed = on_closed
         self.closed = False
+        self.failure: OSError | Exception | None = None  # why stdout could not be written (not a reader gone)
 
     def handle(self, event: Event) -> None:
         self.write(event.to_dict())
@@ -44,14 +45,30 @@ class NdjsonView:
         if self._to_stdout and self.stream is not None:
             with contextlib.suppress(OSError, ValueError):
                 silence(self.stream.fileno())
-        if not isinstance(exc, BrokenPipeError):  # no reader to tell, the user is: on stderr
-            run = f"run {run_id}" if run_id else "the run"
-            resume = f"; `deepline resume {run_id}` finishes it" if run_id else ""
-            with contextlib.suppress(OSError, ValueError, AttributeError):
-                said = f"Error: the --json output could not be written ({getattr(exc, 'strerror', None) or exc})"
-                sys.stderr.write(f"{said}: {run} stops here{resume}.\n")
+        if not isinstance(exc, BrokenPipeError):  # no reader to tell, the user is: said once the run ended
+            self.failure = exc
         if self.on_closed is not None:
             self.on_closed()
+
+    def said_unwritten(self, run_id: str, status: str) -> bool:
+        """Say on stderr that the --json output could not be written, and what became of the
+        run (interrupted: resumable; or it completed all the same). Whether that fails the
+        command: an output a script will read (a full disk) does, a closed stdout does not."""
+        exc = self.failure
+        if exc is None:
+            return False
+        said = f"the --json output could not be written ({getattr(exc, 'strerror', None) or exc})"
+        closed = getattr(exc, "errno", None) == errno.EBADF
+        if status == "completed":
+            text = f"{'Warning' if closed else 'Error'}: {said}; run {run_id} completed all the same: "
+            text += f"deepline runs show {run_id} --json"
+        elif status == "interrupted":
+            text = f"Error: {said}: run {run_id} stopped; `deepline resume {run_id}` finishes it"
+        else:
+            text = f"Error: {said}; run {run_id} ended {status}: deepline runs show {run_id}"
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            sys.stderr.write(text + ".\n")
+        return status == "completed" and not closed
 
     def __enter__(self) -> NdjsonView:
         return self

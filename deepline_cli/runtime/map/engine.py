@@ -197,6 +197,7 @@ class MapRun:
         counted = False  # the map's rows recorded, once the whole input is read
         async with contextlib.aclosing(self.intake.read_ahead(sheet_rows)) as chunks:
             async for chunk in chunks:
+                self.s.check_open()  # interrupted: a map its sheet answers whole stops too
                 if not counted and self.intake.read_whole:
                     counted = True
                     await self._input_read()
