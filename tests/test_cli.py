@@ -617,6 +617,10 @@ def test_run_id_of_another_play_or_input_is_refused_not_reported(deepline, basic
     another = deepline("run", str(other), "--input", payload, "--run-id", "nightly")
     assert another.code == 2
     assert "Run nightly is a run of play 'basic', not 'other';" in another.stderr
+    # Another workspace (its own receipts and sheets): not last night's run of the default one.
+    elsewhere = deepline("run", str(play), "--input", payload, "--run-id", "nightly", DEEPLINE_WORKSPACE="acme")
+    assert elsewhere.code == 2, elsewhere.stderr
+    assert "Run nightly is a run of workspace 'default', not 'acme';" in elsewhere.stderr, elsewhere.stderr
     assert len(logged(log)) == 3  # nothing ran again
     assert deepline("run", str(play), "--input", payload, "--run-id", "nightly").code == 0  # the same: reported
 

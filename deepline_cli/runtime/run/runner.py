@@ -147,6 +147,8 @@ class Runner:
         run_id = existing.run_id
         if name != existing.play:
             differs = f"of play {existing.play!r}, not {name!r}"
+        elif (existing.workspace or "default") != self.options.workspace:  # its receipts and sheets are another's
+            differs = f"of workspace {existing.workspace or 'default'!r}, not {self.options.workspace!r}"
         elif _json.loads(_json.dumps(input)) != existing.input:  # as stored (JSON), in any key order
             differs = f"of play {existing.play!r} with another input"
         elif (elsewhere := named_elsewhere(input, existing.cwd, cwd, existing.options.get("input_files"))) is not None:
