@@ -394,6 +394,50 @@ def test_a_child_play_column_that_waits_for_an_earlier_column_has_no_known_maxim
     assert run.json_lines()[-1]["stats"]["credits"] == 30  # 5 rows × (1 + 2 × 2.5)
 
 
+WATERFALL_AFTER_A_LOOKUP = """
+from deepline_cli import play, steps, tool
+
+@tool("t.company", credits=1)
+def company(input):
+    return {"domain": input["d"]}
+
+@tool("t.first", credits=1)
+def first(input):
+    return None
+
+@tool("t.second", credits=1)
+def second(input):
+    return {"email": "x@" + input["d"]}
+
+EMAIL = (
+    steps()
+    .step("first", lambda row, rc: rc.tools.execute("a", "t.first", {"d": row["company"]["domain"]}))
+    .step("second", lambda row, rc: rc.tools.execute("b", "t.second", {"d": row["company"]["domain"]}))
+)
+
+@play("wf")
+async def wf(ctx, input):
+    rows = [{"d": f"w{n}.com"} for n in range(6)]
+    done = await ctx.map("m", rows, key="d", columns={
+        "company": lambda row, rc: rc.tools.execute("c", "t.company", {"d": row["d"]}),
+        "email": EMAIL,
+    })
+    return len(done)
+"""
+
+
+def test_the_calls_that_depend_on_data_are_bounded_by_every_tool_a_row_may_call(deepline, write_play) -> None:
+    """ "6 new calls (+ up to 6 that depend on data)" for a run that then made 18: a row's
+    two-step waterfall may make two calls, and the plan counted rows, not calls."""
+    play = write_play(WATERFALL_AFTER_A_LOOKUP)
+    totals = _plan(deepline, str(play))["totals"]
+    run = deepline("run", str(play), "--json")
+    made = sum(t["live"] for t in run.json_lines()[-1]["stats"]["tools"].values())
+    assert made == 18
+    assert totals["new_calls"] + totals["dependent_calls"] >= made, totals
+    assert (totals["new_calls"], totals["dependent_calls"]) == (6, 12), totals
+
+
 FAILED_ROW_THEN_BODY = """
 from deepline_cli import play, tool
 

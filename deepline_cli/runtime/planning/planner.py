@@ -135,6 +135,9 @@ class ColumnPlan:
     new_calls: int = 0  # calls that would be made for sure
     shared_calls: int = 0  # calls another row of this plan makes already (billed once)
     dependent_rows: int = 0  # rows whose calls here depend on answers known only after running
+    # The calls those rows, and rows whose first call is new (a waterfall's next steps), may
+    # make besides: each tool the column names and the row has not called yet, once.
+    dependent_calls: int = 0
     failed_rows: int = 0
     credits: Credits = field(default_factory=Credits)
     reasons: dict[str, int] = field(default_factory=dict)
@@ -154,6 +157,7 @@ class ColumnPlan:
             "new_calls": self.new_calls,
             "shared_calls": self.shared_calls,
             "dependent_rows": self.dependent_rows,
+            "dependent_calls": self.dependent_calls,
             "failed_rows": self.failed_rows,
             "credits": self.credits.as_dict(),
             "notes": [f"{reason} ({n:,} row{'s' if n != 1 else ''})" for reason, n in self.reasons.items()],
@@ -212,7 +216,7 @@ class MapPlan:
             "reused_cells": sum(c.reused_cells for c in self.columns),
             "paid_calls": sum(c.paid_calls for c in self.columns),
             "new_calls": sum(c.new_calls for c in self.columns),
-            "dependent_calls": sum(c.dependent_rows for c in self.columns),
+            "dependent_calls": sum(c.dependent_calls for c in self.columns),
             "credits": total.as_dict(),
             "expected_from": (
                 f"hit rates of {self.history_rows:,} rows of earlier runs"
@@ -573,6 +577,7 @@ class RowPlanner:
                 plan.note(f"{stop.tool} prices its answers itself and none is known yet: no maximum")
         rest = [t for t in plan.tools if t != stop.tool and t not in tracker.called]
         if rest:
+            plan.dependent_calls += len(rest)
             plan.note(f"after {stop.tool}, may call {', '.join(rest)} depending on its answer")
             high = sum(plan.credits_each.get(t, 0.0) for t in rest)
             expected = sum(
@@ -591,6 +596,7 @@ class RowPlanner:
         plan.note(reason + (" (then its run_if decides)" if plan.run_if and reason.startswith("depends on") else ""))
         called = tracker.called if tracker is not None else set()
         rest = [t for t in plan.tools if t not in called]
+        plan.dependent_calls += len(rest)
         high: float | None = sum(plan.credits_each.get(t, 0.0) for t in rest)
         if plan.child_plays:  # what its child plays call is known only by running them
             high = None
