@@ -118,6 +118,20 @@ def test_projection_math_is_a_prediction_interval() -> None:
     assert lines[-1].startswith("full list of 1,000 rows ≈ 1,800 credits (±")
 
 
+def test_a_pilots_time_is_its_rows_pace_not_one_rows_retries() -> None:
+    """One pilot row of 100 waited 30 s in 5xx backoff: "≈ 37 s more" for a rest that took
+    14. The time a row takes is read at the moment 90% of the pilot's rows had finished."""
+    ends = [1.0 + i * 0.1 for i in range(99)] + [31.0]  # 99 rows in 10.8 s, one row 30 s more
+    sample = PilotSample("leads", row_credits=[1.0] * 100, elapsed_s=31.0, row_ends=ends)
+    record = MapRecord("r", "leads", "s", total=100, succeeded=100)
+    m = project_map(sample, record, {"rest_rows": 900, "rest_distinct": 900, "rest_paid": 0})
+    assert m["seconds_per_row"] == pytest.approx(ends[89] / 90, abs=1e-3)  # 0.11 s, not 0.31
+    assert m["rest_s"] == pytest.approx(900 * ends[89] / 90, abs=0.1)
+    few = project_map(PilotSample("leads", elapsed_s=4.0, row_ends=[1.0, 4.0]), MapRecord("r", "leads", "s", total=2),
+                      {"rest_rows": 8, "rest_distinct": 8, "rest_paid": 0})  # fmt: skip
+    assert few["seconds_per_row"] == 2.0  # too few rows to read a pace from: the whole time
+
+
 def test_the_projection_counts_blank_key_rows_as_the_run_will(deepline, write_play, tmp_path) -> None:
     """Rows with a blank key are each a row of their own in the run: the projection of the
     rest of the list took them all for one."""

@@ -330,6 +330,16 @@ class LedgerQueries:
         )
         return {key: round_credits(float(credits or 0.0)) for key, credits in rows}
 
+    def row_ends(self, run_id: str, map: str) -> dict[str, float]:
+        """When the last call made for each row of a run's map ended (every attempt, the
+        child plays a row ran included)."""
+        rows = self._read(
+            f"SELECT row_key, max(ended_at) FROM calls WHERE run_id IN {TREE} AND map = ? AND row_key IS NOT NULL"
+            " AND ended_at IS NOT NULL GROUP BY row_key",
+            (run_id, run_id, map),
+        )
+        return {key: float(end) for key, end in rows}
+
     def rows_reusing(self, run_id: str, map: str) -> set[str]:
         """The rows of a run's map some call of which another run's receipt answered."""
         rows = self._read(

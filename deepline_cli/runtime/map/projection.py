@@ -70,6 +70,12 @@ class PilotSample:
     # Rows that paid for some calls while earlier runs' receipts answered others (new
     # contacts at companies looked up before): what they paid, when no row was wholly new.
     partly_answered: list[float] = field(default_factory=list)
+    # When each row that made calls had its last one answered, seconds after the map started.
+    row_ends: list[float] = field(default_factory=list)
+
+
+PACE_SHARE = 0.9  # a pilot's pace: the time its first 90% of rows took
+PACE_ROWS = 10  # fewer rows than this: the pilot's whole time
 
 
 def mean_sd(values: list[float]) -> tuple[float, float]:
@@ -101,6 +107,10 @@ def project_map(sample: PilotSample, record: MapRecord, pilot: dict[str, Any]) -
     margin = round(Z95 * sd * math.sqrt(new_rows**2 / n + new_rows), 2) if n else 0.0 if known else None
     live_rows = record.total - sample.reused_rows
     seconds_per_row = sample.elapsed_s / live_rows if live_rows > 0 else 0.0
+    ends = sorted(sample.row_ends)
+    if len(ends) >= PACE_ROWS:  # the pace when 90% of its rows had finished: not a straggler's retries
+        done = math.ceil(PACE_SHARE * len(ends))
+        seconds_per_row = ends[done - 1] / done
     pilot_rows = record.total
     return {
         "map": record.map,
@@ -154,6 +164,7 @@ def read_sample(store: Store, run_id: str, record: MapRecord) -> PilotSample:
     answered = store.ledger.rows_reusing(run_id, record.map)
     sample = PilotSample(record.map, {c: CellCounts() for c in record.columns})
     sample.elapsed_s = max(0.0, (record.finished_at or record.started_at) - record.started_at)
+    sample.row_ends = [max(0.0, end - record.started_at) for end in store.ledger.row_ends(run_id, record.map).values()]
     sample.reused_rows = record.reused
     after = -1
     while True:
