@@ -121,6 +121,21 @@ async def batched(ctx, input):
 """
 
 
+def _killed_with_calls_out(
+    run_id: str, path: str, requests: int, provider: TimedProvider, env: dict[str, str], tmp_path: Path
+) -> None:
+    """BATCH_PLAY over 20 rows, SIGKILLed once `requests` requests reached `path` and 5
+    answers are recorded (the rest hang past the kill); the provider answers at once after."""
+    a = start(["run", "play.py", "--set", "n=20", "--run-id", run_id, "--quiet"], env, tmp_path)
+    try:
+        wait_until(lambda: provider.count(path) >= requests, what=f"{requests} requests sent")
+        wait_until(lambda: len(_completed(env, "p.batch")) >= 5, what="the first answers recorded")
+        ensure_alive(a)
+    finally:
+        kill(a)
+    provider.script(path, [])
+
+
 @pytest.mark.parametrize("unbatched", [False, True], ids=["as-it-was", "batch-removed-before-the-resume"])
 def test_a_batch_in_flight_at_a_crash_is_sent_again_as_the_same_batch(
     tmp_path: Path, provider: TimedProvider, env: dict[str, str], unbatched: bool
@@ -144,14 +159,7 @@ timeout_s = 60
 batch = {{ max_size = 5, max_wait_ms = 50 }}
 """
     )
-    a = start(["run", "play.py", "--set", "n=20", "--run-id", "batch-run", "--quiet"], env, tmp_path)
-    try:
-        wait_until(lambda: provider.count("/v1/batch") >= 4, what="four batches sent")
-        wait_until(lambda: len(_completed(env, "p.batch")) >= 5, what="the first batch recorded")
-        ensure_alive(a)
-    finally:
-        kill(a)
-    provider.script("/v1/batch", [])
+    _killed_with_calls_out("batch-run", "/v1/batch", 4, provider, env, tmp_path)
     resume = [sys.executable, "-m", "deepline_cli", "resume", "batch-run", "--concurrency", "3", "--json"]
     if unbatched:
         config = tmp_path / "deepline.toml"
@@ -201,14 +209,7 @@ timeout_s = 60
 concurrency = 8
 """
     config.write_text(alone)
-    a = start(["run", "play.py", "--set", "n=20", "--run-id", "alone-run", "--quiet"], env, tmp_path)
-    try:
-        wait_until(lambda: provider.count("/v1/one") >= 8, what="calls in flight")
-        wait_until(lambda: len(_completed(env, "p.batch")) >= 5, what="the first answers recorded")
-        ensure_alive(a)
-    finally:
-        kill(a)
-    provider.script("/v1/one", [])
+    _killed_with_calls_out("alone-run", "/v1/one", 8, provider, env, tmp_path)
     config.write_text(alone + "batch = { max_size = 5, max_wait_ms = 50 }\n")
     resume = [sys.executable, "-m", "deepline_cli", "resume", "alone-run", "--json"]
     sent = len(provider.requests)
