@@ -353,6 +353,13 @@ def test_a_column_running_a_child_play_has_no_known_maximum(deepline, write_play
     assert len([n for n in column["notes"] if "has no stored result" in n]) == 1, column["notes"]
 
 
+OLD_CALL = '    return await rc.run_play("enrich", "play.py:kid", {"people": row["people"], "d": row["d"]})'
+NEW_CALL = (
+    '    people = await rc.tools.execute("p", "p.people", {"d": row["d"], "once": True})\n'
+    '    return await rc.run_play("enrich", "play.py:kid", {"people": people.output, "d": row["d"]})'
+)
+OLD_COL = '"contacts": Column(contacts, run_if=lambda row: bool(row["people"])),'
+
 CHILD_AFTER_A_CALL = """
 from deepline_cli import Column, play, tool
 
@@ -392,6 +399,11 @@ def test_a_child_play_column_that_waits_for_an_earlier_column_has_no_known_maxim
     assert plan["totals"]["credits"]["max"] is None, plan["totals"]
     run = deepline("run", f"{play}:parent", "--json")
     assert run.json_lines()[-1]["stats"]["credits"] == 30  # 5 rows × (1 + 2 × 2.5)
+    # One column that makes its call, then runs the child play with its answer: the same.
+    one_column = CHILD_AFTER_A_CALL.replace(OLD_CALL, NEW_CALL).replace(OLD_COL, '"contacts": contacts,')
+    assert one_column.count("once") == 1 and '"contacts": contacts,' in one_column
+    write_play(one_column)
+    assert _plan(deepline, f"{play}:parent")["totals"]["credits"]["max"] is None
 
 
 WATERFALL_AFTER_A_LOOKUP = """

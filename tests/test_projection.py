@@ -130,6 +130,10 @@ def test_a_pilots_time_is_its_rows_pace_not_one_rows_retries() -> None:
     few = project_map(PilotSample("leads", elapsed_s=4.0, row_ends=[1.0, 4.0]), MapRecord("r", "leads", "s", total=2),
                       {"rest_rows": 8, "rest_distinct": 8, "rest_paid": 0})  # fmt: skip
     assert few["seconds_per_row"] == 2.0  # too few rows to read a pace from: the whole time
+    # A run_if that said yes to 1 row in 5: 20 rows made calls, 100 rows kept that pace.
+    some = PilotSample("leads", elapsed_s=2.0, row_ends=[0.1 * (i + 1) for i in range(20)])
+    m = project_map(some, record, {"rest_rows": 400, "rest_distinct": 400, "rest_paid": 0})
+    assert m["seconds_per_row"] == pytest.approx(1.8 / 90, abs=1e-4)  # 18 of 20 in 1.8 s: 90 of 100 rows
 
 
 def test_the_projection_counts_blank_key_rows_as_the_run_will(deepline, write_play, tmp_path) -> None:

@@ -425,6 +425,9 @@ def test_json_that_cannot_be_written_says_what_became_of_the_run(
     assert done.returncode == (1 if target == "stdout" else 0), done.stderr
     assert "run n1 completed all the same" in done.stderr and "resume" not in done.stderr, done.stderr
     assert _json.loads(deepline("runs", "show", "n1", "--json").stdout)["status"] == "completed"
+    queued = _output_to(target, ["run", "play.py", "--enqueue", "--json"], tmp_path, cli_env)
+    assert queued.returncode == (1 if target == "stdout" else 0), queued.stderr  # its id, the one output, lost
+    assert "queued all the same: deepline runs show" in queued.stderr, queued.stderr
 
 
 def test_a_failed_run_under_json_says_why_on_stderr_too(deepline: Run, write_play: Callable[..., Path]) -> None:

@@ -337,6 +337,8 @@ def report_run(result: RunResult, json_mode: bool, view: Any) -> None:
     if result.status == "queued":
         if json_mode:
             view.write({"event": "run.queued", "run_id": result.run_id, "ts": time.time()})
+            if view.said_unwritten(result.run_id, result.status):  # its id, the one output, is lost
+                raise typer.Exit(1)
         else:
             sys.stdout.write(result.run_id + "\n")
             queued = f"Run {result.run_id} is already queued" if result.reported else f"Queued run {result.run_id}"

@@ -59,8 +59,8 @@ class NdjsonView:
             return False
         said = f"the --json output could not be written ({getattr(exc, 'strerror', None) or exc})"
         closed = getattr(exc, "errno", None) == errno.EBADF
-        if status == "completed":
-            text = f"{'Warning' if closed else 'Error'}: {said}; run {run_id} completed all the same: "
+        if status in ("completed", "queued"):
+            text = f"{'Warning' if closed else 'Error'}: {said}; run {run_id} {status} all the same: "
             text += f"deepline runs show {run_id} --json"
         elif status == "interrupted":
             text = f"Error: {said}: run {run_id} stopped; `deepline resume {run_id}` finishes it"
@@ -68,7 +68,7 @@ class NdjsonView:
             text = f"Error: {said}; run {run_id} ended {status}: deepline runs show {run_id}"
         with contextlib.suppress(OSError, ValueError, AttributeError):
             sys.stderr.write(text + ".\n")
-        return status == "completed" and not closed
+        return status in ("completed", "queued") and not closed
 
     def __enter__(self) -> NdjsonView:
         return self

@@ -107,10 +107,10 @@ def project_map(sample: PilotSample, record: MapRecord, pilot: dict[str, Any]) -
     margin = round(Z95 * sd * math.sqrt(new_rows**2 / n + new_rows), 2) if n else 0.0 if known else None
     live_rows = record.total - sample.reused_rows
     seconds_per_row = sample.elapsed_s / live_rows if live_rows > 0 else 0.0
-    ends = sorted(sample.row_ends)
-    if len(ends) >= PACE_ROWS:  # the pace when 90% of its rows had finished: not a straggler's retries
+    ends = sorted(sample.row_ends)  # rows that made calls (a run_if that said no makes none)
+    if len(ends) >= PACE_ROWS and live_rows > 0:  # the pace when 90% of them had finished: not a straggler's retries
         done = math.ceil(PACE_SHARE * len(ends))
-        seconds_per_row = ends[done - 1] / done
+        seconds_per_row = ends[done - 1] / (done / len(ends) * live_rows)  # the rows without calls kept pace
     pilot_rows = record.total
     return {
         "map": record.map,

@@ -575,6 +575,9 @@ class RowPlanner:
             )
             if stop.unpriced:
                 plan.note(f"{stop.tool} prices its answers itself and none is known yet: no maximum")
+        if plan.child_plays:  # then it runs child plays: what they call is known only by running them
+            plan.credits.add(0.0, 0.0, None)
+            plan.note("runs child plays; what they call is not counted")
         rest = [t for t in plan.tools if t != stop.tool and t not in tracker.called]
         if rest:
             plan.dependent_calls += len(rest)
