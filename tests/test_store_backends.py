@@ -14,6 +14,7 @@ from deepline_cli.runtime.calls.events import EventBus
 from deepline_cli.runtime.run.options import RunOptions
 from deepline_cli.runtime.run.runner import Runner
 from deepline_cli.store import open_store
+from deepline_cli.store.migrations import MIGRATIONS
 from deepline_cli.store.records import RunRecord
 from tests.conftest import ROOT, counts
 
@@ -187,6 +188,15 @@ def test_a_postgres_schema_that_is_missing_or_not_deeplines_is_refused_and_a_dml
         as_role = own.replace("postgres@", f"{role}@", 1)
         listed = deepline("runs", "list", "--store", as_role)
         assert listed.code == 0, listed.stderr
+        # A store a newer deepline must upgrade first: that role may not; it is told who may.
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute("ALTER TABLE dl2.run_receipts DROP COLUMN status")
+            admin.execute("DELETE FROM dl2._migrations WHERE name = %s", (MIGRATIONS[-1][0],))
+        behind = deepline("runs", "list", "--store", as_role)
+        assert behind.code == 2, behind.stderr
+        assert "needs its tables brought up" in behind.stderr and "as a role that owns them" in behind.stderr
+        assert deepline("runs", "list", "--store", own).code == 0  # the owner upgrades it
+        assert deepline("runs", "list", "--store", as_role).code == 0
     finally:
         with psycopg.connect(pg_url, autocommit=True) as admin:
             for schema in ("app", "dl2"):

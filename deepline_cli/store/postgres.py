@@ -213,9 +213,19 @@ class PostgresStore(SqlStore):
             raise
 
     def _migrate(self) -> None:
-        with self._write() as c:
-            c.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
-            migrate(c, POSTGRES, self.url, has_table=_schema_of_its_own(c, self.url))
+        try:
+            with self._write() as c:
+                c.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
+                migrate(c, POSTGRES, self.url, has_table=_schema_of_its_own(c, self.url))
+        except StoreError as exc:
+            if not isinstance(exc.__cause__, psycopg.errors.InsufficientPrivilege):
+                raise
+            user = self._read("SELECT current_user")[0][0]
+            raise StoreOpenError(
+                f"The store {self.url} needs its tables brought up to this deepline's, which {user} may not do "
+                f"({_reason(exc.__cause__)}); run any deepline command on it once as a role that owns them "
+                "(the one that made them), then again as this one."
+            ) from None
 
     def notify(self) -> None:
         with self._lock, self._errors("written"):
