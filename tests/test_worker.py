@@ -794,6 +794,21 @@ def test_a_worker_whose_store_refuses_says_so_in_one_sentence(tmp_path: Path) ->
     assert f"Cannot connect to the store {url}" in done.stderr, done.stderr
 
 
+@pytest.mark.postgres
+def test_a_worker_given_a_database_that_does_not_exist_stops_with_exit_2(tmp_path: Path, pg_url: str) -> None:
+    """`deepline worker --store postgresql://…/nosuchdb` (a typo): "the store cannot be
+    reached", exit 1, as for a server that is down and may come back. The server answered:
+    the URL is wrong, exit 2."""
+    url = pg_url.rpartition("/")[0] + "/deepline_no_such_db"
+    done = subprocess.run(
+        [sys.executable, "-m", "deepline_cli", "worker", "--once", "--store", url],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        env={k: v for k, v in os.environ.items() if not k.startswith("DEEPLINE_")},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "does not exist" in done.stderr and "cannot be reached" not in done.stderr, done.stderr
+
+
 def mark_newer_schema(store: str) -> None:
     """The store as a newer deepline leaves it: a migration this one does not know."""
     sql = "INSERT INTO _migrations (name, applied_at) VALUES ('9999_future', 0)"

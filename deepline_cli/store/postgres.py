@@ -82,6 +82,16 @@ def _cut(conn: psycopg.Connection[Any], exc: BaseException) -> bool:
     return bad or "pipeline mode" in str(exc)
 
 
+_WRONG_URL = ("does not exist", "authentication failed", "no pg_hba.conf entry", "permission denied")
+
+
+def _refused_login(exc: BaseException) -> bool:
+    """The server answered the connection and refused it for good (psycopg gives no SQLSTATE
+    at connect: libpq's FATAL line says why; one in another language is taken as transient)."""
+    text = str(exc)
+    return "FATAL:" in text and any(words in text for words in _WRONG_URL)
+
+
 def _reason(exc: BaseException) -> str:
     """psycopg's message, first line (the rest is hints for a person at a psql prompt)."""
     text = str(exc).strip()
@@ -203,7 +213,10 @@ class PostgresStore(SqlStore):
         try:
             self._conn: psycopg.Connection[Any] = _connect(url)
         except psycopg.Error as exc:
-            raise StoreRefusedConnection(f"Cannot connect to the store {self.url}: {_reason(exc)}.") from None
+            said = f"Cannot connect to the store {self.url}: {_reason(exc)}."
+            # The server answered that the URL is wrong (no such database or role, a refused
+            # login): fixing it is the user's (exit 2), not a server that may come back.
+            raise (StoreOpenError if _refused_login(exc) else StoreRefusedConnection)(said) from None
         # One connection, used from the runtime's store thread and the main thread.
         self._lock = threading.RLock()
         try:
