@@ -622,3 +622,31 @@ def test_two_names_claiming_one_header_are_refused_not_left_empty(
         assert row.get("url", row.get("Website")) == "a.com" and row.get("domain", "b.com") == "b.com", row
     else:
         assert result.code == 2 and expected in result.stderr, result.stderr
+
+
+BLANK_PLAY = """\
+from deepline_cli import play
+
+@play("blank")
+async def blank(ctx, input):
+    rows = ctx.csv(input["file"], required=["domain"])
+    ds = await ctx.map("leads", rows, key="email", columns={"company": lambda row: row["domain"].upper()})
+    return ds.failed_count
+"""
+
+
+def test_a_blank_required_cell_given_back_later_names_this_runs_file_and_line(deepline, tmp_path: Path) -> None:
+    """Ada's domain is blank in a.csv (line 2) and in b.csv (line 3): the second run's export
+    and row log said "(a.csv line 2)", the first run's file, for a row read from b.csv."""
+    (tmp_path / "play.py").write_text(BLANK_PLAY)
+    (tmp_path / "a.csv").write_text("email,domain\na@x.com,\n")
+    (tmp_path / "b.csv").write_text("email,domain\nb@y.com,\na@x.com,\n")
+    assert deepline("run", "play.py", "--set", "file=a.csv", "--run-id", "r1", "--quiet").code == 0
+    second = deepline("run", "play.py", "--set", "file=b.csv", "--run-id", "r2", "--json")
+    assert second.code == 0, second.stderr
+    exported = deepline("export", "r2", "--format", "jsonl")
+    errors = {row["email"]: row["_error"] for row in map(json.loads, exported.stdout.splitlines())}
+    assert "b.csv line 3" in errors["a@x.com"] and "a.csv" not in errors["a@x.com"], errors
+    assert "b.csv line 2" in errors["b@y.com"], errors
+    logged = deepline("runs", "logs", "r2", "--kind", "row.failed")
+    assert "a.csv" not in logged.stdout and "b.csv line 3" in logged.stdout, logged.stdout

@@ -254,6 +254,8 @@ class MapRun:
                 self.book.unseed(job.idx)
             return False
         error = cells[-1].error if cells else None  # the cells stop at the first error
+        if job.blank is not None:  # said of this input's file and line, not the one that kept it
+            error = job.blank
         assert job.previous is not None
         if job.seeded:  # that attempt's row, recorded here (its sheet row this run's or an earlier run's)
             self.book.count_seeded(job.idx)
