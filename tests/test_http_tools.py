@@ -1098,6 +1098,31 @@ def test_a_batch_sent_again_answers_its_other_members_later(project: Project, pr
     assert_billed_once(provider)
 
 
+def test_a_call_that_failed_transiently_alone_is_never_sent_again_in_a_batch(
+    project: Project, provider: LoopbackProvider
+) -> None:
+    """A call sent alone timed out (it may have been processed, and billed); `batch` was then
+    added to the tool, and the next run sent the call in a batch under the batch's key: billed
+    twice. It is refused while the tool batches; without `batch`, it goes out under its key."""
+    alone = BATCH_TOOL.replace("batch = { max_size = 5, max_wait_ms = 50 }\n", "").replace(
+        "/people/batch", "/people/one"
+    )
+    project.config(alone.replace("credits = 1", "credits = 1\nretries = 0\ntimeout_s = 0.5"))
+    provider.script("/people/one", ["slow:1"])
+    (failed,) = project.run(calls(call("ht.batch", {"domain": "d0.com"}), catch=True)).output
+    assert "timed out" in str(failed.get("error")), failed
+    project.config(BATCH_TOOL)
+    refused = project.run(calls(call("ht.batch", {"domain": "d0.com"}), catch=True)).result
+    assert refused.error is not None and refused.error["exit_code"] == 2, refused.error
+    assert "take its `batch` setting out" in refused.error["message"], refused.error
+    assert provider.on("/people/batch") == []  # nothing sent in a batch
+    project.config(alone)
+    (answered,) = project.run(calls(call("ht.batch", {"domain": "d0.com"}))).output
+    assert answered["output"]["echo"] == {"domain": "d0.com"}, answered
+    keys = {r.headers["idempotency-key"] for r in provider.on("/people/one")}
+    assert len(keys) == 1 and len(provider.on("/people/one")) == 2  # the same call, under its first key
+
+
 def test_a_batch_tool_whose_request_line_or_headers_take_the_calls_fields_is_refused(
     project: Project, provider: LoopbackProvider, cli: Callable[..., Any]
 ) -> None:

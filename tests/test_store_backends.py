@@ -161,7 +161,7 @@ def test_a_postgres_schema_that_is_missing_or_not_deeplines_is_refused_and_a_dml
 
     role = f"dl_dml_{os.getpid()}"
     with psycopg.connect(pg_url, autocommit=True) as admin:
-        for schema in ("app", "dl2"):
+        for schema in ("app", "dl2", "dl3"):
             admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
         admin.execute(f"DROP ROLE IF EXISTS {role}")
         admin.execute("CREATE SCHEMA app")
@@ -197,9 +197,16 @@ def test_a_postgres_schema_that_is_missing_or_not_deeplines_is_refused_and_a_dml
         assert "needs its tables brought up" in behind.stderr and "as a role that owns them" in behind.stderr
         assert deepline("runs", "list", "--store", own).code == 0  # the owner upgrades it
         assert deepline("runs", "list", "--store", as_role).code == 0
+        # An empty schema that role may use but not create in: it is told what to grant.
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute("CREATE SCHEMA dl3")
+            admin.execute(f"GRANT USAGE ON SCHEMA dl3 TO {role}")
+        empty = deepline("runs", "list", "--store", as_role.replace("dl2", "dl3"))
+        assert empty.code == 2, empty.stderr
+        assert f"GRANT CREATE ON SCHEMA dl3 TO {role}" in empty.stderr, empty.stderr
     finally:
         with psycopg.connect(pg_url, autocommit=True) as admin:
-            for schema in ("app", "dl2"):
+            for schema in ("app", "dl2", "dl3"):
                 admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
             admin.execute(f"DROP OWNED BY {role}") if admin.execute(
                 "SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)

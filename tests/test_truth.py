@@ -1071,3 +1071,44 @@ def test_a_finished_runs_figures_stay_when_a_later_run_refreshes_what_it_reused(
     finally:
         store.close()
     assert (after["live"], after["reused"], after["failed"], after["kept"]) == (0, 1, 0, 0), after
+
+
+GIVEN_BACK_THEN_ANSWERED = """
+from pathlib import Path
+from deepline_cli import play, tool
+
+DOWN = Path(__file__).with_name("down")
+
+@tool("t.lookup", credits=1)
+def lookup(input):
+    if DOWN.exists():
+        raise ValueError("lookup is down")
+    return {"name": "acme"}
+
+@play("answered-later")
+async def answered_later(ctx, input):
+    try:
+        await ctx.tools.execute("l", "t.lookup", {"domain": "acme.com"})
+    except Exception:
+        if input.get("strict"):
+            raise
+        return "failed"
+    return "answered"
+"""
+
+
+def test_a_failure_given_back_then_answered_by_a_resume_counts_as_answered(write_play, store_path, tmp_path) -> None:
+    """Run A was given X's stored failure and failed; B asked again (--refresh-failed) and got
+    an answer; A's resume was answered from B's receipt. A's figures kept "failed 1 (1 given
+    back)": the store kept how the receipt answered A the first time."""
+    play = write_play(GIVEN_BACK_THEN_ANSWERED)
+    (tmp_path / "down").write_text("")
+    assert run_play(play, store_path, {"who": "x"}).output == "failed"
+    a = run_play(play, store_path, {"who": "a", "strict": True})
+    assert a.status == "failed" and a.stats["tools"]["t.lookup"]["kept"] == 1, a.stats["tools"]
+    (tmp_path / "down").unlink()
+    assert run_play(play, store_path, {"who": "b"}, refresh_failed=True).output == "answered"
+    resumed = resume_run(a.run_id, store_path)
+    assert resumed.status == "completed", resumed.error
+    counts = resumed.stats["tools"]["t.lookup"]
+    assert (counts["live"], counts["reused"], counts["failed"], counts["kept"]) == (0, 1, 0, 0), counts

@@ -90,7 +90,8 @@ def inspect(
         if run is not None and db.runs.get_run(run) is None:
             raise UsageError(f"No run {run!r} in the store {db.url}.")
         query = ReceiptQuery(key_prefix, run, status, tool, limit)
-        # Written as read: a run's hundreds of thousands of receipts are never all in memory.
+        # Written as read (a table keeps its rows' few fields, to lay them out): a run's hundreds
+        # of thousands of receipts, their inputs and answers, are never all in memory.
         with contextlib.closing(db.receipts.iter_receipts(query)) as found:
             if json:
                 print_json_lines(

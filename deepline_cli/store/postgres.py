@@ -226,18 +226,26 @@ class PostgresStore(SqlStore):
             raise
 
     def _migrate(self) -> None:
+        made: bool | None = None  # whether deepline's tables are there (known once checked)
         try:
             with self._write() as c:
                 c.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
-                migrate(c, POSTGRES, self.url, has_table=_schema_of_its_own(c, self.url))
+                made = _schema_of_its_own(c, self.url)
+                migrate(c, POSTGRES, self.url, has_table=made)
         except StoreError as exc:
             if not isinstance(exc.__cause__, psycopg.errors.InsufficientPrivilege):
                 raise
-            user = self._read("SELECT current_user")[0][0]
+            user, schema = self._read("SELECT current_user, current_schema()")[0]
+            why = _reason(exc.__cause__)
+            if made:
+                raise StoreOpenError(
+                    f"The store {self.url} needs its tables brought up to this deepline's, which {user} may not do "
+                    f"({why}); run any deepline command on it once as a role that owns them (the one that made "
+                    "them), then again as this one."
+                ) from None
             raise StoreOpenError(
-                f"The store {self.url} needs its tables brought up to this deepline's, which {user} may not do "
-                f"({_reason(exc.__cause__)}); run any deepline command on it once as a role that owns them "
-                "(the one that made them), then again as this one."
+                f"The store {self.url} has no deepline tables in schema {schema} yet, and {user} may not make them "
+                f"({why}); GRANT CREATE ON SCHEMA {schema} TO {user}, or make the store once as a role that may."
             ) from None
 
     def notify(self) -> None:

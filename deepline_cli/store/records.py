@@ -79,7 +79,9 @@ class Receipt:
     credits: float = 0.0
     created_at: float = 0.0
     completed_at: float | None = None
-    batch_key: str | None = None  # a batch member: the aggregate receipt it was sent in
+    # A batch member: the aggregate receipt it was sent in ("" until its batch is formed);
+    # None: a call claimed alone (see sql_rows.claimed_receipt).
+    batch_key: str | None = None
     request: Any = None  # a batch aggregate: [[member key, input], ...] in the order sent
     generation: int = 1  # how many answers it has had: a refresh makes a new one
     description: str | None = None  # what the call is for, in the play's words

@@ -97,9 +97,12 @@ class ClaimsSql(SqlBase):
         self._many(
             c,
             "INSERT INTO run_receipts (run_id, key, used_at, map, row_key, status) VALUES (?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (run_id, key) DO UPDATE SET used_at = excluded.used_at, map = excluded.map,"
-            " row_key = excluded.row_key, status = excluded.status"
-            " WHERE run_receipts.used_at IS NULL AND excluded.used_at IS NOT NULL",
+            " ON CONFLICT (run_id, key) DO UPDATE SET used_at = coalesce(run_receipts.used_at, excluded.used_at),"
+            " map = coalesce(run_receipts.map, excluded.map),"
+            " row_key = coalesce(run_receipts.row_key, excluded.row_key),"
+            " status = excluded.status WHERE excluded.used_at IS NOT NULL AND (run_receipts.used_at IS NULL"
+            # A failure given back, then (a resume, after another run refreshed it) an answer: answered.
+            " OR (excluded.status = 'completed' AND coalesce(run_receipts.status, '') <> 'completed'))",
             usage,
         )
         return ordered

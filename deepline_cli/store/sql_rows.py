@@ -238,8 +238,8 @@ def claimed_receipt(current: Receipt | None, cl: Claim, now: float) -> Receipt:
     request = cl.request if cl.request is not None else current.request if (resumed or retried) and current else None
     if current is not None and current.batch_key and (resumed or retried):
         batch_key = current.batch_key  # its batch: that batch again, under its key
-    elif resumed and current is not None and current.batch_key is None:
-        batch_key = None  # claimed alone: it may have gone out alone
+    elif (resumed or retried) and current is not None and current.batch_key is None:
+        batch_key = None  # claimed alone: it may have gone out alone (and been processed)
     else:  # a new call, or a batch member whose batch was never formed (never sent)
         batch_key = "" if cl.batched else None
     return Receipt(

@@ -209,23 +209,25 @@ class Tools:
 
             async def invoke(info: ToolCall) -> Any:
                 self._caps.count_tool_call()
-                if info.batch_key:  # sent in a batch before a crash: that batch again, same key
+                if info.batch_key:  # sent in a batch that may have gone out: that batch again, same key
                     return await batcher.recover(info)
-                if info.resumed and info.batch_key is None:  # claimed alone: it may have gone out alone
+                if info.batch_key is None:  # claimed alone before, and sent again under its key: alone only
                     raise UsageError(
-                        f"Tool {tool!r} was called alone by an attempt that may have sent it before the run stopped, "
-                        "and deepline.toml now batches it (inside a batch, its calls would be billed again): take "
-                        "its `batch` setting out to resume the run, and put it back once the run is done."
+                        f"Tool {tool!r} was called alone before, and that call may have gone out (a run that stopped, "
+                        "or a failure it may have been processed in), and deepline.toml now batches it (inside a "
+                        "batch, its calls would be billed again): take its `batch` setting out while these calls "
+                        "are asked again, and put it back after."
                     )
                 return await batcher.submit(info, input)
         else:
 
             async def invoke(info: ToolCall) -> Any:
-                if info.batch_key:  # sent in a batch by an attempt that batched the tool: never again alone
+                if info.batch_key:  # sent in a batch that may have gone out: never again alone
                     raise UsageError(
-                        f"Tool {tool!r} was called in a batch that may have gone out before the run stopped, and "
-                        "deepline.toml no longer batches it (sent alone, its calls would be billed again): put its "
-                        "`batch` setting back to resume the run, and change it once the run is done."
+                        f"Tool {tool!r} was called in a batch that may have gone out (a run that stopped, or a "
+                        "failure it may have been processed in), and deepline.toml no longer batches it (sent "
+                        "alone, its calls would be billed again): put its `batch` setting back while these calls "
+                        "are asked again, and change it after."
                     )
                 self._caps.count_tool_call()  # --max-tool-calls counts calls actually made
                 return await self._invoke(definition, input, info, timeout_s)

@@ -51,7 +51,9 @@ class ToolCall:
     # stopped): it goes out again under the same idempotency key.
     resumed: bool = False
     lease_id: str = ""
-    batch_key: str | None = None  # the batch this member was sent in before a crash
+    # The batch this call was sent in before (a crash, a transient failure: sent again only as
+    # that batch); "" a batch member not yet in a batch; None a call claimed alone.
+    batch_key: str | None = None
     retries: int = 0
     # What the provider said this call cost (a remote answer's `credits`); None: the
     # tool's declared credits.
