@@ -116,6 +116,13 @@ def test_projection_math_is_a_prediction_interval() -> None:
     assert m["seconds_per_row"] == 0.1 and m["rest_s"] == 80
     lines = describe({"maps": [m], "credits": 1800, "margin": m["rest_margin"], "rest_s": 80})
     assert lines[-1].startswith("full list of 1,000 rows ≈ 1,800 credits (±")
+    assert "2 credits/row ·" in lines[0], lines  # every pilot row measured: nothing more said
+    # Five of twelve pilot rows new (the others answered in part by earlier runs): "±0" from
+    # five equal rows read as certain; the line says what the mean stands on.
+    few = PilotSample("leads", row_credits=[1.5] * 5, elapsed_s=1.0)
+    m = project_map(few, MapRecord("r", "leads", "s", total=12, succeeded=12), {"rest_distinct": 300})
+    lines = describe({"maps": [m], "credits": 450, "margin": 0, "rest_s": 10})
+    assert "1.5 credits/row (from 5 new rows)" in lines[0], lines
 
 
 def test_a_pilots_time_is_its_rows_pace_not_one_rows_retries() -> None:

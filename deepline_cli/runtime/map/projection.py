@@ -222,9 +222,13 @@ def describe(projection: dict[str, Any]) -> list[str]:
             f"{name} {rates['found']:.0%}" + (f" (failed {rates['failed']:.0%})" if rates["failed"] else "")
             for name, rates in m["columns"].items()
         )
+        per_row = m["credits_per_row"]
+        # Measured on fewer rows than the pilot ran (the others answered, wholly or in part, by
+        # earlier runs' receipts): said, as a ± from five rows is not one from a hundred.
+        over = f" (from {per_row['sample']:,} new rows)" if 0 < per_row["sample"] < m["pilot_rows"] else ""
         lines.append(
             f"pilot {m['map']}: {m['pilot_rows']:,} of {m['full_rows']:,} rows · found: {found} · "
-            f"{m['credits_per_row']['mean']:.3g} credits/row · {m['seconds_per_row']:.3g} s/row"
+            f"{per_row['mean']:.3g} credits/row{over} · {m['seconds_per_row']:.3g} s/row"
         )
         if m.get("note"):
             lines.append(f"pilot {m['map']}: {m['note']}")
