@@ -61,6 +61,15 @@ def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVer
     return "claimed" if (expired or dead_attempt) else "busy"
 
 
+def sent_again(existing: Receipt | None) -> bool:
+    """Is a claim of this receipt the same call sent again, under the key it may have gone
+    out with: a takeover of a call that may have been sent (running, released), or the retry
+    of a transient failure (it may have been processed)?"""
+    return existing is not None and (
+        existing.status in ("running", "released") or (existing.status == "failed" and existing.retryable)
+    )
+
+
 def claim_idempotency_key(existing: Receipt | None, claim: Claim) -> str:
     """The provider idempotency key a claim that won the receipt sends.
 
@@ -72,7 +81,7 @@ def claim_idempotency_key(existing: Receipt | None, claim: Claim) -> str:
     """
     if existing is None or existing.status == "skipped":
         return claim.idempotency_key
-    if existing.status in ("running", "released") or (existing.status == "failed" and existing.retryable):
+    if sent_again(existing):
         return existing.idempotency_key or claim.idempotency_key
     return claim.fresh_idempotency_key or claim.idempotency_key
 

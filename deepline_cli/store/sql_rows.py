@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from deepline_cli import _json
-from deepline_cli.store.claims import claim_idempotency_key
+from deepline_cli.store.claims import claim_idempotency_key, sent_again
 from deepline_cli.store.records import Boundary, Claim, LogLine, MapRecord, MapRow, Receipt, RunRecord, Settlement
 
 RUN_COLUMNS = (
@@ -232,16 +232,13 @@ def claimed_receipt(current: Receipt | None, cl: Claim, now: float) -> Receipt:
     (taken over from an owner that may have sent it, or retried after a transient failure:
     see claim_idempotency_key) keeps its batch, so it goes out again only as that batch; one
     taken over keeps that it was claimed alone (batch_key None: it may have gone out alone)."""
-    resumed = current is not None and current.status in ("running", "released")
-    retried = current is not None and current.status == "failed" and current.retryable
+    again = current if sent_again(current) else None
     # What it sends (a batch's members), kept when it is sent again as it was.
-    request = cl.request if cl.request is not None else current.request if (resumed or retried) and current else None
-    if current is not None and current.batch_key and (resumed or retried):
-        batch_key = current.batch_key  # its batch: that batch again, under its key
-    elif (resumed or retried) and current is not None and current.batch_key is None:
-        batch_key = None  # claimed alone: it may have gone out alone (and been processed)
-    else:  # a new call, or a batch member whose batch was never formed (never sent)
-        batch_key = "" if cl.batched else None
+    request = cl.request if cl.request is not None else again.request if again else None
+    # Sent again: its batch (that batch again, under its key), or None (claimed alone). Else
+    # (a new call, or a batch member whose batch was never formed): "" for a batch member.
+    fresh = "" if cl.batched else None
+    batch_key = again.batch_key if again is not None and again.batch_key != "" else fresh
     return Receipt(
         key=cl.key,
         kind=cl.kind,
