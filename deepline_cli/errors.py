@@ -224,6 +224,12 @@ class StoreRefusedConnection(StoreOpenError):
     """The store's server cannot be connected to: down, a wrong host or port."""
 
 
+def store_down(exc: BaseException) -> bool:
+    """A store that may come back (its server down or unreachable), not one that cannot be
+    used as it is (another program's, a newer deepline's, a wrong URL)."""
+    return isinstance(exc, StoreUnreachable | StoreRefusedConnection)
+
+
 class StoreLockedError(StoreError):
     """Another process has held the store's write lock for longer than this one may wait
     (it may be stopped: Ctrl-Z, a debugger, a closed laptop)."""

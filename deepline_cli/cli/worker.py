@@ -55,7 +55,7 @@ def worker(
         sys.stderr.flush()
 
     from deepline_cli.cli.common import fail
-    from deepline_cli.errors import StoreRefusedConnection, StoreUnreachable
+    from deepline_cli.errors import store_down
     from deepline_cli.runtime.run.schedules import scheduled_plays
     from deepline_cli.ui.verdict import verdict
 
@@ -84,5 +84,6 @@ def worker(
         + (f", {stats.taken_over} taken over by another process" if stats.taken_over else "")
     )
     if running.failure is not None:  # a store it cannot use is exit 2; one that may be back, 1
-        down = isinstance(running.failure, StoreRefusedConnection | StoreUnreachable)
-        raise fail(f"the worker stopped: {running.failure}", 1 if down else running.failure.exit_code)
+        raise fail(
+            f"the worker stopped: {running.failure}", 1 if store_down(running.failure) else running.failure.exit_code
+        )

@@ -29,8 +29,7 @@ from deepline_cli.errors import (
     StoreConnectionLost,
     StoreError,
     StoreOpenError,
-    StoreRefusedConnection,
-    StoreUnreachable,
+    store_down,
 )
 from deepline_cli.runtime.calls.events import Event, EventBus
 from deepline_cli.runtime.calls.store_thread import reconnect_bound_s, reconnecting
@@ -171,13 +170,8 @@ class Worker:
         with self._lock:
             if self.failure is None:
                 self.failure = exc
-        why = (
-            "cannot be reached"
-            if isinstance(exc, StoreUnreachable | StoreRefusedConnection)
-            else "cannot be opened"
-            if isinstance(exc, StoreOpenError)
-            else "cannot be used"
-        )
+        why = "cannot be opened" if isinstance(exc, StoreOpenError) else "cannot be used"
+        why = "cannot be reached" if store_down(exc) else why
         self.drain(f"stopping: the store {why}")
 
     # --- one thread ------------------------------------------------------------------------
