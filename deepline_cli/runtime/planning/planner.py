@@ -147,6 +147,13 @@ class ColumnPlan:
     def note(self, reason: str) -> None:
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
 
+    def unbounded_by_child_plays(self, *, said: bool = False) -> None:
+        """A cell of a column that runs child plays: what they call is known only by running
+        them, so the column has no maximum (`said`: a note says so already)."""
+        self.credits.add(0.0, 0.0, None)
+        if not said:
+            self.note("runs child plays; what they call is not counted")
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "column": self.column,
@@ -575,9 +582,8 @@ class RowPlanner:
             )
             if stop.unpriced:
                 plan.note(f"{stop.tool} prices its answers itself and none is known yet: no maximum")
-        if plan.child_plays:  # then it runs child plays: what they call is known only by running them
-            plan.credits.add(0.0, 0.0, None)
-            plan.note("runs child plays; what they call is not counted")
+        if plan.child_plays:  # then it runs child plays
+            plan.unbounded_by_child_plays()
         rest = [t for t in plan.tools if t != stop.tool and t not in tracker.called]
         if rest:
             plan.dependent_calls += len(rest)
@@ -600,11 +606,9 @@ class RowPlanner:
         called = tracker.called if tracker is not None else set()
         rest = [t for t in plan.tools if t not in called]
         plan.dependent_calls += len(rest)
-        high: float | None = sum(plan.credits_each.get(t, 0.0) for t in rest)
-        if plan.child_plays:  # what its child plays call is known only by running them
-            high = None
-            if not said_unbounded:
-                plan.note("runs child plays; what they call is not counted")
+        high = sum(plan.credits_each.get(t, 0.0) for t in rest)
+        if plan.child_plays:
+            plan.unbounded_by_child_plays(said=said_unbounded)
         rest = [t for t in rest if t not in reached]  # an earlier column's call: most likely shared
         if self.history.rows:
             expected = sum(plan.credits_each.get(t, 0.0) * self.history.rate(t) for t in rest)
