@@ -112,9 +112,8 @@ def _schema_of_its_own(c: _Tx, url: str) -> bool:
     and no deepline migrations: another program's (its own `runs` or `events` would be taken
     for deepline's). Tables an extension made (PostGIS's `spatial_ref_sys`) are not counted.
     Whether deepline's `_migrations` table is there already."""
-    schema, path, user = c.execute("SELECT current_schema(), current_setting('search_path'), current_user").fetchall()[
-        0
-    ]
+    said = c.execute("SELECT current_schema(), current_setting('search_path'), current_user").fetchall()
+    schema, path, user = said[0]
     if schema is None:
         raise StoreOpenError(
             f"The store {url} has no schema to keep its tables in: no schema of its search_path ({path}) exists "

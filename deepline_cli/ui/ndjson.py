@@ -24,7 +24,7 @@ class NdjsonView:
         self._to_stdout = stream is None
         self.on_closed = on_closed
         self.closed = False
-        self.failure: OSError | Exception | None = None  # why stdout could not be written (not a reader gone)
+        self.failure: Exception | None = None  # why stdout could not be written (not a reader gone)
 
     def handle(self, event: Event) -> None:
         self.write(event.to_dict())
@@ -38,9 +38,9 @@ class NdjsonView:
             self.stream.write(_json.dumps_str(payload) + "\n")
             self.stream.flush()
         except Exception as exc:  # an output that fails (a full disk), or a line that cannot be written
-            self._reader_gone(exc, payload.get("run_id"))
+            self._reader_gone(exc)
 
-    def _reader_gone(self, exc: Exception, run_id: str | None = None) -> None:
+    def _reader_gone(self, exc: Exception) -> None:
         self.closed = True
         if self._to_stdout and self.stream is not None:
             with contextlib.suppress(OSError, ValueError):
