@@ -190,13 +190,15 @@ class Tools:
     ) -> ToolResult:
         definition = self._resolve(tool)
         key = self.receipt_key(definition, input)
+        asked = stale_after_seconds  # None, the usual case, needs no look at the stored answer
+        stale_after_s = None if asked is None else await staleness_of(self._book, key, asked)
         call = DurableCall(
             key=key,
             kind="tool",
             label=id,
             tool=tool,
             force=force,
-            stale_after_s=await staleness_of(self._book, key, stale_after_seconds),
+            stale_after_s=stale_after_s,
             credits=definition.credits,
             metered=definition.metered,
             receipt_wait_s=receipt_wait_s,

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
-import types
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from deepline_cli import _json
+from deepline_cli._aio import awaitable
 from deepline_cli.errors import DeeplineError, UsageError
 from deepline_cli.runtime.calls.call_scope import CellScope, current_cell, enter_cell
 from deepline_cli.runtime.calls.store_thread import Reconnecting, StoreIO
@@ -410,7 +409,7 @@ async def resolve_cell(
         cell = current_cell()
         asked = len(cell.answered) if cell is not None else 0
         wanted = spec.run_if(row, rc.index) if column.run_if_arity >= 2 else spec.run_if(row)
-        if _awaitable(wanted):
+        if awaitable(wanted):
             wanted = await wanted
         if not wanted:  # an input field of the column's name ("fill where blank") keeps its value
             return row.get(column.name), {"run_if": False}, ()
@@ -418,7 +417,7 @@ async def resolve_cell(
             gate = cell.answered[asked:]
             cell.gate = len(cell.answered)
     result = spec.fn(row, rc) if column.arity != 1 else spec.fn(row)
-    if _awaitable(result):
+    if awaitable(result):
         result = await result
     meta, hits = None, None
     if isinstance(result, Found):
@@ -431,16 +430,6 @@ async def resolve_cell(
     if _json.as_is(result):
         return result, meta, hits
     return _json.plain(result, f"The value of column {column.name!r}"), meta, hits
-
-
-_PLAIN = frozenset({str, int, float, bool, dict, list, type(None)})
-
-
-def _awaitable(value: Any) -> bool:
-    """`inspect.isawaitable`, without its abstract-class check for what a resolver most
-    often returns: a coroutine, or a plain value."""
-    kind = type(value)
-    return kind is types.CoroutineType or (kind not in _PLAIN and inspect.isawaitable(value))
 
 
 def play_bug(
