@@ -878,7 +878,6 @@ def test_the_live_view_draws_nothing_before_the_run_is_known() -> None:
 # Two plays' maps ask a tool the same questions: the second gets the first's answers and
 # failures back from their receipts, without asking the tool again.
 KEPT_FAILURES = """
-import asyncio
 from pathlib import Path
 from deepline_cli import play, tool
 
@@ -897,7 +896,6 @@ async def kept(ctx, input):
     rows = await ctx.map(input["map"], [{"n": n} for n in range(8)], key="n", columns={
         "company": lambda row, rc: rc.tools.execute("c", "t.company", {"n": row["n"]}),
     })
-    await asyncio.sleep(input.get("linger", 0))  # a progress tick (every 0.5 s) after the map
     return rows.failed_count
 """
 
@@ -916,7 +914,7 @@ def test_a_failure_given_back_from_an_earlier_runs_receipt_is_not_counted_as_a_c
     seen: list[dict[str, Any]] = []
     bus = EventBus()
     bus.subscribe(lambda e: seen.append(e.data["tools"]) if e.event == "run.progress" else None)
-    second = run_play(play, store_path, {"map": "second", "linger": 0.7}, bus=bus)
+    second = run_play(play, store_path, {"map": "second"}, bus=bus)
     assert second.status == "completed" and second.output == 4, second.error
     assert len(asked.read_text().splitlines()) == 8  # nothing asked again
     counts = second.stats["tools"]["t.company"]
@@ -938,7 +936,6 @@ def test_a_failure_given_back_from_an_earlier_runs_receipt_is_not_counted_as_a_c
 
 
 KEPT_THEN_SENT = """
-import asyncio
 from deepline_cli import play, tool
 
 @tool("t.bad", credits=1)
@@ -951,7 +948,6 @@ async def kept_then_sent(ctx, input):
         await ctx.tools.execute("c", "t.bad", {"n": 1})
     except Exception:
         pass
-    await asyncio.sleep(input.get("linger", 0))  # a progress tick (every 0.5 s) after the call
     raise RuntimeError("stop here")
 """
 
@@ -962,7 +958,7 @@ def test_a_kept_failure_asked_again_is_the_runs_own_on_screen_as_in_the_store(wr
     live view still said "1 given back from earlier runs"."""
     play = write_play(KEPT_THEN_SENT)
     assert run_play(play, store_path, {"who": "a"}).status == "failed"
-    b = run_play(play, store_path, {"who": "b", "linger": 0.6})
+    b = run_play(play, store_path, {"who": "b"})
     assert b.stats["tools"]["t.bad"]["kept"] == 1, b.stats["tools"]
     seen: list[dict[str, Any]] = []
     bus = EventBus()
@@ -991,7 +987,6 @@ async def kid(ctx, input):
 """
 
 PARENT_OF_KID = """
-import asyncio
 from deepline_cli import play
 import kid
 
@@ -1002,7 +997,6 @@ async def go(row, rc):
 @play("parent")
 async def parent(ctx, input):
     rows = await ctx.map("m", [{"n": 0}, {"n": 1}], key="n", columns={"x": go})
-    await asyncio.sleep(0.7)  # a progress tick (every 0.5 s) after the map
     return rows.failed_count
 """
 

@@ -193,6 +193,7 @@ class Attempt:
             ticker.cancel()
             watcher.cancel()
             await settle(services, self.options.interrupt_grace_s)
+            progress(self.bus, record.run_id, self.stats, services)  # the views' last frame: every call settled
             tripped = next((b.tripped for b in services.effects.books if b.tripped is not None), None)
             if isinstance(tripped, RunTakenOver):  # found out at a claim, before the heartbeat did
                 self.lease_lost = True
@@ -565,15 +566,14 @@ def install_signals(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]
 
 async def tick(bus: EventBus, run_id: str, stats: RunStats, services: RunParts) -> None:
     """Progress for the views: counters a few times a second, never per call."""
-    governor = services.effects.governor
     while True:
         await asyncio.sleep(PROGRESS_EVERY_S)
-        bus.emit(
-            "run.progress",
-            run_id,
-            tools=stats.tools_dict(),
-            paced=governor.paced(),
-            paused=governor.paused(),
-        )
-        for said in list(services.infra.progress):  # the maps running now, at the same moment
-            said()
+        progress(bus, run_id, stats, services)
+
+
+def progress(bus: EventBus, run_id: str, stats: RunStats, services: RunParts) -> None:
+    """One frame of progress: the run's counters, and each map running now, at one moment."""
+    governor = services.effects.governor
+    bus.emit("run.progress", run_id, tools=stats.tools_dict(), paced=governor.paced(), paused=governor.paused())
+    for said in list(services.infra.progress):
+        said()
