@@ -899,3 +899,40 @@ def test_a_child_runs_credits_count_its_own_children_at_every_level(deepline, wr
     credits = {name: json.loads(deepline("runs", "show", r["run_id"], "--json").stdout)["stats"]["credits"]
                for name, r in listed.items()}  # fmt: skip
     assert credits == {"top": 3, "child": 3, "grand": 2}, credits
+
+
+PILOT_OF_ACCOUNTS = """
+from deepline_cli import play, tool
+
+@tool("demo.email", credits=1)
+def email(input):
+    return f'{input["name"]}@{input["domain"]}'
+
+@play("people")
+async def people(ctx, input):
+    rows = await ctx.map("people", [{"name": f"p{i}", "domain": input["domain"]} for i in range(5)], key="name",
+                         columns={"email": lambda row, rc: rc.tools.execute("e", "demo.email", row)})
+    return len(rows)
+
+async def contacts(row, rc):
+    return await rc.run_play("people", "people", {"domain": row["domain"]})
+
+@play("accounts")
+async def accounts(ctx, input):
+    rows = await ctx.map("accounts", [{"domain": f"c{i}.com"} for i in range(4)], key="domain",
+                         columns={"contacts": contacts})
+    return sum(r["contacts"] for r in rows)
+"""
+
+
+def test_a_pilot_runs_each_of_its_rows_child_plays_whole(deepline, write_play) -> None:
+    """`--limit 2` is a pilot of the accounts list: it ran each account's child play with the
+    limit too (2 of its 5 people), and the full run then took those cut results from the sheet
+    (8 people where there are 20), never asking for the others."""
+    write_play(PILOT_OF_ACCOUNTS)
+    pilot = deepline("run", "play.py:accounts", "--limit", "2", "--run-id", "pilot", "--json")
+    assert pilot.code == 0, pilot.stderr
+    assert pilot.json_lines()[-1]["output"] == 10  # two accounts, every one of their people
+    full = deepline("run", "play.py:accounts", "--run-id", "full", "--json")
+    assert full.code == 0, full.stderr
+    assert full.json_lines()[-1]["output"] == 20

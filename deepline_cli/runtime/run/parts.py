@@ -130,6 +130,12 @@ class Settings:
     persisted: dict[str, Any] = field(default_factory=dict)  # the flags kept with the run (a child's too)
     trigger: str = ""  # what started the run when no command did ("schedule …", "webhook …")
 
+    def for_child(self) -> Settings:
+        """A child play's: the same, but whole. A pilot's limit is on the list it runs over;
+        a child run made for one of its rows is that row's cell, which the full run takes
+        from the sheet as it is."""
+        return replace(self, limit=None, persisted={k: v for k, v in self.persisted.items() if k != "limit"})
+
 
 @dataclass
 class RunParts:
@@ -171,7 +177,7 @@ class RunParts:
         effects = replace(
             self.effects, book=book, journal=journal, tools=RunTools(tools, self.effects.tools.http_tools)
         )
-        return replace(self, identity=identity, effects=effects)
+        return replace(self, identity=identity, effects=effects, settings=self.settings.for_child())
 
 
 def build_parts(
