@@ -801,6 +801,37 @@ def test_a_column_filling_an_input_column_keeps_the_values_it_did_not_compute(
     assert csv_out[0] == "first,domain,email,contact,_error" and csv_out[1].startswith("Ada,acme.com,ada.l@acme.com,")
 
 
+FAILING_FILL_PLAY = """\
+from deepline_cli import play
+
+
+def enrich_email(row):
+    if row["domain"] == "bad.com":
+        raise ValueError("provider said no")
+    return "new@" + row["domain"]
+
+
+@play("failing-fill")
+async def failing_fill(ctx, input):
+    rows = [{"domain": "ok.com", "email": "orig@ok.com"}, {"domain": "bad.com", "email": "orig@bad.com"}]
+    done = await ctx.map("m", rows, key="domain", columns={"email": enrich_email})
+    return [row["email"] for row in done]
+"""
+
+
+def test_a_failed_column_named_like_an_input_column_leaves_the_inputs_value(
+    deepline: Run, write_play: Callable[..., Path]
+) -> None:
+    """The CRM's email of the row whose lookup failed came back empty (in the result and
+    the export): a failed cell computed no value, so the input's stands, as where the row
+    failed before the column."""
+    play = write_play(FAILING_FILL_PLAY)
+    done = finished(deepline("run", str(play), "--run-id", "ff", "--json"))
+    assert done["output"] == ["new@ok.com", "orig@bad.com"]
+    rows = exported(deepline, "ff")
+    assert [(r["email"], bool(r["_error"])) for r in rows] == [("new@ok.com", False), ("orig@bad.com", True)]
+
+
 ERROR_FIELD_PLAY = """\
 from deepline_cli import play
 

@@ -94,8 +94,9 @@ class Dataset:
         values: dict[str, Any] = dict(row.input or {})
         for column in self.record.columns:
             cell = row.cells.get(column)
-            # A column not computed (its row failed before it) leaves an input field of its name as it was.
-            values[column] = cell.value if cell else values.get(column)
+            # A column that computed no value (its row failed before it, or in it) leaves an input
+            # field of its name as it was.
+            values[column] = cell.value if cell and cell.error is None else values.get(column)
             if column in self.record.steps:
                 values[step_column(column)] = cell.step if cell else None
         if row.outcome == "failed":
@@ -131,7 +132,9 @@ def step_column(column: str) -> str:
 def _csv_cell(value: Any) -> Any:
     if value is None:
         return ""
-    if isinstance(value, str | int | float | bool):
+    if isinstance(value, bool):
+        return "true" if value else "false"  # as JSON says it, in the same file's nested values too
+    if isinstance(value, str | int | float):
         return value
     return _json.dumps_str(value)
 
