@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -469,3 +470,56 @@ def test_export_to_dev_stdout_writes_after_what_the_redirected_file_holds(
     to_stderr = [*command, "--out", "/dev/stderr"]
     piped = subprocess.run(to_stderr, capture_output=True, text=True, env=cli_env, cwd=tmp_path)
     assert piped.returncode == 0 and piped.stderr.startswith("a,b,_error\n"), piped.stderr
+
+
+@pytest.mark.process
+def test_export_of_a_killed_map_over_a_list_has_the_lists_fields(deepline_process, deepline, write_play) -> None:
+    """A map over a list learns its fields as it reads them and recorded them only once the
+    list was read whole (or the map ended): a killed run's CSV export had only the computed
+    columns (no `domain`, no `name`), where its JSONL export had them."""
+    write_play(
+        """
+        import os, signal
+        from deepline_cli import play
+
+        def check(row):
+            if row["n"] == 300:
+                os.kill(os.getpid(), signal.SIGKILL)  # the process dies mid-map, as kill -9 leaves it
+            return row["domain"].upper()
+
+        @play("killed")
+        async def killed(ctx, input):
+            rows = [{"n": n, "domain": f"d{n}.com", "name": f"N{n}"} for n in range(5000)]
+            return len(await ctx.map("m", rows, key="domain", concurrency=1, columns={"v": check}))
+        """
+    )
+    assert deepline_process("run", "play.py", "--run-id", "k1", "--quiet").code == -signal.SIGKILL
+    result = deepline("export", "k1")
+    assert result.code == 0, result.stderr
+    header, first = parse_csv(result.stdout)[:2]
+    assert header == ["n", "domain", "name", "v", "_error"], header
+    assert first[:4] == ["0", "d0.com", "N0", "D0.COM"], first
+
+
+def test_a_csv_export_writes_true_and_false_as_json_does(deepline, write_play) -> None:
+    """A yes/no column came out as Python's `True`/`False`, where the same file's nested
+    values and the JSONL export say `true`/`false`."""
+    write_play(
+        """
+        from deepline_cli import play
+
+        @play("flags")
+        async def flags(ctx, input):
+            rows = [{"n": n} for n in range(2)]
+            return len(await ctx.map("m", rows, key="n", columns={
+                "even": lambda row: row["n"] % 2 == 0, "both": lambda row: {"even": row["n"] % 2 == 0},
+            }))
+        """
+    )
+    assert deepline("run", "play.py", "--run-id", "b1", "--quiet").code == 0
+    rows = parse_csv(deepline("export", "b1").stdout)
+    assert rows == [
+        ["n", "even", "both", "_error"],
+        ["0", "true", '{"even":true}', ""],
+        ["1", "false", '{"even":false}', ""],
+    ]

@@ -332,6 +332,12 @@ class MapBook:
             elapsed_s=round(time.monotonic() - self.started, 3),
         )  # fmt: skip
 
+    async def input_columns(self, record: MapRecord, columns: list[str]) -> None:
+        """A list's fields, recorded as they are first read (a CSV's header is known at the
+        start): an export of the map before it ends (a kill, a run going on) has them."""
+        record.input_columns = columns
+        await self.s.io.call(self.s.io.store.sheets.save_map, record)
+
     async def input_read(self, record: MapRecord, distinct: int, duplicate: int) -> None:
         """The whole input read: record its distinct rows and its duplicates (see MapRun)."""
         record.total, record.duplicate = distinct, max(0, duplicate)

@@ -197,6 +197,8 @@ class MapRun:
         async with contextlib.aclosing(self.intake.read_ahead(sheet_rows)) as chunks:
             async for chunk in chunks:
                 self.s.check_open()  # interrupted: a map its sheet answers whole stops too
+                if len(self.intake.input_columns) != len(self.record.input_columns):
+                    await self.book.input_columns(self.record, list(self.intake.input_columns))
                 if not counted and self.intake.read_whole:
                     counted = True
                     await self._input_read()
