@@ -139,6 +139,40 @@ def test_a_key_function_that_raises_names_the_map_the_row_and_the_error(
     assert not (tmp_path / "calls.txt").exists()
 
 
+LIST_ROWS = """
+from deepline_cli import play
+
+@play("api")
+async def api(ctx, input):
+    rows = [{"email": "a@x.com", "score": 1.0}, {"email": None, "score": 2.0}, {"name": "C", "score": 3.0}]
+    if input.get("nan"):
+        rows = [{"email": "a@x.com", "score": 1.0}, {"email": "b@x.com", "score": float("nan")}]
+    return len(await ctx.map("contacts", rows, key="email", columns={"s": lambda row: row["score"]}))
+"""
+
+
+def test_a_list_row_without_its_key_field_is_named_by_its_place(deepline: Run, write_play: Callable[..., Path]) -> None:
+    """Records from an API, one without an `email`: the map stopped with "Row has no key
+    field 'email' (fields: name, score)", which row not said (a key function's error is)."""
+    write_play(LIST_ROWS)
+    run = deepline("run", "play.py")
+    assert run.code == 2, run.stderr
+    assert "Map 'contacts' stopped at input row 3: it has no key field 'email' (its fields: name, score)" in run.stderr
+
+
+def test_nan_in_a_list_row_names_its_field_and_what_to_give_instead(
+    deepline: Run, write_play: Callable[..., Path]
+) -> None:
+    """Rows from pandas hold NaN for a missing number: the map stopped with "A map row has
+    no key or digest (NaN and Infinity are not JSON)", though the row had its key."""
+    write_play(LIST_ROWS)
+    run = deepline("run", "play.py", "--input", '{"nan": true}')
+    assert run.code == 2, run.stderr
+    said = run.stderr
+    assert "Map 'contacts' stopped at input row 2: its field 'score' holds NaN, which is not JSON" in said, said
+    assert "give None for a missing value" in said, said
+
+
 SLOW_LEADS = """
 import asyncio
 from pathlib import Path

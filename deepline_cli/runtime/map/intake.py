@@ -115,7 +115,7 @@ class Intake:
             distinct += 1
             book.input_index_of.append(input_index)
             seeded = book.is_seeded(idx, key, placed=placed)  # kept while its sheet row matches (MapRun)
-            chunk.append(PendingRow(idx, input_index, key, row, row_digest(row), None, blank, seeded))
+            chunk.append(PendingRow(idx, input_index, key, row, self.digest(row, input_index), None, blank, seeded))
             if len(chunk) >= CHUNK:
                 yield chunk, (read, duplicate)
                 chunk, read, duplicate = [], 0, 0
@@ -147,8 +147,8 @@ class Intake:
         """The key, and whether it is the row's place (not an identity across attempts)."""
         try:
             key = self.key_of(row)
-        except InputError:
-            raise
+        except InputError as exc:
+            raise self._row_refused(input_index, exc) from None
         except Exception as exc:
             raise self._key_failed(input_index, exc) from exc
         if not key.strip() or (blank is not None and self._blank_key(row)):
@@ -158,6 +158,18 @@ class Intake:
     def _blank_key(self, row: dict[str, Any]) -> bool:
         """Is a field the key is made of blank in this row (`key=["name", "domain"]`)?"""
         return any(is_blank(row.get(name)) for name in self.key_fields)
+
+    def digest(self, row: dict[str, Any], input_index: int) -> str:
+        """The row's digest (`row_digest`); a row that is no JSON (NaN) named by its place."""
+        try:
+            return row_digest(row)
+        except InputError as exc:
+            raise self._row_refused(input_index, exc) from None
+
+    def _row_refused(self, input_index: int, exc: InputError) -> InputError:
+        """A row the map cannot take (no key field, NaN), named by its place."""
+        place = self.csv.where() if self.csv is not None else f"input row {input_index + 1}"
+        return InputError(f"Map {self.name!r} stopped at {place}: {exc}.")
 
     def _key_failed(self, input_index: int, exc: Exception) -> PlayCodeError:
         place = where(exc)

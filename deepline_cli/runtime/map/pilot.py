@@ -17,7 +17,6 @@ from deepline_cli.runtime.map.columns import ResolvedColumn
 from deepline_cli.runtime.map.intake import CHUNK, Intake
 from deepline_cli.runtime.map.reuse import ReusePolicy
 from deepline_cli.runtime.map.row_context import PendingRow
-from deepline_cli.runtime.map.rows import row_digest
 
 
 class PilotMap(Protocol):
@@ -80,7 +79,7 @@ def rest_jobs(engine: PilotMap, counts: RestCounts) -> Iterator[list[PendingRow]
             continue
         seen.add(key)
         counts.distinct += 1
-        chunk.append(PendingRow(-1, input_index, key, row, row_digest(row), None))
+        chunk.append(PendingRow(-1, input_index, key, row, engine.intake.digest(row, input_index), None))
         if len(chunk) >= CHUNK:
             yield chunk
             chunk = []

@@ -6,6 +6,7 @@ import csv
 import hashlib
 import io
 import itertools
+import math
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -213,9 +214,9 @@ class CsvSource:
                     start, line = line + 1, reader.line_num + skipped
                     if line > start:
                         spanned = (start, line, self._rows_in(record, width, start, line))
+                    if not any(record):
+                        continue  # a blank line, or a row of empty cells (a spreadsheet's trailing `,,`)
                     if len(record) != width:
-                        if not record or record == [""]:
-                            continue  # a blank line
                         if len(record) > width and not any(record[width:]):
                             record = record[:width]  # empty cells under the empty trailing columns
                         elif line > start:
@@ -383,7 +384,7 @@ def key_function(key: RowKey) -> Callable[[Mapping[str, Any]], str]:
             try:
                 return _scalar(row[name])
             except KeyError:
-                raise InputError(f"Row has no key field {name!r} (fields: {', '.join(row)}).") from None
+                raise InputError(f"it has no key field {name!r} (its fields: {', '.join(row)})") from None
 
         by_field.fields = (name,)  # type: ignore[attr-defined]
         return by_field
@@ -397,7 +398,7 @@ def key_function(key: RowKey) -> Callable[[Mapping[str, Any]], str]:
             try:
                 return _scalar(value)
             except TypeError as exc:
-                raise InputError(f"A row key must be JSON (a string, a number, a list…): {exc}.") from None
+                raise InputError(f"its key must be JSON (a string, a number, a list…): {exc}") from None
 
         return by_function
     names = list(key)
@@ -409,7 +410,7 @@ def key_function(key: RowKey) -> Callable[[Mapping[str, Any]], str]:
                 return ""  # every part blank: no identity (the map keys the row by where it is)
             return _json.dumps_str(parts)
         except KeyError as exc:
-            raise InputError(f"Row has no key field {exc.args[0]!r} (fields: {', '.join(row)}).") from None
+            raise InputError(f"it has no key field {exc.args[0]!r} (its fields: {', '.join(row)})") from None
 
     by_fields.fields = tuple(names)  # type: ignore[attr-defined]
     return by_fields
@@ -439,8 +440,20 @@ def row_digest(row: Mapping[str, Any]) -> str:
     try:
         content = _json.canonical(row)
     except TypeError as exc:
-        raise InputError(f"A map row has no key or digest ({exc}): {_preview(row)}.") from None
+        raise InputError(_not_json(row, exc)) from None
     return hashlib.blake2b(content, digest_size=16).hexdigest()
+
+
+def _not_json(row: Mapping[str, Any], exc: TypeError) -> str:
+    """Why a row cannot be kept: the field holding NaN (rows from pandas), or what JSON said."""
+    for name, value in row.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            said = "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+            return (
+                f"its field {name!r} holds {said}, which is not JSON; give None for a missing value "
+                "(from pandas: df.astype(object).where(df.notna(), None))"
+            )
+    return f"it is not JSON ({exc}): {_preview(row)}"
 
 
 def _preview(row: Mapping[str, Any]) -> str:
