@@ -936,3 +936,18 @@ def test_a_pilot_runs_each_of_its_rows_child_plays_whole(deepline, write_play) -
     full = deepline("run", "play.py:accounts", "--run-id", "full", "--json")
     assert full.code == 0, full.stderr
     assert full.json_lines()[-1]["output"] == 20
+
+
+def test_a_child_run_resumed_with_its_own_budget_is_told_to_raise_its_roots(deepline, write_play) -> None:
+    """A child play spends its root run's budget, yet `resume CHILD --max-credits 1000` let
+    the child spend past the root's 7 (the root then blamed calls in flight for 12 spent)."""
+    write_play(PILOT_OF_ACCOUNTS)
+    assert deepline("run", "play.py:accounts", "--run-id", "root", "--max-credits", "7", "--quiet").code == 1
+    listed = deepline("runs", "list", "--json").json_lines()
+    child = next(r["run_id"] for r in listed if r["play"] == "people" and r["status"] != "completed")
+    resumed = deepline("resume", child, "--max-credits", "1000")
+    assert resumed.code == 2, resumed.stderr
+    assert f"Run {child} is a child play of run root" in resumed.stderr, resumed.stderr
+    assert "deepline resume root --max-credits 1000" in resumed.stderr, resumed.stderr
+    spent = json.loads(deepline("runs", "show", "root", "--json").stdout)["stats"]["credits"]
+    assert spent <= 7, spent

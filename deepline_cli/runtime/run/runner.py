@@ -230,6 +230,13 @@ class Runner:
         record = self.store.runs.get_run(run_id)
         if record is None:
             raise UsageError(f"No run {run_id!r} in the store {self.store.url}.")
+        if record.parent_run_id and self.options.max_credits is not None:
+            root = record.root_run_id or record.parent_run_id
+            raise UsageError(
+                f"Run {run_id} is a child play of run {root}, whose budget it spends: raise that one "
+                f"(deepline resume {root} --max-credits {self.options.max_credits:g}), which resumes "
+                "this one with it."
+            )
         if record.status == "completed":
             # Its failed rows fail the command as the run was started to, or as this one asks.
             return RunResult.of_record(record, fail_on_row_errors=self.options.fail_on_row_errors or None)
