@@ -148,7 +148,8 @@ def test_the_projection_counts_blank_key_rows_as_the_run_will(deepline, write_pl
     rest of the list took them all for one."""
     play = write_play(PLAY)
     leads = tmp_path / "leads.csv"
-    leads.write_text("domain\n" + "".join(f"c{i}.com\n" for i in range(20)) + ",\n" * 30 + "c0.com\n")
+    blank_keys = "".join(f",lead {i}\n" for i in range(30))  # a name, no domain (a row of empty cells is no row)
+    leads.write_text("domain,name\n" + "".join(f"c{i}.com,n{i}\n" for i in range(20)) + blank_keys + "c0.com,n0\n")
     pilot = _finished(deepline("run", str(play), "--csv", str(leads), "--limit", "10", "--json"))
     (m,) = pilot["stats"]["projection"]["maps"]
     assert (m["full_rows"], m["new_rows"]) == (50, 40), m  # 20 companies and 30 blank rows; one duplicate

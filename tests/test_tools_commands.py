@@ -242,7 +242,7 @@ def test_execute_json_prints_the_runs_events(project: Path, cli: Callable[..., R
     result = cli("tools", "execute", "ht.echo", "--input", CALL, "--json", TT_TOKEN=SECRET)
     assert result.code == 0, result.stderr
     events = result.json_lines()
-    assert [e["event"] for e in events] == ["run.started", "tool.call", "run.finished"]
+    assert [e["event"] for e in events] == ["run.started", "tool.call", "run.progress", "run.finished"]
     assert events[0]["play"] == "tools.execute"
     finished = events[-1]
     assert finished["status"] == "completed" and finished["output"]["execution"] == "live"
