@@ -951,3 +951,17 @@ def test_a_child_run_resumed_with_its_own_budget_is_told_to_raise_its_roots(deep
     assert "deepline resume root --max-credits 1000" in resumed.stderr, resumed.stderr
     spent = json.loads(deepline("runs", "show", "root", "--json").stdout)["stats"]["credits"]
     assert spent <= 7, spent
+
+
+def test_a_pilots_credits_per_row_count_what_its_rows_child_plays_spent(deepline, write_play) -> None:
+    """Each account row runs a child play that pays for 5 people in its own map: the pilot
+    spent 10 credits on 2 rows, yet projected "0 credits/row" (the children's calls were
+    counted under their own map's rows, not under the row that ran them)."""
+    write_play(PILOT_OF_ACCOUNTS)
+    pilot = deepline("run", "play.py:accounts", "--limit", "2", "--run-id", "pilot", "--json")
+    assert pilot.code == 0, pilot.stderr
+    finished = pilot.json_lines()[-1]
+    assert finished["stats"]["credits"] == 10
+    (m,) = finished["stats"]["projection"]["maps"]
+    assert m["credits_per_row"]["mean"] == 5, m
+    assert finished["stats"]["projection"]["credits"] == 20, finished["stats"]["projection"]

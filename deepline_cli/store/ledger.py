@@ -323,22 +323,59 @@ class LedgerQueries:
     def row_credits(self, run_id: str, map: str) -> dict[str, float]:
         """Credits of the completed calls made for each row of a run's map (every attempt),
         those of the child plays a row ran included (their calls are made for its row)."""
-        rows = self._read(
-            f"SELECT row_key, sum(credits) FROM calls WHERE run_id IN {TREE} AND map = ? AND status = 'completed'"
-            " AND row_key IS NOT NULL GROUP BY row_key",
-            (run_id, run_id, map),
-        )
-        return {key: round_credits(float(credits or 0.0)) for key, credits in rows}
+        credits: dict[str, float] = {}
+        for key, paid in self._per_row(run_id, map, "sum(credits)", "status = 'completed'"):
+            credits[key] = credits.get(key, 0.0) + float(paid or 0.0)
+        return {key: round_credits(paid) for key, paid in credits.items()}
 
     def row_ends(self, run_id: str, map: str) -> dict[str, float]:
         """When the last call made for each row of a run's map ended (every attempt, the
         child plays a row ran included)."""
+        ends: dict[str, float] = {}
+        for key, end in self._per_row(run_id, map, "max(ended_at)", "ended_at IS NOT NULL"):
+            ends[key] = max(ends.get(key, 0.0), float(end))
+        return ends
+
+    def _per_row(self, run_id: str, map: str, figure: str, where: str) -> list[tuple[str, Any]]:
+        """`figure` of the calls made for each row of a run's map (a row key may come more
+        than once): calls made in the row's cells, its child plays' there too, and the calls
+        a child play made for the row in maps of its own (or a worker, outside any map)."""
         rows = self._read(
-            f"SELECT row_key, max(ended_at) FROM calls WHERE run_id IN {TREE} AND map = ? AND row_key IS NOT NULL"
-            " AND ended_at IS NOT NULL GROUP BY row_key",
+            f"SELECT row_key, {figure} FROM calls WHERE run_id IN {TREE} AND map = ? AND row_key IS NOT NULL"
+            f" AND {where} GROUP BY row_key",
             (run_id, run_id, map),
         )
-        return {key: float(end) for key, end in rows}
+        made_for = self._made_for(run_id, map)
+        if made_for:
+            rows += [
+                (made_for[run], value)
+                for run, value in self._read(
+                    f"SELECT run_id, {figure} FROM calls WHERE run_id IN {TREE} AND (map IS NULL OR map <> ?)"
+                    f" AND {where} GROUP BY run_id",
+                    (run_id, run_id, map),
+                )
+                if run in made_for
+            ]
+        return rows
+
+    def _made_for(self, run_id: str, map: str) -> dict[str, str]:
+        """The runs below `run_id` made for a row of its map `map` (a child play a row ran,
+        and every run below that one), each with that row's key."""
+        runs = self._read(f"SELECT run_id, parent_run_id, options FROM runs WHERE run_id IN {TREE}", (run_id, run_id))
+        parents = {run: parent for run, parent, _ in runs}
+        rows: dict[str, str] = {}
+        for run, parent, options in runs:
+            made = (_json.loads(options) or {}).get("made_for") if parent == run_id else None
+            if isinstance(made, dict) and made.get("map") == map and made.get("row") is not None:
+                rows[run] = str(made["row"])
+        found: dict[str, str] = {}
+        for run in parents:  # every run below a child made for a row: that row's too
+            at: str | None = run
+            while at is not None and at not in rows:
+                at = parents.get(at)
+            if at is not None:
+                found[run] = rows[at]
+        return found
 
     def rows_reusing(self, run_id: str, map: str) -> set[str]:
         """The rows of a run's map some call of which another run's receipt answered."""

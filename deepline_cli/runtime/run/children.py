@@ -14,6 +14,7 @@ from typing import Any
 
 from deepline_cli import _json
 from deepline_cli.errors import DeeplineError, GovernanceError, InputError, PlayLoadError, RunInterrupted
+from deepline_cli.runtime.calls.call_scope import current_cell
 from deepline_cli.runtime.calls.receipts import DurableCall, receipt_key
 from deepline_cli.runtime.run.body import execute_body
 from deepline_cli.runtime.run.holders import holder_id
@@ -79,6 +80,17 @@ def child_failed(play: PlayDef, child_id: str, error: dict[str, Any] | None) -> 
     return ChildPlayError(message, error)
 
 
+def child_options(s: RunParts) -> dict[str, Any]:
+    """The flags a child run is kept with: its parent's (but whole: Settings.for_child), and
+    the map row it was made for, if any (its calls count for that row: a pilot's credits per
+    row, the pace of its rows)."""
+    options = dict(s.settings.for_child().persisted)
+    cell = current_cell()
+    if cell is not None:
+        options["made_for"] = {"map": cell.map, "row": cell.row_key}
+    return options
+
+
 async def run_play(s: RunParts, id: str, play_ref: str, input: Any, description: str = "", journal: bool = True) -> Any:
     if journal:
         s.effects.journal.reach(f"run_play:{id}", s.identity.run_id)
@@ -132,7 +144,7 @@ async def _schedule_child(s: RunParts, call_id: str, play: PlayDef, child_id: st
             attempt=0,
             workspace=s.identity.workspace,
             cwd=s.identity.cwd,
-            options=dict(s.settings.for_child().persisted),
+            options=child_options(s),
             parent_run_id=s.identity.run_id,
             root_run_id=s.identity.root or s.identity.run_id,
             created_at=now,
@@ -190,7 +202,7 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
             attempt=1,
             workspace=s.identity.workspace,
             cwd=s.identity.cwd,
-            options=dict(s.settings.for_child().persisted),
+            options=child_options(s),
             description=description,
             parent_run_id=s.identity.run_id,
             root_run_id=s.identity.root or s.identity.run_id,
