@@ -320,10 +320,13 @@ def test_wait_for_event_suspends_send_then_resume_returns_payload(deepline, writ
     assert json.loads(resumed.stdout) == {"before": "BEFORE", "payload": {"a": 1}, "attempt": 2}
     assert logged(log) == ["before"]
 
-    # Past the wait: the run no longer waits for it.
+    # Past the wait: a webhook sending it again is told the run took it, as while it ran.
     late = deepline("events", "send", "r-ev", "approve")
-    assert late.code == 2
-    assert "has completed; nothing in it waits for events" in late.stderr
+    assert late.code == 0, late.stderr
+    assert "took 'approve' already" in late.stderr, late.stderr
+    other = deepline("events", "send", "r-ev", "another")  # nothing in a completed run waits for it
+    assert other.code == 2
+    assert "has completed; nothing in it waits for events" in other.stderr
 
 
 def test_events_send_errors_are_usage_errors(deepline, write_play, tmp_path):
@@ -605,3 +608,95 @@ def test_a_wait_a_column_catches_makes_its_row_wait_not_recorded_with_the_wait(d
     resumed = deepline("resume", "cg", "--json")
     assert resumed.code == 0, resumed.stderr
     assert finished(resumed)["output"] == [True, True]
+
+
+def test_an_event_sent_while_its_run_is_recorded_waiting_still_wakes_it(write_play, store_path, monkeypatch) -> None:
+    """The run read that no event had come (no wake time), `events send` delivered one and
+    set the run due, then the run's `waiting` record put its wake time back to none: no
+    worker ever took it, its event delivered. The sender's moment, made deterministic."""
+    from deepline_cli.runtime.run import attempt
+    from tests.helpers import run_play
+
+    real = attempt.next_wake
+
+    def then_an_event_comes(store: Any, run_id: str, *args: Any) -> float | None:
+        wake = real(store, run_id, *args)  # nothing came yet
+        if not store.suspension.get_event(run_id, "go")[0]:
+            now = store.now()  # what `deepline events send` does, at this moment
+            store.suspension.send_event(run_id, "go", "yes", now)
+            store.queue.set_wake(run_id, now)
+        return wake
+
+    monkeypatch.setattr(attempt, "next_wake", then_an_event_comes)
+    play = write_play(
+        """
+        from deepline_cli import play
+
+        @play("w")
+        async def w(ctx, input):
+            return await ctx.wait_for_event("go")
+        """
+    )
+    waiting = run_play(play, store_path, run_id="ev-race")
+    assert waiting.status == "waiting", waiting.error
+    import sqlite3
+
+    with sqlite3.connect(store_path) as db:
+        (wake,) = db.execute("SELECT wake_at FROM runs WHERE run_id = 'ev-race'").fetchone()
+    assert wake is not None and wake <= time.time(), wake  # due: a worker takes it
+
+
+GATE_PLAY = """
+from deepline_cli import play, tool
+
+@tool("demo.enrich", credits=1)
+def enrich(input):
+    return {"domain": input["domain"]}
+
+@play("gate")
+async def gate(ctx, input):
+    for d in ["a.com", "b.com", "c.com"]:
+        await ctx.tools.execute(d, "demo.enrich", {"domain": d})
+    return await ctx.wait_for_event("approve")
+"""
+
+
+def test_an_event_sent_to_a_failed_run_is_kept_for_its_resume(deepline, write_play) -> None:
+    """A run that failed on its budget before its approval wait is resumable, yet `events
+    send` refused the approval (exit 2: "nothing in it waits for events any more"), and the
+    resume then waited for it."""
+    write_play(GATE_PLAY)
+    assert deepline("run", "play.py", "--run-id", "g1", "--max-credits", "2", "--quiet").code == 1
+    sent = deepline("events", "send", "g1", "approve", "--payload", '"yes"')
+    assert sent.code == 0, sent.stderr
+    assert "the event is kept" in sent.stderr and "deepline resume g1" in sent.stderr, sent.stderr
+    resumed = deepline("resume", "g1", "--max-credits", "10")
+    assert resumed.code == 0, resumed.stderr
+    assert json.loads(resumed.stdout) == "yes"
+
+
+@pytest.mark.parametrize(
+    ("status", "holder", "said"),
+    [
+        ("running", "nowhere:999999:x", "Run r-ev3's process is gone; continue it with: deepline resume r-ev3"),
+        ("interrupted", None, "Continue the run with: deepline resume r-ev3"),
+    ],
+    ids=["killed-while-waiting-inline", "stopped-under-workers"],
+)
+def test_events_send_says_who_continues_the_run(deepline, write_play, tmp_path, store_path, status, holder, said):
+    """A run killed while it waited inline was said to be taken up by "the process running
+    it" (gone); one stopped (`runs stop`) under workers, by a worker (workers take waiting
+    runs only): each is continued by a resume."""
+    import sqlite3
+
+    write_play(EVENT_PLAY)
+    assert (
+        deepline("run", "play.py", "--run-id", "r-ev3", "-q", "--input", as_json({"log": str(tmp_path / "l")})).code
+        == 3
+    )
+    with sqlite3.connect(store_path) as db:
+        db.execute("UPDATE runs SET status = ?, holder = ?, scheduled = 1, lease_expires_at = 1", (status, holder))
+    sent = deepline("events", "send", "r-ev3", "approve")
+    assert sent.code == 0, sent.stderr
+    assert said in sent.stderr, sent.stderr
+    assert "worker" not in sent.stderr and "the process running it" not in sent.stderr, sent.stderr

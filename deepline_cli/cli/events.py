@@ -30,6 +30,7 @@ def send(
     """
     from deepline_cli.cli.inputs import parse_json_flag
     from deepline_cli.errors import UsageError
+    from deepline_cli.runtime.run.holders import holder_alive
     from deepline_cli.runtime.run.suspension import event_targets, timed_out_waits
     from deepline_cli.store import open_store
 
@@ -40,13 +41,14 @@ def send(
         if record is None:
             raise UsageError(f"No run {run_id!r} in the store {db.url}.")
         now = db.now()
+        gone = record.status == "running" and not holder_alive(record, now)
         targets = event_targets(db, run_id, event_id, now)
         lapsed = [] if targets else timed_out_waits(db, run_id, event_id, now)
         own = db.suspension.boundaries(run_id)
         taken = any(b.kind == "event" and b.event_id == event_id and b.status == "resolved" for b in own)
         awaited = [b.event_id for b in own if b.kind == "event" and b.status == "waiting" and b.event_id]
-        if not targets and record.status in ("completed", "failed"):
-            raise UsageError(f"Run {run_id} has {record.status}; nothing in it waits for events any more.")
+        if not targets and record.status == "completed" and not taken:
+            raise UsageError(f"Run {run_id} has completed; nothing in it waits for events any more.")
         # Not waiting for it yet: kept for the run, and found when it (or a child) waits for it.
         delivered = [t for t in targets or [run_id] if db.suspension.send_event(t, event_id, value, now)]
         if targets and delivered:
@@ -69,6 +71,8 @@ def send(
     if not targets:
         kept = "the event is kept for when it does" if delivered else "an earlier one is kept (the first wins)"
         waits = f" (it waits for {', '.join(repr(e) for e in awaited)})" if awaited else ""
+        if record.status in ("failed", "interrupted"):  # resumable: its resume may reach the wait
+            kept += f": deepline resume {run_id}"
         typer.echo(f"Run {run_id} is not waiting for {event_id!r} yet{waits}; {kept}.", err=True)
         return
     for target in targets:
@@ -77,9 +81,12 @@ def send(
             typer.echo(f"Delivered {event_id!r}{where}.", err=True)
         else:
             typer.echo(f"Event {event_id!r} was already delivered{where}; the first payload is kept.", err=True)
-    if delivered and record.status == "running":  # waiting inline: that process takes it
+    if delivered and record.status == "running" and gone:  # killed while it waited inline
+        typer.echo(f"Run {run_id}'s process is gone; continue it with: deepline resume {run_id}", err=True)
+    elif delivered and record.status == "running":  # waiting inline: that process takes it
         typer.echo(f"Run {run_id} is running: the process running it takes the event.", err=True)
-    elif delivered and (record.scheduled or record.snapshot):  # enqueued: a worker takes it up, woken by the event
+    elif delivered and record.status == "waiting" and (record.scheduled or record.snapshot):
+        # enqueued: a worker takes it up, woken by the event (one stopped is resumed by hand)
         typer.echo(
             f"A `deepline worker` on this store continues run {run_id} (or: deepline resume {run_id}).", err=True
         )

@@ -511,6 +511,12 @@ def record_end(
     if not recorded:
         store.runs.end_attempt(record.run_id, record.attempt, "taken_over", now)
         return None
+    if status == "waiting" and wake != now:
+        # An event sent between the look above and this record set the run due, and the
+        # record put its wake time back: looked at once more, the event is there now.
+        again = next_wake(store, record.run_id, record.root_run_id or record.run_id, now, max_inline_wait)
+        if again is not None and (wake is None or again < wake):
+            store.queue.set_wake(record.run_id, again)
     if record.scheduled and record.parent_run_id and status in ("completed", "failed"):
         store.queue.set_wake(record.parent_run_id, now)  # its parent waits for this result
     return stats
