@@ -9,7 +9,7 @@ from typing import Any
 _PLAIN = frozenset({str, int, float, bool, dict, list, type(None)})
 
 
-def awaitable(value: Any) -> bool:
+def is_awaitable(value: Any) -> bool:
     """`inspect.isawaitable`, without its abstract-class check for what a play's function
     or tool most often returns: a coroutine, or a plain value."""
     kind = type(value)

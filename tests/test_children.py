@@ -965,3 +965,14 @@ def test_a_pilots_credits_per_row_count_what_its_rows_child_plays_spent(deepline
     (m,) = finished["stats"]["projection"]["maps"]
     assert m["credits_per_row"]["mean"] == 5, m
     assert finished["stats"]["projection"]["credits"] == 20, finished["stats"]["projection"]
+
+
+def test_a_pilots_credits_per_row_count_a_child_map_named_as_its_parents(deepline, write_play) -> None:
+    """The child's own map has the parent map's name: its calls were taken for rows of the
+    parent's map with the child's row keys (which none has), and the pilot said 0 a row."""
+    write_play(PILOT_OF_ACCOUNTS.replace('ctx.map("people",', 'ctx.map("accounts",'))
+    pilot = deepline("run", "play.py:accounts", "--limit", "2", "--run-id", "pilot", "--json")
+    assert pilot.code == 0, pilot.stderr
+    finished = pilot.json_lines()[-1]
+    (m,) = finished["stats"]["projection"]["maps"]
+    assert (finished["stats"]["credits"], m["credits_per_row"]["mean"]) == (10, 5), m

@@ -119,7 +119,7 @@ def test_blank_lines_are_skipped(csv_play: Path, store_path: Path, tmp_path: Pat
 def test_rows_of_empty_cells_are_skipped_as_blank_lines(csv_play: Path, store_path: Path, tmp_path: Path) -> None:
     """A spreadsheet's trailing rows of bare delimiters (`,,`) were rows: each keyed by its
     place, its tool called with every field empty, and exported as an empty row."""
-    (tmp_path / "leads.csv").write_text("Name,Domain,Email\r\nA,a.com,x@a.com\r\n,,\r\nB,b.com,\r\n,,\r\n,,\r\n")
+    (tmp_path / "leads.csv").write_text("Name,Domain,Email\r\nA,a.com,x@a.com\r\n,,\r\nB,b.com,\r\n ,  ,\r\n,,\r\n")
 
     result = run_play(csv_play, store_path, {"csv": str(tmp_path / "leads.csv")})
 

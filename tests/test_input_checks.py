@@ -147,6 +147,8 @@ async def api(ctx, input):
     rows = [{"email": "a@x.com", "score": 1.0}, {"email": None, "score": 2.0}, {"name": "C", "score": 3.0}]
     if input.get("nan"):
         rows = [{"email": "a@x.com", "score": 1.0}, {"email": "b@x.com", "score": float("nan")}]
+    if input.get("nan_key"):  # pandas gives NaN for a missing email
+        rows = [{"email": "a@x.com", "score": 1.0}, {"email": float("nan"), "score": 2.0}]
     return len(await ctx.map("contacts", rows, key="email", columns={"s": lambda row: row["score"]}))
 """
 
@@ -171,6 +173,9 @@ def test_nan_in_a_list_row_names_its_field_and_what_to_give_instead(
     said = run.stderr
     assert "Map 'contacts' stopped at input row 2: its field 'score' holds NaN, which is not JSON" in said, said
     assert "give None for a missing value" in said, said
+    keyed = deepline("run", "play.py", "--input", '{"nan_key": true}')  # in its key: an input, not a play bug
+    assert keyed.code == 2, keyed.stderr
+    assert "Map 'contacts' stopped at input row 2: its field 'email' holds NaN" in keyed.stderr, keyed.stderr
 
 
 SLOW_LEADS = """

@@ -12,7 +12,7 @@ from typing import Any
 
 from deepline_cli import _json
 from deepline_cli._format import add_credits, round_credits, sum_credits
-from deepline_cli.store.records import FOUND_PREFIX, NOT_FOUND, FailedCall
+from deepline_cli.store.records import FOUND_PREFIX, MADE_FOR, NOT_FOUND, FailedCall
 from deepline_cli.store.sql_rows import TREE
 
 _ROWS_PAGE = 50_000  # map rows read per store call, to say how the rows of failed calls ended
@@ -338,24 +338,21 @@ class LedgerQueries:
 
     def _per_row(self, run_id: str, map: str, figure: str, where: str) -> list[tuple[str, Any]]:
         """`figure` of the calls made for each row of a run's map (a row key may come more
-        than once): calls made in the row's cells, its child plays' there too, and the calls
-        a child play made for the row in maps of its own (or a worker, outside any map)."""
-        rows = self._read(
-            f"SELECT row_key, {figure} FROM calls WHERE run_id IN {TREE} AND map = ? AND row_key IS NOT NULL"
-            f" AND {where} GROUP BY row_key",
-            (run_id, run_id, map),
+        than once): calls made in the row's cells (its child plays' there too), and the
+        calls a child play made for the row in maps of its own (or a worker ran outside any)."""
+        calls = self._read(
+            f"SELECT run_id, map, row_key, {figure} FROM calls WHERE run_id IN {TREE} AND {where}"
+            " GROUP BY run_id, map, row_key",
+            (run_id, run_id),
         )
         made_for = self._made_for(run_id, map)
-        if made_for:
-            rows += [
-                (made_for[run], value)
-                for run, value in self._read(
-                    f"SELECT run_id, {figure} FROM calls WHERE run_id IN {TREE} AND (map IS NULL OR map <> ?)"
-                    f" AND {where} GROUP BY run_id",
-                    (run_id, run_id, map),
-                )
-                if run in made_for
-            ]
+        own_maps = set(self._read(f"SELECT run_id, map FROM maps WHERE run_id IN {TREE}", (run_id, run_id)))
+        rows: list[tuple[str, Any]] = []
+        for run, made_in, row_key, value in calls:
+            if run in made_for and (made_in is None or (run, made_in) in own_maps):
+                rows.append((made_for[run], value))  # in a map of the child's own (of any name)
+            elif made_in == map and row_key is not None:
+                rows.append((row_key, value))  # in a cell of this map's row
         return rows
 
     def _made_for(self, run_id: str, map: str) -> dict[str, str]:
@@ -365,7 +362,7 @@ class LedgerQueries:
         parents = {run: parent for run, parent, _ in runs}
         rows: dict[str, str] = {}
         for run, parent, options in runs:
-            made = (_json.loads(options) or {}).get("made_for") if parent == run_id else None
+            made = (_json.loads(options) or {}).get(MADE_FOR) if parent == run_id else None
             if isinstance(made, dict) and made.get("map") == map and made.get("row") is not None:
                 rows[run] = str(made["row"])
         found: dict[str, str] = {}

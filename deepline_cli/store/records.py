@@ -25,6 +25,8 @@ LOG_KINDS: tuple[str, ...] = (
 RECEIPT_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "skipped", "released")
 FOUND_PREFIX = 16
 NOT_FOUND = "none"  # a waterfall's rows that no step found a value for (its hits per step)
+# A child run's option naming the map row it was made for ({"map": …, "row": …}): its calls count for that row.
+MADE_FOR = "made_for"
 
 
 @dataclass(slots=True)

@@ -174,8 +174,9 @@ class QueueStore(Protocol):
         `host` (this machine can tell whether their holder still lives)."""
         ...
 
-    def set_wake(self, run_id: str, wake_at: float | None) -> None:
-        """When the waiting run may get further (None: only when an event or child wakes it)."""
+    def set_wake(self, run_id: str, wake_at: float | None, *, waiting_attempt: int | None = None) -> None:
+        """When the waiting run may get further (None: only when an event or child wakes it);
+        `waiting_attempt`: only while that attempt's record of waiting is the run's."""
         ...
 
     def notify(self) -> None:

@@ -53,9 +53,11 @@ class QueueSql(SqlBase):
         )
         return [run_from_row(r) for r in rows]
 
-    def set_wake(self, run_id: str, wake_at: float | None) -> None:
+    def set_wake(self, run_id: str, wake_at: float | None, *, waiting_attempt: int | None = None) -> None:
+        fence = "" if waiting_attempt is None else " AND status = 'waiting' AND attempt = ?"
+        params = (wake_at, run_id) if waiting_attempt is None else (wake_at, run_id, waiting_attempt)
         with self._write() as c:
-            c.execute("UPDATE runs SET wake_at = ? WHERE run_id = ?", (wake_at, run_id))
+            c.execute(f"UPDATE runs SET wake_at = ? WHERE run_id = ?{fence}", params)
 
     def put_snapshot(self, digest: str, snapshot: dict[str, Any]) -> None:
         with self._write() as c:

@@ -332,10 +332,7 @@ class ReceiptBook:
                 reserved = self._budget.reserve(*asked, metered=call.metered) or await self._budget.admit(
                     *asked, metered=call.metered
                 )
-                # ToolCall.ready, without a coroutine per call: after a wait for the budget too.
-                if not self._breaker.store_up:
-                    await self._breaker.until_store_up()
-                self.ensure_owned(call, lease_id)
+                await info.ready()  # after a wait for the budget too
             except BaseException as exc:
                 if reserved is not None:
                     self._budget.release(reserved)

@@ -332,7 +332,7 @@ class MapBook:
             elapsed_s=round(time.monotonic() - self.started, 3),
         )  # fmt: skip
 
-    async def input_columns(self, record: MapRecord, columns: list[str]) -> None:
+    async def record_input_columns(self, record: MapRecord, columns: list[str]) -> None:
         """A list's fields, recorded as they are first read (a CSV's header is known at the
         start): an export of the map before it ends (a kill, a run going on) has them."""
         record.input_columns = columns

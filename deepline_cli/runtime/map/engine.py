@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from deepline_cli import _json
-from deepline_cli._aio import awaitable
+from deepline_cli._aio import is_awaitable
 from deepline_cli.errors import DeeplineError, UsageError
 from deepline_cli.runtime.calls.call_scope import CellScope, current_cell, enter_cell
 from deepline_cli.runtime.calls.store_thread import Reconnecting, StoreIO
@@ -198,7 +198,7 @@ class MapRun:
             async for chunk in chunks:
                 self.s.check_open()  # interrupted: a map its sheet answers whole stops too
                 if len(self.intake.input_columns) != len(self.record.input_columns):
-                    await self.book.input_columns(self.record, list(self.intake.input_columns))
+                    await self.book.record_input_columns(self.record, list(self.intake.input_columns))
                 if not counted and self.intake.read_whole:
                     counted = True
                     await self._input_read()
@@ -411,7 +411,7 @@ async def resolve_cell(
         cell = current_cell()
         asked = len(cell.answered) if cell is not None else 0
         wanted = spec.run_if(row, rc.index) if column.run_if_arity >= 2 else spec.run_if(row)
-        if awaitable(wanted):
+        if is_awaitable(wanted):
             wanted = await wanted
         if not wanted:  # an input field of the column's name ("fill where blank") keeps its value
             return row.get(column.name), {"run_if": False}, ()
@@ -419,7 +419,7 @@ async def resolve_cell(
             gate = cell.answered[asked:]
             cell.gate = len(cell.answered)
     result = spec.fn(row, rc) if column.arity != 1 else spec.fn(row)
-    if awaitable(result):
+    if is_awaitable(result):
         result = await result
     meta, hits = None, None
     if isinstance(result, Found):

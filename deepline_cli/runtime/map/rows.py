@@ -214,8 +214,8 @@ class CsvSource:
                     start, line = line + 1, reader.line_num + skipped
                     if line > start:
                         spanned = (start, line, self._rows_in(record, width, start, line))
-                    if not any(record):
-                        continue  # a blank line, or a row of empty cells (a spreadsheet's trailing `,,`)
+                    if not any(cell.strip() for cell in record):
+                        continue  # a blank line, or a row of blank cells (a spreadsheet's trailing `,,`)
                     if len(record) != width:
                         if len(record) > width and not any(record[width:]):
                             record = record[:width]  # empty cells under the empty trailing columns
@@ -385,6 +385,8 @@ def key_function(key: RowKey) -> Callable[[Mapping[str, Any]], str]:
                 return _scalar(row[name])
             except KeyError:
                 raise InputError(f"it has no key field {name!r} (its fields: {', '.join(row)})") from None
+            except TypeError as exc:  # NaN (a missing value from pandas): the input's, not the play's
+                raise InputError(_not_json({name: row[name]}, exc)) from None
 
         by_field.fields = (name,)  # type: ignore[attr-defined]
         return by_field
@@ -408,6 +410,8 @@ def key_function(key: RowKey) -> Callable[[Mapping[str, Any]], str]:
             parts = [row[n] for n in names]
             if all(map(is_blank, parts)):
                 return ""  # every part blank: no identity (the map keys the row by where it is)
+            if any(isinstance(p, float) and not math.isfinite(p) for p in parts):  # as a key of one field
+                raise InputError(_not_json(dict(zip(names, parts, strict=True))))
             return _json.dumps_str(parts)
         except KeyError as exc:
             raise InputError(f"it has no key field {exc.args[0]!r} (its fields: {', '.join(row)})") from None
@@ -444,7 +448,7 @@ def row_digest(row: Mapping[str, Any]) -> str:
     return hashlib.blake2b(content, digest_size=16).hexdigest()
 
 
-def _not_json(row: Mapping[str, Any], exc: TypeError) -> str:
+def _not_json(row: Mapping[str, Any], exc: TypeError | None = None) -> str:
     """Why a row cannot be kept: the field holding NaN (rows from pandas), or what JSON said."""
     for name, value in row.items():
         if isinstance(value, float) and not math.isfinite(value):

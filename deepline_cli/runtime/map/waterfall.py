@@ -22,11 +22,11 @@ the row.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from deepline_cli._aio import is_awaitable
 from deepline_cli.errors import ProviderTransientError, ToolExecutionError, UsageError
 from deepline_cli.runtime.calls.call_scope import current_cell
 from deepline_cli.runtime.map.columns import arity
@@ -127,6 +127,6 @@ async def _ask(fn: Callable[..., Any], row: dict[str, Any], second: Any) -> Any:
     """`fn(row, second)`, or `fn(row)` when there is no second argument to give; awaited
     if it returns an awaitable."""
     answer = fn(row) if second is None else fn(row, second)
-    if inspect.isawaitable(answer):
+    if is_awaitable(answer):
         answer = await answer
     return answer

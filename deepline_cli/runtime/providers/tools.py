@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
 from deepline_cli import _json
-from deepline_cli._aio import awaitable
+from deepline_cli._aio import is_awaitable
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.providers.governor import parse_rate
 
@@ -157,7 +157,7 @@ class ToolDef:
                 result = context.run(self._timed, *args)
             else:
                 result = await asyncio.get_running_loop().run_in_executor(None, context.run, self._timed, *args)
-            if awaitable(result):
+            if is_awaitable(result):
                 result = await result
         return _json.as_stored(result) if self.local else result
 

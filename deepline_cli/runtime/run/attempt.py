@@ -516,7 +516,7 @@ def record_end(
         # record put its wake time back: looked at once more, the event is there now.
         again = next_wake(store, record.run_id, record.root_run_id or record.run_id, now, max_inline_wait)
         if again is not None and (wake is None or again < wake):
-            store.queue.set_wake(record.run_id, again)
+            store.queue.set_wake(record.run_id, again, waiting_attempt=record.attempt)  # not taken since
     if record.scheduled and record.parent_run_id and status in ("completed", "failed"):
         store.queue.set_wake(record.parent_run_id, now)  # its parent waits for this result
     return stats

@@ -22,7 +22,7 @@ from deepline_cli.runtime.run.parts import Journal, RunParts
 from deepline_cli.runtime.run.play import PlayDef, find_play_by_name, load_play
 from deepline_cli.runtime.run.snapshot import child_root, take_snapshot
 from deepline_cli.runtime.run.stop import stopped_with_parent
-from deepline_cli.store.records import Boundary, RunRecord
+from deepline_cli.store.records import MADE_FOR, Boundary, RunRecord
 
 
 class ChildPlayError(DeeplineError):
@@ -87,7 +87,7 @@ def child_options(s: RunParts) -> dict[str, Any]:
     options = dict(s.settings.for_child().persisted)
     cell = current_cell()
     if cell is not None:
-        options["made_for"] = {"map": cell.map, "row": cell.row_key}
+        options[MADE_FOR] = {"map": cell.map, "row": cell.row_key}
     return options
 
 

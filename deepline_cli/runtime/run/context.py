@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
 from deepline_cli import _json
+from deepline_cli._aio import is_awaitable
 from deepline_cli.errors import InputError, UsageError
 from deepline_cli.runtime.calls.events import log_fields
 from deepline_cli.runtime.calls.receipts import DurableCall, durable_id, receipt_key
@@ -95,7 +95,7 @@ class Context:
         async def invoke(_: ToolCall) -> Any:
             journal, waited = self._s.effects.journal, len(self._s.effects.journal.waits)
             value = fn()
-            if inspect.isawaitable(value):
+            if is_awaitable(value):
                 value = await value
             # What fn caught is not its value: a budget refusal stops the run, a wait makes it wait.
             if (tripped := self._s.effects.book.tripped) is not None:
