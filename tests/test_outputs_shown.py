@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from deepline_cli._format import format_credits
 from tests.conftest import Result
 
@@ -337,3 +339,45 @@ def test_a_long_table_is_written_line_by_line_with_every_row(capsys) -> None:
     assert len(lines) == 1 + len(rows) and lines[1].startswith("k000000  completed")
     assert max(len(line) for line in lines[1:]) <= 7 + 2 + 9 + 2 + 60  # a long cell cut at 60 (credits blank)
     assert spent < 5, spent  # rich took ~12 s for as many (a bound far from the cost it had)
+
+
+@pytest.mark.process
+def test_a_json_reader_that_stops_reading_does_not_stop_the_run(spawn, write_play, store_path) -> None:
+    """`deepline run --json | slow-consumer`: once the pipe was full, writing an event blocked
+    the event loop, so the run stopped making calls and heartbeating its leases (another
+    process could take them over). The events wait for the reader; the run goes on."""
+    import json
+    import sqlite3
+    import time
+
+    write_play(
+        """
+        from deepline_cli import play, tool
+
+        @tool("t.n")
+        def n(input):
+            return input["n"]
+
+        @play("many")
+        async def many(ctx, input):
+            rows = await ctx.map("m", [{"n": i} for i in range(3000)], key="n",
+                                 columns={"v": lambda row, rc: rc.tools.execute("n", "t.n", {"n": row["n"]})})
+            return len(rows)
+        """
+    )
+    proc = spawn("run", "play.py", "--run-id", "j1", "--json")  # its stdout not read until the run is done
+    deadline, status = time.monotonic() + 90, None
+    while time.monotonic() < deadline and status != "completed":
+        time.sleep(0.2)
+        try:
+            with sqlite3.connect(store_path) as db:
+                found = db.execute("SELECT status FROM runs WHERE run_id = 'j1'").fetchone()
+        except sqlite3.OperationalError:  # the store is being made
+            continue
+        status = found[0] if found else None
+    assert status == "completed"  # 3,000 tool.call events (~600 KB) waited in the process for the reader
+    out, err = proc.communicate(timeout=60)
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert proc.returncode == 0, err
+    assert sum(1 for e in lines if e["event"] == "tool.call") == 3000
+    assert lines[-1]["event"] == "run.finished" and lines[-1]["output"] == 3000

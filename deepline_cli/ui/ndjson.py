@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import queue
 import sys
+import threading
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -16,7 +18,13 @@ from deepline_cli.ui.streams import silence
 class NdjsonView:
     """Writes events; when the reader goes away (`--json | head -1`) or stdout cannot be
     written (a full disk, a closed descriptor), it stops writing and calls `on_closed`
-    once, so the run is interrupted (resumable) rather than failed."""
+    once, so the run is interrupted (resumable) rather than failed.
+
+    While a run goes on (inside `with`), lines after the first are written by a thread of
+    their own: a reader that stops reading (`--json | slow-consumer`, a full pipe) keeps
+    them waiting, not the run, whose event loop makes the calls and keeps their leases. The
+    first is written at once, so an output that cannot be written at all (`>&-`, a full
+    disk) stops the run before it does anything."""
 
     def __init__(self, stream: IO[str] | None = None, on_closed: Callable[[], None] | None = None) -> None:
         # The real stdout (own_stdout's while the play runs: its prints go to stderr meanwhile).
@@ -25,6 +33,9 @@ class NdjsonView:
         self.on_closed = on_closed
         self.closed = False
         self.failure: Exception | None = None  # why stdout could not be written (not a reader gone)
+        self._lines: queue.SimpleQueue[str | None] | None = None  # to the writer thread, while there is one
+        self._writer: threading.Thread | None = None
+        self._written = False  # a line went out: the output can be written (later ones go by the thread)
 
     def handle(self, event: Event) -> None:
         self.write(event.to_dict())
@@ -33,12 +44,36 @@ class NdjsonView:
         if self.closed:
             return
         try:
+            line = _json.dumps_str(payload) + "\n"
+        except Exception as exc:  # a line that cannot be written
+            self._reader_gone(exc)
+            return
+        if self._lines is not None and self._written:
+            self._lines.put(line)
+        else:  # the first line here: an output that cannot be written is known before any work
+            self._write([line])
+            self._written = not self.closed
+
+    def _write(self, lines: list[str]) -> None:
+        try:
             if self.stream is None:  # `>&-`: Python has no stdout at all
                 raise OSError(errno.EBADF, "stdout is closed")
-            self.stream.write(_json.dumps_str(payload) + "\n")
+            self.stream.write("".join(lines))
             self.stream.flush()
-        except Exception as exc:  # an output that fails (a full disk), or a line that cannot be written
+        except Exception as exc:  # an output that fails (a full disk)
             self._reader_gone(exc)
+
+    def _write_lines(self, lines: queue.SimpleQueue[str | None]) -> None:
+        """The writer thread: every line waiting, one write and flush at a time, until None."""
+        while True:
+            waiting = [lines.get()]
+            while not lines.empty():
+                waiting.append(lines.get())
+            end = None in waiting
+            if not self.closed:
+                self._write([line for line in waiting if line is not None])
+            if end:
+                return
 
     def _reader_gone(self, exc: Exception) -> None:
         self.closed = True
@@ -71,9 +106,18 @@ class NdjsonView:
         return status in ("completed", "queued") and not closed
 
     def __enter__(self) -> NdjsonView:
+        self._lines = queue.SimpleQueue()
+        self._writer = threading.Thread(
+            target=self._write_lines, args=(self._lines,), name="deepline-json", daemon=True
+        )
+        self._writer.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._lines is not None and self._writer is not None:
+            self._lines.put(None)
+            self._writer.join()  # every line written (the reader reads them) before the command ends
+            self._lines = self._writer = None
         if not self.closed and self.stream is not None:
             try:
                 self.stream.flush()
