@@ -35,6 +35,7 @@ from deepline_cli.runtime.run.runner import Runner
 from deepline_cli.store.records import Applied, Receipt, ReceiptQuery, Writes
 from deepline_cli.store.sqlite import SQLiteStore
 from tests.conftest import counts
+from tests.helpers import wait_until
 from tests.provider import Provider, ProviderServer, Seen
 
 SECRET = "sk-live-7f3c9a1e5b2d4c6e"  # well over 8 characters: treated as a secret
@@ -1896,3 +1897,30 @@ def test_a_rows_value_in_the_urls_credentials_cannot_move_the_host(monkeypatch: 
     assert (urllib.parse.unquote(parts.username or ""), urllib.parse.unquote(parts.password or "")) == (
         "evil.com/x?", "pa/ss#word"
     )  # fmt: skip
+
+
+def test_a_refreshed_failure_whose_first_try_went_unanswered_keeps_its_key(
+    project: Project, provider: LoopbackProvider
+) -> None:
+    """The first try timed out (the provider processed and billed it), the retry under the
+    same key was refused as a key in use (409: not transient), and `--refresh-failed` asked
+    under a fresh key: billed twice. A failed call one of whose tries went unanswered is
+    asked again under its key (a provider that honours it gives back what it billed)."""
+    project.config(
+        """\
+        [tools."ht.email"]
+        url = "@URL@/v1/email"
+        timeout_s = 0.3
+        retries = 1
+        """
+    )
+    provider.script("/v1/email", ["slow:0.6", "409"])
+    failed = project.run(calls(call("ht.email", {"d": 1}), catch=True)).output
+    assert failed[0]["error"]["category"] == "conflict", failed
+    first = provider.on("/v1/email")[0].headers["idempotency-key"]
+    wait_until(lambda: provider.billed.get(first) == 1, what="the timed-out try billed", timeout=5)
+    refreshed = project.run(calls(call("ht.email", {"d": 1})), refresh_failed=True).output
+    keys = [seen.headers["idempotency-key"] for seen in provider.on("/v1/email")]
+    assert keys == [first, first, first], keys
+    assert refreshed[0]["execution"] == "live"
+    assert_billed_once(provider)

@@ -61,13 +61,21 @@ def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVer
     return "claimed" if (expired or dead_attempt) else "busy"
 
 
+# A failed receipt's error says a try of it went unanswered (a timeout, a dropped connection).
+UNANSWERED = "unanswered"
+
+
 def sent_again(existing: Receipt | None) -> bool:
     """Is a claim of this receipt the same call sent again, under the key it may have gone
     out with: a takeover of a call that may have been sent (running, released), or the retry
-    of a transient failure (it may have been processed)?"""
-    return existing is not None and (
-        existing.status in ("running", "released") or (existing.status == "failed" and existing.retryable)
-    )
+    of a failure that may have been processed (a transient one, or one a try of which went
+    unanswered: `--refresh-failed` of it must not pay for it again)?"""
+    if existing is None:
+        return False
+    if existing.status == "failed":
+        unanswered = isinstance(existing.error, dict) and existing.error.get(UNANSWERED) is True
+        return existing.retryable or unanswered
+    return existing.status in ("running", "released")
 
 
 def claim_idempotency_key(existing: Receipt | None, claim: Claim) -> str:

@@ -48,7 +48,7 @@ from deepline_cli.runtime.calls.store_thread import StoreIO, WriteQueue
 from deepline_cli.runtime.calls.tally import CallTally
 from deepline_cli.runtime.providers.secrets import Secrets
 from deepline_cli.runtime.providers.tools import Execution, ToolCall
-from deepline_cli.store.claims import given_back
+from deepline_cli.store.claims import UNANSWERED, given_back
 from deepline_cli.store.records import CallRecord, Claim, ClaimOutcome, LogLine, Receipt, Settlement
 
 BUSY_POLL_S = 0.25
@@ -347,7 +347,10 @@ class ReceiptBook:
                 value = self._secrets.redact_json(await invoke(info))
             except BaseException as exc:
                 self._budget.release(reserved)
-                self._settle_failure(call, claimed, exc, call_record(self._scope, call, started, info), info.queued)
+                record = call_record(self._scope, call, started, info)
+                # Sent before by a stopped attempt, or a try of its own unanswered: it may have been processed.
+                unanswered = info.unanswered or claimed.resumed
+                self._settle_failure(call, claimed, exc, record, info.queued, unanswered)
                 if _is_call_failure(call, exc) and not isinstance(exc, ToolExecutionError):
                     # The same error type live as when replayed from the failed receipt.
                     raise tool_error(exc, call.tool) from exc
@@ -415,9 +418,15 @@ class ReceiptBook:
         return await self._io.call(self._io.store.receipts.get_receipt, key)
 
     def _settle_failure(
-        self, call: DurableCall, claimed: ClaimOutcome, exc: BaseException, record: CallRecord, queued: bool = False
+        self,
+        call: DurableCall,
+        claimed: ClaimOutcome,
+        exc: BaseException,
+        record: CallRecord,
+        queued: bool = False,
+        unanswered: bool = False,
     ) -> None:
-        settlement = failure_settlement(call, claimed, exc, record, self._secrets, queued=queued)
+        settlement = failure_settlement(call, claimed, exc, record, self._secrets, queued=queued, unanswered=unanswered)
         if settlement.status == "failed":
             self._tally.count(call, "failed", 0.0)
         # If this write fails the lease simply expires: the call's own error is what matters.
@@ -487,16 +496,20 @@ def failure_settlement(
     secrets: Secrets,
     *,
     queued: bool = False,
+    unanswered: bool = False,
 ) -> Settlement:
     """A call that raised: `failed` (kept, with its error) when the failure is the call's
     own; otherwise (interrupt, lost lease, budget…) given back so a resume runs it again
-    (`given_back`)."""
+    (`given_back`). `unanswered`: a try of it may have been processed with no answer seen
+    (kept with the error: it is asked again only under its key, see claims.sent_again)."""
     lease_id = claimed.receipt.lease_id or ""
     if not _is_call_failure(call, exc):
         return given_back(call.key, claimed, sent=not queued)
     error = tool_error(exc, call.tool)
     recorded = error.to_dict()
     recorded["message"] = secrets.redact(recorded["message"])  # never a secret in clear
+    if unanswered:
+        recorded[UNANSWERED] = True
     return Settlement(
         call.key,
         lease_id,

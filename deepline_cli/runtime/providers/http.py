@@ -111,6 +111,8 @@ class Http:
                     return response
                 raise failure
             except ToolExecutionError as exc:
+                if call is not None and exc.category == "network" and not exc.at_once:
+                    call.unanswered = True  # timed out or cut off after it was sent: it may have been processed
                 if not exc.retryable or attempt >= retries:
                     raise self._final(exc, attempt) from None
                 if (exc.retry_after_s or 0.0) > MAX_RETRY_AFTER_S:

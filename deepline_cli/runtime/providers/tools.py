@@ -56,6 +56,9 @@ class ToolCall:
     # that batch); "" a batch member not yet in a batch; None a call claimed alone.
     batch_key: str | None = None
     retries: int = 0
+    # A try went without an answer (a timeout, a dropped connection): the provider may have
+    # processed it. A failure of the call is then asked again only under this key.
+    unanswered: bool = False
     # What the provider said this call cost (a remote answer's `credits`); None: the
     # tool's declared credits.
     credits: float | None = None
