@@ -498,6 +498,7 @@ def test_a_completed_run_with_failed_rows_exits_as_it_was_started_to_every_time(
     assert strict.code == 1
     # --json says why the process exits 1 ("completed" with no error, before)
     assert (strict.json_lines()[-1]["status"], strict.json_lines()[-1]["exit_code"]) == ("completed", 1)
+    assert "completed with 1 failed row(s) (--fail-on-row-errors)" in strict.stderr  # a CI log shows stderr
     assert deepline("resume", "strict-1").code == 1
     reported = deepline("run", str(play), "--run-id", "strict-1", "--json")
     assert reported.code == 1 and reported.json_lines()[-1]["exit_code"] == 1

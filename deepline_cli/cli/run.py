@@ -360,6 +360,8 @@ def report_run(result: RunResult, json_mode: bool, view: Any) -> None:
         if result.status == "failed":  # the NDJSON says it; a CI log shows stderr: one sentence there too
             err.write("\n".join(verdict(result.run_id, result.status, result.stats, result.error, play=result.play)))
             err.write("\n")
+        elif result.status == "completed" and result.exit_code == 1:
+            err.write(_failed_rows(result))
         return
     if result.status == "completed":
         _print_output(result)
@@ -372,4 +374,9 @@ def report_run(result: RunResult, json_mode: bool, view: Any) -> None:
         lines = verdict(result.run_id, result.status, stats, result.error, play=result.play)
         err.write("\n".join(lines[:1] if view is None and result.status == "completed" else lines) + "\n")
     if result.status == "completed" and result.exit_code == 1:
-        err.write(f"Run {result.run_id} completed with {result.failed_rows} failed row(s) (--fail-on-row-errors).\n")
+        err.write(_failed_rows(result))
+
+
+def _failed_rows(result: RunResult) -> str:
+    """Why a completed run exits 1 (under --json too: a CI log shows stderr)."""
+    return f"Run {result.run_id} completed with {result.failed_rows} failed row(s) (--fail-on-row-errors).\n"
