@@ -370,3 +370,37 @@ def test_export_to_a_terminal_shows_escape_sequences_escaped(
     assert "\x1b" not in shown and "\x07" not in shown
     piped = deepline("export", "esc")  # not a terminal: the data as it is
     assert "hi\x1b[2J\x1b]52;c;aGk=\x07there" in piped.stdout
+
+
+def test_a_runs_last_frame_adds_no_line_to_a_log(write_play, store_path) -> None:
+    """Without a terminal (a CI log), the final progress frame printed the tools block, and
+    the verdict printed it again just after."""
+    import io
+
+    from deepline_cli.runtime.calls.events import Event, EventBus
+    from deepline_cli.ui.console import ConsoleView
+    from tests.helpers import run_play
+
+    seen: list[Event] = []
+    play = write_play(
+        """
+        from deepline_cli import play, tool
+
+        @tool("t.one", credits=1)
+        def one(input):
+            return input["n"]
+
+        @play("short")
+        async def short(ctx, input):
+            return [(await ctx.tools.execute("one", "t.one", {"n": n})).output for n in range(3)]
+        """
+    )
+    assert run_play(play, store_path, bus=EventBus([seen.append])).status == "completed"
+    assert any(e.event == "run.progress" and e.data.get("final") for e in seen)
+    out = io.StringIO()
+    view = ConsoleView(out, live=False)
+    with view:
+        for event in seen:
+            if event.event != "run.progress" or event.data.get("final"):  # no tick: the last frame alone
+                view.handle(event)
+    assert sum(1 for line in out.getvalue().splitlines() if "t.one" in line) == 1, out.getvalue()

@@ -254,7 +254,8 @@ class ConsoleView:
         s, name, width = self.state, event.event, max(self.console.width, 100)
         if name == "run.started":
             self.console.print(f"deepline  {s.play}  run {s.run_id}  attempt {s.attempt}")
-        elif name == "run.progress" and s.tools and self._due("tools"):
+        elif name == "run.progress" and s.tools and not event.data.get("final") and self._due("tools"):
+            # (the final frame's counters are printed with run.finished, just after)
             for line in tool_lines(s, width - 6, lead="tools  "):
                 self.console.print(f"{clock(s.elapsed)} {line}")
         elif name == "map.progress" and self._due(f"map:{event.data['map']}"):

@@ -193,7 +193,7 @@ class Attempt:
             ticker.cancel()
             watcher.cancel()
             await settle(services, self.options.interrupt_grace_s)
-            progress(self.bus, record.run_id, self.stats, services)  # the views' last frame: every call settled
+            progress(self.bus, record.run_id, self.stats, services, final=True)  # the views' last frame
             tripped = next((b.tripped for b in services.effects.books if b.tripped is not None), None)
             if isinstance(tripped, RunTakenOver):  # found out at a claim, before the heartbeat did
                 self.lease_lost = True
@@ -577,9 +577,11 @@ async def tick(bus: EventBus, run_id: str, stats: RunStats, services: RunParts) 
         progress(bus, run_id, stats, services)
 
 
-def progress(bus: EventBus, run_id: str, stats: RunStats, services: RunParts) -> None:
-    """One frame of progress: the run's counters, and each map running now, at one moment."""
+def progress(bus: EventBus, run_id: str, stats: RunStats, services: RunParts, *, final: bool = False) -> None:
+    """One frame of progress: the run's counters, and each map running now, at one moment
+    (`final`: the last, once every call has settled; run.finished follows)."""
     governor = services.effects.governor
-    bus.emit("run.progress", run_id, tools=stats.tools_dict(), paced=governor.paced(), paused=governor.paused())
+    counters = {"tools": stats.tools_dict(), "paced": governor.paced(), "paused": governor.paused()}
+    bus.emit("run.progress", run_id, **counters, **({"final": True} if final else {}))
     for said in list(services.infra.progress):
         said()
