@@ -700,3 +700,47 @@ def test_events_send_says_who_continues_the_run(deepline, write_play, tmp_path, 
     assert sent.code == 0, sent.stderr
     assert said in sent.stderr, sent.stderr
     assert "worker" not in sent.stderr and "the process running it" not in sent.stderr, sent.stderr
+
+
+def test_an_event_sent_while_a_worker_looks_at_its_run_still_wakes_it(write_play, store_path, monkeypatch) -> None:
+    """A worker found a waiting run listed as due but not ready yet, and wrote it a later
+    wake time; an event sent between its look and that write was undone (no worker took the
+    run again). The sender's moment, made deterministic."""
+    import sqlite3
+
+    from deepline_cli.runtime.run import worker
+    from deepline_cli.store import open_store
+    from tests.helpers import run_play
+
+    play = write_play(
+        """
+        from deepline_cli import play
+
+        @play("w")
+        async def w(ctx, input):
+            return await ctx.wait_for_event("go")
+        """
+    )
+    assert run_play(play, store_path, run_id="wk-race").status == "waiting"
+    with sqlite3.connect(store_path) as db:
+        db.execute("UPDATE runs SET wake_at = 1 WHERE run_id = 'wk-race'")  # listed as due (a stale wake)
+    real = worker.next_wake
+
+    def then_an_event_comes(store: Any, run_id: str, *args: Any) -> float | None:
+        wake = real(store, run_id, *args)  # nothing came yet
+        now = store.now()  # what `deepline events send` does, at this moment
+        store.suspension.send_event(run_id, "go", "yes", now)
+        store.queue.set_wake(run_id, now)
+        return wake
+
+    monkeypatch.setattr(worker, "next_wake", then_an_event_comes)
+    store = open_store(str(store_path))
+    try:
+        record = store.runs.get_run("wk-race")
+        assert record is not None
+        taken = worker.Worker._is_due(store, record)
+        after = store.runs.get_run("wk-race")
+        wake = after.wake_at if after is not None else None
+    finally:
+        store.close()
+    assert taken or (wake is not None and wake <= time.time()), (taken, wake)  # taken now, or due for the next look

@@ -262,7 +262,9 @@ class Worker:
         # Not yet after all: look again when it may be (never in a loop on the same run).
         wake = next_wake(store, record.run_id, record.root_run_id or record.run_id, now, wait)
         store.queue.set_wake(record.run_id, None if wake is None else max(wake, now + RECHECK_S))
-        return False
+        # A child that ended or an event sent between the look above and this write set the
+        # run due, and the write put that back: looked at once more, it is taken now.
+        return ready_to_resume(store, record.run_id, store.now(), wait)
 
     def _runner(self, options: RunOptions, run_id: str) -> Runner:
         """A runner on its own store connection: a connection dropped as it opens (the server
