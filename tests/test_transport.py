@@ -850,3 +850,38 @@ def test_a_request_that_waited_for_a_free_connection_is_checked_before_it_goes_o
 
     assert isinstance(run(crowd()), Stopped)
     assert [r.path for r in provider.requests] == ["/busy"]
+
+
+def test_a_call_whose_lease_went_while_its_connection_was_made_is_not_sent(
+    provider: Provider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ready` (the lease, the store, the run) was asked once a connection slot was free,
+    before a new connection was made: a process paused while connecting (SIGSTOP past its
+    lease, its run taken over) sent the request when it woke. It is asked again once the
+    connection is made."""
+    from deepline_cli.runtime.providers import transport as transport_module
+
+    made = transport_module.Transport._connect
+
+    async def slow_connect(self: Any, *args: Any, **kwargs: Any) -> Any:
+        connection = await made(self, *args, **kwargs)
+        await asyncio.sleep(0.05)  # the moment a paused process would spend here
+        return connection
+
+    monkeypatch.setattr(transport_module.Transport, "_connect", slow_connect)
+    asked: list[int] = []
+
+    async def ready() -> None:
+        asked.append(1)
+        if len(asked) > 1:
+            raise RuntimeError("the lease was lost")
+
+    async def once() -> None:
+        async with client() as http:
+            await http.pool.request(
+                "GET", f"{provider.url}/x", headers={}, params=None, json=None, timeout_s=5, ready=ready
+            )
+
+    with pytest.raises(RuntimeError, match="the lease was lost"):
+        run(once())
+    assert provider.requests == []

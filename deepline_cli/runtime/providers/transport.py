@@ -942,6 +942,8 @@ class Transport:
                 connection = await self._connect(request.origin, timeout_s, proxy)
                 self._open.add(connection)
             try:
+                if not kept and ready is not None:  # connecting took a while (a process paused in it): again
+                    await ready()
                 response = await connection.exchange(request, timeout_s)
             except ClosedUnanswered:
                 if kept:  # the server was done with a kept connection (its keep-alive limit, its idle timeout)
