@@ -350,7 +350,9 @@ class ReceiptBook:
                 record = call_record(self._scope, call, started, info)
                 # Sent before by a stopped attempt, or a try of its own unanswered: it may have been processed.
                 unanswered = info.unanswered or claimed.resumed
-                self._settle_failure(call, claimed, exc, record, info.queued, unanswered)
+                failed = failure_settlement(call, claimed, exc, record, self._secrets, queued=info.queued,
+                                            unanswered=unanswered)  # fmt: skip
+                self._settle_failure(call, failed)
                 if _is_call_failure(call, exc) and not isinstance(exc, ToolExecutionError):
                     # The same error type live as when replayed from the failed receipt.
                     raise tool_error(exc, call.tool) from exc
@@ -417,16 +419,7 @@ class ReceiptBook:
         """The receipt as the store has it now."""
         return await self._io.call(self._io.store.receipts.get_receipt, key)
 
-    def _settle_failure(
-        self,
-        call: DurableCall,
-        claimed: ClaimOutcome,
-        exc: BaseException,
-        record: CallRecord,
-        queued: bool = False,
-        unanswered: bool = False,
-    ) -> None:
-        settlement = failure_settlement(call, claimed, exc, record, self._secrets, queued=queued, unanswered=unanswered)
+    def _settle_failure(self, call: DurableCall, settlement: Settlement) -> None:
         if settlement.status == "failed":
             self._tally.count(call, "failed", 0.0)
         # If this write fails the lease simply expires: the call's own error is what matters.
