@@ -744,3 +744,15 @@ def test_an_event_sent_while_a_worker_looks_at_its_run_still_wakes_it(write_play
     finally:
         store.close()
     assert taken or (wake is not None and wake <= time.time()), (taken, wake)  # taken now, or due for the next look
+
+
+def test_enqueueing_a_waiting_run_again_reports_it_waiting(deepline, write_play, tmp_path) -> None:
+    """A CI job's `run --enqueue --run-id` of a run waiting for its approval queued it again:
+    a worker spent an attempt only to wait once more."""
+    write_play(EVENT_PLAY)
+    payload = as_json({"log": str(tmp_path / "l")})
+    assert deepline("run", "play.py", "--run-id", "r-enq", "-q", "--input", payload).code == 3
+    again = deepline("run", "play.py", "--enqueue", "--run-id", "r-enq", "--input", payload)
+    assert again.code == 3, again.stderr
+    assert "waiting" in again.stderr and "approve" in again.stderr, again.stderr
+    assert show(deepline, "r-enq")["status"] == "waiting"

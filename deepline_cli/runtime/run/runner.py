@@ -218,6 +218,10 @@ class Runner:
         worker (never run it here)."""
         if record.status in ("queued", "completed"):
             return RunResult.of_record(record, fail_on_row_errors=False)
+        if record.status == "waiting":  # a worker continues it once its timer, event or child is due
+            result = RunResult.of_record(record, fail_on_row_errors=False)
+            result.waiting = waiting_on(self.store, record.run_id)
+            return result
         if holder_alive(record, self.store.now()):
             raise RunBusyError(f"Run {record.run_id} is held by a live process ({holder_words(record.holder)}).")
         self.store.runs.set_status(record.run_id, "queued", holder=None, lease_expires_at=0.0)
