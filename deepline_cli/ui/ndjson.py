@@ -14,6 +14,10 @@ from deepline_cli import _json
 from deepline_cli.runtime.calls.events import Event
 from deepline_cli.ui.streams import silence
 
+# Lines waiting for a reader that stopped reading, at most (a few MB): past them the run waits
+# for it too, so a reader stalled for good does not fill the memory (one line a call).
+WAITING_LINES = 20_000
+
 
 class NdjsonView:
     """Writes events; when the reader goes away (`--json | head -1`) or stdout cannot be
@@ -22,7 +26,8 @@ class NdjsonView:
 
     While a run goes on (inside `with`), lines after the first are written by a thread of
     their own: a reader that stops reading (`--json | slow-consumer`, a full pipe) keeps
-    them waiting, not the run, whose event loop makes the calls and keeps their leases. The
+    them waiting (up to WAITING_LINES), not the run, whose event loop makes the calls and
+    keeps their leases. The
     first is written at once, so an output that cannot be written at all (`>&-`, a full
     disk) stops the run before it does anything."""
 
@@ -33,7 +38,7 @@ class NdjsonView:
         self.on_closed = on_closed
         self.closed = False
         self.failure: Exception | None = None  # why stdout could not be written (not a reader gone)
-        self._lines: queue.SimpleQueue[str | None] | None = None  # to the writer thread, while there is one
+        self._lines: queue.Queue[str | None] | None = None  # to the writer thread, while there is one
         self._writer: threading.Thread | None = None
         self._written = False  # a line went out: the output can be written (later ones go by the thread)
 
@@ -63,7 +68,7 @@ class NdjsonView:
         except Exception as exc:  # an output that fails (a full disk)
             self._reader_gone(exc)
 
-    def _write_lines(self, lines: queue.SimpleQueue[str | None]) -> None:
+    def _write_lines(self, lines: queue.Queue[str | None]) -> None:
         """The writer thread: every line waiting, one write and flush at a time, until None."""
         while True:
             waiting = [lines.get()]
@@ -106,7 +111,7 @@ class NdjsonView:
         return status in ("completed", "queued") and not closed
 
     def __enter__(self) -> NdjsonView:
-        self._lines = queue.SimpleQueue()
+        self._lines = queue.Queue(WAITING_LINES)
         self._writer = threading.Thread(
             target=self._write_lines, args=(self._lines,), name="deepline-json", daemon=True
         )

@@ -348,8 +348,10 @@ class ReceiptBook:
             except BaseException as exc:
                 self._budget.release(reserved)
                 record = call_record(self._scope, call, started, info)
-                # Sent before by a stopped attempt, or a try of its own unanswered: it may have been processed.
-                unanswered = info.unanswered or claimed.resumed
+                # Sent before by a stopped attempt, or a try of its own unanswered: it may have been
+                # processed. Not said of a batch's member: it goes out again as its batch does (the
+                # batch's own receipt says whether that may have been processed).
+                unanswered = (info.unanswered or claimed.resumed) and not call.batched
                 failed = failure_settlement(call, claimed, exc, record, self._secrets, queued=info.queued,
                                             unanswered=unanswered)  # fmt: skip
                 self._settle_failure(call, failed)

@@ -261,7 +261,8 @@ class Worker:
             return True
         # Not yet after all: look again when it may be (never in a loop on the same run).
         wake = next_wake(store, record.run_id, record.root_run_id or record.run_id, now, wait)
-        store.queue.set_wake(record.run_id, None if wake is None else max(wake, now + RECHECK_S))
+        later = None if wake is None else max(wake, now + RECHECK_S)
+        store.queue.set_wake(record.run_id, later, waiting_attempt=record.attempt)  # not if taken since
         # A child that ended or an event sent between the look above and this write set the
         # run due, and the write put that back: looked at once more, it is taken now.
         return ready_to_resume(store, record.run_id, store.now(), wait)
