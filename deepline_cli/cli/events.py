@@ -81,7 +81,7 @@ def send(
             typer.echo(f"Delivered {event_id!r}{where}.", err=True)
         else:
             typer.echo(f"Event {event_id!r} was already delivered{where}; the first payload is kept.", err=True)
-    if delivered and record.status == "running" and gone:  # killed while it waited inline
+    if delivered and gone:  # killed while it waited inline
         typer.echo(f"Run {run_id}'s process is gone; continue it with: deepline resume {run_id}", err=True)
     elif delivered and record.status == "running":  # waiting inline: that process takes it
         typer.echo(f"Run {run_id} is running: the process running it takes the event.", err=True)

@@ -183,7 +183,7 @@ class LedgerQueries:
         if not made:
             return {}
         parents = dict(self._read(f"SELECT run_id, parent_run_id FROM runs WHERE run_id IN {TREE}", (run_id, run_id)))
-        maps = set(self._read(f"SELECT run_id, map FROM maps WHERE run_id IN {TREE}", (run_id, run_id)))
+        maps = self._tree_maps(run_id)
         owners: dict[tuple[str, str], list[str]] = {}
         for run, map in made:
             chain: list[str] = []
@@ -194,6 +194,10 @@ class LedgerQueries:
                 at = parents.get(at)
             owners[run, map] = chain or [run]
         return owners
+
+    def _tree_maps(self, run_id: str) -> set[tuple[str, str]]:
+        """Every (run, map) of a run and the runs below it."""
+        return set(self._read(f"SELECT run_id, map FROM maps WHERE run_id IN {TREE}", (run_id, run_id)))
 
     def _rows_ended(
         self, wanted: set[tuple[str, str, str]]
@@ -346,7 +350,7 @@ class LedgerQueries:
             (run_id, run_id),
         )
         made_for = self._made_for(run_id, map)
-        own_maps = set(self._read(f"SELECT run_id, map FROM maps WHERE run_id IN {TREE}", (run_id, run_id)))
+        own_maps = self._tree_maps(run_id)
         rows: list[tuple[str, Any]] = []
         for run, made_in, row_key, value in calls:
             if run in made_for and (made_in is None or (run, made_in) in own_maps):

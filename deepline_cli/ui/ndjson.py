@@ -27,9 +27,8 @@ class NdjsonView:
     While a run goes on (inside `with`), lines after the first are written by a thread of
     their own: a reader that stops reading (`--json | slow-consumer`, a full pipe) keeps
     them waiting (up to WAITING_LINES), not the run, whose event loop makes the calls and
-    keeps their leases. The
-    first is written at once, so an output that cannot be written at all (`>&-`, a full
-    disk) stops the run before it does anything."""
+    keeps their leases. The first is written at once, so an output that cannot be written
+    at all (`>&-`, a full disk) stops the run before it does anything."""
 
     def __init__(self, stream: IO[str] | None = None, on_closed: Callable[[], None] | None = None) -> None:
         # The real stdout (own_stdout's while the play runs: its prints go to stderr meanwhile).

@@ -410,7 +410,7 @@ def key_function(key: RowKey) -> Callable[[Mapping[str, Any]], str]:
             parts = [row[n] for n in names]
             if all(map(is_blank, parts)):
                 return ""  # every part blank: no identity (the map keys the row by where it is)
-            if any(isinstance(p, float) and not math.isfinite(p) for p in parts):  # as a key of one field
+            if any(map(_non_finite, parts)):  # refused, as in a key of one field
                 raise InputError(_not_json(dict(zip(names, parts, strict=True))))
             return _json.dumps_str(parts)
         except KeyError as exc:
@@ -451,13 +451,18 @@ def row_digest(row: Mapping[str, Any]) -> str:
 def _not_json(row: Mapping[str, Any], exc: TypeError | None = None) -> str:
     """Why a row cannot be kept: the field holding NaN (rows from pandas), or what JSON said."""
     for name, value in row.items():
-        if isinstance(value, float) and not math.isfinite(value):
+        if _non_finite(value):
             said = "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
             return (
                 f"its field {name!r} holds {said}, which is not JSON; give None for a missing value "
                 "(from pandas: df.astype(object).where(df.notna(), None))"
             )
     return f"it is not JSON ({exc}): {_preview(row)}"
+
+
+def _non_finite(value: Any) -> bool:
+    """NaN or an infinity: no JSON number (pandas' missing value)."""
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 def _preview(row: Mapping[str, Any]) -> str:
