@@ -19,6 +19,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deepline_cli.runtime.run.triggers import Schedule, tick_run_id
 from deepline_cli.server.webhooks import sign
@@ -108,7 +110,7 @@ def test_a_worker_back_after_missed_ticks_fires_the_latest_once(tmp_path: Path, 
     again = start(["worker", "--play", "play.py", "--once"], cli_env, tmp_path)
     code, _, err = finish(again, timeout=30)
     assert code == 0, err
-    latest = tick_run_id("tick", schedule.last_tick(returned) or 0)
+    latest = tick_run_id("tick", schedule.last_tick(returned))
     missed = tick_run_id("tick", schedule.next_tick(stopped))
     ids = {r.run_id for r in runs_of(cli_env["DEEPLINE_STORE"], "tick")}
     assert latest in ids and missed not in ids, (latest, missed, sorted(ids))
@@ -125,7 +127,7 @@ def test_a_new_schedule_first_runs_at_its_next_tick_not_at_once(deepline, write_
     first = deepline("worker", "--play", "play.py", "--once")
     assert first.code == 0 and "0 started" in first.stderr, first.stderr
     assert deepline("runs", "list", "--json").stdout == ""
-    earlier = tick_run_id("tick", Schedule(cron, {}).last_tick(time.time() - 3600) or 0)
+    earlier = tick_run_id("tick", Schedule(cron, {}).last_tick(time.time() - 3600))
     log = str(tmp_path / "ran.log")
     assert deepline("run", "play.py", "--run-id", earlier, "--set", f"log={log}", "--quiet").code == 0  # it ran
     again = deepline("worker", "--play", "play.py", "--once")
@@ -148,7 +150,7 @@ def test_schedules_list_shows_the_next_tick_and_the_last_run(deepline, write_pla
     if time.time() - Schedule("0 6 * * *", {}).last_tick(time.time()) > 120:  # (not in its first minute)
         assert deepline("worker", "--play", "play.py", "--once").code == 0  # a new schedule: nothing missed
         assert deepline("schedules", "list", "play.py", "--json").json_lines()[0]["last_run_id"] is None
-    earlier = tick_run_id("tick", Schedule("0 6 * * *", {}).last_tick(time.time() - 86_400) or 0)
+    earlier = tick_run_id("tick", Schedule("0 6 * * *", {}).last_tick(time.time() - 86_400))
     log = str(tmp_path / "ran.log")
     assert deepline("run", "play.py", "--run-id", earlier, "--set", f"log={log}", "--quiet").code == 0  # it ran once
     assert deepline("worker", "--play", "play.py", "--once").code == 0  # today's (or yesterday's) 06:00, once
@@ -635,3 +637,20 @@ def test_serve_on_a_port_in_use_is_one_sentence_before_anything_starts(deepline,
         result.stderr
         == f"Error: Port {port} on 127.0.0.1 is in use (another process listens there); pick another with --port N.\n"
     )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["* * * * * *", "*/5 * * * * *", "* * * * *", "0 6 * * *"]),
+    st.sampled_from(["UTC", "Europe/Paris"]),
+    st.integers(1_700_000_000, 1_900_000_000),
+    st.sampled_from([0.0, 0.0005, 0.5, 0.999, 0.9995, 0.999999]),
+)
+def test_the_latest_tick_is_never_after_the_time_asked(cron: str, zone: str, second: int, fraction: float) -> None:
+    """In a second's last millisecond too: a worker starting then fired nothing of a schedule
+    over every second (its latest tick was taken as the next one, and refused as not yet)."""
+    schedule = Schedule(cron, {}, zone)
+    at = second + fraction
+    latest = schedule.last_tick(at)
+    assert latest <= at
+    assert schedule.next_tick(latest) > at  # and no tick between it and `at`

@@ -45,13 +45,14 @@ class Schedule:
             tick = float(ticks.get_next(float))
         return tick
 
-    def last_tick(self, at: float) -> float | None:
-        """The latest tick at or before `at`."""
+    def last_tick(self, at: float) -> float:
+        """The latest tick at or before `at` (croniter starts a millisecond on, so a tick at
+        `at` itself counts; from a second's last millisecond, that can be the next second's)."""
         ticks = _croniter()(self.cron, self._at(at + 0.001))
         tick = float(ticks.get_prev(float))
-        while self._repeated(tick):
+        while tick > at or self._repeated(tick):
             tick = float(ticks.get_prev(float))
-        return tick if tick <= at else None
+        return tick
 
     def _repeated(self, tick: float) -> bool:
         """A tick at a set hour that falls in the hour the clocks go back to, whose wall-clock
