@@ -111,8 +111,10 @@ class Http:
                     return response
                 raise failure
             except ToolExecutionError as exc:
-                if call is not None and exc.category == "network" and not exc.at_once:
-                    call.unanswered = True  # timed out or cut off after it was sent: it may have been processed
+                if call is not None and (exc.category == "upstream" or (exc.category == "network" and not exc.at_once)):
+                    # Timed out or cut off after it was sent, or a 5xx (a gateway that gave up
+                    # waiting on the provider): it may have been processed.
+                    call.unanswered = True
                 if not exc.retryable or attempt >= retries:
                     raise self._final(exc, attempt) from None
                 if (exc.retry_after_s or 0.0) > MAX_RETRY_AFTER_S:
