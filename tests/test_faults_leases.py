@@ -188,6 +188,51 @@ batch = {{ max_size = 5, max_wait_ms = 50 }}
     assert finished["output"] == {"rows": 20, "failed": 0}
 
 
+def test_a_crashed_batch_refused_on_resume_is_refreshed_as_that_batch(
+    tmp_path: Path, provider: TimedProvider, env: dict[str, str]
+) -> None:
+    """Batches in flight at a crash (the provider may have processed them) were sent again by
+    the resume and refused as keys in use (409: not transient). A later run with
+    `--refresh-failed` asked their members in new batches, under new keys: billed twice.
+    They go out as the batches they were sent in, under those batches' keys."""
+    provider.latency_s = 0.0
+    provider.script("/v1/batch", ["ok", *["slow:4"] * 10])
+    (tmp_path / "play.py").write_text(BATCH_PLAY)
+    (tmp_path / "deepline.toml").write_text(
+        f"""
+[tools."p.batch"]
+method = "POST"
+url = "http://127.0.0.1:{provider.port}/v1/batch"
+json = {{ domain = "{{domain}}" }}
+retries = 0
+timeout_s = 60
+batch = {{ max_size = 5, max_wait_ms = 50 }}
+"""
+    )
+    _killed_with_calls_out("refused-run", "/v1/batch", 4, provider, env, tmp_path)
+    provider.script("/v1/batch", ["409"] * 10)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "deepline_cli", "resume", "refused-run", "--json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    refused = _json.loads(resumed.stdout.splitlines()[-1])["output"]["failed"]
+    assert refused >= 5, resumed.stdout  # the batches cut off by the kill, refused
+    provider.script("/v1/batch", [])
+    refreshed = subprocess.run(
+        [sys.executable, "-m", "deepline_cli", "run", "play.py", "--set", "n=20", "--refresh-failed", "--json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert refreshed.returncode == 0, refreshed.stderr
+    assert _json.loads(refreshed.stdout.splitlines()[-1])["output"] == {"rows": 20, "failed": 0}
+    keys_of: dict[str, set[str]] = {}
+    for seen in provider.requests:
+        for item in seen.body["items"]:
+            keys_of.setdefault(item["domain"], set()).add(seen.headers["idempotency-key"])
+    assert sorted(keys_of) == sorted(f"d{i}.com" for i in range(20))
+    assert {d: k for d, k in keys_of.items() if len(k) > 1} == {}, "a member was sent in two batches"
+
+
 def test_a_batch_setting_added_before_a_resume_never_sends_a_call_again_in_a_batch(
     tmp_path: Path, provider: TimedProvider, env: dict[str, str]
 ) -> None:

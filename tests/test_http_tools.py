@@ -1099,6 +1099,29 @@ def test_a_batch_sent_again_answers_its_other_members_later(project: Project, pr
     assert_billed_once(provider)
 
 
+@pytest.mark.parametrize("first", ["slow:1", "502"])
+def test_a_refreshed_batch_whose_first_try_went_unanswered_goes_out_as_that_batch(
+    project: Project, provider: LoopbackProvider, first: str
+) -> None:
+    """A batch's first try timed out (or got a 502) and the provider may have billed it; its
+    retry was refused as a key in use (409: not transient). `--refresh-failed` asked its
+    members again in a new batch, under a new key: billed twice. They go out as that batch,
+    under its key, and a later refresh of the batch's other member takes the same answer."""
+    project.config(BATCH_TOOL.replace("credits = 1", "credits = 1\nretries = 1\ntimeout_s = 0.5"))
+    provider.script("/people/batch", [first, "409"])
+    both = [call("ht.batch", {"domain": f"d{i}.com"}) for i in range(2)]
+    failed = project.run(calls(*both, gather=True, catch=True)).output
+    assert all(a["error"]["category"] == "conflict" for a in failed), failed
+    first_key = provider.on("/people/batch")[0].headers["idempotency-key"]
+    one = project.run(calls(call("ht.batch", {"domain": "d0.com"})), refresh_failed=True).output
+    assert one[0]["output"]["echo"] == {"domain": "d0.com"}, one
+    other = project.run(calls(call("ht.batch", {"domain": "d1.com"})), refresh_failed=True).output
+    assert other[0]["output"]["echo"] == {"domain": "d1.com"}, other
+    keys = [seen.headers["idempotency-key"] for seen in provider.on("/people/batch")]
+    assert set(keys) == {first_key}, keys
+    assert_billed_once(provider)
+
+
 def test_a_call_that_failed_transiently_alone_is_never_sent_again_in_a_batch(
     project: Project, provider: LoopbackProvider
 ) -> None:
@@ -1924,3 +1947,27 @@ def test_a_refreshed_failure_whose_first_try_went_unanswered_keeps_its_key(
     assert keys == [first, first, first], keys
     assert refreshed[0]["execution"] == "live"
     assert_billed_once(provider)
+
+
+@pytest.mark.parametrize("first", ["502", "504", "500"])
+def test_a_refreshed_failure_whose_first_try_got_a_server_error_keeps_its_key(
+    project: Project, provider: LoopbackProvider, first: str
+) -> None:
+    """A 5xx may come after the provider processed the call (a gateway gave up waiting on
+    it). Its retry refused as a key in use (409), `--refresh-failed` asked under a fresh
+    key: a provider that had billed the first try billed the call twice. Kept, as after a
+    timeout."""
+    project.config(
+        """\
+        [tools."ht.email"]
+        url = "@URL@/v1/email"
+        retries = 1
+        """
+    )
+    provider.script("/v1/email", [first, "409"])
+    failed = project.run(calls(call("ht.email", {"d": 1}), catch=True)).output
+    assert failed[0]["error"]["category"] == "conflict", failed
+    first_key = provider.on("/v1/email")[0].headers["idempotency-key"]
+    project.run(calls(call("ht.email", {"d": 1})), refresh_failed=True)
+    keys = [seen.headers["idempotency-key"] for seen in provider.on("/v1/email")]
+    assert keys == [first_key] * 3, keys

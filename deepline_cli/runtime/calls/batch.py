@@ -70,7 +70,11 @@ class Batcher:
             label=f"{self.tool} batch of {len(keys)}",
             tool=f"{self.tool}{BATCH_SUFFIX}",
         )
-        results = await self._execute(call, [input for _, input in sent])
+        try:
+            results = await self._execute(call, [input for _, input in sent], carried=[])
+        except BaseException:
+            member.unanswered = True  # its batch may have gone out before: it is asked again only as that batch
+            raise
         return results[keys.index(member.receipt_key)]
 
     def _flush(self) -> None:
@@ -98,7 +102,7 @@ class Batcher:
             request=[[info.receipt_key, input] for info, input, _ in members],
         )
         try:
-            results = await self._execute(call, [input for _, input, _ in members])
+            results = await self._execute(call, [input for _, input, _ in members], [i for i, _, _ in members])
         except BaseException as exc:
             for _, _, future in members:
                 if not future.done():
@@ -108,9 +112,15 @@ class Batcher:
             if not future.done():
                 future.set_result(result)
 
-    async def _execute(self, call: DurableCall, inputs: list[Any]) -> list[Any]:
+    async def _execute(self, call: DurableCall, inputs: list[Any], carried: list[ToolCall]) -> list[Any]:
         async def send(info: ToolCall) -> Any:
-            results = await self._send(inputs, info)
+            try:
+                results = await self._send(inputs, info)
+            except BaseException:
+                if info.unanswered or info.resumed:  # the batch may have been processed: so may each member
+                    for member in carried:
+                        member.unanswered = True
+                raise
             # Checked before the aggregate receipt completes: a short answer is a (retryable)
             # failure, never a stored result that every later run would trip on.
             if not isinstance(results, list) or len(results) != len(inputs):

@@ -348,10 +348,10 @@ class ReceiptBook:
             except BaseException as exc:
                 self._budget.release(reserved)
                 record = call_record(self._scope, call, started, info)
-                # Sent before by a stopped attempt, or a try of its own unanswered: it may have been
-                # processed. Not said of a batch's member: it goes out again as its batch does (the
-                # batch's own receipt says whether that may have been processed).
-                unanswered = (info.unanswered or claimed.resumed) and not call.batched
+                # A try of it unanswered (a batch's member: a try of the batch carrying it), or sent
+                # before by a stopped attempt: it may have been processed. A member resumed, not
+                # known to have gone out, is not said to be: it goes out again as its batch does.
+                unanswered = info.unanswered or (claimed.resumed and not call.batched)
                 failed = failure_settlement(call, claimed, exc, record, self._secrets, queued=info.queued,
                                             unanswered=unanswered)  # fmt: skip
                 self._settle_failure(call, failed)
