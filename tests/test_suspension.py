@@ -756,3 +756,79 @@ def test_enqueueing_a_waiting_run_again_reports_it_waiting(deepline, write_play,
     assert again.code == 3, again.stderr
     assert "waiting" in again.stderr and "approve" in again.stderr, again.stderr
     assert show(deepline, "r-enq")["status"] == "waiting"
+
+
+CTX_IN_COLUMNS = """
+from deepline_cli import play
+
+@play("p27")
+async def p27(ctx, input):
+    async def appr(row, rc):
+        ctx.log(f"asked {row['d']}")
+        if row["d"] in ("b", "c"):
+            return await ctx.wait_for_event(f"ok-{row['d']}")
+        return "auto"
+
+    async def nap(row, rc):
+        await ctx.sleep(f"nap-{row['d']}", 0.01)
+        return await ctx.step(f"norm-{row['d']}", lambda: row["d"].upper())
+
+    rows = await ctx.map("m", [{"d": d} for d in "abcd"], key="d", columns={"appr": appr, "nap": nap})
+    return {"rows": [dict(r) for r in rows], "failed": rows.failed_count}
+"""
+
+
+def test_ctx_calls_in_map_columns_resume_in_any_order_of_rows(deepline, write_play):
+    """`ctx.wait_for_event`, `ctx.sleep`, `ctx.step` in a column (a closure over ctx): rows
+    finish in no fixed order, and a resume reached them where its earlier attempt had reached
+    others. Each row failed with "the play's code changed" (it had not), kept for later runs;
+    and `ctx.log` lines of resumed rows were taken for lines already written, and dropped."""
+    write_play(CTX_IN_COLUMNS)
+    assert deepline("run", "play.py", "--run-id", "e1", "-q").code == 3
+    assert deepline("events", "send", "e1", "ok-c", "--payload", '"C"').code == 0
+    assert deepline("resume", "e1", "-q").code == 3
+    assert deepline("events", "send", "e1", "ok-b", "--payload", '"B"').code == 0
+    done = deepline("resume", "e1", "-q")
+    assert done.code == 0, done.stderr
+    output = show(deepline, "e1")["output"]
+    assert output["failed"] == 0, output
+    assert {r["d"]: (r["appr"], r["nap"]) for r in output["rows"]} == {
+        "a": ("auto", "A"), "b": ("B", "B"), "c": ("C", "C"), "d": ("auto", "D")
+    }  # fmt: skip
+    logs = deepline("runs", "logs", "e1", "--kind", "log", "--json").json_lines()
+    asked = [line["message"] for line in logs if line["message"].startswith("asked ")]
+    # As rc.log's: every line of every attempt (a, b, c, d; b and c resumed; b again).
+    assert sorted(asked) == ["asked a", "asked b", "asked b", "asked b", "asked c", "asked c", "asked d"], asked
+
+
+ORDER_PLAY = """
+import os
+from deepline_cli import play
+
+@play("p10")
+async def p10(ctx, input):
+    out = {}
+    domains = ["acme.com", "globex.com"]
+    for d in (reversed(domains) if os.environ.get("P10_REVERSED") else domains):  # a set's order, say
+        out[d] = await ctx.step(f"norm-{d}", lambda: d.upper())
+        await ctx.wait_for_event(f"ok-{d}")
+    return out
+"""
+
+
+def test_a_resume_of_unchanged_code_reaching_its_calls_in_another_order_goes_on(
+    deepline, write_play, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A play looping over a set reaches its durable calls in the order of the process's
+    hash seed: the resume failed, at random, as if the play's code had changed (it had not).
+    Ids name the calls; only changed code is held to the order it reached them in before."""
+    write_play(ORDER_PLAY)
+    assert deepline("run", "play.py", "--run-id", "s1", "-q").code == 3
+    assert deepline("events", "send", "s1", "ok-acme.com").code == 0
+    monkeypatch.setenv("P10_REVERSED", "1")
+    resumed = deepline("resume", "s1", "-q")
+    assert resumed.code == 3, resumed.stderr  # now waits for ok-globex.com, not failed
+    assert deepline("events", "send", "s1", "ok-globex.com").code == 0
+    done = deepline("resume", "s1", "-q")
+    assert done.code == 0, done.stderr
+    assert show(deepline, "s1")["output"] == {"globex.com": "GLOBEX.COM", "acme.com": "ACME.COM"}

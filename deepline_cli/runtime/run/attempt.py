@@ -43,6 +43,7 @@ from deepline_cli.runtime.run.holders import holder_id
 from deepline_cli.runtime.run.options import RunOptions, RunResult
 from deepline_cli.runtime.run.parts import Journal, RunParts, Settings, build_parts
 from deepline_cli.runtime.run.play import PlayDef
+from deepline_cli.runtime.run.snapshot import code_changed
 from deepline_cli.runtime.run.suspension import next_wake, waiting_on
 from deepline_cli.store.records import FailedCall, RunRecord
 from deepline_cli.store.roles import Store
@@ -463,7 +464,7 @@ def attempt_parts(
         config=load_config(Path(options.config) if options.config else None),
         budget=budget,
         caps=caps,
-        journal=Journal(history.journal, logged=history.logged),
+        journal=Journal(history.journal, logged=history.logged, strict=code_changed(play, record)),
         local_tools={**borrowed_tools, **play.tools()},
         settings=settings,
         env_folder=env_folder(play, options, record.cwd, snapshot=bool(record.snapshot)),

@@ -20,9 +20,9 @@ from deepline_cli.runtime.run.body import execute_body
 from deepline_cli.runtime.run.holders import holder_id
 from deepline_cli.runtime.run.parts import Journal, RunParts
 from deepline_cli.runtime.run.play import PlayDef, find_play_by_name, load_play
-from deepline_cli.runtime.run.snapshot import child_root, take_snapshot
+from deepline_cli.runtime.run.snapshot import child_root, code_changed, code_digest, take_snapshot
 from deepline_cli.runtime.run.stop import stopped_with_parent
-from deepline_cli.store.records import MADE_FOR, Boundary, RunRecord
+from deepline_cli.store.records import CODE, MADE_FOR, Boundary, RunRecord
 
 
 class ChildPlayError(DeeplineError):
@@ -202,7 +202,7 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
             attempt=1,
             workspace=s.identity.workspace,
             cwd=s.identity.cwd,
-            options=child_options(s),
+            options={**child_options(s), CODE: code_digest(play)},
             description=description,
             parent_run_id=s.identity.run_id,
             root_run_id=s.identity.root or s.identity.run_id,
@@ -229,7 +229,9 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
     io = s.infra.io
     await io.call(store.runs.begin_attempt, child_id, record.attempt, holder_id(), now)
     journal = Journal(
-        await io.call(store.suspension.journal, child_id), logged=await io.call(store.suspension.logged, child_id)
+        await io.call(store.suspension.journal, child_id),
+        logged=await io.call(store.suspension.logged, child_id),
+        strict=code_changed(play, record),
     )
     child = s.for_child(child_id, record.attempt, play.name, play.file, journal, play.tools())
     s.infra.bus.emit("child.started", s.identity.run_id, child_run_id=child_id, play=play.name, attempt=record.attempt)

@@ -55,6 +55,10 @@ class Journal:
     waits: list[Suspended] = field(default_factory=list)
     # An id may hold a secret (`ctx.step(f"step-{token}", ...)`): kept and compared as redacted.
     redact: Callable[[str], str] | None = None
+    # The play's code changed since the run started (or is not known not to have): the calls
+    # are held to the order earlier attempts reached them in. Unchanged code may reach them
+    # in another (a set's order, by the hash seed): ids name them.
+    strict: bool = True
 
     def suspend(self, boundary: Boundary) -> Suspended:
         """The run must wait at `boundary`: the Suspended to raise, and remembered."""
@@ -65,14 +69,19 @@ class Journal:
             cell.waits = waits
         return waits
 
-    def log_key(self) -> str:
+    def log_key(self) -> str | None:
         """Where a log line of the play body is: after which durable call, and which line
         after it. A resume replaying the body reaches the same places: a line it already
-        wrote is not written (or shown) again."""
+        wrote is not written (or shown) again. None for a map row's line (a column calling
+        ctx.log): rows finish in no fixed order, every line of every attempt is kept."""
+        if current_cell() is not None:
+            return None
         self.logs_here += 1
         return f"{self.position}.{self.logs_here}"
 
     def reach(self, durable_id: str, run_id: str) -> None:
+        if current_cell() is not None:
+            return  # a map row's (a column calling ctx.*): rows finish in no fixed order
         if self.redact is not None:
             durable_id = self.redact(durable_id)
         position = self.position
@@ -83,7 +92,7 @@ class Journal:
             self.pending.append((position, durable_id))
             return
         before = self.recorded[position]
-        if before != durable_id and durable_id not in self.recorded:
+        if self.strict and before != durable_id and durable_id not in self.recorded:
             raise DeterminismError(
                 f"Run {run_id} reached {durable_id!r} where its earlier attempt reached {before!r}: "
                 "the play's code changed since the run started. Start a new run, or restore the old code "

@@ -20,6 +20,7 @@ from typing import Any
 from deepline_cli import _json
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.run.play import PlayDef, load_play, on_path
+from deepline_cli.store.records import CODE, RunRecord
 
 MAX_SNAPSHOT_BYTES = 2 * 1024 * 1024  # the play and its local modules, together
 
@@ -116,6 +117,32 @@ def local_modules(folder: Path) -> dict[str, Path]:
             )
         found[path.relative_to(folder).as_posix()] = target
     return dict(sorted(found.items()))
+
+
+def code_digest(play: PlayDef) -> str:
+    """A digest of a loaded play's code: its file and the modules it imported from its
+    folder. A resume compares it with the run's start: unchanged code reaching its durable
+    calls in another order (a set's, by the hash seed) is not taken for changed code."""
+    file = Path(play.file)
+    folder = Path(os.path.abspath(file.parent))
+    paths = {os.path.abspath(file)}
+    for module in list(sys.modules.values()):
+        name = getattr(module, "__file__", None)
+        if name and name.endswith(".py") and "site-packages" not in name and Path(name).is_relative_to(folder):
+            paths.add(os.path.abspath(name))
+    parts = []
+    for path in sorted(paths):
+        try:
+            parts.append(f"{Path(path).relative_to(folder).as_posix()}\0{_json.digest(Path(path).read_bytes())}")
+        except (OSError, ValueError):
+            parts.append(f"{path}\0unreadable")
+    return _json.digest(play.function, *parts)[:32]
+
+
+def code_changed(play: PlayDef, record: RunRecord) -> bool:
+    """Has the run's play code changed since it started (or is that not known)? A run from
+    a snapshot runs the code it was enqueued with."""
+    return not record.snapshot and record.options.get(CODE) != code_digest(play)
 
 
 def _source(raw: bytes) -> Source:
