@@ -1691,3 +1691,35 @@ def test_a_tool_of_a_module_the_play_imports_whole_is_versioned_too(make_play, s
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("providers_v", None)
+
+
+def test_a_parameter_with_a_default_is_left_to_its_default(make_play, store_path: Path) -> None:
+    """`run_if=has` with `def has(row, field="domain")` got the row's index as `field`, and
+    a resolver `def enrich(row, provider="hunter")` got `rc` (a memory address stored in
+    the sheet); columns made in a loop (`lambda row, p=p: …`) likewise. Only parameters
+    without a default are given (row; rc, or the index)."""
+    play_file = make_play(
+        """
+        from deepline_cli import Column
+
+        def has(row, field="domain"):
+            return bool(row.get(field))
+
+        def enrich(row, provider="hunter"):
+            return f"{provider}:{row['domain']}"
+
+        @play("defaults")
+        async def defaults(ctx, input):
+            columns = {"x": Column(lambda row: "ran", run_if=has), "y": enrich}
+            for p in ("a", "b"):
+                columns[p] = lambda row, p=p: p
+            columns["rc"] = lambda row, rc, p="c": (p, rc.row_key)
+            rows = await ctx.map("m", [{"domain": "d.com"}, {"domain": ""}], key="domain", columns=columns)
+            return [dict(r) for r in rows]
+        """
+    )
+    out = run(play_file, store_path)
+    assert out.output == [
+        {"domain": "d.com", "x": "ran", "y": "hunter:d.com", "a": "a", "b": "b", "rc": ["c", "d.com"]},
+        {"domain": "", "x": None, "y": "hunter:", "a": "a", "b": "b", "rc": ["c", "row 2"]},
+    ], out.output

@@ -561,11 +561,13 @@ def _stable_repr(const: Any) -> str:
 
 
 def arity(fn: Callable[..., Any]) -> int:
-    """How many positional arguments `fn` takes (2 when it takes any number)."""
+    """How many positional arguments `fn` is given: those it takes without a default (2 when
+    it takes any number). A parameter with a default keeps it: `def has(row, field="domain")`,
+    a column made in a loop (`lambda row, p=p: …`)."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return 2
     if any(p.kind == p.VAR_POSITIONAL for p in params):
         return 2
-    return len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])
+    return len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty])
