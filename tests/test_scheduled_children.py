@@ -232,3 +232,33 @@ def test_a_budget_holds_across_the_children_a_worker_runs(deepline, write_play, 
     paid = sum(1 if line.startswith("one") else 2 for line in log.read_text().splitlines())
     assert paid <= 7, log.read_text()
     assert runs_of(deepline)["bud"]["status"] == "failed"
+
+
+DATA_BESIDE = """
+import json
+from pathlib import Path
+from deepline_cli import play
+
+WEIGHTS = json.loads((Path(__file__).parent / "weights.json").read_text())
+SEGMENTS = (Path(__file__).parent / "lists" / "segments.txt").read_text().split()
+
+@play("weighted")
+async def weighted(ctx, input):
+    return {"w": WEIGHTS["w"], "segments": SEGMENTS}
+"""
+
+
+def test_an_enqueued_play_reads_the_data_files_beside_it(deepline, write_play, tmp_path) -> None:
+    """A worker runs an enqueued play from a snapshot of its code: a play reading a small
+    data file next to it (`Path(__file__).parent / "weights.json"`) failed to import there.
+    Small data files travel with the snapshot, as they were when the run was enqueued."""
+    write_play(DATA_BESIDE, "weighted.py")
+    (tmp_path / "weights.json").write_text('{"w": 0.7}')
+    (tmp_path / "lists").mkdir()
+    (tmp_path / "lists" / "segments.txt").write_text("smb enterprise")
+    assert deepline("run", "weighted.py", "--enqueue", "--run-id", "w-1").code == 0
+    (tmp_path / "weights.json").write_text('{"w": 0.9}')  # changed after: the run has its own
+    worker = deepline("worker", "--once")
+    assert worker.code == 0, worker.stderr
+    run = runs_of(deepline)["w-1"]
+    assert (run["status"], run["output"]) == ("completed", {"w": 0.7, "segments": ["smb", "enterprise"]}), run

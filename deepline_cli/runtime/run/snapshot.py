@@ -2,7 +2,8 @@
 
 A snapshot holds the play file, the modules it imported from its own folder (a
 `helpers.py`, a `lib/` package next to it), the child plays it runs by path
-(`ctx.run_play(id, "kids/enrich.py")`) with theirs, and its `deepline.toml`, so a worker on
+(`ctx.run_play(id, "kids/enrich.py")`) with theirs, the small data files beside them (a
+`weights.json`, see data_files) and its `deepline.toml`, so a worker on
 another machine runs exactly what was enqueued. Snapshots are kept once per digest in
 their own table; a run names the one it uses.
 """
@@ -22,7 +23,11 @@ from deepline_cli.errors import UsageError
 from deepline_cli.runtime.run.play import PlayDef, load_play, on_path
 from deepline_cli.store.records import CODE, RunRecord
 
-MAX_SNAPSHOT_BYTES = 2 * 1024 * 1024  # the play and its local modules, together
+MAX_SNAPSHOT_BYTES = 2 * 1024 * 1024  # the play and its local modules, together (and small data files)
+DATA_FILE_MAX_BYTES = 256 * 1024  # a data file beside the play bigger than this is not carried
+MAX_DATA_ENTRIES = 5_000  # entries looked at for data files (a play in a crowded folder)
+NOT_DATA = {"__pycache__", "node_modules", "site-packages", "deepline.toml"}
+NOT_DATA_SUFFIXES = (".py", ".pyc", ".db", ".db-wal", ".db-shm", ".db-journal", ".sqlite", ".sqlite3")
 
 
 # A file's content in a snapshot: its text when it is UTF-8, else {"base64": ...} (a module
@@ -45,6 +50,9 @@ def take_snapshot(play: PlayDef, config: Path | None, root: Path | None = None) 
     for module, path in sorted(modules.items()):
         files[module] = _source(path.read_bytes())
     _check_size(files, folder)
+    room = MAX_SNAPSHOT_BYTES - sum(len(_raw(content)) for content in files.values())
+    for data, path in data_files(folder, room).items():
+        files.setdefault(data, _source(path.read_bytes()))
     snapshot = {
         "play_file": name,
         "function": play.function,
@@ -117,6 +125,41 @@ def local_modules(folder: Path) -> dict[str, Path]:
             )
         found[path.relative_to(folder).as_posix()] = target
     return dict(sorted(found.items()))
+
+
+def data_files(folder: Path, room: int) -> dict[str, Path]:
+    """The small files beside a play (in its folder and the folders in it, one deep) that are
+    not code, hidden (`.env`), a store or a virtualenv, by their name in `folder`: a play
+    reading `Path(__file__).parent / "weights.json"` finds them where a worker runs its
+    snapshot. Each up to DATA_FILE_MAX_BYTES, `room` bytes in all; a bigger one stays behind."""
+    found: dict[str, Path] = {}
+    seen = 0
+
+    def walk(where: Path, depth: int) -> None:
+        nonlocal room, seen
+        try:
+            entries = sorted(os.scandir(where), key=lambda entry: entry.name)
+        except OSError:
+            return
+        for entry in entries:
+            seen += 1
+            if seen > MAX_DATA_ENTRIES or entry.name.startswith(".") or entry.name in NOT_DATA:
+                continue
+            path = Path(entry.path)
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if depth < 1 and not (path / "pyvenv.cfg").exists():
+                        walk(path, depth + 1)
+                elif entry.is_file(follow_symlinks=False) and not entry.name.endswith(NOT_DATA_SUFFIXES):
+                    size = entry.stat(follow_symlinks=False).st_size
+                    if size <= min(DATA_FILE_MAX_BYTES, room):
+                        found[path.relative_to(folder).as_posix()] = path
+                        room -= size
+            except OSError:
+                continue
+
+    walk(folder, 0)
+    return found
 
 
 def code_digest(play: PlayDef) -> str:
