@@ -56,6 +56,9 @@ class DeeplineError(Exception):
 
     exit_code: int = 1
     fatal: bool = False
+    # The call that raised it failed, and counts so (the calls ledger, a tool's `failed`),
+    # though nothing is kept on its receipt: a resume makes it again (a child play's failure).
+    counts_failed: bool = False
 
 
 class UsageError(DeeplineError):

@@ -976,3 +976,35 @@ def test_a_pilots_credits_per_row_count_a_child_map_named_as_its_parents(deeplin
     finished = pilot.json_lines()[-1]
     (m,) = finished["stats"]["projection"]["maps"]
     assert (finished["stats"]["credits"], m["credits_per_row"]["mean"]) == (10, 5), m
+
+
+FAILING_KIDS = """
+from deepline_cli import play
+
+@play("kid")
+async def kid(ctx, input):
+    if input["n"] % 3 == 0:
+        raise ValueError(f"no data for {input['n']}")
+    return input["n"] * 2
+
+@play("mom")
+async def mom(ctx, input):
+    rows = await ctx.map("m", [{"n": n} for n in range(6)], key="n",
+                         columns={"k": lambda row, rc: rc.run_play("kid", "kid", {"n": row["n"]})})
+    return {"failed": rows.failed_count}
+"""
+
+
+def test_a_failed_child_play_is_counted_among_the_failed_calls(deepline, write_play):
+    """Two of six child plays failed (their rows failed, their runs say so): the parent's
+    `ctx.run_play` line said `live 4 failed 0`, live and in `runs show`. Counted failed
+    (the call is still given back: a resume runs the child again)."""
+    write_play(FAILING_KIDS)
+    done = deepline("run", "play.py:mom", "--run-id", "kf", "--json")
+    assert done.code == 0, done.stderr
+    finished = done.json_lines()[-1]
+    assert finished["output"] == {"failed": 2}
+    live = finished["stats"]["tools"]["ctx.run_play"]
+    assert (live["live"], live["failed"]) == (4, 2), live
+    stored = show(deepline, "kf")["stats"]["tools"]["ctx.run_play"]
+    assert (stored["live"], stored["failed"]) == (4, 2), stored

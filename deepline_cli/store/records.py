@@ -185,6 +185,7 @@ class Settlement:
     retryable: bool = False
     credits: float = 0.0
     call: CallRecord | None = None  # an execution that ended (completed or failed): the ledger row
+    ended: str | None = None  # the ledger's status when not `status`: "failed" for a failed call given back
     replaces: Receipt | None = None  # the earlier answer a new one ends (see ClaimOutcome)
     reported: bool = False  # the provider said what the call cost (remote tools): learned in tool_costs
 

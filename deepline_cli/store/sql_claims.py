@@ -182,7 +182,7 @@ class ClaimsSql(SqlBase):
                 st.key,
                 st.call.kind,
                 st.call.tool,
-                st.status,
+                st.ended or st.status,
                 st.credits,
                 st.call.started_at,
                 now,
@@ -193,7 +193,7 @@ class ClaimsSql(SqlBase):
                 round(st.call.waited_s, 6),
             )
             for st, applied in zip(settlements, fresh, strict=True)  # applied now, not by an earlier try
-            if applied and st.call is not None and st.status in ("completed", "failed")
+            if applied and st.call is not None and (st.ended or st.status) in ("completed", "failed")
         ]
         self._insert(
             c,

@@ -422,7 +422,7 @@ class ReceiptBook:
         return await self._io.call(self._io.store.receipts.get_receipt, key)
 
     def _settle_failure(self, call: DurableCall, settlement: Settlement) -> None:
-        if settlement.status == "failed":
+        if (settlement.ended or settlement.status) == "failed":
             self._tally.count(call, "failed", 0.0)
         # If this write fails the lease simply expires: the call's own error is what matters.
         self._writes.settle(settlement)
@@ -499,7 +499,10 @@ def failure_settlement(
     (kept with the error: it is asked again only under its key, see claims.sent_again)."""
     lease_id = claimed.receipt.lease_id or ""
     if not _is_call_failure(call, exc):
-        return given_back(call.key, claimed, sent=not queued)
+        settlement = given_back(call.key, claimed, sent=not queued)
+        if isinstance(exc, DeeplineError) and exc.counts_failed:  # a failed child play: counted, run again
+            settlement.call, settlement.ended = record, "failed"
+        return settlement
     error = tool_error(exc, call.tool)
     recorded = error.to_dict()
     recorded["message"] = secrets.redact(recorded["message"])  # never a secret in clear

@@ -30,6 +30,8 @@ class ChildPlayError(DeeplineError):
     so (`category`, `retryable`), as the parent's error: a resume retries it only with
     --refresh-failed."""
 
+    counts_failed = True  # among the parent's failed calls; given back, a resume runs it again
+
     def __init__(self, message: str, child_error: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.child_error = child_error or {}
