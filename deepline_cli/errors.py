@@ -108,6 +108,7 @@ class ToolExecutionError(DeeplineError):
     """A tool call failed."""
 
     replayed = False  # the stored failure of a receipt, given back with no call made
+    unanswered = False  # a try of the call may have been processed with no answer seen (kept on its receipt)
     at_once = False  # retried with no backoff (a kept connection the server had closed)
 
     def __init__(

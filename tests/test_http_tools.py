@@ -2009,3 +2009,31 @@ def test_an_extract_path_corrected_recomputes_the_cells_from_their_receipts(
     fixed = project.run({})
     assert [r["email"] for r in fixed.output] == ["ada", "grace"]
     assert len(provider.on("/v1/find")) == 2  # read again from the receipts
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["alone", "in-a-batch"])
+def test_a_failure_that_may_have_been_processed_keeps_that_across_runs(
+    project: Project, provider: LoopbackProvider, batched: bool
+) -> None:
+    """Run 1's only try got a 502 (it may have been processed); run 2 asked again under the
+    same key and was refused as a key in use (409). That failure forgot the first: run 3's
+    `--refresh-failed` went out under a fresh key (a batch: as that batch, under a new key)."""
+    if batched:
+        project.config(BATCH_TOOL.replace("credits = 1", "credits = 1\nretries = 0"))
+        path, asked = "/people/batch", [call("ht.batch", {"domain": f"d{i}.com"}) for i in range(2)]
+    else:
+        project.config(
+            """\
+            [tools."ht.email"]
+            url = "@URL@/v1/email"
+            retries = 0
+            """
+        )
+        path, asked = "/v1/email", [call("ht.email", {"d": 1})]
+    provider.script(path, ["502", "409"])
+    project.run(calls(*asked, gather=True, catch=True))
+    refused = project.run(calls(*asked, gather=True, catch=True)).output
+    assert all(a["error"]["category"] == "conflict" for a in refused), refused
+    project.run(calls(*asked, gather=True, catch=True), refresh_failed=True)
+    keys = [seen.headers["idempotency-key"] for seen in provider.on(path)]
+    assert len(keys) == 3 and len(set(keys)) == 1, keys

@@ -163,11 +163,15 @@ class ClaimOutcome:
     replaces: Receipt | None = None
     # A receipt of another run this run had not used before (reused once, however often asked).
     first_use: bool = False
+    # Claimed to send again under the key it may have gone out with (claims.sent_again): a
+    # failure that may have been processed (transient, or a try unanswered), asked again.
+    resent: bool = False
 
     @property
     def resumed(self) -> bool:
-        """A takeover of a call that may have been sent already (same idempotency key)."""
-        return self.verdict == "claimed" and self.prior_status in ("running", "released")
+        """A call that may have been sent already, sent again (same idempotency key): taken
+        over, or a failure that may have been processed asked again."""
+        return self.verdict == "claimed" and (self.resent or self.prior_status in ("running", "released"))
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from deepline_cli.errors import DeeplineError, ProviderTransientError
+from deepline_cli.errors import DeeplineError, ProviderTransientError, ToolExecutionError
 from deepline_cli.runtime.calls.receipts import DurableCall, ReceiptBook, receipt_key
 from deepline_cli.runtime.providers.tools import ToolCall, ToolDef
 
@@ -71,9 +71,9 @@ class Batcher:
             tool=f"{self.tool}{BATCH_SUFFIX}",
         )
         try:
-            results = await self._execute(call, [input for _, input in sent], carried=[])
-        except BaseException:
-            member.unanswered = True  # its batch may have gone out before: it is asked again only as that batch
+            results = await self._execute(call, [input for _, input in sent])
+        except ToolExecutionError as exc:
+            member.unanswered = member.unanswered or exc.unanswered  # that batch may have been processed: so may it
             raise
         return results[keys.index(member.receipt_key)]
 
@@ -102,8 +102,11 @@ class Batcher:
             request=[[info.receipt_key, input] for info, input, _ in members],
         )
         try:
-            results = await self._execute(call, [input for _, input, _ in members], [i for i, _, _ in members])
+            results = await self._execute(call, [input for _, input, _ in members])
         except BaseException as exc:
+            if isinstance(exc, ToolExecutionError) and exc.unanswered:  # the batch may have been processed
+                for info, _, _ in members:
+                    info.unanswered = True
             for _, _, future in members:
                 if not future.done():
                     future.set_exception(exc)
@@ -112,15 +115,9 @@ class Batcher:
             if not future.done():
                 future.set_result(result)
 
-    async def _execute(self, call: DurableCall, inputs: list[Any], carried: list[ToolCall]) -> list[Any]:
+    async def _execute(self, call: DurableCall, inputs: list[Any]) -> list[Any]:
         async def send(info: ToolCall) -> Any:
-            try:
-                results = await self._send(inputs, info)
-            except BaseException:
-                if info.unanswered or info.resumed:  # the batch may have been processed: so may each member
-                    for member in carried:
-                        member.unanswered = True
-                raise
+            results = await self._send(inputs, info)
             # Checked before the aggregate receipt completes: a short answer is a (retryable)
             # failure, never a stored result that every later run would trip on.
             if not isinstance(results, list) or len(results) != len(inputs):

@@ -348,16 +348,20 @@ class ReceiptBook:
             except BaseException as exc:
                 self._budget.release(reserved)
                 record = call_record(self._scope, call, started, info)
-                # A try of it unanswered (a batch's member: a try of the batch carrying it), or sent
-                # before by a stopped attempt: it may have been processed. A member resumed, not
-                # known to have gone out, is not said to be: it goes out again as its batch does.
+                # A try of it unanswered (a batch's member: the batch carrying it), or sent again
+                # under the key it may have gone out with (a stopped attempt's, a failure that may
+                # have been processed): it may have been processed. A member resumed, not known to
+                # have gone out, is not said to be: it goes out again as its batch does.
                 unanswered = info.unanswered or (claimed.resumed and not call.batched)
                 failed = failure_settlement(call, claimed, exc, record, self._secrets, queued=info.queued,
                                             unanswered=unanswered)  # fmt: skip
                 self._settle_failure(call, failed)
-                if _is_call_failure(call, exc) and not isinstance(exc, ToolExecutionError):
+                if _is_call_failure(call, exc):
                     # The same error type live as when replayed from the failed receipt.
-                    raise tool_error(exc, call.tool) from exc
+                    error = tool_error(exc, call.tool)
+                    error.unanswered = unanswered  # a batch's members learn it from their batch's
+                    if error is not exc:
+                        raise error from exc
                 raise
         finally:
             self._leases.release(lease_id)
@@ -619,6 +623,7 @@ def stored_failure(receipt: Receipt) -> ToolExecutionError:
             tool=receipt.tool,
         )
     failure.replayed = True
+    failure.unanswered = error.get(UNANSWERED) is True
     return failure
 
 
