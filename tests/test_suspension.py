@@ -811,6 +811,7 @@ async def p10(ctx, input):
     domains = ["acme.com", "globex.com"]
     for d in (reversed(domains) if os.environ.get("P10_REVERSED") else domains):  # a set's order, say
         out[d] = await ctx.step(f"norm-{d}", lambda: d.upper())
+        ctx.log(f"normalised {d}")
         await ctx.wait_for_event(f"ok-{d}")
     return out
 """
@@ -821,7 +822,8 @@ def test_a_resume_of_unchanged_code_reaching_its_calls_in_another_order_goes_on(
 ) -> None:
     """A play looping over a set reaches its durable calls in the order of the process's
     hash seed: the resume failed, at random, as if the play's code had changed (it had not).
-    Ids name the calls; only changed code is held to the order it reached them in before."""
+    Ids name the calls; only changed code is held to the order it reached them in before.
+    Its log lines were keyed by position: one was written twice, another never."""
     write_play(ORDER_PLAY)
     assert deepline("run", "play.py", "--run-id", "s1", "-q").code == 3
     assert deepline("events", "send", "s1", "ok-acme.com").code == 0
@@ -832,3 +834,46 @@ def test_a_resume_of_unchanged_code_reaching_its_calls_in_another_order_goes_on(
     done = deepline("resume", "s1", "-q")
     assert done.code == 0, done.stderr
     assert show(deepline, "s1")["output"] == {"globex.com": "GLOBEX.COM", "acme.com": "ACME.COM"}
+    # Each line once: a line's place is the call before it, not its position in the order.
+    logs = deepline("runs", "logs", "s1", "--kind", "log", "--json").json_lines()
+    assert sorted(line["message"] for line in logs) == ["normalised acme.com", "normalised globex.com"], logs
+
+
+KID_IN_A_ROW = """
+from deepline_cli import play
+
+@play("kid")
+async def kid(ctx, input):
+    ctx.log(f"kid {input['n']} before")
+    v = await ctx.step("STEP_ID", lambda: 1)
+    got = await ctx.wait_for_event("go")
+    return [v, got]
+
+@play("mom")
+async def mom(ctx, input):
+    rows = await ctx.map("m", [{"n": input["n"]}], key="n",
+                         columns={"k": lambda row, rc: rc.run_play("kid", "kid", {"n": row["n"]})})
+    return {"failed": rows.failed_count, "rows": [dict(r) for r in rows]}
+"""
+
+
+def test_a_child_play_run_from_a_map_row_keeps_its_own_order(deepline, write_play):
+    """A map row's ctx calls are out of the order check, but a child play it runs in this
+    process is a run of its own: its log lines are written once, and its changed code is
+    told on resume as a root's is."""
+    path = write_play(KID_IN_A_ROW.replace("STEP_ID", "a"))
+    assert deepline("run", "play.py:mom", "--run-id", "m1", "-q", "--set", "n=1").code == 3
+    [kid] = [r for r in runs(deepline).values() if r["parent_run_id"] == "m1"]
+    assert deepline("events", "send", kid["run_id"], "go", "--payload", '"GO"').code == 0
+    assert deepline("resume", "m1", "-q").code == 0
+    logs = deepline("runs", "logs", kid["run_id"], "--kind", "log", "--json").json_lines()
+    assert [line["message"] for line in logs] == ["kid 1 before"], logs
+
+    path.write_text(KID_IN_A_ROW.replace("STEP_ID", "a"))
+    assert deepline("run", "play.py:mom", "--run-id", "m2", "-q", "--set", "n=2").code == 3
+    path.write_text(KID_IN_A_ROW.replace("STEP_ID", "b"))  # the child's code changed
+    [kid] = [r for r in runs(deepline).values() if r["parent_run_id"] == "m2"]
+    assert deepline("events", "send", kid["run_id"], "go", "--payload", '"GO"').code == 0
+    deepline("resume", "m2", "-q")
+    [kid] = [r for r in runs(deepline).values() if r["parent_run_id"] == "m2"]
+    assert kid["status"] == "failed" and "'step:b'" in kid["error"]["message"], kid

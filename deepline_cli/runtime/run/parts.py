@@ -21,7 +21,7 @@ from typing import Any
 
 from deepline_cli.errors import DeterminismError
 from deepline_cli.runtime.calls.budget import Budget
-from deepline_cli.runtime.calls.call_scope import current_cell
+from deepline_cli.runtime.calls.call_scope import CellScope, current_cell
 from deepline_cli.runtime.calls.caps import Caps
 from deepline_cli.runtime.calls.events import EventBus
 from deepline_cli.runtime.calls.identity import Identity
@@ -50,6 +50,8 @@ class Journal:
     pending: list[tuple[int, str]] = field(default_factory=list)
     logged: set[str] = field(default_factory=set)  # the play body's log lines earlier attempts wrote
     logs_here: int = 0  # log lines since the last durable call
+    after: str = ""  # the last durable call reached, and how many times (a log line's place)
+    reached: dict[str, int] = field(default_factory=dict)
     # The boundaries this attempt reached and could not pass: the run waits, even when the
     # play caught the Suspended (`asyncio.gather(..., return_exceptions=True)`).
     waits: list[Suspended] = field(default_factory=list)
@@ -59,6 +61,9 @@ class Journal:
     # are held to the order earlier attempts reached them in. Unchanged code may reach them
     # in another (a set's order, by the hash seed): ids name them.
     strict: bool = True
+    # The map cell the run's body runs in: none for a root run, its parent's row's for a child
+    # play run from a map row in-process (the child's body is in its order all the same).
+    home: CellScope | None = field(default_factory=current_cell)
 
     def suspend(self, boundary: Boundary) -> Suspended:
         """The run must wait at `boundary`: the Suspended to raise, and remembered."""
@@ -70,23 +75,31 @@ class Journal:
         return waits
 
     def log_key(self) -> str | None:
-        """Where a log line of the play body is: after which durable call, and which line
-        after it. A resume replaying the body reaches the same places: a line it already
-        wrote is not written (or shown) again. None for a map row's line (a column calling
-        ctx.log): rows finish in no fixed order, every line of every attempt is kept."""
-        if current_cell() is not None:
+        """Where a log line of the play body is: after which durable call (its id, and the
+        how-manieth time it was reached), and which line after it. A resume replaying the
+        body reaches the same places, in whatever order: a line it already wrote is not
+        written (or shown) again. None for a map row's line (a column calling ctx.log): rows
+        finish in no fixed order, every line of every attempt is kept."""
+        if self._in_a_row():
             return None
         self.logs_here += 1
-        return f"{self.position}.{self.logs_here}"
+        return f"{self.after}#{self.logs_here}"
+
+    def _in_a_row(self) -> bool:
+        """Is the call made in a row of one of the run's maps (a column calling ctx.*)?"""
+        cell = current_cell()
+        return cell is not None and cell is not self.home
 
     def reach(self, durable_id: str, run_id: str) -> None:
-        if current_cell() is not None:
-            return  # a map row's (a column calling ctx.*): rows finish in no fixed order
+        if self._in_a_row():
+            return  # rows finish in no fixed order
         if self.redact is not None:
             durable_id = self.redact(durable_id)
         position = self.position
         self.position += 1
         self.logs_here = 0
+        self.reached[durable_id] = self.reached.get(durable_id, 0) + 1
+        self.after = f"{durable_id}@{self.reached[durable_id]}"
         if position >= len(self.recorded):
             self.recorded.append(durable_id)
             self.pending.append((position, durable_id))
