@@ -1973,44 +1973,6 @@ def test_a_refreshed_failure_whose_first_try_got_a_server_error_keeps_its_key(
     assert keys == [first_key] * 3, keys
 
 
-EXTRACT_MAP_PLAY = """
-from deepline_cli import play
-
-async def email(row, rc):
-    found = await rc.tools.execute("find", "ht.find", {"name": row["name"]})
-    return found.get("email")
-
-@play("extract-map")
-async def extract_map(ctx, input):
-    rows = await ctx.map("people", [{"name": "ada"}, {"name": "grace"}], key="name", columns={"email": email})
-    return [dict(r) for r in rows]
-"""
-
-
-def test_an_extract_path_corrected_recomputes_the_cells_from_their_receipts(
-    project: Project, provider: LoopbackProvider
-) -> None:
-    """A wrong `extract` path gave every row an empty email; corrected in deepline.toml, the
-    next run reused every cell (still empty, no warning). The cells that read the tool are
-    computed again, from the receipts: no call made again."""
-    tool = """\
-        [tools."ht.find"]
-        method = "POST"
-        url = "@URL@/v1/find"
-        json = { name = "{name}" }
-
-        [tools."ht.find".extract]
-        email = "PATH"
-        """
-    project.play(EXTRACT_MAP_PLAY)
-    project.config(tool.replace("PATH", "echo.mail"))  # wrong: the answer has echo.name
-    assert [r["email"] for r in project.run({}).output] == [None, None]
-    project.config(tool.replace("PATH", "echo.name"))
-    fixed = project.run({})
-    assert [r["email"] for r in fixed.output] == ["ada", "grace"]
-    assert len(provider.on("/v1/find")) == 2  # read again from the receipts
-
-
 @pytest.mark.parametrize("batched", [False, True], ids=["alone", "in-a-batch"])
 def test_a_failure_that_may_have_been_processed_keeps_that_across_runs(
     project: Project, provider: LoopbackProvider, batched: bool

@@ -47,14 +47,10 @@ class RunTools:
 
     def versions(self) -> str:
         """A digest of the versions of the tools the play declares (its module's @tools and
-        deepline.toml's), and of what deepline.toml's read from an answer (`extract`), the
-        same in every process: a map's cells are recomputed when one is bumped or an extract
-        path changes (their calls still come from their receipts where the key is the same)."""
+        deepline.toml's), the same in every process: a map's cells are recomputed when one
+        is bumped (their calls of the other tools still come from their receipts)."""
         declared = {tool_id: str(d.version) for tool_id, d in self.local.items()}
-        declared.update(
-            (tool_id, f"{spec.version}\0{_json.canonical(spec.extract).decode() if spec.extract else ''}")
-            for tool_id, spec in self.http_tools.config.tools.items()
-        )
+        declared.update((tool_id, str(spec.version)) for tool_id, spec in self.http_tools.config.tools.items())
         return _json.digest(*(f"{tool_id}\0{version}" for tool_id, version in sorted(declared.items())))[:16]
 
 
