@@ -877,3 +877,25 @@ def test_a_child_play_run_from_a_map_row_keeps_its_own_order(deepline, write_pla
     deepline("resume", "m2", "-q")
     [kid] = [r for r in runs(deepline).values() if r["parent_run_id"] == "m2"]
     assert kid["status"] == "failed" and "'step:b'" in kid["error"]["message"], kid
+
+
+def test_a_changed_helper_module_is_changed_code(deepline, write_play, tmp_path):
+    """The play file is the same, a module it imports from its folder is not: the resume is
+    held to the order its calls were reached in, as for a change in the play file."""
+    (tmp_path / "helpers.py").write_text('STEP = "a"\n')
+    write_play(
+        """
+        from deepline_cli import play
+        from helpers import STEP
+
+        @play("helped")
+        async def helped(ctx, input):
+            await ctx.step(STEP, lambda: 1)
+            return await ctx.wait_for_event("go")
+        """
+    )
+    assert deepline("run", "play.py", "--run-id", "h1", "-q").code == 3
+    (tmp_path / "helpers.py").write_text('STEP = "b"\n')
+    assert deepline("events", "send", "h1", "go").code == 0
+    resumed = deepline("resume", "h1", "-q")
+    assert resumed.code == 1 and "'step:b'" in resumed.stderr, resumed.stderr

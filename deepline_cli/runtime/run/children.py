@@ -20,7 +20,7 @@ from deepline_cli.runtime.run.body import execute_body
 from deepline_cli.runtime.run.holders import holder_id
 from deepline_cli.runtime.run.parts import Journal, RunParts
 from deepline_cli.runtime.run.play import PlayDef, find_play_by_name, load_play
-from deepline_cli.runtime.run.snapshot import child_root, code_changed, code_digest, take_snapshot
+from deepline_cli.runtime.run.snapshot import child_root, code_changed, code_record, take_snapshot
 from deepline_cli.runtime.run.stop import stopped_with_parent
 from deepline_cli.store.records import CODE, MADE_FOR, Boundary, RunRecord
 
@@ -204,7 +204,7 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
             attempt=1,
             workspace=s.identity.workspace,
             cwd=s.identity.cwd,
-            options={**child_options(s), CODE: code_digest(play)},
+            options={**child_options(s), CODE: code_record(play)},
             description=description,
             parent_run_id=s.identity.run_id,
             root_run_id=s.identity.root or s.identity.run_id,

@@ -37,7 +37,7 @@ from deepline_cli.runtime.run.holders import holder_alive, holder_id, holder_wor
 from deepline_cli.runtime.run.input_files import changed, named_elsewhere, stamps
 from deepline_cli.runtime.run.options import RunOptions, RunResult
 from deepline_cli.runtime.run.play import PlayDef, load_module, load_play, tools_in
-from deepline_cli.runtime.run.snapshot import code_digest, materialize_snapshot, take_snapshot
+from deepline_cli.runtime.run.snapshot import code_record, materialize_snapshot, take_snapshot
 from deepline_cli.runtime.run.suspension import ready_to_resume, waiting_on
 from deepline_cli.store import open_store
 from deepline_cli.store.records import CODE, RunRecord
@@ -119,7 +119,7 @@ class Runner:
             digest, snapshot = take_snapshot(play, config_path)
             self.store.queue.put_snapshot(digest, snapshot)
         else:  # run from its file: a resume may find it changed
-            options[CODE] = code_digest(play)
+            options[CODE] = code_record(play)
         record = RunRecord(
             run_id=run_id, play=play.name, play_ref=play.ref, input=input,
             status="queued" if enqueue else "running", attempt=0 if enqueue else 1,

@@ -162,30 +162,66 @@ def data_files(folder: Path, room: int) -> dict[str, Path]:
     return found
 
 
-def code_digest(play: PlayDef) -> str:
-    """A digest of a loaded play's code: its file and the modules it imported from its
-    folder. A resume compares it with the run's start: unchanged code reaching its durable
-    calls in another order (a set's, by the hash seed) is not taken for changed code."""
-    file = Path(play.file)
-    folder = Path(os.path.abspath(file.parent))
-    paths = {os.path.abspath(file)}
-    for module in list(sys.modules.values()):
-        name = getattr(module, "__file__", None)
-        if name and name.endswith(".py") and "site-packages" not in name and Path(name).is_relative_to(folder):
-            paths.add(os.path.abspath(name))
-    parts = []
-    for path in sorted(paths):
-        try:
-            parts.append(f"{Path(path).relative_to(folder).as_posix()}\0{_json.digest(Path(path).read_bytes())}")
-        except (OSError, ValueError):
-            parts.append(f"{path}\0unreadable")
-    return _json.digest(play.function, *parts)[:32]
+def code_record(play: PlayDef) -> dict[str, Any]:
+    """What a run started from a file keeps of its play's code (the run option CODE): the
+    play file and the modules it had imported from its folder, by their names in it, and
+    their digest."""
+    file = os.path.abspath(play.file)
+    folder = os.path.dirname(file)
+    scan = (file, len(sys.modules))
+    files = _MODULES_SEEN.get(scan)
+    if files is None:  # looked for again only when modules were imported since
+        inside = folder.rstrip(os.sep) + os.sep
+        paths = {file}
+        for module in list(sys.modules.values()):
+            name = getattr(module, "__file__", None)
+            if name and name.endswith(".py") and name.startswith(inside) and "site-packages" not in name:
+                paths.add(os.path.abspath(name))
+        files = _MODULES_SEEN[scan] = tuple(sorted(os.path.relpath(path, folder) for path in paths))
+    return {"files": list(files), "digest": _code_digest(folder, files, play.function)}
 
 
 def code_changed(play: PlayDef, record: RunRecord) -> bool:
-    """Has the run's play code changed since it started (or is that not known)? A run from
-    a snapshot runs the code it was enqueued with."""
-    return not record.snapshot and record.options.get(CODE) != code_digest(play)
+    """Has the run's play code changed since it started (or is that not known: a run of an
+    earlier deepline)? The files it started from are read again: a module imported since, or
+    not imported in this process, makes no difference. A run from a snapshot runs the code
+    it was enqueued with."""
+    if record.snapshot:
+        return False
+    kept = record.options.get(CODE)
+    if not isinstance(kept, dict) or not isinstance(kept.get("files"), list):
+        return True
+    folder = os.path.dirname(os.path.abspath(play.file))
+    return _code_digest(folder, tuple(str(f) for f in kept["files"]), play.function) != kept.get("digest")
+
+
+_MODULES_SEEN: dict[tuple[str, int], tuple[str, ...]] = {}
+_DIGESTS: dict[tuple[Any, ...], str] = {}
+
+
+def _code_digest(folder: str, files: tuple[str, ...], function: str) -> str:
+    """The digest of `files`' contents (read again only when one's size or time changed: a
+    map of child plays asks it for each)."""
+    paths = [os.path.join(folder, name) for name in files]
+    stamps: list[tuple[int, int] | None] = []
+    for path in paths:
+        try:
+            stat = os.stat(path)
+            stamps.append((stat.st_mtime_ns, stat.st_size))
+        except OSError:
+            stamps.append(None)
+    key = (folder, files, function, tuple(stamps))
+    known = _DIGESTS.get(key)
+    if known is None:
+        parts = [function]
+        for name, path in zip(files, paths, strict=True):
+            try:
+                with open(path, "rb") as handle:
+                    parts.append(f"{name}\0{_json.digest(handle.read())}")
+            except OSError:
+                parts.append(f"{name}\0missing")
+        known = _DIGESTS[key] = _json.digest(*parts)[:32]
+    return known
 
 
 def _source(raw: bytes) -> Source:
