@@ -248,17 +248,31 @@ async def weighted(ctx, input):
 """
 
 
-def test_an_enqueued_play_reads_the_data_files_beside_it(deepline, write_play, tmp_path) -> None:
-    """A worker runs an enqueued play from a snapshot of its code: a play reading a small
-    data file next to it (`Path(__file__).parent / "weights.json"`) failed to import there.
-    Small data files travel with the snapshot, as they were when the run was enqueued."""
+def test_an_enqueued_play_reads_the_data_files_its_config_lists(deepline, write_play, tmp_path) -> None:
+    """A worker runs an enqueued play from a copy of its code: a play reading a data file
+    beside it (`Path(__file__).parent / "weights.json"`) failed to import there, saying only
+    FileNotFoundError. The files `[snapshot] include` lists travel with the run, as they were
+    when it was enqueued; without them, the error says how to list them."""
     write_play(DATA_BESIDE, "weighted.py")
     (tmp_path / "weights.json").write_text('{"w": 0.7}')
     (tmp_path / "lists").mkdir()
     (tmp_path / "lists" / "segments.txt").write_text("smb enterprise")
+    (tmp_path / "service-account.json").write_text('{"private_key": "x"}')  # not listed: never carried
+    assert deepline("run", "weighted.py", "--enqueue", "--run-id", "w-0").code == 0
+    assert deepline("worker", "--once").code == 0
+    failed = runs_of(deepline)["w-0"]
+    assert failed["status"] == "failed" and "[snapshot]" in failed["error"]["message"], failed
+
+    (tmp_path / "deepline.toml").write_text('[snapshot]\ninclude = ["weights.json", "lists/*.txt"]\n')
     assert deepline("run", "weighted.py", "--enqueue", "--run-id", "w-1").code == 0
     (tmp_path / "weights.json").write_text('{"w": 0.9}')  # changed after: the run has its own
     worker = deepline("worker", "--once")
     assert worker.code == 0, worker.stderr
     run = runs_of(deepline)["w-1"]
     assert (run["status"], run["output"]) == ("completed", {"w": 0.7, "segments": ["smb", "enterprise"]}), run
+    snapshots = list((tmp_path / "cache").rglob("service-account.json"))
+    assert snapshots == []
+
+    (tmp_path / "deepline.toml").write_text('[snapshot]\ninclude = ["weight.json"]\n')
+    refused = deepline("run", "weighted.py", "--enqueue", "--run-id", "w-2")
+    assert refused.code == 2 and "'weight.json' matches no file" in refused.stderr, refused.stderr

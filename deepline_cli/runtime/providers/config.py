@@ -125,6 +125,9 @@ class Config:
     path: Path | None
     tools: dict[str, HttpToolSpec] = field(default_factory=dict)
     remote: RemoteSpec | None = None
+    # `[snapshot] include = ["weights.json", "lists/*.txt"]`: data files an enqueued run
+    # carries beside its play (globs in the deepline.toml's folder).
+    snapshot_include: tuple[str, ...] = ()
 
 
 def find_config(play_file: Path, explicit: str | Path | None) -> Path | None:
@@ -142,17 +145,23 @@ def load_config(path: Path | None) -> Config:
     if path is None:
         return Config(None)
     data = read_toml(path)
-    unknown = sorted(set(data) - {"tools", "remote", "schedules"})  # schedules: runtime/run/schedules.py
+    unknown = sorted(set(data) - {"tools", "remote", "schedules", "snapshot"})  # schedules: runtime/run/schedules.py
     if unknown:
         raise UsageError(
-            f'{path}: unknown table or key {unknown[0]!r} (expected [tools."ID"], [remote] and [schedules.NAME]).'
+            f'{path}: unknown table or key {unknown[0]!r} (expected [tools."ID"], [remote], [schedules.NAME] and '
+            "[snapshot])."
         )
+    snapshot = data.get("snapshot", {})
+    check_keys(path, "[snapshot]", snapshot, {"include": list})
+    include = snapshot.get("include", [])
+    if not all(isinstance(pattern, str) and pattern for pattern in include):
+        raise UsageError(f'{path}: [snapshot] include must list file names or globs, like ["weights.json"].')
     declared = data.get("tools") or {}
     if not isinstance(declared, dict):
         raise UsageError(f'{path}: tools must be tables of tools, like [tools."hunter.email"] with a url.')
     tools = {tool_id: _tool(path, tool_id, spec) for tool_id, spec in declared.items()}
     remote = _remote(path, data["remote"]) if "remote" in data else None
-    return Config(path, tools, remote)
+    return Config(path, tools, remote, tuple(include))
 
 
 def read_toml(path: Path) -> dict[str, Any]:

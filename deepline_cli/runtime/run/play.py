@@ -244,7 +244,13 @@ def load_module(path: Path) -> Any:
         sys.modules.pop(module_name, None)
         line = _line_in(path, exc)
         where = f"{path} line {line}" if line else str(path)
-        raise PlayLoadError(f"Importing {where} failed: {type(exc).__name__}: {exc}".rstrip(".") + ".") from exc
+        said = f"Importing {where} failed: {type(exc).__name__}: {exc}".rstrip(".") + "."
+        if isinstance(exc, FileNotFoundError) and "snapshots" in path.parts:
+            said += (
+                " A worker runs an enqueued play from a copy of its code: list the data files it reads beside it "
+                'in its deepline.toml (`[snapshot]` include = ["weights.json"]), or read them from a path in its input.'
+            )
+        raise PlayLoadError(said) from exc
     return module
 
 

@@ -2,8 +2,7 @@
 
 A snapshot holds the play file, the modules it imported from its own folder (a
 `helpers.py`, a `lib/` package next to it), the child plays it runs by path
-(`ctx.run_play(id, "kids/enrich.py")`) with theirs, the small data files beside them (a
-`weights.json`, see data_files) and its `deepline.toml`, so a worker on
+(`ctx.run_play(id, "kids/enrich.py")`) with theirs, and its `deepline.toml`, so a worker on
 another machine runs exactly what was enqueued. Snapshots are kept once per digest in
 their own table; a run names the one it uses.
 """
@@ -20,14 +19,11 @@ from typing import Any
 
 from deepline_cli import _json
 from deepline_cli.errors import UsageError
+from deepline_cli.runtime.providers.config import load_config
 from deepline_cli.runtime.run.play import PlayDef, load_play, on_path
 from deepline_cli.store.records import CODE, RunRecord
 
-MAX_SNAPSHOT_BYTES = 2 * 1024 * 1024  # the play and its local modules, together (and small data files)
-DATA_FILE_MAX_BYTES = 256 * 1024  # a data file beside the play bigger than this is not carried
-MAX_DATA_ENTRIES = 5_000  # entries looked at for data files (a play in a crowded folder)
-NOT_DATA = {"__pycache__", "node_modules", "site-packages", "deepline.toml"}
-NOT_DATA_SUFFIXES = (".py", ".pyc", ".db", ".db-wal", ".db-shm", ".db-journal", ".sqlite", ".sqlite3")
+MAX_SNAPSHOT_BYTES = 2 * 1024 * 1024  # the play and its local modules, together
 
 
 # A file's content in a snapshot: its text when it is UTF-8, else {"base64": ...} (a module
@@ -49,10 +45,9 @@ def take_snapshot(play: PlayDef, config: Path | None, root: Path | None = None) 
     modules.pop(name, None)
     for module, path in sorted(modules.items()):
         files[module] = _source(path.read_bytes())
-    _check_size(files, folder)
-    room = MAX_SNAPSHOT_BYTES - sum(len(_raw(content)) for content in files.values())
-    for data, path in data_files(folder, room).items():
+    for data, path in included_files(config, folder).items():
         files.setdefault(data, _source(path.read_bytes()))
+    _check_size(files, folder)
     snapshot = {
         "play_file": name,
         "function": play.function,
@@ -60,6 +55,28 @@ def take_snapshot(play: PlayDef, config: Path | None, root: Path | None = None) 
         "config": _config_text(config) if config else None,
     }
     return _json.digest(_json.canonical(snapshot))[:32], snapshot
+
+
+def included_files(config: Path | None, folder: Path) -> dict[str, Path]:
+    """The data files `[snapshot] include` names (globs in the deepline.toml's folder), by
+    their names in the play's `folder`: a play reading `Path(__file__).parent / "weights.json"`
+    finds them where a worker runs its snapshot. Listed, never gathered: a folder may hold
+    credentials and lead lists that must not reach the store."""
+    if config is None:
+        return {}
+    found: dict[str, Path] = {}
+    for pattern in load_config(config).snapshot_include:
+        matched = sorted(path for path in config.parent.glob(pattern) if path.is_file())
+        if not matched:
+            raise UsageError(f"{config}: [snapshot] include {pattern!r} matches no file in {config.parent}.")
+        for path in matched:
+            if not path.resolve().is_relative_to(folder.resolve()):
+                raise UsageError(
+                    f"{config}: [snapshot] include {pattern!r} names {path}, outside the play's folder {folder}: a "
+                    "worker runs the play from a copy of that folder."
+                )
+            found[path.resolve().relative_to(folder.resolve()).as_posix()] = path
+    return found
 
 
 def child_plays(play_file: Path, folder: Path) -> dict[str, Path]:
@@ -125,41 +142,6 @@ def local_modules(folder: Path) -> dict[str, Path]:
             )
         found[path.relative_to(folder).as_posix()] = target
     return dict(sorted(found.items()))
-
-
-def data_files(folder: Path, room: int) -> dict[str, Path]:
-    """The small files beside a play (in its folder and the folders in it, one deep) that are
-    not code, hidden (`.env`), a store or a virtualenv, by their name in `folder`: a play
-    reading `Path(__file__).parent / "weights.json"` finds them where a worker runs its
-    snapshot. Each up to DATA_FILE_MAX_BYTES, `room` bytes in all; a bigger one stays behind."""
-    found: dict[str, Path] = {}
-    seen = 0
-
-    def walk(where: Path, depth: int) -> None:
-        nonlocal room, seen
-        try:
-            entries = sorted(os.scandir(where), key=lambda entry: entry.name)
-        except OSError:
-            return
-        for entry in entries:
-            seen += 1
-            if seen > MAX_DATA_ENTRIES or entry.name.startswith(".") or entry.name in NOT_DATA:
-                continue
-            path = Path(entry.path)
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    if depth < 1 and not (path / "pyvenv.cfg").exists():
-                        walk(path, depth + 1)
-                elif entry.is_file(follow_symlinks=False) and not entry.name.endswith(NOT_DATA_SUFFIXES):
-                    size = entry.stat(follow_symlinks=False).st_size
-                    if size <= min(DATA_FILE_MAX_BYTES, room):
-                        found[path.relative_to(folder).as_posix()] = path
-                        room -= size
-            except OSError:
-                continue
-
-    walk(folder, 0)
-    return found
 
 
 def code_record(play: PlayDef) -> dict[str, Any]:
@@ -249,7 +231,8 @@ def _check_size(files: dict[str, Source], folder: Path) -> None:
         return
     biggest = max(sizes, key=lambda name: sizes[name])
     raise UsageError(
-        f"The play and the modules it imports from {folder} come to {total / 1e6:.1f} MB, more than the "
+        f"The play, the modules it imports from {folder} and the files [snapshot] includes come to "
+        f"{total / 1e6:.1f} MB, more than the "
         f"{MAX_SNAPSHOT_BYTES / 1e6:.0f} MB an enqueued run carries (the biggest is {biggest}, "
         f"{sizes[biggest] / 1e6:.1f} MB); keep data out of modules, or install it as a package."
     )
