@@ -1697,7 +1697,7 @@ def test_a_parameter_with_a_default_is_left_to_its_default(make_play, store_path
     """`run_if=has` with `def has(row, field="domain")` got the row's index as `field`, and
     a resolver `def enrich(row, provider="hunter")` got `rc` (a memory address stored in
     the sheet); columns made in a loop (`lambda row, p=p: …`) likewise. Only parameters
-    without a default are given (row; rc, or the index)."""
+    without a default are given (row; rc, or the index), and one named `rc` or `index`."""
     play_file = make_play(
         """
         from deepline_cli import Column
@@ -1714,12 +1714,13 @@ def test_a_parameter_with_a_default_is_left_to_its_default(make_play, store_path
             for p in ("a", "b"):
                 columns[p] = lambda row, p=p: p
             columns["rc"] = lambda row, rc, p="c": (p, rc.row_key)
+            columns["opt"] = lambda row, rc=None: rc.row_key if rc is not None else "no rc"
             rows = await ctx.map("m", [{"domain": "d.com"}, {"domain": ""}], key="domain", columns=columns)
             return [dict(r) for r in rows]
         """
     )
     out = run(play_file, store_path)
     assert out.output == [
-        {"domain": "d.com", "x": "ran", "y": "hunter:d.com", "a": "a", "b": "b", "rc": ["c", "d.com"]},
-        {"domain": "", "x": None, "y": "hunter:", "a": "a", "b": "b", "rc": ["c", "row 2"]},
+        {"domain": "d.com", "x": "ran", "y": "hunter:d.com", "a": "a", "b": "b", "rc": ["c", "d.com"], "opt": "d.com"},
+        {"domain": "", "x": None, "y": "hunter:", "a": "a", "b": "b", "rc": ["c", "row 2"], "opt": "row 2"},
     ], out.output

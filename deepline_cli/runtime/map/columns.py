@@ -561,13 +561,18 @@ def _stable_repr(const: Any) -> str:
 
 
 def arity(fn: Callable[..., Any]) -> int:
-    """How many positional arguments `fn` is given: those it takes without a default (2 when
-    it takes any number). A parameter with a default keeps it: `def has(row, field="domain")`,
-    a column made in a loop (`lambda row, p=p: …`)."""
+    """How many positional arguments `fn` is given: 1 (the row) or 2 (the row, and `rc` or
+    the row's index): 2 when it takes them without a default, or any number, or names its
+    second `rc` or `index` (`def enrich(row, rc=None)`). Another parameter with a default
+    keeps it: `def has(row, field="domain")`, a column made in a loop (`lambda row, p=p: …`)."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return 2
     if any(p.kind == p.VAR_POSITIONAL for p in params):
         return 2
-    return len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty])
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = len([p for p in positional if p.default is p.empty])
+    if required < 2 and len(positional) > 1 and positional[1].name in ("rc", "index"):
+        return 2
+    return max(1, required)

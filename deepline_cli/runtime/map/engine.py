@@ -418,7 +418,7 @@ async def resolve_cell(
         if cell is not None:
             gate = cell.answered[asked:]
             cell.gate = len(cell.answered)
-    result = spec.fn(row, rc) if column.arity != 1 else spec.fn(row)
+    result = spec.fn(row, rc) if column.arity >= 2 else spec.fn(row)
     if is_awaitable(result):
         result = await result
     meta, hits = None, None
