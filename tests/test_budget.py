@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Result
-from tests.helpers import wait_until
+from tests.helpers import runs, wait_until
 from tests.provider import Provider, ProviderServer, Seen
 
 KEY = "dl-remote-key-0123456789"
@@ -397,3 +397,20 @@ def test_a_refusal_the_run_stops_with_says_how_far_calls_in_flight_passed_the_bu
 
     message = asyncio.run(scenario())
     assert "34 spent in the end, 14 over" in message, message
+
+
+def test_a_failed_run_queued_again_with_a_higher_budget_runs_with_it(deepline: Run, tmp_path: Path) -> None:
+    """`run --enqueue --run-id RUN --max-credits N` of a run its budget stopped queued it
+    again, said nothing of N, and the worker stopped it at the old budget once more (an
+    attempt spent): the flags given hold for the runs it queues again, as for `resume`."""
+    play = tmp_path / "play.py"
+    play.write_text(TENTHS_PLAY)
+    assert deepline("run", str(play), "--enqueue", "--run-id", "q-tight", "--max-credits", "1").code == 0
+    assert deepline("worker", "--once").code == 0
+    assert runs(deepline)["q-tight"]["status"] == "failed"
+    again = deepline("run", str(play), "--enqueue", "--run-id", "q-tight", "--max-credits", "5")
+    assert again.code == 0, again.stderr
+    assert runs(deepline)["q-tight"]["options"]["max_credits"] == 5
+    assert deepline("worker", "--once").code == 0
+    run = runs(deepline)["q-tight"]
+    assert (run["status"], run["output"]) == ("completed", {"rows": 30}), run

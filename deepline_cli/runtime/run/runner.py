@@ -226,6 +226,11 @@ class Runner:
             return result
         if holder_alive(record, self.store.now()):
             raise RunBusyError(f"Run {record.run_id} is held by a live process ({holder_words(record.holder)}).")
+        self._refuse_a_childs_budget(record)
+        before = dict(record.options)
+        self._apply_persisted(record)  # the flags given now (a higher --max-credits) hold for the worker
+        if record.options != before:
+            self.store.runs.update_run(record.run_id, options=record.options)
         self.store.runs.set_status(record.run_id, "queued", holder=None, lease_expires_at=0.0)
         self.store.queue.notify()
         return RunResult(record.run_id, "queued", record.attempt)
@@ -236,13 +241,7 @@ class Runner:
         record = self.store.runs.get_run(run_id)
         if record is None:
             raise UsageError(f"No run {run_id!r} in the store {self.store.url}.")
-        if record.parent_run_id and self.options.max_credits is not None:
-            root = record.root_run_id or record.parent_run_id
-            raise UsageError(
-                f"Run {run_id} is a child play of run {root}, whose budget it spends: raise that one "
-                f"(deepline resume {root} --max-credits {self.options.max_credits:g}), which resumes "
-                "this one with it."
-            )
+        self._refuse_a_childs_budget(record)
         if record.status == "completed":
             # Its failed rows fail the command as the run was started to, or as this one asks.
             return RunResult.of_record(record, fail_on_row_errors=self.options.fail_on_row_errors or None)
@@ -304,6 +303,16 @@ class Runner:
         play_ref, config = materialize_snapshot(record.snapshot, snapshot)
         self.options.config = config
         return load_play(play_ref)
+
+    def _refuse_a_childs_budget(self, record: RunRecord) -> None:
+        """A child run spends its root's budget: a budget given to it alone is refused."""
+        if record.parent_run_id and self.options.max_credits is not None:
+            root = record.root_run_id or record.parent_run_id
+            raise UsageError(
+                f"Run {record.run_id} is a child play of run {root}, whose budget it spends: raise that one "
+                f"(deepline resume {root} --max-credits {self.options.max_credits:g}), which resumes "
+                "this one with it."
+            )
 
     def _apply_persisted(self, record: RunRecord) -> None:
         """Flags not given again on resume come from the run's first start."""
