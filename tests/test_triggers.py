@@ -472,13 +472,16 @@ def test_the_status_of_a_run_on_a_store_that_cannot_be_opened_is_one_sentence(tm
     with the reason in one sentence, as a delivery gets, not a 500 and a traceback."""
     import asyncio
 
-    from deepline_cli.server.webhooks import create_app
+    from deepline_cli.runtime.run.play import PlayDef
+    from deepline_cli.runtime.run.triggers import delivery_run_id
+    from deepline_cli.server.webhooks import Hook, create_app
 
-    app = create_app({}, str(tmp_path))  # a directory: no store opens there
+    served = PlayDef("inbound", "", lambda ctx, input: None, file=str(tmp_path / "play.py"))
+    app = create_app({"inbound": Hook(served, b"s")}, str(tmp_path))  # a directory: no store opens there
 
     async def ask() -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://deepline") as client:
-            return await client.get("/runs/r-1")
+            return await client.get(f"/runs/{delivery_run_id('inbound', 'd-1')}")
 
     answer = asyncio.run(ask())
     assert answer.status_code == 503, answer.text
@@ -654,3 +657,40 @@ def test_the_latest_tick_is_never_after_the_time_asked(cron: str, zone: str, sec
     latest = schedule.last_tick(at)
     assert latest <= at
     assert schedule.next_tick(latest) > at  # and no tick between it and `at`
+
+
+def test_the_status_endpoint_answers_only_for_the_runs_its_webhooks_queued(
+    deepline, write_play, store_path: Path
+) -> None:
+    """`GET /runs/ID` gave any run of the store, its output and error too (a CRM sync's
+    leads), to whoever could reach the server and guess an id (`nightly-2026-12-05`). It
+    answers for the runs its hooks queued (their ids come from a signed delivery's id)."""
+    import asyncio
+
+    from deepline_cli.runtime.run.triggers import delivery_run_id
+    from deepline_cli.server.webhooks import Hook, create_app
+
+    write_play(
+        """
+        from deepline_cli import play
+
+        @play("inbound", input={"email": str}, webhook_secret="HOOK_SECRET")
+        async def inbound(ctx, input):
+            return {"lead": input["email"]}
+        """
+    )
+    assert deepline("run", "play.py", "--run-id", "nightly-2026-12-05", "--set", "email=a@x.com").code == 0
+    from deepline_cli.runtime.run.play import load_play
+
+    play = load_play("play.py", base=store_path.parent)
+    hooked = delivery_run_id("inbound", "d-9")
+    assert deepline("run", "play.py", "--run-id", hooked, "--set", "email=b@x.com").code == 0
+    app = create_app({"inbound": Hook(play, b"secret")}, str(store_path))
+
+    async def ask(run_id: str) -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://deepline") as client:
+            return await client.get(f"/runs/{run_id}")
+
+    assert asyncio.run(ask("nightly-2026-12-05")).status_code == 404
+    shown = asyncio.run(ask(hooked))
+    assert shown.status_code == 200 and shown.json()["output"] == {"lead": "b@x.com"}, shown.text

@@ -1,7 +1,7 @@
 """`deepline serve`: webhooks that queue runs, exactly once per delivery.
 
     POST /hooks/{play}   a signed delivery ─► checked ─► a queued run ─► 202 {"run_id": …}
-    GET  /runs/{run_id}  the run's status and counts
+    GET  /runs/{run_id}  the status and counts of a run a delivery queued
     GET  /healthz        for load balancers
 
 Signatures follow the Standard Webhooks scheme (standardwebhooks.com): the sender signs
@@ -37,7 +37,7 @@ from deepline_cli.runtime.providers.secrets import Secrets
 from deepline_cli.runtime.run.options import RunOptions
 from deepline_cli.runtime.run.play import PlayDef
 from deepline_cli.runtime.run.runner import Runner
-from deepline_cli.runtime.run.triggers import delivery_run_id
+from deepline_cli.runtime.run.triggers import delivery_run_id, is_delivery_run
 from deepline_cli.store import open_store
 
 MAX_BODY_BYTES = 1 << 20
@@ -114,12 +114,16 @@ def create_app(
         return JSONResponse({"run_id": run_id, "queued": queued}, status_code=202)
 
     async def run_status(request: Request) -> JSONResponse:
+        run_id = request.path_params["run_id"]
+        # Only a run a delivery to one of its hooks queued (its id comes from the delivery's):
+        # not any run of the store, whose output a guessed id (`nightly-2026-12-05`) would give.
+        served = [name for name in hooks if is_delivery_run(run_id, name)]
         try:
-            shown = await run_in_threadpool(_get_run, store_url, request.path_params["run_id"])
+            shown = await run_in_threadpool(_get_run, store_url, run_id) if served else None
         except DeeplineError as exc:
             return JSONResponse({"error": str(exc)}, status_code=503)
-        if shown is None:
-            return JSONResponse({"error": f"No run {request.path_params['run_id']!r}."}, status_code=404)
+        if shown is None or shown.run.play not in served:
+            return JSONResponse({"error": f"No run {run_id!r} of the plays served here."}, status_code=404)
         record, stats = shown.run, shown.run.stats or {}
         return JSONResponse(
             {

@@ -138,5 +138,12 @@ def delivery_run_id(play: str, delivery_id: str) -> str:
     return f"hook-{_slug(play)}-{digest}"
 
 
+def is_delivery_run(run_id: str, play: str) -> bool:
+    """Is `run_id` one `delivery_run_id` gives for `play`?"""
+    head = f"hook-{_slug(play)}-"
+    digest = run_id[len(head) :]
+    return run_id.startswith(head) and len(digest) == 20 and all(c in "0123456789abcdef" for c in digest)
+
+
 def _slug(name: str) -> str:
     return _UNSAFE.sub("-", name).strip("-")[:60] or "play"
