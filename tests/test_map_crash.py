@@ -304,3 +304,46 @@ def test_a_resume_that_asks_again_the_rows_that_failed_is_not_stopped_as_a_syste
     resumed = deepline("resume", "tenths", "--json")
     finished = resumed.json_lines()[-1]
     assert (finished["status"], finished["output"]) == ("completed", {"rows": 1200, "failed": 120}), resumed.stderr
+
+
+def test_the_failed_rows_of_a_killed_run_are_listed(deepline, tmp_path: Path, store_path: Path, cli_env) -> None:
+    """`runs logs --kind row.failed` of a SIGKILLed run printed nothing, while `runs show`
+    and the export had its failed rows: the map's failed count, which it writes as it ends,
+    said none. Its failed rows are read from the store, as for a map that ended."""
+    (tmp_path / "play.py").write_text(
+        "import asyncio\n"
+        "from deepline_cli import play, tool\n\n"
+        '@tool("hold.row")\n'
+        "async def hold(input):\n"
+        '    if input["n"] == 6:\n'
+        '        open(input["mark"], "w").close()\n'
+        "        await asyncio.sleep(60)\n"
+        '    if input["n"] % 2:\n'
+        "        raise ValueError(f\"no lead {input['n']}\")\n"
+        '    return input["n"]\n\n'
+        '@play("held")\n'
+        "async def held(ctx, input):\n"
+        '    rows = await ctx.map("rows", [{"n": n} for n in range(10)], key="n", concurrency=1, columns={\n'
+        '        "v": lambda row, rc: rc.tools.execute("hold", "hold.row", {"n": row["n"], "mark": input["mark"]}),\n'
+        "    })\n"
+        "    return len(rows)\n"
+    )
+    mark = tmp_path / "holding"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deepline_cli", "run", "play.py", "--set", f"mark={mark}", "--run-id", "killed",
+         "--quiet"],
+        cwd=tmp_path, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not mark.exists() or count_finished(store_path, "killed") < 6:
+            assert proc.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "row 6 was never reached"
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    listed = deepline("runs", "logs", "killed", "--kind", "row.failed", "--json")
+    assert listed.code == 0, listed.stderr
+    assert [line["fields"]["row_key"] for line in listed.json_lines()] == ["1", "3", "5"], listed.stdout

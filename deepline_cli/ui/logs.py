@@ -104,8 +104,8 @@ def every_failed_row(lines: Iterable[LogLine], store: SheetStore, run_id: str, a
     A map logs only its first failed rows (and a count of the rest); the store keeps them
     all. Where a map's log names its first failed row, every failed row of the map is listed,
     read from the store in input order; the map's other logged `row.failed` lines (a resumed
-    run logs them again) are left out. A map that logged none (stopped before its summary)
-    has its failed rows listed last.
+    run logs them again) are left out. A map that logged none (stopped before its summary,
+    or killed) has its failed rows listed last.
     """
     listed: set[str] = set()
     for line in lines:
@@ -117,7 +117,8 @@ def every_failed_row(lines: Iterable[LogLine], store: SheetStore, run_id: str, a
             listed.add(name)
             yield from _failed_lines(store, run_id, name, line)
     for record in store.get_maps(run_id):
-        if record.map not in listed and record.failed:
+        # Asked of the map's rows, not its failed count: a map killed before it ended wrote none.
+        if record.map not in listed:
             at = LogLine(run_id, attempt, record.finished_at or record.started_at, "warning", "", kind="row.failed")
             yield from _failed_lines(store, run_id, record.map, at)
 
