@@ -1144,3 +1144,15 @@ def test_a_run_id_not_completed_is_not_resumed_from_a_folder_whose_copy_no_longe
     (tmp_path / "gate").write_text("open")
     again = deepline("run", str(play), "--input", payload, "--run-id", "g", cwd=checkout)
     assert again.code == 2, again.stdout + again.stderr
+
+
+def test_a_keyword_connection_string_as_the_store_is_refused_without_its_password(deepline, tmp_path: Path) -> None:
+    """`--store 'host=db user=app password=… dbname=x'` (libpq's keyword form) was taken for a
+    file name: `runs list` said there was no store at it, the password in clear, and a run
+    would have written a local file no worker reads. Refused, asking for the URL form."""
+    conninfo = "host=127.0.0.1 user=app password=Sup3rS3cret dbname=x"
+    for args in (("runs", "list"), ("run", "hello")):
+        refused = deepline(*args, "--store", conninfo)
+        assert refused.code == 2, (args, refused.stderr)
+        assert "postgresql://user:password@host" in refused.stderr and "Sup3rS3cret" not in refused.stderr
+    assert list(tmp_path.glob("host=*")) == []

@@ -28,6 +28,9 @@ def resolve_store_url(url: str | None) -> str:
     return url or os.environ.get("DEEPLINE_STORE") or str(default_store_path())
 
 
+_CONNINFO = re.compile(r"^\s*(host|hostaddr|dbname|user|password|port|service)\s*=", re.IGNORECASE)
+
+
 def open_store(url: str | None = None, *, existing: bool | Literal["folder"] = False) -> Store:
     """Open the store at a path, `sqlite:///path` or `postgresql://…` URL. `existing`: for
     commands that only read, a store file that is not there (a mistyped --store, or nothing
@@ -42,6 +45,11 @@ def open_store(url: str | None = None, *, existing: bool | Literal["folder"] = F
         )
     if scheme:  # `SQLITE:///x.db`, `PostgreSQL://…`: the scheme in any case
         target = scheme.group(1).lower() + target[len(scheme.group(1)) :]
+    elif _CONNINFO.match(target):  # `host=db user=app password=…`: not a file name (never echoed: a password)
+        raise UsageError(
+            "The store looks like a PostgreSQL keyword connection string (host=… dbname=…); give it as a URL: "
+            "postgresql://user:password@host:5432/dbname."
+        )
     if target.startswith(("postgresql://", "postgres://")):
         try:
             from deepline_cli.store.postgres import PostgresStore
