@@ -143,3 +143,28 @@ def test_the_reports_first_failures_number_input_rows_from_one(deepline, write_p
     run_id = _run(deepline, "play.py")["run_id"]
     page = Path(deepline("runs", "report", run_id, "--html").stdout.strip())
     assert "<tr><td class=n>3</td><td>c</td>" in page.read_text()
+
+
+def test_the_report_of_a_run_no_process_holds_says_so(deepline, tmp_path, store_path) -> None:
+    """A run killed mid-way: its report said `running`, its attempt `running` (runs show says
+    the process is gone and how to continue it)."""
+    from deepline_cli.store import open_store
+
+    hello = str(ROOT / "examples" / "hello" / "play.py")
+    run_id = _run(deepline, hello)["run_id"]
+    store = open_store(str(store_path))
+    try:  # as a SIGKILL leaves it: running, its attempt not ended, its lease out
+        store._conn.execute(
+            "UPDATE runs SET status = 'running', holder = 'gone-host:4194303:1', lease_expires_at = 0,"
+            " finished_at = NULL WHERE run_id = ?",
+            (run_id,),
+        )
+        store._conn.execute("UPDATE attempts SET ended_at = NULL, status = 'running' WHERE run_id = ?", (run_id,))
+        store._conn.commit()
+    finally:
+        store.close()
+    out = tmp_path / "killed.html"
+    assert deepline("runs", "report", run_id, "--html", "--out", str(out)).code == 0
+    text = out.read_text()
+    assert f"no live process holds it; deepline resume {run_id} continues it" in text, text[:2000]
+    assert "<td>running</td>" not in text

@@ -14,6 +14,7 @@ from typing import Any
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.map.projection import CellCounts, read_sample
 from deepline_cli.runtime.providers.found import is_found
+from deepline_cli.runtime.run.holders import holder_stale
 from deepline_cli.store.ledger import AttemptRow, CallRow, ReuseRow
 from deepline_cli.store.records import FOUND_PREFIX, MapRecord, MapRow, RunRecord
 from deepline_cli.store.roles import Store
@@ -72,6 +73,7 @@ class Report:
     attempts: list[AttemptRow]
     tools: dict[str, ToolFigures]
     maps: list[MapFigures]
+    stale: bool = False  # `running`, but no live process holds it (killed, paused past its lease)
 
     @property
     def start(self) -> float:
@@ -119,7 +121,8 @@ def read_report(store: Store, run_id: str) -> Report:
     for tool_id, said in store.ledger.call_descriptions(run_id).items():
         if tool_id in tools:
             tools[tool_id].descriptions = said
-    return Report(run, stats, calls, reuses, store.ledger.attempt_rows(run_id), tools, maps)
+    stale = holder_stale(run, store.now())
+    return Report(run, stats, calls, reuses, store.ledger.attempt_rows(run_id), tools, maps, stale)
 
 
 def _found(store: Store, run_id: str, calls: list[CallRow], reuses: list[ReuseRow]) -> set[str]:

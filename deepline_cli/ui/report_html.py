@@ -95,7 +95,10 @@ def _header(report: Report) -> str:
     kept = sum(t.kept for t in calls)  # failed, with no request: not calls made
     batches = sum(t.live + t.failed - t.kept for t in report.tools.values() if t.tool.endswith(BATCH_SUFFIX))
     failed_note = f"{recovered:,} fell back · {failed - recovered:,} final" if failed else ""
-    status = f'<span class="{"ok" if run.status == "completed" else "bad"}">{_e(run.status)}</span>'
+    said = run.status
+    if report.stale:
+        said += f" — no live process holds it; deepline resume {run.run_id} continues it"
+    status = f'<span class="{"ok" if run.status == "completed" else "bad"}">{_e(said)}</span>'
     cards = [
         ("credits", format_credits(stats.get("credits", 0)), ""),
         (
@@ -421,7 +424,7 @@ def _attempts(report: Report) -> str:
             _e(holder_words(a.holder)),
             _when(a.started_at),
             _when(a.ended_at) or f"last seen {_when(a.seen_at)}",
-            _e(a.status or ""),
+            _e("ended: no live process holds it" if report.stale and a.status == "running" else a.status or ""),
             f"{((a.ended_at or a.seen_at or 0) - (a.started_at or 0)):,.1f} s" if a.started_at else "",
         ]
         for a in report.attempts
