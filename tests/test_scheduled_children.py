@@ -276,3 +276,25 @@ def test_an_enqueued_play_reads_the_data_files_its_config_lists(deepline, write_
     (tmp_path / "deepline.toml").write_text('[snapshot]\ninclude = ["weight.json"]\n')
     refused = deepline("run", "weighted.py", "--enqueue", "--run-id", "w-2")
     assert refused.code == 2 and "'weight.json' matches no file" in refused.stderr, refused.stderr
+
+
+def test_an_enqueued_run_a_worker_cannot_start_says_when_it_ended(deepline, write_play, monkeypatch) -> None:
+    """A queued run whose secret is not set where the worker runs fails there before its
+    first attempt: `runs show` had no `finished` for it."""
+    write_play(
+        """
+        from deepline_cli import play
+
+        @play("secretive", secrets=["SECRETIVE_KEY"])
+        async def secretive(ctx, input):
+            return 1
+        """,
+        "secretive.py",
+    )
+    monkeypatch.setenv("SECRETIVE_KEY", "k")
+    assert deepline("run", "secretive.py", "--enqueue", "--run-id", "s-1").code == 0
+    monkeypatch.delenv("SECRETIVE_KEY")
+    deepline("worker", "--once")
+    run = runs_of(deepline)["s-1"]
+    assert run["status"] == "failed" and "SECRETIVE_KEY" in run["error"]["message"], run
+    assert run["finished_at"] is not None, run

@@ -280,7 +280,8 @@ class Runner:
             play = self._load(record, loaded)
             self._prepare(play, record.cwd, snapshot=bool(record.snapshot))
         except DeeplineError as exc:
-            self.store.runs.set_status(record.run_id, "failed", holder=None, error=error_dict(exc))
+            now = self.store.now()
+            self.store.runs.set_status(record.run_id, "failed", holder=None, error=error_dict(exc), finished_at=now)
             raise
         return self._execute(play, record)
 
