@@ -121,6 +121,26 @@ async def batched(ctx, input):
 """
 
 
+def _batch_project(tmp_path: Path, provider: TimedProvider) -> None:
+    """BATCH_PLAY and its batch tool (1 credit a member, batches of 5); one batch answers,
+    the rest hang past a kill."""
+    provider.latency_s = 0.0
+    provider.script("/v1/batch", ["ok", *["slow:4"] * 10])
+    (tmp_path / "play.py").write_text(BATCH_PLAY)
+    (tmp_path / "deepline.toml").write_text(
+        f"""
+[tools."p.batch"]
+method = "POST"
+url = "http://127.0.0.1:{provider.port}/v1/batch"
+json = {{ domain = "{{domain}}" }}
+credits = 1
+retries = 0
+timeout_s = 60
+batch = {{ max_size = 5, max_wait_ms = 50 }}
+"""
+    )
+
+
 def _killed_with_calls_out(
     run_id: str, path: str, requests: int, provider: TimedProvider, env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -144,21 +164,7 @@ def test_a_batch_in_flight_at_a_crash_is_sent_again_as_the_same_batch(
     same batch, under its key, even when the resumed run would group rows otherwise. With
     `batch` removed from deepline.toml before the resume, they went out one by one under
     their own keys: billed twice. The resume is refused until `batch` is back."""
-    provider.latency_s = 0.0
-    provider.script("/v1/batch", ["ok", *["slow:4"] * 10])  # one batch answers, the rest hang past the kill
-    (tmp_path / "play.py").write_text(BATCH_PLAY)
-    (tmp_path / "deepline.toml").write_text(
-        f"""
-[tools."p.batch"]
-method = "POST"
-url = "http://127.0.0.1:{provider.port}/v1/batch"
-json = {{ domain = "{{domain}}" }}
-credits = 1
-retries = 0
-timeout_s = 60
-batch = {{ max_size = 5, max_wait_ms = 50 }}
-"""
-    )
+    _batch_project(tmp_path, provider)
     _killed_with_calls_out("batch-run", "/v1/batch", 4, provider, env, tmp_path)
     resume = [sys.executable, "-m", "deepline_cli", "resume", "batch-run", "--concurrency", "3", "--json"]
     if unbatched:
@@ -195,20 +201,7 @@ def test_a_crashed_batch_refused_on_resume_is_refreshed_as_that_batch(
     the resume and refused as keys in use (409: not transient). A later run with
     `--refresh-failed` asked their members in new batches, under new keys: billed twice.
     They go out as the batches they were sent in, under those batches' keys."""
-    provider.latency_s = 0.0
-    provider.script("/v1/batch", ["ok", *["slow:4"] * 10])
-    (tmp_path / "play.py").write_text(BATCH_PLAY)
-    (tmp_path / "deepline.toml").write_text(
-        f"""
-[tools."p.batch"]
-method = "POST"
-url = "http://127.0.0.1:{provider.port}/v1/batch"
-json = {{ domain = "{{domain}}" }}
-retries = 0
-timeout_s = 60
-batch = {{ max_size = 5, max_wait_ms = 50 }}
-"""
-    )
+    _batch_project(tmp_path, provider)
     _killed_with_calls_out("refused-run", "/v1/batch", 4, provider, env, tmp_path)
     provider.script("/v1/batch", ["409"] * 10)
     resumed = subprocess.run(

@@ -191,6 +191,27 @@ def test_sigkill_mid_map_then_resume(deepline, tmp_path: Path, store_path: Path,
     assert _json.loads(got[1 + 567][3]) == {"label": f"NAME 567-{567 * 7}"}
 
 
+def killed_while_held(tmp_path: Path, store: Path, env: dict[str, str], run_id: str, finished: int, *args: str) -> None:
+    """`deepline run play.py` with `mark` set to a file its held row creates: SIGKILLed once
+    that row is held and `finished` rows are recorded."""
+    mark = tmp_path / "holding"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deepline_cli", "run", "play.py", *args, "--set", f"mark={mark}", "--run-id", run_id,
+         "--quiet"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not mark.exists() or count_finished(store, run_id) < finished:
+            assert proc.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "the held row was never reached"
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
 def test_a_killed_maps_row_total_counts_csv_rows_not_lines(deepline, tmp_path: Path, store_path: Path, cli_env) -> None:
     """A CSV of 101 lines holding 50 rows (each with a quoted newline) and 40 distinct keys,
     killed while its third row is out (most rows not yet handed out): its input is read
@@ -214,22 +235,7 @@ def test_a_killed_maps_row_total_counts_csv_rows_not_lines(deepline, tmp_path: P
         "    })\n"
         "    return len(rows)\n"
     )
-    mark = tmp_path / "holding"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "deepline_cli", "run", "play.py", "--csv", "rows.csv", "--set", f"mark={mark}",
-         "--run-id", "lines", "--quiet"],
-        cwd=tmp_path, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not mark.exists() or count_finished(store_path, "lines") < 2:
-            assert proc.poll() is None, "the run ended before it could be killed"
-            assert time.monotonic() < deadline, "row 3 was never reached"
-            time.sleep(0.01)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait(timeout=30)
+    killed_while_held(tmp_path, store_path, cli_env, "lines", 2, "--csv", "rows.csv")
     shown = json.loads(deepline("runs", "show", "lines", "--json").stdout)
     [rows] = shown["maps"]
     assert (rows["rows"], rows["duplicate"]) == (40, 10), rows
@@ -328,22 +334,7 @@ def test_the_failed_rows_of_a_killed_run_are_listed(deepline, tmp_path: Path, st
         "    })\n"
         "    return len(rows)\n"
     )
-    mark = tmp_path / "holding"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "deepline_cli", "run", "play.py", "--set", f"mark={mark}", "--run-id", "killed",
-         "--quiet"],
-        cwd=tmp_path, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not mark.exists() or count_finished(store_path, "killed") < 6:
-            assert proc.poll() is None, "the run ended before it could be killed"
-            assert time.monotonic() < deadline, "row 6 was never reached"
-            time.sleep(0.01)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait(timeout=30)
+    killed_while_held(tmp_path, store_path, cli_env, "killed", 6)
     listed = deepline("runs", "logs", "killed", "--kind", "row.failed", "--json")
     assert listed.code == 0, listed.stderr
     assert [line["fields"]["row_key"] for line in listed.json_lines()] == ["1", "3", "5"], listed.stdout
