@@ -1999,3 +1999,25 @@ def test_a_failure_that_may_have_been_processed_keeps_that_across_runs(
     project.run(calls(*asked, gather=True, catch=True), refresh_failed=True)
     keys = [seen.headers["idempotency-key"] for seen in provider.on(path)]
     assert len(keys) == 3 and len(set(keys)) == 1, keys
+
+
+def test_a_refused_then_rejected_call_is_refreshed_under_a_fresh_key(
+    project: Project, provider: LoopbackProvider
+) -> None:
+    """A 429 (refused before anything was done), then the next run's retry under the same
+    key rejected (400): neither try may have been processed, and `--refresh-failed` sends a
+    fresh key, as for any failure asked again (the mark of an unanswered try is not taken
+    from a transient failure alone)."""
+    project.config(
+        """\
+        [tools."ht.email"]
+        url = "@URL@/v1/email"
+        retries = 0
+        """
+    )
+    provider.script("/v1/email", ["429", "400"])
+    project.run(calls(call("ht.email", {"d": 1}), catch=True))
+    project.run(calls(call("ht.email", {"d": 1}), catch=True))
+    project.run(calls(call("ht.email", {"d": 1}), catch=True), refresh_failed=True)
+    keys = [seen.headers["idempotency-key"] for seen in provider.on("/v1/email")]
+    assert len(keys) == 3 and keys[0] == keys[1] != keys[2], keys

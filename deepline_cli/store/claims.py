@@ -65,6 +65,11 @@ def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVer
 UNANSWERED = "unanswered"
 
 
+def was_unanswered(receipt: Receipt) -> bool:
+    """Does the receipt's error say a try of it went unanswered (it may have been processed)?"""
+    return isinstance(receipt.error, dict) and receipt.error.get(UNANSWERED) is True
+
+
 def sent_again(existing: Receipt | None) -> bool:
     """Is a claim of this receipt the same call sent again, under the key it may have gone
     out with: a takeover of a call that may have been sent (running, released), or the retry
@@ -73,8 +78,7 @@ def sent_again(existing: Receipt | None) -> bool:
     if existing is None:
         return False
     if existing.status == "failed":
-        unanswered = isinstance(existing.error, dict) and existing.error.get(UNANSWERED) is True
-        return existing.retryable or unanswered
+        return existing.retryable or was_unanswered(existing)
     return existing.status in ("running", "released")
 
 

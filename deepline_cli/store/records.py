@@ -166,12 +166,22 @@ class ClaimOutcome:
     # Claimed to send again under the key it may have gone out with (claims.sent_again): a
     # failure that may have been processed (transient, or a try unanswered), asked again.
     resent: bool = False
+    # The failure it was claimed from says a try of it went unanswered (claims.UNANSWERED).
+    prior_unanswered: bool = False
 
     @property
     def resumed(self) -> bool:
         """A call that may have been sent already, sent again (same idempotency key): taken
         over, or a failure that may have been processed asked again."""
         return self.verdict == "claimed" and (self.resent or self.prior_status in ("running", "released"))
+
+    @property
+    def maybe_processed(self) -> bool:
+        """Sent again when an earlier send may have been processed with no answer seen: taken
+        over from an owner that may have sent it, or a failure marked unanswered (not a 429,
+        which the provider refused before doing anything)."""
+        prior = self.prior_unanswered or self.prior_status in ("running", "released")
+        return self.verdict == "claimed" and prior
 
 
 @dataclass(slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from deepline_cli.store.claims import decide_claim, sent_again
+from deepline_cli.store.claims import decide_claim, sent_again, was_unanswered
 from deepline_cli.store.records import Claim, ClaimOutcome, Receipt, Settlement
 from deepline_cli.store.sql_base import SqlBase
 from deepline_cli.store.sql_rows import (
@@ -57,6 +57,7 @@ class ClaimsSql(SqlBase):
                 verdict = decide_claim(current, cl, now)
                 prior = (current.status, current.run_id) if current is not None else (None, None)
                 resent = verdict == "claimed" and sent_again(current)
+                unanswered = current is not None and current.status == "failed" and was_unanswered(current)
                 replacing = replaced_answer(current, cl) if verdict == "claimed" else None
                 if verdict == "claimed":
                     if current is not None and current.run_id != cl.run_id:
@@ -69,7 +70,13 @@ class ClaimsSql(SqlBase):
                     existing[cl.key] = current = claimed
                 assert current is not None
                 outcomes[position] = ClaimOutcome(
-                    verdict, current, prior_status=prior[0], prior_run_id=prior[1], replaces=replacing, resent=resent
+                    verdict,
+                    current,
+                    prior_status=prior[0],
+                    prior_run_id=prior[1],
+                    replaces=replacing,
+                    resent=resent,
+                    prior_unanswered=unanswered,
                 )
             lost = self._insert_claims(c, inserts, now)
             for _, cl, _ in lost:  # another process inserted it since we looked: decide again

@@ -352,7 +352,7 @@ class ReceiptBook:
                 # under the key it may have gone out with (a stopped attempt's, a failure that may
                 # have been processed): it may have been processed. A member resumed, not known to
                 # have gone out, is not said to be: it goes out again as its batch does.
-                unanswered = info.unanswered or (claimed.resumed and not call.batched)
+                unanswered = info.unanswered or (claimed.maybe_processed and not call.batched)
                 failed = failure_settlement(call, claimed, exc, record, self._secrets, queued=info.queued,
                                             unanswered=unanswered)  # fmt: skip
                 self._settle_failure(call, failed)
