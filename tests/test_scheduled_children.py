@@ -298,3 +298,36 @@ def test_an_enqueued_run_a_worker_cannot_start_says_when_it_ended(deepline, writ
     run = runs_of(deepline)["s-1"]
     assert run["status"] == "failed" and "SECRETIVE_KEY" in run["error"]["message"], run
     assert run["finished_at"] is not None, run
+
+
+FIXED_LATER = """
+from pathlib import Path
+from deepline_cli import play, tool
+
+@tool("lookup.once")
+def lookup(input):
+    if not Path(input["flag"]).exists():
+        raise ValueError("no such company")
+    return "found"
+
+@play("fixed")
+async def fixed(ctx, input):
+    return (await ctx.tools.execute("l", "lookup.once", {"flag": input["flag"]})).output
+"""
+
+
+def test_a_failed_run_queued_again_with_refresh_failed_asks_its_failures_again(deepline, write_play, tmp_path) -> None:
+    """`run --enqueue --run-id RUN --refresh-failed` of a failed run: the worker replayed the
+    run's own failure (the flag was kept, but not as given to that attempt) and the run failed
+    again; `deepline resume RUN --refresh-failed` asked it again."""
+    write_play(FIXED_LATER, "fixed.py")
+    payload = json.dumps({"flag": str(tmp_path / "flag")})
+    assert deepline("run", "fixed.py", "--enqueue", "--run-id", "fx", "--input", payload).code == 0
+    deepline("worker", "--once")
+    assert runs_of(deepline)["fx"]["status"] == "failed"
+    (tmp_path / "flag").write_text("")
+    again = deepline("run", "fixed.py", "--enqueue", "--run-id", "fx", "--input", payload, "--refresh-failed")
+    assert again.code == 0, again.stderr
+    deepline("worker", "--once")
+    run = runs_of(deepline)["fx"]
+    assert (run["status"], run["output"]) == ("completed", "found"), run

@@ -40,7 +40,7 @@ from deepline_cli.runtime.run.play import PlayDef, load_module, load_play, tools
 from deepline_cli.runtime.run.snapshot import code_record, materialize_snapshot, take_snapshot
 from deepline_cli.runtime.run.suspension import ready_to_resume, waiting_on
 from deepline_cli.store import open_store
-from deepline_cli.store.records import CODE, RunRecord
+from deepline_cli.store.records import CODE, REFRESH_GIVEN_FOR, RunRecord
 from deepline_cli.store.roles import Store
 
 
@@ -229,6 +229,8 @@ class Runner:
         self._refuse_a_childs_budget(record)
         before = dict(record.options)
         self._apply_persisted(record)  # the flags given now (a higher --max-credits) hold for the worker
+        if self.options.refresh_given:  # asked now: the next attempt refreshes the run's own failures
+            record.options[REFRESH_GIVEN_FOR] = record.attempt + 1
         if record.options != before:
             self.store.runs.update_run(record.run_id, options=record.options)
         self.store.runs.set_status(record.run_id, "queued", holder=None, lease_expires_at=0.0)
@@ -276,6 +278,8 @@ class Runner:
         self.store.receipts.expire_run_receipts(record.run_id, before_attempt=record.attempt)
         record.status = "running"
         self._apply_persisted(record)
+        if record.options.get(REFRESH_GIVEN_FOR) == record.attempt:  # queued again with --refresh-failed
+            self.options.refresh_given = True
         try:
             play = self._load(record, loaded)
             self._prepare(play, record.cwd, snapshot=bool(record.snapshot))
