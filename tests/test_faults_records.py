@@ -302,22 +302,26 @@ def test_a_served_runs_status_counts_what_a_run_going_on_has_done(tmp_path: Path
 
     import httpx
 
-    from deepline_cli.server.webhooks import create_app
+    from deepline_cli.runtime.run.play import load_play
+    from deepline_cli.runtime.run.triggers import delivery_run_id
+    from deepline_cli.server.webhooks import Hook, create_app
 
     (tmp_path / "play.py").write_text(COUNTING_PLAY)
     payload = _json.dumps_str({"n": 400, "s": 0.02, "log": str(tmp_path / "calls.log"), "c": 4})
-    proc = start(["run", "play.py", "--run-id", "served", "--input", payload, "--quiet"], cli_env, tmp_path)
+    served = delivery_run_id("counting", "d-1")  # as a delivery to the served play names its run
+    proc = start(["run", "play.py", "--run-id", served, "--input", payload, "--quiet"], cli_env, tmp_path)
     try:
         wait_until(lambda: completed(cli_env["DEEPLINE_STORE"], "count.work") >= 20, what="calls recorded")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
         kill(proc)
-    app = create_app({}, cli_env["DEEPLINE_STORE"])
+    hooks = {"counting": Hook(load_play("play.py", base=tmp_path), b"secret")}
+    app = create_app(hooks, cli_env["DEEPLINE_STORE"])
 
     async def ask() -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://deepline") as client:
-            return await client.get("/runs/served")
+            return await client.get(f"/runs/{served}")
 
     shown = asyncio.run(ask()).json()
     assert (shown["status"], shown["stale"]) == ("running", True), shown
