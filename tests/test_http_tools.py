@@ -2021,3 +2021,25 @@ def test_a_refused_then_rejected_call_is_refreshed_under_a_fresh_key(
     project.run(calls(call("ht.email", {"d": 1}), catch=True), refresh_failed=True)
     keys = [seen.headers["idempotency-key"] for seen in provider.on("/v1/email")]
     assert len(keys) == 3 and keys[0] == keys[1] != keys[2], keys
+
+
+def test_a_call_refused_as_a_key_in_use_is_refreshed_under_that_key(
+    project: Project, provider: LoopbackProvider
+) -> None:
+    """A 409 for the idempotency key in use: the provider has seen that key (an earlier try,
+    a store written before the mark of an unanswered try existed, another store's run). Its
+    `--refresh-failed` went out under a fresh key, and a provider that had processed the key
+    billed the call again. Asked again under that key."""
+    project.config(
+        """\
+        [tools."ht.email"]
+        url = "@URL@/v1/email"
+        retries = 0
+        """
+    )
+    provider.script("/v1/email", ["409"])
+    failed = project.run(calls(call("ht.email", {"d": 1}), catch=True)).output
+    assert failed[0]["error"]["category"] == "conflict", failed
+    project.run(calls(call("ht.email", {"d": 1})), refresh_failed=True)
+    keys = [seen.headers["idempotency-key"] for seen in provider.on("/v1/email")]
+    assert len(keys) == 2 and len(set(keys)) == 1, keys

@@ -66,8 +66,12 @@ UNANSWERED = "unanswered"
 
 
 def was_unanswered(receipt: Receipt) -> bool:
-    """Does the receipt's error say a try of it went unanswered (it may have been processed)?"""
-    return isinstance(receipt.error, dict) and receipt.error.get(UNANSWERED) is True
+    """Does the receipt's error say it may have been processed: a try of it went unanswered,
+    or the provider refused its idempotency key as in use (a 409: it has seen that key, from
+    an earlier try, or a failure recorded before the mark of an unanswered try existed)?"""
+    if not isinstance(receipt.error, dict):
+        return False
+    return receipt.error.get(UNANSWERED) is True or receipt.error.get("category") == "conflict"
 
 
 def sent_again(existing: Receipt | None) -> bool:
