@@ -899,3 +899,36 @@ def test_a_changed_helper_module_is_changed_code(deepline, write_play, tmp_path)
     assert deepline("events", "send", "h1", "go").code == 0
     resumed = deepline("resume", "h1", "-q")
     assert resumed.code == 1 and "'step:b'" in resumed.stderr, resumed.stderr
+
+
+def test_a_run_whose_log_lines_an_earlier_deepline_keyed_by_position_writes_them_once(
+    deepline, write_play, store_path
+) -> None:
+    """An earlier deepline keyed a log line by its position (`1.1`: the first line after the
+    first durable call). Resumed after an upgrade, every line was written again."""
+    import sqlite3
+
+    write_play(
+        """
+        from deepline_cli import play
+
+        @play("logs")
+        async def logs(ctx, input):
+            ctx.log("one")
+            await ctx.step("s", lambda: 1)
+            ctx.log("two")
+            await ctx.wait_for_event("go")
+            ctx.log("three")
+            return "done"
+        """
+    )
+    assert deepline("run", "play.py", "--run-id", "lg", "-q").code == 3
+    conn = sqlite3.connect(store_path)  # the keys as the earlier deepline wrote them
+    conn.execute("UPDATE logs SET key = '0.1' WHERE run_id = 'lg' AND message = 'one'")
+    conn.execute("UPDATE logs SET key = '1.1' WHERE run_id = 'lg' AND message = 'two'")
+    conn.commit()
+    conn.close()
+    assert deepline("events", "send", "lg", "go").code == 0
+    assert deepline("resume", "lg", "-q").code == 0
+    logs = deepline("runs", "logs", "lg", "--kind", "log", "--json").json_lines()
+    assert [line["message"] for line in logs] == ["one", "two", "three"], logs

@@ -65,6 +65,9 @@ class Journal:
     # play run from a map row in-process (the child's body is in its order all the same).
     home: CellScope | None = field(default_factory=current_cell)
 
+    def __post_init__(self) -> None:
+        self.logged = {_placed(key, self.recorded) for key in self.logged}
+
     def suspend(self, boundary: Boundary) -> Suspended:
         """The run must wait at `boundary`: the Suspended to raise, and remembered."""
         waits = Suspended(boundary)
@@ -111,6 +114,18 @@ class Journal:
                 "the play's code changed since the run started. Start a new run, or restore the old code "
                 "to resume this one."
             )
+
+
+def _placed(key: str, recorded: list[str]) -> str:
+    """A log line's key as `Journal.log_key` makes it: one an earlier deepline wrote by
+    position (`2.1`: the first line after the second durable call) is read through the
+    calls the run recorded in that order, so a run resumed after an upgrade does not write
+    its lines again."""
+    position, dot, line = key.partition(".")
+    if not (dot and position.isdigit() and line.isdigit()) or int(position) > len(recorded):
+        return key
+    before = recorded[: int(position)]
+    return f"{before[-1]}@{before.count(before[-1])}#{line}" if before else f"#{line}"
 
 
 @dataclass
