@@ -1724,3 +1724,40 @@ def test_a_parameter_with_a_default_is_left_to_its_default(make_play, store_path
         {"domain": "d.com", "x": "ran", "y": "hunter:d.com", "a": "a", "b": "b", "rc": ["c", "d.com"], "opt": "d.com"},
         {"domain": "", "x": None, "y": "hunter:", "a": "a", "b": "b", "rc": ["c", "row 2"], "opt": "row 2"},
     ], out.output
+
+
+def test_only_the_columns_given_fewer_arguments_than_before_are_computed_again() -> None:
+    """Cells an earlier deepline computed with the row's index or rc in a parameter that
+    has a default (`def has(row, field="domain")`) are computed again after the upgrade;
+    columns called as before keep their cells."""
+
+    def has(row, field="domain"):
+        return bool(row.get(field))
+
+    def plain(row):
+        return 1
+
+    def with_rc(row, rc):
+        return 2
+
+    def optional_rc(row, rc=None):
+        return 3
+
+    def looped(row, rc, p="c"):
+        return p
+
+    from deepline_cli.runtime.map.columns import _given_before, arity
+
+    # (given before, given now): only `has` is given fewer, and only its cells are recomputed.
+    assert [(_given_before(f), arity(f)) for f in (has, plain, with_rc, optional_rc, looped)] == [
+        (2, 1), (1, 1), (2, 2), (2, 2), (2, 2)
+    ]  # fmt: skip
+    from deepline_cli import _json
+    from deepline_cli.runtime.map.columns import code_fingerprint, input_fingerprint, resolve_columns
+
+    def as_before(fn) -> str:  # the fingerprint with no mark of how it is called
+        return _json.digest(code_fingerprint(fn), input_fingerprint({}, None))[:16]
+
+    resolved = {c.name: c.fingerprint for c in resolve_columns({"h": has, "p": plain, "l": looped}, {})}
+    assert resolved["h"] != as_before(has)
+    assert (resolved["p"], resolved["l"]) == (as_before(plain), as_before(looped))

@@ -122,6 +122,9 @@ def resolve_columns(
     for name, spec in columns.items():
         column = spec if isinstance(spec, Column) else Column(spec)
         parts = [code_fingerprint(fn) for fn in column.functions()]
+        # A function given fewer arguments than an earlier deepline gave it (a parameter with a
+        # default keeps it now): its cells, computed with the row's index or rc in it, again.
+        parts += [f"given {arity(fn)}" for fn in column.functions() if min(arity(fn), 2) != _given_before(fn)]
         parts.append(input_fingerprint(play_input, column.depends_on, rows_path, cwd))
         if tools:
             parts.append(tools)
@@ -576,3 +579,15 @@ def arity(fn: Callable[..., Any]) -> int:
     if required < 2 and len(positional) > 1 and positional[1].name in ("rc", "index"):
         return 2
     return max(1, required)
+
+
+def _given_before(fn: Callable[..., Any]) -> int:
+    """How many arguments an earlier deepline gave `fn`: the row alone when it took exactly
+    one positional parameter, defaults counted; else the row and rc (or the index)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 2
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return 2
+    return 1 if len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]) == 1 else 2
