@@ -331,3 +331,24 @@ def test_a_failed_run_queued_again_with_refresh_failed_asks_its_failures_again(d
     deepline("worker", "--once")
     run = runs_of(deepline)["fx"]
     assert (run["status"], run["output"]) == ("completed", "found"), run
+
+
+def test_snapshot_include_takes_names_as_listed_and_leaves_hidden_files(deepline, write_play, tmp_path) -> None:
+    """A linked data file was carried under its target's name (the play found no
+    `weights.json`); `*.json` carried `.creds.json`; an absolute pattern ended in an internal
+    error."""
+    from deepline_cli.runtime.run.snapshot import included_files
+
+    (tmp_path / "versions").mkdir()
+    (tmp_path / "versions" / "v3.json").write_text("{}")
+    (tmp_path / "weights.json").symlink_to(tmp_path / "versions" / "v3.json")
+    (tmp_path / ".creds.json").write_text('{"key": "x"}')
+    config = tmp_path / "deepline.toml"
+    config.write_text('[snapshot]\ninclude = ["*.json"]\n')
+    assert sorted(included_files(config, tmp_path)) == ["weights.json"]
+    config.write_text('[snapshot]\ninclude = [".creds.json"]\n')  # named: taken, as asked
+    assert sorted(included_files(config, tmp_path)) == [".creds.json"]
+    config.write_text('[snapshot]\ninclude = ["/etc/hostname"]\n')
+    write_play(FIXED_LATER, "fixed.py")
+    refused = deepline("run", "fixed.py", "--enqueue", "--run-id", "abs", "--set", "flag=x")
+    assert refused.code == 2 and "must be relative to" in refused.stderr, refused.stderr

@@ -65,17 +65,27 @@ def included_files(config: Path | None, folder: Path) -> dict[str, Path]:
     if config is None:
         return {}
     found: dict[str, Path] = {}
+    here = Path(os.path.abspath(folder))
     for pattern in load_config(config).snapshot_include:
-        matched = sorted(path for path in config.parent.glob(pattern) if path.is_file())
+        if Path(pattern).is_absolute():
+            raise UsageError(f"{config}: [snapshot] include {pattern!r} must be relative to {config.parent}.")
+        hidden = any(part.startswith(".") for part in Path(pattern).parts if part not in (".", ".."))
+        matched = sorted(
+            path
+            for path in config.parent.glob(pattern)
+            # A hidden file (`.env`) only when the pattern names one: `*.json` is not `.creds.json`.
+            if path.is_file() and (hidden or not any(p.startswith(".") for p in path.relative_to(config.parent).parts))
+        )
         if not matched:
             raise UsageError(f"{config}: [snapshot] include {pattern!r} matches no file in {config.parent}.")
         for path in matched:
-            if not path.resolve().is_relative_to(folder.resolve()):
+            inside = Path(os.path.abspath(path))  # its name as listed (a link keeps its own name)
+            if not path.resolve().is_relative_to(here.resolve()) or not inside.is_relative_to(here):
                 raise UsageError(
                     f"{config}: [snapshot] include {pattern!r} names {path}, outside the play's folder {folder}: a "
                     "worker runs the play from a copy of that folder."
                 )
-            found[path.resolve().relative_to(folder.resolve()).as_posix()] = path
+            found[inside.relative_to(here).as_posix()] = path
     return found
 
 
