@@ -1150,9 +1150,16 @@ def test_a_keyword_connection_string_as_the_store_is_refused_without_its_passwor
     """`--store 'host=db user=app password=… dbname=x'` (libpq's keyword form) was taken for a
     file name: `runs list` said there was no store at it, the password in clear, and a run
     would have written a local file no worker reads. Refused, asking for the URL form."""
-    conninfo = "host=127.0.0.1 user=app password=Sup3rS3cret dbname=x"
-    for args in (("runs", "list"), ("run", "hello")):
-        refused = deepline(*args, "--store", conninfo)
-        assert refused.code == 2, (args, refused.stderr)
-        assert "postgresql://user:password@host" in refused.stderr and "Sup3rS3cret" not in refused.stderr
-    assert list(tmp_path.glob("host=*")) == []
+    for conninfo in (
+        "host=127.0.0.1 user=app password=Sup3rS3cret dbname=x",
+        "sslmode=require host=127.0.0.1 password=Sup3rS3cret dbname=x",
+        "connect_timeout=5 host=127.0.0.1 password=Sup3rS3cret",
+    ):
+        for args in (("runs", "list"), ("run", "hello")):
+            refused = deepline(*args, "--store", conninfo)
+            assert refused.code == 2, (args, refused.stderr)
+            assert "postgresql://user:password@host" in refused.stderr and "Sup3rS3cret" not in refused.stderr
+    assert [p.name for p in tmp_path.iterdir() if "=" in p.name] == []
+    for mistyped in ("postgresq://u:Sup3rS3cret@h/db", "postgresql:/u:Sup3rS3cret@h/db"):  # never echoed whole
+        refused = deepline("runs", "list", "--store", mistyped)
+        assert refused.code == 2 and "Sup3rS3cret" not in refused.stderr + refused.stdout, refused.stderr

@@ -18,9 +18,10 @@ def default_store_path() -> Path:
 
 
 def safe_url(url: str) -> str:
-    """The URL without its password (`user:password@`, or libpq's `?password=`), for messages."""
-    url = re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
-    return re.sub(r"([?&](?:ssl)?password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
+    """The URL without its password (`user:password@`, also in a URL missing a slash, or
+    libpq's `password=`), for messages."""
+    url = re.sub(r"(:/*[^:/@\s]+):[^@\s]*@", r"\1:***@", url)
+    return re.sub(r"((?:^|[?&\s])(?:ssl)?password\s*=\s*)[^&#\s]*", r"\1***", url, flags=re.IGNORECASE)
 
 
 def resolve_store_url(url: str | None) -> str:
@@ -28,7 +29,7 @@ def resolve_store_url(url: str | None) -> str:
     return url or os.environ.get("DEEPLINE_STORE") or str(default_store_path())
 
 
-_CONNINFO = re.compile(r"^\s*(host|hostaddr|dbname|user|password|port|service)\s*=", re.IGNORECASE)
+_CONNINFO = re.compile(r"^\s*[A-Za-z_]+\s*=")  # libpq's `host=db sslmode=require …`
 
 
 def open_store(url: str | None = None, *, existing: bool | Literal["folder"] = False) -> Store:
@@ -41,7 +42,8 @@ def open_store(url: str | None = None, *, existing: bool | Literal["folder"] = F
     scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", target)
     if scheme and scheme.group(1).lower() not in ("sqlite", "postgresql", "postgres"):
         raise UsageError(
-            f"Unknown store scheme {scheme.group(1)!r} in {target!r}; use a path, sqlite:///path or postgresql://…"
+            f"Unknown store scheme {scheme.group(1)!r} in {safe_url(target)!r}; use a path, sqlite:///path or "
+            "postgresql://…"
         )
     if scheme:  # `SQLITE:///x.db`, `PostgreSQL://…`: the scheme in any case
         target = scheme.group(1).lower() + target[len(scheme.group(1)) :]
@@ -59,9 +61,11 @@ def open_store(url: str | None = None, *, existing: bool | Literal["folder"] = F
     if target.startswith("sqlite:///"):
         target = target[len("sqlite:///") :]
         if "?" in target:  # `?mode=ro`: a URI's options, which a store file name would silently take in
-            raise UsageError(f"The store URL {target!r} has options (after '?'); deepline takes none: give the path.")
+            raise UsageError(
+                f"The store URL {safe_url(target)!r} has options (after '?'); deepline takes none: give the path."
+            )
     elif target.startswith("sqlite:"):
-        raise UsageError(f"The store URL {target!r} is not valid; use sqlite:///path/to/file.db.")
+        raise UsageError(f"The store URL {safe_url(target)!r} is not valid; use sqlite:///path/to/file.db.")
     from deepline_cli.store.sqlite import SQLiteStore
 
     path = Path(target).expanduser()
@@ -69,11 +73,12 @@ def open_store(url: str | None = None, *, existing: bool | Literal["folder"] = F
     if existing and not path.exists():
         if named and not path.parent.is_dir():
             raise UsageError(
-                f"There is no store at {path}: the folder {path.parent} does not exist. Check --store (or "
+                f"There is no store at {safe_url(str(path))}: the folder {safe_url(str(path.parent))} does not "
+                "exist. Check --store (or "
                 "DEEPLINE_STORE); a run creates its store."
             )
         if existing is True:
-            raise NoStoreError(str(path))
+            raise NoStoreError(safe_url(str(path)))
     return SQLiteStore(path)
 
 
