@@ -367,14 +367,17 @@ QUICK_MAP = SLOW_MAP.replace('0.05 if row["id"] < 40 else 30', "0")
 def _output_to(target: str, args: list[str], tmp_path: Path, cli_env: dict[str, str]) -> subprocess.CompletedProcess:
     """`deepline ARGS > /dev/full` (stdout), `2> /dev/full` (stderr), or `>&-` (closed)."""
     command = [sys.executable, "-m", "deepline_cli", *args]
-    if target == "closed":
-        script = "import os, subprocess, sys; os.close(1); sys.exit(subprocess.call(sys.argv[1:], stdout=None))"
+    if target in ("closed", "both"):
+        closing = "os.close(1); os.close(2)" if target == "both" else "os.close(1)"
+        script = f"import os, subprocess, sys; {closing}; sys.exit(subprocess.call(sys.argv[1:], stdout=None))"
         command = [sys.executable, "-c", script, *command]
     with open("/dev/full", "w") as full:
         out = {"stdout": full} if target == "stdout" else {"stdout": subprocess.DEVNULL}
         err = {"stderr": full} if target == "stderr" else {"stderr": subprocess.PIPE}
         if target == "closed":
             out = {}
+        if target == "both":
+            out, err = {}, {}
         return subprocess.run(
             command, cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, text=True, timeout=60, **out, **err
         )
@@ -449,6 +452,18 @@ def test_a_run_whose_stdout_is_closed_still_completes(
     assert proc.returncode == 0, proc.stderr
     assert "internal error" not in proc.stderr
     assert _json.loads(deepline("runs", "show", "shut", "--json").stdout)["status"] == "completed"
+
+
+def test_a_run_with_stdout_and_stderr_closed_completes_and_exits_0(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """`deepline run play.py >&- 2>&-` (a CI runner closing both): the run completed, then
+    the warning that its output could not be printed could not be written either, and the
+    command exited 1, a completed run taken for a failure."""
+    write_play(QUICK_MAP)
+    proc = _output_to("both", ["run", "play.py", "--run-id", "both"], tmp_path, cli_env)
+    assert proc.returncode == 0
+    assert _json.loads(deepline("runs", "show", "both", "--json").stdout)["status"] == "completed"
 
 
 def test_a_run_whose_output_cannot_be_written_completes_and_exits_1(

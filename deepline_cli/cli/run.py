@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import signal
 import sys
@@ -280,10 +281,11 @@ def _print_output(result: RunResult) -> None:
         raise
     except OSError as exc:
         closed = exc.errno == errno.EBADF  # `>&-`: nobody asked for it
-        sys.stderr.write(
-            f"{'Warning' if closed else 'Error'}: the run's output could not be written ({exc.strerror or exc}); "
-            f"it is stored: deepline runs show {result.run_id} --json\n"
-        )
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # stderr closed too (`2>&-`)
+            sys.stderr.write(
+                f"{'Warning' if closed else 'Error'}: the run's output could not be written ({exc.strerror or exc}); "
+                f"it is stored: deepline runs show {result.run_id} --json\n"
+            )
         if not closed:  # `> out.json && upload out.json` must not go on with an empty file
             raise typer.Exit(1) from None
 
