@@ -932,3 +932,24 @@ def test_a_run_whose_log_lines_an_earlier_deepline_keyed_by_position_writes_them
     assert deepline("resume", "lg", "-q").code == 0
     logs = deepline("runs", "logs", "lg", "--kind", "log", "--json").json_lines()
     assert [line["message"] for line in logs] == ["one", "two", "three"], logs
+
+
+def test_a_timer_reached_again_under_the_same_id_is_warned_of(deepline, write_play):
+    """`for i in range(3): await ctx.sleep("cooldown", 0.01)`: one id names one timer; the
+    second and third returned at once, silently."""
+    write_play(
+        """
+        from deepline_cli import play
+
+        @play("loop")
+        async def loop(ctx, input):
+            for i in range(3):
+                await ctx.sleep("cooldown", 0.01)
+            return "done"
+        """
+    )
+    done = deepline("run", "play.py", "--run-id", "lp")
+    assert done.code == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if "ctx.sleep('cooldown') was reached again" in line]
+    assert len(warned) == 1, done.stderr
+    assert 'f"cooldown-{i}"' in warned[0], warned

@@ -22,10 +22,22 @@ class EventTimeoutError(DeeplineError):
     """An awaited event did not arrive in time."""
 
 
+def _warn_if_again(s: RunParts, boundary_id: str, call: str, what: str, example: str) -> None:
+    """An id names one timer or event: reached a second time by the play's body (a loop), it
+    is the one already passed, at once and silently, which is seldom what the play meant."""
+    if s.effects.journal.reached.get(boundary_id, 0) == 2:
+        s.log(
+            f"{call} was reached again: an id names one {what}, and this one has already passed, so it does not "
+            f'wait again; give each its own id (f"{example}").',
+            level="warning",
+        )
+
+
 async def sleep(s: RunParts, id: str, seconds: float) -> None:
     """Wait until a wake-up time stored on first reach; long waits suspend the run."""
     boundary_id = f"sleep:{id}"
     s.effects.journal.reach(boundary_id, s.identity.run_id)
+    _warn_if_again(s, boundary_id, f"ctx.sleep({id!r})", "timer", f"{id}-{{i}}")
     now = s.infra.io.now()
     boundary = await s.infra.io.call(
         s.infra.io.store.suspension.put_boundary,
@@ -49,6 +61,7 @@ async def wait_for_event(s: RunParts, id: str, timeout_s: float | None) -> Any:
     boundary_id = f"event:{id}"
     run_id = s.identity.run_id
     s.effects.journal.reach(boundary_id, run_id)
+    _warn_if_again(s, boundary_id, f"ctx.wait_for_event({id!r})", "event", f"{id}-{{i}}")
     now = s.infra.io.now()
     due = now + timeout_s if timeout_s is not None else None
     boundary = await s.infra.io.call(
