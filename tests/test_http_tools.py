@@ -2043,3 +2043,30 @@ def test_a_call_refused_as_a_key_in_use_is_refreshed_under_that_key(
     project.run(calls(call("ht.email", {"d": 1})), refresh_failed=True)
     keys = [seen.headers["idempotency-key"] for seen in provider.on("/v1/email")]
     assert len(keys) == 2 and len(set(keys)) == 1, keys
+
+
+def test_a_409_is_asked_again_under_its_key_once_then_under_a_fresh_one(
+    project: Project, provider: LoopbackProvider
+) -> None:
+    """A 409 that is a conflict of the provider's own (a record that exists already) came
+    back under the same key forever: the call could never be asked again. Asked once under
+    its key (the provider may have processed it), then under a fresh key; and a 400 after a
+    409 is not taken for a try that may have been processed."""
+    project.config(
+        """\
+        [tools."ht.email"]
+        url = "@URL@/v1/email"
+        retries = 0
+        """
+    )
+    provider.script("/v1/email", ["409", "409", "409"])
+    for refresh in (False, True, True):
+        project.run(calls(call("ht.email", {"d": 1}), catch=True), refresh_failed=refresh)
+    keys = [seen.headers["idempotency-key"] for seen in provider.on("/v1/email")]
+    assert len(keys) == 3 and keys[0] == keys[1] != keys[2], keys
+
+    provider.script("/v1/email", ["409", "400", "200"])
+    for refresh in (False, True, True):
+        project.run(calls(call("ht.email", {"d": 2}), catch=True), refresh_failed=refresh)
+    keys = [seen.headers["idempotency-key"] for seen in provider.on("/v1/email")][3:]
+    assert len(keys) == 3 and keys[0] == keys[1] != keys[2], keys

@@ -63,15 +63,29 @@ def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVer
 
 # A failed receipt's error says a try of it went unanswered (a timeout, a dropped connection).
 UNANSWERED = "unanswered"
+# ... or that it was sent again under its key once after a provider's 409 (see key_in_use).
+RESENT_AFTER_409 = "resent_after_409"
 
 
 def was_unanswered(receipt: Receipt) -> bool:
-    """Does the receipt's error say it may have been processed: a try of it went unanswered,
-    or the provider refused its idempotency key as in use (a 409: it has seen that key, from
-    an earlier try, or a failure recorded before the mark of an unanswered try existed)?"""
-    if not isinstance(receipt.error, dict):
+    """Does the receipt's error say a try of it went unanswered (it may have been processed)?"""
+    return isinstance(receipt.error, dict) and receipt.error.get(UNANSWERED) is True
+
+
+def key_in_use(receipt: Receipt) -> bool:
+    """Did the provider refuse the call's idempotency key as in use (its 409), not yet asked
+    again under that key? It has seen the key: an earlier try may have been processed (a
+    failure recorded before the mark of an unanswered try existed: a 502, then a 409). Asked
+    again once under it; a 409 that is a conflict of the provider's own (a record that exists
+    already) then gets a fresh key, as any failure does."""
+    error = receipt.error
+    if not isinstance(error, dict) or error.get(RESENT_AFTER_409):
         return False
-    return receipt.error.get(UNANSWERED) is True or receipt.error.get("category") == "conflict"
+    return error.get("status_code") == 409 and error.get("origin", "provider") == "provider"
+
+
+def maybe_processed(receipt: Receipt) -> bool:
+    return was_unanswered(receipt) or key_in_use(receipt)
 
 
 def sent_again(existing: Receipt | None) -> bool:
@@ -82,7 +96,7 @@ def sent_again(existing: Receipt | None) -> bool:
     if existing is None:
         return False
     if existing.status == "failed":
-        return existing.retryable or was_unanswered(existing)
+        return existing.retryable or maybe_processed(existing)
     return existing.status in ("running", "released")
 
 

@@ -167,8 +167,10 @@ class ClaimOutcome:
     # Claimed to send again under the key it may have gone out with (claims.sent_again): a
     # failure that may have been processed (transient, or a try unanswered), asked again.
     resent: bool = False
-    # The failure it was claimed from says a try of it went unanswered (claims.UNANSWERED).
+    # The failure it was claimed from says a try of it went unanswered (claims.UNANSWERED), or
+    # was the provider refusing its key as in use (claims.key_in_use: asked again once under it).
     prior_unanswered: bool = False
+    prior_key_in_use: bool = False
 
     @property
     def resumed(self) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from deepline_cli.store.claims import decide_claim, sent_again, was_unanswered
+from deepline_cli.store.claims import decide_claim, key_in_use, sent_again, was_unanswered
 from deepline_cli.store.records import Claim, ClaimOutcome, Receipt, Settlement
 from deepline_cli.store.sql_base import SqlBase
 from deepline_cli.store.sql_rows import (
@@ -57,7 +57,9 @@ class ClaimsSql(SqlBase):
                 verdict = decide_claim(current, cl, now)
                 prior = (current.status, current.run_id) if current is not None else (None, None)
                 resent = verdict == "claimed" and sent_again(current)
-                unanswered = current is not None and current.status == "failed" and was_unanswered(current)
+                failure = current if current is not None and current.status == "failed" else None
+                unanswered = failure is not None and was_unanswered(failure)
+                in_use = failure is not None and key_in_use(failure)
                 replacing = replaced_answer(current, cl) if verdict == "claimed" else None
                 if verdict == "claimed":
                     if current is not None and current.run_id != cl.run_id:
@@ -77,6 +79,7 @@ class ClaimsSql(SqlBase):
                     replaces=replacing,
                     resent=resent,
                     prior_unanswered=unanswered,
+                    prior_key_in_use=in_use,
                 )
             lost = self._insert_claims(c, inserts, now)
             for _, cl, _ in lost:  # another process inserted it since we looked: decide again

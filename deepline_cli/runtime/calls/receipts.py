@@ -48,7 +48,7 @@ from deepline_cli.runtime.calls.store_thread import StoreIO, WriteQueue
 from deepline_cli.runtime.calls.tally import CallTally
 from deepline_cli.runtime.providers.secrets import Secrets
 from deepline_cli.runtime.providers.tools import Execution, ToolCall
-from deepline_cli.store.claims import UNANSWERED, given_back
+from deepline_cli.store.claims import RESENT_AFTER_409, UNANSWERED, given_back
 from deepline_cli.store.records import CallRecord, Claim, ClaimOutcome, LogLine, Receipt, Settlement
 
 BUSY_POLL_S = 0.25
@@ -512,6 +512,8 @@ def failure_settlement(
     recorded["message"] = secrets.redact(recorded["message"])  # never a secret in clear
     if unanswered:
         recorded[UNANSWERED] = True
+    if claimed.prior_key_in_use:  # asked again once under the key a 409 refused: not again
+        recorded[RESENT_AFTER_409] = True
     return Settlement(
         call.key,
         lease_id,
