@@ -348,6 +348,10 @@ def test_snapshot_include_takes_names_as_listed_and_leaves_hidden_files(deepline
     assert sorted(included_files(config, tmp_path)) == ["weights.json"]
     config.write_text('[snapshot]\ninclude = [".creds.json"]\n')  # named: taken, as asked
     assert sorted(included_files(config, tmp_path)) == [".creds.json"]
+    conf = tmp_path / "conf"  # a deepline.toml in a folder of its own: `..` back to the play's
+    conf.mkdir()
+    (conf / "deepline.toml").write_text('[snapshot]\ninclude = ["../weights.json", "../versions/*.json"]\n')
+    assert sorted(included_files(conf / "deepline.toml", tmp_path)) == ["versions/v3.json", "weights.json"]
     config.write_text('[snapshot]\ninclude = ["/etc/hostname"]\n')
     write_play(FIXED_LATER, "fixed.py")
     refused = deepline("run", "fixed.py", "--enqueue", "--run-id", "abs", "--set", "flag=x")

@@ -70,22 +70,24 @@ def included_files(config: Path | None, folder: Path) -> dict[str, Path]:
         if Path(pattern).is_absolute():
             raise UsageError(f"{config}: [snapshot] include {pattern!r} must be relative to {config.parent}.")
         hidden = any(part.startswith(".") for part in Path(pattern).parts if part not in (".", ".."))
-        matched = sorted(
-            path
-            for path in config.parent.glob(pattern)
-            # A hidden file (`.env`) only when the pattern names one: `*.json` is not `.creds.json`.
-            if path.is_file() and (hidden or not any(p.startswith(".") for p in path.relative_to(config.parent).parts))
-        )
-        if not matched:
-            raise UsageError(f"{config}: [snapshot] include {pattern!r} matches no file in {config.parent}.")
-        for path in matched:
+        taken = 0
+        for path in sorted(path for path in config.parent.glob(pattern) if path.is_file()):
             inside = Path(os.path.abspath(path))  # its name as listed (a link keeps its own name)
             if not path.resolve().is_relative_to(here.resolve()) or not inside.is_relative_to(here):
                 raise UsageError(
                     f"{config}: [snapshot] include {pattern!r} names {path}, outside the play's folder {folder}: a "
                     "worker runs the play from a copy of that folder."
                 )
-            found[inside.relative_to(here).as_posix()] = path
+            name = inside.relative_to(here)
+            # A hidden file (`.env`) only when the pattern names one: `*.json` is not `.creds.json`.
+            if hidden or not any(part.startswith(".") for part in name.parts):
+                found[name.as_posix()] = path
+                taken += 1
+        if not taken:
+            raise UsageError(
+                f"{config}: [snapshot] include {pattern!r} matches no file in {config.parent} (a folder is listed "
+                "by its files, `data/**/*`; a hidden file only by a pattern that names it)."
+            )
     return found
 
 
