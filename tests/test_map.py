@@ -1758,6 +1758,10 @@ def test_only_the_columns_given_fewer_arguments_than_before_are_computed_again()
     def as_before(fn) -> str:  # the fingerprint with no mark of how it is called
         return _json.digest(code_fingerprint(fn), input_fingerprint({}, None))[:16]
 
+    from deepline_cli import steps
+
     resolved = {c.name: c.fingerprint for c in resolve_columns({"h": has, "p": plain, "l": looped}, {})}
+    marked = steps().step("a", plain).step("b", lambda row, provider="hunter": provider).__fingerprint__()
+    assert marked.count("given 1") == 1  # the step given fewer (rc was its `provider`), not the other
     assert resolved["h"] != as_before(has)
     assert (resolved["p"], resolved["l"]) == (as_before(plain), as_before(looped))

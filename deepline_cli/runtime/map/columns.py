@@ -124,7 +124,7 @@ def resolve_columns(
         parts = [code_fingerprint(fn) for fn in column.functions()]
         # A function given fewer arguments than an earlier deepline gave it (a parameter with a
         # default keeps it now): its cells, computed with the row's index or rc in it, again.
-        parts += [f"given {arity(fn)}" for fn in column.functions() if min(arity(fn), 2) != _given_before(fn)]
+        parts += [f"given {arity(fn)}" for fn in column.functions() if given_fewer(fn)]
         parts.append(input_fingerprint(play_input, column.depends_on, rows_path, cwd))
         if tools:
             parts.append(tools)
@@ -591,3 +591,9 @@ def _given_before(fn: Callable[..., Any]) -> int:
     if any(p.kind == p.VAR_POSITIONAL for p in params):
         return 2
     return 1 if len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]) == 1 else 2
+
+
+def given_fewer(fn: Callable[..., Any]) -> bool:
+    """Is `fn` given fewer arguments than an earlier deepline gave it (a parameter with a
+    default keeps it now)? Its cells were computed with the row's index or rc in it."""
+    return min(arity(fn), 2) != _given_before(fn)

@@ -29,7 +29,7 @@ from typing import Any
 from deepline_cli._aio import is_awaitable
 from deepline_cli.errors import ProviderTransientError, ToolExecutionError, UsageError
 from deepline_cli.runtime.calls.call_scope import current_cell
-from deepline_cli.runtime.map.columns import arity
+from deepline_cli.runtime.map.columns import arity, given_fewer
 from deepline_cli.runtime.providers.found import is_found
 from deepline_cli.runtime.providers.tools import ToolResult
 from deepline_cli.store.records import NOT_FOUND
@@ -80,6 +80,8 @@ class Waterfall:
         parts: list[Any] = []
         for s in self.steps:
             parts += [s.name, s.fn] + ([s.run_if] if s.run_if is not None else [])
+            # Given fewer arguments than an earlier deepline gave it: its cells again (columns.resolve_columns).
+            parts += [f"given {arity(fn)}" for fn in (s.fn, s.run_if) if fn is not None and given_fewer(fn)]
         return parts + ([self.found] if self.found is not None else [])
 
     async def __call__(self, row: dict[str, Any], rc: Any) -> Found:
