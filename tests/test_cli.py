@@ -1163,3 +1163,12 @@ def test_a_keyword_connection_string_as_the_store_is_refused_without_its_passwor
     for mistyped in ("postgresq://u:Sup3rS3cret@h/db", "postgresql:/u:Sup3rS3cret@h/db"):  # never echoed whole
         refused = deepline("runs", "list", "--store", mistyped)
         assert refused.code == 2 and "Sup3rS3cret" not in refused.stderr + refused.stdout, refused.stderr
+    # A store file whose name holds `=` (not a keyword of libpq's) opens, and a path is shown as it is.
+    hello = str(Path(__file__).resolve().parents[1] / "examples" / "hello" / "play.py")
+    made = deepline("run", hello, "--store", str(tmp_path / "env=prod.db"), "--quiet")
+    assert made.code == 0, made.stderr
+    listed = deepline("runs", "list", "--store", "env=prod.db")
+    assert listed.code == 0 and "hello" in listed.stdout, listed.stderr
+    odd = tmp_path / "runs-12:30:00@prod.db"
+    missing = deepline("runs", "list", "--store", str(odd))
+    assert str(odd) in missing.stderr + missing.stdout, missing.stderr

@@ -24,12 +24,25 @@ def safe_url(url: str) -> str:
     return re.sub(r"((?:^|[?&\s])(?:ssl)?password\s*=\s*)[^&#\s]*", r"\1***", url, flags=re.IGNORECASE)
 
 
+def _shown(target: str) -> str:
+    """A store target as a message shows it: without a password where it looks like a URL
+    (`postgresql:/u:pw@host`, a slash missing), as it is where it is a path (`…12:30:00@x.db`)."""
+    return safe_url(target) if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:/", target) else target
+
+
 def resolve_store_url(url: str | None) -> str:
     """--store, else DEEPLINE_STORE, else deepline.db in the user data directory."""
     return url or os.environ.get("DEEPLINE_STORE") or str(default_store_path())
 
 
-_CONNINFO = re.compile(r"^\s*[A-Za-z_]+\s*=")  # libpq's `host=db sslmode=require …`
+_CONNINFO = re.compile(  # libpq's `host=db sslmode=require …`
+    r"^\s*(host|hostaddr|port|dbname|user|password|passfile|channel_binding|connect_timeout|client_encoding|options"
+    r"|application_name|fallback_application_name|keepalives\w*|replication|gssencmode|sslmode|sslnegotiation"
+    r"|sslcompression|sslcert|sslkey|sslpassword|sslcertmode|sslrootcert|sslcrl\w*|sslsni|requirepeer"
+    r"|ssl_min_protocol_version|ssl_max_protocol_version|krbsrvname|gsslib|gssdelegation|service"
+    r"|target_session_attrs|load_balance_hosts)\s*=",
+    re.IGNORECASE,
+)
 
 
 def open_store(url: str | None = None, *, existing: bool | Literal["folder"] = False) -> Store:
@@ -47,7 +60,7 @@ def open_store(url: str | None = None, *, existing: bool | Literal["folder"] = F
         )
     if scheme:  # `SQLITE:///x.db`, `PostgreSQL://…`: the scheme in any case
         target = scheme.group(1).lower() + target[len(scheme.group(1)) :]
-    elif _CONNINFO.match(target):  # `host=db user=app password=…`: not a file name (never echoed: a password)
+    elif _CONNINFO.match(target) and not Path(target).expanduser().exists():  # not echoed: it may hold a password
         raise UsageError(
             "The store looks like a PostgreSQL keyword connection string (host=… dbname=…); give it as a URL: "
             "postgresql://user:password@host:5432/dbname."
@@ -62,10 +75,10 @@ def open_store(url: str | None = None, *, existing: bool | Literal["folder"] = F
         target = target[len("sqlite:///") :]
         if "?" in target:  # `?mode=ro`: a URI's options, which a store file name would silently take in
             raise UsageError(
-                f"The store URL {safe_url(target)!r} has options (after '?'); deepline takes none: give the path."
+                f"The store URL {_shown(target)!r} has options (after '?'); deepline takes none: give the path."
             )
     elif target.startswith("sqlite:"):
-        raise UsageError(f"The store URL {safe_url(target)!r} is not valid; use sqlite:///path/to/file.db.")
+        raise UsageError(f"The store URL {_shown(target)!r} is not valid; use sqlite:///path/to/file.db.")
     from deepline_cli.store.sqlite import SQLiteStore
 
     path = Path(target).expanduser()
@@ -73,12 +86,12 @@ def open_store(url: str | None = None, *, existing: bool | Literal["folder"] = F
     if existing and not path.exists():
         if named and not path.parent.is_dir():
             raise UsageError(
-                f"There is no store at {safe_url(str(path))}: the folder {safe_url(str(path.parent))} does not "
+                f"There is no store at {_shown(str(path))}: the folder {_shown(str(path.parent))} does not "
                 "exist. Check --store (or "
                 "DEEPLINE_STORE); a run creates its store."
             )
         if existing is True:
-            raise NoStoreError(safe_url(str(path)))
+            raise NoStoreError(_shown(str(path)))
     return SQLiteStore(path)
 
 
