@@ -338,3 +338,54 @@ def test_the_failed_rows_of_a_killed_run_are_listed(deepline, tmp_path: Path, st
     listed = deepline("runs", "logs", "killed", "--kind", "row.failed", "--json")
     assert listed.code == 0, listed.stderr
     assert [line["fields"]["row_key"] for line in listed.json_lines()] == ["1", "3", "5"], listed.stdout
+
+
+SYNC_STEPS = """\
+import time
+
+from deepline_cli import play
+
+def paid(row_id, log):  # a paid API called by a plain function (a sync SDK)
+    with open(log, "a") as f:
+        f.write(row_id + "\\n")
+    time.sleep(0.2)
+    return row_id.upper()
+
+@play("sync-steps")
+async def sync_steps(ctx, input):
+    async def col(row, rc):
+        return await rc.step("llm", lambda: paid(row["id"], input["log"]))
+    rows = await ctx.map("m", [{"id": f"r{i}"} for i in range(30)], key="id", concurrency=10, columns={"v": col})
+    return {"rows": len(rows)}
+"""
+
+
+def test_a_killed_run_of_sync_steps_pays_again_only_the_one_in_flight(
+    deepline, tmp_path: Path, store_path: Path, cli_env
+) -> None:
+    """A step whose function is plain `def` blocks the loop; ten rows ran theirs one after
+    another and none of their answers was committed before the last: killed, the resume paid
+    again every step already answered (9 of 10). Each starts once the answers before it are
+    committed: only the step in flight at the kill is asked again."""
+    (tmp_path / "play.py").write_text(SYNC_STEPS)
+    log = tmp_path / "paid.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deepline_cli", "run", "play.py", "--set", f"log={log}", "--run-id", "steps",
+         "--quiet"],
+        cwd=tmp_path, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not log.exists() or len(log.read_text().splitlines()) < 8:
+            assert proc.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "the steps never ran"
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    resumed = deepline("resume", "steps")
+    assert resumed.code == 0, resumed.stderr
+    paid = Counter(log.read_text().split())
+    assert sorted(paid) == sorted(f"r{i}" for i in range(30))
+    assert sum(n - 1 for n in paid.values()) <= 1, paid  # asked again: the one in flight, at most
