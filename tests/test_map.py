@@ -1765,3 +1765,44 @@ def test_only_the_columns_given_fewer_arguments_than_before_are_computed_again()
     assert marked.count("given 1") == 1  # the step given fewer (rc was its `provider`), not the other
     assert resolved["h"] != as_before(has)
     assert (resolved["p"], resolved["l"]) == (as_before(plain), as_before(looped))
+
+
+def test_a_cell_recomputed_from_an_old_answer_is_as_old_as_that_answer(
+    make_play, store_path: Path, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Column `a` went stale and changed, so `b` was recomputed from its receipt (younger
+    than its 5 s): the cell took the time of its recompute, and at 5.6 s the next run found
+    it young and served the answer from 0 s, older than `b` may be. A cell is as old as the
+    answers it was made from."""
+    import time as clock
+
+    now = [clock.time()]
+    monkeypatch.setattr(clock, "time", lambda: now[0])
+    play_file = make_play(
+        """
+        @tool(P + ".a")
+        def tool_a(input):
+            CALLS.append("a")
+            return {"t": time.time()}
+
+        @tool(P + ".b")
+        def tool_b(input):
+            CALLS.append("b")
+            return {"t": time.time()}
+
+        @play("stale-chain")
+        async def chain(ctx, input):
+            rows = await ctx.map("m", [{"id": "1"}], key="id", columns={
+                "a": Column(lambda row, rc: rc.tools.execute("a", P + ".a", {"id": row["id"]}), stale_after_seconds=3),
+                "b": Column(lambda row, rc: rc.tools.execute("b", P + ".b", {"id": row["id"]}), stale_after_seconds=5),
+            })
+            return [dict(r) for r in rows]
+        """
+    ).read_text()
+    path = store_path.parent / "play.py"
+    path.write_text("import time\n" + play_file)
+    start = now[0]
+    for at in (0.0, 3.3, 5.6):
+        now[0] = start + at
+        run(path, store_path)
+    assert CALLS == ["a", "b", "a", "b"], CALLS  # b paid again at 5.6 s: its answer was 5.6 s old

@@ -25,6 +25,7 @@ class CellScope:
     failed: list[str] = field(default_factory=list)
     gate: int = 0  # of the answers, those of the column's run_if (asked before its resolver)
     found: bool = False  # the cell's value holds something (a waterfall: a step found it)
+    oldest: float | None = None  # when the oldest answer it reused was made: the cell is that old
     # Why the map stopped, once it has: a call of the cell not sent yet is not sent then
     # (`halted_call`), and the row is not recorded (what its resolver made of that is no value).
     stopped: Callable[[], BaseException | None] | None = None

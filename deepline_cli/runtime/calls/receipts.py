@@ -247,6 +247,9 @@ class ReceiptBook:
             if outcome.verdict == "reused":
                 # Reused: a receipt of an earlier run, counted once however often this run asks.
                 self._tally.count(call, "reused", receipt.credits, counted=own or not outcome.first_use)
+                cell = current_cell()
+                if cell is not None and receipt.completed_at is not None:
+                    cell.oldest = min(cell.oldest or receipt.completed_at, receipt.completed_at)
                 kind: Execution = "checkpoint" if call.kind == "step" else "receipt"
                 return Outcome(receipt.output, kind, call.key, receipt.credits)
             if outcome.verdict == "failed":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -353,7 +354,9 @@ class MapRun:
             changed = changed or moved or before is None
             if scope.failed:  # settled as fallen back only where the cell found a value (got_past)
                 scope.found = meta["step"] is not None if meta and "step" in meta else is_found(value)
-            cells[column.name] = Cell(value, None, self.s.io.now(), column.fingerprint, meta)
+            # As old as the oldest answer it was made from (a receipt reused): judged stale by that.
+            at = min(self.s.io.now(), scope.oldest or math.inf)
+            cells[column.name] = Cell(value, None, at, column.fingerprint, meta)
             row[column.name] = value
             found.update(key for key in scope.answered if (key in hits if hits is not None else is_found(value)))
         previous = job.previous
