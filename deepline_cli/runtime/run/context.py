@@ -94,9 +94,6 @@ class Context:
 
         async def invoke(_: ToolCall) -> Any:
             journal, waited = self._s.effects.journal, len(self._s.effects.journal.waits)
-            # A plain `def` blocks the loop while it runs (a sync SDK's paid call): it starts once
-            # the answers before it are committed, so a kill asks again only the one in flight.
-            await self._s.infra.writes.flushed()
             value = fn()
             if is_awaitable(value):
                 value = await value
