@@ -1154,13 +1154,16 @@ def test_a_keyword_connection_string_as_the_store_is_refused_without_its_passwor
         "host=127.0.0.1 user=app password=Sup3rS3cret dbname=x",
         "sslmode=require host=127.0.0.1 password=Sup3rS3cret dbname=x",
         "connect_timeout=5 host=127.0.0.1 password=Sup3rS3cret",
+        "host=db password=Sup3rS3cret" + "x" * 300 + " sslmode=require",  # a name too long for a file
     ):
         for args in (("runs", "list"), ("run", "hello")):
             refused = deepline(*args, "--store", conninfo)
             assert refused.code == 2, (args, refused.stderr)
             assert "postgresql://user:password@host" in refused.stderr and "Sup3rS3cret" not in refused.stderr
     assert [p.name for p in tmp_path.iterdir() if "=" in p.name] == []
-    for mistyped in ("postgresq://u:Sup3rS3cret@h/db", "postgresql:/u:Sup3rS3cret@h/db"):  # never echoed whole
+    for mistyped in (
+        "postgresq://u:Sup3rS3cret@h/db", "postgresql:/u:Sup3rS3cret@h/db", "sqlite:///x.db?password=Sup3rS3cret"
+    ):  # never echoed whole  # fmt: skip
         refused = deepline("runs", "list", "--store", mistyped)
         assert refused.code == 2 and "Sup3rS3cret" not in refused.stderr + refused.stdout, refused.stderr
     # A store file whose name holds `=` (not a keyword of libpq's) opens, and a path is shown as it is.

@@ -24,6 +24,13 @@ def safe_url(url: str) -> str:
     return re.sub(r"((?:^|[?&\s])(?:ssl)?password\s*=\s*)[^&#\s]*", r"\1***", url, flags=re.IGNORECASE)
 
 
+def _is_file(target: str) -> bool:
+    try:
+        return Path(target).expanduser().exists()
+    except (OSError, ValueError):  # a name too long for a file (a keyword string's long token)
+        return False
+
+
 def _shown(target: str) -> str:
     """A store target as a message shows it: without a password where it looks like a URL
     (`postgresql:/u:pw@host`, a slash missing), as it is where it is a path (`…12:30:00@x.db`)."""
@@ -60,7 +67,7 @@ def open_store(url: str | None = None, *, existing: bool | Literal["folder"] = F
         )
     if scheme:  # `SQLITE:///x.db`, `PostgreSQL://…`: the scheme in any case
         target = scheme.group(1).lower() + target[len(scheme.group(1)) :]
-    elif _CONNINFO.match(target) and not Path(target).expanduser().exists():  # not echoed: it may hold a password
+    elif _CONNINFO.match(target) and not _is_file(target):  # not echoed: it may hold a password
         raise UsageError(
             "The store looks like a PostgreSQL keyword connection string (host=… dbname=…); give it as a URL: "
             "postgresql://user:password@host:5432/dbname."
@@ -75,7 +82,7 @@ def open_store(url: str | None = None, *, existing: bool | Literal["folder"] = F
         target = target[len("sqlite:///") :]
         if "?" in target:  # `?mode=ro`: a URI's options, which a store file name would silently take in
             raise UsageError(
-                f"The store URL {_shown(target)!r} has options (after '?'); deepline takes none: give the path."
+                f"The store URL {safe_url(target)!r} has options (after '?'); deepline takes none: give the path."
             )
     elif target.startswith("sqlite:"):
         raise UsageError(f"The store URL {_shown(target)!r} is not valid; use sqlite:///path/to/file.db.")
