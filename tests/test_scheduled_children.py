@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from tests.helpers import runs as runs_of
 
@@ -344,8 +345,12 @@ def test_snapshot_include_takes_names_as_listed_and_leaves_hidden_files(deepline
     (tmp_path / "weights.json").symlink_to(tmp_path / "versions" / "v3.json")
     (tmp_path / ".creds.json").write_text('{"key": "x"}')
     config = tmp_path / "deepline.toml"
-    config.write_text('[snapshot]\ninclude = ["*.json"]\n')
-    assert sorted(included_files(config, tmp_path)) == ["weights.json"]
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)  # a hidden link out of the folder, not asked for
+    (tmp_path / ".venv" / "bin" / "python").symlink_to(sys.executable)
+    config.write_text('[snapshot]\ninclude = ["*.json", "**/*.json"]\n')
+    assert sorted(included_files(config, tmp_path)) == ["versions/v3.json", "weights.json"]
+    config.write_text('[snapshot]\ninclude = ["**/*"]\n')
+    assert ".venv/bin/python" not in included_files(config, tmp_path)
     config.write_text('[snapshot]\ninclude = [".creds.json"]\n')  # named: taken, as asked
     assert sorted(included_files(config, tmp_path)) == [".creds.json"]
     conf = tmp_path / "conf"  # a deepline.toml in a folder of its own: `..` back to the play's

@@ -72,17 +72,18 @@ def included_files(config: Path | None, folder: Path) -> dict[str, Path]:
         hidden = any(part.startswith(".") for part in Path(pattern).parts if part not in (".", ".."))
         taken = 0
         for path in sorted(path for path in config.parent.glob(pattern) if path.is_file()):
+            # A hidden file (`.env`, a `.venv`'s) only when the pattern names one: `*.json` is not `.creds.json`.
+            listed = [part for part in Path(os.path.relpath(path, config.parent)).parts if part != ".."]
+            if not hidden and any(part.startswith(".") for part in listed):
+                continue
             inside = Path(os.path.abspath(path))  # its name as listed (a link keeps its own name)
             if not path.resolve().is_relative_to(here.resolve()) or not inside.is_relative_to(here):
                 raise UsageError(
                     f"{config}: [snapshot] include {pattern!r} names {path}, outside the play's folder {folder}: a "
                     "worker runs the play from a copy of that folder."
                 )
-            name = inside.relative_to(here)
-            # A hidden file (`.env`) only when the pattern names one: `*.json` is not `.creds.json`.
-            if hidden or not any(part.startswith(".") for part in name.parts):
-                found[name.as_posix()] = path
-                taken += 1
+            found[inside.relative_to(here).as_posix()] = path
+            taken += 1
         if not taken:
             raise UsageError(
                 f"{config}: [snapshot] include {pattern!r} matches no file in {config.parent} (a folder is listed "
