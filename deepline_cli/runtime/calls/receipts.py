@@ -96,6 +96,7 @@ class Outcome:
     execution: Execution
     key: str
     credits: float = 0.0
+    answered_at: float | None = None  # a receipt's answer reused: when it was made
 
 
 def durable_id(id: Any, call: str) -> str:
@@ -226,7 +227,8 @@ class ReceiptBook:
             outcome = await self._inflight.share(call.key)
             # One call answered both: it is counted once, by how it was answered.
             self._tally.count(call, "in_flight", outcome.credits, counted=True)
-            return Outcome(outcome.value, "in_flight", call.key, outcome.credits)
+            _aged(outcome.answered_at)
+            return Outcome(outcome.value, "in_flight", call.key, outcome.credits, outcome.answered_at)
         self._inflight.start(call.key)
         try:
             outcome = await self._execute(call, invoke)
@@ -247,11 +249,9 @@ class ReceiptBook:
             if outcome.verdict == "reused":
                 # Reused: a receipt of an earlier run, counted once however often this run asks.
                 self._tally.count(call, "reused", receipt.credits, counted=own or not outcome.first_use)
-                cell = current_cell()
-                if cell is not None and receipt.completed_at is not None:
-                    cell.oldest = min(cell.oldest or receipt.completed_at, receipt.completed_at)
+                _aged(receipt.completed_at)
                 kind: Execution = "checkpoint" if call.kind == "step" else "receipt"
-                return Outcome(receipt.output, kind, call.key, receipt.credits)
+                return Outcome(receipt.output, kind, call.key, receipt.credits, receipt.completed_at)
             if outcome.verdict == "failed":
                 self._tally.count(call, "failed", 0.0, counted=own, kept=not own)
                 raise stored_failure(receipt)
@@ -574,6 +574,13 @@ def call_record(scope: Identity, call: DurableCall, started: float, info: ToolCa
         row_key=cell.row_key if cell is not None else None,
         waited_s=info.waited_s,
     )
+
+
+def _aged(answered_at: float | None) -> None:
+    """The cell the call is made for is as old as the oldest answer it reuses (its staleness)."""
+    cell = current_cell()
+    if cell is not None and answered_at is not None:
+        cell.oldest = answered_at if cell.oldest is None else min(cell.oldest, answered_at)
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
