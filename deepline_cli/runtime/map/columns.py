@@ -568,13 +568,9 @@ def arity(fn: Callable[..., Any]) -> int:
     the row's index): 2 when it takes them without a default, or any number, or names its
     second `rc` or `index` (`def enrich(row, rc=None)`). Another parameter with a default
     keeps it: `def has(row, field="domain")`, a column made in a loop (`lambda row, p=p: …`)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
+    positional = _positional(fn)
+    if positional is None:
         return 2
-    if any(p.kind == p.VAR_POSITIONAL for p in params):
-        return 2
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     required = len([p for p in positional if p.default is p.empty])
     if required < 2 and len(positional) > 1 and positional[1].name in ("rc", "index"):
         return 2
@@ -584,13 +580,19 @@ def arity(fn: Callable[..., Any]) -> int:
 def _given_before(fn: Callable[..., Any]) -> int:
     """How many arguments an earlier deepline gave `fn`: the row alone when it took exactly
     one positional parameter, defaults counted; else the row and rc (or the index)."""
+    positional = _positional(fn)
+    return 1 if positional is not None and len(positional) == 1 else 2
+
+
+def _positional(fn: Callable[..., Any]) -> list[inspect.Parameter] | None:
+    """`fn`'s positional parameters; None when it takes any number (or has no signature)."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
-        return 2
+        return None
     if any(p.kind == p.VAR_POSITIONAL for p in params):
-        return 2
-    return 1 if len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]) == 1 else 2
+        return None
+    return [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
 def given_fewer(fn: Callable[..., Any]) -> bool:
