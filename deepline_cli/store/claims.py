@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from deepline_cli.store.records import Claim, ClaimOutcome, ClaimVerdict, Receipt, Settlement, Writes
+from deepline_cli.store.records import Claim, ClaimOutcome, ClaimVerdict, Receipt, Settlement, Writes, sent_again
 
 if TYPE_CHECKING:
     from deepline_cli.store.roles import ReceiptStore
@@ -59,45 +59,6 @@ def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVer
     expired = (existing.lease_expires_at or 0.0) <= now
     dead_attempt = existing.run_id == claim.run_id and existing.attempt < claim.attempt
     return "claimed" if (expired or dead_attempt) else "busy"
-
-
-# A failed receipt's error says a try of it went unanswered (a timeout, a dropped connection).
-UNANSWERED = "unanswered"
-# ... or that it was sent again under its key once after a provider's 409 (see key_in_use).
-RESENT_AFTER_409 = "resent_after_409"
-
-
-def was_unanswered(receipt: Receipt) -> bool:
-    """Does the receipt's error say a try of it went unanswered (it may have been processed)?"""
-    return isinstance(receipt.error, dict) and receipt.error.get(UNANSWERED) is True
-
-
-def key_in_use(receipt: Receipt) -> bool:
-    """Did the provider refuse the call's idempotency key as in use (its 409), not yet asked
-    again under that key? It has seen the key: an earlier try may have been processed (a
-    failure recorded before the mark of an unanswered try existed: a 502, then a 409). Asked
-    again once under it; a 409 that is a conflict of the provider's own (a record that exists
-    already) then gets a fresh key, as any failure does."""
-    error = receipt.error
-    if not isinstance(error, dict) or error.get(RESENT_AFTER_409):
-        return False
-    return error.get("status_code") == 409 and error.get("origin", "provider") == "provider"
-
-
-def maybe_processed(receipt: Receipt) -> bool:
-    return was_unanswered(receipt) or key_in_use(receipt)
-
-
-def sent_again(existing: Receipt | None) -> bool:
-    """Is a claim of this receipt the same call sent again, under the key it may have gone
-    out with: a takeover of a call that may have been sent (running, released), or the retry
-    of a failure that may have been processed (a transient one, or one a try of which went
-    unanswered: `--refresh-failed` of it must not pay for it again)?"""
-    if existing is None:
-        return False
-    if existing.status == "failed":
-        return existing.retryable or maybe_processed(existing)
-    return existing.status in ("running", "released")
 
 
 def claim_idempotency_key(existing: Receipt | None, claim: Claim) -> str:

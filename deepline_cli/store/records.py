@@ -157,34 +157,41 @@ class ClaimOutcome:
     verdict: ClaimVerdict
     receipt: Receipt
     # The receipt as it was before this claim took it (None: a new receipt).
-    prior_status: str | None = None
-    prior_run_id: str | None = None
+    prior: Receipt | None = None
     # The earlier answer this claim may replace (a refresh, or a takeover of one): kept in
     # the receipt's history once the new answer is settled.
     replaces: Receipt | None = None
     # A receipt of another run this run had not used before (reused once, however often asked).
     first_use: bool = False
-    # Claimed to send again under the key it may have gone out with (claims.sent_again): a
-    # failure that may have been processed (transient, or a try unanswered), asked again.
-    resent: bool = False
-    # The failure it was claimed from says a try of it went unanswered (claims.UNANSWERED), or
-    # was the provider refusing its key as in use (claims.key_in_use: asked again once under it).
-    prior_unanswered: bool = False
-    prior_key_in_use: bool = False
+
+    @property
+    def prior_status(self) -> str | None:
+        return self.prior.status if self.prior is not None else None
+
+    @property
+    def prior_run_id(self) -> str | None:
+        return self.prior.run_id if self.prior is not None else None
 
     @property
     def resumed(self) -> bool:
         """A call that may have been sent already, sent again (same idempotency key): taken
-        over, or a failure that may have been processed asked again."""
-        return self.verdict == "claimed" and (self.resent or self.prior_status in ("running", "released"))
+        over, or a failure that may have been processed asked again (sent_again)."""
+        return self.verdict == "claimed" and sent_again(self.prior)
 
     @property
     def maybe_processed(self) -> bool:
         """Sent again when an earlier send may have been processed with no answer seen: taken
         over from an owner that may have sent it, or a failure marked unanswered (not a 429,
         which the provider refused before doing anything)."""
-        prior = self.prior_unanswered or self.prior_status in ("running", "released")
-        return self.verdict == "claimed" and prior
+        prior = self.prior
+        if self.verdict != "claimed" or prior is None:
+            return False
+        return prior.status in ("running", "released") or (prior.status == "failed" and was_unanswered(prior))
+
+    @property
+    def prior_key_in_use(self) -> bool:
+        """Claimed from a failure the provider refused as its key in use (key_in_use)."""
+        return self.prior is not None and self.prior.status == "failed" and key_in_use(self.prior)
 
 
 @dataclass(slots=True)
@@ -453,6 +460,45 @@ class ReceiptQuery:
     status: str | None = None
     tool: str | None = None
     limit: int | None = None
+
+
+# A failed receipt's error says a try of it went unanswered (a timeout, a dropped connection).
+UNANSWERED = "unanswered"
+# ... or that it was sent again under its key once after a provider's 409 (see key_in_use).
+RESENT_AFTER_409 = "resent_after_409"
+
+
+def was_unanswered(receipt: Receipt) -> bool:
+    """Does the receipt's error say a try of it went unanswered (it may have been processed)?"""
+    return isinstance(receipt.error, dict) and receipt.error.get(UNANSWERED) is True
+
+
+def key_in_use(receipt: Receipt) -> bool:
+    """Did the provider refuse the call's idempotency key as in use (its 409), not yet asked
+    again under that key? It has seen the key: an earlier try may have been processed (a
+    failure recorded before the mark of an unanswered try existed: a 502, then a 409). Asked
+    again once under it; a 409 that is a conflict of the provider's own (a record that exists
+    already) then gets a fresh key, as any failure does."""
+    error = receipt.error
+    if not isinstance(error, dict) or error.get(RESENT_AFTER_409):
+        return False
+    return error.get("status_code") == 409 and error.get("origin", "provider") == "provider"
+
+
+def maybe_processed(receipt: Receipt) -> bool:
+    return was_unanswered(receipt) or key_in_use(receipt)
+
+
+def sent_again(existing: Receipt | None) -> bool:
+    """Is a claim of this receipt the same call sent again, under the key it may have gone
+    out with: a takeover of a call that may have been sent (running, released), or the retry
+    of a failure that may have been processed (a transient one, or one a try of which went
+    unanswered: `--refresh-failed` of it must not pay for it again)?"""
+    if existing is None:
+        return False
+    if existing.status == "failed":
+        return existing.retryable or maybe_processed(existing)
+    return existing.status in ("running", "released")
 
 
 __all__ = ["RUN_STATUSES"]  # the run statuses are drawn in run_states.py

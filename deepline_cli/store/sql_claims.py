@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from deepline_cli.store.claims import decide_claim, key_in_use, sent_again, was_unanswered
+from deepline_cli.store.claims import decide_claim
 from deepline_cli.store.records import Claim, ClaimOutcome, Receipt, Settlement
 from deepline_cli.store.sql_base import SqlBase
 from deepline_cli.store.sql_rows import (
@@ -55,11 +55,7 @@ class ClaimsSql(SqlBase):
             for position, cl in pending:
                 current = existing.get(cl.key)
                 verdict = decide_claim(current, cl, now)
-                prior = (current.status, current.run_id) if current is not None else (None, None)
-                resent = verdict == "claimed" and sent_again(current)
-                failure = current if current is not None and current.status == "failed" else None
-                unanswered = failure is not None and was_unanswered(failure)
-                in_use = failure is not None and key_in_use(failure)
+                prior = current
                 replacing = replaced_answer(current, cl) if verdict == "claimed" else None
                 if verdict == "claimed":
                     if current is not None and current.run_id != cl.run_id:
@@ -71,16 +67,7 @@ class ClaimsSql(SqlBase):
                         c.execute(CLAIM_UPDATE, claim_row(claimed))
                     existing[cl.key] = current = claimed
                 assert current is not None
-                outcomes[position] = ClaimOutcome(
-                    verdict,
-                    current,
-                    prior_status=prior[0],
-                    prior_run_id=prior[1],
-                    replaces=replacing,
-                    resent=resent,
-                    prior_unanswered=unanswered,
-                    prior_key_in_use=in_use,
-                )
+                outcomes[position] = ClaimOutcome(verdict, current, prior=prior, replaces=replacing)
             lost = self._insert_claims(c, inserts, now)
             for _, cl, _ in lost:  # another process inserted it since we looked: decide again
                 existing.pop(cl.key, None)

@@ -7,8 +7,18 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from deepline_cli import _json
-from deepline_cli.store.claims import claim_idempotency_key, sent_again
-from deepline_cli.store.records import Boundary, Claim, LogLine, MapRecord, MapRow, Receipt, RunRecord, Settlement
+from deepline_cli.store.claims import claim_idempotency_key
+from deepline_cli.store.records import (
+    Boundary,
+    Claim,
+    LogLine,
+    MapRecord,
+    MapRow,
+    Receipt,
+    RunRecord,
+    Settlement,
+    sent_again,
+)
 
 RUN_COLUMNS = (
     "run_id, play, play_ref, input, status, attempt, workspace, cwd, options, parent_run_id,"

@@ -48,8 +48,17 @@ from deepline_cli.runtime.calls.store_thread import StoreIO, WriteQueue
 from deepline_cli.runtime.calls.tally import CallTally
 from deepline_cli.runtime.providers.secrets import Secrets
 from deepline_cli.runtime.providers.tools import Execution, ToolCall
-from deepline_cli.store.claims import RESENT_AFTER_409, UNANSWERED, given_back
-from deepline_cli.store.records import CallRecord, Claim, ClaimOutcome, LogLine, Receipt, Settlement
+from deepline_cli.store.claims import given_back
+from deepline_cli.store.records import (
+    RESENT_AFTER_409,
+    UNANSWERED,
+    CallRecord,
+    Claim,
+    ClaimOutcome,
+    LogLine,
+    Receipt,
+    Settlement,
+)
 
 BUSY_POLL_S = 0.25
 KEPT_INPUT_BYTES = 4096  # a call's input larger than this (as JSON) is not kept on its receipt
@@ -503,7 +512,7 @@ def failure_settlement(
     """A call that raised: `failed` (kept, with its error) when the failure is the call's
     own; otherwise (interrupt, lost lease, budget…) given back so a resume runs it again
     (`given_back`). `unanswered`: a try of it may have been processed with no answer seen
-    (kept with the error: it is asked again only under its key, see claims.sent_again)."""
+    (kept with the error: it is asked again only under its key, see records.sent_again)."""
     lease_id = claimed.receipt.lease_id or ""
     if not _is_call_failure(call, exc):
         settlement = given_back(call.key, claimed, sent=not queued)
