@@ -1973,6 +1973,30 @@ def test_a_refreshed_failure_whose_first_try_got_a_server_error_keeps_its_key(
     assert keys == [first_key] * 3, keys
 
 
+def test_a_forced_refresh_of_a_failure_that_may_have_been_processed_goes_out_under_a_fresh_key(
+    project: Project, provider: LoopbackProvider
+) -> None:
+    """A provider that stores its answer under the key (a 502 as well as a 200) gives back
+    that 502 to every call under it: a failure kept under its key could never be answered.
+    `--refresh-failed` keeps the key (the 502 may have been billed); `--force-refresh`, which
+    asks for new paid calls of everything, asks it under a fresh key."""
+    project.config(
+        """\
+        [tools."ht.email"]
+        url = "@URL@/v1/email"
+        retries = 0
+        """
+    )
+    provider.script("/v1/email", ["502", "502", "200"])
+    project.run(calls(call("ht.email", {"d": 1}), catch=True))
+    project.run(calls(call("ht.email", {"d": 1}), catch=True), refresh_failed=True)
+    forced = project.run(calls(call("ht.email", {"d": 1})), force_refresh=True).output
+    keys = [seen.headers["idempotency-key"] for seen in provider.on("/v1/email")]
+    assert keys[0] == keys[1] != keys[2], keys
+    assert keys[2].startswith(keys[0] + "-"), keys
+    assert forced[0]["execution"] == "live"
+
+
 @pytest.mark.parametrize("batched", [False, True], ids=["alone", "in-a-batch"])
 def test_a_failure_that_may_have_been_processed_keeps_that_across_runs(
     project: Project, provider: LoopbackProvider, batched: bool

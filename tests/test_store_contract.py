@@ -423,6 +423,26 @@ def test_a_stale_refresh_sends_a_fresh_key_and_a_transient_retry_the_same(store:
     assert refreshed.idempotency_key == "idem-p-L2"  # a failure the user asked to redo
 
 
+def test_a_forced_claim_of_a_failure_that_may_have_been_processed_is_a_new_call_once_per_run(store: Store) -> None:
+    """`--force-refresh` asks for new paid calls: one of a failure that may have been
+    processed (unanswered) goes out under a fresh key, as a forced answer does. The forcing
+    run's own resume (the flag kept, not given again) asks its own failure under that key."""
+    unanswered = {"message": "502", "unanswered": True}
+    one(store, mk_claim("k"), T0)
+    settle(store, [Settlement("k", "L1", "failed", error=unanswered, retryable=False)], T0 + 1)
+
+    [forced] = claim(store, [mk_claim("k", run_id="r2", lease="L2", force=True)], T0 + 2)
+    assert forced.verdict == "claimed" and forced.receipt.idempotency_key == "idem-k-L2"
+    assert not forced.resumed and not forced.maybe_processed
+    settle(store, [Settlement("k", "L2", "failed", error=unanswered, retryable=True)], T0 + 3)
+    [resumed] = claim(store, [mk_claim("k", run_id="r2", attempt=2, lease="L3", force=True, refresh_own=False)], T0 + 4)
+    assert resumed.verdict == "claimed" and resumed.receipt.idempotency_key == "idem-k-L2"
+    assert resumed.resumed and resumed.maybe_processed
+    settle(store, [Settlement("k", "L3", "failed", error=unanswered, retryable=False)], T0 + 5)
+    [again] = claim(store, [mk_claim("k", run_id="r2", attempt=3, lease="L4", force=True, refresh_own=True)], T0 + 6)
+    assert again.receipt.idempotency_key == "idem-k-L4"  # the flag given to this attempt: asked anew
+
+
 def test_a_refresh_given_back_before_its_call_keeps_the_earlier_paid_result(store: Store, other: Store) -> None:
     one(store, mk_claim("k"), T0)
     settle(store, [completed("k", output={"paid": 1}, credits=2)], T0 + 1)

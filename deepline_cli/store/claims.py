@@ -13,7 +13,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from deepline_cli.store.records import Claim, ClaimOutcome, ClaimVerdict, Receipt, Settlement, Writes, sent_again
+from deepline_cli.store.records import (
+    Claim,
+    ClaimOutcome,
+    ClaimVerdict,
+    Receipt,
+    Settlement,
+    Writes,
+    asks_anew,
+    sent_again,
+)
 
 if TYPE_CHECKING:
     from deepline_cli.store.roles import ReceiptStore
@@ -51,9 +60,7 @@ def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVer
     if existing.status == "failed":
         # Asked to refresh: another run's failure, or this run's of an earlier attempt when the
         # flag was given to this attempt (a resume that only kept it refreshes none twice).
-        asked = (claim.refresh_failed or claim.force) and (
-            other_run or (claim.refresh_own and existing.attempt < claim.attempt)
-        )
+        asked = (claim.refresh_failed or claim.force) and asks_anew(existing, claim)
         retry = existing.retryable or asked or refreshed
         return "claimed" if retry else "failed"
     expired = (existing.lease_expires_at or 0.0) <= now
@@ -66,13 +73,14 @@ def claim_idempotency_key(existing: Receipt | None, claim: Claim) -> str:
 
     - a takeover of a call that may have been sent (running, released), or the retry of
       a transient failure: the key it was sent with, so the provider bills it once;
-    - a new paid call of a receipt that has an answer (forced or stale refresh), or of a
-      failure the user asked to refresh: a fresh key, so the provider does not replay;
+    - a new paid call of a receipt that has an answer (forced or stale refresh), of a
+      failure the user asked to refresh, or of any failure forced: a fresh key, so the
+      provider does not replay;
     - otherwise: the call's own key.
     """
     if existing is None or existing.status == "skipped":
         return claim.idempotency_key
-    if sent_again(existing):
+    if sent_again(existing, claim):
         return existing.idempotency_key or claim.idempotency_key
     return claim.fresh_idempotency_key or claim.idempotency_key
 

@@ -176,7 +176,7 @@ class ClaimOutcome:
     def resumed(self) -> bool:
         """A call that may have been sent already, sent again (same idempotency key): taken
         over, or a failure that may have been processed asked again (sent_again)."""
-        return self.verdict == "claimed" and sent_again(self.prior)
+        return self.verdict == "claimed" and sent_again(self.prior) and self._under_prior_key
 
     @property
     def maybe_processed(self) -> bool:
@@ -184,9 +184,15 @@ class ClaimOutcome:
         over from an owner that may have sent it, or a failure marked unanswered (not a 429,
         which the provider refused before doing anything)."""
         prior = self.prior
-        if self.verdict != "claimed" or prior is None:
+        if self.verdict != "claimed" or prior is None or not self._under_prior_key:
             return False
         return prior.status in ("running", "released") or (prior.status == "failed" and was_unanswered(prior))
+
+    @property
+    def _under_prior_key(self) -> bool:
+        """Goes out under the idempotency key its prior receipt went out with (not a forced
+        new call)."""
+        return self.prior is not None and self.receipt.idempotency_key == self.prior.idempotency_key
 
     @property
     def prior_key_in_use(self) -> bool:
@@ -489,16 +495,28 @@ def maybe_processed(receipt: Receipt) -> bool:
     return was_unanswered(receipt) or key_in_use(receipt)
 
 
-def sent_again(existing: Receipt | None) -> bool:
+def sent_again(existing: Receipt | None, claim: Claim | None = None) -> bool:
     """Is a claim of this receipt the same call sent again, under the key it may have gone
     out with: a takeover of a call that may have been sent (running, released), or the retry
     of a failure that may have been processed (a transient one, or one a try of which went
-    unanswered: `--refresh-failed` of it must not pay for it again)?"""
+    unanswered: `--refresh-failed` of it must not pay for it again)? Not a forced claim of
+    a failure this run has not forced already (`asks_anew`): a new paid call, asked for (a
+    provider that keeps its answer under the key, a 502 as well, gives that back to every
+    call under it)."""
     if existing is None:
         return False
     if existing.status == "failed":
+        if claim is not None and claim.force and asks_anew(existing, claim):
+            return False
         return existing.retryable or maybe_processed(existing)
     return existing.status in ("running", "released")
+
+
+def asks_anew(existing: Receipt, claim: Claim) -> bool:
+    """Does a refresh or force of `claim` apply to this receipt: another run's, or one of an
+    earlier attempt of its run when the flag was given to this attempt? (A resume that only
+    kept the flag redoes nothing its run did already.)"""
+    return existing.run_id != claim.run_id or (claim.refresh_own and existing.attempt < claim.attempt)
 
 
 __all__ = ["RUN_STATUSES"]  # the run statuses are drawn in run_states.py

@@ -242,7 +242,7 @@ def claimed_receipt(current: Receipt | None, cl: Claim, now: float) -> Receipt:
     (taken over from an owner that may have sent it, or retried after a transient failure:
     see claim_idempotency_key) keeps its batch, so it goes out again only as that batch; one
     taken over keeps that it was claimed alone (batch_key None: it may have gone out alone)."""
-    again = current if sent_again(current) else None
+    again = current if sent_again(current, cl) else None
     # What it sends (a batch's members), kept when it is sent again as it was.
     request = cl.request if cl.request is not None else again.request if again else None
     # Sent again: its batch (that batch again, under its key), or None (claimed alone). Else
