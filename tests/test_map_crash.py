@@ -338,3 +338,59 @@ def test_the_failed_rows_of_a_killed_run_are_listed(deepline, tmp_path: Path, st
     listed = deepline("runs", "logs", "killed", "--kind", "row.failed", "--json")
     assert listed.code == 0, listed.stderr
     assert [line["fields"]["row_key"] for line in listed.json_lines()] == ["1", "3", "5"], listed.stdout
+
+
+BLOCKING_STEPS = """\
+import time
+
+from deepline_cli import play
+
+def pay(row, log):  # a sync SDK's paid call: it blocks the event loop while it waits
+    with open(log, "a", encoding="utf-8") as handle:
+        handle.write(row["id"] + "\\n")
+    time.sleep(0.04)
+    return {"paid": row["id"]}
+
+@play("blocking")
+async def blocking(ctx, input):
+    rows = [{"id": str(i)} for i in range(30)]
+    ds = await ctx.map("rows", rows, key="id", concurrency=10, columns={
+        "paid": lambda row, rc: rc.step("pay", lambda: pay(row, input["log"])),
+    })
+    return {"rows": len(ds), "failed": ds.failed_count}
+"""
+
+
+def test_a_kill_does_not_pay_again_the_blocking_steps_answered_before_it(
+    deepline, tmp_path: Path, store_url: str, cli_env
+) -> None:
+    """A plain `def` step that blocks (a sync SDK inside `rc.step`) holds the event loop:
+    its answer is committed as it returns, so a kill asks again only the step it cut."""
+    (tmp_path / "play.py").write_text(BLOCKING_STEPS)
+    cli_env["DEEPLINE_STORE"] = store_url
+    paid = tmp_path / "paid.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deepline_cli", "run", "play.py", "--set", f"log={paid}", "--run-id", "blocking-1",
+         "--quiet"],
+        cwd=tmp_path, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not paid.exists() or len(paid.read_text().split()) < 14:
+            assert proc.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "the steps never got under way"
+            time.sleep(0.002)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    before = len(paid.read_text().split())
+
+    resumed = deepline("resume", "blocking-1", "--json", DEEPLINE_STORE=store_url)
+
+    assert resumed.code == 0, resumed.stderr
+    assert resumed.json_lines()[-1]["output"] == {"rows": 30, "failed": 0}
+    calls = Counter(paid.read_text().split())
+    assert set(calls) == {str(i) for i in range(30)}
+    again = sorted((key for key, n in calls.items() if n > 1), key=int)
+    assert len(again) <= 1, f"{len(again)} steps answered before the kill ({before} paid) were paid again: {again}"

@@ -14,18 +14,29 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar, cast
 
 from deepline_cli.backoff import delays
 from deepline_cli.errors import StoreConnectionLost, StoreUnreachable
 from deepline_cli.store.claims import given_back
-from deepline_cli.store.records import Claim, ClaimOutcome, LogLine, MapRow, Settlement, SheetRow, Writes
+from deepline_cli.store.records import (
+    Applied,
+    Claim,
+    ClaimOutcome,
+    LogLine,
+    MapRow,
+    Settlement,
+    SheetRow,
+    Writes,
+)
 from deepline_cli.store.roles import ROLES, Store
 
 R = TypeVar("R")
 Checked = Callable[[bool | BaseException], None]  # a settlement's fate: applied, or the store's error
+# A batch's waiters: each claim's, and each settlement's `checked`, in the batch's order.
+Batch = tuple[list[tuple[Claim, "asyncio.Future[ClaimOutcome]"]], list[tuple[Settlement, Checked | None]]]
 
 
 def reconnect_bound_s() -> float:
@@ -165,6 +176,31 @@ class StoreIO:
     def now(self) -> float:
         return time.time() + self._offset
 
+    def start(self, fn: Callable[..., R], *args: Any) -> Future[R]:
+        """`fn(*args)` begun at once, in order with every other store call: here when the
+        store can answer without waiting (as `call`), else on the store thread. The caller
+        may block on the future (the event loop waits) and calls `finished` once it is done."""
+        work = partial(self._timed, fn, *args)
+        if not self._queued:
+            future: Future[R] = Future()
+            try:
+                done, result = self.store.try_now(work)
+            except Exception as exc:
+                future.set_exception(exc)
+                done = True
+            else:
+                if done:
+                    future.set_result(cast(R, result))
+            if done:
+                self._queued += 1  # as a call on the store thread is: `finished` counts it out
+                return future
+        self._queued += 1
+        return self._executor.submit(work)
+
+    def finished(self) -> None:
+        """A call `start` began is done, and its caller has its result."""
+        self._queued -= 1
+
     async def call(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
         """`fn(*args)` on the store: here and now when the store can answer without waiting
         (a local SQLite file nobody else is writing: no thread hop) and no earlier call is
@@ -237,6 +273,10 @@ class StoreIO:
 # 0.30 (CPU -7% more); six gathered no more.
 GATHER_TURNS = 4
 
+# How long the event loop waits for a commit `WriteQueue.commit_now` began; past it (a lock
+# another process holds, a store reconnecting) the writer waits for it instead.
+COMMIT_NOW_S = 1.0
+
 
 class WriteQueue:
     """Every hot write of a run — claims, settlements, log lines — in commit order.
@@ -255,6 +295,9 @@ class WriteQueue:
         self._map_rows: list[MapRow] = []
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # A batch `commit_now` began that was not done when it stopped waiting: the writer
+        # hands out its results before it takes another batch.
+        self._begun: tuple[Future[Applied], Batch] | None = None
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -301,38 +344,83 @@ class WriteQueue:
         """Is `task` this queue's writer (never to be cancelled: it holds paid results)?"""
         return task is self._task
 
+    def _pending(self) -> bool:
+        return bool(self._claims or self._settlements or self._logs or self._map_rows)
+
+    def _take(self) -> tuple[Batch, Writes]:
+        """Everything submitted so far, as one transaction's writes."""
+        claims, self._claims = self._claims, []
+        settlements, self._settlements = self._settlements, []
+        writes = Writes(
+            [s for s, _ in settlements], [c for c, _ in claims], self._logs, self._sheet_rows, self._map_rows
+        )
+        self._logs, self._sheet_rows, self._map_rows = [], [], []
+        return (claims, settlements), writes
+
+    def _deliver(self, batch: Batch, applied: Applied | BaseException) -> None:
+        """A committed batch's results to those who wait for them (or the store's error)."""
+        claims, settlements = batch
+        if isinstance(applied, BaseException):
+            for _, future in claims:
+                if not future.done():
+                    future.set_exception(applied)
+            for _, checked in settlements:
+                if checked is not None:
+                    checked(applied)
+            return
+        for (_, checked), applied_one in zip(settlements, applied.settled, strict=True):
+            if checked is not None:
+                checked(applied_one)
+        for (_, future), outcome in zip(claims, applied.outcomes, strict=True):
+            if not future.done():
+                future.set_result(outcome)
+            elif future.cancelled() and outcome.verdict == "claimed":
+                self._release(outcome)
+
+    def commit_now(self) -> None:
+        """Commit what is queued here and now, the event loop waiting (up to COMMIT_NOW_S):
+        for a call that held the loop for long (a blocking step), whose answer would
+        otherwise wait for the loop to be free again, and be lost, paid for, by a kill
+        meanwhile. In order: after any batch already on its way to the store."""
+        if not self._pending():
+            return
+        batch, writes = self._take()
+        begun = self._io.start(self._io.store.receipts.apply, writes, self._io.now())
+        try:
+            begun.result(timeout=COMMIT_NOW_S)
+        except BaseException as exc:
+            if not (begun.done() and isinstance(exc, Exception)):  # not its own error: not done yet
+                self._begun = (begun, batch)  # the writer waits for it, before any later batch
+                self._wake()
+                if isinstance(exc, Exception):  # waited long enough
+                    return
+                raise
+        self._io.finished()
+        error = begun.exception()
+        self._deliver(batch, error if error is not None else begun.result())
+
     async def _drain(self) -> None:
         try:
-            while self._claims or self._settlements or self._logs or self._map_rows:
+            while self._begun is not None or self._pending():
+                if self._begun is not None:
+                    begun, batch = self._begun
+                    self._begun = None
+                    try:
+                        applied: Applied | BaseException = await asyncio.wrap_future(begun)
+                    except Exception as exc:
+                        applied = exc
+                    finally:
+                        self._io.finished()
+                    self._deliver(batch, applied)
                 for _ in range(GATHER_TURNS):
                     await asyncio.sleep(0)
-                claims, self._claims = self._claims, []
-                settlements, self._settlements = self._settlements, []
-                writes = Writes(
-                    [s for s, _ in settlements],
-                    [c for c, _ in claims],
-                    self._logs,
-                    self._sheet_rows,
-                    self._map_rows,
-                )
-                self._logs, self._sheet_rows, self._map_rows = [], [], []
+                if not self._pending():  # committed meanwhile (`commit_now`)
+                    continue
+                batch, writes = self._take()
                 try:
                     applied = await self._io.call(self._io.store.receipts.apply, writes, self._io.now())
                 except Exception as exc:
-                    for _, future in claims:
-                        if not future.done():
-                            future.set_exception(exc)
-                    for _, checked in settlements:
-                        if checked is not None:
-                            checked(exc)
-                    continue
-                for (_, checked), applied_one in zip(settlements, applied.settled, strict=True):
-                    if checked is not None:
-                        checked(applied_one)
-                for (_, future), outcome in zip(claims, applied.outcomes, strict=True):
-                    if not future.done():
-                        future.set_result(outcome)
-                    elif future.cancelled() and outcome.verdict == "claimed":
-                        self._release(outcome)
+                    applied = exc
+                self._deliver(batch, applied)
         finally:
             self._task = None

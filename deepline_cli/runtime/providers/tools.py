@@ -68,6 +68,9 @@ class ToolCall:
     # True while the call waits for its slot (concurrency, rate limit, a 429 pause): stopped
     # there, it was never sent, and is given back as such (skipped, not released).
     queued: bool = False
+    # The call held the event loop for long (a step's plain `def` that blocked): its answer
+    # is committed as it ends, not when the loop is free again.
+    held_loop: bool = False
     _owner: CallOwner | None = field(default=None, repr=False, compare=False)
     _call: Any = field(default=None, repr=False, compare=False)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from deepline_cli.runtime.map.engine import MapRun
 from deepline_cli.runtime.map.host import MapParts
 from deepline_cli.runtime.map.rows import CsvSource, RowKey
 from deepline_cli.runtime.providers.http import FetchResult, Request, fetch_once
-from deepline_cli.runtime.providers.tools import ToolCall
+from deepline_cli.runtime.providers.tools import Placement, ToolCall
 from deepline_cli.runtime.run import suspension
 from deepline_cli.runtime.run.parts import RunParts
 
@@ -92,11 +93,14 @@ class Context:
             stale_after_s=await staleness_of(self._s.effects.book, key, stale_after_seconds),
         )
 
-        async def invoke(_: ToolCall) -> Any:
+        async def invoke(info: ToolCall) -> Any:
             journal, waited = self._s.effects.journal, len(self._s.effects.journal.waits)
+            began = time.perf_counter()
             value = fn()
             if is_awaitable(value):
                 value = await value
+            else:  # a plain `def`: the event loop waited for it
+                info.held_loop = time.perf_counter() - began >= Placement.BLOCKING_S
             # What fn caught is not its value: a budget refusal stops the run, a wait makes it wait.
             if (tripped := self._s.effects.book.tripped) is not None:
                 raise tripped
