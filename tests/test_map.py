@@ -486,6 +486,48 @@ def test_a_quick_sync_tool_runs_on_the_loop_and_a_blocking_one_on_threads(make_p
     assert where["quick:loop"] >= 150 and where["quick:thread"] >= 16, where  # proven quick first, then inline
 
 
+def test_a_call_that_held_the_loop_is_committed_before_anything_else_runs(make_play, store_path: Path) -> None:
+    """A sync tool proven quick runs on the event loop; the call of it that blocked (a pause,
+    a slow input) held every other row up, and its answer waited for the loop to be free
+    again to be committed: a kill in between paid it again. It is committed as it ends."""
+    play_file = make_play(
+        """
+        import sqlite3
+        import time
+
+        @tool(P + ".mostly_quick")
+        def mostly_quick(input):
+            if input["i"] == 60:
+                time.sleep(0.05)
+            return input["i"]
+
+        async def status_after(row, rc):
+            result = await rc.tools.execute("q", P + ".mostly_quick", {"i": row["i"]})
+            if row["i"] != 60:
+                return None
+            store = sqlite3.connect(f"file:{STORE}?mode=ro", uri=True)
+            try:
+                [(status,)] = store.execute(
+                    "SELECT status FROM receipts WHERE key = ?", (result.receipt_key,)).fetchall()
+            finally:
+                store.close()
+            return status
+
+        @play("held")
+        async def held(ctx, input):
+            ds = await ctx.map("m", [{"i": i} for i in range(80)], key="i", concurrency=10, columns={
+                "status": status_after,
+            })
+            return [r["status"] for r in ds if r["status"] is not None]
+        """,
+        STORE=str(store_path),
+    )
+
+    out = run(play_file, store_path)
+
+    assert out.output == ["completed"]
+
+
 # --- failed rows and the map log -------------------------------------------------------------------
 
 FAILING = """

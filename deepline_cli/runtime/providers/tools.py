@@ -160,7 +160,10 @@ class ToolDef:
         else:
             context = contextvars.copy_context()
             if self.placement.inline and not under_timeout:
+                began = time.perf_counter()
                 result = context.run(self._timed, *args)
+                # Proven quick, it blocked this time (a pause, a slow input): the loop waited.
+                call.held_loop = time.perf_counter() - began >= Placement.BLOCKING_S
             else:
                 result = await asyncio.get_running_loop().run_in_executor(None, context.run, self._timed, *args)
             if is_awaitable(result):
