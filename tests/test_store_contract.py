@@ -33,7 +33,7 @@ import pytest
 from deepline_cli import _json
 from deepline_cli.errors import StoreError
 from deepline_cli.store import open_store
-from deepline_cli.store.claims import claim, settle
+from deepline_cli.store.claims import claim, given_back, settle
 from deepline_cli.store.records import (
     Boundary,
     CallRecord,
@@ -82,18 +82,17 @@ def mk_claim(
     tool: str | None = "demo.tool",
     **options: Any,
 ) -> Claim:
+    fields: dict[str, Any] = {"kind": "tool", "idempotency_key": f"idem-{key}", **options}
     return Claim(
         key=key,
-        kind="tool",
         label=f"label-{key}",
         tool=tool,
         run_id=run_id,
         attempt=attempt,
         lease_id=lease,
         lease_expires_at=expires,
-        idempotency_key=f"idem-{key}",
         fresh_idempotency_key=f"idem-{key}-{lease}",
-        **options,
+        **fields,
     )
 
 
@@ -441,6 +440,40 @@ def test_a_forced_claim_of_a_failure_that_may_have_been_processed_is_a_new_call_
     settle(store, [Settlement("k", "L3", "failed", error=unanswered, retryable=False)], T0 + 5)
     [again] = claim(store, [mk_claim("k", run_id="r2", attempt=3, lease="L4", force=True, refresh_own=True)], T0 + 6)
     assert again.receipt.idempotency_key == "idem-k-L4"  # the flag given to this attempt: asked anew
+
+
+def test_a_forced_claim_of_a_failure_given_back_before_its_call_keeps_the_failure_and_its_key(store: Store) -> None:
+    """A forced call of a failure that may have been processed, stopped before it went out (a
+    budget, Ctrl-C): the failure stands as it was, with the key it went out under, so a
+    later refresh sends that key (it emptied to `skipped`, and the next call paid again
+    under the call's own key)."""
+    unanswered = {"message": "502", "unanswered": True}
+    one(store, mk_claim("k", lease="L1", idempotency_key="idem-k-sent"), T0)
+    settle(store, [Settlement("k", "L1", "failed", error=unanswered, failure_kind="server", retryable=True)], T0 + 1)
+    [forced] = claim(store, [mk_claim("k", run_id="r2", lease="L2", force=True)], T0 + 2)
+    assert forced.receipt.idempotency_key == "idem-k-L2"
+
+    assert settle(store, [given_back("k", forced, sent=False)], T0 + 3) == [True]
+
+    kept = stored(store, "k")
+    assert (kept.status, kept.run_id, kept.idempotency_key) == ("failed", "r1", "idem-k-sent")
+    assert (kept.error, kept.failure_kind, kept.retryable) == (unanswered, "server", True)
+    [again] = claim(store, [mk_claim("k", run_id="r3", lease="L3")], T0 + 4)
+    assert again.verdict == "claimed" and again.receipt.idempotency_key == "idem-k-sent"
+
+
+def test_a_batch_sent_again_under_a_forced_run_is_that_batch_under_its_key(store: Store) -> None:
+    """A batch that may have been processed, recovered by a forced run (its members were taken
+    over): that batch again, with what it sent, under its key."""
+    sent = [["m1", {"d": 1}], ["m2", {"d": 2}]]
+    one(store, mk_claim("B", kind="batch", request=sent), T0)
+    settle(store, [Settlement("B", "L1", "failed", error={"message": "timeout", "unanswered": True})], T0 + 1)
+
+    [recovered] = claim(store, [mk_claim("B", run_id="r2", lease="L2", kind="batch", force=True)], T0 + 2)
+
+    assert recovered.verdict == "claimed"
+    assert recovered.receipt.idempotency_key == "idem-B" and recovered.receipt.request == sent
+    assert recovered.resumed and recovered.maybe_processed
 
 
 def test_a_refresh_given_back_before_its_call_keeps_the_earlier_paid_result(store: Store, other: Store) -> None:

@@ -103,9 +103,13 @@ def settle(store: ReceiptStore, settlements: Sequence[Settlement], now: float) -
 
 def given_back(key: str, claimed: ClaimOutcome, *, sent: bool) -> Settlement:
     """A claim given back unfinished: `skipped` when its call never went out, by this claim
-    (`sent` False) or any before it (not `resumed`); else `released`, so the next claim sends
-    it under the key it may have been sent with, and a provider bills it once."""
+    (`sent` False) or any before it (not `resumed`), the receipt's earlier answer or failure
+    restored; else `released`, so the next claim sends it under the key it may have been
+    sent with, and a provider bills it once."""
     lease_id = claimed.receipt.lease_id or ""
     if sent or claimed.resumed:
         return Settlement(key, lease_id, "released")
-    return Settlement(key, lease_id, "skipped", replaces=claimed.replaces)
+    # A refresh (or a forced call) of a failure, given back before its call: the failure is
+    # kept as it was, with the key it went out under (it may have been processed).
+    prior = claimed.prior if claimed.prior is not None and claimed.prior.status == "failed" else None
+    return Settlement(key, lease_id, "skipped", replaces=claimed.replaces or prior)

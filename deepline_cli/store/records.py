@@ -502,11 +502,12 @@ def sent_again(existing: Receipt | None, claim: Claim | None = None) -> bool:
     unanswered: `--refresh-failed` of it must not pay for it again)? Not a forced claim of
     a failure this run has not forced already (`asks_anew`): a new paid call, asked for (a
     provider that keeps its answer under the key, a 502 as well, gives that back to every
-    call under it)."""
+    call under it); but a batch sent again is that batch, under its key (a forced member
+    gets a fresh key, and so its batch a new one)."""
     if existing is None:
         return False
     if existing.status == "failed":
-        if claim is not None and claim.force and asks_anew(existing, claim):
+        if claim is not None and claim.force and claim.kind != "batch" and asks_anew(existing, claim):
             return False
         return existing.retryable or maybe_processed(existing)
     return existing.status in ("running", "released")

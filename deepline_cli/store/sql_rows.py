@@ -55,12 +55,13 @@ SETTLE_SKIP = (
     "UPDATE receipts SET status = CASE WHEN output IS NOT NULL THEN 'completed' ELSE 'skipped' END,"
     " lease_expires_at = NULL WHERE key = ? AND lease_id = ? AND status = 'running'"
 )
-# A refresh given back before its call, of a receipt with an earlier answer: the receipt is
-# its earlier owner's again, as it was (a later attempt of the refreshing run refreshes it).
+# A refresh given back before its call, of a receipt with an earlier answer or failure: the
+# receipt is its earlier owner's again, as it was (a later attempt of the refreshing run
+# refreshes it), a failure with the key it went out under.
 SETTLE_RESTORE = (
-    "UPDATE receipts SET status = 'completed', kind = ?, label = ?, tool = ?, run_id = ?, attempt = ?,"
-    " idempotency_key = ?, batch_key = ?, request = ?, description = ?, input = ?, lease_expires_at = NULL"
-    " WHERE key = ? AND lease_id = ? AND status = 'running'"
+    "UPDATE receipts SET status = ?, kind = ?, label = ?, tool = ?, run_id = ?, attempt = ?,"
+    " idempotency_key = ?, batch_key = ?, request = ?, description = ?, input = ?, error = ?, failure_kind = ?,"
+    " retryable = ?, lease_expires_at = NULL WHERE key = ? AND lease_id = ? AND status = 'running'"
 )
 SETTLE_END = (
     "UPDATE receipts SET status = ?, output = ?, error = ?, failure_kind = ?, retryable = ?, credits = ?,"
@@ -78,10 +79,11 @@ def settle_statement(s: Settlement, now: float) -> tuple[str, tuple[Any, ...]]:
     if s.status == "released":
         return SETTLE_RELEASE, (s.key, s.lease_id)
     if s.status == "skipped":
-        if (r := s.replaces) is not None and r.status == "completed":
-            before = (r.kind, r.label, r.tool, r.run_id, r.attempt, r.idempotency_key, r.batch_key)
-            return SETTLE_RESTORE, (*before, json_or_none(r.request), r.description, json_or_none(r.input),
-                                    s.key, s.lease_id)  # fmt: skip
+        if (r := s.replaces) is not None and r.status in ("completed", "failed"):
+            before = (r.status, r.kind, r.label, r.tool, r.run_id, r.attempt, r.idempotency_key, r.batch_key)
+            kept = (json_or_none(r.request), r.description, json_or_none(r.input))
+            failure = (json_or_none(r.error), r.failure_kind, int(r.retryable))
+            return SETTLE_RESTORE, (*before, *kept, *failure, s.key, s.lease_id)
         return SETTLE_SKIP, (s.key, s.lease_id)
     output = json_or_none(s.output) if s.status == "completed" else None
     values = (s.status, output, json_or_none(s.error), s.failure_kind, int(s.retryable), s.credits, now)
@@ -243,8 +245,9 @@ def claimed_receipt(current: Receipt | None, cl: Claim, now: float) -> Receipt:
     see claim_idempotency_key) keeps its batch, so it goes out again only as that batch; one
     taken over keeps that it was claimed alone (batch_key None: it may have gone out alone)."""
     again = current if sent_again(current, cl) else None
-    # What it sends (a batch's members), kept when it is sent again as it was.
-    request = cl.request if cl.request is not None else again.request if again else None
+    # What it sends (a batch's members): the stored request when the claim carries none (a
+    # batch sent again as it was).
+    request = cl.request if cl.request is not None else current.request if current is not None else None
     # Sent again: its batch (that batch again, under its key), or None (claimed alone). Else
     # (a new call, or a batch member whose batch was never formed): "" for a batch member.
     fresh = "" if cl.batched else None

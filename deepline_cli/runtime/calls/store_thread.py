@@ -382,7 +382,7 @@ class WriteQueue:
         for a call that held the loop for long (a blocking step), whose answer would
         otherwise wait for the loop to be free again, and be lost, paid for, by a kill
         meanwhile. In order: after any batch already on its way to the store."""
-        if not self._pending():
+        if not self._pending() or self._begun is not None:  # one is on its way still: the writer's
             return
         batch, writes = self._take()
         begun = self._io.start(self._io.store.receipts.apply, writes, self._io.now())
