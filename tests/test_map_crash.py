@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -191,25 +192,33 @@ def test_sigkill_mid_map_then_resume(deepline, tmp_path: Path, store_path: Path,
     assert _json.loads(got[1 + 567][3]) == {"label": f"NAME 567-{567 * 7}"}
 
 
-def killed_while_held(tmp_path: Path, store: Path, env: dict[str, str], run_id: str, finished: int, *args: str) -> None:
-    """`deepline run play.py` with `mark` set to a file its held row creates: SIGKILLed once
-    that row is held and `finished` rows are recorded."""
-    mark = tmp_path / "holding"
+def killed_when(tmp_path: Path, env: dict[str, str], run_id: str, ready: Callable[[], bool], *args: str) -> None:
+    """`deepline run play.py ARGS --run-id RUN_ID`, SIGKILLed as soon as `ready()` says so."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "deepline_cli", "run", "play.py", *args, "--set", f"mark={mark}", "--run-id", run_id,
-         "--quiet"],
+        [sys.executable, "-m", "deepline_cli", "run", "play.py", *args, "--run-id", run_id, "--quiet"],
         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
-        while not mark.exists() or count_finished(store, run_id) < finished:
+        while not ready():
             assert proc.poll() is None, "the run ended before it could be killed"
-            assert time.monotonic() < deadline, "the held row was never reached"
-            time.sleep(0.01)
+            assert time.monotonic() < deadline, "the run never got to where it was to be killed"
+            time.sleep(0.002)
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+def killed_while_held(tmp_path: Path, store: Path, env: dict[str, str], run_id: str, finished: int, *args: str) -> None:
+    """`deepline run play.py` with `mark` set to a file its held row creates: SIGKILLed once
+    that row is held and `finished` rows are recorded."""
+    mark = tmp_path / "holding"
+
+    def held() -> bool:
+        return mark.exists() and count_finished(store, run_id) >= finished
+
+    killed_when(tmp_path, env, run_id, held, *args, "--set", f"mark={mark}")
 
 
 def test_a_killed_maps_row_total_counts_csv_rows_not_lines(deepline, tmp_path: Path, store_path: Path, cli_env) -> None:
@@ -369,21 +378,11 @@ def test_a_kill_does_not_pay_again_the_blocking_steps_answered_before_it(
     (tmp_path / "play.py").write_text(BLOCKING_STEPS)
     cli_env["DEEPLINE_STORE"] = store_url
     paid = tmp_path / "paid.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "deepline_cli", "run", "play.py", "--set", f"log={paid}", "--run-id", "blocking-1",
-         "--quiet"],
-        cwd=tmp_path, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not paid.exists() or len(paid.read_text().split()) < 14:
-            assert proc.poll() is None, "the run ended before it could be killed"
-            assert time.monotonic() < deadline, "the steps never got under way"
-            time.sleep(0.002)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait(timeout=30)
+
+    def fourteen_paid() -> bool:
+        return paid.exists() and len(paid.read_text().split()) >= 14
+
+    killed_when(tmp_path, cli_env, "blocking-1", fourteen_paid, "--set", f"log={paid}")
     before = len(paid.read_text().split())
 
     resumed = deepline("resume", "blocking-1", "--json", DEEPLINE_STORE=store_url)
