@@ -414,3 +414,47 @@ def test_a_failed_run_queued_again_with_a_higher_budget_runs_with_it(deepline: R
     assert deepline("worker", "--once").code == 0
     run = runs(deepline)["q-tight"]
     assert (run["status"], run["output"]) == ("completed", {"rows": 30}), run
+
+
+REFRESHED_PLAY = """
+import os
+
+from deepline_cli import play, tool
+
+@tool("refreshed.lookup", credits=1)
+def lookup(input):
+    if input["i"] < 3 and os.path.exists(input["down"]):
+        raise ValueError("no such company")
+    with open(input["log"], "a") as f:
+        f.write(f"{input['i']}\\n")
+    return input["i"]
+
+@play("refreshed")
+async def refreshed(ctx, input):
+    rows = await ctx.map("m", [{"i": i} for i in range(10)], key="i", concurrency=1, columns={
+        "v": lambda row, rc: rc.tools.execute("l", "refreshed.lookup", {"i": row["i"], **input}),
+    })
+    return {"rows": len(rows), "failed": rows.failed_count}
+"""
+
+
+def test_a_refresh_a_budget_stopped_before_it_began_is_made_by_the_next_resume(deepline: Run, tmp_path: Path) -> None:
+    """`resume --refresh-failed` with no budget left stopped before it asked the run's failed
+    calls again; the resume the stop advises (`--max-credits` higher) kept the flag but asked
+    none of them: the run completed with its rows still failed."""
+    play = tmp_path / "play.py"
+    play.write_text(REFRESHED_PLAY)
+    log, down = tmp_path / "calls.log", tmp_path / "down"
+    down.touch()
+    payload = json.dumps({"log": str(log), "down": str(down)})
+
+    first = deepline("run", str(play), "--input", payload, "--max-credits", "5", "--run-id", "nightly")
+    assert first.code == 1 and "--max-credits 5" in first.stderr, first.stderr
+    down.unlink()  # the provider knows those companies now
+    refused = deepline("resume", "nightly", "--refresh-failed")
+    assert refused.code == 1 and "--max-credits 5" in refused.stderr, refused.stderr
+    done = deepline("resume", "nightly", "--max-credits", "100", "--json")
+
+    assert done.code == 0, done.stderr
+    assert done.json_lines()[-1]["output"] == {"rows": 10, "failed": 0}
+    assert sorted(map(int, log.read_text().split())) == list(range(10))  # each paid once

@@ -434,11 +434,12 @@ def test_a_forced_claim_of_a_failure_that_may_have_been_processed_is_a_new_call_
     assert forced.verdict == "claimed" and forced.receipt.idempotency_key == "idem-k-L2"
     assert not forced.resumed and not forced.maybe_processed
     settle(store, [Settlement("k", "L2", "failed", error=unanswered, retryable=True)], T0 + 3)
-    [resumed] = claim(store, [mk_claim("k", run_id="r2", attempt=2, lease="L3", force=True, refresh_own=False)], T0 + 4)
+    kept_flag = mk_claim("k", run_id="r2", attempt=2, lease="L3", force=True, refresh_own_before=0)
+    [resumed] = claim(store, [kept_flag], T0 + 4)
     assert resumed.verdict == "claimed" and resumed.receipt.idempotency_key == "idem-k-L2"
     assert resumed.resumed and resumed.maybe_processed
     settle(store, [Settlement("k", "L3", "failed", error=unanswered, retryable=False)], T0 + 5)
-    [again] = claim(store, [mk_claim("k", run_id="r2", attempt=3, lease="L4", force=True, refresh_own=True)], T0 + 6)
+    [again] = claim(store, [mk_claim("k", run_id="r2", attempt=3, lease="L4", force=True)], T0 + 6)
     assert again.receipt.idempotency_key == "idem-k-L4"  # the flag given to this attempt: asked anew
 
 
@@ -460,6 +461,25 @@ def test_a_forced_claim_of_a_failure_given_back_before_its_call_keeps_the_failur
     assert (kept.error, kept.failure_kind, kept.retryable) == (unanswered, "server", True)
     [again] = claim(store, [mk_claim("k", run_id="r3", lease="L3")], T0 + 4)
     assert again.verdict == "claimed" and again.receipt.idempotency_key == "idem-k-sent"
+
+
+def test_a_refresh_under_the_same_key_given_back_before_its_call_keeps_the_failure(store: Store) -> None:
+    """`--refresh-failed` of a failure that may have been processed asks it under its key;
+    given back before the call went out (a budget, Ctrl-C), it was `released`: its error,
+    and with it what the next refresh must do (a 409 asked once under its key, then under a
+    fresh one), were lost, and it left `receipts inspect --status failed`."""
+    in_use = {"message": "409", "status_code": 409, "origin": "provider"}
+    one(store, mk_claim("k"), T0)
+    settle(store, [Settlement("k", "L1", "failed", error=in_use, failure_kind="conflict")], T0 + 1)
+    [refresh] = claim(store, [mk_claim("k", run_id="r2", lease="L2", refresh_failed=True)], T0 + 2)
+    assert refresh.resumed and refresh.receipt.idempotency_key == "idem-k"
+
+    assert settle(store, [given_back("k", refresh, sent=False)], T0 + 3) == [True]
+
+    kept = stored(store, "k")
+    assert (kept.status, kept.run_id, kept.error, kept.failure_kind) == ("failed", "r1", in_use, "conflict")
+    [again] = claim(store, [mk_claim("k", run_id="r3", lease="L3")], T0 + 4)
+    assert again.verdict == "failed"  # kept, as before the refresh that never went out
 
 
 def test_a_batch_sent_again_under_a_forced_run_is_that_batch_under_its_key(store: Store) -> None:
@@ -540,9 +560,9 @@ def test_a_refresh_kept_by_a_resume_retries_a_failure_once_per_run(store: Store,
     settle(store, [failed("k", retryable=False)], T0 + 1)  # yesterday's run: a permanent failure
     assert one(other, mk_claim("k", run_id="r2", lease="L2", refresh_failed=True), T0 + 2)[0] == "claimed"
     settle(other, [failed("k", "L2", retryable=False)], T0 + 3)  # refreshed: failed again
-    kept = mk_claim("k", run_id="r2", attempt=2, lease="L3", refresh_failed=True, refresh_own=False)
+    kept = mk_claim("k", run_id="r2", attempt=2, lease="L3", refresh_failed=True, refresh_own_before=0)
     assert one(other, kept, T0 + 4)[0] == "failed"  # the resume inherited the flag: not again
-    forced = mk_claim("k", run_id="r2", attempt=2, lease="L3", force=True, refresh_own=False)
+    forced = mk_claim("k", run_id="r2", attempt=2, lease="L3", force=True, refresh_own_before=0)
     assert one(other, forced, T0 + 4)[0] == "failed"
     given = mk_claim("k", run_id="r2", attempt=2, lease="L3", refresh_failed=True)  # given again: retried
     assert one(other, given, T0 + 4)[0] == "claimed"

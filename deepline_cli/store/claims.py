@@ -107,9 +107,12 @@ def given_back(key: str, claimed: ClaimOutcome, *, sent: bool) -> Settlement:
     restored; else `released`, so the next claim sends it under the key it may have been
     sent with, and a provider bills it once."""
     lease_id = claimed.receipt.lease_id or ""
+    prior = claimed.prior
+    if not sent and prior is not None and prior.status == "failed":
+        # A failure asked again (a transient one, a refresh, a forced call), given back before
+        # its call: kept as it was, its error (what the next refresh does) and the key it
+        # went out under (it may have been processed).
+        return Settlement(key, lease_id, "skipped", replaces=prior)
     if sent or claimed.resumed:
         return Settlement(key, lease_id, "released")
-    # A refresh (or a forced call) of a failure, given back before its call: the failure is
-    # kept as it was, with the key it went out under (it may have been processed).
-    prior = claimed.prior if claimed.prior is not None and claimed.prior.status == "failed" else None
-    return Settlement(key, lease_id, "skipped", replaces=claimed.replaces or prior)
+    return Settlement(key, lease_id, "skipped", replaces=claimed.replaces)

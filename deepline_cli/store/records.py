@@ -133,9 +133,11 @@ class Claim:
     # again (a refresh exists to get new data); a younger one, or this run's own, is reused.
     refresh_after_s: float | None = None
     refresh_failed: bool = False
-    # The refresh (--refresh-failed, --force-refresh) was asked of this attempt, not only kept
-    # from the run's start: this run's own failures of earlier attempts are tried again too.
-    refresh_own: bool = True
+    # This run's own failures the refresh (--refresh-failed, --force-refresh) asks again: those
+    # of attempts before this one (None: the flag was given to this attempt), before attempt N
+    # (given to attempt N, which stopped before it got to them all), or none (0: the flag only
+    # kept from the run's start).
+    refresh_own_before: int | None = None
     # A batch aggregate: the member receipts (key, lease id) it is sent for, and what is sent.
     members: list[tuple[str, str]] | None = None
     request: Any = None
@@ -515,9 +517,10 @@ def sent_again(existing: Receipt | None, claim: Claim | None = None) -> bool:
 
 def asks_anew(existing: Receipt, claim: Claim) -> bool:
     """Does a refresh or force of `claim` apply to this receipt: another run's, or one of an
-    earlier attempt of its run when the flag was given to this attempt? (A resume that only
-    kept the flag redoes nothing its run did already.)"""
-    return existing.run_id != claim.run_id or (claim.refresh_own and existing.attempt < claim.attempt)
+    earlier attempt of its run the refresh was asked of (`refresh_own_before`)? A resume that
+    only kept the flag redoes nothing its run did already under it."""
+    before = claim.attempt if claim.refresh_own_before is None else claim.refresh_own_before
+    return existing.run_id != claim.run_id or existing.attempt < before
 
 
 __all__ = ["RUN_STATUSES"]  # the run statuses are drawn in run_states.py

@@ -21,7 +21,10 @@ class Identity:
     lease_ttl: float
     force_refresh: bool = False  # --force-refresh: every call is made again
     refresh_failed: bool = False  # --refresh-failed: failed receipts and cells are tried again
-    refresh_own: bool = True  # the refresh was given to this attempt: this run's own failures too
+    # The run's own failures the refresh asks again: those of attempts before this one (None:
+    # the flag was given to this attempt), before attempt N (given to N, which stopped before
+    # it got to them all), or none (0: kept from the run's start).
+    refresh_own_before: int | None = None
     root_run_id: str = ""  # "": this run is the root
     ancestors: tuple[str, ...] = ()
     play_file: str = ""

@@ -308,7 +308,7 @@ class ReceiptBook:
             stale_after_s=call.stale_after_s,
             refresh_after_s=cell.refresh_after_s if cell is not None else None,
             refresh_failed=scope.refresh_failed,
-            refresh_own=scope.refresh_own,
+            refresh_own_before=scope.refresh_own_before,
             members=call.members,
             request=call.request,
             description=call.description,

@@ -433,7 +433,7 @@ def attempt_parts(
         lease_ttl=options.lease_ttl,
         force_refresh=options.force_refresh,
         refresh_failed=options.refresh_failed,
-        refresh_own=options.refresh_given,
+        refresh_own_before=None if options.refresh_given else options.refresh_given_at or 0,
         root_run_id=record.root_run_id or record.run_id,
         ancestors=(*record.ancestors, play.name),
         play_file=play.file,

@@ -278,8 +278,13 @@ class Runner:
         self.store.receipts.expire_run_receipts(record.run_id, before_attempt=record.attempt)
         record.status = "running"
         self._apply_persisted(record)
-        if record.options.get(REFRESH_GIVEN_FOR) == record.attempt:  # queued again with --refresh-failed
+        given_for = record.options.get(REFRESH_GIVEN_FOR)
+        if given_for == record.attempt:  # queued again with --refresh-failed
             self.options.refresh_given = True
+        if self.options.refresh_given:  # a later attempt asks what this one does not get to (a budget stop)
+            record.options[REFRESH_GIVEN_FOR] = record.attempt
+        elif isinstance(given_for, int):
+            self.options.refresh_given_at = given_for
         try:
             play = self._load(record, loaded)
             self._prepare(play, record.cwd, snapshot=bool(record.snapshot))
