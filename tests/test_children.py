@@ -1008,3 +1008,19 @@ def test_a_failed_child_play_is_counted_among_the_failed_calls(deepline, write_p
     assert (live["live"], live["failed"]) == (4, 2), live
     stored = show(deepline, "kf")["stats"]["tools"]["ctx.run_play"]
     assert (stored["live"], stored["failed"]) == (4, 2), stored
+
+
+def test_a_child_run_is_given_no_watermark_of_its_parents_attempts() -> None:
+    """A refresh flag kept from a parent's attempt N asks again the parent's own failures of
+    attempts before N; N counts the parent's attempts, not the child's. A child compared its
+    own attempts with it (lower, when a parent attempt never reached it) and asked again
+    failures it had refreshed already under that flag."""
+    from dataclasses import replace
+
+    from deepline_cli.runtime.calls.identity import Identity
+
+    kept = Identity(run_id="p", attempt=4, play="parent", workspace="default", lease_ttl=30, refresh_own_before=3)
+    given = replace(kept, refresh_own_before=None)
+
+    assert kept.child("c", 3, "child", "child.py").refresh_own_before == 0  # none of its own
+    assert given.child("c", 3, "child", "child.py").refresh_own_before is None  # its earlier attempts'

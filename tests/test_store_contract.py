@@ -423,9 +423,11 @@ def test_a_stale_refresh_sends_a_fresh_key_and_a_transient_retry_the_same(store:
 
 
 def test_a_forced_claim_of_a_failure_that_may_have_been_processed_is_a_new_call_once_per_run(store: Store) -> None:
-    """`--force-refresh` asks for new paid calls: one of a failure that may have been
-    processed (unanswered) goes out under a fresh key, as a forced answer does. The forcing
-    run's own resume (the flag kept, not given again) asks its own failure under that key."""
+    """`--force-refresh` asks for new paid calls: one of another run's failure that may have
+    been processed (unanswered) goes out under a fresh key, as a forced answer does. The
+    forcing run's own failures keep the key they went out with, on a resume that only kept
+    the flag and on one given it again (a force kept from an earlier attempt, beside a
+    `--refresh-failed` given now, sent them under a fresh key)."""
     unanswered = {"message": "502", "unanswered": True}
     one(store, mk_claim("k"), T0)
     settle(store, [Settlement("k", "L1", "failed", error=unanswered, retryable=False)], T0 + 1)
@@ -440,7 +442,7 @@ def test_a_forced_claim_of_a_failure_that_may_have_been_processed_is_a_new_call_
     assert resumed.resumed and resumed.maybe_processed
     settle(store, [Settlement("k", "L3", "failed", error=unanswered, retryable=False)], T0 + 5)
     [again] = claim(store, [mk_claim("k", run_id="r2", attempt=3, lease="L4", force=True)], T0 + 6)
-    assert again.receipt.idempotency_key == "idem-k-L4"  # the flag given to this attempt: asked anew
+    assert again.verdict == "claimed" and again.receipt.idempotency_key == "idem-k-L2"
 
 
 def test_a_forced_claim_of_a_failure_given_back_before_its_call_keeps_the_failure_and_its_key(store: Store) -> None:

@@ -953,3 +953,42 @@ def test_a_timer_reached_again_under_the_same_id_is_warned_of(deepline, write_pl
     warned = [line for line in done.stderr.splitlines() if "ctx.sleep('cooldown') was reached again" in line]
     assert len(warned) == 1, done.stderr
     assert 'f"cooldown-{i}"' in warned[0], warned
+
+
+REFRESHED_WHILE_WAITING = """
+from deepline_cli import play, tool
+
+@tool("waits.lookup")
+def lookup(input):
+    with open(input["log"], "a") as f:
+        f.write(str(input["i"]) + "\\n")
+    raise ValueError("no such company")
+
+@play("waits")
+async def waits(ctx, input):
+    rows = await ctx.map("m", [{"i": i} for i in range(3)], key="i", columns={
+        "v": lambda row, rc: rc.tools.execute("l", "waits.lookup", {"i": row["i"], "log": input["log"]}),
+    })
+    await ctx.sleep("first", 0.2)
+    await ctx.sleep("second", 0.2)
+    return {"failed": rows.failed_count}
+"""
+
+
+def test_a_refresh_given_to_a_waiting_runs_resume_is_made_once(deepline, write_play, tmp_path):
+    """Resuming a waiting run worked the refresh flags out after the run's own were copied in:
+    a flag kept from an earlier resume counted as given, and each wake asked the run's failed
+    calls again (three times here, not twice)."""
+    write_play(REFRESHED_WHILE_WAITING)
+    log = tmp_path / "calls.log"
+    first = deepline("run", "play.py", "--run-id", "w", "--max-inline-wait", "0", "--input", as_json({"log": str(log)}))
+    assert first.code == 3, first.stderr
+    time.sleep(0.25)
+    refreshed = deepline("resume", "w", "--refresh-failed")
+    assert refreshed.code == 3, refreshed.stderr
+    time.sleep(0.25)
+    done = deepline("resume", "w", "--json")
+
+    assert done.code == 0, done.stderr
+    assert finished(done)["output"] == {"failed": 3}
+    assert sorted(logged(log)) == ["0", "0", "1", "1", "2", "2"]  # once, then once more refreshed

@@ -502,14 +502,15 @@ def sent_again(existing: Receipt | None, claim: Claim | None = None) -> bool:
     out with: a takeover of a call that may have been sent (running, released), or the retry
     of a failure that may have been processed (a transient one, or one a try of which went
     unanswered: `--refresh-failed` of it must not pay for it again)? Not a forced claim of
-    a failure this run has not forced already (`asks_anew`): a new paid call, asked for (a
-    provider that keeps its answer under the key, a 502 as well, gives that back to every
-    call under it); but a batch sent again is that batch, under its key (a forced member
-    gets a fresh key, and so its batch a new one)."""
+    another run's failure: a new paid call, asked for (a provider that keeps its answer under
+    the key, a 502 as well, gives that back to every call under it). A run's own failures
+    keep their key, forced or not (a force kept from an earlier attempt is not asked again);
+    a batch sent again is that batch, under its key (a forced member gets a fresh key, and
+    so its batch a new one)."""
     if existing is None:
         return False
     if existing.status == "failed":
-        if claim is not None and claim.force and claim.kind != "batch" and asks_anew(existing, claim):
+        if claim is not None and claim.force and claim.kind != "batch" and existing.run_id != claim.run_id:
             return False
         return existing.retryable or maybe_processed(existing)
     return existing.status in ("running", "released")

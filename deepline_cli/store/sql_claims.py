@@ -229,5 +229,8 @@ class ClaimsSql(SqlBase):
         marks = ", ".join("?" * len(keys))
         rows = c.execute(f"SELECT key, lease_id, status FROM receipts WHERE key IN ({marks})", keys).fetchall()
         found = {key: (lease, status) for key, lease, status in rows}
-        # A skip of a receipt with an earlier paid answer ends it `completed` again.
-        return {s.key for s in settlements if found.get(s.key) in ((s.lease_id, s.status), (s.lease_id, "completed"))}
+
+        def ended(s: Settlement) -> bool:  # a skip restores an earlier answer or failure
+            return found.get(s.key) in ((s.lease_id, s.status), (s.lease_id, "completed"), (s.lease_id, "failed"))
+
+        return {s.key for s in settlements if ended(s)}

@@ -49,4 +49,7 @@ class Identity:
             play_file=play_file,
             root_run_id=self.root,
             ancestors=(*self.ancestors, play),
+            # A watermark is an attempt of this run, not of the child: a flag only kept asks
+            # none of the child's own failures again (it may have asked them already).
+            refresh_own_before=None if self.refresh_own_before is None else 0,
         )

@@ -83,6 +83,9 @@ class Runner:
         # Called just before the run is recorded: the command hands Ctrl-C to the run then.
         self.before_recording: Callable[[], None] | None = None
         self.borrowed_tools: dict[str, Any] = {}  # the @tools of options.tools_from
+        # A refresh flag given on this command line (not only kept from the run's start):
+        # known before a run's stored flags are copied into the options.
+        self._refresh_given: bool | None = None
 
     def close(self) -> None:
         self.store.close()
@@ -251,7 +254,9 @@ class Runner:
             before = dict(record.options)
             self._apply_persisted(record)
             if not ready_to_resume(self.store, run_id, self.store.now(), self.options.max_inline_wait):
-                if any(record.options.get(n) != before.get(n) for n in RunOptions.PERSISTED):
+                if self.options.refresh_given:  # asked now: the attempt that wakes it refreshes
+                    record.options[REFRESH_GIVEN_FOR] = record.attempt + 1
+                if record.options != before:
                     self.store.runs.update_run(run_id, options=record.options)  # flags given now hold later
                 result = RunResult.of_record(record, fail_on_row_errors=False)
                 result.waiting = waiting_on(self.store, run_id)
@@ -327,7 +332,9 @@ class Runner:
     def _apply_persisted(self, record: RunRecord) -> None:
         """Flags not given again on resume come from the run's first start."""
         defaults = RunOptions(lease_ttl=self.options.lease_ttl)
-        self.options.refresh_given = self.options.force_refresh or self.options.refresh_failed
+        if self._refresh_given is None:  # applied twice (a waiting run resumed): the first time's
+            self._refresh_given = self.options.force_refresh or self.options.refresh_failed
+        self.options.refresh_given = self._refresh_given
         given = self.options.given
         for name, value in record.options.items():
             if name not in RunOptions.PERSISTED:
