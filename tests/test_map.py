@@ -528,6 +528,45 @@ def test_a_call_that_held_the_loop_is_committed_before_anything_else_runs(make_p
     assert out.output == ["completed"]
 
 
+def test_answers_of_short_blocking_steps_are_committed_once_they_add_up(make_play, store_path: Path) -> None:
+    """Steps of a sync client under 20 ms each (one that blocks 8 ms) were never committed at
+    once: 80 in a gather held the loop for half a second with nothing written, and a kill
+    paid again every answer since the last commit. They are, once their waits add up."""
+    play_file = make_play(
+        """
+        import asyncio
+        import sqlite3
+        import time
+
+        def committed():
+            store = sqlite3.connect(f"file:{STORE}?mode=ro", uri=True)
+            try:
+                [(n,)] = store.execute(
+                    "SELECT count(*) FROM receipts WHERE kind = 'step' AND status = 'completed'").fetchall()
+            finally:
+                store.close()
+            return n
+
+        def lookup(i):  # a sync SDK's call: 8 ms of waiting on the provider
+            seen = committed()
+            time.sleep(0.008)
+            return {"i": i, "committed_before": seen}
+
+        @play("short")
+        async def short(ctx, input):
+            found = await asyncio.gather(*[ctx.step(f"s{i}", lambda i=i: lookup(i)) for i in range(12)])
+            return [f["committed_before"] for f in found]
+        """,
+        STORE=str(store_path),
+    )
+
+    seen = run(play_file, store_path).output
+
+    # Three 8 ms waits pass 20 ms: at most the two answers since the last commit and the one
+    # running are not in the store yet.
+    assert all(n >= i - 3 for i, n in enumerate(seen)), seen
+
+
 # --- failed rows and the map log -------------------------------------------------------------------
 
 FAILING = """

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from deepline_cli.runtime.calls import store_thread
 from deepline_cli.runtime.calls.store_thread import StoreIO, WriteQueue
 from deepline_cli.store import open_store
-from deepline_cli.store.records import Claim, ClaimOutcome
+from deepline_cli.store.records import Claim, Settlement
 
 
 def a_claim(key: str, now: float) -> Claim:
@@ -29,30 +30,36 @@ def test_commits_a_held_up_store_keeps_waiting_are_each_delivered(
 ) -> None:
     """Two calls that held the loop end while another process holds the write lock: the
     first commit is handed to the writer after COMMIT_NOW_S, and the second is left to the
-    writer too (it replaced the first, whose claim was never answered: the run hung)."""
+    writer too (it replaced the first, whose answers were never confirmed, nor its claims
+    answered: the run hung)."""
     monkeypatch.setattr(store_thread, "COMMIT_NOW_S", 0.05)
     path = tmp_path / "store.db"
     store = open_store(str(path))
     io = StoreIO(store)
     holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    holder.execute("BEGIN IMMEDIATE")
-    threading.Timer(0.4, holder.execute, ("COMMIT",)).start()
+    heard: list[tuple[str, bool | BaseException]] = []
 
-    async def two_commits() -> list[ClaimOutcome]:
+    async def two_commits() -> None:
         writes = WriteQueue(io)
-        first = writes.claim(a_claim("a", io.now()))
-        writes.commit_now()
-        second = writes.claim(a_claim("b", io.now()))
-        writes.commit_now()
+        claims = [writes.claim(a_claim(key, io.now())) for key in "ab"]
         await writes.flushed()
-        return [first.result(), second.result()]
+        assert [c.result().verdict for c in claims] == ["claimed", "claimed"]
+        holder.execute("BEGIN IMMEDIATE")
+        threading.Timer(0.4, holder.execute, ("COMMIT",)).start()
+        for key in "ab":
+            writes.settle(Settlement(key, f"L-{key}", "completed", output=key), partial(answered, key))
+            writes.held(0.03)  # a call that held the loop 30 ms: committed at once
+        await writes.flushed()
+
+    def answered(key: str, applied: bool | BaseException) -> None:
+        heard.append((key, applied))
 
     try:
-        outcomes = asyncio.run(two_commits())
+        asyncio.run(two_commits())
     finally:
         io.close()
         holder.close()
-    assert [(o.verdict, o.receipt.key) for o in outcomes] == [("claimed", "a"), ("claimed", "b")]
+    assert heard == [("a", True), ("b", True)]
     assert io._queued == 0  # every store call counted out: later ones may run inline again
-    assert [getattr(store.get_receipt(key), "status", None) for key in "ab"] == ["running", "running"]
+    assert [getattr(store.get_receipt(key), "status", None) for key in "ab"] == ["completed", "completed"]
     store.close()

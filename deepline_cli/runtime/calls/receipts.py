@@ -397,8 +397,8 @@ class ReceiptBook:
             reported=info.credits is not None,
         )
         self._writes.settle(settlement, partial(self._check_recorded, call))
-        if info.held_loop:  # the loop waited for it: committed before anything else runs
-            self._writes.commit_now()
+        if info.held_s:  # the loop waited for it: committed once such waits add up
+            self._writes.held(info.held_s)
         self._tally.count(call, "live", credits)
         return Outcome(value, "live", call.key, credits)
 
@@ -444,8 +444,8 @@ class ReceiptBook:
             self._tally.count(call, "failed", 0.0)
         # If this write fails the lease simply expires: the call's own error is what matters.
         self._writes.settle(settlement)
-        if info is not None and info.held_loop:
-            self._writes.commit_now()
+        if info is not None and info.held_s:
+            self._writes.held(info.held_s)
 
     # --- leases ---------------------------------------------------------------------------
 

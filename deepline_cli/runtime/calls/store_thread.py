@@ -276,6 +276,11 @@ GATHER_TURNS = 4
 # How long the event loop waits for a commit `WriteQueue.commit_now` began; past it (a lock
 # another process holds, a store reconnecting) the writer waits for it instead.
 COMMIT_NOW_S = 1.0
+# Calls that held the event loop (a step's blocking plain `def`: a sync SDK's call) this long
+# in all since the last commit have their answers committed at once (`WriteQueue.held`); each
+# is counted from HELD_FROM_S (less is computing, not waiting on a provider).
+HELD_COMMIT_S = 0.02
+HELD_FROM_S = 0.002
 
 
 class WriteQueue:
@@ -298,6 +303,7 @@ class WriteQueue:
         # A batch `commit_now` began that was not done when it stopped waiting: the writer
         # hands out its results before it takes another batch.
         self._begun: tuple[Future[Applied], Batch] | None = None
+        self._held_s = 0.0  # how long calls held the event loop since a batch was last taken
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -347,9 +353,13 @@ class WriteQueue:
     def _pending(self) -> bool:
         return bool(self._claims or self._settlements or self._logs or self._map_rows)
 
-    def _take(self) -> tuple[Batch, Writes]:
-        """Everything submitted so far, as one transaction's writes."""
-        claims, self._claims = self._claims, []
+    def _take(self, claims_too: bool = True) -> tuple[Batch, Writes]:
+        """Everything submitted so far (but the claims, unless `claims_too`), as one
+        transaction's writes."""
+        self._held_s = 0.0
+        claims: list[tuple[Claim, asyncio.Future[ClaimOutcome]]] = []
+        if claims_too:
+            claims, self._claims = self._claims, []
         settlements, self._settlements = self._settlements, []
         writes = Writes(
             [s for s, _ in settlements], [c for c, _ in claims], self._logs, self._sheet_rows, self._map_rows
@@ -377,14 +387,25 @@ class WriteQueue:
             elif future.cancelled() and outcome.verdict == "claimed":
                 self._release(outcome)
 
+    def held(self, seconds: float) -> None:
+        """A call held the event loop `seconds` (a step's blocking plain `def`): once such
+        calls held it HELD_COMMIT_S in all since the last commit, `commit_now`. Their answers
+        would otherwise wait for the loop to be free again, and be lost, and paid for again,
+        by a kill meanwhile (rows' blocking steps run one after another)."""
+        if seconds >= HELD_FROM_S:
+            self._held_s += seconds
+            if self._held_s >= HELD_COMMIT_S:
+                self.commit_now()
+
     def commit_now(self) -> None:
-        """Commit what is queued here and now, the event loop waiting (up to COMMIT_NOW_S):
-        for a call that held the loop for long (a blocking step), whose answer would
-        otherwise wait for the loop to be free again, and be lost, paid for, by a kill
-        meanwhile. In order: after any batch already on its way to the store."""
-        if not self._pending() or self._begun is not None:  # one is on its way still: the writer's
-            return
-        batch, writes = self._take()
+        """Commit the answers, rows and log lines queued, here and now, the event loop
+        waiting (up to COMMIT_NOW_S). Not the claims: they go with the writer's next batch
+        (committed now, they would start new rows ahead of an interrupt waiting for the loop,
+        and of the live view). A settlement depends only on its own claim, committed before
+        its call went out; it is committed after any batch already on its way to the store."""
+        if not (self._settlements or self._logs or self._map_rows) or self._begun is not None:
+            return  # nothing to commit, or one is on its way still: the writer's
+        batch, writes = self._take(claims_too=False)
         begun = self._io.start(self._io.store.receipts.apply, writes, self._io.now())
         try:
             begun.result(timeout=COMMIT_NOW_S)

@@ -68,9 +68,9 @@ class ToolCall:
     # True while the call waits for its slot (concurrency, rate limit, a 429 pause): stopped
     # there, it was never sent, and is given back as such (skipped, not released).
     queued: bool = False
-    # The call held the event loop for long (a step's plain `def` that blocked): its answer
-    # is committed as it ends, not when the loop is free again.
-    held_loop: bool = False
+    # How long the call held the event loop (a step's plain `def`, a sync tool run on it):
+    # answers that held it long enough in all are committed as they end (WriteQueue.held).
+    held_s: float = 0.0
     _owner: CallOwner | None = field(default=None, repr=False, compare=False)
     _call: Any = field(default=None, repr=False, compare=False)
 
@@ -161,9 +161,10 @@ class ToolDef:
             context = contextvars.copy_context()
             if self.placement.inline and not under_timeout:
                 began = time.perf_counter()
-                result = context.run(self._timed, *args)
-                # Proven quick, it blocked this time (a pause, a slow input): the loop waited.
-                call.held_loop = time.perf_counter() - began >= Placement.BLOCKING_S
+                try:
+                    result = context.run(self._timed, *args)
+                finally:  # proven quick, it may block this time (a pause, a slow input)
+                    call.held_s = time.perf_counter() - began
             else:
                 result = await asyncio.get_running_loop().run_in_executor(None, context.run, self._timed, *args)
             if is_awaitable(result):

@@ -20,7 +20,7 @@ from deepline_cli.runtime.map.engine import MapRun
 from deepline_cli.runtime.map.host import MapParts
 from deepline_cli.runtime.map.rows import CsvSource, RowKey
 from deepline_cli.runtime.providers.http import FetchResult, Request, fetch_once
-from deepline_cli.runtime.providers.tools import Placement, ToolCall
+from deepline_cli.runtime.providers.tools import ToolCall
 from deepline_cli.runtime.run import suspension
 from deepline_cli.runtime.run.parts import RunParts
 
@@ -96,11 +96,12 @@ class Context:
         async def invoke(info: ToolCall) -> Any:
             journal, waited = self._s.effects.journal, len(self._s.effects.journal.waits)
             began = time.perf_counter()
-            value = fn()
+            try:
+                value = fn()
+            finally:  # a plain `def` (that returned or raised): the event loop waited for it
+                info.held_s = time.perf_counter() - began
             if is_awaitable(value):
                 value = await value
-            else:  # a plain `def`: the event loop waited for it
-                info.held_loop = time.perf_counter() - began >= Placement.BLOCKING_S
             # What fn caught is not its value: a budget refusal stops the run, a wait makes it wait.
             if (tripped := self._s.effects.book.tripped) is not None:
                 raise tripped
