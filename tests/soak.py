@@ -108,6 +108,7 @@ class Soak:
     takeovers: int = 0
     woke_busy: int = 0
     woke_exits: dict[int, int] = field(default_factory=dict)  # exit code -> processes woken after a takeover
+    woke_said: list[list[str]] = field(default_factory=list)  # last lines of those that exited other than 4
     processes: list[Process] = field(default_factory=list)
     server: ProviderServer | None = None
 
@@ -190,6 +191,9 @@ class Soak:
         self.takeovers += 1
         self.woke_busy += code == 4
         self.woke_exits[code] = self.woke_exits.get(code, 0) + 1
+        if code != 4:  # not "taken over": what it said, for the report
+            said = (self.work / f"process-{self.processes.index(proc) + 1}.log").read_text(errors="replace")
+            self.woke_said.append(said.strip().splitlines()[-3:])
         return successor
 
     def _attempt(self) -> int:
@@ -258,6 +262,7 @@ class Soak:
             "takeovers": self.takeovers,
             "stopped_woke_exit_4": self.woke_busy,
             "woken_exit_codes": self.woke_exits,
+            "woken_said": self.woke_said,  # the last lines of each woken process that exited other than 4
             "processes": len(self.processes),
             "requests": len(provider.requests),
             "distinct_calls": distinct,
