@@ -791,7 +791,9 @@ def test_a_worker_whose_store_refuses_says_so_in_one_sentence(tmp_path: Path) ->
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr and "interrupting runs" not in done.stderr, done.stderr
-    assert f"Cannot connect to the store {url}" in done.stderr, done.stderr
+    # Nor "stopping" and "done — 0 started" before it: it never had the store.
+    [said] = [line for line in done.stderr.splitlines() if line.strip()]
+    assert said.startswith("Error: the worker stopped: ") and f"Cannot connect to the store {url}" in said, said
 
 
 @pytest.mark.postgres

@@ -77,12 +77,13 @@ def worker(
         scheduled=scheduled, finished=finished,
     )  # fmt: skip
     stats = running.run()
-    report(
-        f"worker: done — {stats.started} started, {stats.completed} completed, {stats.failed} failed, "
-        f"{stats.waiting} waiting, {stats.requeued} re-queued"
-        + (f", {stats.stopped} stopped" if stats.stopped else "")
-        + (f", {stats.taken_over} taken over by another process" if stats.taken_over else "")
-    )
+    if running.failure is None or running.opened:  # else it never had the store: its error says it all
+        report(
+            f"worker: done — {stats.started} started, {stats.completed} completed, {stats.failed} failed, "
+            f"{stats.waiting} waiting, {stats.requeued} re-queued"
+            + (f", {stats.stopped} stopped" if stats.stopped else "")
+            + (f", {stats.taken_over} taken over by another process" if stats.taken_over else "")
+        )
     if running.failure is not None:  # a store it cannot use is exit 2; one that may be back, 1
         raise fail(
             f"the worker stopped: {running.failure}", 1 if store_down(running.failure) else running.failure.exit_code

@@ -96,6 +96,7 @@ class Worker:
         self._runners: set[Runner] = set()
         self._idle: set[str] = set()
         self.failure: StoreError | None = None  # why the worker stopped on its own
+        self.opened = False  # a thread opened the store (else its failure is all there is to say)
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -121,13 +122,15 @@ class Worker:
             restore()
         return self.stats
 
-    def drain(self, why: str = "draining — interrupting runs in progress, they will be re-queued") -> None:
-        """Stop claiming; interrupt the runs in progress (they go back to the queue)."""
+    def drain(self, why: str | None = "draining — interrupting runs in progress, they will be re-queued") -> None:
+        """Stop claiming; interrupt the runs in progress (they go back to the queue). `why`
+        is said unless None."""
         if self._draining.is_set():
             return
         self._draining.set()
         self._wake.set()
-        self.report(f"worker: {why}")
+        if why is not None:
+            self.report(f"worker: {why}")
         with self._lock:
             for runner in self._runners:
                 runner.request_stop(again=False)
@@ -172,7 +175,7 @@ class Worker:
                 self.failure = exc
         why = "cannot be opened" if isinstance(exc, StoreOpenError) else "cannot be used"
         why = "cannot be reached" if store_down(exc) else why
-        self.drain(f"stopping: the store {why}")
+        self.drain(f"stopping: the store {why}" if self.opened else None)
 
     # --- one thread ------------------------------------------------------------------------
 
@@ -182,6 +185,7 @@ class Worker:
         except StoreError as exc:  # refused (down, a wrong port), or a newer deepline's schema
             self._give_up(exc)
             return
+        self.opened = True
         me = threading.current_thread().name
         try:
             while not self._draining.is_set():
