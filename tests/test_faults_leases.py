@@ -121,24 +121,31 @@ async def batched(ctx, input):
 """
 
 
+BATCHED = "batch = { max_size = 5, max_wait_ms = 50 }"
+
+
+def _p_batch(provider: TimedProvider, path: str, last: str) -> str:
+    """deepline.toml for BATCH_PLAY's tool `p.batch` (1 credit a call, no retry) on `path`,
+    with `last` as its last setting."""
+    return f"""
+[tools."p.batch"]
+method = "POST"
+url = "http://127.0.0.1:{provider.port}{path}"
+json = {{ domain = "{{domain}}" }}
+credits = 1
+retries = 0
+timeout_s = 60
+{last}
+"""
+
+
 def _batch_project(tmp_path: Path, provider: TimedProvider) -> None:
     """BATCH_PLAY and its batch tool (1 credit a member, batches of 5); one batch answers,
     the rest hang past a kill."""
     provider.latency_s = 0.0
     provider.script("/v1/batch", ["ok", *["slow:4"] * 10])
     (tmp_path / "play.py").write_text(BATCH_PLAY)
-    (tmp_path / "deepline.toml").write_text(
-        f"""
-[tools."p.batch"]
-method = "POST"
-url = "http://127.0.0.1:{provider.port}/v1/batch"
-json = {{ domain = "{{domain}}" }}
-credits = 1
-retries = 0
-timeout_s = 60
-batch = {{ max_size = 5, max_wait_ms = 50 }}
-"""
-    )
+    (tmp_path / "deepline.toml").write_text(_p_batch(provider, "/v1/batch", BATCHED))
 
 
 def _killed_with_calls_out(
@@ -236,19 +243,10 @@ def test_a_batch_setting_added_before_a_resume_never_sends_a_call_again_in_a_bat
     provider.script("/v1/one", [*["ok"] * 5, *["slow:4"] * 10])  # five answer, the rest hang past the kill
     (tmp_path / "play.py").write_text(BATCH_PLAY)
     config = tmp_path / "deepline.toml"
-    alone = f"""
-[tools."p.batch"]
-method = "POST"
-url = "http://127.0.0.1:{provider.port}/v1/one"
-json = {{ domain = "{{domain}}" }}
-credits = 1
-retries = 0
-timeout_s = 60
-concurrency = 8
-"""
+    alone = _p_batch(provider, "/v1/one", "concurrency = 8")
     config.write_text(alone)
     _killed_with_calls_out("alone-run", "/v1/one", 8, provider, env, tmp_path)
-    config.write_text(alone + "batch = { max_size = 5, max_wait_ms = 50 }\n")
+    config.write_text(alone + BATCHED + "\n")
     resume = [sys.executable, "-m", "deepline_cli", "resume", "alone-run", "--json"]
     sent = len(provider.requests)
     refused = subprocess.run(

@@ -47,8 +47,8 @@ def test_commits_a_held_up_store_keeps_waiting_are_each_delivered(
         holder.execute("BEGIN IMMEDIATE")
         threading.Timer(0.4, holder.execute, ("COMMIT",)).start()
         for key in "ab":
-            writes.settle(Settlement(key, f"L-{key}", "completed", output=key), partial(answered, key))
-            writes.held(0.03)  # a call that held the loop 30 ms: committed at once
+            # A call that held the loop 30 ms: committed at once.
+            writes.settle(Settlement(key, f"L-{key}", "completed", output=key), partial(answered, key), held_s=0.03)
         await writes.flushed()
 
     def answered(key: str, applied: bool | BaseException) -> None:

@@ -20,7 +20,6 @@ from deepline_cli.store.records import (
     Receipt,
     Settlement,
     Writes,
-    asks_anew,
     sent_again,
 )
 
@@ -68,13 +67,21 @@ def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVer
     return "claimed" if (expired or dead_attempt) else "busy"
 
 
+def asks_anew(existing: Receipt, claim: Claim) -> bool:
+    """Does a refresh or force of `claim` apply to this receipt: another run's, or one of an
+    earlier attempt of its run the refresh was asked of (`refresh_own_before`)? A resume that
+    only kept the flag redoes nothing its run did already under it."""
+    before = claim.attempt if claim.refresh_own_before is None else claim.refresh_own_before
+    return existing.run_id != claim.run_id or existing.attempt < before
+
+
 def claim_idempotency_key(existing: Receipt | None, claim: Claim) -> str:
     """The provider idempotency key a claim that won the receipt sends.
 
     - a takeover of a call that may have been sent (running, released), or the retry of
       a transient failure: the key it was sent with, so the provider bills it once;
     - a new paid call of a receipt that has an answer (forced or stale refresh), of a
-      failure the user asked to refresh, or of any failure forced: a fresh key, so the
+      failure the user asked to refresh, or of another run's failure forced: a fresh key, so the
       provider does not replay;
     - otherwise: the call's own key.
     """

@@ -493,7 +493,8 @@ def key_in_use(receipt: Receipt) -> bool:
     return error.get("status_code") == 409 and error.get("origin", "provider") == "provider"
 
 
-def maybe_processed(receipt: Receipt) -> bool:
+def failure_maybe_processed(receipt: Receipt) -> bool:
+    """Does a failed receipt's error say its call may have been processed (unanswered, a 409)?"""
     return was_unanswered(receipt) or key_in_use(receipt)
 
 
@@ -512,16 +513,8 @@ def sent_again(existing: Receipt | None, claim: Claim | None = None) -> bool:
     if existing.status == "failed":
         if claim is not None and claim.force and claim.kind != "batch" and existing.run_id != claim.run_id:
             return False
-        return existing.retryable or maybe_processed(existing)
+        return existing.retryable or failure_maybe_processed(existing)
     return existing.status in ("running", "released")
-
-
-def asks_anew(existing: Receipt, claim: Claim) -> bool:
-    """Does a refresh or force of `claim` apply to this receipt: another run's, or one of an
-    earlier attempt of its run the refresh was asked of (`refresh_own_before`)? A resume that
-    only kept the flag redoes nothing its run did already under it."""
-    before = claim.attempt if claim.refresh_own_before is None else claim.refresh_own_before
-    return existing.run_id != claim.run_id or existing.attempt < before
 
 
 __all__ = ["RUN_STATUSES"]  # the run statuses are drawn in run_states.py

@@ -367,7 +367,7 @@ class ReceiptBook:
                 unanswered = info.unanswered or (claimed.maybe_processed and not call.batched)
                 failed = failure_settlement(call, claimed, exc, record, self._secrets, queued=info.queued,
                                             unanswered=unanswered)  # fmt: skip
-                self._settle_failure(call, failed, info)
+                self._settle_failure(call, failed, info.held_s)
                 if _is_call_failure(call, exc):
                     # The same error type live as when replayed from the failed receipt.
                     error = tool_error(exc, call.tool)
@@ -396,9 +396,7 @@ class ReceiptBook:
             replaces=claimed.replaces,
             reported=info.credits is not None,
         )
-        self._writes.settle(settlement, partial(self._check_recorded, call))
-        if info.held_s:  # the loop waited for it: committed once such waits add up
-            self._writes.held(info.held_s)
+        self._writes.settle(settlement, partial(self._check_recorded, call), info.held_s)
         self._tally.count(call, "live", credits)
         return Outcome(value, "live", call.key, credits)
 
@@ -439,13 +437,11 @@ class ReceiptBook:
         """The receipt as the store has it now."""
         return await self._io.call(self._io.store.receipts.get_receipt, key)
 
-    def _settle_failure(self, call: DurableCall, settlement: Settlement, info: ToolCall | None = None) -> None:
+    def _settle_failure(self, call: DurableCall, settlement: Settlement, held_s: float) -> None:
         if (settlement.ended or settlement.status) == "failed":
             self._tally.count(call, "failed", 0.0)
         # If this write fails the lease simply expires: the call's own error is what matters.
-        self._writes.settle(settlement)
-        if info is not None and info.held_s:
-            self._writes.held(info.held_s)
+        self._writes.settle(settlement, held_s=held_s)
 
     # --- leases ---------------------------------------------------------------------------
 

@@ -277,7 +277,7 @@ GATHER_TURNS = 4
 # another process holds, a store reconnecting) the writer waits for it instead.
 COMMIT_NOW_S = 1.0
 # Calls that held the event loop (a step's blocking plain `def`: a sync SDK's call) this long
-# in all since the last commit have their answers committed at once (`WriteQueue.held`); each
+# in all since the last commit have their answers committed at once (`WriteQueue.settle`); each
 # is counted from HELD_FROM_S (less is computing, not waiting on a provider).
 HELD_COMMIT_S = 0.02
 HELD_FROM_S = 0.002
@@ -316,10 +316,19 @@ class WriteQueue:
         self._wake()
         return future
 
-    def settle(self, settlement: Settlement, checked: Checked | None = None) -> None:
+    def settle(self, settlement: Settlement, checked: Checked | None = None, held_s: float = 0.0) -> None:
         """Queue a settlement; `checked` hears, once it is committed, whether it applied (or
-        the store's error) — no future per settlement: most have nobody waiting for them."""
+        the store's error) — no future per settlement: most have nobody waiting for them.
+        `held_s`: how long its call held the event loop (a step's blocking plain `def`): once
+        such calls held it HELD_COMMIT_S in all since the last commit, `commit_now`. Their
+        answers would otherwise wait for the loop to be free again, and be lost, and paid for
+        again, by a kill meanwhile (rows' blocking steps run one after another)."""
         self._settlements.append((settlement, checked))
+        if held_s >= HELD_FROM_S:
+            self._held_s += held_s
+            if self._held_s >= HELD_COMMIT_S:
+                self.commit_now()
+                return
         self._wake()
 
     def sheet(self, sheet_row: SheetRow | None, map_row: MapRow) -> None:
@@ -386,16 +395,6 @@ class WriteQueue:
                 future.set_result(outcome)
             elif future.cancelled() and outcome.verdict == "claimed":
                 self._release(outcome)
-
-    def held(self, seconds: float) -> None:
-        """A call held the event loop `seconds` (a step's blocking plain `def`): once such
-        calls held it HELD_COMMIT_S in all since the last commit, `commit_now`. Their answers
-        would otherwise wait for the loop to be free again, and be lost, and paid for again,
-        by a kill meanwhile (rows' blocking steps run one after another)."""
-        if seconds >= HELD_FROM_S:
-            self._held_s += seconds
-            if self._held_s >= HELD_COMMIT_S:
-                self.commit_now()
 
     def commit_now(self) -> None:
         """Commit the answers, rows and log lines queued, here and now, the event loop

@@ -122,9 +122,7 @@ def resolve_columns(
     for name, spec in columns.items():
         column = spec if isinstance(spec, Column) else Column(spec)
         parts = [code_fingerprint(fn) for fn in column.functions()]
-        # A function given fewer arguments than an earlier deepline gave it (a parameter with a
-        # default keeps it now): its cells, computed with the row's index or rc in it, again.
-        parts += [f"given {arity(fn)}" for fn in column.functions() if given_fewer(fn)]
+        parts += given_fewer(*column.functions())
         parts.append(input_fingerprint(play_input, column.depends_on, rows_path, cwd))
         if tools:
             parts.append(tools)
@@ -595,7 +593,8 @@ def _positional(fn: Callable[..., Any]) -> list[inspect.Parameter] | None:
     return [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
-def given_fewer(fn: Callable[..., Any]) -> bool:
-    """Is `fn` given fewer arguments than an earlier deepline gave it (a parameter with a
-    default keeps it now)? Its cells were computed with the row's index or rc in it."""
-    return min(arity(fn), 2) != _given_before(fn)
+def given_fewer(*fns: Callable[..., Any] | None) -> list[str]:
+    """Fingerprint parts for the functions given fewer arguments than an earlier deepline
+    gave them (a parameter with a default keeps it now): their cells, computed with the
+    row's index or rc in them, are computed again."""
+    return [f"given {arity(fn)}" for fn in fns if fn is not None and min(arity(fn), 2) != _given_before(fn)]

@@ -80,8 +80,7 @@ class Waterfall:
         parts: list[Any] = []
         for s in self.steps:
             parts += [s.name, s.fn] + ([s.run_if] if s.run_if is not None else [])
-            # Given fewer arguments than an earlier deepline gave it: its cells again (columns.resolve_columns).
-            parts += [f"given {arity(fn)}" for fn in (s.fn, s.run_if) if fn is not None and given_fewer(fn)]
+            parts += given_fewer(s.fn, s.run_if)
         return parts + ([self.found] if self.found is not None else [])
 
     async def __call__(self, row: dict[str, Any], rc: Any) -> Found:

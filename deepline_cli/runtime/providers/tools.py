@@ -69,7 +69,7 @@ class ToolCall:
     # there, it was never sent, and is given back as such (skipped, not released).
     queued: bool = False
     # How long the call held the event loop (a step's plain `def`, a sync tool run on it):
-    # answers that held it long enough in all are committed as they end (WriteQueue.held).
+    # answers that held it long enough in all are committed as they end (WriteQueue.settle).
     held_s: float = 0.0
     _owner: CallOwner | None = field(default=None, repr=False, compare=False)
     _call: Any = field(default=None, repr=False, compare=False)
@@ -160,23 +160,22 @@ class ToolDef:
         else:
             context = contextvars.copy_context()
             if self.placement.inline and not under_timeout:
-                began = time.perf_counter()
-                try:
-                    result = context.run(self._timed, *args)
-                finally:  # proven quick, it may block this time (a pause, a slow input)
-                    call.held_s = time.perf_counter() - began
+                result = context.run(self._timed, call, *args)  # proven quick, it may block this time
             else:
-                result = await asyncio.get_running_loop().run_in_executor(None, context.run, self._timed, *args)
+                result = await asyncio.get_running_loop().run_in_executor(None, context.run, self._timed, None, *args)
             if is_awaitable(result):
                 result = await result
         return _json.as_stored(result) if self.local else result
 
-    def _timed(self, *args: Any) -> Any:
+    def _timed(self, on_loop: ToolCall | None, *args: Any) -> Any:
         start = time.perf_counter()
         try:
             return self.fn(*args)
         finally:
-            self.placement.took(time.perf_counter() - start)
+            took = time.perf_counter() - start
+            self.placement.took(took)
+            if on_loop is not None:  # run on the event loop: it held it that long
+                on_loop.held_s = took
 
 
 _REGISTRY: dict[str, ToolDef] = {}

@@ -45,7 +45,7 @@ from deepline_cli.runtime.run.parts import Journal, RunParts, Settings, build_pa
 from deepline_cli.runtime.run.play import PlayDef
 from deepline_cli.runtime.run.snapshot import code_changed
 from deepline_cli.runtime.run.suspension import next_wake, waiting_on
-from deepline_cli.store.records import FailedCall, RunRecord
+from deepline_cli.store.records import REFRESH_GIVEN_FOR, FailedCall, RunRecord
 from deepline_cli.store.roles import Store
 
 PROGRESS_EVERY_S = 0.5
@@ -418,6 +418,14 @@ class Attempt:
         return restore
 
 
+def _refreshed_before(record: RunRecord) -> int:
+    """The attempt a refresh flag was last given to, by an earlier attempt's command: the
+    run's own failures before it are still asked again (ones that attempt did not get to,
+    a budget stopping it); 0: none."""
+    given_for = record.options.get(REFRESH_GIVEN_FOR)
+    return given_for if isinstance(given_for, int) else 0
+
+
 def attempt_parts(
     play: PlayDef, options: RunOptions, record: RunRecord, io: StoreIO, bus: EventBus, stats: RunStats,
     history: History, borrowed_tools: dict[str, Any],
@@ -433,7 +441,7 @@ def attempt_parts(
         lease_ttl=options.lease_ttl,
         force_refresh=options.force_refresh,
         refresh_failed=options.refresh_failed,
-        refresh_own_before=None if options.refresh_given else options.refresh_given_at or 0,
+        refresh_own_before=None if options.refresh_given else _refreshed_before(record),
         root_run_id=record.root_run_id or record.run_id,
         ancestors=(*record.ancestors, play.name),
         play_file=play.file,

@@ -41,9 +41,6 @@ class RunOptions:
     # A refresh flag was given to this attempt (not only kept from the run's start): the run's
     # own failures of earlier attempts are tried again too. Not persisted.
     refresh_given: bool = True
-    # An earlier attempt a refresh flag was given to (its run's own failures before it are
-    # still asked again: ones that attempt did not get to). Not persisted.
-    refresh_given_at: int | None = None
     max_credits: float | None = None
     # The flags given on this command line (None: not known, a flag at its default value
     # counts as not given): on resume, the others come from the run's start. Not persisted.

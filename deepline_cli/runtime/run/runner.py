@@ -288,8 +288,6 @@ class Runner:
             self.options.refresh_given = True
         if self.options.refresh_given:  # a later attempt asks what this one does not get to (a budget stop)
             record.options[REFRESH_GIVEN_FOR] = record.attempt
-        elif isinstance(given_for, int):
-            self.options.refresh_given_at = given_for
         try:
             play = self._load(record, loaded)
             self._prepare(play, record.cwd, snapshot=bool(record.snapshot))
