@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from installed import compiled
+
 
 def command() -> list[str]:
     script = Path(sys.executable).parent / "deepline"
@@ -28,6 +30,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args()
     cmd = command()
+    compiled()
     subprocess.run(cmd, check=True, capture_output=True)  # warm the OS file cache once
     times = []
     for _ in range(args.runs):

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import orjson
+from installed import compiled
 
 PLAY = textwrap.dedent(
     """
@@ -150,6 +151,7 @@ def main() -> None:
     if args.child:
         child(*args.child)
         return
+    compiled()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         play, data = root / "floor_play.py", root / "rows.csv"

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from installed import compiled
+
 HERE = Path(__file__).resolve().parent
 
 FULL = [
@@ -54,6 +56,7 @@ def main() -> None:
     plan = QUICK if args.quick else FULL
     if args.postgres:
         plan = plan + [[*cmd, "--url", args.postgres] for cmd in (POSTGRES_QUICK if args.quick else POSTGRES)]
+    compiled()  # once for every benchmark's processes, as an install has it
     for script, *flags in plan:
         print(f"# {script} {' '.join(flags)}", file=sys.stderr, flush=True)
         out = subprocess.run([sys.executable, str(HERE / script), *flags], check=True, capture_output=True, text=True)

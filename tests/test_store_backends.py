@@ -357,3 +357,23 @@ def test_a_run_iterating_its_maps_dataset_rides_out_a_dropped_connection(
     )
     result = run_play(play, tmp_path / "store.db")
     assert (result.status, result.output, dropped) == ("completed", [1, 2], [True]), result.error
+
+
+def test_a_postgres_notify_that_arrives_while_the_listener_runs_a_statement_still_wakes_it(pg_url: str) -> None:
+    """A worker's listener is woken by every NOTIFY on the store (other runs' too) and goes back
+    to listening each time: one that arrives meanwhile, while its connection runs a statement,
+    must wake it still (psycopg drops it unless a handler hears it), not wait for the next poll."""
+    import psycopg
+
+    listener = open_store(pg_url)
+    try:
+        assert listener.queue.wait_for_notify(0.01) is False  # listening, nothing said yet
+        with psycopg.connect(pg_url, autocommit=True) as other:
+            sent = threading.Timer(0.1, lambda: other.execute("NOTIFY deepline_work"))
+            sent.start()
+            listener.queue._conn.execute("SELECT pg_sleep(0.4)")  # busy with a statement as it arrives
+            sent.join()
+        assert listener.queue.wait_for_notify(1.0) is True
+        assert listener.queue.wait_for_notify(0.05) is False  # heard once, not again
+    finally:
+        listener.close()
