@@ -345,6 +345,20 @@ def test_a_refresh_flag_on_a_completed_run_says_it_did_not_apply(deepline, basic
     assert len(logged(log)) == 3  # nothing ran again
 
 
+def test_a_budget_on_a_completed_run_says_it_did_not_apply(deepline, basic) -> None:
+    """`resume RUN --max-credits N` of a completed run spends nothing and says so, as the
+    refresh flags do, instead of dropping the budget without a word."""
+    play, log, payload = basic
+    assert deepline("run", str(play), "--input", payload, "--run-id", "done-3").code == 0
+    for again in (("resume", "done-3"), ("run", str(play), "--input", payload, "--run-id", "done-3")):
+        result = deepline(*again, "--max-credits", "1")
+        assert result.code == 0, result.stderr
+        said = "--max-credits did not apply: run done-3 already completed; nothing was run again, nor spent."
+        assert said in result.stderr, again
+        assert "--refresh-failed" not in result.stderr and "--force-refresh" not in result.stderr
+    assert len(logged(log)) == 3  # nothing ran again
+
+
 @pytest.mark.parametrize("empty", ["", " "])
 def test_an_empty_run_id_is_refused_not_ignored(deepline, basic, empty: str) -> None:
     """`--run-id "$RUN_ID"` with the variable unset: refused (exit 2), not a new run under a

@@ -291,8 +291,9 @@ def _print_output(result: RunResult) -> None:
 
 
 def _not_applied(run_id: str, options: RunOptions) -> None:
-    """A refresh asked of a run that completed already: nothing ran, and it says so (and how
-    the failed or stale rows are asked again), instead of dropping the flag without a word."""
+    """A refresh or a budget asked of a run that completed already: nothing ran, and it says
+    so (and how the failed or stale rows are asked again), instead of dropping the flag
+    without a word."""
     for flag, given in (("--refresh-failed", options.refresh_failed), ("--force-refresh", options.force_refresh)):
         if given:
             sys.stderr.write(
@@ -300,6 +301,10 @@ def _not_applied(run_id: str, options: RunOptions) -> None:
                 f"again. To ask again, start a new run of the play with {flag} (without --run-id): its receipts "
                 "answer everything else.\n"
             )
+    if options.max_credits is not None:
+        sys.stderr.write(
+            f"Warning: --max-credits did not apply: run {run_id} already completed; nothing was run again, nor spent.\n"
+        )
 
 
 def _hand_signals_to(runner: Runner, finished: threading.Event) -> None:

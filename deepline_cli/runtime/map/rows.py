@@ -227,8 +227,8 @@ class CsvSource:
                             )
                         else:
                             raise InputError(
-                                f"{self.path} line {line}: {len(record)} fields where the header has "
-                                f"{width} (column {min(len(record), width) + 1})."
+                                f"{self.path} line {line}: {len(record)} fields where the header has {width}: "
+                                + _misfit(heading, len(record), width)
                             )
                     row = dict(zip(header, record, strict=False))  # as long as the header: checked above
                     for name in absent:
@@ -558,3 +558,12 @@ def _trimmed(record: list[str]) -> list[str]:
     while end and not record[end - 1].strip():
         end -= 1
     return record[:end]
+
+
+def _misfit(heading: list[str], fields: int, width: int) -> str:
+    """What a row of `fields` cells lacks, or has over, the file's `width` columns (named by
+    its own header line, `heading`)."""
+    if fields < width:
+        name = heading[fields].strip() if fields < len(heading) else ""
+        return f"no cell for {name!r} (column {fields + 1})." if name else f"no cell for column {fields + 1}."
+    return f"column {width + 1} has no header (a delimiter inside an unquoted cell?)."

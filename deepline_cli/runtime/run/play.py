@@ -300,14 +300,17 @@ def load_play(ref: str, *, base: Path | None = None) -> PlayDef:
 def _select(path: Path, selector: str | None, plays: list[PlayDef]) -> PlayDef:
     if selector is None:
         if len(plays) > 1:
-            names = ", ".join(p.function for p in plays)
-            raise PlayLoadError(f"{path} declares several plays ({names}); pick one with {path.name}:NAME.")
+            raise PlayLoadError(f"{path} declares several plays ({_named(plays)}); pick one with {path.name}:NAME.")
         return plays[0]
     for candidate in plays:
         if selector in (candidate.function, candidate.name):
             return candidate
-    names = ", ".join(p.function for p in plays)
-    raise PlayLoadError(f"{path} has no play {selector!r}; it declares: {names}.")
+    raise PlayLoadError(f"{path} has no play {selector!r}; it declares: {_named(plays)}.")
+
+
+def _named(plays: list[PlayDef]) -> str:
+    """The plays a file declares, as a person picks one: its function, and its play's name."""
+    return ", ".join(p.function if p.name == p.function else f"{p.function} (play {p.name!r})" for p in plays)
 
 
 def load_plays(ref: str) -> list[PlayDef]:
