@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import inspect
+import time
 import types
+from collections.abc import Generator
 from typing import Any
 
 _PLAIN = frozenset({str, int, float, bool, dict, list, type(None)})
@@ -14,3 +16,35 @@ def is_awaitable(value: Any) -> bool:
     or tool most often returns: a coroutine, or a plain value."""
     kind = type(value)
     return kind is types.CoroutineType or (kind not in _PLAIN and inspect.isawaitable(value))
+
+
+class Held:
+    """`await Held(x)` is `await x`, and `held_s` then says how long x's own code held the
+    event loop: the time of its steps between awaits, summed. An `async def` that calls a
+    sync SDK inside awaits nothing while the SDK waits on its provider: one long step."""
+
+    __slots__ = ("_awaitable", "held_s")
+
+    def __init__(self, awaitable: Any) -> None:
+        self._awaitable = awaitable
+        self.held_s = 0.0
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        inner = self._awaitable.__await__()
+        sent: Any = None
+        thrown: BaseException | None = None
+        while True:
+            began = time.perf_counter()
+            try:
+                yielded = inner.send(sent) if thrown is None else inner.throw(thrown)
+            except StopIteration as done:
+                return done.value
+            finally:
+                self.held_s += time.perf_counter() - began
+            try:
+                sent, thrown = (yield yielded), None
+            except GeneratorExit:
+                inner.close()
+                raise
+            except BaseException as exc:  # a cancellation: into the awaitable, which may handle it
+                sent, thrown = None, exc

@@ -528,12 +528,13 @@ def test_a_call_that_held_the_loop_is_committed_before_anything_else_runs(make_p
     assert out.output == ["completed"]
 
 
-def test_answers_of_short_blocking_steps_are_committed_once_they_add_up(make_play, store_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["def", "async def"])
+def test_answers_of_short_blocking_steps_are_committed_once_they_add_up(make_play, store_path: Path, kind: str) -> None:
     """Steps of a sync client under 20 ms each (one that blocks 8 ms) were never committed at
     once: 80 in a gather held the loop for half a second with nothing written, and a kill
-    paid again every answer since the last commit. They are, once their waits add up."""
-    play_file = make_play(
-        """
+    paid again every answer since the last commit. They are, once their waits add up; in an
+    `async def` that calls the sync client too (it awaits nothing while it waits)."""
+    source = """
         import asyncio
         import sqlite3
         import time
@@ -556,9 +557,8 @@ def test_answers_of_short_blocking_steps_are_committed_once_they_add_up(make_pla
         async def short(ctx, input):
             found = await asyncio.gather(*[ctx.step(f"s{i}", lambda i=i: lookup(i)) for i in range(12)])
             return [f["committed_before"] for f in found]
-        """,
-        STORE=str(store_path),
-    )
+        """
+    play_file = make_play(source.replace("def lookup(i):", f"{kind} lookup(i):"), STORE=str(store_path))
 
     seen = run(play_file, store_path).output
 

@@ -370,12 +370,41 @@ async def blocking(ctx, input):
 """
 
 
+# The same paid call in an `async def` that blocks all the same (a sync SDK called inside it):
+# as a step, and as a local tool.
+ASYNC_BLOCKING_STEPS = BLOCKING_STEPS.replace("def pay(row, log):", "async def pay(row, log):")
+ASYNC_BLOCKING_TOOL = """\
+import time
+
+from deepline_cli import play, tool
+
+@tool("sdk.pay")
+async def pay(input):  # awaits nothing: the sync SDK's call holds the event loop
+    with open(input["log"], "a", encoding="utf-8") as handle:
+        handle.write(input["id"] + "\\n")
+    time.sleep(0.04)
+    return {"paid": input["id"]}
+
+@play("blocking")
+async def blocking(ctx, input):
+    rows = [{"id": str(i)} for i in range(30)]
+    ds = await ctx.map("rows", rows, key="id", concurrency=10, columns={
+        "paid": lambda row, rc: rc.tools.execute("pay", "sdk.pay", {"id": row["id"], "log": input["log"]}),
+    })
+    return {"rows": len(ds), "failed": ds.failed_count}
+"""
+
+
+@pytest.mark.parametrize(
+    "source", [BLOCKING_STEPS, ASYNC_BLOCKING_STEPS, ASYNC_BLOCKING_TOOL], ids=["def-step", "async-step", "async-tool"]
+)
 def test_a_kill_does_not_pay_again_the_blocking_steps_answered_before_it(
-    deepline, tmp_path: Path, store_url: str, cli_env
+    deepline, tmp_path: Path, store_url: str, cli_env, source: str
 ) -> None:
-    """A plain `def` step that blocks (a sync SDK inside `rc.step`) holds the event loop:
-    its answer is committed as it returns, so a kill asks again only the step it cut."""
-    (tmp_path / "play.py").write_text(BLOCKING_STEPS)
+    """A step or tool that blocks (a sync SDK inside `rc.step`, or inside an `async def`)
+    holds the event loop: its answer is committed as it returns, so a kill asks again only
+    the call it cut."""
+    (tmp_path / "play.py").write_text(source)
     cli_env["DEEPLINE_STORE"] = store_url
     paid = tmp_path / "paid.log"
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
 from deepline_cli import _json
-from deepline_cli._aio import is_awaitable
+from deepline_cli._aio import Held, is_awaitable
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.providers.governor import parse_rate
 
@@ -156,15 +156,21 @@ class ToolDef:
         copy of the caller's context either way (what it sets does not leak out)."""
         args = (input, call) if self.wants_call else (input,)
         if self.is_async:
-            result = await self.fn(*args)
+            result = self.fn(*args)
         else:
             context = contextvars.copy_context()
             if self.placement.inline and not under_timeout:
                 result = context.run(self._timed, call, *args)  # proven quick, it may block this time
             else:
                 result = await asyncio.get_running_loop().run_in_executor(None, context.run, self._timed, None, *args)
-            if is_awaitable(result):
-                result = await result
+        if is_awaitable(result):
+            # How long its own code held the event loop goes with the call's (a sync SDK called
+            # inside an `async def` blocks it, awaiting nothing): its answer is committed soon.
+            held = Held(result)
+            try:
+                result = await held
+            finally:
+                call.held_s += held.held_s
         return _json.as_stored(result) if self.local else result
 
     def _timed(self, on_loop: ToolCall | None, *args: Any) -> Any:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
 from deepline_cli import _json
-from deepline_cli._aio import is_awaitable
+from deepline_cli._aio import Held, is_awaitable
 from deepline_cli.errors import InputError, UsageError
 from deepline_cli.runtime.calls.events import log_fields
 from deepline_cli.runtime.calls.receipts import DurableCall, durable_id, receipt_key
@@ -101,7 +101,11 @@ class Context:
             finally:  # a plain `def` (that returned or raised): the event loop waited for it
                 info.held_s = time.perf_counter() - began
             if is_awaitable(value):
-                value = await value
+                held = Held(value)  # an `async def`'s own steps hold the loop too (a sync SDK inside)
+                try:
+                    value = await held
+                finally:
+                    info.held_s += held.held_s
             # What fn caught is not its value: a budget refusal stops the run, a wait makes it wait.
             if (tripped := self._s.effects.book.tripped) is not None:
                 raise tripped
