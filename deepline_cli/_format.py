@@ -37,8 +37,9 @@ def retry_causes(reasons: dict[str, int] | None, retries: int) -> dict[str, int]
     """Retries by cause (`429`, `5xx`, `network`), with `earlier` for those whose cause no
     record kept (an attempt killed before its outcome): the causes add up to the retries."""
     known = dict(sorted((reasons or {}).items()))
-    if retries > sum(known.values()):  # none known at all (every retry in a killed attempt) too
-        known["earlier"] = retries - sum(known.values())
+    unknown = retries - sum(known.values())
+    if unknown > 0:  # none known at all (every retry in a killed attempt) too; added to those an earlier outcome kept
+        known["earlier"] = known.get("earlier", 0) + unknown
     return known
 
 

@@ -776,6 +776,9 @@ def test_retries_whose_causes_no_record_kept_are_said_earlier() -> None:
     assert retry_causes({"429": 25}, 33) == {"429": 25, "earlier": 8}
     assert retry_causes({"5xx": 2}, 2) == {"5xx": 2}
     assert retry_causes({}, 0) == {}
+    # An outcome kept `earlier` already (a run killed, stopped, then killed again): the retries
+    # of the later killed attempt are added to it, not put in its place.
+    assert retry_causes({"5xx": 422, "earlier": 53}, 515) == {"5xx": 422, "earlier": 93}
 
 
 def test_a_resume_over_rows_in_another_order_keeps_a_handled_failure_final(write_play, store_path) -> None:

@@ -85,6 +85,9 @@ class LedgerQueries:
     def map_steps(self, run_id: str) -> dict[str, dict[str, dict[str, int]]]:
         raise NotImplementedError
 
+    def unfinished_counts(self, run_id: str, map: str) -> tuple[int, int]:
+        raise NotImplementedError
+
     def run_stats(self, run_id: str, failures: list[FailedCall] | None = None) -> dict[str, Any]:
         """What the run (and its child runs) did over every attempt (see `Store.run_stats`).
 
@@ -227,7 +230,11 @@ class LedgerQueries:
         outcomes = dict(
             self._read("SELECT outcome, count(*) FROM map_rows WHERE run_id = ? GROUP BY outcome", (run_id,))
         )
-        duplicate = self._read("SELECT coalesce(sum(duplicate), 0) FROM maps WHERE run_id = ?", (run_id,))[0][0]
+        duplicate = 0
+        for name, status, counted in self._read("SELECT map, status, duplicate FROM maps WHERE run_id = ?", (run_id,)):
+            if status != "completed":  # a map stopped (or killed) before its input was read whole counted none
+                counted = max(counted or 0, self.unfinished_counts(run_id, name)[0])
+            duplicate += int(counted or 0)
         reused, cells, earlier = self._read(
             "SELECT coalesce(sum(reused_row), 0), coalesce(sum(reused_cells), 0), coalesce(sum(CASE WHEN"
             " coalesce(reused_row, 0) = 0 AND attempt < (SELECT attempt FROM runs WHERE run_id = ?) THEN 1 ELSE 0"

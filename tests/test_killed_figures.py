@@ -1,0 +1,134 @@
+"""Figures of runs killed along the way (SIGKILL, SIGTERM, then resumed): every view says the
+same, and they add up (`retry_reasons` to `retries`; a map's duplicates in its line and the
+run's `rows` line)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import wait_until
+from tests.provider import Provider, ProviderServer, Seen
+
+PLAY = """
+from deepline_cli import play
+
+@play("retries")
+async def retries(ctx, input):
+    leads = ctx.csv(input["csv"], required=["domain"])
+    rows = await ctx.map("leads", leads, key="domain", columns={
+        "company": lambda row, rc: rc.tools.execute("company", "acme.company", {"domain": row["domain"]}),
+    })
+    return {"rows": len(rows)}
+"""
+
+
+def _company_tool(folder: Path, url: str) -> None:
+    (folder / "deepline.toml").write_text(
+        f'[tools."acme.company"]\nurl = "{url}/company"\nquery = {{ domain = "{{domain}}" }}\ncredits = 1\n'
+    )
+
+
+@dataclass
+class Flaky(Provider):
+    """Answers 503 to the first request of one domain in four (then 200 under its key)."""
+
+    failed_once: set[str] = field(default_factory=set)
+
+    def answer(self, seen: Seen) -> tuple[int, dict[str, str], bytes]:
+        domain = seen.query.partition("domain=")[2]
+        if int(hashlib.sha256(domain.encode()).hexdigest()[:6], 16) % 4 == 0 and domain not in self.failed_once:
+            self.failed_once.add(domain)
+            return 503, {"content-type": "application/json"}, b'{"error": "try again"}'
+        return super().answer(seen)
+
+
+def _start(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "deepline_cli", *args, "--json"],
+        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def _stop_after(proc: subprocess.Popen[str], provider: Provider, more: int, sig: int) -> None:
+    start = provider.served
+    wait_until(lambda: provider.served >= start + more or proc.poll() is not None, what="requests", timeout=60)
+    assert proc.poll() is None, "the attempt finished before it could be stopped: make the CSV longer"
+    proc.send_signal(sig)
+    proc.communicate(timeout=60)
+
+
+def _company(stats: dict[str, Any]) -> dict[str, Any]:
+    return stats["tools"]["acme.company"]
+
+
+@pytest.mark.process
+def test_retry_reasons_add_up_to_retries_after_kill_term_kill_resume(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """An outcome kept `earlier` (the retries of a killed attempt) from the stopped attempt: the
+    next killed attempt's were put in its place, not added, and `run.finished` and `runs show`
+    said different causes, neither adding up."""
+    with ProviderServer(Flaky(latency_s=0.02)) as provider:
+        (tmp_path / "play.py").write_text(PLAY)
+        _company_tool(tmp_path, provider.url)
+        (tmp_path / "leads.csv").write_text("domain\n" + "".join(f"co{i}.com\n" for i in range(4000)))
+
+        run = _start(tmp_path, cli_env, "run", "play.py", "--csv", "leads.csv", "--run-id", "rr")
+        _stop_after(run, provider, 500, signal.SIGKILL)
+        _stop_after(_start(tmp_path, cli_env, "resume", "rr"), provider, 500, signal.SIGTERM)
+        _stop_after(_start(tmp_path, cli_env, "resume", "rr"), provider, 500, signal.SIGKILL)
+        last = _start(tmp_path, cli_env, "resume", "rr")
+        out, err = last.communicate(timeout=120)
+        assert last.returncode == 0, err
+
+    finished = json.loads(out.splitlines()[-1])
+    assert finished["event"] == "run.finished" and finished["status"] == "completed"
+    shown = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "deepline_cli", "runs", "show", "rr", "--json"],
+            cwd=tmp_path, env=cli_env, capture_output=True, text=True, check=True,
+        ).stdout
+    )  # fmt: skip
+
+    in_finished, in_show = _company(finished["stats"]), _company(shown["stats"])
+    assert sum(in_finished["retry_reasons"].values()) == in_finished["retries"], in_finished
+    assert sum(in_show["retry_reasons"].values()) == in_show["retries"], in_show
+    assert in_finished["retry_reasons"] == in_show["retry_reasons"], (in_finished, in_show)
+
+
+@pytest.mark.process
+def test_runs_show_of_a_killed_run_agrees_with_itself_on_duplicates(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """A map killed before its input was read whole: its line counted the duplicates skipped
+    so far (from its rows), and the run's `rows` line said 0."""
+    with ProviderServer(Provider(latency_s=0.02)) as provider:
+        (tmp_path / "play.py").write_text(PLAY)
+        _company_tool(tmp_path, provider.url)
+        # every 5th row repeats the key of the row before it
+        rows = [f"co{i - 1 if i % 5 == 0 and i else i}.com" for i in range(3000)]
+        (tmp_path / "leads.csv").write_text("domain\n" + "".join(f"{d}\n" for d in rows))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deepline_cli", "run", "play.py", "--csv", "leads.csv", "--run-id", "k", "--json"],
+            cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        wait_until(lambda: provider.served >= 800 or proc.poll() is not None, what="800 requests", timeout=60)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+
+    shown = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "deepline_cli", "runs", "show", "k", "--json"],
+            cwd=tmp_path, env=cli_env, capture_output=True, text=True, check=True,
+        ).stdout
+    )  # fmt: skip
+    (leads,) = shown["maps"]
+    assert leads["duplicate"] > 0  # the map line counts the duplicates skipped before the kill
+    assert shown["stats"]["rows"]["duplicate"] == leads["duplicate"], (shown["stats"]["rows"], leads)
