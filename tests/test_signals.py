@@ -364,3 +364,102 @@ def test_a_view_whose_reader_goes_away_interrupts_the_run_resumable(tmp_path: Pa
         finally:
             opened.close()
         assert held == [], "the calls out were recorded, none left held"
+
+
+IN_FLIGHT_PLAY = """
+from deepline_cli import play
+
+@play("slow-lookups")
+async def slow_lookups(ctx, input):
+    rows = [{"domain": d} for d in ("a.com", "b.com", "c.com")]
+    ds = await ctx.map("m", rows, key="domain", columns={
+        "v": lambda row, rc: rc.tools.execute("v", "corp.slow", {"domain": row["domain"]}),
+    })
+    return {"failed": ds.failed_count}
+"""
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_while_every_call_is_in_flight_interrupts_the_run(
+    tmp_path: Path, cli_env: dict[str, str], sig: signal.Signals
+) -> None:
+    """Every call of the run already out when the signal comes (nothing left to hold back):
+    the calls finished, the play returned, and the run ended `completed`, exit 0, as if no
+    one had asked it to stop. A CI job's timeout (SIGTERM) must see 130 and a resumable run."""
+    from tests.provider import Provider, ProviderServer
+
+    with ProviderServer(Provider(default_fault="slow:2")) as provider:
+        (tmp_path / "deepline.toml").write_text(
+            f'[tools."corp.slow"]\nurl = "{provider.url}/v1/lookup"\nquery = {{ domain = "{{domain}}" }}\ncredits = 1\n'
+        )
+        (tmp_path / "play.py").write_text(IN_FLIGHT_PLAY)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deepline_cli", "run", "play.py", "--run-id", "in-flight"],
+            cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while provider.count("/v1/lookup") < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, "the three calls never went out"
+            time.sleep(0.01)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130, f"exit {proc.returncode}: {err[-1500:]}"
+        assert run_status(Path(cli_env["DEEPLINE_STORE"]), "in-flight") == "interrupted"
+        assert provider.count("/v1/lookup") == 3  # the calls out finished, recorded: nothing sent again
+        resumed = subprocess.run(
+            [sys.executable, "-m", "deepline_cli", "resume", "in-flight"],
+            cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert resumed.returncode == 0, resumed.stderr
+        assert provider.count("/v1/lookup") == 3
+
+
+BLOCKING_PLAY = """
+import time
+
+from deepline_cli import play
+
+def pay(row, log):  # a sync SDK's paid call, 0.3 s: it blocks the event loop while it waits
+    with open(log, "a", encoding="utf-8") as handle:
+        handle.write(f"{time.time():.6f}\\n")
+    time.sleep(0.3)
+    return {"paid": row["id"]}
+
+@play("blocking")
+async def blocking(ctx, input):
+    rows = [{"id": str(i)} for i in range(40)]
+    ds = await ctx.map("rows", rows, key="id", concurrency=20, columns={
+        "paid": lambda row, rc: rc.step("pay", lambda: pay(row, input["log"])),
+    })
+    return len(ds)
+"""
+
+
+@pytest.mark.process
+def test_ctrl_c_while_blocking_calls_hold_the_loop_starts_no_more_of_them(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """Twenty rows' blocking steps started together run one after another, the event loop
+    held by each: Ctrl-C waited for the loop to be free, so the rows after the one running
+    each made their paid call first (14 of 20, 4.5 s). Now the one running finishes and no
+    other starts."""
+    paid = tmp_path / "paid.log"
+    (tmp_path / "play.py").write_text(BLOCKING_PLAY)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deepline_cli", "run", "play.py", "--set", f"log={paid}", "--run-id", "held"],
+        cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not (paid.exists() and len(paid.read_text().split()) >= 3):
+        assert proc.poll() is None and time.monotonic() < deadline, "the steps never began"
+        time.sleep(0.01)
+    asked = time.time()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    after = [float(t) for t in paid.read_text().split() if float(t) > asked]
+    assert not after, f"{len(after)} paid calls began after Ctrl-C"
+    assert run_status(Path(cli_env["DEEPLINE_STORE"]), "held") == "interrupted"

@@ -488,6 +488,11 @@ class ReceiptBook:
         """Stop dispatching: every later claim raises `reason`."""
         self._breaker.stop(reason)
 
+    def refuse_calls(self, reason: BaseException) -> None:
+        """From a signal handler (it only sets a flag): no call starts from now, each raising
+        `reason`, until `close` stops dispatching on the event loop."""
+        self._breaker.refusing = reason
+
     @property
     def tripped(self) -> BaseException | None:
         return self._breaker.tripped

@@ -137,6 +137,7 @@ class Attempt:
         self.stats = RunStats()
         self.stop_requested = False
         self.stop_reason: str | None = None  # a stop asked through the store (`deepline runs stop`)
+        self.signalled = False  # Ctrl-C or SIGTERM (not a worker's drain, not `runs stop`)
         self.task: asyncio.Task[BodyOutcome] | None = None
         self.services: RunParts | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -220,6 +221,11 @@ class Attempt:
             outcome = BodyOutcome("failed", error=describe(exc, services, self.play.file), raised=exc)
         stopped = RunInterrupted | StoreError  # a store is given up on at once when the run is asked to stop
         if self.stop_requested and outcome.status == "failed" and isinstance(outcome.raised, stopped):
+            return self._interrupted()
+        if self.signalled and outcome.status == "completed":
+            # Every call was out when the signal came, and the play ended with them: the run
+            # was still interrupted (exit 130, as a CI job's timeout expects), and a resume
+            # ends it from its receipts.
             return self._interrupted()
         if outcome.status == "waiting":
             # Siblings may be about to suspend too (several children at once): let them
@@ -379,6 +385,8 @@ class Attempt:
         then is the run's. Once the outcome is announced, a request changes nothing."""
         if self.decided:
             return
+        if again and reason is None:
+            self.signalled = True
         if self.stop_requested:
             if reason is not None and self.stop_reason is None:
                 self.stop_reason = reason
@@ -401,6 +409,14 @@ class Attempt:
         if self.task is not None:
             asyncio.get_running_loop().call_later(self.options.interrupt_grace_s, self.task.cancel)
 
+    def _heard(self) -> None:
+        """In the signal handler, the moment Ctrl-C or SIGTERM comes (the loop may be held by
+        calls that block it, one after another, before it hears the signal): no call starts
+        from here. `request_stop` does the rest once the loop is free."""
+        if not self.decided and self.services is not None:
+            self.signalled = True
+            self.services.effects.book.refuse_calls(RunInterrupted(self._interrupt_message()))
+
     def _unstick(self, loop: asyncio.AbstractEventLoop) -> None:
         """While the run stops: a store that holds a statement without answering is not
         waited on past the stop's bound (StoreIO.unstick), checked each second."""
@@ -412,7 +428,7 @@ class Attempt:
     def _install_signals(self, services: RunParts) -> Callable[[], None]:
         """Ctrl-C and SIGTERM stop the attempt gracefully until it has finished."""
         self.services, self.loop = services, asyncio.get_running_loop()
-        restore = install_signals(self.loop, self.request_stop)
+        restore = install_signals(self.loop, self.request_stop, self._heard)
         if self.runner.stop_pending:  # a drain asked before this attempt could hear it
             self.request_stop()
         return restore
@@ -546,9 +562,12 @@ async def settle(services: RunParts, grace_s: float) -> None:
     await services.effects.http.aclose()
 
 
-def install_signals(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]) -> Callable[[], None]:
-    """Ctrl-C and SIGTERM call `handler` on the loop; the returned function puts back the
-    handlers the process had before.
+def install_signals(
+    loop: asyncio.AbstractEventLoop, handler: Callable[[], None], at_once: Callable[[], None] | None = None
+) -> Callable[[], None]:
+    """Ctrl-C and SIGTERM call `handler` on the loop, and `at_once` (only setting a flag:
+    it runs wherever the loop's thread was) in the signal's own handler; the returned
+    function puts back the handlers the process had before.
 
     asyncio's `remove_signal_handler` puts Python's default back first (for SIGINT, the one
     raising KeyboardInterrupt), and a signal landing before the handler the process had is
@@ -561,6 +580,10 @@ def install_signals(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]
             before = signal.getsignal(sig)
             loop.add_signal_handler(sig, handler)
             installed[sig] = before
+            if at_once is not None:
+                # In place of asyncio's do-nothing Python handler: the signal still wakes the
+                # loop (its wakeup fd is written whatever the handler), which calls `handler`.
+                signal.signal(sig, lambda *_: at_once())
 
     def restore() -> None:
         for sig, before in installed.items():
