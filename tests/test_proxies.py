@@ -284,3 +284,31 @@ def test_a_proxy_url_python_cannot_split_is_one_sentence(
     project(tmp_path, http_provider.url, extra='proxy = "http://[::1"')
     checked = deepline("check", str(play))
     assert checked.code == 2 and "internal error" not in checked.stderr, checked.stderr
+
+
+@pytest.mark.parametrize(
+    ("no_proxy", "host", "port", "direct"),
+    [
+        ("corp.com", "api.corp.com", 443, True),
+        (".corp.com", "api.corp.com", 443, True),
+        ("*.corp.com", "api.corp.com", 443, True),  # as Windows and many tools write it
+        ("*.corp.com", "corp.com", 443, True),
+        ("*.corp.com", "notcorp.com", 443, False),
+        ("corp.com:8443", "api.corp.com", 443, False),
+        ("corp.com:8443", "api.corp.com", 8443, True),
+        ("[::1]:80", "::1", 80, True),  # an IPv6 address with a port, bracketed
+        ("[::1]:80", "::1", 81, False),
+        ("::1", "::1", 80, True),
+        ("10.0.0.0/8", "10.2.3.4", 80, True),
+        ("*", "anything.example", 80, True),
+    ],
+)
+def test_no_proxy_entries_as_people_write_them(no_proxy: str, host: str, port: int, direct: bool) -> None:
+    """NO_PROXY as corporate machines set it: `*.corp.com` and a bracketed IPv6 address with
+    its port (`[::1]:80`) went through the proxy."""
+    from deepline_cli.runtime.providers.transport import Proxies
+
+    proxies = Proxies({"HTTPS_PROXY": "http://proxy.corp:3128", "HTTP_PROXY": "http://proxy.corp:3128",
+                       "NO_PROXY": no_proxy})  # fmt: skip
+    scheme = "https" if port == 443 else "http"
+    assert (proxies.route((scheme, host, port), None) is None) is direct

@@ -200,18 +200,31 @@ def _proxies_from(environ: dict[str, str]) -> dict[str, str]:
 
 def _bypassed(host: str, port: int, no_proxy: str) -> bool:
     """Does NO_PROXY send this host direct?"""
+    host = host.strip("[]")
     for entry in (e.strip().lower() for e in no_proxy.split(",")):
         if not entry:
             continue
         if entry == "*":
             return True
-        name, _, entry_port = entry.partition(":") if entry.count(":") == 1 else (entry, "", "")
+        name, entry_port = _no_proxy_entry(entry)
         if entry_port and entry_port != str(port):
             continue
-        name = name.lstrip(".")
+        name = name.lstrip("*").lstrip(".")  # `*.corp.com` and `.corp.com`: the domain and its hosts
         if host == name or host.endswith("." + name) or _in_network(host, name):
             return True
     return False
+
+
+def _no_proxy_entry(entry: str) -> tuple[str, str]:
+    """A NO_PROXY entry's host (a name, a domain, an address or a network) and port, if it
+    gives one: `host`, `host:port`, `[v6]`, `[v6]:port`, or a bare IPv6 address."""
+    if entry.startswith("["):
+        name, _, rest = entry[1:].partition("]")
+        return name, rest[1:] if rest.startswith(":") else ""
+    if entry.count(":") == 1:
+        name, _, port = entry.partition(":")
+        return name, port
+    return entry, ""
 
 
 def _in_network(host: str, entry: str) -> bool:
