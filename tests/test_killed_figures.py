@@ -66,6 +66,15 @@ def _stop_after(proc: subprocess.Popen[str], provider: Provider, more: int, sig:
     proc.communicate(timeout=60)
 
 
+def _shown(folder: Path, env: dict[str, str], run_id: str) -> dict[str, Any]:
+    """`deepline runs show RUN_ID --json`."""
+    shown = subprocess.run(
+        [sys.executable, "-m", "deepline_cli", "runs", "show", run_id, "--json"],
+        cwd=folder, env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(shown.stdout)
+
+
 def _company(stats: dict[str, Any]) -> dict[str, Any]:
     return stats["tools"]["acme.company"]
 
@@ -90,12 +99,7 @@ def test_retry_reasons_add_up_to_retries_after_kill_term_kill_resume(tmp_path: P
 
     finished = json.loads(out.splitlines()[-1])
     assert finished["event"] == "run.finished" and finished["status"] == "completed"
-    shown = json.loads(
-        subprocess.run(
-            [sys.executable, "-m", "deepline_cli", "runs", "show", "rr", "--json"],
-            cwd=tmp_path, env=cli_env, capture_output=True, text=True, check=True,
-        ).stdout
-    )  # fmt: skip
+    shown = _shown(tmp_path, cli_env, "rr")
 
     in_finished, in_show = _company(finished["stats"]), _company(shown["stats"])
     assert sum(in_finished["retry_reasons"].values()) == in_finished["retries"], in_finished
@@ -123,12 +127,7 @@ def test_runs_show_of_a_killed_run_agrees_with_itself_on_duplicates(tmp_path: Pa
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=30)
 
-    shown = json.loads(
-        subprocess.run(
-            [sys.executable, "-m", "deepline_cli", "runs", "show", "k", "--json"],
-            cwd=tmp_path, env=cli_env, capture_output=True, text=True, check=True,
-        ).stdout
-    )  # fmt: skip
+    shown = _shown(tmp_path, cli_env, "k")
     (leads,) = shown["maps"]
     assert leads["duplicate"] > 0  # the map line counts the duplicates skipped before the kill
     assert shown["stats"]["rows"]["duplicate"] == leads["duplicate"], (shown["stats"]["rows"], leads)
