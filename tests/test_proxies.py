@@ -144,6 +144,9 @@ def test_the_company_ca_is_needed_for_a_certificate_it_signed(
     assert result.code == 2, result.stderr
     assert "is not trusted" in result.stderr and "SSL_CERT_FILE" in result.stderr, result.stderr
     assert "retried" not in result.stderr and "Traceback" not in result.stderr
+    nowhere = tmp_path / "nowhere"
+    missing = deepline("run", str(play), "--run-id", "tls-2", SSL_CERT_DIR=str(nowhere))
+    assert missing.code == 2 and f"(SSL_CERT_DIR={nowhere} is not a folder)" in missing.stderr, missing.stderr
     assert https_provider.count() == 0
     fixed = deepline("resume", "tls-1", SSL_CERT_FILE=str(ca[1]))
     assert fixed.code == 0, fixed.stderr

@@ -885,3 +885,21 @@ def test_a_call_whose_lease_went_while_its_connection_was_made_is_not_sent(
     with pytest.raises(RuntimeError, match="the lease was lost"):
         run(once())
     assert provider.requests == []
+
+
+def test_the_certificates_that_cannot_be_loaded_are_the_ones_named(tmp_path: Path) -> None:
+    """SSL_CERT_FILE not a certificate, beside a good SSL_CERT_DIR (as many machines set it):
+    the error named both."""
+    from deepline_cli.runtime.providers.transport import BadSettings, _tls_context
+
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    folder = tmp_path / "certs"
+    folder.mkdir()
+    with pytest.raises(BadSettings) as bad_file:
+        _tls_context(str(junk), str(folder))
+    assert f"SSL_CERT_FILE={junk}" in str(bad_file.value) and "SSL_CERT_DIR" not in str(bad_file.value)
+    assert _tls_context(None, str(folder)) is not None  # an empty folder of certificates is no error
+    # One that is not a folder is left out, as httpx does (the system's authorities still
+    # answer for public providers); a certificate it was to vouch for names it.
+    assert _tls_context(None, str(tmp_path / "nowhere")) is not None

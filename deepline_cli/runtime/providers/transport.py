@@ -107,12 +107,14 @@ def tls_context() -> ssl.SSLContext:
 @functools.cache
 def _tls_context(cafile: str | None, capath: str | None) -> ssl.SSLContext:
     context = ssl.create_default_context()
-    if cafile or capath:
+    if cafile:
         try:
-            context.load_verify_locations(cafile=cafile or None, capath=capath or None)
+            context.load_verify_locations(cafile=cafile)
         except (OSError, ssl.SSLError) as exc:
-            where = " and ".join(f"{n}={v}" for n, v in (("SSL_CERT_FILE", cafile), ("SSL_CERT_DIR", capath)) if v)
-            raise BadSettings(f"the certificates of {where} cannot be loaded ({exc}); fix or unset it") from None
+            said = f"the certificates of SSL_CERT_FILE={cafile} cannot be loaded ({exc}); fix or unset it"
+            raise BadSettings(said) from None
+    if capath and os.path.isdir(capath):  # one that is not is left out, as httpx does (said if a certificate fails)
+        context.load_verify_locations(capath=capath)
     context.set_alpn_protocols(["http/1.1"])
     return context
 
@@ -803,9 +805,11 @@ def _connect_errors(host: str, port: int, timeout_s: float, what: str = "") -> I
     except TimeoutError:  # before OSError: asyncio's timeout is one
         raise TransportTimeout(f"connecting to {what}{host}:{port} took over {timeout_s:g}s") from None
     except ssl.SSLCertVerificationError as exc:  # the same on every try: the machine's CAs to set
+        folder = os.environ.get("SSL_CERT_DIR")
+        missing = f" (SSL_CERT_DIR={folder} is not a folder)" if folder and not os.path.isdir(folder) else ""
         raise BadSettings(
             f"the certificate of {host}:{port} is not trusted ({exc.verify_message}); if a company CA signs it, "
-            "point SSL_CERT_FILE or SSL_CERT_DIR at it"
+            f"point SSL_CERT_FILE or SSL_CERT_DIR at it{missing}"
         ) from None
     except OSError as exc:
         raise TransportError(f"cannot connect to {what}{host}:{port}: {exc.strerror or exc}") from None
