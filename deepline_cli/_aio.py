@@ -30,21 +30,36 @@ class Held:
         self.held_s = 0.0
 
     def __await__(self) -> Generator[Any, Any, Any]:
-        inner = self._awaitable.__await__()
+        awaitable = self._awaitable
+        # What `await` takes: a generator-based coroutine (`types.coroutine`) is its own
+        # iterator, and `__await__` may give any iterator (`next` only: PEP 380's `yield from`).
+        inner = awaitable if isinstance(awaitable, types.GeneratorType) else awaitable.__await__()
         sent: Any = None
         thrown: BaseException | None = None
         while True:
             began = time.perf_counter()
             try:
-                yielded = inner.send(sent) if thrown is None else inner.throw(thrown)
+                if thrown is None:
+                    yielded = next(inner) if sent is None else inner.send(sent)
+                else:
+                    exc, thrown = thrown, None  # not kept in this frame: its traceback holds the frame
+                    try:
+                        throw = getattr(inner, "throw", None)
+                        if throw is None:
+                            raise exc
+                        yielded = throw(exc)
+                    finally:
+                        exc = None
             except StopIteration as done:
                 return done.value
             finally:
                 self.held_s += time.perf_counter() - began
             try:
-                sent, thrown = (yield yielded), None
+                sent = yield yielded
             except GeneratorExit:
-                inner.close()
+                close = getattr(inner, "close", None)
+                if close is not None:
+                    close()
                 raise
             except BaseException as exc:  # a cancellation: into the awaitable, which may handle it
                 sent, thrown = None, exc

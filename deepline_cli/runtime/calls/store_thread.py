@@ -304,6 +304,7 @@ class WriteQueue:
         # hands out its results before it takes another batch.
         self._begun: tuple[Future[Applied], Batch] | None = None
         self._held_s = 0.0  # how long calls held the event loop since a batch was last taken
+        self._committed_at = 0.0  # perf_counter when `commit_now` last ended
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -324,6 +325,9 @@ class WriteQueue:
         answers would otherwise wait for the loop to be free again, and be lost, and paid for
         again, by a kill meanwhile (rows' blocking steps run one after another)."""
         self._settlements.append((settlement, checked))
+        # Only the hold since the last `commit_now`: an outer step's time includes its inner
+        # calls' holds (and their commits), already committed.
+        held_s = min(held_s, time.perf_counter() - self._committed_at)
         if held_s >= HELD_FROM_S:
             self._held_s += held_s
             if self._held_s >= HELD_COMMIT_S:
@@ -416,6 +420,7 @@ class WriteQueue:
                     return
                 raise
         self._io.finished()
+        self._committed_at = time.perf_counter()
         error = begun.exception()
         self._deliver(batch, error if error is not None else begun.result())
 
