@@ -42,14 +42,14 @@ class Held:
                 if thrown is None:
                     yielded = next(inner) if sent is None else inner.send(sent)
                 else:
-                    exc, thrown = thrown, None  # not kept in this frame: its traceback holds the frame
+                    pending, thrown = thrown, None  # not kept in this frame: its traceback holds the frame
                     try:
                         throw = getattr(inner, "throw", None)
                         if throw is None:
-                            raise exc
-                        yielded = throw(exc)
+                            raise pending
+                        yielded = throw(pending)
                     finally:
-                        exc = None
+                        del pending
             except StopIteration as done:
                 return done.value
             finally:
