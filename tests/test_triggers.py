@@ -455,6 +455,24 @@ def test_a_schedules_runs_are_told_from_a_longer_names() -> None:
     assert not is_tick_of("sched-daily-by-hand", "daily")
 
 
+def test_names_alike_up_to_their_cut_or_their_unsafe_characters_get_run_ids_of_their_own() -> None:
+    """Run ids are made of the schedule's (or play's) name, cut to 60 characters: two schedules
+    of a play with a long name (`<play>.enterprise-emea` and `<play>.enterprise-east`) had one
+    run id per tick, and the second was taken for queued already and never ran; two webhook
+    plays alike, one delivery each. Names that are their own slug keep their run ids."""
+    from deepline_cli.runtime.run.triggers import delivery_run_id, is_delivery_run, is_tick_of
+
+    long = "nightly-firmographics-refresh-for-the-whole-crm"
+    emea, east = f"{long}.enterprise-emea", f"{long}.enterprise-east"
+    assert tick_run_id(emea, 1_780_000_000) != tick_run_id(east, 1_780_000_000)
+    assert is_tick_of(tick_run_id(east, 1_780_000_000), east) and not is_tick_of(tick_run_id(east, 1_780_000_000), emea)
+    hooks = [f"inbound-lead-enrichment-from-hubspot-form-submissions-for-region-{r}" for r in ("emea", "apac")]
+    assert delivery_run_id(hooks[0], "msg_1") != delivery_run_id(hooks[1], "msg_1")
+    assert is_delivery_run(delivery_run_id(hooks[1], "msg_1"), hooks[1])
+    assert tick_run_id("daily eu", 1) != tick_run_id("daily-eu", 1)  # made alike by the characters taken out
+    assert tick_run_id("daily", 1_780_000_000) == "sched-daily-20260528T202640Z"  # as before
+
+
 def test_a_schedule_input_the_plays_schema_refuses_fails_when_the_play_loads(deepline, write_play) -> None:
     write_play(
         ACCOUNTS_PLAY.replace(

@@ -146,4 +146,10 @@ def is_delivery_run(run_id: str, play: str) -> bool:
 
 
 def _slug(name: str) -> str:
-    return _UNSAFE.sub("-", name).strip("-")[:60] or "play"
+    """The name as run ids hold it: itself when it is safe and short; else cut, with a digest
+    of the whole name, so names alike up to the cut (or but for characters taken out) stay
+    apart."""
+    slug = _UNSAFE.sub("-", name).strip("-")
+    if slug and slug == name and len(slug) <= 60:
+        return slug
+    return f"{slug[:51].rstrip('-') or 'play'}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
