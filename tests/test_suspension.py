@@ -992,3 +992,49 @@ def test_a_refresh_given_to_a_waiting_runs_resume_is_made_once(deepline, write_p
     assert done.code == 0, done.stderr
     assert finished(done)["output"] == {"failed": 3}
     assert sorted(logged(log)) == ["0", "0", "1", "1", "2", "2"]  # once, then once more refreshed
+
+
+def test_an_event_sent_again_after_a_child_took_it_is_not_kept_for_the_next_child(deepline, write_play, tmp_path):
+    """A retried `events send ROOT approve` (the sender did not hear back) after the child that
+    waited took the first: it was kept on the root, and the next child waiting for `approve`
+    took it at once and made its paid call, with no approval of its own. It is refused as
+    taken; the next child waits, and an approval sent while it waits reaches it."""
+    sent = tmp_path / "sent.log"
+    write_play(
+        f"""
+        from deepline_cli import play, tool
+
+        @tool("crm.send")
+        def send(input):
+            with open({str(sent)!r}, "a") as log:
+                log.write(str(input["stage"]) + "\\n")
+            return input["stage"]
+
+        @play("stage")
+        async def stage(ctx, input):
+            got = await ctx.wait_for_event("approve")
+            if input["n"] == 1:
+                await ctx.wait_for_event("go")  # still at work when the approval is sent again
+            await ctx.tools.execute("send", "crm.send", {{"stage": input["n"]}})
+            return {{"stage": input["n"], "approval": got}}
+
+        @play("pipeline")
+        async def pipeline(ctx, input):
+            return [await ctx.run_play("s1", "stage", {{"n": 1}}), await ctx.run_play("s2", "stage", {{"n": 2}})]
+        """
+    )
+    assert deepline("run", "play.py:pipeline", "--run-id", "pp").code == 3  # stage 1 waits for its approval
+    assert deepline("events", "send", "pp", "approve", "--payload", '{"delivery": "d-1"}').code == 0
+    assert deepline("resume", "pp").code == 3  # stage 1 took it, and waits for "go"
+    again = deepline("events", "send", "pp", "approve", "--payload", '{"delivery": "d-1"}')
+    assert again.code == 0, again.stderr
+    assert "took 'approve' already" in again.stderr, again.stderr
+    assert deepline("events", "send", "pp", "go").code == 0
+    waiting = deepline("resume", "pp")
+    assert waiting.code == 3, waiting.stderr  # stage 2 waits for an approval of its own
+    assert sent.read_text().split() == ["1"]
+    assert deepline("events", "send", "pp", "approve", "--payload", '{"delivery": "d-2"}').code == 0
+    done = deepline("resume", "pp", "--json")
+    assert done.code == 0, done.stderr
+    assert [s["approval"]["delivery"] for s in done.json_lines()[-1]["output"]] == ["d-1", "d-2"]
+    assert sent.read_text().split() == ["1", "2"]

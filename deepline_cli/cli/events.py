@@ -31,7 +31,7 @@ def send(
     from deepline_cli.cli.inputs import parse_json_flag
     from deepline_cli.errors import UsageError
     from deepline_cli.runtime.run.holders import holder_alive
-    from deepline_cli.runtime.run.suspension import event_targets, timed_out_waits
+    from deepline_cli.runtime.run.suspension import event_takers, event_targets, timed_out_waits
     from deepline_cli.store import open_store
 
     value = parse_json_flag(payload, flag="--payload") if payload is not None else None
@@ -45,12 +45,15 @@ def send(
         targets = event_targets(db, run_id, event_id, now)
         lapsed = [] if targets else timed_out_waits(db, run_id, event_id, now)
         own = db.suspension.boundaries(run_id)
-        taken = any(b.kind == "event" and b.event_id == event_id and b.status == "resolved" for b in own)
+        # Taken by the run or a descendant, and nothing waits for it now: a send again (a retry
+        # the sender did not hear back from) is that one, not one for a later wait to take.
+        takers = [] if targets or lapsed else event_takers(db, run_id, event_id)
         awaited = [b.event_id for b in own if b.kind == "event" and b.status == "waiting" and b.event_id]
-        if not targets and record.status == "completed" and not taken:
+        if not targets and record.status == "completed" and not takers:
             raise UsageError(f"Run {run_id} has completed; nothing in it waits for events any more.")
         # Not waiting for it yet: kept for the run, and found when it (or a child) waits for it.
-        delivered = [t for t in targets or [run_id] if db.suspension.send_event(t, event_id, value, now)]
+        to = [] if takers else targets or [run_id]
+        delivered = [t for t in to if db.suspension.send_event(t, event_id, value, now)]
         if targets and delivered:
             for woken in {*delivered, run_id}:  # the run that waits, and the root a worker resumes
                 db.queue.set_wake(woken, now)
@@ -65,8 +68,13 @@ def send(
             err=True,
         )
         return
-    if not targets and taken:
-        typer.echo(f"Run {run_id} took {event_id!r} already; no wait of it is left to take this one.", err=True)
+    if takers:
+        where = "" if takers[0] == run_id else f" (child run {takers[0]})"
+        typer.echo(
+            f"Run {run_id}{where} took {event_id!r} already; no wait of it is left to take this one (send it again "
+            "once a later wait for it is reached).",
+            err=True,
+        )
         return
     if not targets:
         kept = "the event is kept for when it does" if delivered else "an earlier one is kept (the first wins)"

@@ -214,6 +214,11 @@ def timed_out_waits(store: Store, run_id: str, event_id: str, now: float) -> lis
     return _waits_for(store, run_id, event_id, lambda b: b.status == "timed_out" or _lapsed(b, now))
 
 
+def event_takers(store: Store, run_id: str, event_id: str) -> list[str]:
+    """Every run, this one or a descendant, whose wait for `event_id` took an event."""
+    return _waits_for(store, run_id, event_id, lambda b: b.status == "resolved")
+
+
 def event_targets(store: Store, run_id: str, event_id: str, now: float) -> list[str]:
     """Every run, this one or a descendant, that has reached `wait_for_event(event_id)`
     and not yet got past it, its deadline (if any) not passed."""
