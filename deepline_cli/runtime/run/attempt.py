@@ -137,7 +137,9 @@ class Attempt:
         self.stats = RunStats()
         self.stop_requested = False
         self.stop_reason: str | None = None  # a stop asked through the store (`deepline runs stop`)
-        self.signalled = False  # Ctrl-C or SIGTERM (not a worker's drain, not `runs stop`)
+        # Ctrl-C or SIGTERM heard (`_heard`): not a worker's drain, `runs stop`, nor a --json
+        # output that could not be written (a run that completes all the same says so).
+        self.signalled = False
         self.task: asyncio.Task[BodyOutcome] | None = None
         self.services: RunParts | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -385,8 +387,6 @@ class Attempt:
         then is the run's. Once the outcome is announced, a request changes nothing."""
         if self.decided:
             return
-        if again and reason is None:
-            self.signalled = True
         if self.stop_requested:
             if reason is not None and self.stop_reason is None:
                 self.stop_reason = reason
