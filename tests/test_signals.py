@@ -463,3 +463,104 @@ def test_ctrl_c_while_blocking_calls_hold_the_loop_starts_no_more_of_them(
     after = [float(t) for t in paid.read_text().split() if float(t) > asked]
     assert not after, f"{len(after)} paid calls began after Ctrl-C"
     assert run_status(Path(cli_env["DEEPLINE_STORE"]), "held") == "interrupted"
+
+
+SEQUENTIAL_PLAY = """
+import time
+
+from deepline_cli import play
+
+def pay(i, log):  # a sync SDK's paid call: it blocks the event loop while it waits
+    with open(log, "a", encoding="utf-8") as handle:
+        handle.write(f"{i}\\n")
+    time.sleep(0.3)
+    return i
+
+@play("sequential")
+async def sequential(ctx, input):
+    out = []
+    for i in range(10):  # one blocking step after another, no map
+        out.append(await ctx.step(f"s{i}", lambda i=i: pay(i, input["log"])))
+    return out
+"""
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_a_blocking_step_leaves_the_run_interrupted_not_failed(
+    tmp_path: Path, cli_env: dict[str, str], sig: signal.Signals
+) -> None:
+    """One blocking step after another, no map: the next step is refused by the signal's own
+    handler before the loop hears the signal, and the run must end `interrupted` (it ended
+    `failed`: "The run was interrupted. Next: fix the cause"), no step begun after it."""
+    paid = tmp_path / "paid.log"
+    (tmp_path / "play.py").write_text(SEQUENTIAL_PLAY)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deepline_cli", "run", "play.py", "--set", f"log={paid}", "--run-id", "seq"],
+        cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not (paid.exists() and len(paid.read_text().split()) >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, "the steps never began"
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert len(paid.read_text().split()) == 2, "no step began after the signal"
+    assert run_status(Path(cli_env["DEEPLINE_STORE"]), "seq") == "interrupted", err[-800:]
+
+
+NO_CALLS_PLAY = """
+from deepline_cli import play
+
+@play("nocalls")
+async def nocalls(ctx, input):
+    return {"ok": True}
+"""
+
+# `deepline` whose store is slow to read a run's history (a busy store): a worker's drain lands after the
+# run is recorded and before its attempt installs its handlers (Runner.stop_pending).
+SLOW_START = """
+import sys, time
+from deepline_cli.runtime.run import attempt
+read = attempt.History.read
+def slow(store, record, now):
+    out = read(store, record, now)
+    open("history.read", "w").close()
+    time.sleep(1.5)
+    return out
+attempt.History.read = staticmethod(slow)
+from deepline_cli.__main__ import entry
+sys.argv = ["deepline", *sys.argv[1:]]
+entry()
+"""
+
+
+@pytest.mark.process
+def test_a_drain_heard_before_the_attempt_installs_its_handlers_is_no_signal(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """A worker's drain that lands after the run is recorded and before its attempt hears
+    signals is no signal: a play that completes ends `completed` (not `interrupted` and
+    queued again, its body to run again)."""
+    (tmp_path / "play.py").write_text(NO_CALLS_PLAY)
+    (tmp_path / "slow_start.py").write_text(SLOW_START)
+    queued = subprocess.run(
+        [sys.executable, "-m", "deepline_cli", "run", "play.py", "--enqueue", "--run-id", "drained"],
+        cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert queued.returncode == 0, queued.stderr
+    worker = subprocess.Popen(
+        [sys.executable, "slow_start.py", "worker"],
+        cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "history.read").exists():
+        assert worker.poll() is None and time.monotonic() < deadline, "the worker never took the run"
+        time.sleep(0.01)
+    worker.send_signal(signal.SIGTERM)
+    _, err = worker.communicate(timeout=30)
+    assert worker.returncode == 0, err
+    assert run_status(Path(cli_env["DEEPLINE_STORE"]), "drained") == "completed", err

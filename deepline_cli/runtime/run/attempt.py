@@ -224,6 +224,8 @@ class Attempt:
         stopped = RunInterrupted | StoreError  # a store is given up on at once when the run is asked to stop
         if self.stop_requested and outcome.status == "failed" and isinstance(outcome.raised, stopped):
             return self._interrupted()
+        if self.signalled and outcome.status == "failed" and isinstance(outcome.raised, RunInterrupted):
+            return self._interrupted()  # refused by the signal's own handler, before the loop heard it
         if self.signalled and outcome.status == "completed":
             # Every call was out when the signal came, and the play ended with them: the run
             # was still interrupted (exit 130, as a CI job's timeout expects), and a resume
@@ -584,6 +586,7 @@ def install_signals(
                 # In place of asyncio's do-nothing Python handler: the signal still wakes the
                 # loop (its wakeup fd is written whatever the handler), which calls `handler`.
                 signal.signal(sig, lambda *_: at_once())
+                signal.siginterrupt(sig, False)  # as asyncio had it: system calls restart
 
     def restore() -> None:
         for sig, before in installed.items():
