@@ -564,3 +564,60 @@ def test_a_drain_heard_before_the_attempt_installs_its_handlers_is_no_signal(
     _, err = worker.communicate(timeout=30)
     assert worker.returncode == 0, err
     assert run_status(Path(cli_env["DEEPLINE_STORE"]), "drained") == "completed", err
+
+
+CATCHING_PLAY = """
+import asyncio
+
+from deepline_cli import play, tool
+
+@tool("crm.owner")
+async def owner(input):
+    await asyncio.sleep(0.02)
+    with open(input["log"], "a") as log:
+        log.write("x")
+    return "owner-" + str(input["n"])
+
+async def owner_of(row, rc, log):  # a play's fallback: any failure of the lookup is "unknown"
+    await asyncio.sleep(0.02)  # work of its own first: rows are out here when Ctrl-C comes
+    try:
+        return (await rc.tools.execute("owner", "crm.owner", {"n": row["n"], "log": log})).output
+    except Exception as exc:
+        return "unknown:" + type(exc).__name__
+
+@play("catching")
+async def catching(ctx, input):
+    rows = await ctx.map("rows", [{"n": n} for n in range(400)], key="n", concurrency=10, columns={
+        "owner": lambda row, rc: owner_of(row, rc, input["log"]),
+    })
+    return sorted({row["owner"] for row in rows if not row["owner"].startswith("owner-")})
+"""
+
+
+@pytest.mark.process
+def test_a_resolver_that_catches_the_interrupt_does_not_keep_its_fallback(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """A column that catches every failure of its lookup (`except Exception: "unknown"`)
+    caught the interrupt of a call Ctrl-C held back, and its row was recorded with the
+    fallback: the resume gave it back as the row's value. Such a row is not recorded."""
+    log = tmp_path / "calls.log"
+    (tmp_path / "play.py").write_text(CATCHING_PLAY)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deepline_cli", "run", "play.py", "--set", f"log={log}", "--run-id", "catch"],
+        cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not (log.exists() and len(log.read_text()) >= 50):
+        assert proc.poll() is None and time.monotonic() < deadline, "the calls never began"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    resumed = subprocess.run(
+        [sys.executable, "-m", "deepline_cli", "resume", "catch", "--json"],
+        cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout.splitlines()[-1])["output"] == [], "rows kept the fallback of an interrupt"

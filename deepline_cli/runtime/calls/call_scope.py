@@ -29,7 +29,7 @@ class CellScope:
     # Why the map stopped, once it has: a call of the cell not sent yet is not sent then
     # (`halted_call`), and the row is not recorded (what its resolver made of that is no value).
     stopped: Callable[[], BaseException | None] | None = None
-    held_back: bool = False  # a call of this cell was not sent because the map had stopped
+    held_back: bool = False  # a call of this cell was not sent: the map, or the run, had stopped
     # A wait reached in the cell (a child play that waits, a long sleep): the row waits with
     # it, even if its resolver caught the Suspended and returned something else.
     waits: BaseException | None = None

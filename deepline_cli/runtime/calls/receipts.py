@@ -482,7 +482,13 @@ class ReceiptBook:
     # --- lifecycle ------------------------------------------------------------------------
 
     def check_open(self) -> None:
-        self._breaker.check()
+        try:
+            self._breaker.check()
+        except BaseException:
+            cell = current_cell()
+            if cell is not None:  # a call of a map row's cell that was not sent: the row is not
+                cell.held_back = True  # recorded (what its resolver made of the refusal is no value)
+            raise
 
     def close(self, reason: BaseException) -> None:
         """Stop dispatching: every later claim raises `reason`."""

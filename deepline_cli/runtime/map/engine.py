@@ -368,8 +368,10 @@ class MapRun:
         tripped = self.s.tripped()
         if tripped is not None:  # the run stopped (a budget refusal…) while the row ran: its
             raise tripped  # resolver may have caught that and returned a value it is not
-        if self.stop is not None and any(scope.held_back for scope in scopes):
-            raise self.stop  # a call of the row was held back as the map stopped: no value
+        if any(scope.held_back for scope in scopes):  # a call of the row was held back: no value
+            self.s.check_open()  # the run stopped dispatching (Ctrl-C…): its resolver may have caught that
+            if self.stop is not None:
+                raise self.stop  # the map stopped
         waits = next((scope.waits for scope in scopes if scope.waits is not None), None)
         if waits is not None:
             raise waits  # a wait its resolver caught: the row waits, its value is none yet
