@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import threading
 import time
 import types
 from collections.abc import Generator
@@ -18,9 +19,26 @@ def is_awaitable(value: Any) -> bool:
     return kind is types.CoroutineType or (kind not in _PLAIN and inspect.isawaitable(value))
 
 
+# Seconds of holding the event loop counted so far on this thread (each event loop has its
+# own thread): by a `Held`'s steps, a sync call timed on the loop, a commit made on it. An
+# outer `Held` leaves out what was counted inside its own steps (a step awaiting a blocking
+# tool: the tool's hold, and its commit, are the tool's).
+_counted = threading.local()
+
+
+def held_so_far() -> float:
+    return float(getattr(_counted, "s", 0.0))
+
+
+def count_held(seconds: float) -> None:
+    """`seconds` of this thread's event loop held, counted by whoever held it."""
+    _counted.s = held_so_far() + seconds
+
+
 class Held:
     """`await Held(x)` is `await x`, and `held_s` then says how long x's own code held the
-    event loop: the time of its steps between awaits, summed. An `async def` that calls a
+    event loop: the time of its steps between awaits, summed, less what was counted inside
+    them (an inner `Held`'s, a commit's). An `async def` that calls a
     sync SDK inside awaits nothing while the SDK waits on its provider: one long step."""
 
     __slots__ = ("_awaitable", "held_s")
@@ -37,7 +55,7 @@ class Held:
         sent: Any = None
         thrown: BaseException | None = None
         while True:
-            began = time.perf_counter()
+            began, inside = time.perf_counter(), held_so_far()
             try:
                 if thrown is None:
                     yielded = next(inner) if sent is None else inner.send(sent)
@@ -53,7 +71,9 @@ class Held:
             except StopIteration as done:
                 return done.value
             finally:
-                self.held_s += time.perf_counter() - began
+                own = max(0.0, time.perf_counter() - began - (held_so_far() - inside))
+                self.held_s += own
+                count_held(own)
             try:
                 sent = yield yielded
             except GeneratorExit:

@@ -422,3 +422,84 @@ def test_a_kill_does_not_pay_again_the_blocking_steps_answered_before_it(
     assert set(calls) == {str(i) for i in range(30)}
     again = sorted((key for key, n in calls.items() if n > 1), key=int)
     assert len(again) <= 1, f"{len(again)} steps answered before the kill ({before} paid) were paid again: {again}"
+
+
+HELD_BY_TURNS = """\
+import asyncio
+import time
+
+from deepline_cli import play
+
+def paid(log, tag):
+    with open(log, "a", encoding="utf-8") as handle:
+        handle.write(tag + "\\n")
+
+async def a(log):  # a sync SDK's paid call, then one await before it returns
+    paid(log, "a")
+    time.sleep(0.05)
+    await asyncio.sleep(0)
+    return "a"
+
+async def x(log):  # another blocking call that returns while `a` is suspended: commit_now
+    paid(log, "x")
+    time.sleep(0.05)
+    return "x"
+
+async def b(log, mark):  # the next blocking call: holds the loop 30 s
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    paid(log, "b")
+    open(mark, "w").close()
+    time.sleep(30)
+    return "b"
+
+@play("cap")
+async def cap(ctx, input):
+    log, mark = input["log"], input["mark"]
+    return await asyncio.gather(
+        ctx.step("a", lambda: a(log)), ctx.step("x", lambda: x(log)), ctx.step("b", lambda: b(log, mark)),
+    )
+"""
+
+
+@pytest.mark.process
+def test_an_answered_step_is_committed_before_the_next_blocking_call(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """A blocking `async def` step that awaits once more before it returns, while another
+    call's answer is committed on the loop: its hold was counted only from that commit (none),
+    so its answer waited for the writer, the next blocking call held the loop, and a kill paid
+    it again. An outer step leaves out only what was counted inside its own steps."""
+    (tmp_path / "play.py").write_text(HELD_BY_TURNS)
+    log, mark = tmp_path / "paid.log", tmp_path / "blocking"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deepline_cli", "run", "play.py", "--set", f"log={log}", "--set", f"mark={mark}",
+         "--run-id", "cap-1", "--quiet"],
+        cwd=tmp_path, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not mark.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the run never reached b"
+            time.sleep(0.005)
+        time.sleep(0.3)  # the loop is held by b: nothing else can commit
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert log.read_text().split() == ["a", "x", "b"]
+    mark.unlink()
+    # b blocks 30 s again on the resume: only a's and x's payments matter, so it is killed there.
+    resumed = subprocess.Popen(
+        [sys.executable, "-m", "deepline_cli", "resume", "cap-1", "--quiet"],
+        cwd=tmp_path, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not mark.exists():
+            assert resumed.poll() is None and time.monotonic() < deadline, "the resume never reached b"
+            time.sleep(0.005)
+    finally:
+        resumed.kill()
+        resumed.wait(timeout=30)
+    paid = log.read_text().split()
+    assert paid.count("x") == 1
+    assert paid.count("a") == 1, f"a, answered before the kill, was paid again: {paid}"

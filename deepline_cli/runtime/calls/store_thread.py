@@ -18,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar, cast
 
+from deepline_cli._aio import count_held
 from deepline_cli.backoff import delays
 from deepline_cli.errors import StoreConnectionLost, StoreUnreachable
 from deepline_cli.store.claims import given_back
@@ -304,7 +305,6 @@ class WriteQueue:
         # hands out its results before it takes another batch.
         self._begun: tuple[Future[Applied], Batch] | None = None
         self._held_s = 0.0  # how long calls held the event loop since a batch was last taken
-        self._committed_at = 0.0  # perf_counter when `commit_now` last ended
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -325,13 +325,12 @@ class WriteQueue:
         answers would otherwise wait for the loop to be free again, and be lost, and paid for
         again, by a kill meanwhile (rows' blocking steps run one after another)."""
         self._settlements.append((settlement, checked))
-        # Only the hold since the last `commit_now`: an outer step's time includes its inner
-        # calls' holds (and their commits), already committed.
-        held_s = min(held_s, time.perf_counter() - self._committed_at)
         if held_s >= HELD_FROM_S:
             self._held_s += held_s
             if self._held_s >= HELD_COMMIT_S:
+                began = time.perf_counter()
                 self.commit_now()
+                count_held(time.perf_counter() - began)  # the call's: not an outer step's own hold
                 return
         self._wake()
 
@@ -420,7 +419,6 @@ class WriteQueue:
                     return
                 raise
         self._io.finished()
-        self._committed_at = time.perf_counter()
         error = begun.exception()
         self._deliver(batch, error if error is not None else begun.result())
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
 from deepline_cli import _json
-from deepline_cli._aio import Held, is_awaitable
+from deepline_cli._aio import Held, count_held, is_awaitable
 from deepline_cli.errors import UsageError
 from deepline_cli.runtime.providers.governor import parse_rate
 
@@ -182,6 +182,7 @@ class ToolDef:
             self.placement.took(took)
             if on_loop is not None:  # run on the event loop: it held it that long
                 on_loop.held_s = took
+                count_held(took)
 
 
 _REGISTRY: dict[str, ToolDef] = {}

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
 from deepline_cli import _json
-from deepline_cli._aio import Held, is_awaitable
+from deepline_cli._aio import Held, count_held, is_awaitable
 from deepline_cli.errors import InputError, UsageError
 from deepline_cli.runtime.calls.events import log_fields
 from deepline_cli.runtime.calls.receipts import DurableCall, durable_id, receipt_key
@@ -100,6 +100,7 @@ class Context:
                 value = fn()
             finally:  # a plain `def` (that returned or raised): the event loop waited for it
                 info.held_s = time.perf_counter() - began
+                count_held(info.held_s)
             if is_awaitable(value):
                 held = Held(value)  # an `async def`'s own steps hold the loop too (a sync SDK inside)
                 try:
