@@ -473,6 +473,54 @@ def test_names_alike_up_to_their_cut_or_their_unsafe_characters_get_run_ids_of_t
     assert tick_run_id("daily", 1_780_000_000) == "sched-daily-20260528T202640Z"  # as before
 
 
+SPACED_SCHEDULE = """
+from deepline_cli import play
+
+@play("nightly refresh", schedule="0 6 * * *")
+async def refresh(ctx, input):
+    return 1
+"""
+
+
+def test_ticks_and_deliveries_an_earlier_deepline_named_are_still_the_schedules_and_plays(tmp_path: Path) -> None:
+    """Run ids of names that are not their own slug (a space, over 60 characters) changed when
+    they were given a digest: ticks and deliveries queued under the earlier id must stay the
+    schedule's and play's (catch-up after an upgrade, `schedules list`, `GET /runs/ID`), and
+    a tick or a delivery sent again is not queued a second time under the new id."""
+    from deepline_cli.runtime.calls.events import EventBus
+    from deepline_cli.runtime.run.options import RunOptions
+    from deepline_cli.runtime.run.runner import Runner
+    from deepline_cli.runtime.run.schedules import Ticks, scheduled_plays
+    from deepline_cli.runtime.run.triggers import delivery_run_ids, is_delivery_run, is_tick_of, tick_run_ids
+    from deepline_cli.server.webhooks import _enqueue
+
+    (tmp_path / "refresh.py").write_text(SPACED_SCHEDULE)
+    (play,) = scheduled_plays(str(tmp_path / "refresh.py"))
+    store = str(tmp_path / "deepline.db")
+    six = (1_750_000_000 // 86_400) * 86_400 + 6 * 3600.0
+    new_id, earlier_id = tick_run_ids("nightly refresh", six - 86_400)
+    assert earlier_id == "sched-nightly-refresh-" + new_id[-16:] and is_tick_of(earlier_id, "nightly refresh")
+    runner = Runner(RunOptions(store=store), EventBus([]))
+    try:  # yesterday's tick, queued by an earlier deepline
+        assert runner.enqueue_new(play, {}, earlier_id, "schedule")
+    finally:
+        runner.close()
+    ticks = Ticks(store, [play], lambda said: None, lambda: None)
+    ticks.catch_up(six + 2 * 3600)  # down at 06:00 for the upgrade: today's tick is caught up
+    ticks.catch_up(six - 86_400 + 60)  # yesterday's again: it ran, under its earlier id
+    db = open_store(store)
+    try:
+        ids = sorted(r.run_id for r in db.runs.list_runs(limit=100))
+    finally:
+        db.close()
+    assert ids == sorted([earlier_id, tick_run_ids("nightly refresh", six)[0]]), ids
+    hook_new, hook_earlier = delivery_run_ids("Lead Emails", "msg_1")
+    assert is_delivery_run(hook_earlier, "Lead Emails") and is_delivery_run(hook_new, "Lead Emails")
+    assert _enqueue(store, play, {}, [hook_new, hook_earlier], "msg_1") == (hook_new, True)
+    assert _enqueue(store, play, {}, [hook_new, hook_earlier], "msg_1") == (hook_new, False)
+    assert _enqueue(store, play, {}, ["hook-x-new", hook_new], "msg_1") == (hook_new, False)  # queued before
+
+
 def test_a_schedule_input_the_plays_schema_refuses_fails_when_the_play_loads(deepline, write_play) -> None:
     write_play(
         ACCOUNTS_PLAY.replace(

@@ -37,7 +37,7 @@ from deepline_cli.runtime.providers.secrets import Secrets
 from deepline_cli.runtime.run.options import RunOptions
 from deepline_cli.runtime.run.play import PlayDef
 from deepline_cli.runtime.run.runner import Runner
-from deepline_cli.runtime.run.triggers import delivery_run_id, is_delivery_run
+from deepline_cli.runtime.run.triggers import delivery_run_ids, is_delivery_run
 from deepline_cli.store import open_store
 
 MAX_BODY_BYTES = 1 << 20
@@ -103,8 +103,8 @@ def create_app(
                 raise Refused(404, f"No play {request.path_params['play']!r} is served here.")
             delivery_id, body = await _checked(request, found, max_body_bytes, tolerance_s, clock)
             input = _input(body)
-            run_id = delivery_run_id(found.play.name, delivery_id)
-            queued = await run_in_threadpool(_enqueue, store_url, found.play, input, run_id, delivery_id)
+            run_ids = delivery_run_ids(found.play.name, delivery_id)
+            run_id, queued = await run_in_threadpool(_enqueue, store_url, found.play, input, run_ids, delivery_id)
         except Refused as refused:
             return JSONResponse({"error": str(refused)}, status_code=refused.status)
         except InputError as exc:
@@ -183,10 +183,20 @@ def _input(body: bytes) -> Any:
     return value
 
 
-def _enqueue(store_url: str | None, play: PlayDef, input: Any, run_id: str, delivery_id: str) -> bool:
+def _enqueue(
+    store_url: str | None, play: PlayDef, input: Any, run_ids: list[str], delivery_id: str
+) -> tuple[str, bool]:
+    """The delivery's run, and whether this queued it: a retry of a delivery an earlier
+    deepline queued under another id (`delivery_run_ids`) is that run, queued already."""
     runner = Runner(RunOptions(store=store_url), EventBus([]))
     try:
-        return runner.enqueue_new(play, input, run_id, f"webhook {delivery_id[:80]}", subject="The delivery's body")
+        run_id, *before = run_ids
+        earlier = next((r for r in before if runner.store.runs.get_run(r) is not None), None)
+        if earlier is not None:
+            return earlier, False
+        return run_id, runner.enqueue_new(
+            play, input, run_id, f"webhook {delivery_id[:80]}", subject="The delivery's body"
+        )
     finally:
         runner.close()
 

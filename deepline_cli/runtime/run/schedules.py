@@ -26,7 +26,7 @@ from deepline_cli.runtime.providers.config import check_keys, read_toml
 from deepline_cli.runtime.run.options import RunOptions
 from deepline_cli.runtime.run.play import PlayDef, load_play, load_plays
 from deepline_cli.runtime.run.runner import Runner
-from deepline_cli.runtime.run.triggers import is_tick_of, schedule_of, tick_prefix, tick_run_id
+from deepline_cli.runtime.run.triggers import is_tick_of, schedule_of, tick_prefixes, tick_run_ids
 
 NEW_SCHEDULE_GRACE_S = 60.0  # a schedule that never ran fires a tick this recent when its first worker starts
 SCHEDULE_KEYS: dict[str, type | tuple[type, ...]] = {
@@ -95,7 +95,11 @@ class Ticks:
     def _has_run(runner: Runner, play: PlayDef) -> bool:
         assert play.schedule is not None
         name = play.schedule.name
-        return any(is_tick_of(run_id, name) for run_id in runner.store.runs.tick_run_ids(tick_prefix(name), 10))
+        return any(
+            is_tick_of(run_id, name)
+            for prefix in tick_prefixes(name)
+            for run_id in runner.store.runs.tick_run_ids(prefix, 10)
+        )
 
     def fire(self, since: float, stop: threading.Event, poll_s: float) -> None:
         """The ticks after `since`, as they come (late ones at once, in order, none skipped),
@@ -122,7 +126,9 @@ class Ticks:
     def _fire(self, runner: Runner, play: PlayDef, tick: float) -> None:
         assert play.schedule is not None
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(tick))
-        run_id = tick_run_id(play.schedule.name, tick)
+        run_id, *before = tick_run_ids(play.schedule.name, tick)
+        if any(runner.store.runs.get_run(earlier) is not None for earlier in before):
+            return  # queued already, under the id an earlier deepline gave the tick
         try:
             queued = runner.enqueue_new(
                 play, play.schedule.input, run_id, f"schedule {when} UTC", folder=play.schedule.folder or None

@@ -117,32 +117,51 @@ def schedule_of(
 
 def tick_run_id(schedule: str, tick: float) -> str:
     """`sched-<schedule>-<UTC time of the tick>`: the same for every worker that fires it."""
+    return tick_run_ids(schedule, tick)[0]
+
+
+def tick_run_ids(schedule: str, tick: float) -> list[str]:
+    """The tick's run id, then the one an earlier deepline gave it (if another): see `_slugs`."""
     stamp = dt.datetime.fromtimestamp(tick, dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    return f"{tick_prefix(schedule)}{stamp}"
+    return [f"{prefix}{stamp}" for prefix in tick_prefixes(schedule)]
 
 
-def tick_prefix(schedule: str) -> str:
-    """What every run id of the schedule's ticks starts with."""
-    return f"sched-{_slug(schedule)}-"
+def tick_prefixes(schedule: str) -> list[str]:
+    """What every run id of the schedule's ticks starts with (now, and before)."""
+    return [f"sched-{slug}-" for slug in _slugs(schedule)]
 
 
 def is_tick_of(run_id: str, schedule: str) -> bool:
     """Is this run one of the schedule's ticks (`daily`'s, not `daily-eu`'s)?"""
-    prefix = tick_prefix(schedule)
-    return run_id.startswith(prefix) and re.fullmatch(r"\d{8}T\d{6}Z", run_id[len(prefix) :]) is not None
+    return any(
+        run_id.startswith(prefix) and re.fullmatch(r"\d{8}T\d{6}Z", run_id[len(prefix) :]) is not None
+        for prefix in tick_prefixes(schedule)
+    )
 
 
 def delivery_run_id(play: str, delivery_id: str) -> str:
     """`hook-<play>-<digest of the delivery id>`: the same for every retry of a delivery."""
+    return delivery_run_ids(play, delivery_id)[0]
+
+
+def delivery_run_ids(play: str, delivery_id: str) -> list[str]:
+    """The delivery's run id, then the one an earlier deepline gave it (if another): see `_slugs`."""
     digest = hashlib.sha256(delivery_id.encode()).hexdigest()[:20]
-    return f"hook-{_slug(play)}-{digest}"
+    return [f"hook-{slug}-{digest}" for slug in _slugs(play)]
 
 
 def is_delivery_run(run_id: str, play: str) -> bool:
-    """Is `run_id` one `delivery_run_id` gives for `play`?"""
-    head = f"hook-{_slug(play)}-"
-    digest = run_id[len(head) :]
-    return run_id.startswith(head) and len(digest) == 20 and all(c in "0123456789abcdef" for c in digest)
+    """Is `run_id` one `delivery_run_ids` gives for `play`?"""
+    for slug in _slugs(play):
+        head = f"hook-{slug}-"
+        digest = run_id[len(head) :]
+        if run_id.startswith(head) and len(digest) == 20 and all(c in "0123456789abcdef" for c in digest):
+            return True
+    return False
+
+
+SLUG_MAX = 60  # characters of a name a run id holds
+SLUG_DIGEST = 8  # hex characters of the whole name's digest, for a name cut or changed
 
 
 def _slug(name: str) -> str:
@@ -150,6 +169,16 @@ def _slug(name: str) -> str:
     of the whole name, so names alike up to the cut (or but for characters taken out) stay
     apart."""
     slug = _UNSAFE.sub("-", name).strip("-")
-    if slug and slug == name and len(slug) <= 60:
+    if slug and slug == name and len(slug) <= SLUG_MAX:
         return slug
-    return f"{slug[:51].rstrip('-') or 'play'}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    digest = hashlib.sha256(name.encode()).hexdigest()[:SLUG_DIGEST]
+    return f"{slug[: SLUG_MAX - SLUG_DIGEST - 1].rstrip('-') or 'play'}-{digest}"
+
+
+def _slugs(name: str) -> list[str]:
+    """`_slug`, then the slug deepline gave such a name before (cut, no digest), if another:
+    the runs a schedule or webhook play had under it are its runs still (its ticks and
+    deliveries are not queued again under the new one). Names alike up to the cut shared it."""
+    before = _UNSAFE.sub("-", name).strip("-")[:SLUG_MAX] or "play"
+    now = _slug(name)
+    return [now] if before == now else [now, before]
