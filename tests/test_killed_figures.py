@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -131,3 +132,64 @@ def test_runs_show_of_a_killed_run_agrees_with_itself_on_duplicates(tmp_path: Pa
     (leads,) = shown["maps"]
     assert leads["duplicate"] > 0  # the map line counts the duplicates skipped before the kill
     assert shown["stats"]["rows"]["duplicate"] == leads["duplicate"], (shown["stats"]["rows"], leads)
+
+
+LEADS = """
+from deepline_cli import play
+
+@play("leads")
+async def leads(ctx, input):
+    src = ctx.csv(input["csv"], required=["domain"])
+    rows = await ctx.map("leads", src, key="domain", columns={
+        "company": lambda row, rc: rc.tools.execute("company", "acme.company", {"domain": row["domain"]}),
+    })
+    return {"rows": len(rows), "failed": rows.failed_count}
+"""
+
+
+@pytest.mark.process
+def test_interrupted_resume_keeps_earlier_failed_rows_in_every_figure(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """A resume asking a row an earlier attempt failed (--refresh-failed), stopped before the
+    row ended again: the live view's failed count and the map's record dropped it, while the
+    store's rows (`runs show`, run.finished) kept it failed."""
+    (tmp_path / "play.py").write_text(LEADS)
+    (tmp_path / "leads.csv").write_text("domain\nx.com\na.com\nb.com\nc.com\n")
+    provider = Provider()
+    # x.com: 503 in attempt 1 (no retries: the row fails, transiently); hangs in attempt 2.
+    provider.script("/v1/x.com", ["503", "slow:30"])
+    with ProviderServer(provider) as p:
+        (tmp_path / "deepline.toml").write_text(
+            f'[tools."acme.company"]\nurl = "{p.url}/v1/{{domain}}"\ncredits = 1\nretries = 0\ntimeout_s = 60\n'
+        )
+        env = {**cli_env}
+        first = subprocess.run(
+            [sys.executable, "-m", "deepline_cli", "run", "play.py", "--csv", "leads.csv", "--run-id", "r1",
+             "--concurrency", "1", "--max-credits", "1", "--json"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert first.returncode == 1, first.stderr  # the budget stopped it after a.com
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deepline_cli", "resume", "r1", "--refresh-failed", "--max-credits", "100",
+             "--concurrency", "1", "--json"],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        wait_until(lambda: p.count("/v1/x.com") >= 2, what="attempt 2 to ask x.com again")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    events = [json.loads(line) for line in out.splitlines() if line.strip()]
+    finished = events[-1]
+    assert finished["event"] == "run.finished"
+    progress = [e for e in events if e["event"] == "map.progress"]
+
+    db = sqlite3.connect(cli_env["DEEPLINE_STORE"])
+    stored_failed = db.execute("SELECT count(*) FROM map_rows WHERE run_id='r1' AND outcome='failed'").fetchone()[0]
+    maps_failed = db.execute("SELECT failed FROM maps WHERE run_id='r1'").fetchone()[0]
+    assert stored_failed == 1  # x.com's row, failed by attempt 1, never settled again
+    assert finished["stats"]["rows"]["failed"] == stored_failed
+    # The same moment, other figures: the maps table and the live progress say 0.
+    live_failed = progress[-1]["failed"] if progress else None
+    assert (maps_failed, live_failed) == (stored_failed, stored_failed), (
+        f"maps.failed={maps_failed}, last map.progress failed={live_failed}, "
+        f"but map_rows and run.finished.stats.rows.failed say {stored_failed}"
+    )

@@ -41,6 +41,9 @@ class Tally:
         self.seeded = 0  # rows an earlier attempt finished well: not run again
         self.seeded_reused = 0  # of those, rows that attempt took whole from earlier runs
         self.kept = 0  # rows an earlier attempt wrote, taken back whole (failed ones, or ones moved since)
+        # Rows an earlier attempt failed, asked again and not ended yet: failed still, as the
+        # store has them, until they end again.
+        self.failing = 0
         self.read = 0
         self.steps: dict[str, dict[str, int]] = {}  # waterfall column -> step (or "none") -> rows
 
@@ -166,6 +169,9 @@ class MapBook:
         """Write a finished row (its sheet row too, unless every cell was reused); returns
         why the map must stop, for a failed row of a map that fails on one."""
         outcome = "failed" if error is not None else "succeeded"
+        if job.failing:  # an earlier attempt's failure, ended again: counted as it ends now
+            job.failing = False
+            self.tally.failing -= 1
         if outcome == "failed":
             self.tally.failed += 1
         else:
@@ -349,16 +355,17 @@ class MapBook:
         record.status = "waiting" if isinstance(exc, Suspended) else "interrupted" if interrupted else "failed"
         record.total, record.duplicate = distinct, duplicate
         record.succeeded = self.tally.succeeded_all
-        record.failed, record.reused = self.tally.failed, self.tally.reused
+        record.failed, record.reused = self.tally.failed + self.tally.failing, self.tally.reused
         with contextlib.suppress(Exception, asyncio.CancelledError):
             await self.s.io.call(self.s.io.store.sheets.save_map, record)
 
     def progress(self, total: int | None) -> None:
         """`map.progress`: rows done of `total` — input rows, duplicates included, or with a
         limit the distinct rows it lets through. `succeeded` and `failed` both count the rows
-        earlier attempts finished; the rate only the rows this attempt did."""
+        earlier attempts finished (a failed one asked again stays failed until it ends again);
+        the rate only the rows this attempt did."""
         t = self.tally
-        done = t.succeeded_all + t.failed
+        done = t.succeeded_all + t.failed + t.failing
         elapsed = max(time.monotonic() - self.started, 1e-6)
         rate = (t.succeeded + t.failed - t.kept) / elapsed  # kept: an earlier attempt's rows, taken back whole
         left = self.distinct_in(total) - done if total else 0
@@ -371,7 +378,7 @@ class MapBook:
             total=total,
             rows_per_s=round(rate, 1),
             eta_s=None if eta is None else max(0.0, round(eta, 1)),
-            **{**t.as_dict(), "succeeded": t.succeeded_all},
+            **{**t.as_dict(), "succeeded": t.succeeded_all, "failed": t.failed + t.failing},
         )
 
     def distinct_in(self, total: int) -> int:

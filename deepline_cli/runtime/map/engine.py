@@ -305,6 +305,9 @@ class MapRun:
 
     async def _process(self, job: PendingRow) -> None:
         row = job.row
+        if job.previous is not None and job.previous.run_id == self.run_id and job.previous.status == "failed":
+            job.failing = True  # failed in the store, as the view says it, until it ends again
+            self.book.tally.failing += 1
         # Input fields a column of the same name replaces: their values are the row's input still.
         shadowed = self.column_names & row.keys()
         originals = {name: row[name] for name in shadowed} if shadowed else None

@@ -60,3 +60,4 @@ class PendingRow:
     previous: SheetRow | None
     blank: str | None = None  # a required CSV column with no value: the row fails, nothing is called
     seeded: bool = False  # an earlier attempt of the run finished it here: kept while its input and code match
+    failing: bool = False  # an earlier attempt of the run failed it, and this one asks it again
