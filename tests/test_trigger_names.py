@@ -128,7 +128,6 @@ def test_one_message_fanned_out_to_two_long_named_hooks_queues_two_runs(
                              "webhook-signature": sign(SECRET.encode(), MESSAGE, stamp, body)},
                     timeout=30,
                 )  # fmt: skip
-            time.sleep(3)
         finally:
             server.send_signal(signal.SIGTERM)
             finish(server, timeout=30)

@@ -13,9 +13,7 @@ from deepline_cli.errors import DeeplineError
 class Breaker:
     def __init__(self) -> None:
         self._reasons: list[BaseException] = []
-        # Set by a signal handler the moment Ctrl-C comes (`ReceiptBook.refuse_calls`), before
-        # the event loop hears it: no call starts from then.
-        self.refusing: BaseException | None = None
+        self._refusing: BaseException | None = None  # `refuse`: set from a signal handler
         self._stopped = asyncio.Event()
         self._store_up = asyncio.Event()  # cleared while the store cannot record anything
         self._store_up.set()
@@ -46,8 +44,13 @@ class Breaker:
         """Raise why dispatching stopped, if it did."""
         if self._reasons:
             raise self._reasons[0]
-        if self.refusing is not None:
-            raise self.refusing
+        if self._refusing is not None:
+            raise self._refusing
+
+    def refuse(self, reason: BaseException) -> None:
+        """From a signal handler, the moment Ctrl-C comes, before the event loop hears it (it
+        only sets a flag): no call starts from then, each raising `reason`; `stop` follows."""
+        self._refusing = reason
 
     def stop(self, reason: BaseException) -> None:
         if not self._reasons:

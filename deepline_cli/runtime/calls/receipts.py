@@ -497,7 +497,7 @@ class ReceiptBook:
     def refuse_calls(self, reason: BaseException) -> None:
         """From a signal handler (it only sets a flag): no call starts from now, each raising
         `reason`, until `close` stops dispatching on the event loop."""
-        self._breaker.refusing = reason
+        self._breaker.refuse(reason)
 
     @property
     def tripped(self) -> BaseException | None:

@@ -108,15 +108,19 @@ def tls_context() -> ssl.SSLContext:
 def _tls_context(cafile: str | None, capath: str | None) -> ssl.SSLContext:
     context = ssl.create_default_context()
     if cafile:
-        try:
-            context.load_verify_locations(cafile=cafile)
-        except (OSError, ssl.SSLError) as exc:
-            said = f"the certificates of SSL_CERT_FILE={cafile} cannot be loaded ({exc}); fix or unset it"
-            raise BadSettings(said) from None
+        _trust(context, f"SSL_CERT_FILE={cafile}", cafile=cafile)
     if capath and os.path.isdir(capath):  # one that is not is left out, as httpx does (said if a certificate fails)
-        context.load_verify_locations(capath=capath)
+        _trust(context, f"SSL_CERT_DIR={capath}", capath=capath)
     context.set_alpn_protocols(["http/1.1"])
     return context
+
+
+def _trust(context: ssl.SSLContext, named: str, **where: str) -> None:
+    """Add the certificate authorities found `where` (a file or a folder) to `context`."""
+    try:
+        context.load_verify_locations(**where)
+    except (OSError, ssl.SSLError) as exc:
+        raise BadSettings(f"the certificates of {named} cannot be loaded ({exc}); fix or unset it") from None
 
 
 # --- proxies -----------------------------------------------------------------------------------
