@@ -416,6 +416,20 @@ def test_a_signal_while_every_call_is_in_flight_interrupts_the_run(
         assert provider.count("/v1/lookup") == 3
 
 
+def started_until(tmp_path: Path, cli_env: dict[str, str], log: Path, lines: int, *args: str) -> subprocess.Popen[str]:
+    """`deepline ARGS` (stdout and stderr piped), once its play has written `lines` lines to `log`."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deepline_cli", *args],
+        cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not (log.exists() and len(log.read_text().split()) >= lines):
+        assert proc.poll() is None and time.monotonic() < deadline, f"{log.name} never had {lines} lines"
+        time.sleep(0.01)
+    return proc
+
+
 BLOCKING_PLAY = """
 import time
 
@@ -447,15 +461,7 @@ def test_ctrl_c_while_blocking_calls_hold_the_loop_starts_no_more_of_them(
     other starts."""
     paid = tmp_path / "paid.log"
     (tmp_path / "play.py").write_text(BLOCKING_PLAY)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "deepline_cli", "run", "play.py", "--set", f"log={paid}", "--run-id", "held"],
-        cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while not (paid.exists() and len(paid.read_text().split()) >= 3):
-        assert proc.poll() is None and time.monotonic() < deadline, "the steps never began"
-        time.sleep(0.01)
+    proc = started_until(tmp_path, cli_env, paid, 3, "run", "play.py", "--set", f"log={paid}", "--run-id", "held")
     asked = time.time()
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
@@ -495,15 +501,7 @@ def test_a_signal_during_a_blocking_step_leaves_the_run_interrupted_not_failed(
     `failed`: "The run was interrupted. Next: fix the cause"), no step begun after it."""
     paid = tmp_path / "paid.log"
     (tmp_path / "play.py").write_text(SEQUENTIAL_PLAY)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "deepline_cli", "run", "play.py", "--set", f"log={paid}", "--run-id", "seq"],
-        cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while not (paid.exists() and len(paid.read_text().split()) >= 2):
-        assert proc.poll() is None and time.monotonic() < deadline, "the steps never began"
-        time.sleep(0.01)
+    proc = started_until(tmp_path, cli_env, paid, 2, "run", "play.py", "--set", f"log={paid}", "--run-id", "seq")
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
@@ -575,7 +573,7 @@ from deepline_cli import play, tool
 async def owner(input):
     await asyncio.sleep(0.02)
     with open(input["log"], "a") as log:
-        log.write("x")
+        log.write("x\\n")
     return "owner-" + str(input["n"])
 
 async def owner_of(row, rc, log):  # a play's fallback: any failure of the lookup is "unknown"
@@ -603,15 +601,7 @@ def test_a_resolver_that_catches_the_interrupt_does_not_keep_its_fallback(
     fallback: the resume gave it back as the row's value. Such a row is not recorded."""
     log = tmp_path / "calls.log"
     (tmp_path / "play.py").write_text(CATCHING_PLAY)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "deepline_cli", "run", "play.py", "--set", f"log={log}", "--run-id", "catch"],
-        cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while not (log.exists() and len(log.read_text()) >= 50):
-        assert proc.poll() is None and time.monotonic() < deadline, "the calls never began"
-        time.sleep(0.01)
+    proc = started_until(tmp_path, cli_env, log, 50, "run", "play.py", "--set", f"log={log}", "--run-id", "catch")
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err

@@ -61,18 +61,16 @@ def send(
     finally:
         db.close()
     if lapsed:
-        where = "" if lapsed[0] == run_id else f" (child run {lapsed[0]})"
         typer.echo(
-            f"Run {run_id}{where} waited for {event_id!r} and timed out before it was sent; the play goes on "
-            "without it, and a resume takes that way. The event is kept, but that wait will not take it.",
+            f"Run {run_id}{_which(lapsed, run_id)} waited for {event_id!r} and timed out before it was sent; the play "
+            "goes on without it, and a resume takes that way. The event is kept, but that wait will not take it.",
             err=True,
         )
         return
     if takers:
-        where = "" if takers[0] == run_id else f" (child run {takers[0]})"
         typer.echo(
-            f"Run {run_id}{where} took {event_id!r} already; no wait of it is left to take this one (send it again "
-            "once a later wait for it is reached).",
+            f"Run {run_id}{_which(takers, run_id)} took {event_id!r} already; no wait of it is left to take this one "
+            "(send it again once a later wait for it is reached).",
             err=True,
         )
         return
@@ -100,3 +98,8 @@ def send(
         )
     elif delivered:
         typer.echo(f"Continue the run with: deepline resume {run_id}", err=True)
+
+
+def _which(runs: list[str], run_id: str) -> str:
+    """Which run of the tree it was, when not `run_id` itself: " (child run ID)"."""
+    return "" if runs[0] == run_id else f" (child run {runs[0]})"
