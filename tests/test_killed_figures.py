@@ -134,25 +134,12 @@ def test_runs_show_of_a_killed_run_agrees_with_itself_on_duplicates(tmp_path: Pa
     assert shown["stats"]["rows"]["duplicate"] == leads["duplicate"], (shown["stats"]["rows"], leads)
 
 
-LEADS = """
-from deepline_cli import play
-
-@play("leads")
-async def leads(ctx, input):
-    src = ctx.csv(input["csv"], required=["domain"])
-    rows = await ctx.map("leads", src, key="domain", columns={
-        "company": lambda row, rc: rc.tools.execute("company", "acme.company", {"domain": row["domain"]}),
-    })
-    return {"rows": len(rows), "failed": rows.failed_count}
-"""
-
-
 @pytest.mark.process
 def test_interrupted_resume_keeps_earlier_failed_rows_in_every_figure(tmp_path: Path, cli_env: dict[str, str]) -> None:
     """A resume asking a row an earlier attempt failed (--refresh-failed), stopped before the
     row ended again: the live view's failed count and the map's record dropped it, while the
     store's rows (`runs show`, run.finished) kept it failed."""
-    (tmp_path / "play.py").write_text(LEADS)
+    (tmp_path / "play.py").write_text(PLAY)
     (tmp_path / "leads.csv").write_text("domain\nx.com\na.com\nb.com\nc.com\n")
     provider = Provider()
     # x.com: 503 in attempt 1 (no retries: the row fails, transiently); hangs in attempt 2.
