@@ -521,6 +521,85 @@ def test_ticks_and_deliveries_an_earlier_deepline_named_are_still_the_schedules_
     assert _enqueue(store, play, {}, ["hook-x-new", hook_new], "msg_1") == (hook_new, False)  # queued before
 
 
+ALIKE_SCHEDULES = """
+from deepline_cli import play
+
+@play("nightly-refresh", schedule="0 6 * * *")
+async def dashed(ctx, input):
+    return 1
+
+@play("nightly refresh", schedule="0 6 * * *")
+async def spaced(ctx, input):
+    return 2
+"""
+
+
+def test_a_schedule_whose_earlier_slug_is_another_schedules_slug_still_fires(tmp_path: Path) -> None:
+    """`nightly refresh`'s earlier id is `nightly-refresh`'s id now: both ticks due at 06:00,
+    one was taken for the other's, queued already, and never ran."""
+    from deepline_cli.runtime.run.schedules import Ticks, scheduled_plays
+    from deepline_cli.runtime.run.triggers import tick_run_ids
+
+    (tmp_path / "two.py").write_text(ALIKE_SCHEDULES)
+    plays = scheduled_plays(str(tmp_path / "two.py"))
+    assert sorted(p.name for p in plays) == ["nightly refresh", "nightly-refresh"]
+    store = str(tmp_path / "deepline.db")
+    six = (1_750_000_000 // 86_400) * 86_400 + 6 * 3600.0
+    Ticks(store, plays, lambda said: None, lambda: None).catch_up(six + 10)  # both ticks are due at 06:00
+    db = open_store(store)
+    try:
+        runs = {r.run_id: r.play for r in db.runs.list_runs(limit=100)}
+    finally:
+        db.close()
+    assert sorted(runs.values()) == ["nightly refresh", "nightly-refresh"], (
+        f"one schedule's tick was taken for queued already, under the other's id: {runs}; "
+        f"ids {tick_run_ids('nightly refresh', six)} vs {tick_run_ids('nightly-refresh', six)}"
+    )
+
+
+def test_a_delivery_to_a_play_whose_earlier_slug_is_another_plays_slug_is_queued(tmp_path: Path) -> None:
+    """One event (its delivery id) sent to both plays' endpoints: the second was answered with
+    the other play's run."""
+    from deepline_cli.runtime.run.schedules import scheduled_plays
+    from deepline_cli.runtime.run.triggers import delivery_run_ids
+    from deepline_cli.server.webhooks import _enqueue
+
+    (tmp_path / "two.py").write_text(ALIKE_SCHEDULES)
+    dashed, spaced = sorted(scheduled_plays(str(tmp_path / "two.py")), key=lambda p: p.name != "nightly-refresh")
+    store = str(tmp_path / "deepline.db")
+    # One event (the same delivery id) sent to both plays' endpoints.
+    assert _enqueue(store, dashed, {}, delivery_run_ids(dashed.name, "evt_1"), "evt_1")[1] is True
+    run_id, queued = _enqueue(store, spaced, {}, delivery_run_ids(spaced.name, "evt_1"), "evt_1")
+    assert queued, f"the delivery to {spaced.name!r} was answered with {dashed.name!r}'s run {run_id} and never ran"
+
+
+def test_a_schedule_that_never_ran_does_not_catch_up_from_another_schedules_ticks(tmp_path: Path) -> None:
+    """`_has_run` takes the other schedule's ticks for its own: a schedule deployed in the
+    afternoon fires at once (catch-up), not at its next tick."""
+    from deepline_cli.runtime.calls.events import EventBus
+    from deepline_cli.runtime.run.options import RunOptions
+    from deepline_cli.runtime.run.runner import Runner
+    from deepline_cli.runtime.run.schedules import Ticks, scheduled_plays
+    from deepline_cli.runtime.run.triggers import tick_run_ids
+
+    (tmp_path / "two.py").write_text(ALIKE_SCHEDULES)
+    dashed, spaced = sorted(scheduled_plays(str(tmp_path / "two.py")), key=lambda p: p.name != "nightly-refresh")
+    store = str(tmp_path / "deepline.db")
+    six = (1_750_000_000 // 86_400) * 86_400 + 6 * 3600.0
+    runner = Runner(RunOptions(store=store), EventBus([]))
+    try:  # the dashed schedule ran yesterday
+        assert runner.enqueue_new(dashed, {}, tick_run_ids(dashed.name, six - 86_400)[0], "schedule")
+    finally:
+        runner.close()
+    Ticks(store, [spaced], lambda said: None, lambda: None).catch_up(six + 8 * 3600)  # spaced: new, deployed at 14:00
+    db = open_store(store)
+    try:
+        runs = [r.play for r in db.runs.list_runs(limit=100)]
+    finally:
+        db.close()
+    assert runs.count("nightly refresh") == 0, "a schedule that never ran caught up a tick 8 hours late"
+
+
 def test_a_schedule_input_the_plays_schema_refuses_fails_when_the_play_loads(deepline, write_play) -> None:
     write_play(
         ACCOUNTS_PLAY.replace(

@@ -31,8 +31,7 @@ def list_schedules(
       deepline schedules list deepline.toml
       deepline schedules list plays/*.py --json
     """
-    from deepline_cli.runtime.run.schedules import scheduled_plays
-    from deepline_cli.runtime.run.triggers import is_tick_of
+    from deepline_cli.runtime.run.schedules import is_its_tick, scheduled_plays
     from deepline_cli.store import open_store
 
     loaded = [play for path in plays for play in scheduled_plays(path, required=False)]
@@ -42,8 +41,7 @@ def list_schedules(
         rows: list[dict[str, Any]] = []
         for play in loaded:
             assert play.schedule is not None
-            name = play.schedule.name
-            last = next((r for r in db.runs.list_runs(play=play.name, limit=1000) if is_tick_of(r.run_id, name)), None)
+            last = next((r for r in db.runs.list_runs(play=play.name, limit=1000) if is_its_tick(r, play)), None)
             rows.append(
                 {
                     "schedule_id": play.schedule.name,

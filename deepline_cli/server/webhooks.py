@@ -187,13 +187,14 @@ def _enqueue(
     store_url: str | None, play: PlayDef, input: Any, run_ids: list[str], delivery_id: str
 ) -> tuple[str, bool]:
     """The delivery's run, and whether this queued it: a retry of a delivery an earlier
-    deepline queued under another id (`delivery_run_ids`) is that run, queued already."""
+    deepline queued for this play under another id (`delivery_run_ids`) is that run."""
     runner = Runner(RunOptions(store=store_url), EventBus([]))
     try:
         run_id, *before = run_ids
-        earlier = next((r for r in before if runner.store.runs.get_run(r) is not None), None)
-        if earlier is not None:
-            return earlier, False
+        for earlier in before:  # another play's now, perhaps (a name cut alike): only this play's
+            record = runner.store.runs.get_run(earlier)
+            if record is not None and record.play == play.name:
+                return earlier, False
         return run_id, runner.enqueue_new(
             play, input, run_id, f"webhook {delivery_id[:80]}", subject="The delivery's body"
         )

@@ -27,6 +27,7 @@ from deepline_cli.runtime.run.options import RunOptions
 from deepline_cli.runtime.run.play import PlayDef, load_play, load_plays
 from deepline_cli.runtime.run.runner import Runner
 from deepline_cli.runtime.run.triggers import is_tick_of, schedule_of, tick_prefixes, tick_run_ids
+from deepline_cli.store.records import RunRecord
 
 NEW_SCHEDULE_GRACE_S = 60.0  # a schedule that never ran fires a tick this recent when its first worker starts
 SCHEDULE_KEYS: dict[str, type | tuple[type, ...]] = {
@@ -94,10 +95,9 @@ class Ticks:
     @staticmethod
     def _has_run(runner: Runner, play: PlayDef) -> bool:
         assert play.schedule is not None
-        name = play.schedule.name
         return any(
-            is_tick_of(run_id, name)
-            for prefix in tick_prefixes(name)
+            (record := runner.store.runs.get_run(run_id)) is not None and is_its_tick(record, play)
+            for prefix in tick_prefixes(play.schedule.name)
             for run_id in runner.store.runs.tick_run_ids(prefix, 10)
         )
 
@@ -127,7 +127,8 @@ class Ticks:
         assert play.schedule is not None
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(tick))
         run_id, *before = tick_run_ids(play.schedule.name, tick)
-        if any(runner.store.runs.get_run(earlier) is not None for earlier in before):
+        if any((record := runner.store.runs.get_run(earlier)) is not None and is_its_tick(record, play)
+               for earlier in before):  # fmt: skip
             return  # queued already, under the id an earlier deepline gave the tick
         try:
             queued = runner.enqueue_new(
@@ -139,3 +140,14 @@ class Ticks:
         if queued:
             self.report(f"worker: schedule of {play.name}: queued run {run_id} for {when} UTC")
             self.queued()
+
+
+def is_its_tick(record: RunRecord, play: PlayDef) -> bool:
+    """Is this run one of the play's schedule's ticks? Under the id an earlier deepline gave
+    (the name cut alone: another name's id now, perhaps), only a run of this play with the
+    schedule's input is."""
+    assert play.schedule is not None
+    name = play.schedule.name
+    if not is_tick_of(record.run_id, name) or record.play != play.name:
+        return False
+    return record.run_id.startswith(tick_prefixes(name)[0]) or record.input == play.schedule.input
