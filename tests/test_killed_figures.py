@@ -136,14 +136,16 @@ def test_runs_show_of_a_killed_run_agrees_with_itself_on_duplicates(tmp_path: Pa
 
 @pytest.mark.process
 def test_interrupted_resume_keeps_earlier_failed_rows_in_every_figure(tmp_path: Path, cli_env: dict[str, str]) -> None:
-    """A resume asking a row an earlier attempt failed (--refresh-failed), stopped before the
-    row ended again: the live view's failed count and the map's record dropped it, while the
-    store's rows (`runs show`, run.finished) kept it failed."""
+    """A resume asking the rows an earlier attempt failed (--refresh-failed), stopped before
+    they ended again (one in flight, one still queued: concurrency 1): the live view's failed
+    count and the map's record dropped them, while the store's rows (`runs show`,
+    run.finished) kept them failed."""
     (tmp_path / "play.py").write_text(PLAY)
-    (tmp_path / "leads.csv").write_text("domain\nx.com\na.com\nb.com\nc.com\n")
+    (tmp_path / "leads.csv").write_text("domain\nx.com\ny.com\na.com\nb.com\nc.com\n")
     provider = Provider()
-    # x.com: 503 in attempt 1 (no retries: the row fails, transiently); hangs in attempt 2.
+    # x.com and y.com: 503 in attempt 1 (no retries: the rows fail, transiently); hang in attempt 2.
     provider.script("/v1/x.com", ["503", "slow:30"])
+    provider.script("/v1/y.com", ["503", "slow:30"])
     with ProviderServer(provider) as p:
         (tmp_path / "deepline.toml").write_text(
             f'[tools."acme.company"]\nurl = "{p.url}/v1/{{domain}}"\ncredits = 1\nretries = 0\ntimeout_s = 60\n'
@@ -172,9 +174,9 @@ def test_interrupted_resume_keeps_earlier_failed_rows_in_every_figure(tmp_path: 
     db = sqlite3.connect(cli_env["DEEPLINE_STORE"])
     stored_failed = db.execute("SELECT count(*) FROM map_rows WHERE run_id='r1' AND outcome='failed'").fetchone()[0]
     maps_failed = db.execute("SELECT failed FROM maps WHERE run_id='r1'").fetchone()[0]
-    assert stored_failed == 1  # x.com's row, failed by attempt 1, never settled again
+    assert stored_failed == 2  # x.com's and y.com's rows, failed by attempt 1, never settled again
     assert finished["stats"]["rows"]["failed"] == stored_failed
-    # The same moment, other figures: the maps table and the live progress say 0.
+    # The same moment, other figures: the maps table and the live progress.
     live_failed = progress[-1]["failed"] if progress else None
     assert (maps_failed, live_failed) == (stored_failed, stored_failed), (
         f"maps.failed={maps_failed}, last map.progress failed={live_failed}, "

@@ -208,6 +208,10 @@ class MapRun:
                         if job.blank is not None:  # no call made for it
                             self._stop_on(self.book.record(job, self._blank_cells(job), job.blank))
                         else:
+                            previous = job.previous
+                            if previous is not None and previous.run_id == self.run_id and previous.status == "failed":
+                                job.failing = True  # failed in the store, as the view says it, until it ends again
+                                self.book.tally.failing += 1
                             await queue.put(job)
                     if self.stop is not None:
                         return
@@ -305,9 +309,6 @@ class MapRun:
 
     async def _process(self, job: PendingRow) -> None:
         row = job.row
-        if job.previous is not None and job.previous.run_id == self.run_id and job.previous.status == "failed":
-            job.failing = True  # failed in the store, as the view says it, until it ends again
-            self.book.tally.failing += 1
         # Input fields a column of the same name replaces: their values are the row's input still.
         shadowed = self.column_names & row.keys()
         originals = {name: row[name] for name in shadowed} if shadowed else None
