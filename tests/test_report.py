@@ -89,6 +89,9 @@ def test_reused_calls_attempts_and_a_pilot_projection_are_reported(deepline, tmp
     assert deepline("runs", "report", pilot["run_id"], "--html", "--out", str(out)).code == 0
     text = out.read_text()
     assert "<h2>Pilot projection</h2>" in text and "full list of 290 rows ≈" in text
+    # The latency table counts each call sent (one a later attempt sent again, again), where the
+    # tool-calls card counts each call once: its column says so.
+    assert "<th class=n>sent</th>" in text and "counts each time a call was sent" in text
     assert "<td>completed</td>" in text  # the attempt and its status
 
 

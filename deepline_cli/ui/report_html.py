@@ -284,9 +284,10 @@ def _latency(report: Report) -> str:
     note = (
         "<p class=\"muted\">Latency is the provider's own time: from a call's start to its end, less the time "
         "it waited for a concurrency slot, its rate limit, a 429 pause, Retry-After and backoff between "
-        "retries (shown apart).</p>"
+        "retries (shown apart). It counts each time a call was sent: one a later attempt sent again (it was in "
+        "flight when an attempt stopped) counts again, where the tool calls above count each call once.</p>"
     )
-    headers = ["tool", "calls", "p50", "p90", "p99", "max", "waited (not in the latency)", "p50 · p90 · p99"]
+    headers = ["tool", "sent", "p50", "p90", "p99", "max", "waited (not in the latency)", "p50 · p90 · p99"]
     return note + _table(headers, rows, numeric={1, 2, 3, 4, 5})
 
 
