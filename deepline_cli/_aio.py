@@ -36,19 +36,21 @@ def count_held(seconds: float) -> None:
 
 
 class Held:
-    """`await Held(x)` is `await x`, and `held_s` then says how long x's own code held the
-    event loop: the time of its steps between awaits, summed, less what was counted inside
-    them (an inner `Held`'s, a commit's). An `async def` that calls a
-    sync SDK inside awaits nothing while the SDK waits on its provider: one long step."""
+    """`await Held(x, into)` is `await x`, and adds to `into.held_s` (its own `held_s` without
+    one) how long x's own code held the event loop: the time of its steps between awaits,
+    summed, less what was counted inside them (an inner `Held`'s, a commit's). An `async def`
+    that calls a sync SDK inside awaits nothing while the SDK waits on its provider: one long
+    step."""
 
-    __slots__ = ("_awaitable", "held_s")
+    __slots__ = ("_awaitable", "_into", "held_s")
 
-    def __init__(self, awaitable: Any) -> None:
+    def __init__(self, awaitable: Any, into: Any = None) -> None:
         self._awaitable = awaitable
+        self._into = into  # anything with a `held_s` (a ToolCall); not `self`: no cycle to collect
         self.held_s = 0.0
 
     def __await__(self) -> Generator[Any, Any, Any]:
-        awaitable = self._awaitable
+        awaitable, into = self._awaitable, self if self._into is None else self._into
         # What `await` takes: a generator-based coroutine (`types.coroutine`) is its own
         # iterator, and `__await__` may give any iterator (`next` only: PEP 380's `yield from`).
         inner = awaitable if isinstance(awaitable, types.GeneratorType) else awaitable.__await__()
@@ -72,7 +74,7 @@ class Held:
                 return done.value
             finally:
                 own = max(0.0, time.perf_counter() - began - (held_so_far() - inside))
-                self.held_s += own
+                into.held_s += own
                 count_held(own)
             try:
                 sent = yield yielded

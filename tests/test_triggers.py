@@ -473,12 +473,16 @@ def test_names_alike_up_to_their_cut_or_their_unsafe_characters_get_run_ids_of_t
     assert tick_run_id("daily", 1_780_000_000) == "sched-daily-20260528T202640Z"  # as before
 
 
-SPACED_SCHEDULE = """
+ALIKE_SCHEDULES = """
 from deepline_cli import play
 
-@play("nightly refresh", schedule="0 6 * * *")
-async def refresh(ctx, input):
+@play("nightly-refresh", schedule="0 6 * * *")
+async def dashed(ctx, input):
     return 1
+
+@play("nightly refresh", schedule="0 6 * * *")
+async def spaced(ctx, input):
+    return 2
 """
 
 
@@ -494,8 +498,8 @@ def test_ticks_and_deliveries_an_earlier_deepline_named_are_still_the_schedules_
     from deepline_cli.runtime.run.triggers import delivery_run_ids, is_delivery_run, is_tick_of, tick_run_ids
     from deepline_cli.server.webhooks import _enqueue
 
-    (tmp_path / "refresh.py").write_text(SPACED_SCHEDULE)
-    (play,) = scheduled_plays(str(tmp_path / "refresh.py"))
+    (tmp_path / "refresh.py").write_text(ALIKE_SCHEDULES)
+    (play,) = [p for p in scheduled_plays(str(tmp_path / "refresh.py")) if p.name == "nightly refresh"]
     store = str(tmp_path / "deepline.db")
     six = (1_750_000_000 // 86_400) * 86_400 + 6 * 3600.0
     new_id, earlier_id = tick_run_ids("nightly refresh", six - 86_400)
@@ -519,19 +523,6 @@ def test_ticks_and_deliveries_an_earlier_deepline_named_are_still_the_schedules_
     assert _enqueue(store, play, {}, [hook_new, hook_earlier], "msg_1") == (hook_new, True)
     assert _enqueue(store, play, {}, [hook_new, hook_earlier], "msg_1") == (hook_new, False)
     assert _enqueue(store, play, {}, ["hook-x-new", hook_new], "msg_1") == (hook_new, False)  # queued before
-
-
-ALIKE_SCHEDULES = """
-from deepline_cli import play
-
-@play("nightly-refresh", schedule="0 6 * * *")
-async def dashed(ctx, input):
-    return 1
-
-@play("nightly refresh", schedule="0 6 * * *")
-async def spaced(ctx, input):
-    return 2
-"""
 
 
 def test_a_schedule_whose_earlier_slug_is_another_schedules_slug_still_fires(tmp_path: Path) -> None:

@@ -85,9 +85,6 @@ class LedgerQueries:
     def map_steps(self, run_id: str) -> dict[str, dict[str, dict[str, int]]]:
         raise NotImplementedError
 
-    def unfinished_counts(self, run_id: str, map: str) -> tuple[int, int]:
-        raise NotImplementedError
-
     def run_stats(self, run_id: str, failures: list[FailedCall] | None = None) -> dict[str, Any]:
         """What the run (and its child runs) did over every attempt (see `Store.run_stats`).
 
@@ -230,11 +227,16 @@ class LedgerQueries:
         outcomes = dict(
             self._read("SELECT outcome, count(*) FROM map_rows WHERE run_id = ? GROUP BY outcome", (run_id,))
         )
-        duplicate = 0
-        for name, status, counted in self._read("SELECT map, status, duplicate FROM maps WHERE run_id = ?", (run_id,)):
-            if status != "completed":  # a map stopped (or killed) before its input was read whole counted none
-                counted = max(counted or 0, self.unfinished_counts(run_id, name)[0])
-            duplicate += int(counted or 0)
+        # A map stopped (or killed) before its input was read whole recorded no duplicates: they
+        # are counted from its rows, as `runs show` counts them on its line (unfinished_counts).
+        duplicate = sum(
+            max(int(counted or 0), int(seen or 0))
+            for counted, seen in self._read(
+                "SELECT m.duplicate, CASE WHEN m.status <> 'completed' THEN (SELECT max(r.input_index - r.idx)"
+                " FROM map_rows r WHERE r.run_id = m.run_id AND r.map = m.map) END FROM maps m WHERE m.run_id = ?",
+                (run_id,),
+            )
+        )
         reused, cells, earlier = self._read(
             "SELECT coalesce(sum(reused_row), 0), coalesce(sum(reused_cells), 0), coalesce(sum(CASE WHEN"
             " coalesce(reused_row, 0) = 0 AND attempt < (SELECT attempt FROM runs WHERE run_id = ?) THEN 1 ELSE 0"

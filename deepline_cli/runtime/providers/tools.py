@@ -166,11 +166,7 @@ class ToolDef:
         if is_awaitable(result):
             # How long its own code held the event loop goes with the call's (a sync SDK called
             # inside an `async def` blocks it, awaiting nothing): its answer is committed soon.
-            held = Held(result)
-            try:
-                result = await held
-            finally:
-                call.held_s += held.held_s
+            result = await Held(result, call)
         return _json.as_stored(result) if self.local else result
 
     def _timed(self, on_loop: ToolCall | None, *args: Any) -> Any:

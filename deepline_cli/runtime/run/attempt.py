@@ -222,10 +222,10 @@ class Attempt:
         except StoreError as exc:  # the store failed under the body itself (its journal's last write)
             outcome = BodyOutcome("failed", error=describe(exc, services, self.play.file), raised=exc)
         stopped = RunInterrupted | StoreError  # a store is given up on at once when the run is asked to stop
-        if self.stop_requested and outcome.status == "failed" and isinstance(outcome.raised, stopped):
+        # `signalled` comes first when the signal's own handler refused a call before the loop heard it.
+        stopping = self.stop_requested or self.signalled
+        if stopping and outcome.status == "failed" and isinstance(outcome.raised, stopped):
             return self._interrupted()
-        if self.signalled and outcome.status == "failed" and isinstance(outcome.raised, RunInterrupted):
-            return self._interrupted()  # refused by the signal's own handler, before the loop heard it
         if self.signalled and outcome.status == "completed":
             # Every call was out when the signal came, and the play ended with them: the run
             # was still interrupted (exit 130, as a CI job's timeout expects), and a resume

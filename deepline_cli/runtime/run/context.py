@@ -101,12 +101,8 @@ class Context:
             finally:  # a plain `def` (that returned or raised): the event loop waited for it
                 info.held_s = time.perf_counter() - began
                 count_held(info.held_s)
-            if is_awaitable(value):
-                held = Held(value)  # an `async def`'s own steps hold the loop too (a sync SDK inside)
-                try:
-                    value = await held
-                finally:
-                    info.held_s += held.held_s
+            if is_awaitable(value):  # an `async def`'s own steps hold the loop too (a sync SDK inside)
+                value = await Held(value, info)
             # What fn caught is not its value: a budget refusal stops the run, a wait makes it wait.
             if (tripped := self._s.effects.book.tripped) is not None:
                 raise tripped

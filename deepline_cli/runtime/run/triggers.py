@@ -164,21 +164,14 @@ SLUG_MAX = 60  # characters of a name a run id holds
 SLUG_DIGEST = 8  # hex characters of the whole name's digest, for a name cut or changed
 
 
-def _slug(name: str) -> str:
+def _slugs(name: str) -> list[str]:
     """The name as run ids hold it: itself when it is safe and short; else cut, with a digest
     of the whole name, so names alike up to the cut (or but for characters taken out) stay
-    apart."""
-    slug = _UNSAFE.sub("-", name).strip("-")
-    if slug and slug == name and len(slug) <= SLUG_MAX:
-        return slug
+    apart. Then, if another, the slug deepline gave such a name before (cut, no digest): the
+    runs a schedule or webhook play had under it are its runs still (its ticks and deliveries
+    are not queued again under the new one); names alike up to the cut shared it."""
+    safe = _UNSAFE.sub("-", name).strip("-")
+    if safe and safe == name and len(safe) <= SLUG_MAX:
+        return [safe]
     digest = hashlib.sha256(name.encode()).hexdigest()[:SLUG_DIGEST]
-    return f"{slug[: SLUG_MAX - SLUG_DIGEST - 1].rstrip('-') or 'play'}-{digest}"
-
-
-def _slugs(name: str) -> list[str]:
-    """`_slug`, then the slug deepline gave such a name before (cut, no digest), if another:
-    the runs a schedule or webhook play had under it are its runs still (its ticks and
-    deliveries are not queued again under the new one). Names alike up to the cut shared it."""
-    before = _UNSAFE.sub("-", name).strip("-")[:SLUG_MAX] or "play"
-    now = _slug(name)
-    return [now] if before == now else [now, before]
+    return [f"{safe[: SLUG_MAX - SLUG_DIGEST - 1].rstrip('-') or 'play'}-{digest}", safe[:SLUG_MAX] or "play"]
