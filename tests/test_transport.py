@@ -17,6 +17,8 @@ import shutil
 import ssl
 import subprocess
 import threading
+import tracemalloc
+import zlib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -420,6 +422,69 @@ def test_chunked_gzip_informational_and_close_delimited_bodies() -> None:
     contents, connections = run(bodies())
     assert contents == [b'{"a": 1}', b"after 100", b'{"zipped": true}', b"to the end", b"new"]
     assert connections == 2  # kept alive until the server closed it
+
+
+def _chunked(body: bytes, size: int = 1 << 16) -> bytes:
+    parts = [b"%x\r\n%s\r\n" % (len(body[i : i + size]), body[i : i + size]) for i in range(0, len(body), size)]
+    return b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + b"".join(parts) + b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("script", "connections"),
+    [
+        (answer(b"x" * (3 << 20)), 2),
+        (_chunked(b"x" * (3 << 20)), 2),  # no length said: counted as it comes
+        # 200 KB that inflate to 200 MB: read whole, so the connection is still good
+        (answer(gzip.compress(b"\0" * (200 << 20)), "Content-Encoding: gzip"), 1),
+        (answer(zlib.compress(b"\0" * (200 << 20)), "Content-Encoding: deflate"), 1),
+    ],
+    ids=["length", "chunked", "gzip bomb", "deflate bomb"],
+)
+def test_an_answer_over_the_size_limit_is_refused_once_without_holding_it_whole(
+    monkeypatch: pytest.MonkeyPatch, script: bytes, connections: int
+) -> None:
+    """A body past DEEPLINE_MAX_RESPONSE_MB (a download, a runaway export, a compressed bomb)
+    fails the call for good, saying the limit and how to raise it: it is not asked again
+    (the same answer would come, and be paid again), nor decoded whole, nor stored. A body
+    left unread closes its connection; the next request opens another."""
+    monkeypatch.setenv("DEEPLINE_MAX_RESPONSE_MB", "1")
+
+    async def big() -> tuple[int, int]:
+        async with scripted(script, answer(b"next")) as server, client() as http:
+            with pytest.raises(ToolExecutionError) as failure:
+                await send(http, server.url, retries=3)
+            error = failure.value
+            assert (error.category, error.retryable) == ("upstream", False), error
+            assert "over 1 MB" in str(error) and "DEEPLINE_MAX_RESPONSE_MB" in str(error), str(error)
+            assert (await send(http, server.url)).content == b"next"
+        return len(server.requests), server.connections
+
+    tracemalloc.start()
+    try:
+        requests, opened = run(big())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (requests, opened) == (2, connections)
+    assert peak < len(script) + (8 << 20), peak  # never the whole decoded body
+
+
+def test_an_answer_at_the_size_limit_is_read_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEEPLINE_MAX_RESPONSE_MB", "1")
+    body = b"y" * (1 << 20)
+
+    async def exact() -> list[bytes]:
+        script = (answer(body), answer(gzip.compress(body), "Content-Encoding: gzip"), _chunked(body))
+        async with scripted(*script) as server, client() as http:
+            return [(await send(http, server.url)).content for _ in range(3)]
+
+    assert run(exact()) == [body, body, body]
+
+
+def test_a_size_limit_that_is_not_a_number_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEEPLINE_MAX_RESPONSE_MB", "lots")
+    with pytest.raises(UsageError, match="DEEPLINE_MAX_RESPONSE_MB"):
+        call("http://127.0.0.1:9/x")
 
 
 def test_a_head_answer_ends_at_its_head_whatever_length_it_names() -> None:

@@ -21,6 +21,7 @@ import codecs
 import contextlib
 import functools
 import ipaddress
+import math
 import os
 import re
 import socket
@@ -44,6 +45,10 @@ Route = tuple[Origin, str]  # an origin and the proxy reaching it ("" for none):
 AddressCheck = Callable[[ipaddress.IPv4Address | ipaddress.IPv6Address], None]
 
 KEEPALIVE_S = 30.0
+# The largest body an answer may have, decoded (DEEPLINE_MAX_RESPONSE_MB): an enrichment
+# answer is kilobytes; one of hundreds of megabytes (a download, a runaway export, a
+# compressed bomb) would be held whole, parsed and stored on its receipt.
+MAX_RESPONSE_MB = 64
 MAX_REDIRECTS = 20
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -566,24 +571,52 @@ def _charset(content_type: str) -> str:
     return "utf-8"
 
 
-def _decoded(content: bytes, encoding: str) -> bytes:
-    """The body without its content encodings (gzip, deflate; others are left as sent)."""
+def max_response_bytes() -> int:
+    """The largest body an answer may have, decoded: DEEPLINE_MAX_RESPONSE_MB megabytes."""
+    given = os.environ.get("DEEPLINE_MAX_RESPONSE_MB", "").strip()
+    if not given:
+        return MAX_RESPONSE_MB << 20
+    try:
+        megabytes = float(given)
+    except ValueError:
+        megabytes = math.nan
+    if not (math.isfinite(megabytes) and megabytes > 0):
+        raise BadSettings(f"DEEPLINE_MAX_RESPONSE_MB must be a number of megabytes above 0, not {given!r}")
+    return int(megabytes * (1 << 20))
+
+
+def too_large(limit: int) -> InvalidResponse:
+    return InvalidResponse(
+        f"its body is over {limit / (1 << 20):g} MB (DEEPLINE_MAX_RESPONSE_MB raises the limit, "
+        f"{MAX_RESPONSE_MB} by default)"
+    )
+
+
+def _decoded(content: bytes, encoding: str, limit: int) -> bytes:
+    """The body without its content encodings (gzip, deflate; others are left as sent),
+    refused once it is over `limit` bytes (inflated no further than that)."""
     for coding in reversed([c.strip().lower() for c in encoding.split(",")]):
         try:
             if coding in ("gzip", "x-gzip"):
-                content = zlib.decompress(content, zlib.MAX_WBITS | 16)
+                content = _inflated(content, zlib.MAX_WBITS | 16, limit)
             elif coding == "deflate":
-                content = _inflate(content)
+                try:
+                    content = _inflated(content, zlib.MAX_WBITS, limit)
+                except zlib.error:  # some servers send raw deflate without the zlib header
+                    content = _inflated(content, -zlib.MAX_WBITS, limit)
         except zlib.error as exc:
             raise InvalidResponse(f"the {coding} body cannot be decoded ({exc})") from None
     return content
 
 
-def _inflate(content: bytes) -> bytes:
-    try:
-        return zlib.decompress(content)
-    except zlib.error:  # some servers send raw deflate without the zlib header
-        return zlib.decompress(content, -zlib.MAX_WBITS)
+def _inflated(content: bytes, wbits: int, limit: int) -> bytes:
+    inflater = zlib.decompressobj(wbits)
+    plain = inflater.decompress(content, limit + 1)
+    if len(plain) > limit:
+        raise too_large(limit)
+    if not inflater.eof:
+        raise zlib.error("incomplete or truncated stream")
+    return plain
 
 
 # --- one connection ----------------------------------------------------------------------------
@@ -593,10 +626,14 @@ class _Answer:
     """One response as llhttp reads it (httptools calls these as the bytes come); the 1xx
     answers before it are passed over. Parse errors are kept, to be raised by the waiter."""
 
-    __slots__ = ("chunks", "complete", "error", "framed", "head_only", "headers", "keep_alive", "parser", "status")
+    __slots__ = (
+        "chunks", "complete", "error", "framed", "head_only", "headers", "keep_alive", "left", "limit", "parser",
+        "status",
+    )  # fmt: skip
 
-    def __init__(self, head_only: bool) -> None:
+    def __init__(self, head_only: bool, limit: int) -> None:
         self.head_only = head_only  # a HEAD's answer: its length names a body that never comes
+        self.limit = self.left = limit  # the bytes its body may have, and has left
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.chunks: list[bytes] = []
@@ -616,7 +653,7 @@ class _Answer:
         if self.complete:  # bytes after the answer, never asked for: the connection is spoilt
             self.keep_alive = False
         else:  # the answer after a 1xx: its own headers
-            self.headers, self.chunks = [], []
+            self.headers, self.chunks, self.left = [], [], self.limit
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self.complete:
@@ -633,8 +670,12 @@ class _Answer:
                 self.complete, self.keep_alive = True, False
 
     def on_body(self, body: bytes) -> None:
-        if not self.complete:
-            self.chunks.append(body)
+        if not self.complete and self.error is None:
+            self.left -= len(body)
+            if self.left < 0:
+                self.error, self.chunks = too_large(self.limit), []  # read no further, hold none of it
+            else:
+                self.chunks.append(body)
 
     def on_message_complete(self) -> None:
         if self.status >= 200:
@@ -709,10 +750,10 @@ class Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    async def exchange(self, request: Outgoing, timeout_s: float) -> Response:
-        """Send the request in one write and read the whole answer; the connection is idle
-        again after, unless the server or an error ended it."""
-        answer = _Answer(request.method == "HEAD")
+    async def exchange(self, request: Outgoing, timeout_s: float, limit: int) -> Response:
+        """Send the request in one write and read the whole answer (its body `limit` bytes at
+        most); the connection is idle again after, unless the server or an error ended it."""
+        answer = _Answer(request.method == "HEAD", limit)
         assert self.transport is not None
         self._feed = answer.feed
         loop = asyncio.get_running_loop()
@@ -721,6 +762,8 @@ class Connection(asyncio.Protocol):
             self.transport.write(_wire(request))
             while not answer.complete:
                 if answer.error is not None:
+                    if isinstance(answer.error, InvalidResponse):
+                        raise answer.error
                     raise TransportError(f"the server broke HTTP/1.1 ({answer.error})")
                 if self.closed:
                     if answer.status >= 200 and not answer.framed:
@@ -739,9 +782,8 @@ class Connection(asyncio.Protocol):
         if not answer.keep_alive:
             self.closed = True
         self.idle_since = time.monotonic()
-        content = (
-            _decoded(b"".join(answer.chunks), _header(answer.headers, b"content-encoding")) if answer.chunks else b""
-        )
+        encoding = _header(answer.headers, b"content-encoding")
+        content = _decoded(b"".join(answer.chunks), encoding, limit) if answer.chunks else b""
         return Response(answer.status, Headers(answer.headers), content)
 
     async def tunnel(self, origin: Origin, proxy: Proxy, timeout_s: float) -> None:
@@ -910,6 +952,7 @@ class Transport:
         self._proxies = proxies if proxies is not None else Proxies()
         self._open: set[Connection] = set()  # every connection not closed yet, idle or in use
         self._closed = False
+        self._limit: int | None = None  # the largest body an answer may have (read at the first request)
 
     async def request(
         self,
@@ -931,11 +974,12 @@ class Transport:
         the request goes out (it raises when the call may no longer go out). `private`: the
         headers (lower case) a redirect to another origin leaves out (they hold a secret);
         `private_body`: the body holds one (a redirect to another origin that keeps it is refused)."""
+        limit = self._body_limit()  # a setting to fix: said before anything is sent
         outgoing = build(method, url, headers, params, b"" if json is None else _json.dumps(json))
         if private or private_body:
             outgoing = replace(outgoing, private=private, private_body=private_body)
         for _ in range(MAX_REDIRECTS + 1):
-            response = await self._exchange(outgoing, timeout_s, proxy, ready)
+            response = await self._exchange(outgoing, timeout_s, proxy, ready, limit)
             location = response.headers.get("location") if response.status_code in _REDIRECTS else None
             if location is None:
                 return response
@@ -947,7 +991,8 @@ class Transport:
         request: Outgoing,
         timeout_s: float,
         given_proxy: str | None,
-        ready: Callable[[], Awaitable[None]] | None = None,
+        ready: Callable[[], Awaitable[None]] | None,
+        limit: int,
     ) -> Response:
         proxy = self._proxies.route(request.origin, given_proxy)
         route: Route = (request.origin, proxy.url if proxy else "")
@@ -965,7 +1010,7 @@ class Transport:
             try:
                 if not kept and ready is not None:  # connecting took a while (a process paused in it): again
                     await ready()
-                response = await connection.exchange(request, timeout_s)
+                response = await connection.exchange(request, timeout_s, limit)
             except ClosedUnanswered:
                 if kept:  # the server was done with a kept connection (its keep-alive limit, its idle timeout)
                     raise StaleConnection("the server closed a kept connection before answering") from None
@@ -977,6 +1022,11 @@ class Transport:
         if response.status_code == 407 and proxy is not None:  # only a proxy says 407
             raise ProxyRefused(f"the proxy {proxy.url} refused the request (407 Proxy Authentication Required)")
         return response
+
+    def _body_limit(self) -> int:
+        if self._limit is None:
+            self._limit = max_response_bytes()
+        return self._limit
 
     def _reused(self, route: Route) -> Connection | None:
         idle = self._idle.get(route)
