@@ -384,6 +384,35 @@ def test_only_the_lease_owner_can_settle(store: Store, other: Store, status: str
         assert row.credits == 9
 
 
+def test_a_batch_of_settlements_applies_each_by_its_own_lease(store: Store, other: Store) -> None:
+    """Many calls end in one transaction (a map's batch): each settlement applies only under
+    its own lease, whatever else the batch holds (a stale lease of the same key, a release,
+    an unknown key, whole-number and fractional credits, texts with NUL)."""
+    claim(store, [mk_claim(k, lease=f"L-{k}") for k in ("a", "b", "c", "d", "e")], T0)
+    batch = [
+        completed("a", "L-a", {"n": "x\x00y"}, credits=50),
+        failed("b", "L-b", retryable=True, kind="network"),
+        completed("c", "stale-lease", {"late": 1}),
+        completed("c", "L-c", {"n": 3}, credits=0.5),
+        Settlement("d", "L-d", "released"),
+        completed("nope", "L-nope", 1),
+        completed("e", "L-e", None),
+    ]
+    assert settle(store, batch, T0 + 1) == [True, True, False, True, True, False, True]
+    a, b, c, d, e = (stored(other, k) for k in "abcde")
+    assert (a.status, a.output, a.credits, a.completed_at) == ("completed", {"n": "x\x00y"}, 50, T0 + 1) or (
+        is_postgres(store) and a.output == {"n": "x\ufffdy"}
+    )
+    assert (b.status, b.output, b.failure_kind, b.retryable) == ("failed", None, "network", True)
+    assert (c.status, c.output, c.credits) == ("completed", {"n": 3}, 0.5)
+    assert (d.status, d.lease_expires_at) == ("released", None)
+    assert (e.status, e.output, e.lease_expires_at) == ("completed", None, None)
+    assert store.get_receipt("nope") is None
+    # The same batch again (a transaction run again after its connection dropped): no change.
+    assert settle(store, batch[:2] + batch[3:4], T0 + 2) == [True, True, True]
+    assert stored(other, "c").completed_at == T0 + 1
+
+
 def test_settling_an_unknown_key_is_refused(store: Store) -> None:
     assert settle(store, [completed("nope")], T0) == [False]
     assert store.get_receipt("nope") is None

@@ -172,7 +172,7 @@ class ClaimsSql(SqlBase):
         settled = fresh
         if not all(fresh):
             before = self._settled_before(c, [s for s, ok in zip(settlements, fresh, strict=True) if not ok])
-            settled = [ok or s.key in before for s, ok in zip(settlements, fresh, strict=True)]
+            settled = [ok or (s.key, s.lease_id) in before for s, ok in zip(settlements, fresh, strict=True)]
         ledger = [
             (
                 st.call.run_id,
@@ -222,9 +222,10 @@ class ClaimsSql(SqlBase):
         )
         return settled
 
-    def _settled_before(self, c: Any, settlements: Sequence[Settlement]) -> set[str]:
-        """Keys these very settlements already ended (a transaction run again after its
-        connection dropped, though it had committed): applied, not taken over."""
+    def _settled_before(self, c: Any, settlements: Sequence[Settlement]) -> set[tuple[str, str]]:
+        """The (key, lease) of those of these very settlements that ended already (a
+        transaction run again after its connection dropped, though it had committed):
+        applied, not taken over. Another lease's settlement of the same key is not."""
         keys = [s.key for s in settlements]
         marks = ", ".join("?" * len(keys))
         rows = c.execute(f"SELECT key, lease_id, status FROM receipts WHERE key IN ({marks})", keys).fetchall()
@@ -233,4 +234,4 @@ class ClaimsSql(SqlBase):
         def ended(s: Settlement) -> bool:  # a skip restores an earlier answer or failure
             return found.get(s.key) in ((s.lease_id, s.status), (s.lease_id, "completed"), (s.lease_id, "failed"))
 
-        return {s.key for s in settlements if ended(s)}
+        return {(s.key, s.lease_id) for s in settlements if ended(s)}
