@@ -400,9 +400,7 @@ def test_a_batch_of_settlements_applies_each_by_its_own_lease(store: Store, othe
     ]
     assert settle(store, batch, T0 + 1) == [True, True, False, True, True, False, True]
     a, b, c, d, e = (stored(other, k) for k in "abcde")
-    assert (a.status, a.output, a.credits, a.completed_at) == ("completed", {"n": "x\x00y"}, 50, T0 + 1) or (
-        is_postgres(store) and a.output == {"n": "x\ufffdy"}
-    )
+    assert (a.status, a.output, a.credits, a.completed_at) == ("completed", {"n": "x\x00y"}, 50, T0 + 1)
     assert (b.status, b.output, b.failure_kind, b.retryable) == ("failed", None, "network", True)
     assert (c.status, c.output, c.credits) == ("completed", {"n": 3}, 0.5)
     assert (d.status, d.lease_expires_at) == ("released", None)

@@ -184,3 +184,25 @@ def test_a_step_around_a_blocking_tool_commits_once_per_call(tmp_path: Path, mon
     result = run_play(play, tmp_path / "deepline.db")
     assert result.status == "completed", result.error
     assert len(commits) <= 20, f"{len(commits)} commits held the loop for 20 paid calls"
+
+
+def test_a_run_hands_the_store_thread_the_interpreter_lock_sooner_and_restores_it(tmp_path: Path) -> None:
+    """While a run runs, the event loop's thread gives the store thread the interpreter lock
+    every STORE_SWITCH_S (a claim batch's statements each waited up to Python's 5 ms); the
+    process's own setting is back once the run ends, failed runs included."""
+    import sys
+
+    from deepline_cli.runtime.run.runner import STORE_SWITCH_S
+
+    play = tmp_path / "switch.py"
+    play.write_text(
+        "import sys\nfrom deepline_cli import play\n\n@play('switch')\nasync def switch(ctx, input):\n"
+        "    if input.get('fail'):\n        raise ValueError('no')\n    return sys.getswitchinterval()\n"
+    )
+    before = sys.getswitchinterval()
+    result = run_play(play, tmp_path / "s.db")
+    assert result.status == "completed"
+    assert result.output == pytest.approx(STORE_SWITCH_S) and before > STORE_SWITCH_S
+    assert sys.getswitchinterval() == before
+    assert run_play(play, tmp_path / "s.db", {"fail": True}).status == "failed"
+    assert sys.getswitchinterval() == before
