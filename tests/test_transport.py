@@ -469,6 +469,22 @@ def test_an_answer_over_the_size_limit_is_refused_once_without_holding_it_whole(
     assert peak < len(script) + (8 << 20), peak  # never the whole decoded body
 
 
+def test_an_answer_whose_length_is_over_the_limit_is_refused_at_its_head(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Content-Length over the limit fails the call as its head arrives: nothing of its
+    body is waited for or held (calls in flight would each hold up to the limit)."""
+    monkeypatch.setenv("DEEPLINE_MAX_RESPONSE_MB", "1")
+    head_only = b"HTTP/1.1 200 OK\r\ncontent-length: 104857600\r\n\r\n" + b"x" * 1000  # the rest never comes
+
+    async def refused() -> None:
+        async with scripted(head_only) as server, client() as http:
+            await send(http, server.url, timeout_s=3, retries=2)
+
+    with pytest.raises(ToolExecutionError) as failure:
+        run(refused())
+    assert (failure.value.category, failure.value.retryable) == ("upstream", False)
+    assert "over 1 MB" in str(failure.value)
+
+
 def test_an_answer_at_the_size_limit_is_read_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DEEPLINE_MAX_RESPONSE_MB", "1")
     body = b"y" * (1 << 20)

@@ -666,6 +666,8 @@ class _Answer:
         self.keep_alive = self.parser.should_keep_alive()
         if self.status >= 200:
             self.framed = any(name.lower() in (b"content-length", b"transfer-encoding") for name, _ in self.headers)
+            if not self.head_only and _length(self.headers) > self.limit:  # refused at its head: none of it held
+                self.error = too_large(self.limit)
             if self.head_only:  # done at its head; llhttp would wait for the body: not reused
                 self.complete, self.keep_alive = True, False
 
@@ -680,6 +682,14 @@ class _Answer:
     def on_message_complete(self) -> None:
         if self.status >= 200:
             self.complete = True
+
+
+def _length(headers: Sequence[tuple[bytes, bytes]]) -> int:
+    """The body length an answer's head says (-1: none said; llhttp has checked its form)."""
+    for name, value in headers:
+        if name.lower() == b"content-length" and value.strip().isdigit():
+            return int(value)
+    return -1
 
 
 def _wire(request: Outgoing) -> bytes:
