@@ -411,6 +411,12 @@ def test_a_batch_of_settlements_applies_each_by_its_own_lease(store: Store, othe
     assert stored(other, "c").completed_at == T0 + 1
 
 
+def test_a_batch_settles_leases_with_a_nul_as_written(store: Store, other: Store) -> None:
+    claim(store, [mk_claim(k, lease="L\x00" + k) for k in "ab"], T0)
+    assert settle(store, [completed(k, "L\x00" + k, {"n": 1}) for k in "ab"], T0 + 1) == [True, True]
+    assert [stored(other, k).status for k in "ab"] == ["completed", "completed"]
+
+
 def test_settling_an_unknown_key_is_refused(store: Store) -> None:
     assert settle(store, [completed("nope")], T0) == [False]
     assert store.get_receipt("nope") is None

@@ -485,6 +485,27 @@ def test_an_answer_whose_length_is_over_the_limit_is_refused_at_its_head(monkeyp
     assert "over 1 MB" in str(failure.value)
 
 
+@pytest.mark.parametrize("over", [1, 5000, 3 << 20])
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+def test_an_answer_just_over_the_limit_is_refused_whatever_read_ends_it(
+    monkeypatch: pytest.MonkeyPatch, over: int, framing: str
+) -> None:
+    """The read that crosses the limit may end the answer too: refused all the same, never
+    given back as an empty 200 (a paid answer stored as nothing)."""
+    monkeypatch.setenv("DEEPLINE_MAX_RESPONSE_MB", "1")
+    body = b"x" * ((1 << 20) + over)
+    script = answer(body) if framing == "length" else _chunked(body, size=len(body))
+
+    async def once() -> bytes:
+        async with scripted(script, answer(b"next")) as server, client() as http:
+            with pytest.raises(ToolExecutionError) as failure:
+                await send(http, server.url)
+            assert (failure.value.category, failure.value.retryable) == ("upstream", False)
+            return (await send(http, server.url)).content
+
+    assert run(once()) == b"next"
+
+
 def test_an_answer_at_the_size_limit_is_read_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DEEPLINE_MAX_RESPONSE_MB", "1")
     body = b"y" * (1 << 20)
@@ -497,9 +518,10 @@ def test_an_answer_at_the_size_limit_is_read_whole(monkeypatch: pytest.MonkeyPat
     assert run(exact()) == [body, body, body]
 
 
-def test_a_size_limit_that_is_not_a_number_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DEEPLINE_MAX_RESPONSE_MB", "lots")
-    with pytest.raises(UsageError, match="DEEPLINE_MAX_RESPONSE_MB"):
+@pytest.mark.parametrize("given", ["lots", "0", "-1", "1e-7", "1e13", "nan"])
+def test_a_size_limit_out_of_its_range_says_so(monkeypatch: pytest.MonkeyPatch, given: str) -> None:
+    monkeypatch.setenv("DEEPLINE_MAX_RESPONSE_MB", given)
+    with pytest.raises(UsageError, match="DEEPLINE_MAX_RESPONSE_MB must be a number of megabytes"):
         call("http://127.0.0.1:9/x")
 
 

@@ -21,7 +21,7 @@ from deepline_cli.runtime.calls import store_thread
 from deepline_cli.runtime.calls.store_thread import StoreIO, WriteQueue
 from deepline_cli.store import open_store
 from deepline_cli.store.records import Claim, Settlement
-from tests.helpers import run_play
+from tests.helpers import run_play, wait_until
 
 
 def a_claim(key: str, now: float) -> Claim:
@@ -205,4 +205,32 @@ def test_a_run_hands_the_store_thread_the_interpreter_lock_sooner_and_restores_i
     assert result.output == pytest.approx(STORE_SWITCH_S) and before > STORE_SWITCH_S
     assert sys.getswitchinterval() == before
     assert run_play(play, tmp_path / "s.db", {"fail": True}).status == "failed"
+    assert sys.getswitchinterval() == before
+
+    # Runs at once on threads (a worker's): set while any runs, restored when the last ends,
+    # the first to start ending first.
+    waiting = tmp_path / "waiting.py"
+    waiting.write_text(
+        "import asyncio, os, pathlib, sys\nfrom deepline_cli import play\n\n@play('waiting')\n"
+        "async def waiting(ctx, input):\n    pathlib.Path(input['flag'] + '.started').touch()\n"
+        "    while not os.path.exists(input['flag']):\n        await asyncio.sleep(0.01)\n"
+        "    return sys.getswitchinterval()\n"
+    )
+    results: dict[str, Any] = {}
+
+    def start(name: str) -> threading.Thread:
+        flag = str(tmp_path / name)
+        thread = threading.Thread(
+            target=lambda: results.update({name: run_play(waiting, tmp_path / f"{name}.db", {"flag": flag})})
+        )
+        thread.start()
+        wait_until(lambda: Path(flag + ".started").exists(), what=f"run {name} started")
+        return thread
+
+    first, second = start("first"), start("second")
+    (tmp_path / "first").touch()
+    first.join(30)
+    (tmp_path / "second").touch()
+    second.join(30)
+    assert results["second"].output == pytest.approx(STORE_SWITCH_S)  # the first had ended
     assert sys.getswitchinterval() == before

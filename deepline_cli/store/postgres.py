@@ -321,8 +321,8 @@ class PostgresStore(SqlStore):
         for at in _SETTLED_FLOATS:  # an array holds one type: credits of 50 beside 0.5
             columns[at] = [None if v is None else float(v) for v in columns[at]]
         done = {(key, lease) for key, lease in c.execute(SETTLE_END_ALL, columns).fetchall()}
-        for i in ends:
-            applied[i] = (settlements[i].key, settlements[i].lease_id) in done
+        for i in ends:  # as written (a NUL is stored as U+FFFD)
+            applied[i] = (_without_nul(settlements[i].key), _without_nul(settlements[i].lease_id)) in done
         return applied
 
     def close(self) -> None:

@@ -580,8 +580,10 @@ def max_response_bytes() -> int:
         megabytes = float(given)
     except ValueError:
         megabytes = math.nan
-    if not (math.isfinite(megabytes) and megabytes > 0):
-        raise BadSettings(f"DEEPLINE_MAX_RESPONSE_MB must be a number of megabytes above 0, not {given!r}")
+    if not (math.isfinite(megabytes) and 0.001 <= megabytes <= 1_000_000):
+        raise BadSettings(
+            f"DEEPLINE_MAX_RESPONSE_MB must be a number of megabytes from 0.001 to 1000000, not {given!r}"
+        )
     return int(megabytes * (1 << 20))
 
 
@@ -789,6 +791,11 @@ class Connection(asyncio.Protocol):
             raise
         finally:
             self._feed = None
+        if answer.error is not None:  # what ended its body ended the answer too, in one read
+            self.closed = True
+            if isinstance(answer.error, InvalidResponse):
+                raise answer.error
+            raise TransportError(f"the server broke HTTP/1.1 ({answer.error})")
         if not answer.keep_alive:
             self.closed = True
         self.idle_since = time.monotonic()
