@@ -21,7 +21,7 @@ from deepline_cli.runtime.calls import store_thread
 from deepline_cli.runtime.calls.store_thread import StoreIO, WriteQueue
 from deepline_cli.store import open_store
 from deepline_cli.store.records import Claim, Settlement
-from tests.helpers import run_play, wait_until
+from tests.helpers import run_play
 
 
 def a_claim(key: str, now: float) -> Claim:
@@ -184,53 +184,3 @@ def test_a_step_around_a_blocking_tool_commits_once_per_call(tmp_path: Path, mon
     result = run_play(play, tmp_path / "deepline.db")
     assert result.status == "completed", result.error
     assert len(commits) <= 20, f"{len(commits)} commits held the loop for 20 paid calls"
-
-
-def test_a_run_hands_the_store_thread_the_interpreter_lock_sooner_and_restores_it(tmp_path: Path) -> None:
-    """While a run runs, the event loop's thread gives the store thread the interpreter lock
-    every STORE_SWITCH_S (a claim batch's statements each waited up to Python's 5 ms); the
-    process's own setting is back once the run ends, failed runs included."""
-    import sys
-
-    from deepline_cli.runtime.run.runner import STORE_SWITCH_S
-
-    play = tmp_path / "switch.py"
-    play.write_text(
-        "import sys\nfrom deepline_cli import play\n\n@play('switch')\nasync def switch(ctx, input):\n"
-        "    if input.get('fail'):\n        raise ValueError('no')\n    return sys.getswitchinterval()\n"
-    )
-    before = sys.getswitchinterval()
-    result = run_play(play, tmp_path / "s.db")
-    assert result.status == "completed"
-    assert result.output == pytest.approx(STORE_SWITCH_S) and before > STORE_SWITCH_S
-    assert sys.getswitchinterval() == before
-    assert run_play(play, tmp_path / "s.db", {"fail": True}).status == "failed"
-    assert sys.getswitchinterval() == before
-
-    # Runs at once on threads (a worker's): set while any runs, restored when the last ends,
-    # the first to start ending first.
-    waiting = tmp_path / "waiting.py"
-    waiting.write_text(
-        "import asyncio, os, pathlib, sys\nfrom deepline_cli import play\n\n@play('waiting')\n"
-        "async def waiting(ctx, input):\n    pathlib.Path(input['flag'] + '.started').touch()\n"
-        "    while not os.path.exists(input['flag']):\n        await asyncio.sleep(0.01)\n"
-        "    return sys.getswitchinterval()\n"
-    )
-    results: dict[str, Any] = {}
-
-    def start(name: str) -> threading.Thread:
-        flag = str(tmp_path / name)
-        thread = threading.Thread(
-            target=lambda: results.update({name: run_play(waiting, tmp_path / f"{name}.db", {"flag": flag})})
-        )
-        thread.start()
-        wait_until(lambda: Path(flag + ".started").exists(), what=f"run {name} started")
-        return thread
-
-    first, second = start("first"), start("second")
-    (tmp_path / "first").touch()
-    first.join(30)
-    (tmp_path / "second").touch()
-    second.join(30)
-    assert results["second"].output == pytest.approx(STORE_SWITCH_S)  # the first had ended
-    assert sys.getswitchinterval() == before

@@ -774,9 +774,7 @@ class Connection(asyncio.Protocol):
             self.transport.write(_wire(request))
             while not answer.complete:
                 if answer.error is not None:
-                    if isinstance(answer.error, InvalidResponse):
-                        raise answer.error
-                    raise TransportError(f"the server broke HTTP/1.1 ({answer.error})")
+                    break
                 if self.closed:
                     if answer.status >= 200 and not answer.framed:
                         break  # its body ends where the connection does
@@ -791,7 +789,7 @@ class Connection(asyncio.Protocol):
             raise
         finally:
             self._feed = None
-        if answer.error is not None:  # what ended its body ended the answer too, in one read
+        if answer.error is not None:  # seen as it came, or in the read that ended the answer too
             self.closed = True
             if isinstance(answer.error, InvalidResponse):
                 raise answer.error

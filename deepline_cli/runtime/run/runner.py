@@ -12,8 +12,6 @@ import contextlib
 import os
 import re
 import secrets as _secrets
-import sys
-import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -50,37 +48,6 @@ def new_run_id() -> str:
     return "r-" + _secrets.token_hex(6)
 
 
-# While a run runs, the event loop's thread hands the interpreter lock to the store thread
-# (waiting on PostgreSQL, or on SQLite another process is writing) every 0.5 ms of its own
-# work instead of Python's 5 ms: each statement of a batch of claims waited for that hand-over
-# (PostgreSQL beside SQLite, BENCHMARKS.md: a transaction 6.7 ms -> 4.9 ms).
-STORE_SWITCH_S = 0.0005
-
-
-class _Handover:
-    """STORE_SWITCH_S while any run of the process runs (a worker runs several at once, on
-    threads: the setting is the process's); its own setting back once the last one ends."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._running = 0
-        self._own = 0.0
-
-    def __enter__(self) -> None:
-        with self._lock:
-            if not self._running:
-                self._own = sys.getswitchinterval()
-                sys.setswitchinterval(min(self._own, STORE_SWITCH_S))
-            self._running += 1
-
-    def __exit__(self, *exc: object) -> None:
-        with self._lock:
-            self._running -= 1
-            if not self._running:
-                sys.setswitchinterval(self._own)
-
-
-_HANDOVER = _Handover()
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -383,8 +350,7 @@ class Runner:
         io = StoreIO(unwrapped(self.store))  # the store thread reconnects by itself
         self.attempt = Attempt(self, play, record, io)
         try:
-            with _HANDOVER:
-                return asyncio.run(self.attempt.run())
+            return asyncio.run(self.attempt.run())
         finally:
             io.close()
 
