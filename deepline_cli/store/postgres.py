@@ -33,7 +33,6 @@ from deepline_cli.store import safe_url
 from deepline_cli.store.migrations import MIGRATIONS, POSTGRES, migrate
 from deepline_cli.store.records import Settlement
 from deepline_cli.store.sql import SqlStore, settle_statement
-from deepline_cli.store.sql_rows import SETTLE_END, SETTLE_END_ALL
 
 # psycopg logs what it ignores while a dropped connection is closed (several lines, memory
 # addresses) to Python's last-resort handler, on stderr: the store says it in one sentence.
@@ -101,15 +100,10 @@ def _reason(exc: BaseException) -> str:
 
 def _no_nul(params: Sequence[Any]) -> Sequence[Any]:
     """PostgreSQL text cannot hold NUL; one in a log line must not sink a whole batch. Reads
-    ask with the same text (a row key with a NUL is found as it was written). A list is an
-    array parameter: its texts likewise."""
-    if any((isinstance(p, str) and "\x00" in p) or isinstance(p, list) for p in params):
-        return [_no_nul(p) if isinstance(p, list) else _without_nul(p) for p in params]
+    ask with the same text (a row key with a NUL is found as it was written)."""
+    if any(isinstance(p, str) and "\x00" in p for p in params):
+        return [p.replace("\x00", "\ufffd") if isinstance(p, str) else p for p in params]
     return params
-
-
-def _without_nul(value: Any) -> Any:
-    return value.replace("\x00", "\ufffd") if isinstance(value, str) else value
 
 
 def _schema_of_its_own(c: _Tx, url: str) -> bool:
@@ -203,9 +197,6 @@ def _connect(url: str, hurry: bool = False) -> psycopg.Connection[Any]:
     # 12.4 s instead of 5.9 s). Each execution is planned with its own values instead.
     conn.execute("SET plan_cache_mode = force_custom_plan")
     return conn
-
-
-_SETTLED_FLOATS = (5, 6)  # SETTLE_END_ALL's float8 arrays: credits, completed_at
 
 
 class PostgresStore(SqlStore):
@@ -304,26 +295,7 @@ class PostgresStore(SqlStore):
             raise StoreError(f"The store {self.url} could not be {doing}: {_reason(exc)}.") from exc
 
     def _settle_all(self, c: Any, settlements: Sequence[Settlement], now: float) -> list[bool]:
-        """The calls that ended in one UPDATE (SETTLE_END_ALL); the rest (given back,
-        skipped) in one pipeline. Their rows are locked already (`_apply`), so the order in
-        which this statement reaches them does not matter."""
-        statements = [settle_statement(s, now) for s in settlements]
-        ends = [i for i, (sql, _) in enumerate(statements) if sql is SETTLE_END]
-        pairs = {(s.key, s.lease_id) for s in (settlements[i] for i in ends)}
-        if len(ends) < 2 or len(pairs) < len(ends):  # one, or a settlement twice: each on its own
-            return list(c.changed_each(statements))
-        applied = [False] * len(statements)
-        others = [i for i, (sql, _) in enumerate(statements) if sql is not SETTLE_END]
-        if others:
-            for i, changed in zip(others, c.changed_each([statements[i] for i in others]), strict=True):
-                applied[i] = changed
-        columns = [list(values) for values in zip(*(statements[i][1] for i in ends), strict=True)]
-        for at in _SETTLED_FLOATS:  # an array holds one type: credits of 50 beside 0.5
-            columns[at] = [None if v is None else float(v) for v in columns[at]]
-        done = {(key, lease) for key, lease in c.execute(SETTLE_END_ALL, columns).fetchall()}
-        for i in ends:  # as written (a NUL is stored as U+FFFD)
-            applied[i] = (_without_nul(settlements[i].key), _without_nul(settlements[i].lease_id)) in done
-        return applied
+        return list(c.changed_each([settle_statement(s, now) for s in settlements]))
 
     def close(self) -> None:
         with self._lock:

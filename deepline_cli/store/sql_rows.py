@@ -68,18 +68,6 @@ SETTLE_END = (
     " completed_at = ?, generation = generation + ?, lease_expires_at = NULL"
     " WHERE key = ? AND lease_id = ? AND status = 'running'"
 )
-# SETTLE_END for many settlements in one statement, their values given as one array per
-# column (PostgreSQL: one plan for them all, where a pipeline of UPDATEs plans each); what
-# it returns is the (key, lease) of each that applied.
-SETTLE_END_ALL = (
-    "UPDATE receipts r SET status = v.status, output = v.output, error = v.error, failure_kind = v.failure_kind,"
-    " retryable = v.retryable, credits = v.credits, completed_at = v.completed_at,"
-    " generation = r.generation + v.more, lease_expires_at = NULL"
-    " FROM unnest(?::text[], ?::text[], ?::text[], ?::text[], ?::int[], ?::float8[], ?::float8[], ?::int[],"
-    " ?::text[], ?::text[]) AS v(status, output, error, failure_kind, retryable, credits, completed_at, more,"
-    " key, lease_id) WHERE r.key = v.key COLLATE \"C\" AND r.lease_id = v.lease_id AND r.status = 'running'"
-    " RETURNING r.key, r.lease_id"
-)
 KEEP_HISTORY = (
     "INSERT INTO receipt_history (key, generation, run_id, attempt, idempotency_key, output, credits,"
     " completed_at, replaced_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
