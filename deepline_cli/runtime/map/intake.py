@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Mapping
 from itertools import chain
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from deepline_cli.errors import InputError, UsageError
 from deepline_cli.runtime.map.book import MapBook
@@ -207,7 +208,7 @@ class Intake:
 def _estimate_total(rows: Any, limit: int | None) -> int | None:
     total: int | None = None
     if isinstance(rows, CsvSource):
-        total = count_records(rows.path) - 1
+        total = count_records(rows.path, delimiter=rows.delimiter) - 1
     elif hasattr(rows, "__len__"):
         total = len(rows)
     if total is not None and limit is not None:
@@ -215,16 +216,18 @@ def _estimate_total(rows: Any, limit: int | None) -> int | None:
     return total
 
 
-def count_records(path: Path, block_size: int = 1 << 20) -> int:
+def count_records(path: Path, block_size: int = 1 << 20, delimiter: str = ",") -> int:
     """The CSV's records (its header one of them), counted fast: its lines, but for line
-    breaks inside quoted cells and blank lines (which the map skips). An estimate still,
-    until the map has read the file: the view says the exact count once it has."""
+    breaks inside quoted cells and blank lines, empty or of empty unquoted cells (`,,,`, a
+    spreadsheet's trailing rows), which the map skips. An estimate still, until the map has
+    read the file: the view says the exact count once it has."""
+    blanks = _blanks(delimiter)
     count, quoted, ended = 0, False, True  # `ended`: the text so far ends a line
     with path.open("rb") as handle:
         while block := handle.read(block_size):
             if not quoted and b'"' not in block:
-                count += _line_ends(block, ended)
-                ended = _ends_line(block, ended)
+                count += _line_ends(block, ended, blanks)
+                ended = _ends_line(block, ended, blanks)
                 continue
             pieces = block.split(b'"')
             if quoted and len(pieces) == 1:
@@ -233,39 +236,51 @@ def count_records(path: Path, block_size: int = 1 << 20) -> int:
             outside = b'"'.join(pieces[1::2] if quoted else pieces[0::2])
             if quoted:  # it begins after the quote that ends a cell: mid-line
                 outside, ended = b'"' + outside, False
-            count += _line_ends(outside, ended)
+            count += _line_ends(outside, ended, blanks)
             quoted ^= len(pieces) % 2 == 0  # an odd number of quotes in the block
-            ended = not quoted and _ends_line(outside, ended)
+            ended = not quoted and _ends_line(outside, ended, blanks)
     if quoted:  # a quote never closed: a literal `"` in an unquoted cell (27" Monitors), as csv reads it
-        return _count_lines(path, block_size)
+        return _count_lines(path, block_size, blanks)
     return count + (0 if ended else 1)
 
 
-def _count_lines(path: Path, block_size: int) -> int:
+def _count_lines(path: Path, block_size: int, blanks: _Blanks) -> int:
     """The file's lines that hold something, quotes or not."""
     count, ended = 0, True
     with path.open("rb") as handle:
         while block := handle.read(block_size):
-            count += _line_ends(block, ended)
-            ended = _ends_line(block, ended)
+            count += _line_ends(block, ended, blanks)
+            ended = _ends_line(block, ended, blanks)
     return count + (0 if ended else 1)
 
 
-def _line_ends(text: bytes, ended: bool) -> int:
-    """The lines `text` ends that hold something (an empty line is no record), given
+class _Blanks(NamedTuple):
+    """What makes a line blank in a file of this delimiter: spaces and delimiters only."""
+
+    filler: bytes  # the bytes a blank line may hold before its end
+    line: re.Pattern[bytes]  # a line end a blank line follows (lookahead: runs of them too)
+    start: re.Pattern[bytes]  # a blank line at the start of a text
+
+
+@functools.lru_cache(maxsize=8)
+def _blanks(delimiter: str) -> _Blanks:
+    filler = b" \t" + delimiter.encode()
+    cells = b"[" + re.escape(filler) + b"]*"
+    return _Blanks(filler, re.compile(rb"\n(?=" + cells + rb"\r?\n)"), re.compile(cells + rb"\r*\n"))
+
+
+def _line_ends(text: bytes, ended: bool, blanks: _Blanks) -> int:
+    """The lines `text` ends that hold something (a blank line is no record), given
     whether the text before it ended a line."""
-    blank = len(_BLANK_LINE.findall(text)) + (1 if ended and _BLANK_START.match(text) else 0)
+    blank = len(blanks.line.findall(text)) + (1 if ended and blanks.start.match(text) else 0)
     return text.count(b"\n") - blank
 
 
-def _ends_line(text: bytes, ended: bool) -> bool:
-    """Whether the text so far ends a line, once `text` is added to it (a CR alone adds nothing)."""
-    text = text.rstrip(b"\r")
+def _ends_line(text: bytes, ended: bool, blanks: _Blanks) -> bool:
+    """Whether the text so far ends a line, once `text` is added to it (a CR, a space or a
+    delimiter alone adds nothing: a line of them is blank)."""
+    text = text.rstrip(b"\r" + blanks.filler)
     return text.endswith(b"\n") if text else ended
-
-
-_BLANK_LINE = re.compile(rb"\n(?=\r?\n)")  # a line end an empty line follows (lookahead: runs of them too)
-_BLANK_START = re.compile(rb"\r*\n")
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:
