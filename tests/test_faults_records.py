@@ -290,8 +290,9 @@ def test_slots_that_came_due_while_the_process_was_starved_are_not_a_burst(
     gaps = [b - a for a, b in itertools.pairwise(sent)]
     # 10/s: a slot every 100 ms. A burst of the slots that came due while the process was
     # starved would send several within a few ms; the tool runs on a thread, whose start adds
-    # some ms of jitter to each timestamp on a loaded machine (one gap of 73 ms was seen).
-    assert len(sent) == 12 and min(gaps) >= 0.05, gaps
+    # some ms of jitter to each timestamp on a loaded machine (gaps of 73 ms were seen, and
+    # under two other test processes' load one below 50 ms).
+    assert len(sent) == 12 and min(gaps) >= 0.03, gaps
     assert sum(gaps) >= 11 * 0.1, gaps  # and no faster than 10/s over the whole run
 
 
