@@ -304,12 +304,12 @@ def test_a_served_runs_status_counts_what_a_run_going_on_has_done(tmp_path: Path
     import httpx
 
     from deepline_cli.runtime.run.play import load_play
-    from deepline_cli.runtime.run.triggers import delivery_run_id
+    from deepline_cli.runtime.run.triggers import delivery_run_ids
     from deepline_cli.server.webhooks import Hook, create_app
 
     (tmp_path / "play.py").write_text(COUNTING_PLAY)
     payload = _json.dumps_str({"n": 400, "s": 0.02, "log": str(tmp_path / "calls.log"), "c": 4})
-    served = delivery_run_id("counting", "d-1")  # as a delivery to the served play names its run
+    served = delivery_run_ids("counting", "d-1")[0]  # as a delivery to the served play names its run
     proc = start(["run", "play.py", "--run-id", served, "--input", payload, "--quiet"], cli_env, tmp_path)
     try:
         wait_until(lambda: completed(cli_env["DEEPLINE_STORE"], "count.work") >= 20, what="calls recorded")

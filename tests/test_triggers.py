@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deepline_cli.runtime.run.triggers import Schedule, tick_run_id
+from deepline_cli.runtime.run.triggers import Schedule, tick_run_ids
 from deepline_cli.server.webhooks import sign
 from deepline_cli.store import open_store
 from tests.faults import finish, kill, start
@@ -110,8 +110,8 @@ def test_a_worker_back_after_missed_ticks_fires_the_latest_once(tmp_path: Path, 
     again = start(["worker", "--play", "play.py", "--once"], cli_env, tmp_path)
     code, _, err = finish(again, timeout=30)
     assert code == 0, err
-    latest = tick_run_id("tick", schedule.last_tick(returned))
-    missed = tick_run_id("tick", schedule.next_tick(stopped))
+    latest = tick_run_ids("tick", schedule.last_tick(returned))[0]
+    missed = tick_run_ids("tick", schedule.next_tick(stopped))[0]
     ids = {r.run_id for r in runs_of(cli_env["DEEPLINE_STORE"], "tick")}
     assert latest in ids and missed not in ids, (latest, missed, sorted(ids))
     assert Counter(log.read_text().split())[latest] == 1
@@ -127,7 +127,7 @@ def test_a_new_schedule_first_runs_at_its_next_tick_not_at_once(deepline, write_
     first = deepline("worker", "--play", "play.py", "--once")
     assert first.code == 0 and "0 started" in first.stderr, first.stderr
     assert deepline("runs", "list", "--json").stdout == ""
-    earlier = tick_run_id("tick", Schedule(cron, {}).last_tick(time.time() - 3600))
+    earlier = tick_run_ids("tick", Schedule(cron, {}).last_tick(time.time() - 3600))[0]
     log = str(tmp_path / "ran.log")
     assert deepline("run", "play.py", "--run-id", earlier, "--set", f"log={log}", "--quiet").code == 0  # it ran
     again = deepline("worker", "--play", "play.py", "--once")
@@ -150,7 +150,7 @@ def test_schedules_list_shows_the_next_tick_and_the_last_run(deepline, write_pla
     if time.time() - Schedule("0 6 * * *", {}).last_tick(time.time()) > 120:  # (not in its first minute)
         assert deepline("worker", "--play", "play.py", "--once").code == 0  # a new schedule: nothing missed
         assert deepline("schedules", "list", "play.py", "--json").json_lines()[0]["last_run_id"] is None
-    earlier = tick_run_id("tick", Schedule("0 6 * * *", {}).last_tick(time.time() - 86_400))
+    earlier = tick_run_ids("tick", Schedule("0 6 * * *", {}).last_tick(time.time() - 86_400))[0]
     log = str(tmp_path / "ran.log")
     assert deepline("run", "play.py", "--run-id", earlier, "--set", f"log={log}", "--quiet").code == 0  # it ran once
     assert deepline("worker", "--play", "play.py", "--once").code == 0  # today's (or yesterday's) 06:00, once
@@ -450,8 +450,8 @@ def test_serve_refuses_a_play_without_a_webhook_secret(deepline, write_play) -> 
 def test_a_schedules_runs_are_told_from_a_longer_names() -> None:
     from deepline_cli.runtime.run.triggers import is_tick_of
 
-    tick = tick_run_id("daily", 1_780_000_000)
-    assert is_tick_of(tick, "daily") and not is_tick_of(tick_run_id("daily-eu", 1_780_000_000), "daily")
+    tick = tick_run_ids("daily", 1_780_000_000)[0]
+    assert is_tick_of(tick, "daily") and not is_tick_of(tick_run_ids("daily-eu", 1_780_000_000)[0], "daily")
     assert not is_tick_of("sched-daily-by-hand", "daily")
 
 
@@ -460,17 +460,18 @@ def test_names_alike_up_to_their_cut_or_their_unsafe_characters_get_run_ids_of_t
     of a play with a long name (`<play>.enterprise-emea` and `<play>.enterprise-east`) had one
     run id per tick, and the second was taken for queued already and never ran; two webhook
     plays alike, one delivery each. Names that are their own slug keep their run ids."""
-    from deepline_cli.runtime.run.triggers import delivery_run_id, is_delivery_run, is_tick_of
+    from deepline_cli.runtime.run.triggers import delivery_run_ids, is_delivery_run, is_tick_of
 
     long = "nightly-firmographics-refresh-for-the-whole-crm"
     emea, east = f"{long}.enterprise-emea", f"{long}.enterprise-east"
-    assert tick_run_id(emea, 1_780_000_000) != tick_run_id(east, 1_780_000_000)
-    assert is_tick_of(tick_run_id(east, 1_780_000_000), east) and not is_tick_of(tick_run_id(east, 1_780_000_000), emea)
+    east_tick = tick_run_ids(east, 1_780_000_000)[0]
+    assert tick_run_ids(emea, 1_780_000_000)[0] != east_tick
+    assert is_tick_of(east_tick, east) and not is_tick_of(east_tick, emea)
     hooks = [f"inbound-lead-enrichment-from-hubspot-form-submissions-for-region-{r}" for r in ("emea", "apac")]
-    assert delivery_run_id(hooks[0], "msg_1") != delivery_run_id(hooks[1], "msg_1")
-    assert is_delivery_run(delivery_run_id(hooks[1], "msg_1"), hooks[1])
-    assert tick_run_id("daily eu", 1) != tick_run_id("daily-eu", 1)  # made alike by the characters taken out
-    assert tick_run_id("daily", 1_780_000_000) == "sched-daily-20260528T202640Z"  # as before
+    assert delivery_run_ids(hooks[0], "msg_1")[0] != delivery_run_ids(hooks[1], "msg_1")[0]
+    assert is_delivery_run(delivery_run_ids(hooks[1], "msg_1")[0], hooks[1])
+    assert tick_run_ids("daily eu", 1)[0] != tick_run_ids("daily-eu", 1)[0]  # made alike by the characters taken out
+    assert tick_run_ids("daily", 1_780_000_000)[0] == "sched-daily-20260528T202640Z"  # as before
 
 
 ALIKE_SCHEDULES = """
@@ -609,7 +610,7 @@ def test_the_status_of_a_run_on_a_store_that_cannot_be_opened_is_one_sentence(tm
     import asyncio
 
     from deepline_cli.runtime.run.play import PlayDef
-    from deepline_cli.runtime.run.triggers import delivery_run_id
+    from deepline_cli.runtime.run.triggers import delivery_run_ids
     from deepline_cli.server.webhooks import Hook, create_app
 
     served = PlayDef("inbound", "", lambda ctx, input: None, file=str(tmp_path / "play.py"))
@@ -617,7 +618,7 @@ def test_the_status_of_a_run_on_a_store_that_cannot_be_opened_is_one_sentence(tm
 
     async def ask() -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://deepline") as client:
-            return await client.get(f"/runs/{delivery_run_id('inbound', 'd-1')}")
+            return await client.get(f"/runs/{delivery_run_ids('inbound', 'd-1')[0]}")
 
     answer = asyncio.run(ask())
     assert answer.status_code == 503, answer.text
@@ -803,7 +804,7 @@ def test_the_status_endpoint_answers_only_for_the_runs_its_webhooks_queued(
     answers for the runs its hooks queued (their ids come from a signed delivery's id)."""
     import asyncio
 
-    from deepline_cli.runtime.run.triggers import delivery_run_id
+    from deepline_cli.runtime.run.triggers import delivery_run_ids
     from deepline_cli.server.webhooks import Hook, create_app
 
     write_play(
@@ -819,7 +820,7 @@ def test_the_status_endpoint_answers_only_for_the_runs_its_webhooks_queued(
     from deepline_cli.runtime.run.play import load_play
 
     play = load_play("play.py", base=store_path.parent)
-    hooked = delivery_run_id("inbound", "d-9")
+    hooked = delivery_run_ids("inbound", "d-9")[0]
     assert deepline("run", "play.py", "--run-id", hooked, "--set", "email=b@x.com").code == 0
     app = create_app({"inbound": Hook(play, b"secret")}, str(store_path))
 

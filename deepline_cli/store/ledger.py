@@ -13,7 +13,7 @@ from typing import Any
 from deepline_cli import _json
 from deepline_cli._format import add_credits, round_credits, sum_credits
 from deepline_cli.store.records import FOUND_PREFIX, MADE_FOR, NOT_FOUND, FailedCall
-from deepline_cli.store.sql_rows import TREE
+from deepline_cli.store.sql_rows import DUPLICATES_SEEN, TREE
 
 _ROWS_PAGE = 50_000  # map rows read per store call, to say how the rows of failed calls ended
 
@@ -232,7 +232,7 @@ class LedgerQueries:
         duplicate = sum(
             max(int(counted or 0), int(seen or 0))
             for counted, seen in self._read(
-                "SELECT m.duplicate, CASE WHEN m.status <> 'completed' THEN (SELECT max(r.input_index - r.idx)"
+                f"SELECT m.duplicate, CASE WHEN m.status <> 'completed' THEN (SELECT {DUPLICATES_SEEN}"
                 " FROM map_rows r WHERE r.run_id = m.run_id AND r.map = m.map) END FROM maps m WHERE m.run_id = ?",
                 (run_id,),
             )

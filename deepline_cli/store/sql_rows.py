@@ -38,6 +38,11 @@ TREE = (
     " UNION SELECT r.run_id FROM runs r JOIN tree t ON r.parent_run_id = t.run_id) SELECT run_id FROM tree)"
 )
 LOG_COLUMNS = "run_id, attempt, ts, level, message, key, kind, fields, id"
+# The duplicates a map's input held before its rows recorded so far (over `map_rows`):
+# distinct rows are numbered in input order, so before the row at input place i with number
+# k the input held k + 1 distinct rows, i - k duplicates (the most is the furthest row's).
+# What a map stopped before its input was read whole recorded none of.
+DUPLICATES_SEEN = "max(input_index - idx)"
 CHUNK = 400  # bound parameters per statement stay well under every backend's limit
 
 

@@ -18,7 +18,7 @@ from deepline_cli.store.records import (
     stored_cells,
 )
 from deepline_cli.store.sql_base import SqlBase
-from deepline_cli.store.sql_rows import chunks, json_or_none, map_from_row, map_row_values, position
+from deepline_cli.store.sql_rows import DUPLICATES_SEEN, chunks, json_or_none, map_from_row, map_row_values, position
 
 
 class SheetsSql(SqlBase):
@@ -98,10 +98,8 @@ class SheetsSql(SqlBase):
         return {outcome: n for outcome, n in rows}
 
     def unfinished_counts(self, run_id: str, map: str) -> tuple[int, int]:
-        # Distinct rows are numbered in input order: before the row at input place i with
-        # number k, the input held k + 1 distinct rows, so i - k duplicates (the most is the furthest's).
         rows = self._read(
-            "SELECT max(input_index - idx), coalesce(sum(reused_row), 0) FROM map_rows WHERE run_id = ? AND map = ?",
+            f"SELECT {DUPLICATES_SEEN}, coalesce(sum(reused_row), 0) FROM map_rows WHERE run_id = ? AND map = ?",
             (run_id, map),
         )
         duplicates, reused = rows[0] if rows else (0, 0)

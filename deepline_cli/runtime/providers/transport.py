@@ -967,7 +967,6 @@ class Transport:
         self._proxies = proxies if proxies is not None else Proxies()
         self._open: set[Connection] = set()  # every connection not closed yet, idle or in use
         self._closed = False
-        self._limit: int | None = None  # the largest body an answer may have (read at the first request)
 
     async def request(
         self,
@@ -989,7 +988,7 @@ class Transport:
         the request goes out (it raises when the call may no longer go out). `private`: the
         headers (lower case) a redirect to another origin leaves out (they hold a secret);
         `private_body`: the body holds one (a redirect to another origin that keeps it is refused)."""
-        limit = self._body_limit()  # a setting to fix: said before anything is sent
+        limit = self._body_limit  # a setting to fix: said before anything is sent (and read then only)
         outgoing = build(method, url, headers, params, b"" if json is None else _json.dumps(json))
         if private or private_body:
             outgoing = replace(outgoing, private=private, private_body=private_body)
@@ -1038,10 +1037,9 @@ class Transport:
             raise ProxyRefused(f"the proxy {proxy.url} refused the request (407 Proxy Authentication Required)")
         return response
 
+    @functools.cached_property
     def _body_limit(self) -> int:
-        if self._limit is None:
-            self._limit = max_response_bytes()
-        return self._limit
+        return max_response_bytes()
 
     def _reused(self, route: Route) -> Connection | None:
         idle = self._idle.get(route)

@@ -115,13 +115,9 @@ def schedule_of(
     return Schedule(cron, given, zone, chosen, name)
 
 
-def tick_run_id(schedule: str, tick: float) -> str:
-    """`sched-<schedule>-<UTC time of the tick>`: the same for every worker that fires it."""
-    return tick_run_ids(schedule, tick)[0]
-
-
 def tick_run_ids(schedule: str, tick: float) -> list[str]:
-    """The tick's run id, then the one an earlier deepline gave it (if another): see `_slugs`."""
+    """`sched-<schedule>-<UTC time of the tick>`, the same for every worker that fires it; then
+    the id an earlier deepline gave the tick (if another): see `_slugs`."""
     stamp = dt.datetime.fromtimestamp(tick, dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     return [f"{prefix}{stamp}" for prefix in tick_prefixes(schedule)]
 
@@ -139,13 +135,9 @@ def is_tick_of(run_id: str, schedule: str) -> bool:
     )
 
 
-def delivery_run_id(play: str, delivery_id: str) -> str:
-    """`hook-<play>-<digest of the delivery id>`: the same for every retry of a delivery."""
-    return delivery_run_ids(play, delivery_id)[0]
-
-
 def delivery_run_ids(play: str, delivery_id: str) -> list[str]:
-    """The delivery's run id, then the one an earlier deepline gave it (if another): see `_slugs`."""
+    """`hook-<play>-<digest of the delivery id>`, the same for every retry of a delivery; then
+    the id an earlier deepline gave it (if another): see `_slugs`."""
     digest = hashlib.sha256(delivery_id.encode()).hexdigest()[:20]
     return [f"hook-{slug}-{digest}" for slug in _slugs(play)]
 
