@@ -5,6 +5,7 @@ through the real `Runner`."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,14 +23,24 @@ def is_postgres(url: str) -> bool:
     return url.startswith(("postgresql://", "postgres://"))
 
 
-def wait_until(predicate: Callable[[], Any], *, what: str, timeout: float = 30.0, every: float = 0.02) -> Any:
+def wait_until(
+    predicate: Callable[[], Any],
+    *,
+    what: str,
+    timeout: float = 30.0,
+    every: float = 0.02,
+    alive: subprocess.Popen[Any] | None = None,
+) -> Any:
     """Poll `predicate` until it returns something truthy (returned), or fail the test
-    after `timeout` seconds naming `what` it waited for."""
+    after `timeout` seconds naming `what` it waited for; at once if the process `alive`
+    (the one that should make it true) has ended."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
+        if alive is not None and alive.poll() is not None:
+            pytest.fail(f"the process ended (exit {alive.returncode}) before {what}")
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(every)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from deepline_cli import _json
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.process
 
@@ -476,12 +477,8 @@ def test_an_answered_step_is_committed_before_the_next_blocking_call(tmp_path: P
         cwd=tmp_path, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while not mark.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "the run never reached b"
-            time.sleep(0.005)
-        time.sleep(0.3)  # the loop is held by b: nothing else can commit
-        os.kill(proc.pid, signal.SIGKILL)
+        wait_until(mark.exists, what="the run reaching b", alive=proc, every=0.005)
+        os.kill(proc.pid, signal.SIGKILL)  # b holds the loop (30 s): nothing more is committed
     finally:
         proc.kill()
         proc.wait(timeout=30)
@@ -493,10 +490,7 @@ def test_an_answered_step_is_committed_before_the_next_blocking_call(tmp_path: P
         cwd=tmp_path, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while not mark.exists():
-            assert resumed.poll() is None and time.monotonic() < deadline, "the resume never reached b"
-            time.sleep(0.005)
+        wait_until(mark.exists, what="the resume reaching b", alive=resumed, every=0.005)
     finally:
         resumed.kill()
         resumed.wait(timeout=30)

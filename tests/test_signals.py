@@ -23,6 +23,7 @@ import pytest
 from deepline_cli.runtime.run.attempt import install_signals
 from deepline_cli.store import open_store
 from deepline_cli.store.records import ReceiptQuery
+from tests.helpers import wait_until
 
 PLAY = """
 import asyncio
@@ -423,10 +424,8 @@ def started_until(tmp_path: Path, cli_env: dict[str, str], log: Path, lines: int
         cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while not (log.exists() and len(log.read_text().split()) >= lines):
-        assert proc.poll() is None and time.monotonic() < deadline, f"{log.name} never had {lines} lines"
-        time.sleep(0.01)
+    wait_until(lambda: log.exists() and len(log.read_text().split()) >= lines, what=f"{lines} lines in {log.name}",
+               alive=proc, every=0.01)  # fmt: skip
     return proc
 
 
@@ -554,10 +553,7 @@ def test_a_drain_heard_before_the_attempt_installs_its_handlers_is_no_signal(
         cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "history.read").exists():
-        assert worker.poll() is None and time.monotonic() < deadline, "the worker never took the run"
-        time.sleep(0.01)
+    wait_until((tmp_path / "history.read").exists, what="the worker taking the run", alive=worker, every=0.01)
     worker.send_signal(signal.SIGTERM)
     _, err = worker.communicate(timeout=30)
     assert worker.returncode == 0, err
