@@ -53,22 +53,33 @@ import sys, time
 from deepline_cli.store import open_store
 db = open_store(sys.argv[1])
 with db._write() as c:
-    c.execute("UPDATE runs SET updated_at = 1 WHERE run_id = 'frozen'")
+    LAST
     print("locked", flush=True)
     time.sleep(60)
 """
+UPDATE = "UPDATE runs SET updated_at = ? WHERE run_id = ?"
+# What the frozen process sent last: a statement; several rows' writes (executemany), then a
+# read; settlements' updates (changed_each), each shape the store sends inside a transaction.
+LAST_STATEMENTS = {
+    "statement": f"c.execute({UPDATE!r}, (1, 'frozen'))",
+    "rows": f"c.executemany({UPDATE!r}, [(1, 'frozen'), (2, 'frozen')])",
+    "rows_then_read": f"c.executemany({UPDATE!r}, [(1, 'frozen'), (2, 'frozen')]); c.execute('SELECT 1').fetchall()",
+    "settlements": f"c.changed_each([({UPDATE!r}, (1, 'frozen')), ({UPDATE!r}, (2, 'frozen'))])",
+}
 
 
-def test_a_process_frozen_inside_a_postgres_transaction_does_not_stall_the_others(pg_url: str) -> None:
+@pytest.mark.parametrize("last", sorted(LAST_STATEMENTS))
+def test_a_process_frozen_inside_a_postgres_transaction_does_not_stall_the_others(pg_url: str, last: str) -> None:
     """A SIGSTOPped process holding a row lock: the server ends its session after the idle
-    bound, so another process's write to that row goes through while it is still frozen."""
+    bound, so another process's write to that row goes through while it is still frozen,
+    whatever the process sent last (psycopg ends a pipeline with a Flush after its Sync, which
+    PostgreSQL takes as a new message: it stops the idle timer and starts no other)."""
     db = open_store(pg_url)
     try:
         db.runs.insert_run(RunRecord(run_id="frozen", play="p", play_ref="p.py:p", input={}, status="running"))
         env = {**os.environ, "DEEPLINE_PG_IDLE_IN_TRANSACTION_S": "1"}
-        frozen = subprocess.Popen(
-            [sys.executable, "-c", FROZEN_IN_A_TRANSACTION, pg_url], env=env, stdout=subprocess.PIPE, text=True
-        )
+        code = FROZEN_IN_A_TRANSACTION.replace("LAST", LAST_STATEMENTS[last])
+        frozen = subprocess.Popen([sys.executable, "-c", code, pg_url], env=env, stdout=subprocess.PIPE, text=True)
         written = threading.Event()
         writer = threading.Thread(target=lambda: (db.runs.set_status("frozen", "interrupted"), written.set()))
         try:

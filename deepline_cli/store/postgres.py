@@ -50,23 +50,62 @@ def _pg(sql: str) -> str:
 
 
 class _Tx:
-    """A transaction's connection, speaking the shared SQL."""
+    """A transaction's connection, speaking the shared SQL.
+
+    Writes whose results nobody reads (`executemany`) wait, in order, for the next
+    statement that is read, or for the COMMIT, and go out with it in one pipeline: a
+    batch's rows cost one round trip, not one per table. A pipeline inside the transaction
+    is followed by a plain statement: psycopg ends a pipeline with a Flush after its Sync,
+    which PostgreSQL takes as a new message that stops its idle-in-transaction timer and
+    starts no other, so a process frozen just after one (SIGSTOP, a closed laptop) would
+    hold its row locks until it was resumed or killed."""
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = conn
+        self._unsent: list[tuple[str, list[Sequence[Any]]]] = []
+        conn.execute("BEGIN")
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
-        return self._conn.execute(_pg(sql), _no_nul(params))
+        """Run now, with the writes waiting before it; its rows and rowcount are there on return."""
+        if not self._unsent:
+            return self._conn.execute(_pg(sql), _no_nul(params))
+        with self._conn.pipeline():
+            self._send()
+            cursor = self._conn.execute(_pg(sql), _no_nul(params))
+        self._rearm()
+        return cursor
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        with self._conn.cursor() as cur:
-            cur.executemany(_pg(sql), [_no_nul(row) for row in rows])
+        """Sent with the next statement that is read, or the COMMIT (an error in it is raised
+        there, and fails the transaction as it would have here)."""
+        self._unsent.append((_pg(sql), [_no_nul(row) for row in rows]))
 
     def changed_each(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[bool]:
         """Run UPDATEs in one pipeline (one round trip, not one each); which changed a row."""
         with self._conn.pipeline():
+            self._send()
             cursors = [self._conn.execute(_pg(sql), _no_nul(params)) for sql, params in statements]
+        self._rearm()
         return [cursor.rowcount == 1 for cursor in cursors]
+
+    def commit(self) -> None:
+        """The writes waiting, then COMMIT: one round trip."""
+        if not self._unsent:
+            self._conn.execute("COMMIT")
+            return
+        with self._conn.pipeline():
+            self._send()
+            self._conn.execute("COMMIT")
+
+    def _send(self) -> None:
+        unsent, self._unsent = self._unsent, []
+        with self._conn.cursor() as cur:
+            for sql, rows in unsent:
+                cur.executemany(sql, rows)
+
+    def _rearm(self) -> None:
+        """A plain statement after a pipeline, so the server's idle timer runs again."""
+        self._conn.execute("SELECT 1")
 
 
 def _cut(conn: psycopg.Connection[Any], exc: BaseException) -> bool:
@@ -307,8 +346,23 @@ class PostgresStore(SqlStore):
 
     @contextmanager
     def _write(self) -> Iterator[_Tx]:
-        with self._lock, self._errors("written"), self._conn.transaction():
-            yield _Tx(self._conn)
+        with self._lock, self._errors("written"):
+            try:
+                tx = _Tx(self._conn)
+                yield tx
+                tx.commit()
+            except BaseException:
+                self._roll_back()
+                raise
+
+    def _roll_back(self) -> None:
+        """End a transaction that failed; a connection that is gone has none left to end."""
+        conn = self._conn
+        if conn.closed or conn.broken:
+            return
+        with contextlib.suppress(psycopg.Error):
+            if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+                conn.execute("ROLLBACK")
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock, self._errors("read"):
