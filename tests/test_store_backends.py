@@ -17,6 +17,7 @@ from deepline_cli.store import open_store
 from deepline_cli.store.migrations import MIGRATIONS
 from deepline_cli.store.records import RunRecord
 from tests.conftest import ROOT, counts
+from tests.helpers import wait_until
 
 
 def test_hello_example_runs_and_replays_on_each_backend(store_url: str) -> None:
@@ -97,6 +98,71 @@ def test_a_process_frozen_inside_a_postgres_transaction_does_not_stall_the_other
         record = db.runs.get_run("frozen")
         assert record is not None and record.status == "interrupted"
     finally:
+        db.close()
+
+
+WAITING_IN_A_TRANSACTION = """
+import sys, time
+from deepline_cli.store import open_store
+db = open_store(sys.argv[1])
+with db._write() as c:
+    print("sending", flush=True)
+    LAST
+    time.sleep(60)
+"""
+# Statements that wait for a row lock another session holds, sent in a pipeline.
+WAITING_STATEMENTS = {
+    "settlements": LAST_STATEMENTS["settlements"],
+    "rows_then_a_read_of_their_table": (
+        f"c.executemany({UPDATE!r}, [(1, 'frozen'), (2, 'frozen')]); c.execute('SELECT count(*) FROM runs').fetchall()"
+    ),
+}
+
+
+@pytest.mark.parametrize("last", sorted(WAITING_STATEMENTS))
+def test_a_process_frozen_while_its_statements_wait_for_a_lock_does_not_stall_the_others(
+    pg_url: str, last: str
+) -> None:
+    """Frozen while its pipeline waits for a row lock: once the lock is free the server runs
+    the statements and answers, and then its idle timer must still be running (a Flush sent
+    with the pipeline's Sync would stop it), so the frozen session is ended and the row's
+    lock with it."""
+    import psycopg
+
+    db = open_store(pg_url)
+    holder = psycopg.connect(pg_url)  # holds the row's lock in a transaction of its own
+    try:
+        db.runs.insert_run(RunRecord(run_id="frozen", play="p", play_ref="p.py:p", input={}, status="running"))
+        holder.execute("UPDATE runs SET updated_at = 0 WHERE run_id = 'frozen'")
+        name = f"frozen-{last}-{os.getpid()}"
+        url = f"{pg_url}{'&' if '?' in pg_url else '?'}application_name={name}"
+        env = {**os.environ, "DEEPLINE_PG_IDLE_IN_TRANSACTION_S": "1"}
+        code = WAITING_IN_A_TRANSACTION.replace("LAST", WAITING_STATEMENTS[last])
+        frozen = subprocess.Popen([sys.executable, "-c", code, url], env=env, stdout=subprocess.PIPE, text=True)
+        written = threading.Event()
+        writer = threading.Thread(target=lambda: (db.runs.set_status("frozen", "interrupted"), written.set()))
+        try:
+            assert frozen.stdout is not None and frozen.stdout.readline().strip() == "sending"
+            waiting = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'"
+            with psycopg.connect(pg_url, autocommit=True) as watch:
+                wait_until(
+                    lambda: watch.execute(waiting, (name,)).fetchone() == (1,),
+                    what="the process's statements waiting for the row lock",
+                    alive=frozen,
+                )
+            os.kill(frozen.pid, signal.SIGSTOP)
+            holder.commit()  # the frozen process's statements run now, and are answered
+            writer.start()
+            went_through = written.wait(timeout=20)
+            still_frozen = frozen.poll() is None
+        finally:
+            frozen.kill()
+            frozen.communicate()
+            if writer.is_alive():
+                writer.join()
+        assert went_through and still_frozen
+    finally:
+        holder.close()
         db.close()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -33,6 +34,7 @@ from deepline_cli.store import safe_url
 from deepline_cli.store.migrations import MIGRATIONS, POSTGRES, migrate
 from deepline_cli.store.records import Settlement
 from deepline_cli.store.sql import SqlStore, settle_statement
+from deepline_cli.store.sql_rows import SETTLE_END
 
 # psycopg logs what it ignores while a dropped connection is closed (several lines, memory
 # addresses) to Python's last-resort handler, on stderr: the store says it in one sentence.
@@ -49,43 +51,51 @@ def _pg(sql: str) -> str:
     return sql.replace("?", "%s")
 
 
+# psycopg ends a pipeline with a Sync and a Flush, sent together. PostgreSQL runs the
+# statements (waiting for row locks as it must), answers the Sync with ReadyForQuery, which
+# starts its idle-in-transaction timer, then reads the Flush: a message of its own, which
+# stops the timer and starts no other. A process frozen (SIGSTOP, a paused VM) while its
+# pipeline waited would hold its row locks until it was resumed or killed. So a transaction
+# sends no pipeline on its hot path (`_Tx`, `PostgresStore._settle_all`); where it must (a
+# batch of releases, rows a later read names), the pipeline is synced inside (the statements'
+# answers end with ReadyForQuery) and a plain statement after it starts the timer again.
+_WRITES_TO = re.compile(r"\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+(\w+)", re.IGNORECASE)
+_WORDS = re.compile(r"\w+")
+
+
 class _Tx:
     """A transaction's connection, speaking the shared SQL.
 
-    Writes whose results nobody reads (`executemany`) wait, in order, for the next
-    statement that is read, or for the COMMIT, and go out with it in one pipeline: a
-    batch's rows cost one round trip, not one per table. A pipeline inside the transaction
-    is followed by a plain statement: psycopg ends a pipeline with a Flush after its Sync,
-    which PostgreSQL takes as a new message that stops its idle-in-transaction timer and
-    starts no other, so a process frozen just after one (SIGSTOP, a closed laptop) would
-    hold its row locks until it was resumed or killed."""
+    Writes whose results nobody reads (`executemany`) wait, in order, and go out with the
+    COMMIT in one pipeline (after it, no transaction is open for a Flush to matter), or
+    before a statement that names their table, which may read them: a batch's rows cost one
+    round trip, not one per table."""
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = conn
-        self._unsent: list[tuple[str, list[Sequence[Any]]]] = []
+        self._unsent: list[tuple[str, list[Sequence[Any]], str]] = []  # (sql, rows, the table written)
         conn.execute("BEGIN")
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
-        """Run now, with the writes waiting before it; its rows and rowcount are there on return."""
-        if not self._unsent:
-            return self._conn.execute(_pg(sql), _no_nul(params))
-        with self._conn.pipeline():
-            self._send()
-            cursor = self._conn.execute(_pg(sql), _no_nul(params))
-        self._rearm()
-        return cursor
+        """Run now; its rows and rowcount are there on return."""
+        if self._unsent:
+            words = set(_WORDS.findall(sql.lower()))
+            if any(table in words for _, _, table in self._unsent):
+                self._in_pipeline(lambda: None)
+        return self._conn.execute(_pg(sql), _no_nul(params))
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        """Sent with the next statement that is read, or the COMMIT (an error in it is raised
-        there, and fails the transaction as it would have here)."""
-        self._unsent.append((_pg(sql), [_no_nul(row) for row in rows]))
+        """Sent with the COMMIT, or before a statement that names the table (an error in it
+        is raised there, and fails the transaction as it would have here)."""
+        written = _WRITES_TO.match(sql)
+        table = written.group(1).lower() if written else ""  # none known: sent before any read
+        self._unsent.append((_pg(sql), [_no_nul(row) for row in rows], table))
 
     def changed_each(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[bool]:
         """Run UPDATEs in one pipeline (one round trip, not one each); which changed a row."""
-        with self._conn.pipeline():
-            self._send()
-            cursors = [self._conn.execute(_pg(sql), _no_nul(params)) for sql, params in statements]
-        self._rearm()
+        cursors = self._in_pipeline(
+            lambda: [self._conn.execute(_pg(sql), _no_nul(params)) for sql, params in statements]
+        )
         return [cursor.rowcount == 1 for cursor in cursors]
 
     def commit(self) -> None:
@@ -97,15 +107,20 @@ class _Tx:
             self._send()
             self._conn.execute("COMMIT")
 
+    def _in_pipeline(self, work: Callable[[], R]) -> R:
+        """The writes waiting, then `work`, in one pipeline inside the transaction (see above)."""
+        with self._conn.pipeline() as pipeline:
+            self._send()
+            done = work()
+            pipeline.sync()
+        self._conn.execute("SELECT 1")
+        return done
+
     def _send(self) -> None:
         unsent, self._unsent = self._unsent, []
         with self._conn.cursor() as cur:
-            for sql, rows in unsent:
+            for sql, rows, _ in unsent:
                 cur.executemany(sql, rows)
-
-    def _rearm(self) -> None:
-        """A plain statement after a pipeline, so the server's idle timer runs again."""
-        self._conn.execute("SELECT 1")
 
 
 def _cut(conn: psycopg.Connection[Any], exc: BaseException) -> bool:
@@ -238,6 +253,19 @@ def _connect(url: str, hurry: bool = False) -> psycopg.Connection[Any]:
     return conn
 
 
+# SETTLE_END for many calls at once: each row of the arrays is one settlement.
+SETTLE_ENDS = (
+    "UPDATE receipts AS r SET status = u.status, output = u.output, error = u.error,"
+    " failure_kind = u.failure_kind, retryable = u.retryable, credits = u.credits, completed_at = u.completed_at,"
+    " generation = r.generation + u.bump, lease_expires_at = NULL"
+    " FROM unnest(?::text[], ?::text[], ?::text[], ?::text[], ?::int[], ?::float8[], ?::float8[], ?::int[],"
+    " ?::text[], ?::text[]) AS u(status, output, error, failure_kind, retryable, credits, completed_at, bump,"
+    " key, lease_id)"
+    " WHERE r.key = u.key COLLATE \"C\" AND r.lease_id = u.lease_id AND r.status = 'running'"
+    " RETURNING r.key, r.lease_id"
+)
+
+
 class PostgresStore(SqlStore):
     """The store on PostgreSQL: row locks instead of SQLite's single writer, SKIP LOCKED for
     workers claiming runs, LISTEN/NOTIFY to wake them."""
@@ -334,7 +362,28 @@ class PostgresStore(SqlStore):
             raise StoreError(f"The store {self.url} could not be {doing}: {_reason(exc)}.") from exc
 
     def _settle_all(self, c: Any, settlements: Sequence[Settlement], now: float) -> list[bool]:
-        return list(c.changed_each([settle_statement(s, now) for s in settlements]))
+        """The calls that ended (SETTLE_END, nearly all) in one statement over arrays, each
+        applied where its lease is current (RETURNING says which); any other (a release, a
+        skip) in a pipeline. The keys were locked in order already (`_load_for_update`)."""
+        statements = [settle_statement(s, now) for s in settlements]
+        ends = [i for i, (sql, _) in enumerate(statements) if sql is SETTLE_END]
+        leases = {statements[i][1][-2:] for i in ends}
+        if len(leases) < len(ends):  # a lease settled twice in one batch: each on its own
+            ends = []
+        applied = [False] * len(settlements)
+        if ends:
+            columns = [list(values) for values in zip(*(statements[i][1] for i in ends), strict=True)]
+            columns[5] = [None if v is None else float(v) for v in columns[5]]  # credits: one array type
+            sent = [list(_no_nul(column)) for column in columns]  # keys and leases as written
+            changed = {tuple(row) for row in c.execute(SETTLE_ENDS, sent).fetchall()}
+            for i, key, lease in zip(ends, sent[8], sent[9], strict=True):
+                applied[i] = (key, lease) in changed
+        ended = set(ends)
+        rest = [i for i in range(len(statements)) if i not in ended]
+        if rest:
+            for i, ok in zip(rest, c.changed_each([statements[i] for i in rest]), strict=True):
+                applied[i] = ok
+        return applied
 
     def close(self) -> None:
         with self._lock:
