@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -16,6 +17,7 @@ from deepline_cli.runtime.run.runner import Runner
 from deepline_cli.store import open_store
 from deepline_cli.store.migrations import MIGRATIONS
 from deepline_cli.store.records import RunRecord
+from deepline_cli.store.roles import Store
 from tests.conftest import ROOT, counts
 from tests.helpers import wait_until
 
@@ -69,34 +71,45 @@ LAST_STATEMENTS = {
 }
 
 
+def frozen_then_written(db: Store, code: str, url: str, freeze: Callable[[subprocess.Popen[str]], None]) -> None:
+    """Run `code` (a process inside a store transaction, DEEPLINE_PG_IDLE_IN_TRANSACTION_S=1);
+    `freeze` it (SIGSTOP, once it is where the test wants it); then another session's write
+    to the row it locked must go through while it is still frozen: the server ended its
+    session after the idle bound (~1 s), not after the frozen one's 60 s."""
+    env = {**os.environ, "DEEPLINE_PG_IDLE_IN_TRANSACTION_S": "1"}
+    frozen = subprocess.Popen([sys.executable, "-c", code, url], env=env, stdout=subprocess.PIPE, text=True)
+    written = threading.Event()
+    writer = threading.Thread(target=lambda: (db.runs.set_status("frozen", "interrupted"), written.set()))
+    try:
+        freeze(frozen)
+        writer.start()
+        went_through = written.wait(timeout=20)
+        still_frozen = frozen.poll() is None
+    finally:
+        frozen.kill()
+        frozen.communicate()
+        if writer.is_alive():
+            writer.join()
+    assert went_through and still_frozen  # its session was ended for it, while it was frozen
+    record = db.runs.get_run("frozen")
+    assert record is not None and record.status == "interrupted"
+
+
 @pytest.mark.parametrize("last", sorted(LAST_STATEMENTS))
 def test_a_process_frozen_inside_a_postgres_transaction_does_not_stall_the_others(pg_url: str, last: str) -> None:
     """A SIGSTOPped process holding a row lock: the server ends its session after the idle
     bound, so another process's write to that row goes through while it is still frozen,
     whatever the process sent last (psycopg ends a pipeline with a Flush after its Sync, which
     PostgreSQL takes as a new message: it stops the idle timer and starts no other)."""
+
+    def freeze(frozen: subprocess.Popen[str]) -> None:
+        assert frozen.stdout is not None and frozen.stdout.readline().strip() == "locked"
+        os.kill(frozen.pid, signal.SIGSTOP)
+
     db = open_store(pg_url)
     try:
         db.runs.insert_run(RunRecord(run_id="frozen", play="p", play_ref="p.py:p", input={}, status="running"))
-        env = {**os.environ, "DEEPLINE_PG_IDLE_IN_TRANSACTION_S": "1"}
-        code = FROZEN_IN_A_TRANSACTION.replace("LAST", LAST_STATEMENTS[last])
-        frozen = subprocess.Popen([sys.executable, "-c", code, pg_url], env=env, stdout=subprocess.PIPE, text=True)
-        written = threading.Event()
-        writer = threading.Thread(target=lambda: (db.runs.set_status("frozen", "interrupted"), written.set()))
-        try:
-            assert frozen.stdout is not None and frozen.stdout.readline().strip() == "locked"
-            os.kill(frozen.pid, signal.SIGSTOP)
-            writer.start()
-            went_through = written.wait(timeout=20)  # ~1 s for the lock, not the frozen one's 60
-            still_frozen = frozen.poll() is None
-        finally:
-            frozen.kill()
-            frozen.communicate()
-            if writer.is_alive():
-                writer.join()
-        assert went_through and still_frozen  # its session was ended for it, while it was frozen
-        record = db.runs.get_run("frozen")
-        assert record is not None and record.status == "interrupted"
+        frozen_then_written(db, FROZEN_IN_A_TRANSACTION.replace("LAST", LAST_STATEMENTS[last]), pg_url, freeze)
     finally:
         db.close()
 
@@ -129,38 +142,27 @@ def test_a_process_frozen_while_its_statements_wait_for_a_lock_does_not_stall_th
     lock with it."""
     import psycopg
 
-    db = open_store(pg_url)
+    name = f"frozen-{last}-{os.getpid()}"
+    url = f"{pg_url}{'&' if '?' in pg_url else '?'}application_name={name}"
     holder = psycopg.connect(pg_url)  # holds the row's lock in a transaction of its own
+
+    def freeze(frozen: subprocess.Popen[str]) -> None:
+        assert frozen.stdout is not None and frozen.stdout.readline().strip() == "sending"
+        waiting = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'"
+        with psycopg.connect(pg_url, autocommit=True) as watch:
+            wait_until(
+                lambda: watch.execute(waiting, (name,)).fetchone() == (1,),
+                what="the process's statements waiting for the row lock",
+                alive=frozen,
+            )
+        os.kill(frozen.pid, signal.SIGSTOP)
+        holder.commit()  # the frozen process's statements run now, and are answered
+
+    db = open_store(pg_url)
     try:
         db.runs.insert_run(RunRecord(run_id="frozen", play="p", play_ref="p.py:p", input={}, status="running"))
         holder.execute("UPDATE runs SET updated_at = 0 WHERE run_id = 'frozen'")
-        name = f"frozen-{last}-{os.getpid()}"
-        url = f"{pg_url}{'&' if '?' in pg_url else '?'}application_name={name}"
-        env = {**os.environ, "DEEPLINE_PG_IDLE_IN_TRANSACTION_S": "1"}
-        code = WAITING_IN_A_TRANSACTION.replace("LAST", WAITING_STATEMENTS[last])
-        frozen = subprocess.Popen([sys.executable, "-c", code, url], env=env, stdout=subprocess.PIPE, text=True)
-        written = threading.Event()
-        writer = threading.Thread(target=lambda: (db.runs.set_status("frozen", "interrupted"), written.set()))
-        try:
-            assert frozen.stdout is not None and frozen.stdout.readline().strip() == "sending"
-            waiting = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'"
-            with psycopg.connect(pg_url, autocommit=True) as watch:
-                wait_until(
-                    lambda: watch.execute(waiting, (name,)).fetchone() == (1,),
-                    what="the process's statements waiting for the row lock",
-                    alive=frozen,
-                )
-            os.kill(frozen.pid, signal.SIGSTOP)
-            holder.commit()  # the frozen process's statements run now, and are answered
-            writer.start()
-            went_through = written.wait(timeout=20)
-            still_frozen = frozen.poll() is None
-        finally:
-            frozen.kill()
-            frozen.communicate()
-            if writer.is_alive():
-                writer.join()
-        assert went_through and still_frozen
+        frozen_then_written(db, WAITING_IN_A_TRANSACTION.replace("LAST", WAITING_STATEMENTS[last]), url, freeze)
     finally:
         holder.close()
         db.close()
