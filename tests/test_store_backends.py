@@ -66,7 +66,9 @@ UPDATE = "UPDATE runs SET updated_at = ? WHERE run_id = ?"
 LAST_STATEMENTS = {
     "statement": f"c.execute({UPDATE!r}, (1, 'frozen'))",
     "rows": f"c.executemany({UPDATE!r}, [(1, 'frozen'), (2, 'frozen')])",
-    "rows_then_read": f"c.executemany({UPDATE!r}, [(1, 'frozen'), (2, 'frozen')]); c.execute('SELECT 1').fetchall()",
+    "rows_then_read": (
+        f"c.executemany({UPDATE!r}, [(1, 'frozen'), (2, 'frozen')]); c.execute('SELECT count(*) FROM runs').fetchall()"
+    ),
     "settlements": f"c.changed_each([({UPDATE!r}, (1, 'frozen')), ({UPDATE!r}, (2, 'frozen'))])",
 }
 
@@ -124,12 +126,7 @@ with db._write() as c:
     time.sleep(60)
 """
 # Statements that wait for a row lock another session holds, sent in a pipeline.
-WAITING_STATEMENTS = {
-    "settlements": LAST_STATEMENTS["settlements"],
-    "rows_then_a_read_of_their_table": (
-        f"c.executemany({UPDATE!r}, [(1, 'frozen'), (2, 'frozen')]); c.execute('SELECT count(*) FROM runs').fetchall()"
-    ),
-}
+WAITING_STATEMENTS = {name: LAST_STATEMENTS[name] for name in ("settlements", "rows_then_read")}
 
 
 @pytest.mark.parametrize("last", sorted(WAITING_STATEMENTS))
@@ -165,6 +162,27 @@ def test_a_process_frozen_while_its_statements_wait_for_a_lock_does_not_stall_th
         frozen_then_written(db, WAITING_IN_A_TRANSACTION.replace("LAST", WAITING_STATEMENTS[last]), url, freeze)
     finally:
         holder.close()
+        db.close()
+
+
+def test_a_quote_heavy_answer_is_settled_well_within_the_idle_bound(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An answer of 6 MB of quotes (12 MB as JSON) settles in a store whose server ends a
+    session idle in a transaction for 1 s: the client's work on a batch counts as idle, and
+    escaping each quote in Python (text arrays) took ~4 s of it."""
+    from deepline_cli.store import postgres
+    from deepline_cli.store.claims import claim, settle
+    from tests.test_store_contract import T0, completed, mk_claim, stored
+
+    monkeypatch.setattr(postgres, "IDLE_IN_TRANSACTION_S", 1.0)
+    db = open_store(pg_url)
+    try:
+        claim(db, [mk_claim(k) for k in "ab"], T0)
+        answer = {"html": '"' * 6_000_000}
+        assert settle(db, [completed("a", output=answer), completed("b", output=1)], T0 + 1) == [True, True]
+        assert stored(db, "a").output == answer
+    finally:
         db.close()
 
 

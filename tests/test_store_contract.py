@@ -424,26 +424,6 @@ def test_a_lease_released_then_ended_in_one_batch_is_settled_in_that_order(store
     assert stored(other, "k").status == "released"
 
 
-def test_a_quote_heavy_answer_is_settled_well_within_the_idle_bound(
-    store_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An answer of 2 MB of quotes (4 MB as JSON): settled in a store whose server ends a
-    session idle in a transaction for 1 s (the client's work on a batch counts as idle)."""
-    if not store_url.startswith("postgresql"):
-        pytest.skip("the idle-in-transaction bound is PostgreSQL's")
-    from deepline_cli.store import postgres
-
-    monkeypatch.setattr(postgres, "IDLE_IN_TRANSACTION_S", 1.0)
-    quick = open_store(store_url)
-    try:
-        claim(quick, [mk_claim(k) for k in "ab"], T0)
-        answer = {"html": '"' * 2_000_000}
-        assert settle(quick, [completed("a", output=answer), completed("b", output=1)], T0 + 1) == [True, True]
-        assert stored(quick, "a").output == answer
-    finally:
-        quick.close()
-
-
 def test_settling_an_unknown_key_is_refused(store: Store) -> None:
     assert settle(store, [completed("nope")], T0) == [False]
     assert store.get_receipt("nope") is None

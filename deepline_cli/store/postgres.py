@@ -63,6 +63,19 @@ _WRITES_TO = re.compile(r"\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+(\w+)", re
 _WORDS = re.compile(r"\w+")
 
 
+@lru_cache(maxsize=512)
+def _table_written(sql: str) -> str | None:
+    """The table a write names first (None: not recognised, so taken to touch any)."""
+    written = _WRITES_TO.match(sql)
+    return written.group(1).lower() if written else None
+
+
+@lru_cache(maxsize=512)
+def _words(sql: str) -> frozenset[str]:
+    """A statement's words, lower case: every table it may read is among them."""
+    return frozenset(_WORDS.findall(sql.lower()))
+
+
 class _Tx:
     """A transaction's connection, speaking the shared SQL.
 
@@ -78,24 +91,21 @@ class _Tx:
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
         """Run now; its rows and rowcount are there on return."""
-        if self._unsent:
-            words = set(_WORDS.findall(sql.lower()))
-            if any(table is None or table in words for _, _, table in self._unsent):
-                self._in_pipeline(lambda: None)
+        if self._unsent and any(table is None or table in _words(sql) for _, _, table in self._unsent):
+            self._in_pipeline(lambda: None)  # the rows it may read go first; it starts the timer again
         return self._conn.execute(_pg(sql), _no_nul(params))
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         """Sent with the COMMIT, or before a statement that names the table (an error in it
         is raised there, and fails the transaction as it would have here)."""
-        written = _WRITES_TO.match(sql)
-        table = written.group(1).lower() if written else None  # none known: sent before any read
-        self._unsent.append((_pg(sql), [_no_nul(row) for row in rows], table))
+        self._unsent.append((_pg(sql), [_no_nul(row) for row in rows], _table_written(sql)))
 
     def changed_each(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[bool]:
         """Run UPDATEs in one pipeline (one round trip, not one each); which changed a row."""
         cursors = self._in_pipeline(
             lambda: [self._conn.execute(_pg(sql), _no_nul(params)) for sql, params in statements]
         )
+        self._conn.execute("SELECT 1")  # a plain statement: the server's idle timer runs again
         return [cursor.rowcount == 1 for cursor in cursors]
 
     def commit(self) -> None:
@@ -108,12 +118,12 @@ class _Tx:
             self._conn.execute("COMMIT")
 
     def _in_pipeline(self, work: Callable[[], R]) -> R:
-        """The writes waiting, then `work`, in one pipeline inside the transaction (see above)."""
+        """The writes waiting, then `work`, in one pipeline inside the transaction, synced
+        before it ends (see above); the caller's next statement must be a plain one."""
         with self._conn.pipeline() as pipeline:
             self._send()
             done = work()
             pipeline.sync()
-        self._conn.execute("SELECT 1")
         return done
 
     def _send(self) -> None:
@@ -253,7 +263,8 @@ def _connect(url: str, hurry: bool = False) -> psycopg.Connection[Any]:
     return conn
 
 
-# SETTLE_END for many calls at once: each row of the arrays is one settlement. The arrays go
+# SETTLE_END for many calls at once: the arrays are SETTLE_END's parameters in its order
+# (status … completed_at, the generation's bump, key, lease), one element per settlement. They go
 # in binary (`%b`): in text, psycopg escapes each quote of the JSON answers in Python, ~0.7 µs
 # apiece, inside the transaction (a 40 MB answer of quotes took longer than the server's
 # idle-in-transaction bound, and was never settled).
@@ -374,11 +385,11 @@ class PostgresStore(SqlStore):
             ends = []  # a lease settled twice in one batch: each on its own, in order
         applied = [False] * len(settlements)
         if ends:
-            columns = [list(values) for values in zip(*(statements[i][1] for i in ends), strict=True)]
-            columns[5] = [None if v is None else float(v) for v in columns[5]]  # credits: one array type
-            sent = [list(_no_nul(column)) for column in columns]  # keys and leases as written
-            changed = {tuple(row) for row in c.execute(SETTLE_ENDS, sent).fetchall()}  # binary: see SETTLE_ENDS
-            for i, key, lease in zip(ends, sent[8], sent[9], strict=True):
+            sent = [list(_no_nul(values)) for values in zip(*(statements[i][1] for i in ends), strict=True)]
+            *_, credits, _, _, keys, leases = sent  # (… credits, completed_at, bump, key, lease): as written
+            credits[:] = [None if v is None else float(v) for v in credits]  # one array type
+            changed = {tuple(row) for row in c.execute(SETTLE_ENDS, sent).fetchall()}
+            for i, key, lease in zip(ends, keys, leases, strict=True):
                 applied[i] = (key, lease) in changed
         ended = set(ends)
         rest = [i for i in range(len(statements)) if i not in ended]
