@@ -70,11 +70,16 @@ def _dumps_mended(value: Any) -> bytes:
     return orjson.dumps(_mend(value), default=_default, option=_OPTS)
 
 
+_FLOAT_MAX = int(sys.float_info.max)
+
+
 def _mend(value: Any) -> Any:
     if isinstance(value, str):
         return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     if type(value) is int and not -(2**63) <= value < 2**64:
-        return float(value)  # as it is read back once stored (a live answer is the replayed one)
+        # As it is read back once stored (a live answer is the replayed one): the float it
+        # is, or, past what a float holds (a 400-digit number), null as Infinity is.
+        return float(value) if -_FLOAT_MAX <= value <= _FLOAT_MAX else None
     if type(value) is float and not math.isfinite(value):
         return None  # as orjson writes NaN and Infinity
     if isinstance(value, dict):

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from deepline_cli.store.records import LogLine, RunRecord, Writes
@@ -80,6 +80,8 @@ _ANSWERS = st.recursive(
 
 
 @given(_ANSWERS)
+@example(10**400)  # past what a float holds: written as null, as Infinity is (it raised OverflowError)
+@example({"n": [-(10**400), 2**64]})
 @settings(max_examples=300, deadline=None)
 def test_every_answer_a_tool_can_give_is_written_as_json_the_store_reads_back(answer: object) -> None:
     """A paid answer is always recorded: text with lone surrogates, integers of any size,

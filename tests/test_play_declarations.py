@@ -373,6 +373,14 @@ def test_bearer_sends_the_secret_and_keeps_it_redacted(
         ("rate_limit='20 per second'", "rate_limit '20 per second' is not valid"),
         ("concurrency=0", "concurrency must be"),
         ("rate_limit=10", "rate_limit 10 is not valid"),
+        # credits: a number, 0 or more (True was 1 credit, "5" five, -1 a refund, 10**400 an
+        # OverflowError, NaN a budget that never stops)
+        ("credits=True", "credits must be a number of credits, 0 or more, not True"),
+        ("credits='5'", "credits must be a number of credits, 0 or more, not '5'"),
+        ("credits=-1", "credits must be a number of credits, 0 or more, not -1"),
+        ("credits=float('nan')", "credits must be a number of credits, 0 or more, not nan"),
+        ("credits=float('inf')", "credits must be a number of credits, 0 or more, not inf"),
+        ("credits=10**400", "credits must be a number of credits, 0 or more, not 1000000"),
     ],
 )
 def test_a_tools_bad_limit_is_refused_by_check(deepline, write_play, option: str, said: str) -> None:

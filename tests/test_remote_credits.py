@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import textwrap
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -204,3 +205,53 @@ def test_a_remote_base_url_takes_its_secrets_like_every_url(deepline, tmp_path, 
     run = deepline("run", play, "--json", "--input", '{"calls": 2}', METERED_KEY=KEY, VENDOR_PORT=port)
     assert run.code == 0, run.stderr
     assert _finished(run)["output"] == [1, 2]
+
+
+class OddCredits(MeteredProvider):
+    """Answers each call with the credits text it is given, as it is written (raw JSON)."""
+
+    credits_text: str = "1"
+
+    def answer(self, seen: Seen) -> tuple[int, dict[str, str], bytes]:
+        key = seen.headers.get("x-deepline-idempotency-key", "")
+        self.billed[key] += 1
+        body = f'{{"output": {{"n": {seen.body["payload"]["n"]}}}, "credits": {self.credits_text}}}'
+        return 200, {"content-type": "application/json"}, body.encode()
+
+
+def _run_answering(deepline, tmp_path, write_play, credits_text: str) -> tuple[Any, OddCredits]:
+    with ProviderServer(OddCredits()) as running:
+        assert isinstance(running, OddCredits)
+        running.credits_text = credits_text
+        (tmp_path / "deepline.toml").write_text(
+            f'[remote]\nbase_url = "{running.url}"\napi_key_env = "METERED_KEY"\nretries = 0\n'
+        )
+        play = write_play(PLAY.replace('input.get("calls", 6)', "1"))
+        return deepline("run", str(play), "--json", METERED_KEY=KEY), running
+
+
+@pytest.mark.parametrize("credits_text", ["1" + "0" * 400, "-1" + "0" * 400, "1e999", "-1e999"])
+def test_an_answer_whose_credits_json_cannot_hold_is_kept_and_its_credits_not_said(
+    deepline, tmp_path, write_play, credits_text
+) -> None:
+    """A paid answer whose credits no float holds (a 400-digit integer: the recorder raised
+    OverflowError and kept the paid answer as a failure) is kept, its credits recorded as
+    JSON holds them (null: not said, as Infinity is), so the declared price counts."""
+    run, provider = _run_answering(deepline, tmp_path, write_play, credits_text)
+    finished = _finished(run)
+    assert run.code == 0 and finished["status"] == "completed", (run.stderr, finished.get("error"))
+    assert finished["output"] == [0.0] and finished["stats"]["credits"] == 0
+    assert sum(provider.billed.values()) == 1
+
+
+@pytest.mark.parametrize("credits_text", ["true", "-2", '"3"'])
+def test_an_answer_whose_credits_are_no_count_of_credits_fails_its_call_and_says_why(
+    deepline, tmp_path, write_play, credits_text
+) -> None:
+    run, _ = _run_answering(deepline, tmp_path, write_play, credits_text)
+    finished = _finished(run)
+    assert run.code == 1 and finished["status"] == "failed", run.stderr
+    assert "Traceback" not in run.stderr
+    message = finished["error"]["message"]
+    assert "vendor.lookup" in message and "credits" in message and "not a number" in message, message
+    assert finished["stats"]["credits"] == 0

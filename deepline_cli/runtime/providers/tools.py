@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -210,6 +211,9 @@ def tool(
             isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
         ):
             raise UsageError(f"Tool {id!r}: concurrency must be a whole number of at least 1, not {concurrency!r}.")
+        if isinstance(credits, bool) or not isinstance(credits, int | float) or not 0 <= credits <= sys.float_info.max:
+            shown = repr(credits) if len(repr(credits)) <= 40 else repr(credits)[:40] + "…"
+            raise UsageError(f"Tool {id!r}: credits must be a number of credits, 0 or more, not {shown}.")
         _REGISTRY[id] = ToolDef(
             id=id,
             fn=fn,
