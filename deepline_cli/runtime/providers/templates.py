@@ -8,6 +8,7 @@ so a value from the input can never expand into a secret.
 
 from __future__ import annotations
 
+import functools
 import re
 import urllib.parse
 from typing import Any
@@ -60,6 +61,21 @@ def _text(value: Any) -> str:
     return _json.dumps_str(value)
 
 
+# A tool's templates are a few strings asked on every call: what each holds is read once.
+@functools.lru_cache(maxsize=4096)
+def _plain(template: str) -> bool:
+    """Does the template hold no token (no field, secret or escaped brace): is it its own value?"""
+    return _TOKEN.search(template) is None
+
+
+@functools.lru_cache(maxsize=4096)
+def _exact_field(template: str) -> str | None:
+    """The field a template that is exactly `"{field}"` takes whole (its raw JSON value)."""
+    exact = _EXACT_FIELD.fullmatch(template)
+    return exact.group(1) if exact else None
+
+
+@functools.lru_cache(maxsize=4096)
 def authority_end(url: str) -> int:
     """Where a URL template's scheme and host end and its path (or query) begins."""
     scheme = url.find("://")
@@ -76,6 +92,8 @@ def render_url(template: str, input: Any, secrets: Secrets, *, tool: str) -> str
     (`https://user:${PASS}@host/`) or query is percent-encoded whole, in its path all but
     its `/`: a generated key's `+`, `#` or `@` reaches the provider as it is, and never moves
     the request elsewhere."""
+    if _plain(template):
+        return template
     return _fill(template, input, secrets, tool, encode_from=authority_end(template))
 
 
@@ -99,11 +117,11 @@ def render(template: Any, input: Any, secrets: Secrets, *, tool: str) -> Any:
         return {render(k, input, secrets, tool=tool): render(v, input, secrets, tool=tool) for k, v in template.items()}
     if isinstance(template, list):
         return [render(item, input, secrets, tool=tool) for item in template]
-    if not isinstance(template, str):
+    if not isinstance(template, str) or _plain(template):
         return template
-    exact = _EXACT_FIELD.fullmatch(template)
-    if exact:
-        return _field(input, exact.group(1), tool)
+    exact = _exact_field(template)
+    if exact is not None:
+        return _field(input, exact, tool)
     return _fill(template, input, secrets, tool)
 
 

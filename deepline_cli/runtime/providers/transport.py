@@ -346,18 +346,26 @@ class Outgoing:
 def build(method: str, url: str, headers: Mapping[str, str], params: Mapping[str, Any] | None, body: bytes) -> Outgoing:
     """Check and encode a request; nothing here touches the network."""
     method = method.upper()
-    try:
-        parts = urlsplit(url)
-    except ValueError as exc:
-        raise InvalidRequest(f"the URL is not valid ({exc})") from None
-    origin = _origin(parts)
-    target = _target(parts, params)
+    parts, origin, target = _place(url)
+    if params:
+        target = _target(parts, params)
     wire = _headers(parts, origin, headers, method, body)
     try:
         head = checked_head(method.encode("ascii"), target, wire)
     except ValueError:  # UnicodeEncodeError too: a method that is not ASCII
         raise InvalidRequest(_what_is_invalid(method, headers)) from None
     return Outgoing(method, url, origin, head, body, headers)
+
+
+@functools.lru_cache(maxsize=1024)
+def _place(url: str) -> tuple[SplitResult, Origin, bytes]:
+    """A URL's parts, origin and target (before any params): read once for the URL a tool
+    asks on every call."""
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise InvalidRequest(f"the URL is not valid ({exc})") from None
+    return parts, _origin(parts), _target(parts, None)
 
 
 def _absolute(request: Outgoing, proxy: Proxy) -> Outgoing:
