@@ -165,9 +165,10 @@ class ToolDef:
             else:
                 result = await asyncio.get_running_loop().run_in_executor(None, context.run, self._timed, None, *args)
         if is_awaitable(result):
-            # How long its own code held the event loop goes with the call's (a sync SDK called
-            # inside an `async def` blocks it, awaiting nothing): its answer is committed soon.
-            result = await Held(result, call)
+            # How long a play's own code held the event loop goes with the call's (a sync SDK
+            # called inside an `async def` blocks it, awaiting nothing): its answer is committed
+            # soon. deepline's own HTTP tools await their sockets: awaited as they are.
+            result = await (Held(result, call) if self.local else result)
         return _json.as_stored(result) if self.local else result
 
     def _timed(self, on_loop: ToolCall | None, *args: Any) -> Any:
