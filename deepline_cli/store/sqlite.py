@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from itertools import chain
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -272,7 +273,7 @@ class SQLiteStore(SqlStore):
         of the cost of a statement each."""
         for start in range(0, len(rows), ROWS_PER_INSERT):
             part = rows[start : start + ROWS_PER_INSERT]
-            c.execute(_values(head, row, tail, len(part)), [v for r in part for v in r])
+            c.execute(_values(head, row, tail, len(part)), list(chain.from_iterable(part)))
 
     def _insert_returning(
         self, c: Any, head: str, row: str, tail: str, rows: Sequence[Sequence[Any]]
@@ -280,7 +281,7 @@ class SQLiteStore(SqlStore):
         returned: list[tuple[Any, ...]] = []
         for start in range(0, len(rows), ROWS_PER_INSERT):
             part = rows[start : start + ROWS_PER_INSERT]
-            returned += c.execute(_values(head, row, tail, len(part)), [v for r in part for v in r]).fetchall()
+            returned += c.execute(_values(head, row, tail, len(part)), list(chain.from_iterable(part))).fetchall()
         return returned
 
     def _settle_all(self, c: Any, settlements: Sequence[Settlement], now: float) -> list[bool]:

@@ -362,7 +362,11 @@ class MapRun:
             at = min(self.s.io.now(), scope.oldest or math.inf)
             cells[column.name] = Cell(value, None, at, column.fingerprint, meta)
             row[column.name] = value
-            found.update(key for key in scope.answered if (key in hits if hits is not None else is_found(value)))
+            if scope.answered:  # the answers it found its value with (a waterfall's: its step's)
+                if hits is not None:
+                    found.update(key for key in scope.answered if key in hits)
+                elif is_found(value):
+                    found.update(scope.answered)
         previous = job.previous
         outdated = previous is not None and (moved or job.digest != previous.input_digest)
         if outdated and not cells.keys() <= self.column_names:
