@@ -217,6 +217,23 @@ def digest(*parts: str | bytes) -> str:
     return hashlib.sha256(b"".join(framed)).hexdigest()
 
 
+class Digest:
+    """`digest(*head, middle, *tail)` for a head and a tail asked with many middles (a tool's
+    receipt keys: its run's workspace and play, its id, auth and version around each input):
+    the head hashed once, each key hashing only its middle and the tail after it."""
+
+    __slots__ = ("_head", "_tail")
+
+    def __init__(self, head: tuple[str, ...], tail: tuple[str, ...]) -> None:
+        self._head = hashlib.sha256(b"".join([_framed(part) for part in head]))
+        self._tail = b"".join([_framed(part) for part in tail])
+
+    def of(self, middle: bytes) -> str:
+        hashed = self._head.copy()
+        hashed.update(len(middle).to_bytes(8, "big") + middle + self._tail)
+        return hashed.hexdigest()
+
+
 @functools.lru_cache(maxsize=4096)
 def _framed(part: str) -> bytes:
     """A text part with its length before it: the same few (a workspace, a play, a tool)

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from deepline_cli.store.claims import decide_claim
 from deepline_cli.store.records import Receipt, ReceiptQuery
@@ -327,3 +329,49 @@ def test_a_receipt_key_is_the_same_in_every_version_and_process() -> None:
     key = receipt_key("tool", "default", "leads", "hunter.email_finder", b'{"domain":"acme.com"}', "", "1")
     assert key == "422eab98cb4b006c8b2b55f902159b56"
     assert receipt_key("ab", "c") != receipt_key("a", "bc")  # the parts' lengths are in the key
+
+
+@given(
+    st.lists(st.text(), max_size=4),
+    st.binary(max_size=64),
+    st.lists(st.text(), max_size=3),
+)
+def test_a_digest_with_its_head_hashed_once_is_the_digest_of_all_its_parts(
+    head: list[str], middle: bytes, tail: list[str]
+) -> None:
+    from deepline_cli import _json
+
+    assert _json.Digest(tuple(head), tuple(tail)).of(middle) == _json.digest(*head, middle, *tail)
+
+
+def test_a_tool_calls_receipt_key_in_a_run_is_the_key_of_its_parts(tmp_path: Path, db: Path) -> None:
+    """The key a run claims (its tool's fixed parts hashed once per tool) is the pinned
+    function of every part: the same receipts are found by any version and process."""
+    from deepline_cli import _json
+    from deepline_cli.runtime.calls.receipts import receipt_key
+
+    play = tmp_path / "keyed.py"
+    play.write_text(
+        textwrap.dedent(
+            """
+            from deepline_cli import play, tool
+
+            @tool("k.echo", version="3")
+            def echo(input):
+                return input
+
+            @play("keyed")
+            async def keyed(ctx, input):
+                for n in range(3):
+                    await ctx.tools.execute(f"e{n}", "k.echo", {"n": n, "name": "é"})
+                return {}
+            """
+        )
+    )
+    assert run_play(play, db).status == "completed"
+    stored = {r.key for r in SQLiteStore(db).receipts.query_receipts(ReceiptQuery())}
+    expected = {
+        receipt_key("tool", "default", "keyed", "k.echo", _json.canonical({"n": n, "name": "é"}), "", "3")
+        for n in range(3)
+    }
+    assert stored == expected

@@ -63,7 +63,7 @@ class Budget:
         self.spent = spent  # completed calls of this run, every attempt
         self.reserved = 0.0  # calls being made now
         self._known = dict(known or {})  # metered tool -> the most one answer has cost
-        self._inflight: list[Reservation] = []
+        self._inflight: dict[Reservation, None] = {}  # in order; one is dropped without a search
         self._probes: dict[str, asyncio.Future[None]] = {}  # metered tool -> its first answer
         self._freed: asyncio.Future[None] | None = None  # set when held credits come back (a call ended)
         self._overrun: BudgetExceededError | None = None
@@ -105,7 +105,7 @@ class Budget:
         reservation = Reservation(tool, amount, metered, probe, amount)
         if probe and tool is not None and self.max_credits is not None:
             self._probes[tool] = asyncio.get_running_loop().create_future()
-        self._inflight.append(reservation)
+        self._inflight[reservation] = None
         self.reserved = add_credits(self.reserved, amount)
         return reservation
 
@@ -194,7 +194,7 @@ class Budget:
 
     def _drop(self, reservation: Reservation) -> None:
         if reservation in self._inflight:
-            self._inflight.remove(reservation)
+            del self._inflight[reservation]
             self.reserved = add_credits(self.reserved, -reservation.amount)
         if self._freed is not None and not self._freed.done():
             self._freed.set_result(None)  # the calls waiting for credits look again

@@ -61,6 +61,7 @@ from deepline_cli.store.records import (
 )
 
 BUSY_POLL_S = 0.25
+KEY_CHARS = 32  # of a receipt key's SHA-256 hex digest: 128 bits
 KEPT_INPUT_BYTES = 4096  # a call's input larger than this (as JSON) is not kept on its receipt
 
 
@@ -118,7 +119,7 @@ def durable_id(id: Any, call: str) -> str:
 def receipt_key(*parts: str | bytes) -> str:
     """A receipt's identity: 128 bits of SHA-256 over its parts (short keys keep the
     store's index small, which is most of what a durable call costs)."""
-    return _json.digest(*parts)[:32]
+    return _json.digest(*parts)[:KEY_CHARS]
 
 
 def idempotency_key(receipt_key: str, lease_id: str | None = None) -> str:

@@ -14,7 +14,7 @@ from deepline_cli.errors import InputError, ToolExecutionError, UsageError
 from deepline_cli.runtime.calls.batch import Batcher
 from deepline_cli.runtime.calls.caps import Caps
 from deepline_cli.runtime.calls.identity import Identity
-from deepline_cli.runtime.calls.receipts import DurableCall, ReceiptBook, durable_id, receipt_key
+from deepline_cli.runtime.calls.receipts import KEY_CHARS, DurableCall, ReceiptBook, durable_id
 from deepline_cli.runtime.providers.governor import Governor
 from deepline_cli.runtime.providers.http import CredentialChanged, HttpTools
 from deepline_cli.runtime.providers.tools import ToolCall, ToolDef, ToolResult, find_tool
@@ -98,6 +98,7 @@ class Tools:
         self._catalog = catalog
         self._caps = caps
         self._log = log
+        self._digests: dict[tuple[str, ...], _json.Digest] = {}
         self._configured: set[str] = set()
         self._batchers: dict[str, Batcher] = {}
 
@@ -120,8 +121,13 @@ class Tools:
             content = _json.canonical(input)
         except TypeError as exc:
             raise InputError(f"The input of tool {definition.id!r} has no receipt key: {exc}.") from None
-        return receipt_key("tool", scope.workspace, scope.play, definition.id, content, definition.auth_digest,
-                           definition.version)  # fmt: skip
+        # receipt_key("tool", workspace, play, tool id, content, auth digest, version), the
+        # parts around the content hashed once per tool (and again when its credentials change).
+        around = (scope.workspace, scope.play, definition.id, definition.auth_digest, definition.version)
+        digest = self._digests.get(around)
+        if digest is None:
+            digest = self._digests[around] = _json.Digest(("tool", *around[:3]), around[3:])
+        return digest.of(content)[:KEY_CHARS]
 
     async def _invoke(self, definition: ToolDef, input: Any, info: ToolCall, timeout_s: float | None) -> Any:
         """Call the tool under its limits: run-wide and per-tool concurrency, rate, timeout."""
