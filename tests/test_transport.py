@@ -10,6 +10,7 @@ keep-alive connection), or a TLS server with a certificate made for the test.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import gzip
 import ipaddress
@@ -1006,3 +1007,21 @@ def test_the_certificates_that_cannot_be_loaded_are_the_ones_named(tmp_path: Pat
     # One that is not a folder is left out, as httpx does (the system's authorities still
     # answer for public providers); a certificate it was to vouch for names it.
     assert _tls_context(None, str(tmp_path / "nowhere")) is not None
+
+
+def test_a_urls_headers_are_read_once_and_each_request_gets_them_whole() -> None:
+    """A URL's Host, defaults and Basic credentials are read once per URL: a request's own
+    headers (an Authorization among them) never change what the next request to it gets,
+    and the URL's credentials still win over a request's own Authorization."""
+    url = "http://svc:pw@127.0.0.1:8080/v1/x"
+    first = build("POST", url, {"Authorization": "Bearer mine", "X-One": "1", "accept": "text/plain"}, {}, b"{}")
+    second = build("GET", url, {}, {}, b"")
+    names = [name for name, _ in first.head.headers]
+    assert names[:5] == [b"Host", b"accept", b"Accept-Encoding", b"Connection", b"User-Agent"], names
+    got = dict(first.head.headers)
+    assert got[b"Host"] == b"127.0.0.1:8080" and got[b"accept"] == b"text/plain"
+    assert got[b"Authorization"] == b"Basic " + base64.b64encode(b"svc:pw")
+    assert got[b"X-One"] == b"1" and got[b"Content-Length"] == b"2"
+    again = dict(second.head.headers)
+    assert again[b"Accept"] == b"*/*" and b"X-One" not in again and b"Content-Length" not in again
+    assert again[b"Authorization"] == b"Basic " + base64.b64encode(b"svc:pw")

@@ -267,18 +267,24 @@ class Head:
     chunked: bool  # Transfer-Encoding: chunked (the body goes in chunks)
 
 
+@functools.lru_cache(maxsize=4096)
+def _is_token(name: bytes) -> bool:
+    """A header name or method as HTTP allows it: the same few, checked once each."""
+    return _TOKEN.fullmatch(name) is not None
+
+
 def checked_head(method: bytes, target: bytes, headers: Sequence[tuple[bytes, bytes]]) -> Head:
     """The head h11 would send for these parts, or ValueError where h11 refuses them: one
     Host header, Content-Length a single number (repeats that agree are one), at most one
     Transfer-Encoding and only `chunked` (its value lower-cased, as h11 writes it)."""
-    if not _TOKEN.fullmatch(method):
+    if not _is_token(method):
         raise ValueError("illegal method characters")
     if not _TARGET.fullmatch(target):
         raise ValueError("illegal target characters")
     kept: list[tuple[bytes, bytes]] = []
     hosts, length, chunked = 0, None, False
     for name, value in headers:
-        if not _TOKEN.fullmatch(name) or not _FIELD_VALUE.fullmatch(value):
+        if not _is_token(name) or not _FIELD_VALUE.fullmatch(value):
             raise ValueError("illegal header")
         lower = name.lower()
         if lower == b"host":
@@ -346,10 +352,10 @@ class Outgoing:
 def build(method: str, url: str, headers: Mapping[str, str], params: Mapping[str, Any] | None, body: bytes) -> Outgoing:
     """Check and encode a request; nothing here touches the network."""
     method = method.upper()
-    parts, origin, target = _place(url)
+    parts, origin, target, given = _place(url)
     if params:
         target = _target(parts, params)
-    wire = _headers(parts, origin, headers, method, body)
+    wire = _headers(given, headers, method, body)
     try:
         head = checked_head(method.encode("ascii"), target, wire)
     except ValueError:  # UnicodeEncodeError too: a method that is not ASCII
@@ -358,14 +364,15 @@ def build(method: str, url: str, headers: Mapping[str, str], params: Mapping[str
 
 
 @functools.lru_cache(maxsize=1024)
-def _place(url: str) -> tuple[SplitResult, Origin, bytes]:
-    """A URL's parts, origin and target (before any params): read once for the URL a tool
-    asks on every call."""
+def _place(url: str) -> tuple[SplitResult, Origin, bytes, dict[str, tuple[str, str]]]:
+    """A URL's parts, origin, target (before any params) and the headers it gives every
+    request (`_url_headers`): read once for the URL a tool asks on every call."""
     try:
         parts = urlsplit(url)
     except ValueError as exc:
         raise InvalidRequest(f"the URL is not valid ({exc})") from None
-    return parts, _origin(parts), _target(parts, None)
+    origin = _origin(parts)
+    return parts, origin, _target(parts, None), _url_headers(parts, origin)
 
 
 def _absolute(request: Outgoing, proxy: Proxy) -> Outgoing:
@@ -460,17 +467,28 @@ def _query_value(name: Any, value: Any) -> str:
     raise InvalidRequest(f"query parameter {name!r} is a {type(value).__name__}, not a string, number or list")
 
 
-def _headers(
-    parts: SplitResult, origin: Origin, headers: Mapping[str, str], method: str, body: bytes
-) -> list[tuple[bytes, bytes]]:
+def _url_headers(parts: SplitResult, origin: Origin) -> dict[str, tuple[str, str]]:
+    """The headers a URL gives every request to it, by lower-case name: its Host, deepline's
+    defaults, and the Basic credentials the URL holds (under "", put in after the request's
+    own headers: they win over an Authorization of its own)."""
     scheme, host, port = origin
     netloc = f"[{host}]" if ":" in host else host
-    merged = {"host": ("Host", netloc if parts.port in (None, _DEFAULT_PORTS[scheme]) else f"{netloc}:{port}")}
-    merged |= {k.lower(): (k, v) for k, v in _DEFAULT_HEADERS.items()}
-    merged |= {str(k).lower(): (str(k), _header_value(k, v)) for k, v in headers.items()}
+    given = {"host": ("Host", netloc if parts.port in (None, _DEFAULT_PORTS[scheme]) else f"{netloc}:{port}")}
+    given |= {k.lower(): (k, v) for k, v in _DEFAULT_HEADERS.items()}
     if parts.username is not None:
         credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
-        merged["authorization"] = ("Authorization", "Basic " + base64.b64encode(credentials).decode())
+        given[""] = ("Authorization", "Basic " + base64.b64encode(credentials).decode())
+    return given
+
+
+def _headers(
+    given: dict[str, tuple[str, str]], headers: Mapping[str, str], method: str, body: bytes
+) -> list[tuple[bytes, bytes]]:
+    merged = dict(given)  # the URL's: kept as read, for its next request
+    basic = merged.pop("", None)
+    merged |= {str(k).lower(): (str(k), _header_value(k, v)) for k, v in headers.items()}
+    if basic is not None:
+        merged["authorization"] = basic
     if body:
         merged.setdefault("content-type", ("Content-Type", "application/json"))
     _frame(merged, body, method)
