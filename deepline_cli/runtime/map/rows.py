@@ -214,7 +214,7 @@ class CsvSource:
                     start, line = line + 1, reader.line_num + skipped
                     if line > start:
                         spanned = (start, line, self._rows_in(record, width, start, line))
-                    if not any(cell.strip() for cell in record):
+                    if not "".join(record).strip():  # no cell holds more than whitespace
                         continue  # a blank line, or a row of blank cells (a spreadsheet's trailing `,,`)
                     if len(record) != width:
                         if len(record) > width and not any(record[width:]):
