@@ -67,7 +67,7 @@ def backoff_base_s() -> float:
     return float(os.environ.get("DEEPLINE_RETRY_BASE_S", "0.5"))
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per call: not frozen (its fields set three times slower)
 class Request:
     method: str
     url: str
