@@ -51,6 +51,7 @@ KEEPALIVE_S = 30.0
 MAX_RESPONSE_MB = 64
 MAX_REDIRECTS = 20
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+Given = dict[str, tuple[str, str]]  # headers by lower-case name: (name as written, value)
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 # What httpx percent-encodes in a path and in a query (the WHATWG URL sets); '%' is kept,
@@ -352,10 +353,10 @@ class Outgoing:
 def build(method: str, url: str, headers: Mapping[str, str], params: Mapping[str, Any] | None, body: bytes) -> Outgoing:
     """Check and encode a request; nothing here touches the network."""
     method = method.upper()
-    parts, origin, target, given = _place(url)
+    parts, origin, target, given, basic = _place(url)
     if params:
         target = _target(parts, params)
-    wire = _headers(given, headers, method, body)
+    wire = _headers(given, basic, headers, method, body)
     try:
         head = checked_head(method.encode("ascii"), target, wire)
     except ValueError:  # UnicodeEncodeError too: a method that is not ASCII
@@ -364,15 +365,15 @@ def build(method: str, url: str, headers: Mapping[str, str], params: Mapping[str
 
 
 @functools.lru_cache(maxsize=1024)
-def _place(url: str) -> tuple[SplitResult, Origin, bytes, dict[str, tuple[str, str]]]:
-    """A URL's parts, origin, target (before any params) and the headers it gives every
-    request (`_url_headers`): read once for the URL a tool asks on every call."""
+def _place(url: str) -> tuple[SplitResult, Origin, bytes, Given, tuple[str, str] | None]:
+    """A URL's parts, origin, target (before any params), the headers it gives every request
+    and its Basic credentials (`_url_headers`): read once for the URL a tool asks on every call."""
     try:
         parts = urlsplit(url)
     except ValueError as exc:
         raise InvalidRequest(f"the URL is not valid ({exc})") from None
     origin = _origin(parts)
-    return parts, origin, _target(parts, None), _url_headers(parts, origin)
+    return parts, origin, _target(parts, None), *_url_headers(parts, origin)
 
 
 def _absolute(request: Outgoing, proxy: Proxy) -> Outgoing:
@@ -467,25 +468,24 @@ def _query_value(name: Any, value: Any) -> str:
     raise InvalidRequest(f"query parameter {name!r} is a {type(value).__name__}, not a string, number or list")
 
 
-def _url_headers(parts: SplitResult, origin: Origin) -> dict[str, tuple[str, str]]:
-    """The headers a URL gives every request to it, by lower-case name: its Host, deepline's
-    defaults, and the Basic credentials the URL holds (under "", put in after the request's
-    own headers: they win over an Authorization of its own)."""
+def _url_headers(parts: SplitResult, origin: Origin) -> tuple[Given, tuple[str, str] | None]:
+    """The headers a URL gives every request to it, by lower-case name (its Host, deepline's
+    defaults), and the Authorization its Basic credentials make, if it holds any (put in after
+    the request's own headers: they win over an Authorization of its own)."""
     scheme, host, port = origin
     netloc = f"[{host}]" if ":" in host else host
     given = {"host": ("Host", netloc if parts.port in (None, _DEFAULT_PORTS[scheme]) else f"{netloc}:{port}")}
     given |= {k.lower(): (k, v) for k, v in _DEFAULT_HEADERS.items()}
-    if parts.username is not None:
-        credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
-        given[""] = ("Authorization", "Basic " + base64.b64encode(credentials).decode())
-    return given
+    if parts.username is None:
+        return given, None
+    credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+    return given, ("Authorization", "Basic " + base64.b64encode(credentials).decode())
 
 
 def _headers(
-    given: dict[str, tuple[str, str]], headers: Mapping[str, str], method: str, body: bytes
+    given: Given, basic: tuple[str, str] | None, headers: Mapping[str, str], method: str, body: bytes
 ) -> list[tuple[bytes, bytes]]:
-    merged = dict(given)  # the URL's: kept as read, for its next request
-    basic = merged.pop("", None)
+    merged = dict(given)  # a copy: the URL's own are kept as read, for its next request
     merged |= {str(k).lower(): (str(k), _header_value(k, v)) for k, v in headers.items()}
     if basic is not None:
         merged["authorization"] = basic
