@@ -117,8 +117,8 @@ def _plain_default(value: Any) -> Any:
     if isinstance(value, set | frozenset):
         return sorted(value, key=repr)
     number = _number(value)
-    if number is not None:
-        return number
+    if number is not None:  # past 64 bits, as an int is stored (the float it is, or null)
+        return _mend(number) if type(number) is int else number
     if hasattr(value, "to_json"):
         return value.to_json()
     raise TypeError

@@ -193,3 +193,18 @@ def test_a_deep_answer_holding_nan_is_stored_as_the_store_reads_back() -> None:
     for _ in range(300):
         back = back["a"]
     assert back == {"score": None, "top": None}
+
+
+def test_a_decimal_past_64_bits_is_written_as_the_number_json_holds() -> None:
+    """A Decimal (a database driver's numeric, money from a CSV) past 64 bits in a paid
+    answer was an int orjson refuses: `TypeError: Integer exceeds 64-bit range`, the answer
+    not recorded. It is the float it is, or null past what a float holds, as an int is."""
+    from decimal import Decimal
+
+    from deepline_cli import _json
+
+    assert _json.loads(_json.dumps({"n": Decimal("1e30")})) == {"n": 1e30}
+    assert _json.loads(_json.dumps([Decimal("-123456789012345678901234567890")])) == [-1.2345678901234568e29]
+    assert _json.loads(_json.dumps({"n": Decimal("1e400")})) == {"n": None}
+    assert _json.loads(_json.dumps({"n": Decimal("12.50"), "m": Decimal("7")})) == {"n": 12.5, "m": 7}
+    assert _json.plain({"n": Decimal("1e30")}, "a cell") == {"n": 1e30}
