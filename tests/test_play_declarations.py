@@ -380,7 +380,8 @@ def test_bearer_sends_the_secret_and_keeps_it_redacted(
         ("credits=-1", "credits must be a number of credits, 0 or more, not -1"),
         ("credits=float('nan')", "credits must be a number of credits, 0 or more, not nan"),
         ("credits=float('inf')", "credits must be a number of credits, 0 or more, not inf"),
-        ("credits=10**400", "credits must be a number of credits, 0 or more, not 1000000"),
+        ("credits=10**400", "credits must be a number of credits, 0 or more, not an integer of about 401 digits"),
+        ("credits=10**5000", "not an integer of about 5001 digits"),  # its repr is refused past 4,300
     ],
 )
 def test_a_tools_bad_limit_is_refused_by_check(deepline, write_play, option: str, said: str) -> None:
@@ -402,3 +403,21 @@ def test_a_tools_bad_limit_is_refused_by_check(deepline, write_play, option: str
     checked = deepline("check", "play.py")
     assert checked.code == 2, checked.stdout + checked.stderr
     assert said in checked.stderr and "Traceback" not in checked.stderr, checked.stderr
+
+
+def test_a_tools_credits_may_be_any_real_number() -> None:
+    """A Decimal (money as a price list holds it), a Fraction or a numpy number: what float()
+    took before credits were checked is taken still."""
+    from decimal import Decimal
+    from fractions import Fraction
+
+    from deepline_cli import tool
+    from deepline_cli.runtime.providers.tools import registered_tools
+
+    for n, credits in enumerate((Decimal("2.5"), Fraction(1, 4), 3)):
+
+        @tool(f"credits.kind{n}", credits=credits)
+        def priced(input: dict) -> int:
+            return 1
+
+        assert registered_tools()[f"credits.kind{n}"].credits == float(credits)

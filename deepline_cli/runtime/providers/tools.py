@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import math
+import numbers
 import sys
 import time
 from collections.abc import Callable
@@ -212,13 +214,10 @@ def tool(
             isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
         ):
             raise UsageError(f"Tool {id!r}: concurrency must be a whole number of at least 1, not {concurrency!r}.")
-        if isinstance(credits, bool) or not isinstance(credits, int | float) or not 0 <= credits <= sys.float_info.max:
-            shown = repr(credits) if len(repr(credits)) <= 40 else repr(credits)[:40] + "…"
-            raise UsageError(f"Tool {id!r}: credits must be a number of credits, 0 or more, not {shown}.")
         _REGISTRY[id] = ToolDef(
             id=id,
             fn=fn,
-            credits=float(credits),
+            credits=_declared_credits(id, credits),
             rate_limit=rate_limit,
             concurrency=concurrency,
             version=str(version),
@@ -230,6 +229,25 @@ def tool(
         return fn
 
     return register
+
+
+def _declared_credits(id: str, credits: Any) -> float:
+    """`@tool(credits=…)`: a number of credits, 0 or more (an int, a float, a Decimal, a
+    Fraction, a numpy number), as a float. True, "5", -1, NaN or a number no float holds
+    is refused where it is written (`deepline check` says so)."""
+    decimal = sys.modules.get("decimal")  # a Decimal exists only if its module was imported
+    if not isinstance(credits, bool) and (
+        isinstance(credits, numbers.Real) or (decimal is not None and isinstance(credits, decimal.Decimal))
+    ):
+        try:
+            value = float(credits)
+        except (OverflowError, ValueError):
+            value = math.nan
+        if 0 <= value <= sys.float_info.max:
+            return value
+    huge = isinstance(credits, int) and credits.bit_length() > 128  # its repr may be refused (4,300 digits)
+    shown = f"an integer of about {int(credits.bit_length() * math.log10(2)) + 1} digits" if huge else repr(credits)
+    raise UsageError(f"Tool {id!r}: credits must be a number of credits, 0 or more, not {shown}.")
 
 
 def registered_tools() -> dict[str, ToolDef]:
