@@ -14,6 +14,7 @@ import base64
 import contextlib
 import gzip
 import ipaddress
+import json
 import shutil
 import ssl
 import subprocess
@@ -36,7 +37,7 @@ from deepline_cli.runtime.providers.governor import Governor
 from deepline_cli.runtime.providers.http import Http, Request
 from deepline_cli.runtime.providers.secrets import Secrets
 from deepline_cli.runtime.providers.transport import Response, Transport, _wire, build, checked_head
-from tests.provider import Provider, ProviderServer
+from tests.provider import Provider, ProviderServer, Seen
 
 SECRET = "sk-live-7f3c9a1e5b2d4c6e"
 
@@ -1025,3 +1026,44 @@ def test_a_urls_headers_are_read_once_and_each_request_gets_them_whole() -> None
     again = dict(second.head.headers)
     assert again[b"Accept"] == b"*/*" and b"X-One" not in again and b"Content-Length" not in again
     assert again[b"Authorization"] == b"Basic " + base64.b64encode(b"svc:pw")
+
+
+class BigAnswer(Provider):
+    """Answers every call with ~6 MB of JSON (as gzip when `gzipped`): tens of ms to read."""
+
+    gzipped: bool = False
+
+    def answer(self, seen: Seen) -> tuple[int, dict[str, str], bytes]:
+        body = json.dumps({"rows": [{"n": n, "name": f"person {n}", "tags": ["a", "b"]} for n in range(120_000)]})
+        if self.gzipped:
+            return 200, {"content-type": "application/json", "content-encoding": "gzip"}, gzip.compress(body.encode())
+        return 200, {"content-type": "application/json"}, body.encode()
+
+
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_reading_a_large_http_answer_counts_as_holding_the_event_loop(tmp_path: Path, gzipped: bool) -> None:
+    """An HTTP tool's answer that takes long to read (inflate, parse) holds the event loop as
+    a play's blocking code does: the time goes with the call (`held_s`), so its answer is
+    committed as it returns (WriteQueue.settle), not left for a kill meanwhile to lose."""
+    from deepline_cli.runtime.providers.config import load_config
+    from deepline_cli.runtime.providers.http import HttpTools
+    from deepline_cli.runtime.providers.tools import ToolCall
+
+    provider = BigAnswer()
+    provider.gzipped = gzipped
+    with ProviderServer(provider) as big:
+        (tmp_path / "deepline.toml").write_text(f'[tools."big.read"]\nurl = "{big.url}/v1/big"\n')
+        call = ToolCall(idempotency_key="dl-k", run_id="r", attempt=1, receipt_key="k")
+
+        async def invoke() -> Any:
+            http = Http(Transport(8), Secrets(), Governor())
+            try:
+                definition = HttpTools(load_config(tmp_path / "deepline.toml"), http).definition("big.read")
+                assert definition is not None
+                return await definition.invoke({}, call)
+            finally:
+                await http.pool.aclose()
+
+        answer = run(invoke())
+    assert len(answer["rows"]) == 120_000
+    assert call.held_s >= 0.005, call.held_s  # parsing ~6 MB of JSON alone takes longer

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepline_cli import _json
+from deepline_cli._aio import count_held
 from deepline_cli.backoff import delays
 from deepline_cli.errors import (
     Category,
@@ -436,7 +437,9 @@ class HttpTools:
                 call=call,
                 proxy=render_proxy(spec.proxy, http.secrets, tool=spec.id) if spec.proxy else spec.proxy,
             )
+            began = time.perf_counter()
             answer = http.decode(response, spec.id, expects_json=bool(spec.extract or spec.batch))
+            held_reading(call, response, began)
             if spec.batch and isinstance(answer, dict):
                 return answer.get((spec.batch or {}).get("results_field", "results"))
             return answer
@@ -484,7 +487,9 @@ class HttpTools:
             response = await http.send(
                 request, tool=tool_id, timeout_s=remote.timeout_s, retries=remote.retries, call=call, proxy=proxy
             )
+            began = time.perf_counter()
             body = http.decode(response, tool_id, expects_json=True)
+            held_reading(call, response, began)
             if not isinstance(body, dict):
                 return body
             call.credits = reported_credits(body, tool_id)
@@ -498,6 +503,15 @@ class HttpTools:
             wants_call=True,
             metered=True,
         )
+
+
+def held_reading(call: ToolCall, response: Response, began: float) -> None:
+    """How long reading an answer held the event loop (inflating it, then parsing its JSON
+    since `began`) goes with the call's, as a play's own code's does (`Held`): a large answer
+    is committed as it returns (WriteQueue.settle)."""
+    held = response.held_s + time.perf_counter() - began
+    call.held_s += held
+    count_held(held)
 
 
 def reported_credits(body: dict[str, Any], tool: str) -> float | None:

@@ -574,6 +574,7 @@ class Response:
     status_code: int
     headers: Headers
     content: bytes
+    held_s: float = 0.0  # how long reading its body held the event loop (joining, inflating it)
 
     @property
     def charset(self) -> str:
@@ -824,8 +825,9 @@ class Connection(asyncio.Protocol):
             self.closed = True
         self.idle_since = time.monotonic()
         encoding = _header(answer.headers, b"content-encoding")
+        began = time.perf_counter()
         content = _decoded(b"".join(answer.chunks), encoding, limit) if answer.chunks else b""
-        return Response(answer.status, Headers(answer.headers), content)
+        return Response(answer.status, Headers(answer.headers), content, time.perf_counter() - began)
 
     async def tunnel(self, origin: Origin, proxy: Proxy, timeout_s: float) -> None:
         """Ask the proxy for a tunnel to `origin` (CONNECT); after it, this connection starts
