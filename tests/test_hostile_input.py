@@ -16,8 +16,11 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import ROOT, Result
 from tests.provider import Provider, ProviderServer, Seen
@@ -329,3 +332,48 @@ def test_a_short_secret_is_not_redacted_but_warned_of_and_a_secret_ending_a_base
     echoed = base64.b64encode(b"s3cr3t+/value=x&y").decode()
     said = '{"founded": 2019, "employees": 120190, "b64": "' + echoed + '"}'
     assert secrets.redact(said) == '{"founded": 2019, "employees": 120190, "b64": "[redacted]"}'
+
+
+_TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=12)
+_SECRETS = st.sampled_from(["sk-live-7f3c9a1e5b2d4c6e", 'p@ss"wörd/+=\\', "tab\tand\nline12", "ключ-секрет-42"])
+
+
+def _walked_redaction(secrets: Any, value: Any) -> Any:
+    """What redact_json gave by walking every value (its behaviour before any shortcut)."""
+    if isinstance(value, str):
+        return secrets.redact(value)
+    if isinstance(value, dict):
+        return {secrets.redact(k) if isinstance(k, str) else k: _walked_redaction(secrets, v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_walked_redaction(secrets, v) for v in value]
+    return value
+
+
+@given(
+    secret=_SECRETS,
+    shape=st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | _TEXT | st.just("§SECRET§"),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT | st.just("§SECRET§"), inner, max_size=4),
+        max_leaves=10,
+    ),
+    form=st.sampled_from(["as is", "quoted", "base64", "inside"]),
+)
+@settings(max_examples=400, deadline=None)
+def test_redacting_a_json_value_redacts_what_walking_it_did(secret: str, shape: Any, form: str) -> None:
+    """A JSON value with no secret in it is given back without a walk; one with a secret
+    anywhere (a key, a value, encoded as a provider echoes it) is redacted as the walk did."""
+    from deepline_cli.runtime.providers.secrets import Secrets
+
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("T_PROP_SECRET", secret)
+        secrets = Secrets()
+        secrets.lookup("T_PROP_SECRET")
+    shown = {
+        "as is": secret,
+        "quoted": urllib.parse.quote(secret, safe=""),
+        "base64": base64.b64encode(secret.encode()).decode(),
+        "inside": f"Bearer {secret} (expired)",
+    }[form]
+    value = json.loads(json.dumps(shape).replace("§SECRET§", json.dumps(shown)[1:-1]))
+    assert secrets.redact_json(value) == _walked_redaction(secrets, value)
+    assert secrets.holds(value) == (_walked_redaction(secrets, value) != value)

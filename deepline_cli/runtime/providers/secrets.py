@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from deepline_cli.errors import UsageError
 
 # Shorter values (a port, a region, a PIN) are not redacted: their characters would be
@@ -49,6 +51,16 @@ def encoded_forms(secret: str) -> set[str]:
     return {form for form in forms | escaped if len(form) >= MIN_SECRET_LENGTH}
 
 
+def _as_written(forms: set[str]) -> tuple[str, ...] | None:
+    """Each form as it reads inside a JSON string orjson writes (its quotes, backslashes and
+    control characters escaped); None when one cannot be written (a lone surrogate from a
+    value the environment could not decode): every value is then walked."""
+    try:
+        return tuple({orjson.dumps(form).decode()[1:-1] for form in forms})
+    except orjson.JSONEncodeError:
+        return None
+
+
 class Secrets:
     """The secrets a run may use: the environment, then the play folder's `.env`. Every value
     read is remembered so that it is redacted from outputs, errors, logs and receipts."""
@@ -57,6 +69,7 @@ class Secrets:
         self._dotenv_dir = dotenv_dir
         self._known: set[str] = set()
         self._pattern: re.Pattern[str] | None = None
+        self._written: tuple[str, ...] | None = ()  # the forms as JSON text holds them (`_as_written`)
         self._short: set[str] = set()  # names of short values asked for (warned of once)
         self.warn: Callable[[str], None] | None = None  # how the run warns (its log)
         self.reload()
@@ -78,6 +91,7 @@ class Secrets:
             forms = set().union(*(encoded_forms(known) for known in self._known))
             # One pass over a text for every form; the longest first, so none is half replaced.
             self._pattern = re.compile("|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True)))
+            self._written = _as_written(forms)
         return value
 
     def get(self, name: str) -> str:
@@ -134,10 +148,15 @@ class Secrets:
             return False
         if isinstance(value, str):
             return self._pattern.search(value) is not None
+        return isinstance(value, dict | list) and self._maybe_in(value) and self._holds(value)
+
+    def _holds(self, value: Any) -> bool:
+        if isinstance(value, str):
+            return self._pattern is not None and self._pattern.search(value) is not None
         if isinstance(value, dict):
-            return any(self.holds(k) or self.holds(v) for k, v in value.items())
+            return any(self._holds(k) or self._holds(v) for k, v in value.items())
         if isinstance(value, list):
-            return any(self.holds(v) for v in value)
+            return any(self._holds(v) for v in value)
         return False
 
     def redact_json(self, value: Any) -> Any:
@@ -145,8 +164,31 @@ class Secrets:
             return value
         if isinstance(value, str):
             return self.redact(value)
+        if isinstance(value, dict | list) and self._maybe_in(value):
+            return self._redacted(value)
+        return value  # a number, or an object or list no secret is in (given back as it is)
+
+    def _redacted(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.redact(value)
         if isinstance(value, dict):  # keys too: a usage endpoint answers {"<api key>": {...}}
-            return {self.redact(k) if isinstance(k, str) else k: self.redact_json(v) for k, v in value.items()}
+            return {self.redact(k) if isinstance(k, str) else k: self._redacted(v) for k, v in value.items()}
         if isinstance(value, list):
-            return [self.redact_json(v) for v in value]
+            return [self._redacted(v) for v in value]
         return value
+
+    def _maybe_in(self, value: dict[Any, Any] | list[Any]) -> bool:
+        """Could a secret be in this object or list? Its JSON text (written at C speed) is
+        searched for every form of every secret as JSON writes it: a text escapes each
+        character on its own, so a form in any key or string is in the text too. No form
+        there: nothing to redact, and no walk of every value (a provider's answer of a few
+        KB took ~100 µs a walk, and an answer is redacted as it arrives and as it is kept).
+        A value JSON cannot write as it is (a key that is not text, an object) is walked."""
+        written = self._written
+        if written is None:
+            return True
+        try:
+            text = orjson.dumps(value).decode()
+        except (TypeError, orjson.JSONEncodeError):
+            return True
+        return any(form in text for form in written)
