@@ -24,6 +24,7 @@ FULL = [
     ["durable_calls.py", "--calls", "100000", "--in-flight", "64"],
     ["map_rows.py", "--rows", "1000000", "--rerun-rows", "100000"],
     ["headline.py", "--rows", "10000"],
+    ["answers.py", "--rows", "3000", "--rounds", "3"],
     ["rate_limit.py", "--calls", "40", "--rounds", "3"],
     ["map_floor.py", "--rows", "100000", "--rounds", "3"],
 ]
@@ -40,6 +41,7 @@ QUICK = [
     ["durable_calls.py", "--calls", "10000"],
     ["map_rows.py", "--rows", "20000", "--rerun-rows", "20000"],
     ["headline.py", "--rows", "1000", "--skip-dbos"],
+    ["answers.py", "--rows", "500", "--rounds", "1"],
     ["rate_limit.py", "--calls", "40", "--rounds", "1"],
     ["map_floor.py", "--rows", "20000", "--rounds", "1"],
 ]
