@@ -436,7 +436,10 @@ def _input_only(
 ) -> dict[str, Any]:
     """The row as the input gave it: without the values its columns added, with the input's
     own values of fields a column of the same name replaced (`originals`)."""
-    names = {c.name for c in columns}
-    if not originals:
-        return {k: v for k, v in row.items() if k not in names}
-    return {k: originals.get(k, v) for k, v in row.items() if k not in names or k in originals}
+    stored = dict(row)  # copied at C speed: a CRM export's row has dozens of fields, a map a few columns
+    for column in columns:
+        if originals and column.name in originals:
+            stored[column.name] = originals[column.name]  # in its place among the input's fields
+        else:
+            stored.pop(column.name, None)
+    return stored
