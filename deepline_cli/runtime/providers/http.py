@@ -506,11 +506,13 @@ class HttpTools:
 
 
 def held_reading(call: ToolCall, response: Response, began: float) -> None:
-    """How long reading an answer held the event loop (inflating it, then parsing its JSON
-    since `began`) goes with the call's, as a play's own code's does (`Held`): a large answer
-    is committed as it returns (WriteQueue.settle)."""
+    """An answer read (inflated, then parsed and redacted since `began`): how long that held
+    the event loop goes with the call's, as a play's own code's does (`Held`), so a large
+    answer is committed as it returns (WriteQueue.settle); and it is not searched for secrets
+    again."""
     held = response.held_s + time.perf_counter() - began
     call.held_s += held
+    call._redacted = True
     count_held(held)
 
 
