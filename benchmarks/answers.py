@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 from installed import compiled
+from rounds import best_of, child_report
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "pk-live-0123456789abcdef"
@@ -102,21 +102,15 @@ def measure(port: int, rows: int, secret: bool) -> dict:
         (Path(tmp) / "play.py").write_text(PLAY)
         header = "${PEOPLE_KEY}" if secret else KEY
         (Path(tmp) / "deepline.toml").write_text(CONFIG.format(port=port, header=header))
-        out = subprocess.run(
+        return child_report(
             [sys.executable, __file__, "--child", tmp, "--rows", str(rows)],
-            check=True, capture_output=True, text=True, cwd=tmp, env={**os.environ, "PEOPLE_KEY": KEY},
+            cwd=tmp, env={**os.environ, "PEOPLE_KEY": KEY},
         )  # fmt: skip
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def summary(runs: list[dict], rows: int) -> dict:
-    best = min(runs, key=lambda r: r["wall_s"])
-    return {
-        "wall_s": round(best["wall_s"], 2),
-        "wall_median_s": round(statistics.median(r["wall_s"] for r in runs), 2),
-        "cpu_s": round(best["cpu_s"], 2),
-        "cpu_us_per_call": round(best["cpu_s"] / rows * 1e6),
-    }
+    best = best_of(runs)
+    return {**best, "cpu_us_per_call": round(best["cpu_s"] / rows * 1e6)}
 
 
 def main() -> None:

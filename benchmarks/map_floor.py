@@ -19,8 +19,6 @@ import hashlib
 import json
 import resource
 import sqlite3
-import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -29,6 +27,7 @@ from pathlib import Path
 
 import orjson
 from installed import compiled
+from rounds import best_of, child_report
 
 PLAY = textwrap.dedent(
     """
@@ -123,19 +122,13 @@ def child(which: str, store: str, play: str, csv_path: str) -> None:
 
 
 def measure(which: str, store: Path, play: Path, csv_path: Path) -> dict:
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", which, str(store), str(play), str(csv_path)],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return child_report([sys.executable, __file__, "--child", which, str(store), str(play), str(csv_path)])
 
 
 def summary(runs: list[dict], rows: int) -> dict:
-    best = min(runs, key=lambda r: r["wall_s"])
+    best = best_of(runs)
     return {
-        "wall_s": round(best["wall_s"], 2),
-        "wall_median_s": round(statistics.median(r["wall_s"] for r in runs), 2),
-        "cpu_s": round(best["cpu_s"], 2),
+        **best,
         "cpu_us_per_row": round(best["cpu_s"] / rows * 1e6, 1),
         "rows_per_s": round(rows / best["wall_s"]),
         "peak_rss_mb": round(max(r["peak_rss_mb"] for r in runs)),
