@@ -375,3 +375,76 @@ def test_a_tool_calls_receipt_key_in_a_run_is_the_key_of_its_parts(tmp_path: Pat
         for n in range(3)
     }
     assert stored == expected
+
+
+def test_a_receipt_keeps_the_answer_as_it_came_whatever_the_play_does_with_it_after(tmp_path: Path, db: Path) -> None:
+    """A paid answer is recorded as the provider gave it: a resolver that adds to the answer
+    it got (`r.output["seen"] = …`) and a later column that changes the row's value change the
+    row, never the receipt (it was written after them and kept their changes, so a re-run
+    replayed an answer no provider gave)."""
+    play_file = write_play(
+        tmp_path,
+        """
+        @tool("rb.frozen.lookup")
+        def lookup(input):
+            return {"domain": input["domain"], "people": [{"name": "Ada"}]}
+
+        async def company(row, rc):
+            answer = await rc.tools.execute("lookup", "rb.frozen.lookup", {"domain": row["domain"]})
+            answer.output["seen"] = True  # the play's own note on the answer it got
+            return answer
+
+        def later(row):
+            row["company"]["people"].append({"name": "added by a later column"})
+            return len(row["company"]["people"])
+
+        @play("frozen")
+        async def frozen(ctx, input):
+            rows = await ctx.map("m", [{"domain": f"d{i}.com"} for i in range(30)], key="domain",
+                                 columns={"company": company, "count": later})
+            return [row["count"] for row in rows]
+        """,
+    )
+    first = run_play(play_file, db)
+    assert first.status == "completed", first.error
+    assert first.output == [2] * 30
+    stored = receipts_of(db, tool="rb.frozen.lookup")
+    assert len(stored) == 30
+    assert all(r.output == {"domain": r.output["domain"], "people": [{"name": "Ada"}]} for r in stored), [
+        r.output for r in stored if "seen" in r.output or len(r.output["people"]) != 1
+    ][:2]
+
+
+def test_rows_sharing_one_call_in_flight_each_get_the_answer_as_it_came(tmp_path: Path, db: Path) -> None:
+    """Rows asking the same call at once share one call: each row's value is its own copy of
+    the answer, so what one row's later column does to it is not in another row's."""
+    play_file = write_play(
+        tmp_path,
+        """
+        @tool("rb.shared.lookup")
+        async def lookup(input):
+            CALLS.append("rb.shared.lookup")
+            await asyncio.sleep(0.05)  # in flight while the other rows ask for it too
+            return {"domain": input["domain"], "people": [{"name": "Ada"}]}
+
+        def company(row, rc):
+            return rc.tools.execute("lookup", "rb.shared.lookup", {"domain": row["domain"]})
+
+        def later(row):
+            row["company"]["people"].append({"name": "added by row " + row["id"]})
+            return [p["name"] for p in row["company"]["people"]]
+
+        @play("shared")
+        async def shared(ctx, input):
+            rows = await ctx.map("m", [{"id": str(i), "domain": "same.com"} for i in range(6)], key="id",
+                                 columns={"company": company, "names": later})
+            return {row["id"]: row["names"] for row in rows}
+        """,
+    )
+    CALLS.clear()
+    first = run_play(play_file, db)
+    assert first.status == "completed", first.error
+    assert CALLS == ["rb.shared.lookup"]  # one call, shared by the six rows
+    assert first.output == {str(i): ["Ada", f"added by row {i}"] for i in range(6)}
+    (stored,) = receipts_of(db, tool="rb.shared.lookup")
+    assert stored.output == {"domain": "same.com", "people": [{"name": "Ada"}]}

@@ -220,6 +220,9 @@ class Settlement:
     ended: str | None = None  # the ledger's status when not `status`: "failed" for a failed call given back
     replaces: Receipt | None = None  # the earlier answer a new one ends (see ClaimOutcome)
     reported: bool = False  # the provider said what the call cost (remote tools): learned in tool_costs
+    # `output` as JSON text, written as it was answered: what the play does with the answer
+    # after (it is written to the store later, with its batch) never changes the receipt.
+    output_json: str | None = None
 
 
 @dataclass(slots=True)

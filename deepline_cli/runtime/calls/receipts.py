@@ -155,15 +155,17 @@ class InFlight:
     def start(self, key: str) -> None:
         self._calls[key] = None
 
-    def end(self, key: str, outcome: Outcome | BaseException) -> None:
-        """The first caller's answer (or error), handed to the callers that shared it."""
+    def end(self, key: str, outcome: Outcome | BaseException) -> bool:
+        """The first caller's answer (or error), handed to the callers that shared it: were
+        there any?"""
         shared = self._calls.pop(key, None)
         if shared is None:
-            return
+            return False
         if isinstance(outcome, BaseException):
             shared.set_exception(outcome)
         else:
             shared.set_result(outcome)
+        return True
 
     async def share(self, key: str) -> Outcome:
         shared = self._calls[key]
@@ -245,7 +247,10 @@ class ReceiptBook:
         except BaseException as exc:
             self._inflight.end(call.key, exc)
             raise
-        self._inflight.end(call.key, outcome)
+        if self._inflight.end(call.key, outcome) and outcome.execution == "live":
+            # Others share this answer (each takes a copy of it as its row resumes): this
+            # caller's row gets its own copy now, before it changes anything in it.
+            outcome = Outcome(_json.as_stored(outcome.value), "live", call.key, outcome.credits, outcome.answered_at)
         return outcome
 
     async def _execute(self, call: DurableCall, invoke: Callable[[ToolCall], Awaitable[Any]]) -> Outcome:
@@ -398,6 +403,7 @@ class ReceiptBook:
             call=call_record(self._scope, call, started, info),
             replaces=claimed.replaces,
             reported=info.credits is not None,
+            output_json=written(value),
         )
         self._writes.settle(settlement, partial(self._check_recorded, call), info.held_s)
         self._tally.count(call, "live", credits)
@@ -568,6 +574,15 @@ async def wait_busy(call: DurableCall, receipt: Receipt, waited: float, now: flo
     delay = max(0.01, min(BUSY_POLL_S, expires - now + 0.01))
     await asyncio.sleep(delay)
     return waited + delay
+
+
+def written(value: Any) -> str | None:
+    """A completed call's answer as its receipt keeps it, written now (None: a value that
+    holds itself, which the store then refuses as it would have)."""
+    try:
+        return _json.dumps_str(value)
+    except TypeError:
+        return None
 
 
 def kept_input(value: Any, secrets: Secrets) -> Any:

@@ -441,6 +441,8 @@ async def resolve_cell(
         if gate and is_found(result):
             hits = (*hits, *gate)
     if isinstance(result, ToolResult):
+        if result.execution == "live":  # JSON as stored (its receipt written already), this row's own
+            return result.output, meta, hits
         result = result.output
     if _json.as_is(result):
         return result, meta, hits
