@@ -362,9 +362,7 @@ class ReceiptBook:
                 raise
             started = self._io.now()
             try:
-                value = await invoke(info)
-                if not info._redacted:  # an HTTP tool's answer was, as it was read
-                    value = self._secrets.redact_json(value)
+                value = self._secrets.redact_json(await invoke(info))
             except BaseException as exc:
                 self._budget.release(reserved)
                 record = call_record(self._scope, call, started, info)

@@ -234,7 +234,8 @@ class Http:
         return exc
 
     def decode(self, response: Response, tool: str, *, expects_json: bool = False) -> Any:
-        """The JSON body (secrets redacted), the text for non-JSON bodies, None when empty.
+        """The JSON body, the text for non-JSON bodies, None when empty; its secrets are
+        redacted where every durable answer's are, as the receipt book keeps it.
         An answer that is not the JSON it says it is (or, `expects_json`, a tool's answer
         its `extract` paths or batch read: an HTML page, a login form) is not kept as an
         answer: transient, asked again (same idempotency key) by a resume."""
@@ -255,7 +256,7 @@ class Http:
                     f"{tool} answered {content_type or 'text'} where JSON was expected ({said})", response, tool
                 ) from None
             value = response.text
-        return self.secrets.redact_json(value)
+        return value
 
     @staticmethod
     def _not_json(message: str, response: Response, tool: str) -> ProviderTransientError:
@@ -437,9 +438,7 @@ class HttpTools:
                 call=call,
                 proxy=render_proxy(spec.proxy, http.secrets, tool=spec.id) if spec.proxy else spec.proxy,
             )
-            began = time.perf_counter()
-            answer = http.decode(response, spec.id, expects_json=bool(spec.extract or spec.batch))
-            held_reading(call, response, began)
+            answer = read_answer(http, response, spec.id, call, expects_json=bool(spec.extract or spec.batch))
             if spec.batch and isinstance(answer, dict):
                 return answer.get((spec.batch or {}).get("results_field", "results"))
             return answer
@@ -487,9 +486,7 @@ class HttpTools:
             response = await http.send(
                 request, tool=tool_id, timeout_s=remote.timeout_s, retries=remote.retries, call=call, proxy=proxy
             )
-            began = time.perf_counter()
-            body = http.decode(response, tool_id, expects_json=True)
-            held_reading(call, response, began)
+            body = read_answer(http, response, tool_id, call, expects_json=True)
             if not isinstance(body, dict):
                 return body
             call.credits = reported_credits(body, tool_id)
@@ -505,15 +502,16 @@ class HttpTools:
         )
 
 
-def held_reading(call: ToolCall, response: Response, began: float) -> None:
-    """An answer read (inflated, then parsed and redacted since `began`): how long that held
-    the event loop goes with the call's, as a play's own code's does (`Held`), so a large
-    answer is committed as it returns (WriteQueue.settle); and it is not searched for secrets
-    again."""
+def read_answer(http: Http, response: Response, tool: str, call: ToolCall, *, expects_json: bool) -> Any:
+    """A tool's answer, decoded. How long reading it held the event loop (inflating it, then
+    parsing it) goes with the call's, as a play's own code's does (`Held`), so a large answer
+    is committed as it returns (WriteQueue.settle)."""
+    began = time.perf_counter()
+    answer = http.decode(response, tool, expects_json=expects_json)
     held = response.held_s + time.perf_counter() - began
     call.held_s += held
-    call._redacted = True
     count_held(held)
+    return answer
 
 
 def reported_credits(body: dict[str, Any], tool: str) -> float | None:

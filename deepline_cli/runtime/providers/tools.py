@@ -76,8 +76,6 @@ class ToolCall:
     held_s: float = 0.0
     _owner: CallOwner | None = field(default=None, repr=False, compare=False)
     _call: Any = field(default=None, repr=False, compare=False)
-    # Its answer was redacted as deepline read it (an HTTP tool's): not searched again.
-    _redacted: bool = field(default=False, repr=False, compare=False)
 
     def ensure_lease(self) -> None:
         """Raise ReceiptLeaseLostError if this process no longer owns the call."""
