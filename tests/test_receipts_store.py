@@ -422,9 +422,8 @@ def test_rows_sharing_one_call_in_flight_each_get_the_answer_as_it_came(tmp_path
         tmp_path,
         """
         @tool("rb.shared.lookup")
-        async def lookup(input):
+        async def lookup(input):  # in flight from its claim (a commit away) while the other rows ask too
             CALLS.append("rb.shared.lookup")
-            await asyncio.sleep(0.05)  # in flight while the other rows ask for it too
             return {"domain": input["domain"], "people": [{"name": "Ada"}]}
 
         def company(row, rc):
