@@ -26,7 +26,7 @@ def _default(value: Any) -> Any:
         return f"<{type(value).__name__}>"
 
 
-def _number(value: Any) -> int | float | None:
+def decimal_number(value: Any) -> int | float | None:
     """A Decimal (money parsed from a CSV, a database driver's numeric) as the JSON number it
     is; None for anything else. `decimal` is looked up, not imported: whoever made a Decimal
     imported it, and a run that has none does not pay for the import."""
@@ -116,7 +116,7 @@ def _plain_default(value: Any) -> Any:
     else has no JSON form (TypeError)."""
     if isinstance(value, set | frozenset):
         return sorted(value, key=repr)
-    number = _number(value)
+    number = decimal_number(value)
     if number is not None:  # past 64 bits, as an int is stored (the float it is, or null)
         return _mend(number) if type(number) is int else number
     if hasattr(value, "to_json"):
@@ -193,7 +193,7 @@ def _plain(message: str) -> str:
 
 
 def _to_json(value: Any) -> Any:
-    number = _number(value)
+    number = decimal_number(value)
     if number is not None:
         return number
     if hasattr(value, "to_json"):  # a ToolResult, a Dataset…
@@ -213,8 +213,7 @@ def _finite(value: Any) -> bool:
 
 def digest(*parts: str | bytes) -> str:
     """A hex SHA-256 over length-prefixed parts, so ("ab","c") != ("a","bc")."""
-    framed = [_framed(part) if isinstance(part, str) else len(part).to_bytes(8, "big") + part for part in parts]
-    return hashlib.sha256(b"".join(framed)).hexdigest()
+    return hashlib.sha256(b"".join([_frame(part) for part in parts])).hexdigest()
 
 
 class Digest:
@@ -225,13 +224,18 @@ class Digest:
     __slots__ = ("_head", "_tail")
 
     def __init__(self, head: tuple[str, ...], tail: tuple[str, ...]) -> None:
-        self._head = hashlib.sha256(b"".join([_framed(part) for part in head]))
-        self._tail = b"".join([_framed(part) for part in tail])
+        self._head = hashlib.sha256(b"".join([_frame(part) for part in head]))
+        self._tail = b"".join([_frame(part) for part in tail])
 
     def of(self, middle: bytes) -> str:
         hashed = self._head.copy()
-        hashed.update(len(middle).to_bytes(8, "big") + middle + self._tail)
+        hashed.update(_frame(middle) + self._tail)
         return hashed.hexdigest()
+
+
+def _frame(part: str | bytes) -> bytes:
+    """A part with its length before it (`digest`'s framing)."""
+    return _framed(part) if isinstance(part, str) else len(part).to_bytes(8, "big") + part
 
 
 @functools.lru_cache(maxsize=4096)

@@ -51,6 +51,17 @@ def encoded_forms(secret: str) -> set[str]:
     return {form for form in forms | escaped if len(form) >= MIN_SECRET_LENGTH}
 
 
+def _holds(pattern: re.Pattern[str], value: Any) -> bool:
+    """Does a JSON value hold a match of `pattern` in any key or string (walked)?"""
+    if isinstance(value, str):
+        return pattern.search(value) is not None
+    if isinstance(value, dict):
+        return any(_holds(pattern, k) or _holds(pattern, v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_holds(pattern, v) for v in value)
+    return False
+
+
 def _as_written(forms: set[str]) -> tuple[str, ...] | None:
     """Each form as it reads inside a JSON string orjson writes (its quotes, backslashes and
     control characters escaped); None when one cannot be written (a lone surrogate from a
@@ -144,20 +155,12 @@ class Secrets:
 
     def holds(self, value: Any) -> bool:
         """Does a JSON value hold a secret anywhere (nothing copied to tell)?"""
-        if self._pattern is None:
+        pattern = self._pattern
+        if pattern is None:
             return False
-        if isinstance(value, str):
-            return self._pattern.search(value) is not None
-        return isinstance(value, dict | list) and self._maybe_in(value) and self._holds(value)
-
-    def _holds(self, value: Any) -> bool:
-        if isinstance(value, str):
-            return self._pattern is not None and self._pattern.search(value) is not None
-        if isinstance(value, dict):
-            return any(self._holds(k) or self._holds(v) for k, v in value.items())
-        if isinstance(value, list):
-            return any(self._holds(v) for v in value)
-        return False
+        if isinstance(value, dict | list) and not self._maybe_in(value):
+            return False
+        return _holds(pattern, value)
 
     def redact_json(self, value: Any) -> Any:
         if self._pattern is None:

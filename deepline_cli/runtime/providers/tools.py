@@ -235,9 +235,8 @@ def _declared_credits(id: str, credits: Any) -> float:
     """`@tool(credits=…)`: a number of credits, 0 or more (an int, a float, a Decimal, a
     Fraction, a numpy number), as a float. True, "5", -1, NaN or a number no float holds
     is refused where it is written (`deepline check` says so)."""
-    decimal = sys.modules.get("decimal")  # a Decimal exists only if its module was imported
     if not isinstance(credits, bool) and (
-        isinstance(credits, numbers.Real) or (decimal is not None and isinstance(credits, decimal.Decimal))
+        isinstance(credits, numbers.Real) or _json.decimal_number(credits) is not None
     ):
         try:
             value = float(credits)
