@@ -9,8 +9,6 @@ from deepline_cli.store.claims import decide_claim
 from deepline_cli.store.records import Claim, ClaimOutcome, Receipt, Settlement
 from deepline_cli.store.sql_base import SqlBase
 from deepline_cli.store.sql_rows import (
-    CLAIM_INSERT_COLUMNS,
-    CLAIM_ROW,
     CLAIM_UPDATE,
     KEEP_HISTORY,
     RECEIPT_COLUMNS,
@@ -133,21 +131,9 @@ class ClaimsSql(SqlBase):
     def _insert_claims(
         self, c: Any, inserts: list[tuple[int, Claim, Receipt]], now: float
     ) -> list[tuple[int, Claim, Receipt]]:
-        """Insert new receipts; return the ones that lost a race to another process."""
-        lost: list[tuple[int, Claim, Receipt]] = []
-        inserts = sorted(inserts, key=lambda item: item[1].key)
-        step = 200  # rows per INSERT: 13 parameters each stays under every backend's limit
-        for start in range(0, len(inserts), step):
-            chunk = inserts[start : start + step]
-            rows = ", ".join([CLAIM_ROW] * len(chunk))
-            params = [v for _, _, claimed in chunk for v in claim_row(claimed)]
-            sql = (
-                f"INSERT INTO receipts ({CLAIM_INSERT_COLUMNS}) VALUES {rows}"
-                " ON CONFLICT (key) DO NOTHING RETURNING key"
-            )
-            inserted = {r[0] for r in c.execute(sql, params).fetchall()}
-            lost += [item for item in chunk if item[1].key not in inserted]
-        return lost
+        """Insert new receipts, in key order; return the ones that lost a race to another
+        process (each backend's own statement: SQLite's batch INSERT, PostgreSQL's arrays)."""
+        raise NotImplementedError
 
     def _load_for_update(self, c: Any, keys: Sequence[str]) -> dict[str, Receipt]:
         found: dict[str, Receipt] = {}
