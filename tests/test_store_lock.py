@@ -123,8 +123,25 @@ def test_a_call_that_would_wait_for_the_lock_is_handed_over_with_nothing_written
         assert time.monotonic() - started < 1
         release.set()
         holder.join()
-        # Once it has committed, the call waits like any other (it cannot be handed over twice).
-        assert store.try_now(lambda: describe("again")) == (True, True)
-        assert store._conn.execute("PRAGMA busy_timeout").fetchone()[0] > 0  # put back after the call
+        # Once it has committed, the call waits like any other (handed over, its first write
+        # would be made twice); and a call outside `try_now` waits as usual afterwards.
+        other = sqlite3.connect(store_path, isolation_level=None, check_same_thread=False)
+        try:
+
+            def meet_a_writer() -> None:  # another writer takes the lock, for 0.3 s
+                other.execute("BEGIN IMMEDIATE")
+                threading.Timer(0.3, other.execute, ("ROLLBACK",)).start()
+
+            def commit_then_meet_a_writer() -> bool:
+                describe("first")
+                meet_a_writer()
+                return describe("second")
+
+            assert store.try_now(commit_then_meet_a_writer) == (True, True)
+            meet_a_writer()
+            assert describe("outside") is True
+            assert store.runs.get_run("r1").description == "outside"  # type: ignore[union-attr]
+        finally:
+            other.close()
     finally:
         store.close()

@@ -165,6 +165,10 @@ class SQLiteStore(SqlStore):
         self._identity = _identity(self.path)
         self._logs: dict[str, tuple[int, int] | None] = {"-wal": None, "-shm": None}  # known once they exist
         self._nowait = False  # inside `try_now` before its first commit: a lock to wait for is WouldWait
+        # Whether the connection waits for a lock (busy_timeout), or gives up at once (0) as
+        # `try_now` has it. Set back only when a caller that may wait comes (`_waits_as_usual`):
+        # the loop's batches follow one another in `try_now`, and each PRAGMA costs ~25 µs.
+        self._waiting = True
 
     def try_now(self, work: Callable[[], R]) -> tuple[bool, R | None]:
         """Run `work` in this thread at once when nothing makes it wait: (True, its result).
@@ -175,21 +179,24 @@ class SQLiteStore(SqlStore):
         if not self._lock.acquire(blocking=False):
             return False, None
         try:
-            self._conn.execute("PRAGMA busy_timeout=0")
+            if self._waiting:
+                self._conn.execute("PRAGMA busy_timeout=0")
+                self._waiting = False
             self._nowait = True
             try:
                 return True, work()
             except WouldWait:
                 return False, None
         finally:
-            self._wait_as_usual()
+            self._nowait = False
             self._lock.release()
 
-    def _wait_as_usual(self) -> None:
-        """Leave `try_now`'s no-wait mode (after its first commit, or at its end)."""
-        if self._nowait:
-            self._nowait = False
+    def _waits_as_usual(self) -> None:
+        """Before a statement (the lock held): outside `try_now`'s no-wait mode (or after its
+        first commit), the connection waits for a lock as every caller does."""
+        if not self._nowait and not self._waiting:
             self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s() * 1000)}")
+            self._waiting = True
 
     def _waited(self, exc: sqlite3.Error) -> None:
         """Inside `try_now`, before anything was committed: a lock to wait for hands the work
@@ -337,6 +344,7 @@ class SQLiteStore(SqlStore):
     def _write(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
             self._check_file()
+            self._waits_as_usual()
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
                 try:
@@ -348,10 +356,11 @@ class SQLiteStore(SqlStore):
             except sqlite3.Error as exc:
                 self._waited(exc)
                 raise self._locked(exc) from exc
-            self._wait_as_usual()  # written: from here `try_now` waits like any caller, never hands over
+            self._nowait = False  # written: from here `try_now` waits like any caller, never hands over
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
+            self._waits_as_usual()
             try:
                 return self._conn.execute(sql, params).fetchall()
             except sqlite3.Error as exc:
