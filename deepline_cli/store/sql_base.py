@@ -25,6 +25,11 @@ class SqlBase:
         if rows:
             c.executemany(sql, rows)
 
+    def _in_texts(self, column: str, values: Sequence[str]) -> tuple[str, list[Any]]:
+        """`column IN (values)` for a text column, as SQL and its parameters: a mark per value
+        here (SQLite), one array on PostgreSQL (`PostgresStore._in_texts`)."""
+        return f"{column} IN ({', '.join('?' * len(values))})", list(values)
+
     def _insert(self, c: Any, head: str, row: str, tail: str, rows: Sequence[Sequence[Any]]) -> None:
         """`{head} VALUES {row}{tail}` for each of `rows`, applied in order. A statement per
         row here: with psycopg a long statement of many rows costs more than the rows it

@@ -109,9 +109,9 @@ class ClaimsSql(SqlBase):
         for run_id in dict.fromkeys(run_id for run_id, _ in uses):
             keys = list(dict.fromkeys(key for other, key in uses if other == run_id))
             for chunk in chunks(keys):
-                marks = ", ".join("?" * len(chunk))
-                sql = f"SELECT key FROM run_receipts WHERE run_id = ? AND used_at IS NOT NULL AND key IN ({marks})"
-                found.update((run_id, row[0]) for row in c.execute(sql, [run_id, *chunk]).fetchall())
+                among, params = self._in_texts("key", chunk)
+                sql = f"SELECT key FROM run_receipts WHERE run_id = ? AND used_at IS NOT NULL AND {among}"
+                found.update((run_id, row[0]) for row in c.execute(sql, [run_id, *params]).fetchall())
         return found
 
     def _point_members(self, c: Any, claims: Sequence[Claim], outcomes: Sequence[ClaimOutcome]) -> None:
@@ -138,9 +138,9 @@ class ClaimsSql(SqlBase):
     def _load_for_update(self, c: Any, keys: Sequence[str]) -> dict[str, Receipt]:
         found: dict[str, Receipt] = {}
         for chunk in chunks(list(dict.fromkeys(keys))):
-            marks = ", ".join("?" * len(chunk))
-            sql = f"SELECT {RECEIPT_COLUMNS} FROM receipts WHERE key IN ({marks}) ORDER BY key{self.row_lock}"
-            for row in c.execute(sql, chunk).fetchall():
+            among, params = self._in_texts("key", chunk)
+            sql = f"SELECT {RECEIPT_COLUMNS} FROM receipts WHERE {among} ORDER BY key{self.row_lock}"
+            for row in c.execute(sql, params).fetchall():
                 found[row[0]] = receipt_from_row(row)
         return found
 
@@ -212,9 +212,8 @@ class ClaimsSql(SqlBase):
         """The (key, lease) of those of these very settlements that ended already (a
         transaction run again after its connection dropped, though it had committed):
         applied, not taken over. Another lease's settlement of the same key is not."""
-        keys = [s.key for s in settlements]
-        marks = ", ".join("?" * len(keys))
-        rows = c.execute(f"SELECT key, lease_id, status FROM receipts WHERE key IN ({marks})", keys).fetchall()
+        among, params = self._in_texts("key", [s.key for s in settlements])
+        rows = c.execute(f"SELECT key, lease_id, status FROM receipts WHERE {among}", params).fetchall()
         found = {key: (lease, status) for key, lease, status in rows}
 
         def ended(s: Settlement) -> bool:  # a skip restores an earlier answer or failure

@@ -169,10 +169,9 @@ class ReceiptsSql(ClaimsSql, SheetsSql):
             keys = ordered[start : start + page]
             whole: dict[str, tuple[Any, ...]] = {}
             for chunk in chunks(keys):
-                marks = ", ".join("?" * len(chunk))
+                among, params = self._in_texts("key", chunk)
                 whole.update(
-                    (r[0], r)
-                    for r in self._read(f"SELECT {RECEIPT_COLUMNS} FROM receipts WHERE key IN ({marks})", chunk)
+                    (r[0], r) for r in self._read(f"SELECT {RECEIPT_COLUMNS} FROM receipts WHERE {among}", params)
                 )
             yield from (receipt_from_row(whole[key]) for key in keys if key in whole)
 

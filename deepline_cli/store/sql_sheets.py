@@ -28,11 +28,11 @@ class SheetsSql(SqlBase):
         found: dict[str, SheetRow] = {}
         stored_input = "input" if with_input else "NULL"
         for chunk in chunks(row_keys):
-            marks = ", ".join("?" * len(chunk))
+            among, params = self._in_texts("row_key", chunk)
             rows = self._read(
                 f"SELECT row_key, {stored_input}, input_digest, cells, status, run_id, updated_at, rev"
-                f" FROM sheet_rows WHERE sheet = ? AND row_key IN ({marks})",
-                [sheet, *chunk],
+                f" FROM sheet_rows WHERE sheet = ? AND {among}",
+                [sheet, *params],
             )
             for key, inp, digest, cells, status, run_id, updated, rev in rows:
                 found[key] = SheetRow(
