@@ -185,6 +185,16 @@ def test_first_claim_creates_a_running_receipt_owned_by_the_claimer(store: Store
     assert (row.output, row.error, row.failure_kind, row.retryable, row.credits) == (None, None, None, False, 0.0)
 
 
+def test_claims_in_one_batch_whose_descriptions_are_text_and_a_number_are_each_kept(store: Store) -> None:
+    """A play's `description=` comes from its own data (a cell that is a number in one row,
+    text in the next): the batch claims both, each description kept as text."""
+    outcomes = claim(store, [mk_claim("d1", description="find the CEO"), mk_claim("d2", description=5)], T0)
+
+    assert [o.verdict for o in outcomes] == ["claimed", "claimed"]
+    assert stored(store, "d1").description == "find the CEO"
+    assert stored(store, "d2").description == "5"
+
+
 def test_claim_of_a_live_lease_by_another_run_is_busy(store: Store, other: Store) -> None:
     one(store, mk_claim("k"), T0)
 

@@ -106,7 +106,8 @@ class _Tx:
             self._in_pipeline(lambda: None)  # the rows it may read go first; it starts the timer again
         elif not self._begun and _locks_nothing(sql):
             # BEGIN and a read that locks no row (a batch's fencing check), in one round trip.
-            # A process frozen right after it holds no row lock; its next statement is a plain one.
+            # A process frozen right after it holds no row lock (the table's share lock only, which
+            # only DDL waits for), and its next statement, a plain one, starts the idle timer again.
             return self._in_pipeline(lambda: self._conn.execute(_pg(sql), _no_nul(params)))
         self._begin()
         return self._conn.execute(_pg(sql), _no_nul(params))
@@ -319,7 +320,8 @@ CLAIM_INSERTS = (
     ' ORDER BY c.key COLLATE "C"'
     " ON CONFLICT (key) DO NOTHING RETURNING key"
 )
-_FLOAT_COLUMNS = (6, 8)  # lease_expires_at, created_at: one array type (an int among floats would not be)
+_FLOAT_COLUMNS = (6, 8)  # lease_expires_at, created_at; attempt is the one integer, the rest are text
+_INT_COLUMN = 4
 
 
 class PostgresStore(SqlStore):
@@ -448,8 +450,9 @@ class PostgresStore(SqlStore):
             return []
         rows = [claim_row(claimed) for _, _, claimed in inserts]
         columns = [list(_no_nul(values)) for values in zip(*rows, strict=True)]
-        for i in _FLOAT_COLUMNS:
-            columns[i] = [None if v is None else float(v) for v in columns[i]]
+        for i, column in enumerate(columns):  # one element type an array (a play's description may be a number)
+            cast = float if i in _FLOAT_COLUMNS else int if i == _INT_COLUMN else str
+            columns[i] = [v if v is None or isinstance(v, cast) else cast(v) for v in column]
         inserted = {row[0] for row in c.execute(CLAIM_INSERTS, columns).fetchall()}
         return [item for item in inserts if item[1].key not in inserted]
 
