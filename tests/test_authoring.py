@@ -258,6 +258,36 @@ def test_tool_results_give_raw_answers_extracted_values_and_lists(
     assert api.stats()["requests"] == 2
 
 
+def test_a_description_from_the_plays_data_that_is_a_number_is_said_as_text(
+    people_api: tuple[FakeProvider, str], deepline: Run, tmp_path: Path
+) -> None:
+    """`description=` built from a row's data may be a number (a list id): it is the call's
+    description all the same, in its error and its receipt, not a TypeError."""
+    _, url = people_api
+    (tmp_path / "deepline.toml").write_text(
+        f'[tools."people.enrich"]\nurl = "{url}/enrich"\njson = {{ who = "{{who}}" }}\n'
+    )
+    (tmp_path / "play.py").write_text(
+        textwrap.dedent(
+            """
+            from deepline_cli import ToolExecutionError, play
+
+            @play("numbered")
+            async def numbered(ctx, input):
+                try:
+                    await ctx.tools.execute("enrich", "people.enrich", {"who": "nobody"}, description=2024)
+                except ToolExecutionError as exc:
+                    return {"error": str(exc)}
+            """
+        )
+    )
+    result = deepline("run", "play.py", "--json")
+    assert result.code == 0, result.stderr
+    assert result.json_lines()[-1]["output"]["error"].startswith("2024: 422 from people.enrich")
+    inspected = deepline("receipts", "inspect", "--tool", "people.enrich", "--json")
+    assert {r["description"] for r in inspected.json_lines()} == {"2024"}
+
+
 # --- CSV: headers as they come, and a look before the map -------------------------------------------
 
 MESSY = "\ufeff First name ,COMPANY WEBSITE,Title\nAda,https://acme.com,CTO\n\nGrace,www.cobol.dev,VP\n"

@@ -174,6 +174,8 @@ class Tools:
         with its receipt, shown in its errors and the report)."""
 
         durable_id(id, "ctx.tools.execute")
+        if description is not None and not isinstance(description, str):
+            description = str(description)  # from the play's data (a list id): said as text
         args = (id, tool, input, force, stale_after_seconds, timeout_s, receipt_wait_s, description)
         try:
             return await self._execute(*args)
