@@ -456,6 +456,9 @@ class PostgresStore(SqlStore):
         inserted = {row[0] for row in c.execute(CLAIM_INSERTS, columns).fetchall()}
         return [item for item in inserts if item[1].key not in inserted]
 
+    def _as_stored(self, text: str) -> str:
+        return text.replace("\x00", "\ufffd")  # as `_no_nul` writes it
+
     def _in_texts(self, column: str, values: Sequence[str]) -> tuple[str, list[Any]]:
         """One array: a statement of a mark per value, over 50, is parsed and converted anew by
         psycopg on every call (a sheet read of 400 row keys: ~7 ms), and planned anew by the server."""

@@ -25,6 +25,10 @@ class SqlBase:
         if rows:
             c.executemany(sql, rows)
 
+    def _as_stored(self, text: str) -> str:
+        """A text as the database keeps it (PostgreSQL's cannot hold a NUL: `PostgresStore`)."""
+        return text
+
     def _in_texts(self, column: str, values: Sequence[str]) -> tuple[str, list[Any]]:
         """`column IN (values)` for a text column, as SQL and its parameters: a mark per value
         here (SQLite), one array on PostgreSQL (`PostgresStore._in_texts`)."""

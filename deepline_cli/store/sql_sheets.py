@@ -28,13 +28,15 @@ class SheetsSql(SqlBase):
         found: dict[str, SheetRow] = {}
         stored_input = "input" if with_input else "NULL"
         for chunk in chunks(row_keys):
+            asked = {self._as_stored(key): key for key in chunk}  # found under the key asked by (a NUL in it)
             among, params = self._in_texts("row_key", chunk)
             rows = self._read(
                 f"SELECT row_key, {stored_input}, input_digest, cells, status, run_id, updated_at, rev"
                 f" FROM sheet_rows WHERE sheet = ? AND {among}",
                 [sheet, *params],
             )
-            for key, inp, digest, cells, status, run_id, updated, rev in rows:
+            for stored, inp, digest, cells, status, run_id, updated, rev in rows:
+                key = asked.get(stored, stored)
                 found[key] = SheetRow(
                     sheet, key, _json.loads(inp), digest, cells_of(_json.loads(cells)), status, run_id, updated, rev
                 )
