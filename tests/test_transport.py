@@ -15,6 +15,7 @@ import contextlib
 import gzip
 import ipaddress
 import json
+import math
 import shutil
 import ssl
 import subprocess
@@ -1069,8 +1070,12 @@ def test_reading_a_large_http_answer_counts_as_holding_the_event_loop(tmp_path: 
         answer = run(invoke())
     assert len(answer["rows"]) == 120_000
     body = json.dumps(answer).encode()
-    began = time.perf_counter()
-    parsed = _json.loads_lenient(body)  # what parsing that much JSON takes on this machine
-    parse_s = time.perf_counter() - began
+    # What parsing that much JSON takes on this machine: the quicker of two (a busy machine,
+    # another test's work, a collection, only makes one slower), so the bound cannot flake.
+    parse_s = math.inf
+    for _ in range(2):
+        began = time.perf_counter()
+        parsed = _json.loads_lenient(body)
+        parse_s = min(parse_s, time.perf_counter() - began)
     assert parsed == answer
     assert call.held_s >= 0.5 * parse_s > 0, (call.held_s, parse_s)
