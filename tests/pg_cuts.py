@@ -27,23 +27,17 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for where in (ROOT, ROOT / "benchmarks"):
+    if str(where) not in sys.path:
+        sys.path.insert(0, str(where))
 
 import psycopg  # noqa: E402
+from workers import database  # noqa: E402
 
 from tests.pgproxy import PgProxy  # noqa: E402
 from tests.test_scale_out import WORK  # noqa: E402
 
 IN_FLIGHT = 10  # WORK's map concurrency
-
-
-def database(admin_url: str, name: str) -> str:
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
-    head, _, _ = admin_url.partition("?")[0].rpartition("/")
-    return f"{head}/{name}"
 
 
 def main() -> None:
