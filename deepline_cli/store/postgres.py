@@ -104,11 +104,16 @@ class _Tx:
         """Run now; its rows and rowcount are there on return."""
         if self._unsent and any(table is None or table in _words(sql) for _, _, table in self._unsent):
             self._in_pipeline(lambda: None)  # the rows it may read go first; it starts the timer again
-        elif not self._begun and _locks_nothing(sql):
-            # BEGIN and a read that locks no row (a batch's fencing check), in one round trip.
-            # A process frozen right after it holds no row lock (the table's share lock only, which
-            # only DDL waits for), and its next statement, a plain one, starts the idle timer again.
-            return self._in_pipeline(lambda: self._conn.execute(_pg(sql), _no_nul(params)))
+        elif not self._begun and _locks_nothing(sql) and "%b" not in sql:
+            # BEGIN and a read that locks no row (a batch's fencing check) in one round trip: one
+            # simple query, its values written in by psycopg, answered by one ReadyForQuery that
+            # starts the server's idle timer as any statement's does (a pipeline's Flush would
+            # stop it: a process frozen after it would keep its transaction open for good).
+            self._begun = True
+            text = psycopg.ClientCursor(self._conn).mogrify(_pg(sql), _no_nul(params))
+            cursor = self._conn.execute("BEGIN; " + text)
+            cursor.nextset()  # the SELECT's rows, after BEGIN's empty result
+            return cursor
         self._begin()
         return self._conn.execute(_pg(sql), _no_nul(params))
 
