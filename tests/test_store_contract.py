@@ -562,6 +562,20 @@ def test_a_refresh_given_back_before_its_call_keeps_the_earlier_paid_result(stor
     assert one(store, mk_claim("k", run_id="r3", lease="L3"), T0 + 4)[0] == "reused"
 
 
+def test_a_refresh_given_back_before_its_call_keeps_an_earlier_answer_of_null(store: Store, other: Store) -> None:
+    """A paid answer may be JSON null (a search that found no one): a refresh given back
+    before its call keeps it, as any answer (stored as no text, it emptied to `skipped`)."""
+    one(store, mk_claim("k"), T0)
+    settle(store, [completed("k", output=None, credits=2)], T0 + 1)
+    verdict, _ = one(other, mk_claim("k", run_id="r2", lease="L2", expires=T0 + 100, force=True), T0 + 2)
+    assert verdict == "claimed"
+    assert settle(other, [Settlement("k", "L2", "skipped")], T0 + 3) == [True]
+
+    row = stored(store, "k")
+    assert (row.status, row.output) == ("completed", None)
+    assert one(store, mk_claim("k", run_id="r3", lease="L3"), T0 + 4)[0] == "reused"
+
+
 def test_a_refresh_given_back_before_its_call_leaves_the_receipt_its_earlier_owners(store: Store, other: Store) -> None:
     """Given back with the answer it would have replaced, the receipt is as it was: the
     refreshing run's next attempt refreshes it (once per run counts answers it got)."""

@@ -90,7 +90,9 @@ def settle_statement(s: Settlement, now: float) -> tuple[str, tuple[Any, ...]]:
             failure = (json_or_none(r.error), r.failure_kind, int(r.retryable))
             return SETTLE_RESTORE, (*before, *kept, *failure, s.key, s.lease_id)
         return SETTLE_SKIP, (s.key, s.lease_id)
-    output = (s.output_json or json_or_none(s.output)) if s.status == "completed" else None
+    # A completed call's answer is JSON text, null too (SETTLE_SKIP tells an answered receipt
+    # by it), written for its receipt as it came where the runtime did (`output_json`).
+    output = (s.output_json or _json.dumps_str(s.output)) if s.status == "completed" else None
     values = (s.status, output, json_or_none(s.error), s.failure_kind, int(s.retryable), s.credits, now)
     return SETTLE_END, (*values, 1 if s.replaces is not None else 0, s.key, s.lease_id)
 
