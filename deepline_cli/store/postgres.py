@@ -80,13 +80,6 @@ def _words(sql: str) -> frozenset[str]:
     return frozenset(_WORDS.findall(sql.lower()))
 
 
-@lru_cache(maxsize=512)
-def _locks_nothing(sql: str) -> bool:
-    """A read that takes no row or advisory lock (no FOR UPDATE / SHARE, no pg_*_lock)."""
-    words = _words(sql)
-    return sql.lstrip()[:6].upper() == "SELECT" and "for" not in words and not any("lock" in w for w in words)
-
-
 class _Tx:
     """A transaction's connection, speaking the shared SQL.
 
@@ -104,11 +97,12 @@ class _Tx:
         """Run now; its rows and rowcount are there on return."""
         if self._unsent and any(table is None or table in _words(sql) for _, _, table in self._unsent):
             self._in_pipeline(lambda: None)  # the rows it may read go first; it starts the timer again
-        elif not self._begun and _locks_nothing(sql) and "%b" not in sql:
-            # BEGIN and a read that locks no row (a batch's fencing check) in one round trip: one
+        elif not self._begun and "%b" not in sql:
+            # BEGIN and the first statement (a batch's fencing check) in one round trip: one
             # simple query, its values written in by psycopg, answered by one ReadyForQuery that
             # starts the server's idle timer as any statement's does (a pipeline's Flush would
             # stop it: a process frozen after it would keep its transaction open for good).
+            # Binary parameters (arrays) cannot be written in: BEGIN goes first on its own.
             self._begun = True
             text = psycopg.ClientCursor(self._conn).mogrify(_pg(sql), _no_nul(params))
             cursor = self._conn.execute("BEGIN; " + text)
