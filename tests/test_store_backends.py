@@ -474,3 +474,40 @@ def test_a_postgres_notify_that_arrives_while_the_listener_runs_a_statement_stil
         assert listener.queue.wait_for_notify(0.05) is False  # heard once, not again
     finally:
         listener.close()
+
+
+def test_a_postgres_store_opens_through_a_connection_dropped_while_it_checked_its_tables(pg_url: str) -> None:
+    """A process paused while it opened the store (its migration check waiting for the
+    migration lock, or frozen inside it) past the server's idle bound: the server ended
+    its session, and the process, woken, failed with "dropped the connection" (exit 1)
+    instead of connecting again and going on (a run taken over meanwhile: exit 4)."""
+    import psycopg
+
+    from deepline_cli.store.postgres import _MIGRATION_LOCK
+    from tests.pgproxy import PgProxy
+
+    open_store(pg_url).close()  # the tables are there: only the check runs
+    opened: list[Store | BaseException] = []
+    with PgProxy(pg_url) as proxy, psycopg.connect(pg_url) as holder:
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))  # another process migrating
+
+        def opening() -> None:
+            try:
+                opened.append(open_store(proxy.url))
+            except BaseException as exc:
+                opened.append(exc)
+
+        thread = threading.Thread(target=opening)
+        thread.start()
+        waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        with psycopg.connect(pg_url, autocommit=True) as watch:
+            wait_until(lambda: watch.execute(waiting).fetchone() == (1,), what="the open waiting", timeout=10)
+        assert proxy.cut()  # the session ends while the open waits inside its transaction
+        holder.rollback()
+        thread.join(timeout=30)
+        (store,) = opened
+        assert not isinstance(store, BaseException), store
+        try:
+            assert store.runs.get_run("none") is None  # on its new connection
+        finally:
+            store.close()

@@ -13,6 +13,7 @@ import os
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
@@ -23,6 +24,7 @@ import psycopg.errors
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
+from deepline_cli.backoff import delays
 from deepline_cli.errors import (
     StoreConflict,
     StoreConnectionLost,
@@ -47,6 +49,7 @@ logging.getLogger("psycopg").addHandler(logging.NullHandler())
 R = TypeVar("R")
 
 _MIGRATION_LOCK = 7_283_551  # pg_advisory_xact_lock key: one migrating process at a time
+OPEN_TRIES = 6  # of the migration check, on a connection that dropped: 0.2, 0.4 … 1.6 s apart
 
 
 @lru_cache(maxsize=512)
@@ -343,10 +346,27 @@ class PostgresStore(SqlStore):
         # One connection, used from the runtime's store thread and the main thread.
         self._lock = threading.RLock()
         try:
-            self._migrate()
+            self._open()
         except BaseException:
             self._conn.close()
             raise
+
+    def _open(self) -> None:
+        """The migration check, tried again on a new connection when this one dropped (the
+        server ended the session of a process paused while it waited here, or it blipped):
+        OPEN_TRIES tries over a few seconds, as a store call's reconnects are, then the loss is said."""
+        lost: StoreConnectionLost | None = None
+        for delay in delays(0.1, tries=OPEN_TRIES):
+            if lost is not None:
+                time.sleep(delay)
+                with contextlib.suppress(StoreConnectionLost):  # not yet: the next try says so
+                    self.reconnect()
+            try:
+                return self._migrate()
+            except StoreConnectionLost as exc:
+                lost = exc
+        assert lost is not None
+        raise lost
 
     def _migrate(self) -> None:
         made: bool | None = None  # whether deepline's tables are there (known once checked)
