@@ -345,6 +345,40 @@ def test_a_key_holding_a_nul_character_runs_and_resumes_on_each_backend(store_ur
     assert (again.status, again.output) == ("completed", 2), again.error
 
 
+def test_a_resumed_map_keeps_a_row_whose_key_holds_a_nul_as_seeded_on_each_backend(store_url: str, tmp_path) -> None:
+    """PostgreSQL keeps a NUL as U+FFFD: a resumed attempt compared the input's key with the
+    stored one, found them different, and did that row again (from its sheet row, nothing
+    paid), so its progress said 1 row seeded of the 2 it started with (SQLite: 2)."""
+    from deepline_cli.runtime.calls.events import Event
+    from tests.helpers import resume_run, run_play
+
+    (tmp_path / "keys.csv").write_bytes(b"domain,name\nco2\x00x.example.com,C\nco3.example.com,D\n")
+    play = tmp_path / "play.py"
+    play.write_text(
+        "import os\n"
+        "from deepline_cli import play\n\n"
+        '@play("nul")\n'
+        "async def nul(ctx, input):\n"
+        '    columns = {"n": lambda row: len(row["name"])}\n'
+        '    rows = await ctx.map("m", ctx.csv(input["csv"]), key="domain", columns=columns)\n'
+        '    if not os.path.exists(input["go"]):\n'
+        '        raise RuntimeError("stopped after the map")\n'
+        "    return len(rows)\n"
+    )
+    go = tmp_path / "go"
+    first = run_play(play, store_url, {"csv": str(tmp_path / "keys.csv"), "go": str(go)})
+    assert first.status == "failed", first.error
+    go.touch()
+    events: list[Event] = []
+    bus = EventBus()
+    bus.subscribe(events.append)
+    again = resume_run(first.run_id, store_url, bus=bus)
+    assert (again.status, again.output) == ("completed", 2), again.error
+    (started,) = [e for e in events if e.event == "map.started"]
+    *_, progress = [e for e in events if e.event == "map.progress"]
+    assert (started.data["seeded"], progress.data["seeded"], progress.data["done"]) == (2, 2, 2)
+
+
 def test_runs_show_of_a_map_that_did_not_complete_on_each_backend(store_url: str, tmp_path) -> None:
     """Its counts are read from the rows written (duplicates, reused rows): the query was
     SQLite's only, and `runs show` of any such run failed on PostgreSQL."""

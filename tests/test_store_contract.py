@@ -1430,6 +1430,17 @@ def test_map_rows_report_finished_succeeded_failed_and_counts(store: Store, othe
     assert other.count_map_rows("r2", "leads") == {"succeeded": 2}
 
 
+def test_trimming_map_rows_to_the_input_keys_keeps_a_key_holding_a_nul(store: Store, other: Store) -> None:
+    """A resume that read its input whole drops the map rows of keys the input lost. On
+    PostgreSQL a stored key holding a NUL (kept as U+FFFD) was never among the input's keys:
+    its row was dropped and done again on every resume."""
+    rows = [MapRow("r1", "leads", idx, idx, key, "succeeded", None) for idx, key in enumerate(["a\x00b", "c", "gone"])]
+    store.apply(Writes(map_rows=rows), T0)
+    assert other.trim_map_rows("r1", "leads", 0, 3, {"a\x00b", "c"}) == 1
+    assert [r.idx for r in other.earlier_map_rows("r1", "leads", -1, 10)] == [0, 1]
+    assert other.stored_key("a\x00b") == other.earlier_map_rows("r1", "leads", -1, 1)[0].row_key
+
+
 def test_a_receipt_keeps_the_input_it_was_claimed_with(store: Store, other: Store) -> None:
     given = {"domain": "acme.com", "tags": ["a", 1]}
     assert one(store, mk_claim("k", input=given), T0)[0] == "claimed"

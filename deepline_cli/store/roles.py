@@ -253,6 +253,11 @@ class SheetStore(Protocol):
         """The distinct-row indexes this run's map already finished (earlier attempts)."""
         ...
 
+    def stored_key(self, row_key: str) -> str:
+        """A row key as this store keeps it, as map rows read back hold it (PostgreSQL's text
+        cannot hold a NUL: one becomes U+FFFD)."""
+        ...
+
     def earlier_map_rows(self, run_id: str, map: str, after_idx: int, limit: int) -> list[EarlierRow]:
         """The rows earlier attempts finished (a resume seeds those that succeeded), in index
         order after `after_idx`, up to `limit`."""

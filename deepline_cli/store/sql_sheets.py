@@ -65,6 +65,9 @@ class SheetsSql(SqlBase):
         rows = self._read("SELECT idx FROM map_rows WHERE run_id = ? AND map = ?", (run_id, map))
         return [r[0] for r in rows]
 
+    def stored_key(self, row_key: str) -> str:
+        return self._as_stored(row_key)
+
     def earlier_map_rows(self, run_id: str, map: str, after_idx: int, limit: int) -> list[EarlierRow]:
         rows = self._read(
             "SELECT idx, row_key, outcome, reused_row, reused_cells, steps, found, fell_back FROM map_rows"
@@ -87,6 +90,8 @@ class SheetsSql(SqlBase):
             dropped = int(cur.rowcount)
             if keys is not None:
                 rows = c.execute("SELECT idx, row_key FROM map_rows WHERE run_id = ? AND map = ?", (run_id, map))
+                if any("\x00" in key for key in keys):  # compared as stored (PostgreSQL: no NUL)
+                    keys = {self._as_stored(key) for key in keys}
                 gone = [(run_id, map, idx) for idx, key in rows.fetchall() if key not in keys]
                 self._many(c, "DELETE FROM map_rows WHERE run_id = ? AND map = ? AND idx = ?", gone)
                 dropped += len(gone)

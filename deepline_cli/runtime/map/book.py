@@ -119,10 +119,14 @@ class MapBook:
         place (a blank key: `placed`) is always done again: its key says nothing of its input."""
         if idx >= len(self.finished) or not self.finished[idx]:
             return False
-        if placed or self._seed_key[idx] != hash(key):
+        if placed or self._seed_key[idx] != hash(self._as_stored(key)):
             self.unseed(idx)
             return False
         return True
+
+    def _as_stored(self, key: str) -> str:
+        """The input's key as the store keeps it: what an earlier attempt's rows are compared by."""
+        return self.s.io.store.sheets.stored_key(key) if "\x00" in key else key
 
     def unseed(self, idx: int) -> None:
         """The row at `idx` is to be done again (not the one an earlier attempt finished)."""
@@ -202,7 +206,7 @@ class MapBook:
         row = MapRow(self.run_id, self.name, job.idx, job.input_index, job.key, outcome, error, self.sheet, rev)
         row.attempt, row.steps = self.attempt, steps
         row.reused_row, row.reused_cells = reused
-        earlier = self._earlier_said.pop(job.key, None) if self._earlier_said else None
+        earlier = self._earlier_said.pop(self._as_stored(job.key), None) if self._earlier_said else None
         row.found = _prefixes(found, earlier.found if earlier else None)
         said = earlier.fell_back if earlier else None
         # A succeeded row says which failed calls it got past only when the play handled one
@@ -230,7 +234,7 @@ class MapBook:
             order = array.array("q", sorted(self._earlier, key=self._seed_key.__getitem__))
             self._places = array.array("q", (self._seed_key[i] for i in order)), order
         hashes, order = self._places
-        wanted = hash(key)
+        wanted = hash(self._as_stored(key))
         at = bisect.bisect_left(hashes, wanted)
         while at < len(hashes) and hashes[at] == wanted:  # the SQL checks the key itself
             if order[at] != idx:
