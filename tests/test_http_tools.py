@@ -2094,3 +2094,27 @@ def test_a_409_is_asked_again_under_its_key_once_then_under_a_fresh_one(
         project.run(calls(call("ht.email", {"d": 2}), catch=True), refresh_failed=refresh)
     keys = [seen.headers["idempotency-key"] for seen in provider.on("/v1/email")][3:]
     assert len(keys) == 3 and keys[0] == keys[1] != keys[2], keys
+
+
+@pytest.mark.parametrize(
+    ("urls", "warmed"),
+    [
+        (["http://127.0.0.1:9/a", "http://127.0.0.1:9/b"], False),
+        (["http://127.0.0.1:9/a", "https://api.example.com/b"], True),
+        (["{base}/v1/find"], True),  # the scheme is the call's: it may be https
+    ],
+)
+def test_the_tls_context_is_built_before_the_run_only_when_a_tool_may_need_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, urls: list[str], warmed: bool
+) -> None:
+    """Loading the system's certificate authorities costs ~100 ms of CPU; a run whose
+    tools are all plain http (a local provider, a sidecar) never uses them."""
+    from deepline_cli.runtime.providers import http as http_module
+    from deepline_cli.runtime.providers.config import load_config
+
+    built: list[bool] = []
+    monkeypatch.setattr(http_module, "warm_up", lambda: built.append(True))
+    tools = "".join(f'[tools."t.n{i}"]\nurl = "{url}"\nallow_hosts = ["*.example.com"]\n' for i, url in enumerate(urls))
+    (tmp_path / "deepline.toml").write_text(tools)
+    http_module.HttpTools(load_config(tmp_path / "deepline.toml"), None)  # type: ignore[arg-type]
+    assert built == ([True] if warmed else [])

@@ -349,7 +349,8 @@ class HttpTools:
         self.config = config
         self.http = http
         self._defs: dict[str, ToolDef] = {}
-        if config.tools or config.remote:
+        plain = [spec.url for spec in config.tools.values()] + ([config.remote.base_url] if config.remote else [])
+        if any(not url.lower().startswith("http://") for url in plain):  # https, or a scheme a template says
             warm_up()
 
     def definition(self, tool_id: str) -> ToolDef | None:
