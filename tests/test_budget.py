@@ -458,3 +458,211 @@ def test_a_refresh_a_budget_stopped_before_it_began_is_made_by_the_next_resume(d
     assert done.code == 0, done.stderr
     assert done.json_lines()[-1]["output"] == {"rows": 10, "failed": 0}
     assert sorted(map(int, log.read_text().split())) == list(range(10))  # each paid once
+
+
+FINISHING_PLAY = """
+import asyncio
+from deepline_cli import play, tool
+
+@tool("paid.one", credits=1)
+async def one(input):
+    with open(input["log"], "a") as f:
+        f.write(f"{input['i']}\\n")
+    return {"v": input["i"] * 2}
+
+@play("finishing")
+async def finishing(ctx, input):
+    async def cell(row, rc):
+        if row["i"] < 3:  # asked at once, then the row's own work goes on after its answer
+            found = await rc.tools.execute("x", "paid.one", {"i": row["i"], "log": input["log"]})
+            await asyncio.sleep(0.4)
+            return found.output["v"]
+        await asyncio.sleep(0.1)  # these ask once the first three are out: the budget runs out among them
+        return (await rc.tools.execute("x", "paid.one", {"i": row["i"], "log": input["log"]})).output["v"]
+
+    rows = await ctx.map("m", [{"i": i} for i in range(10)], key="i", columns={"v": cell})
+    return {"values": [row["v"] for row in rows]}
+"""
+
+
+def test_rows_whose_calls_all_answered_are_kept_when_another_row_meets_the_budget(
+    deepline: Run, tmp_path: Path
+) -> None:
+    """The budget stopped the run while three rows, their calls answered and paid, were
+    still at their own work: they were dropped with the rows that were refused (`runs show`
+    said 0 succeeded and the export had none of them, though their answers were paid)."""
+    play = tmp_path / "play.py"
+    play.write_text(FINISHING_PLAY)
+    log = tmp_path / "calls.log"
+    payload = json.dumps({"log": str(log)})
+    first = deepline("run", str(play), "--input", payload, "--max-credits", "5", "--run-id", "fin", "--json")
+    assert first.code == 1, first.stderr
+    shown = deepline("runs", "show", "fin", "--json")
+    (m,) = json.loads(shown.stdout)["maps"]
+    paid = sorted(map(int, log.read_text().split()))
+    assert paid[:3] == [0, 1, 2] and len(paid) == 5
+    assert m["succeeded"] >= 3, m  # the first three at least: their answers came before the refusal
+    resumed = deepline("resume", "fin", "--max-credits", "20", "--json")
+    assert resumed.code == 0, resumed.stderr
+    assert resumed.json_lines()[-1]["output"] == {"values": [i * 2 for i in range(10)]}
+    assert sorted(map(int, log.read_text().split())) == list(range(10))  # each paid once
+
+
+CATCHING_PARENT = """
+from deepline_cli import play
+
+@play("parent")
+async def parent(ctx, input):
+    async def person(row, rc):
+        try:
+            return (await rc.run_play("kid", "kid.py", {"i": row["i"], "log": input["log"]}))["v"]
+        except Exception:  # the defensive habit: a child that fails leaves the cell empty
+            return None
+
+    rows = await ctx.map("m", [{"i": i} for i in range(4)], key="i", concurrency=1, columns={"v": person})
+    return {"values": [row["v"] for row in rows]}
+"""
+
+CATCHING_KID = """
+from deepline_cli import play, tool
+
+@tool("paid.kid", credits=1)
+def lookup(input):
+    with open(input["log"], "a") as f:
+        f.write(f"{input['i']}\\n")
+    return {"v": input["i"] * 3}
+
+@play("kid")
+async def kid(ctx, input):
+    async def v(row, rc):
+        return (await rc.tools.execute("l", "paid.kid", {"i": row["i"], "log": row["log"]})).output["v"]
+
+    rows = await ctx.map("k", [input], key="i", columns={"v": v})
+    return {"v": next(iter(rows))["v"]}
+"""
+
+
+def test_a_childs_budget_refusal_the_parent_catches_keeps_no_empty_cell(deepline: Run, tmp_path: Path) -> None:
+    """The refusal met inside a child play's own map, caught by the parent's resolver: the
+    parent's row is not kept with the empty value it made of it; a resume fills it."""
+    (tmp_path / "kid.py").write_text(CATCHING_KID)
+    play = tmp_path / "play.py"
+    play.write_text(CATCHING_PARENT)
+    log = tmp_path / "calls.log"
+    payload = json.dumps({"log": str(log)})
+    assert deepline("run", str(play), "--input", payload, "--max-credits", "2", "--run-id", "kc").code == 1
+    resumed = deepline("resume", "kc", "--max-credits", "10", "--json")
+    assert resumed.code == 0, resumed.stderr
+    assert resumed.json_lines()[-1]["output"] == {"values": [0, 3, 6, 9]}
+    assert sorted(log.read_text().split()) == ["0", "1", "2", "3"]  # each paid once
+
+
+FINISHING_KID = """
+import asyncio
+from deepline_cli import play, tool
+
+@tool("paid.one", credits=1)
+async def one(input):
+    with open(input["log"], "a") as f:
+        f.write(f"{input['i']}\\n")
+    return {"v": input["i"] * 2}
+
+@play("kid")
+async def kid(ctx, input):
+    if input["i"] < 3:  # asked at once, then the child's own work goes on after its answer
+        found = await ctx.tools.execute("x", "paid.one", input)
+        await asyncio.sleep(0.4)
+        return {"v": found.output["v"]}
+    await asyncio.sleep(0.1)  # these ask once the first three are out: the budget runs out among them
+    return {"v": (await ctx.tools.execute("x", "paid.one", input)).output["v"]}
+"""
+
+FINISHING_PARENT = """
+from deepline_cli import play
+
+@play("parent")
+async def parent(ctx, input):
+    async def person(row, rc):
+        return (await rc.run_play("kid", "kid.py", {"i": row["i"], "log": input["log"]}))["v"]
+
+    rows = await ctx.map("m", [{"i": i} for i in range(10)], key="i", columns={"v": person})
+    return {"values": [row["v"] for row in rows]}
+"""
+
+
+def test_child_plays_whose_calls_all_answered_complete_when_a_sibling_meets_the_budget(
+    deepline: Run, tmp_path: Path
+) -> None:
+    """Children finishing their own work after a sibling's call met the budget failed with
+    the budget's error though they met no refusal: their paid answers were in no row
+    (`runs show`: 0 succeeded; the export empty), and the resume ran them again."""
+    (tmp_path / "kid.py").write_text(FINISHING_KID)
+    play = tmp_path / "play.py"
+    play.write_text(FINISHING_PARENT)
+    log = tmp_path / "calls.log"
+    payload = json.dumps({"log": str(log)})
+    first = deepline("run", str(play), "--input", payload, "--max-credits", "5", "--run-id", "kf")
+    assert first.code == 1, first.stderr
+    (m,) = json.loads(deepline("runs", "show", "kf", "--json").stdout)["maps"]
+    assert m["succeeded"] >= 3, m
+    children = [json.loads(line) for line in deepline("runs", "list", "--play", "kid", "--json").stdout.splitlines()]
+    done = [c for c in children if c.get("parent_run_id") == "kf" and c["status"] == "completed"]
+    assert len(done) == m["succeeded"], (m, children)
+    resumed = deepline("resume", "kf", "--max-credits", "20", "--json")
+    assert resumed.code == 0, resumed.stderr
+    assert resumed.json_lines()[-1]["output"] == {"values": [i * 2 for i in range(10)]}
+    assert sorted(map(int, log.read_text().split())) == list(range(10))  # each paid once
+
+
+SWALLOWING_KID = """
+from deepline_cli import play, tool
+
+@tool("paid.kid", credits=1)
+def lookup(input):
+    with open(input["log"], "a") as f:
+        f.write(f"{input['i']}\\n")
+    return {"v": input["i"] * 3}
+
+@play("kid")
+async def kid(ctx, input):
+    try:
+        return {"v": (await ctx.tools.execute("l", "paid.kid", input)).output["v"]}
+    except Exception:  # the child swallows the refusal itself
+        return {"v": None}
+"""
+
+
+def test_a_child_that_catches_its_own_budget_refusal_is_not_completed_with_what_it_made_of_it(
+    deepline: Run, tmp_path: Path
+) -> None:
+    (tmp_path / "kid.py").write_text(SWALLOWING_KID)
+    play = tmp_path / "play.py"
+    play.write_text(CATCHING_PARENT)
+    log = tmp_path / "calls.log"
+    payload = json.dumps({"log": str(log)})
+    assert deepline("run", str(play), "--input", payload, "--max-credits", "2", "--run-id", "ks").code == 1
+    kids = [json.loads(line) for line in deepline("runs", "list", "--play", "kid", "--json").stdout.splitlines()]
+    assert sorted(k["status"] for k in kids) == ["completed", "completed", "failed"], kids
+    resumed = deepline("resume", "ks", "--max-credits", "10", "--json")
+    assert resumed.code == 0, resumed.stderr
+    assert resumed.json_lines()[-1]["output"] == {"values": [0, 3, 6, 9]}
+    assert sorted(log.read_text().split()) == ["0", "1", "2", "3"]  # each paid once
+
+
+def test_a_child_run_stopped_by_the_budget_says_to_resume_its_root_with_a_higher_one(
+    deepline: Run, tmp_path: Path
+) -> None:
+    """A child resumed on its own that meets the budget said `deepline resume CHILD
+    --max-credits N`, which is refused (a child spends its root's budget)."""
+    (tmp_path / "kid.py").write_text(CATCHING_KID)
+    play = tmp_path / "play.py"
+    play.write_text(CATCHING_PARENT.replace("        except Exception:", "        except KeyError:"))
+    log = tmp_path / "calls.log"
+    payload = json.dumps({"log": str(log)})
+    assert deepline("run", str(play), "--input", payload, "--max-credits", "2", "--run-id", "kb").code == 1
+    kids = [json.loads(line) for line in deepline("runs", "list", "--play", "kid", "--json").stdout.splitlines()]
+    (stopped,) = [k for k in kids if k["status"] == "failed"]
+    again = deepline("resume", stopped["run_id"])
+    assert again.code == 1, again.stderr
+    assert "Next: deepline resume kb --max-credits N" in again.stderr, again.stderr
+    assert deepline("resume", "kb", "--max-credits", "10").code == 0

@@ -97,7 +97,8 @@ def _failed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str
         else:
             lines.append("  Next: start a new run that gives it (a resume keeps this run's input).")
     elif error.get("type") == "BudgetExceededError":  # the budget stays with the run: a plain resume stops again
-        lines.append(f"  Next: deepline resume {run_id} --max-credits N (N above the budget it stopped at)")
+        owner = error.get("budget_of") or run_id  # a child's is its root's, raised there (which resumes it)
+        lines.append(f"  Next: deepline resume {owner} --max-credits N (N above the budget it stopped at)")
     elif "deepline resume" not in error.get("message", ""):
         # A tool's own failure that is not transient is kept on its receipt: a plain resume
         # replays it, the flag asks the tool again.

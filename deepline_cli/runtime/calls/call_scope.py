@@ -60,3 +60,11 @@ def enter_cell(scope: CellScope) -> None:
 
 def current_cell() -> CellScope | None:
     return _CELL.get()
+
+
+def hold_back_cell() -> None:
+    """A refusal (the run stopped dispatching, a budget spent) is raised into the current
+    cell's code: its row is not recorded, whatever its resolver makes of it."""
+    cell = _CELL.get()
+    if cell is not None:
+        cell.held_back = True

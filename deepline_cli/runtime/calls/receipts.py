@@ -39,7 +39,7 @@ from deepline_cli.errors import (
 )
 from deepline_cli.runtime.calls.breaker import Breaker
 from deepline_cli.runtime.calls.budget import Budget, Reservation
-from deepline_cli.runtime.calls.call_scope import current_cell
+from deepline_cli.runtime.calls.call_scope import current_cell, hold_back_cell
 from deepline_cli.runtime.calls.events import EventBus
 from deepline_cli.runtime.calls.identity import Identity
 from deepline_cli.runtime.calls.leases import HeldLeases
@@ -208,6 +208,9 @@ class ReceiptBook:
         self._leases = HeldLeases(io, scope.lease_ttl)
         self._tally = CallTally(stats, bus, scope.run_id)
         self._breaker = Breaker()  # shared with child runs: stopping one stops them all
+        # A refusal (the breaker's, the budget's, a child's) was raised into this run's code:
+        # what it returns after that may be made of one (a caught refusal), and is not kept.
+        self.refused = False
         self._unpriced: set[str] = set()  # metered tools whose answers say no price, warned of once
 
     @property
@@ -359,6 +362,8 @@ class ReceiptBook:
                     # The run stops on it even if the play catches it (`except Exception`):
                     # nothing more is sent, and the run fails on the budget, resumable.
                     self._breaker.trip(exc)
+                    self.refused = True
+                    hold_back_cell()
                 raise
             started = self._io.now()
             try:
@@ -492,9 +497,8 @@ class ReceiptBook:
         try:
             self._breaker.check()
         except BaseException:
-            cell = current_cell()
-            if cell is not None:  # a call of a map row's cell that was not sent: the row is not
-                cell.held_back = True  # recorded (what its resolver made of the refusal is no value)
+            self.refused = True
+            hold_back_cell()  # a call of a map row's cell that was not sent: the row is not recorded
             raise
 
     def close(self, reason: BaseException) -> None:

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from deepline_cli import _json
 from deepline_cli._aio import is_awaitable
-from deepline_cli.errors import DeeplineError, UsageError
+from deepline_cli.errors import BudgetExceededError, DeeplineError, UsageError
 from deepline_cli.runtime.calls.call_scope import CellScope, current_cell, enter_cell
 from deepline_cli.runtime.calls.store_thread import Reconnecting, StoreIO
 from deepline_cli.runtime.calls.suspended import Suspended
@@ -373,10 +373,14 @@ class MapRun:
             # A column dropped from the play for now and restored later is computed again:
             # its cell was computed from an input or values this row no longer has.
             cells = {name: cell for name, cell in cells.items() if name in self.column_names}
+        held_back = any(scope.held_back for scope in scopes)
         tripped = self.s.tripped()
-        if tripped is not None:  # the run stopped (a budget refusal…) while the row ran: its
-            raise tripped  # resolver may have caught that and returned a value it is not
-        if any(scope.held_back for scope in scopes):  # a call of the row was held back: no value
+        if tripped is not None and (held_back or not isinstance(tripped, BudgetExceededError)):
+            # The run stopped while the row ran: a refusal met in its cells may have been caught
+            # by its resolver, which returned a value it is not. A budget spent by other rows
+            # leaves this one whole (its calls answered, and are paid): it is recorded.
+            raise tripped
+        if held_back:  # a call of the row was held back: no value
             self.s.check_open()  # the run stopped dispatching (Ctrl-C…): its resolver may have caught that
             if self.stop is not None:
                 raise self.stop  # the map stopped

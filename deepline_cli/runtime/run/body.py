@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepline_cli import _json
-from deepline_cli.errors import DeeplineError, InputError, RunInterrupted, UsageError, error_dict
+from deepline_cli.errors import BudgetExceededError, DeeplineError, InputError, RunInterrupted, UsageError, error_dict
 from deepline_cli.runtime.calls.suspended import Suspended
 from deepline_cli.runtime.map import failures
 from deepline_cli.runtime.run.context import ChildPlays, Context
@@ -47,7 +47,9 @@ async def execute_body(play: PlayDef, s: RunParts, input: Any, children: ChildPl
         return BodyOutcome("failed", error=describe(failure, s, play.file), raised=stop)
     await _flush_journal(s)
     tripped = s.effects.book.tripped
-    if tripped is not None:
+    if tripped is not None and (s.effects.book.refused or not isinstance(tripped, BudgetExceededError)):
+        # The run stopped while the body ran: a refusal it met may have been caught, and its
+        # value made of it. A budget other runs' calls spent leaves a child that met none whole.
         return BodyOutcome("failed", error=describe(tripped, s, play.file), raised=tripped)
     if s.effects.journal.waits:
         # The play caught a Suspended (`asyncio.gather(..., return_exceptions=True)` over
@@ -96,6 +98,8 @@ def describe(exc: BaseException, s: RunParts, play_file: str) -> dict[str, Any]:
         place = failures.where(exc) if isinstance(exc, UsageError | InputError) else None
         if place and place not in error["message"]:  # a call the play made wrong (`limit=0`): where in its code
             error["where"] = place
+        if isinstance(exc, BudgetExceededError) and s.identity.root != s.identity.run_id:
+            error["budget_of"] = s.identity.root  # a child spends its root's budget: that one is raised
     else:  # an error of the play's own code: named by its type, as a map row's is (KeyError: 'domain')
         said = str(exc)  # an exception with no message is named by its type already
         if said and not error["message"].startswith(f"{type(exc).__name__}:"):
