@@ -239,6 +239,24 @@ def test_a_missing_declared_secret_stops_the_run_before_any_provider_request(
     assert cli("run", "play.py", "--quiet").code == 0  # from .env next to the play
 
 
+def test_an_attempt_stopped_by_a_missing_secret_is_one_of_the_runs_attempts_everywhere(
+    tmp_path: Path, cli: Callable[..., Result], provider: Provider
+) -> None:
+    """A resume stopped by a missing secret took the next attempt number but left no
+    attempt record: `runs show` said attempt 3 where its stats and `--full` said 2."""
+    write(tmp_path / "play.py", SECRETS_PLAY)
+    write(tmp_path / "deepline.toml", ECHO_CONFIG, URL=provider.url)
+    (tmp_path / ".env").write_text("DECL_OTHER=from-dotenv-1234\n")
+    waiting = cli("run", "play.py", "--set", "wait=true", "--json", DECL_TOKEN=SECRET)
+    assert waiting.code == 3, waiting.stderr
+    run_id = waiting.json_lines()[-1]["run_id"]
+    assert cli("events", "send", run_id, "go").code == 0
+    assert cli("resume", run_id).code == 2  # attempt 2: the secret is missing
+    assert cli("resume", run_id, "--quiet", DECL_TOKEN=SECRET).code == 0  # attempt 3
+    shown = json.loads(cli("runs", "show", run_id, "--json").stdout)
+    assert (shown["attempt"], shown["stats"]["attempts"]) == (3, 3), shown["stats"]
+
+
 def test_check_reports_declared_secrets_schema_and_budget(tmp_path: Path, cli: Callable[..., Result]) -> None:
     write(
         tmp_path / "play.py",

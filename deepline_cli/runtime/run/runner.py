@@ -291,8 +291,10 @@ class Runner:
         try:
             play = self._load(record, loaded)
             self._prepare(play, record.cwd, snapshot=bool(record.snapshot))
-        except DeeplineError as exc:
+        except DeeplineError as exc:  # a missing secret, a play that no longer loads: the attempt ends at once
             now = self.store.now()
+            self.store.runs.begin_attempt(record.run_id, record.attempt, record.holder or holder_id(), now)
+            self.store.runs.end_attempt(record.run_id, record.attempt, "failed", now)
             self.store.runs.set_status(record.run_id, "failed", holder=None, error=error_dict(exc), finished_at=now)
             raise
         return self._execute(play, record)
