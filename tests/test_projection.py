@@ -123,6 +123,11 @@ def test_projection_math_is_a_prediction_interval() -> None:
     m = project_map(few, MapRecord("r", "leads", "s", total=12, succeeded=12), {"rest_distinct": 300})
     lines = describe({"maps": [m], "credits": 450, "margin": 0, "rest_s": 10})
     assert "1.5 credits/row (from 5 new rows)" in lines[0], lines
+    # Cheap tools (a validator at 0.1 credits a row): a whole-credit estimate said "≈ 0".
+    cheap = PilotSample("leads", row_credits=[0.1] * 3, elapsed_s=1.0)
+    m = project_map(cheap, MapRecord("r", "leads", "s", total=3, succeeded=3), {"rest_distinct": 5})
+    lines = describe({"maps": [m], "credits": 0.5, "margin": 0.04, "rest_s": 1})
+    assert "≈ 0.5 credits (±0.04, 95%)" in lines[-1], lines
 
 
 def test_a_pilots_time_is_its_rows_pace_not_one_rows_retries() -> None:

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from deepline_cli._format import format_credits
 from deepline_cli.runtime.providers.found import is_found
 from deepline_cli.store.records import Cell, MapRecord
 from deepline_cli.store.roles import Store
@@ -245,13 +246,21 @@ def describe(projection: dict[str, Any]) -> list[str]:
         new = sum(m["new_rows"] for m in lists)
         cost = f": the cost of its {new:,} new rows is unknown (no pilot row was paid for), "
     else:
-        cost = f" ≈ {projection['credits']:,.0f} credits (±{projection['margin']:,.0f}, 95%), "
+        cost = f" ≈ {_about(projection['credits'])} credits (±{_about(projection['margin'])}, 95%), "
     besides = f" (not counting {', '.join(projection['unprojected'])})" if projection.get("unprojected") else ""
     lines.append(
         f"full list of {full:,} rows{cost}≈ {_duration(projection['rest_s'])} more at the current rate; "
         f"{paid:,} rows already paid{besides}"
     )
     return lines
+
+
+def _about(credits: float) -> str:
+    """An estimate as figures it can stand for: whole credits from 100 up, else two
+    significant digits (a list of cheap calls costs 0.5, not "≈ 0")."""
+    if credits >= 100:
+        return f"{credits:,.0f}"
+    return format_credits(float(f"{credits:.2g}"))
 
 
 def _duration(seconds: float) -> str:
