@@ -170,13 +170,14 @@ def test_an_empty_file_is_an_input_error(csv_play: Path, store_path: Path, tmp_p
     assert CALLS == []
 
 
-def test_a_ragged_row_names_the_file_and_line(csv_play: Path, store_path: Path, tmp_path: Path) -> None:
+def test_a_ragged_row_fails_alone_naming_the_file_and_line(csv_play: Path, store_path: Path, tmp_path: Path) -> None:
     (tmp_path / "leads.csv").write_text("Name,Domain\na,a.com\nb,b.com\nc,c.com,extra\nd,d.com\n")
 
-    message = input_error(run_play(csv_play, store_path, {"csv": str(tmp_path / "leads.csv")}))
+    result = run_play(csv_play, store_path, {"csv": str(tmp_path / "leads.csv")})
 
-    assert str(tmp_path / "leads.csv") in message
-    assert "line 4" in message
+    assert result.status == "completed", result.error
+    (failed,) = [row for row in result.output["rows"] if "_error" in row]
+    assert failed["_error"].startswith("InputError: leads.csv line 4: 3 fields where the header has 2"), failed
 
 
 @pytest.mark.parametrize("good_rows", [20, 3000], ids=["early", "late"])
@@ -222,7 +223,6 @@ async def rel(ctx, input):
     [
         (b"Name,Domain\nAda,acme.com\n", "required column 'first_name' is missing (looked for 'First Name')"),
         (b"", "empty"),
-        (b"First Name,Domain\nAda,acme.com\nGrace\n", "line 3"),
         (b"First Name,Domain\nAda,acme.com\nGr\xe9ce,globex.io\n", "line 3, column 3: not valid UTF-8 (a spreadsheet"),
         (gzip.compress(b"First Name,Domain\nAda,acme.com\n"), "is gzip-compressed, not a CSV: decompress it first"),
         (b"PK\x03\x04\x14\x00\x06\x00" + bytes(range(256)), "is a zip archive (an Excel .xlsx workbook is one)"),
@@ -235,7 +235,6 @@ async def rel(ctx, input):
     ids=[
         "required",
         "empty",
-        "ragged",
         "undecodable",
         "gzip",
         "xlsx",
@@ -440,14 +439,41 @@ def test_two_columns_one_by_the_plays_rename_name_the_rename(deepline, tmp_path:
 def test_a_short_row_of_a_semicolon_file_is_named_not_read_as_one_column(deepline, tmp_path: Path) -> None:
     """One row of a ';' file one cell short: the file was read as one column ("required
     column 'first_name' is missing (columns: First Name;Domain;…)"). The short row is named,
-    as in a comma file."""
+    as in a comma file, and fails on its own: the rows around it are done."""
     (tmp_path / "play.py").write_text(CLI_PLAY)
     rows = "".join(f"P{i};d{i}.io;{i};\n" for i in range(20))
     (tmp_path / "leads.csv").write_text("First Name;Domain;Phone;Fax\nAda;acme.com;1;\nGrace;globex.io;2\n" + rows)
-    result = deepline("run", "play.py", "--set", "file=leads.csv", "--quiet")
-    assert result.code == 2, result.stderr
+    result = deepline("run", "play.py", "--set", "file=leads.csv", "--json")
+    assert result.code == 0, result.stderr
     said = "leads.csv line 3: 3 fields where the header has 4: no cell for 'Fax' (column 4)."
-    assert said in result.stderr, result.stderr
+    (failed,) = [e for e in result.json_lines() if e.get("kind") == "row.failed"]
+    assert said in failed["message"], failed
+    assert result.json_lines()[-1]["stats"]["rows"]["succeeded"] == 21
+
+
+def test_a_crm_export_that_drops_a_rows_trailing_empty_cells_fails_that_row_alone(deepline, tmp_path: Path) -> None:
+    """A line of fewer cells than the header, deep in a list: the whole run failed (exit 2)
+    part way through, after paying for the rows before it. The row fails on its own, named
+    by its line, before any call for it; the rest of the list is done."""
+    (tmp_path / "play.py").write_text(CLI_PLAY)
+    rows = [f"P{i},d{i}.io,x" for i in range(30)]
+    rows[17] = "Short,short.com"  # line 19
+    (tmp_path / "leads.csv").write_text("First Name,Domain,Extra\n" + "\n".join(rows) + "\n")
+    result = deepline("run", "play.py", "--set", "file=leads.csv", "--json")
+    assert result.code == 0, result.stderr
+    (failed,) = [e for e in result.json_lines() if e.get("kind") == "row.failed"]
+    assert "leads.csv line 19: 2 fields where the header has 3: no cell for 'Extra' (column 3)." in failed["message"]
+    counted = result.json_lines()[-1]["stats"]["rows"]
+    assert (counted["succeeded"], counted["failed"]) == (29, 1), counted
+    # Read by the play itself (not a map), the same line is an error naming it.
+    (tmp_path / "direct.py").write_text(
+        "from deepline_cli import play\n\n"
+        '@play("direct")\n'
+        "async def direct(ctx, input):\n"
+        '    return len(list(ctx.csv(input["file"])))\n'
+    )
+    direct = deepline("run", "direct.py", "--set", "file=leads.csv", "--quiet")
+    assert direct.code == 2 and "leads.csv line 19: 2 fields where the header has 3" in direct.stderr, direct.stderr
 
 
 REWRITTEN = """\
@@ -594,12 +620,14 @@ def test_excels_sep_line_names_the_delimiter(deepline, tmp_path: Path) -> None:
     the header; lines are still counted as the file has them."""
     (tmp_path / "play.py").write_text(CLI_PLAY)
     (tmp_path / "leads.csv").write_bytes(b"sep=;\r\nFirst Name;Domain\r\nAda;acme.com\r\nGrace\r\n")
-    result = deepline("run", "play.py", "--set", "file=leads.csv", "--quiet")
+    result = deepline("run", "play.py", "--set", "file=leads.csv", "--json")
     said = "leads.csv line 4: 1 fields where the header has 2: no cell for 'Domain' (column 2)."
-    assert result.code == 2 and said in result.stderr, result.stderr
+    (failed,) = [e for e in result.json_lines() if e.get("kind") == "row.failed"]
+    assert result.code == 0 and said in failed["message"], result.stderr
     (tmp_path / "leads.csv").write_bytes(b"sep=;\r\nFirst Name;Domain\r\nAda;acme.com\r\nGrace;a;b.io\r\n")
-    longer = deepline("run", "play.py", "--set", "file=leads.csv", "--quiet").stderr
-    assert "line 4: 3 fields where the header has 2: column 3 has no header (a delimiter inside" in longer, longer
+    longer = deepline("run", "play.py", "--set", "file=leads.csv", "--json")
+    (failed,) = [e for e in longer.json_lines() if e.get("kind") == "row.failed"]
+    assert "line 4: 3 fields where the header has 2: column 3 has no header (a delimiter inside" in failed["message"]
     (tmp_path / "leads.csv").write_bytes(b"sep=;\r\nFirst Name;Domain\r\nAda;acme.com\r\nGrace;globex.io\r\n")
     result = deepline("run", "play.py", "--set", "file=leads.csv", "--quiet")
     assert result.code == 0, result.stderr

@@ -93,7 +93,8 @@ class Intake:
         book, seen, csv, limit = self.book, self.seen, self.csv, self.limit
         columns = self.input_columns.keys()
         input_index = -1
-        for input_index, raw in enumerate(self.rows):
+        source = csv.isolating() if csv is not None else self.rows  # a misfit line fails its row alone
+        for input_index, raw in enumerate(source):
             if limit is not None and distinct >= limit:
                 break
             read += 1

@@ -69,7 +69,7 @@ def rest_jobs(engine: PilotMap, counts: RestCounts) -> Iterator[list[PendingRow]
     seen = set(engine.intake.seen)
     csv = engine.intake.csv
     chunk: list[PendingRow] = []
-    for input_index, raw in enumerate(engine.rows):
+    for input_index, raw in enumerate(csv.isolating() if csv is not None else engine.rows):
         if input_index < engine.read:
             continue
         counts.rows += 1

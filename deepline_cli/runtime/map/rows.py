@@ -88,6 +88,7 @@ class CsvSource:
         self._preamble = 0  # lines before the header that are not blank (Excel's `sep=;`)
         self.doubts: list[str] = []  # what reading the file found suspect (the map warns of it)
         self._doubted = 0  # of those, how many were said (the first few are enough)
+        self._misfit: str | None = None  # why the row just read does not fit, if it does not
         header = self._header()
         self._rename = _renames(header, rename or {})
         self._rename.update(_aliases(header, columns or {}, claimed=self._rename))
@@ -193,6 +194,15 @@ class CsvSource:
         return InputError(f"{self.path}: not valid UTF-8{SAVE_AS_UTF8}.")
 
     def __iter__(self) -> Iterator[dict[str, str]]:
+        return self._rows(isolate=False)
+
+    def isolating(self) -> Iterator[dict[str, str]]:
+        """The rows as a map reads them: a line whose cells do not fit the header is a row
+        that fails on its own (`blank` says why), padded or cut to the header; read any
+        other way, it is an error naming its line."""
+        return self._rows(isolate=True)
+
+    def _rows(self, *, isolate: bool) -> Iterator[dict[str, str]]:
         absent = self._absent
         header = self.columns[: len(self.columns) - len(absent)]
         width = len(header)
@@ -216,6 +226,7 @@ class CsvSource:
                         spanned = (start, line, self._rows_in(record, width, start, line))
                     if not "".join(record).strip():  # no cell holds more than whitespace
                         continue  # a blank line, or a row of blank cells (a spreadsheet's trailing `,,`)
+                    self._misfit = None
                     if len(record) != width:
                         if len(record) > width and not any(record[width:]):
                             record = record[:width]  # empty cells under the empty trailing columns
@@ -226,10 +237,13 @@ class CsvSource:
                                 "left open? Close it."
                             )
                         else:
-                            raise InputError(
-                                f"{self.path} line {line}: {len(record)} fields where the header has {width}: "
-                                + _misfit(heading, len(record), width)
+                            said = f"{len(record)} fields where the header has {width}: " + _misfit(
+                                heading, len(record), width
                             )
+                            if not isolate:
+                                raise InputError(f"{self.path} line {line}: {said}")
+                            self._misfit = f"{self.path.name} line {line}: {said}"  # this row fails, not the map
+                            record = (record + [""] * width)[:width]
                     row = dict(zip(header, record, strict=False))  # as long as the header: checked above
                     for name in absent:
                         row[name] = ""
@@ -290,7 +304,10 @@ class CsvSource:
         return False
 
     def blank(self, row: Mapping[str, Any]) -> str | None:
-        """Why the row just read cannot be used: a required column with no value in it."""
+        """Why the row just read cannot be used: its line's cells do not fit the header, or a
+        required column has no value in it."""
+        if self._misfit is not None:
+            return f"InputError: {self._misfit}"
         for name in self.required:
             if is_blank(row.get(name)):
                 return f"InputError: required column {name!r} is blank ({self.where()})"
