@@ -131,6 +131,42 @@ def test_a_map_whose_first_rows_all_fail_the_same_way_stops(
     assert len(log.read_text()) < 40
 
 
+ALL_IN_FLIGHT = """
+import asyncio
+from deepline_cli import ToolExecutionError, play, tool
+
+@tool("t.find")
+async def find(input):
+    await asyncio.sleep(0.2)  # a provider's latency: every row of the list is in flight at once
+    if input["domain"].startswith("unknown"):
+        raise ToolExecutionError("404 from t.find: no such company", category="validation", status_code=404)
+    return {"name": input["domain"]}
+
+@play("accounts")
+async def accounts(ctx, input):
+    rows = [{"domain": f"unknown-x{i}.com"} for i in range(25)] + [{"domain": f"good{i}.com"} for i in range(10)]
+    done = await ctx.map("accts", rows, key="domain", columns={
+        "co": lambda row, rc: rc.tools.execute("co", "t.find", {"domain": row["domain"]}),
+    })
+    return done.failed_count
+"""
+
+
+def test_a_map_whose_every_row_ended_completes_though_its_first_rows_failed_the_same_way(
+    deepline: Run, write_play: Callable[..., Path]
+) -> None:
+    """A list sorted by domain starting with 25 companies the provider does not know (404),
+    every row in flight at once: all 35 ended, 10 found, yet the map was "stopped" as
+    systemic, the run failed, and its advice (--refresh-failed) paid the 25 again. A stop
+    that held nothing back is no stop: the map completes with its failed rows."""
+    write_play(ALL_IN_FLIGHT)
+    result = deepline("run", "play.py", "--json")
+    assert result.code == 0, result.stderr
+    finished = result.json_lines()[-1]
+    assert (finished["status"], finished["output"]) == ("completed", 25)
+    assert finished["stats"]["rows"]["succeeded"] == 10
+
+
 ISOLATED = """
 from deepline_cli import ProviderTransientError, play, tool
 

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from deepline_cli import _json
 from deepline_cli._aio import is_awaitable
-from deepline_cli.errors import BudgetExceededError, DeeplineError, UsageError
+from deepline_cli.errors import BudgetExceededError, DeeplineError, SystemicFailure, UsageError
 from deepline_cli.runtime.calls.call_scope import CellScope, current_cell, enter_cell
 from deepline_cli.runtime.calls.store_thread import Reconnecting, StoreIO
 from deepline_cli.runtime.calls.suspended import Suspended
@@ -153,10 +153,17 @@ class MapRun:
                 worker.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
             raise
+        if isinstance(self.stop, SystemicFailure) and self._every_row_ended():
+            self.stop = None  # it held nothing back (every row was in flight): the map completes
         if self.stop is not None:
             raise self.stop
         if self.waiting:
             raise self.waiting[0]  # every one's boundary is stored: the run waits for them all
+
+    def _every_row_ended(self) -> bool:
+        """Has every row of the input ended, succeeded or failed (none left undone)?"""
+        tally = self.book.tally
+        return self.intake.read_whole and tally.succeeded_all + tally.failed == self.distinct
 
     def _fed_by_pilot(self) -> dict[str, Any] | None:
         """A map over the rows of a map a limit cut (a pilot): for the full list it will run on
