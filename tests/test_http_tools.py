@@ -1450,6 +1450,25 @@ def test_ctx_fetch_is_durable_retries_5xx_and_redacts_secrets(project: Project, 
     assert_no_secret(project.store, SECRET.encode())
 
 
+FETCH_RETRIES_PLAY = """\
+from deepline_cli import play
+
+
+@play("fetchretries")
+async def fetchretries(ctx, input):
+    page = await ctx.fetch("page", input["url"] + "/f/busy")
+    return [page.ok, page.status]
+"""
+
+
+def test_ctx_fetch_retries_as_often_as_a_tool_by_default(project: Project, provider: LoopbackProvider) -> None:
+    """A tool is retried up to 5 times (SPEC §3); `ctx.fetch` gave up after 3."""
+    project.play(FETCH_RETRIES_PLAY, "retries.py")
+    provider.script("/f/busy", ["500", "500", "500", "500", "ok"])
+    assert project.run({"url": provider.url}, play="retries.py").output == [True, 200]
+    assert len(provider.on("/f/busy")) == 5
+
+
 FETCH_4XX_PLAY = """\
 from deepline_cli import play
 

@@ -59,6 +59,7 @@ _REMOTE_KEYS = {
     "credits": (int, float, dict),
     "proxy": str,
 }
+RETRIES = 5  # network errors, 5xx and 429, by default (SPEC §3): tools, remote tools and ctx.fetch
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP token (RFC 9110)
 _BATCH_KEYS = {"max_size": int, "max_wait_ms": (int, float), "items_field": str, "results_field": str}
 
@@ -76,7 +77,7 @@ class HttpToolSpec:
     rate_limit: str | None = None
     concurrency: int | None = None
     timeout_s: float = 30.0
-    retries: int = 5
+    retries: int = RETRIES
     idempotency_header: str = "Idempotency-Key"
     batch: dict[str, Any] | None = None
     version: str = "1"
@@ -104,7 +105,7 @@ class RemoteSpec:
     base_url: str
     api_key_env: str = "DEEPLINE_API_KEY"
     timeout_s: float = 60.0
-    retries: int = 5
+    retries: int = RETRIES
     # Declared credits per call: by tool id, "*" for every other remote tool. A remote
     # answer that carries its own `credits` is billed at that; the declaration is what
     # the budget reserves before the call.

@@ -19,6 +19,7 @@ from deepline_cli.runtime.map.dataset import Dataset
 from deepline_cli.runtime.map.engine import MapRun
 from deepline_cli.runtime.map.host import MapParts
 from deepline_cli.runtime.map.rows import CsvSource, RowKey
+from deepline_cli.runtime.providers.config import RETRIES
 from deepline_cli.runtime.providers.http import FetchResult, Request, fetch_once
 from deepline_cli.runtime.providers.tools import ToolCall
 from deepline_cli.runtime.run import suspension
@@ -153,7 +154,9 @@ class Context:
             if not any(name.lower() == "idempotency-key" for name in sent):
                 sent["Idempotency-Key"] = info.idempotency_key
             request = Request(method.upper(), url, sent, {}, json)
-            return await fetch_once(self._s.effects.http, request, label=id, timeout_s=timeout_s, retries=3, call=info)
+            return await fetch_once(
+                self._s.effects.http, request, label=id, timeout_s=timeout_s, retries=RETRIES, call=info
+            )
 
         stored = (await self._s.effects.book.execute(call, invoke)).value
         return FetchResult(stored["ok"], stored["status"], stored["headers"], stored["text"])
