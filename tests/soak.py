@@ -17,6 +17,8 @@ the paused process wakes it must stop (exit 4) without sending or writing anythi
 
     python tests/soak.py --events 50 --rows 2000                  # SQLite
     python tests/soak.py --events 50 --store postgresql://postgres@127.0.0.1:5432/soak
+    python tests/soak.py --events 30 --latency-ms 300 --faults stop --pg-idle-s 1 --store postgresql://…/soak
+                                    # every fault a pause; the server ends a paused transaction's session
 """
 
 from __future__ import annotations
@@ -103,6 +105,8 @@ class Soak:
     ttl: float = 2.0
     latency_s: float = 1.0  # slow enough that the run outlasts the faults
     seed: int = 1
+    kinds: tuple[str, ...] = ("kill", "kill", "stop", "term")  # drawn from for each fault
+    pg_idle_s: float | None = None  # the server's idle-in-transaction bound (PostgreSQL), if not the default
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="deepline-soak-")))
     faults: list[str] = field(default_factory=list)  # kill | stop | term, in order
     takeovers: int = 0
@@ -114,7 +118,10 @@ class Soak:
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DEEPLINE_")}
-        return {**env, "DEEPLINE_STORE": self.store, "DEEPLINE_LEASE_TTL": str(self.ttl), "PYTHONUNBUFFERED": "1"}
+        env = {**env, "DEEPLINE_STORE": self.store, "DEEPLINE_LEASE_TTL": str(self.ttl), "PYTHONUNBUFFERED": "1"}
+        if self.pg_idle_s is not None:  # short: a process paused inside a transaction has its session ended
+            env["DEEPLINE_PG_IDLE_IN_TRANSACTION_S"] = str(self.pg_idle_s)
+        return env
 
     def start(self) -> Process:
         """`run --run-id`: starts the run, or resumes it (how a CI job reruns), calling the
@@ -156,7 +163,7 @@ class Soak:
         return self._finish(proc)
 
     def _fault(self, proc: Process) -> Process:
-        kind = random.choice(["kill", "kill", "stop", "term"])
+        kind = random.choice(self.kinds)
         self.faults.append(kind)
         if kind == "kill":
             proc.popen.kill()
@@ -292,8 +299,13 @@ def main() -> None:
     parser.add_argument("--store", default=None, help="a store URL; default: a SQLite file in a temp folder")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--latency-ms", type=float, default=1000.0)
+    parser.add_argument("--faults", default="kill,kill,stop,term", help="the faults drawn from, e.g. stop")
+    parser.add_argument("--pg-idle-s", type=float, default=None, help="PostgreSQL's idle-in-transaction bound")
     args = parser.parse_args()
-    soak = Soak(store="", rows=args.rows, events=args.events, seed=args.seed, latency_s=args.latency_ms / 1000)
+    soak = Soak(
+        store="", rows=args.rows, events=args.events, seed=args.seed, latency_s=args.latency_ms / 1000,
+        kinds=tuple(args.faults.split(",")), pg_idle_s=args.pg_idle_s,
+    )  # fmt: skip
     soak.store = args.store or str(soak.work / "soak.db")
     result = soak.run()
     print(json.dumps(result), flush=True)
