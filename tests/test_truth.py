@@ -556,6 +556,15 @@ def test_a_verdict_says_one_credit_and_two_credits() -> None:
     assert one.endswith(", 1 credit.") and many.endswith(", 2.5 credits."), (one, many)
 
 
+def test_a_verdict_of_several_maps_says_its_rows_are_theirs() -> None:
+    """Two maps (3 companies, then 2 people found at them) said "5 rows": a list of 5."""
+    rows = {"succeeded": 4, "failed": 1}
+    two = verdict("r-1", "completed", {"rows": rows, "maps": ["first", "second"], "duration_s": 1}, None)[0]
+    one = verdict("r-2", "completed", {"rows": rows, "maps": ["only"], "duration_s": 1}, None)[0]
+    assert ": 5 rows of 2 maps (4 succeeded, 1 failed)," in two, two
+    assert ": 5 rows (4 succeeded, 1 failed)," in one, one
+
+
 # A waterfall whose first step fails at once and whose second costs a credit: a budget of 1
 # stops the map while a row's first step has failed and its second was not made.
 STOPPED_MID_WATERFALL = """

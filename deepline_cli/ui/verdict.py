@@ -47,7 +47,8 @@ def _paid_for(stats: dict[str, Any]) -> str:
 
 def _completed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str) -> list[str]:
     rows = stats.get("rows") or {}
-    lines = [f"✓ Run {run_id} completed in {clock(stats.get('duration_s', 0))}{_rows(rows)}, {_credits(stats)}."]
+    said = _rows(rows, len(stats.get("maps") or ()))
+    lines = [f"✓ Run {run_id} completed in {clock(stats.get('duration_s', 0))}{said}, {_credits(stats)}."]
     tools = stats.get("tools") or {}
     # Calls made: failures given back from earlier runs' receipts made no request.
     live = sum(c.get("live", 0) + c.get("failed", 0) - c.get("kept", 0) for c in tools.values())
@@ -160,14 +161,16 @@ _SAYS = {
 }
 
 
-def _rows(rows: dict[str, Any]) -> str:
+def _rows(rows: dict[str, Any], maps: int = 1) -> str:
+    """`: 290 rows (281 succeeded, 9 failed, 12 duplicate)`; the rows of several maps are said to be theirs."""
     total = rows.get("succeeded", 0) + rows.get("failed", 0)
     if not total and not rows.get("duplicate"):
         return ""
     parts = [f"{rows.get('succeeded', 0):,} succeeded", f"{rows.get('failed', 0):,} failed"]
     if rows.get("duplicate"):
         parts.append(f"{rows['duplicate']:,} duplicate")
-    return f": {counted(total, 'row')} ({', '.join(parts)})"
+    of = f" of {maps} maps" if maps > 1 else ""
+    return f": {counted(total, 'row')}{of} ({', '.join(parts)})"
 
 
 def row_origin(rows: dict[str, Any]) -> str:
