@@ -128,6 +128,10 @@ def test_projection_math_is_a_prediction_interval() -> None:
     m = project_map(cheap, MapRecord("r", "leads", "s", total=3, succeeded=3), {"rest_distinct": 5})
     lines = describe({"maps": [m], "credits": 0.5, "margin": 0.04, "rest_s": 1})
     assert "≈ 0.5 credits (±0.04, 95%)" in lines[-1], lines
+    # A second pilot (its first rows from the first's sheet): its figure is its own spend and
+    # the rest's, so it says both, and what is left to pay.
+    lines = describe({"maps": [m], "credits": 30, "margin": 0, "rest_s": 1, "spent": 12})
+    assert "≈ 30 credits (±0, 95%): 12 spent by this run, ≈ 18 more; " in lines[-1], lines
 
 
 def test_a_pilots_time_is_its_rows_pace_not_one_rows_retries() -> None:

@@ -246,7 +246,14 @@ def describe(projection: dict[str, Any]) -> list[str]:
         new = sum(m["new_rows"] for m in lists)
         cost = f": the cost of its {new:,} new rows is unknown (no pilot row was paid for), "
     else:
-        cost = f" ≈ {_about(projection['credits'])} credits (±{_about(projection['margin'])}, 95%), "
+        # From this run's start: what it paid, and what the rest will (the pilot's rows an
+        # earlier pilot paid for are in neither: a second pilot's figure is lower than the first's).
+        spent = projection.get("spent") or 0.0
+        more = max(0.0, projection["credits"] - spent)
+        cost = (
+            f" ≈ {_about(projection['credits'])} credits (±{_about(projection['margin'])}, 95%): "
+            f"{format_credits(spent)} spent by this run, ≈ {_about(more)} more; "
+        )
     besides = f" (not counting {', '.join(projection['unprojected'])})" if projection.get("unprojected") else ""
     lines.append(
         f"full list of {full:,} rows{cost}≈ {_duration(projection['rest_s'])} more at the current rate; "
