@@ -796,6 +796,41 @@ def test_receipts_inspect_lists_and_filters_the_receipts_of_a_run(deepline, basi
     assert len(found) == sum(r["key"].startswith(prefix) for r in receipts)
 
 
+REFRESHED_PLAY = """
+from deepline_cli import Column, play, tool
+
+@tool("t.rev", credits=1)
+def rev(input):
+    with open(input["log"], "a") as f:
+        f.write("x")
+    with open(input["log"]) as f:
+        return {"rev": len(f.read())}
+
+@play("refreshed")
+async def refreshed(ctx, input):
+    async def firm(row, rc):
+        return (await rc.tools.execute("rev", "t.rev", {"d": row["d"], "log": input["log"]})).output["rev"]
+
+    rows = await ctx.map("m", [{"d": "a.com"}], key="d", columns={"firm": Column(firm, stale_after_seconds=0)})
+    return [row["firm"] for row in rows]
+"""
+
+
+def test_receipts_inspect_of_a_run_shows_the_answer_it_paid_though_a_later_run_refreshed_it(
+    deepline, write_play, tmp_path: Path
+) -> None:
+    """Run A refreshed a receipt (generation 2), run B refreshed it again (3): `receipts
+    inspect --run A` listed generation 3, B's, as A's, while A's export shows its own."""
+    play = write_play(REFRESHED_PLAY)
+    payload = _json.dumps_str({"log": str(tmp_path / "calls.log")})
+    for run_id in ("first", "a", "b"):
+        assert deepline("run", str(play), "--input", payload, "--run-id", run_id).code == 0
+    (paid,) = run_json(deepline, "receipts", "inspect", "--run", "a")
+    assert (paid["run_id"], paid["generation"], paid["output"]) == ("a", 2, {"rev": 2}), paid
+    (latest,) = run_json(deepline, "receipts", "inspect", "--run", "b")
+    assert (latest["run_id"], latest["generation"], latest["output"]) == ("b", 3, {"rev": 3}), latest
+
+
 def test_receipts_inspect_rejects_an_unknown_status(deepline) -> None:
     result = deepline("receipts", "inspect", "--status", "bogus")
     assert result.code == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any
@@ -92,7 +93,8 @@ def inspect(
         query = ReceiptQuery(key_prefix, run, status, tool, limit)
         # Written as read (a table keeps its rows' few fields, to lay them out): a run's hundreds
         # of thousands of receipts, their inputs and answers, are never all in memory.
-        with contextlib.closing(db.receipts.iter_receipts(query)) as found:
+        with contextlib.closing(db.receipts.iter_receipts(query)) as listed:
+            found = _as_run_paid(listed, db, run) if run is not None else listed
             if json:
                 print_json_lines(
                     {**receipt_dict(r), **(_history(db.receipts.receipt_history(r.key)) if history else {})}
@@ -102,6 +104,23 @@ def inspect(
                 _print(found, db.receipts.receipt_history if history else None, full=full, key_prefix=key_prefix)
     finally:
         db.close()
+
+
+def _as_run_paid(found: Iterator[Any], db: Any, run: str) -> Iterator[Any]:
+    """A run's receipts as that run left them: one it paid for whose answer a later run
+    paid for again (a refresh) is shown with the generation this run paid, not the later
+    one (its export shows that one too). Only refreshed receipts are looked up again."""
+    for r in found:
+        if r.generation > 1 and r.run_id != run:
+            paid = [g for g in db.receipts.receipt_history(r.key) if g.run_id == run]
+            if paid:
+                g = paid[-1]
+                r = dataclasses.replace(
+                    r, run_id=g.run_id, attempt=g.attempt or r.attempt, generation=g.generation, output=g.output,
+                    credits=g.credits, completed_at=g.completed_at, idempotency_key=g.idempotency_key,
+                    status="completed", error=None, failure_kind=None,
+                )  # fmt: skip
+        yield r
 
 
 def _print(
