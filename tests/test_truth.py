@@ -1096,3 +1096,33 @@ def test_a_failure_given_back_then_answered_by_a_resume_counts_as_answered(write
     assert resumed.status == "completed", resumed.error
     counts = resumed.stats["tools"]["t.lookup"]
     assert (counts["live"], counts["reused"], counts["failed"], counts["kept"]) == (0, 1, 0, 0), counts
+
+
+PACED_PLAY = """
+import time
+from deepline_cli import Column, play
+
+def slow(row):
+    time.sleep(0.02 if row["n"] >= 200 else 0)  # the row's own work: the 20 new rows take 0.4 s at least
+    return row["n"] * 2
+
+@play("paced")
+async def paced(ctx, input):
+    rows = [{"n": n} for n in range(input["rows"])]
+    done = await ctx.map("m", rows, key="n", concurrency=1, columns={"v": Column(slow, depends_on=[])})
+    return len(done)
+"""
+
+
+def test_the_rate_counts_the_rows_computed_now_not_those_taken_back_from_the_sheet(write_play, store_path) -> None:
+    """200 rows an earlier run made, taken back whole at once, then 20 new ones at 50 a second:
+    the rate said ~200 rows/s, the ETA of a long list a few seconds where it would take minutes."""
+    play = write_play(PACED_PLAY)
+    assert run_play(play, store_path, {"rows": 200}).status == "completed"
+    seen: list[Any] = []
+    bus = EventBus()
+    bus.subscribe(lambda event: seen.append(event) if event.event == "map.progress" else None)
+    assert run_play(play, store_path, {"rows": 220}, bus=bus).status == "completed"
+    last = seen[-1].data
+    assert (last["done"], last["reused"]) == (220, 200), last
+    assert last["rows_per_s"] <= 50.5, last  # 20 rows computed in 0.4 s or more

@@ -371,7 +371,11 @@ class MapBook:
         t = self.tally
         done = t.succeeded_all + t.failed + t.failing
         elapsed = max(time.monotonic() - self.started, 1e-6)
-        rate = (t.succeeded + t.failed - t.kept) / elapsed  # kept: an earlier attempt's rows, taken back whole
+        # The rows this attempt computed: not an earlier attempt's taken back whole (kept), nor
+        # rows taken whole from earlier runs' sheet rows (at once: they would promise an ETA
+        # of seconds to a list whose new rows take minutes).
+        computed = t.succeeded + t.failed - t.kept - (t.reused - t.seeded_reused)
+        rate = computed / elapsed
         left = self.distinct_in(total) - done if total else 0
         eta = left / rate if total and rate > 0 else None
         self.s.bus.emit(
