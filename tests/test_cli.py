@@ -1224,3 +1224,36 @@ def test_a_keyword_connection_string_as_the_store_is_refused_without_its_passwor
     odd = tmp_path / "runs-12:30:00@prod.db"
     missing = deepline("runs", "list", "--store", str(odd))
     assert str(odd) in missing.stderr + missing.stdout, missing.stderr
+
+
+RESUMED_AFTER_MAP_PLAY = """
+from pathlib import Path
+from deepline_cli import play
+
+@play("after-map")
+async def after_map(ctx, input):
+    rows = await ctx.map("m", [{"n": n} for n in range(5)], key="n", columns={
+        "v": lambda row: 1 // (row["n"] - 2),  # row 2 fails: a failure line and the summary
+    })
+    if Path(input["flag"]).exists():
+        raise RuntimeError("stopped after the map")
+    return len(rows)
+"""
+
+
+def test_a_resume_that_replays_a_finished_map_does_not_log_its_summary_again(
+    deepline, write_play, tmp_path: Path
+) -> None:
+    """Each resume wrote the finished map's "Map completed" and failed-row lines again:
+    `runs logs` of a run resumed twice said its map completed three times."""
+    play = write_play(RESUMED_AFTER_MAP_PLAY)
+    flag = tmp_path / "flag"
+    flag.touch()
+    payload = _json.dumps_str({"flag": str(flag)})
+    assert deepline("run", str(play), "--input", payload, "--run-id", "am").code == 1
+    assert deepline("resume", "am").code == 1
+    flag.unlink()
+    assert deepline("resume", "am").code == 0
+    lines = deepline("runs", "logs", "am").stdout.splitlines()
+    assert sum("Map completed: 5 results (4 succeeded, 1 failed" in line for line in lines) == 1, lines
+    assert sum("row 2 failed: ZeroDivisionError" in line for line in lines) == 1, lines

@@ -8,6 +8,7 @@ import array
 import asyncio
 import bisect
 import contextlib
+import hashlib
 import time
 from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
@@ -397,11 +398,12 @@ class MapBook:
     async def log_summary(self, record: MapRecord) -> None:
         """The map's log lines (exact wording: the SPEC's): its first failed rows, how many
         more were left out, and how it ended."""
-        s = self.s
+        say = self._say
         if record.failed:
+            s = self.s
             failed = await s.io.call(s.io.store.sheets.failed_map_rows, self.run_id, self.name, FAILURES_LOGGED)
             for row in failed:
-                s.log(
+                say(
                     f"row {row.row_key} failed: {row.error}",
                     level="warning",
                     kind="row.failed",
@@ -409,13 +411,13 @@ class MapBook:
                 )
             if record.failed > FAILURES_LOGGED:
                 omitted = record.failed - FAILURES_LOGGED
-                s.log(
+                say(
                     f"{omitted} additional row failure(s) omitted from map log",
                     level="warning",
                     kind="row.failed.omitted",
                     fields={"map": self.name, "omitted": omitted},
                 )
-        s.log(
+        say(
             f"Map completed: {record.total} results ({record.succeeded} succeeded, {record.failed} "
             f"failed, {record.duplicate} duplicate keys skipped)",
             kind="map.completed",
@@ -427,6 +429,12 @@ class MapBook:
                 "duplicate": record.duplicate,
             },
         )
+
+    def _say(self, message: str, **given: Any) -> None:
+        """A line of the map's own (its summary): written once per run, however many resumes
+        replay the finished map (a summary that changed, its failed rows asked again, is new)."""
+        key = "map:" + hashlib.sha256(f"{self.name}\0{message}".encode()).hexdigest()[:32]
+        self.s.log(message, key=key, **given)
 
 
 def _prefixes(keys: Iterable[str] | None, earlier: list[str] | None) -> list[str] | None:
