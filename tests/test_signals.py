@@ -367,6 +367,32 @@ def test_a_view_whose_reader_goes_away_interrupts_the_run_resumable(tmp_path: Pa
         assert held == [], "the calls out were recorded, none left held"
 
 
+@pytest.mark.process
+def test_a_json_reader_that_goes_away_stops_the_run_and_says_so(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """`deepline run --json | head -1`: the run stopped (exit 130, resumable) without a word
+    on the terminal, as if it had crashed."""
+    from tests.provider import Provider, ProviderServer
+
+    with ProviderServer(Provider()) as provider:
+        provider.default_fault = "slow:0.5"
+        toml = f'[tools."quota.lookup"]\nurl = "{provider.url}/quota"\nconcurrency = 4\n'
+        (tmp_path / "deepline.toml").write_text(toml)
+        (tmp_path / "play.py").write_text(PACED_PLAY.replace("range(2)", "range(40)"))  # 5 s at 4 at a time
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deepline_cli", "run", "play.py", "--run-id", "headed", "--json"],
+            cwd=tmp_path, env={**cli_env, "DEEPLINE_PROGRESS_EVERY_S": "0"}, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.readline()  # `head -1`: the first event, then the reader goes away
+        proc.stdout.close()
+        assert proc.wait(timeout=60) == 130
+        said = proc.stderr.read().decode()
+        proc.stderr.close()
+        assert "Run headed stopped: the reader of its --json output went away; `deepline resume headed`" in said, said
+        assert run_status(Path(cli_env["DEEPLINE_STORE"]), "headed") == "interrupted"
+
+
 IN_FLIGHT_PLAY = """
 from deepline_cli import play
 

@@ -37,6 +37,7 @@ class NdjsonView:
         self.on_closed = on_closed
         self.closed = False
         self.failure: Exception | None = None  # why stdout could not be written (not a reader gone)
+        self.reader_gone = False  # the reader closed its end (`--json | head -1`): the run was stopped for it
         self._lines: queue.Queue[str | None] | None = None  # to the writer thread, while there is one
         self._writer: threading.Thread | None = None
         self._written = False  # a line went out: the output can be written (later ones go by the thread)
@@ -84,7 +85,9 @@ class NdjsonView:
         if self._to_stdout and self.stream is not None:
             with contextlib.suppress(OSError, ValueError):
                 silence(self.stream.fileno())
-        if not isinstance(exc, BrokenPipeError):  # no reader to tell, the user is: said once the run ended
+        if isinstance(exc, BrokenPipeError):
+            self.reader_gone = True
+        else:  # no reader to tell, the user is: said once the run ended
             self.failure = exc
         if self.on_closed is not None:
             self.on_closed()
@@ -95,6 +98,12 @@ class NdjsonView:
         command: an output a script will read (a full disk) does, a closed stdout does not."""
         exc = self.failure
         if exc is None:
+            if self.reader_gone and status == "interrupted":  # stopped for it: said, or it looks like a crash
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    sys.stderr.write(
+                        f"Run {run_id} stopped: the reader of its --json output went away; "
+                        f"`deepline resume {run_id}` finishes it.\n"
+                    )
             return False
         said = f"the --json output could not be written ({getattr(exc, 'strerror', None) or exc})"
         closed = getattr(exc, "errno", None) == errno.EBADF
