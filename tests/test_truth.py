@@ -481,7 +481,10 @@ def test_a_narrow_terminal_keeps_live_and_never_breaks_a_command() -> None:
         "    every failed row:",
         "    deepline runs logs r-9533f2ab747f",
     ]
-    waiting = "  Next: once it is due (a worker resumes it by itself): deepline resume r-9533f2ab747f"
+    waiting = (
+        "  Next: once it is due (if a worker runs on this store, it resumes the run by itself): "
+        "deepline resume r-9533f2ab747f"
+    )
     assert next_lines(waiting, 50)[-1] == "    deepline resume r-9533f2ab747f"
 
 
@@ -554,6 +557,16 @@ def test_a_verdict_says_one_credit_and_two_credits() -> None:
     one = verdict("r-1", "completed", {"credits": 1, "duration_s": 1}, None)[0]
     many = verdict("r-2", "completed", {"credits": 2.5, "duration_s": 1}, None)[0]
     assert one.endswith(", 1 credit.") and many.endswith(", 2.5 credits."), (one, many)
+
+
+def test_a_pilots_verdict_says_how_to_run_the_full_list() -> None:
+    """A pilot's `Next:` named only its export; a resume keeps the limit, so a person was
+    left to find that the full list is a new run without --limit."""
+    projection = {"credits": 10, "margin": 1, "rest_s": 1, "spent": 2, "maps": []}
+    stats = {"rows": {"succeeded": 5}, "duration_s": 1, "projection": projection}
+    said = verdict("r-1", "completed", stats, None, "pilot")[-1]
+    assert "the full list: the same command without --limit" in said, said
+    assert "without --limit" not in verdict("r-2", "completed", {**stats, "projection": None}, None, "p")[-1]
 
 
 def test_a_verdict_of_several_maps_says_its_rows_are_theirs() -> None:

@@ -521,7 +521,7 @@ def test_a_worker_goes_on_with_a_run_started_by_hand_whose_child_play_waits(cli:
     write(tmp_path / "play.py", NAP_PLAY)
     started = cli("run", "play.py:nap_parent", "--run-id", "np1", "--max-inline-wait", "0")
     assert started.code == 3, started.stderr
-    assert "a worker resumes it by itself" in started.stderr
+    assert "(if a worker runs on this store, it resumes the run by itself)" in started.stderr
     with opened(cli.store) as store:
         [child] = [r for r in store.runs.list_runs() if r.parent_run_id == "np1"]
         [nap] = store.suspension.boundaries(child.run_id)
@@ -600,7 +600,7 @@ def test_a_worker_says_which_event_an_enqueued_run_waits_for(cli: CLI, tmp_path:
     run_id = cli.enqueue("play.py", log=str(tmp_path / "tools.log"))
     worker = cli.worker_once()
     assert f"… Run {run_id} is waiting: for event 'approve' (deepline events send {run_id} approve)." in worker.stderr
-    assert "Next: once its event is sent (a worker resumes it by itself)" in worker.stderr, worker.stderr
+    assert "Next: once its event is sent (if a worker runs on this store" in worker.stderr, worker.stderr
     sent = cli("events", "send", run_id, "approve")
     assert sent.code == 0 and f"A `deepline worker` on this store continues run {run_id}" in sent.stderr, sent.stderr
 

@@ -68,6 +68,8 @@ def _completed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: 
         steps.append(_export(run_id, play or "rows", stats.get("maps") or []))
     if rows.get("failed"):
         steps.append(f"every failed row: deepline runs logs {run_id} --kind row.failed")
+    if stats.get("projection"):  # a pilot: a resume keeps its limit, the full list is a run of its own
+        steps.append("the full list: the same command without --limit (the pilot's rows are not paid again)")
     if steps:
         lines.append("  Next: " + " · ".join(steps))
     return lines
@@ -139,7 +141,8 @@ def _waiting(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: st
     when = "once its event is sent" if any(b["kind"] == "event" for b in waiting) else "once it is due"
     return [
         f"… Run {run_id} is waiting: {describe_waiting(waiting)}.",
-        f"  Next: {when} (a worker resumes it by itself): deepline resume {run_id}",
+        # Nothing resumes it by itself unless a worker runs on the store: said as the condition it is.
+        f"  Next: {when} (if a worker runs on this store, it resumes the run by itself): deepline resume {run_id}",
     ]
 
 
