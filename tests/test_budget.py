@@ -460,7 +460,7 @@ def test_a_refresh_a_budget_stopped_before_it_began_is_made_by_the_next_resume(d
     assert sorted(map(int, log.read_text().split())) == list(range(10))  # each paid once
 
 
-FINISHING_PLAY = """
+PAID_ONE = """
 import asyncio
 from deepline_cli import play, tool
 
@@ -469,7 +469,11 @@ async def one(input):
     with open(input["log"], "a") as f:
         f.write(f"{input['i']}\\n")
     return {"v": input["i"] * 2}
+"""
 
+FINISHING_PLAY = (
+    PAID_ONE
+    + """
 @play("finishing")
 async def finishing(ctx, input):
     async def cell(row, rc):
@@ -483,6 +487,7 @@ async def finishing(ctx, input):
     rows = await ctx.map("m", [{"i": i} for i in range(10)], key="i", columns={"v": cell})
     return {"values": [row["v"] for row in rows]}
 """
+)
 
 
 def test_rows_whose_calls_all_answered_are_kept_when_another_row_meets_the_budget(
@@ -523,7 +528,7 @@ async def parent(ctx, input):
     return {"values": [row["v"] for row in rows]}
 """
 
-CATCHING_KID = """
+PAID_KID = """
 from deepline_cli import play, tool
 
 @tool("paid.kid", credits=1)
@@ -531,7 +536,11 @@ def lookup(input):
     with open(input["log"], "a") as f:
         f.write(f"{input['i']}\\n")
     return {"v": input["i"] * 3}
+"""
 
+CATCHING_KID = (
+    PAID_KID
+    + """
 @play("kid")
 async def kid(ctx, input):
     async def v(row, rc):
@@ -540,6 +549,7 @@ async def kid(ctx, input):
     rows = await ctx.map("k", [input], key="i", columns={"v": v})
     return {"v": next(iter(rows))["v"]}
 """
+)
 
 
 def test_a_childs_budget_refusal_the_parent_catches_keeps_no_empty_cell(deepline: Run, tmp_path: Path) -> None:
@@ -557,16 +567,9 @@ def test_a_childs_budget_refusal_the_parent_catches_keeps_no_empty_cell(deepline
     assert sorted(log.read_text().split()) == ["0", "1", "2", "3"]  # each paid once
 
 
-FINISHING_KID = """
-import asyncio
-from deepline_cli import play, tool
-
-@tool("paid.one", credits=1)
-async def one(input):
-    with open(input["log"], "a") as f:
-        f.write(f"{input['i']}\\n")
-    return {"v": input["i"] * 2}
-
+FINISHING_KID = (
+    PAID_ONE
+    + """
 @play("kid")
 async def kid(ctx, input):
     if input["i"] < 3:  # asked at once, then the child's own work goes on after its answer
@@ -576,6 +579,7 @@ async def kid(ctx, input):
     await asyncio.sleep(0.1)  # these ask once the first three are out: the budget runs out among them
     return {"v": (await ctx.tools.execute("x", "paid.one", input)).output["v"]}
 """
+)
 
 FINISHING_PARENT = """
 from deepline_cli import play
@@ -614,15 +618,9 @@ def test_child_plays_whose_calls_all_answered_complete_when_a_sibling_meets_the_
     assert sorted(map(int, log.read_text().split())) == list(range(10))  # each paid once
 
 
-SWALLOWING_KID = """
-from deepline_cli import play, tool
-
-@tool("paid.kid", credits=1)
-def lookup(input):
-    with open(input["log"], "a") as f:
-        f.write(f"{input['i']}\\n")
-    return {"v": input["i"] * 3}
-
+SWALLOWING_KID = (
+    PAID_KID
+    + """
 @play("kid")
 async def kid(ctx, input):
     try:
@@ -630,6 +628,7 @@ async def kid(ctx, input):
     except Exception:  # the child swallows the refusal itself
         return {"v": None}
 """
+)
 
 
 def test_a_child_that_catches_its_own_budget_refusal_is_not_completed_with_what_it_made_of_it(

@@ -337,6 +337,20 @@ def test_ctrl_c_while_the_play_waits_inline_stops_at_once(tmp_path: Path, cli_en
         assert run_status(Path(cli_env["DEEPLINE_STORE"]), "napping") == "interrupted"
 
 
+def _paced_run_read_by(tmp_path: Path, cli_env: dict[str, str], provider: Any, *args: str) -> subprocess.Popen[bytes]:
+    """`deepline run play.py ARGS` of 40 slow calls (5 s at 4 at a time), its stdout and stderr
+    piped for a test to read, then go away from."""
+    provider.default_fault = "slow:0.5"
+    toml = f'[tools."quota.lookup"]\nurl = "{provider.url}/quota"\nconcurrency = 4\n'
+    (tmp_path / "deepline.toml").write_text(toml)
+    (tmp_path / "play.py").write_text(PACED_PLAY.replace("range(2)", "range(40)"))
+    return subprocess.Popen(
+        [sys.executable, "-m", "deepline_cli", "run", "play.py", *args],
+        cwd=tmp_path, env={**cli_env, "DEEPLINE_PROGRESS_EVERY_S": "0"}, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
 @pytest.mark.process
 def test_a_view_whose_reader_goes_away_interrupts_the_run_resumable(tmp_path: Path, cli_env: dict[str, str]) -> None:
     """`deepline run … 2>&1 | head`: the reader of the view goes away mid-run. The run is
@@ -345,19 +359,12 @@ def test_a_view_whose_reader_goes_away_interrupts_the_run_resumable(tmp_path: Pa
     from tests.provider import Provider, ProviderServer
 
     with ProviderServer(Provider()) as provider:
-        provider.default_fault = "slow:0.5"
-        toml = f'[tools."quota.lookup"]\nurl = "{provider.url}/quota"\nconcurrency = 4\n'
-        (tmp_path / "deepline.toml").write_text(toml)
-        (tmp_path / "play.py").write_text(PACED_PLAY.replace("range(2)", "range(40)"))  # 5 s at 4 at a time
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "deepline_cli", "run", "play.py", "--run-id", "piped"],
-            cwd=tmp_path, env={**cli_env, "DEEPLINE_PROGRESS_EVERY_S": "0"}, stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )  # fmt: skip
-        assert proc.stderr is not None
+        proc = _paced_run_read_by(tmp_path, cli_env, provider, "--run-id", "piped")
+        assert proc.stdout is not None and proc.stderr is not None
         proc.stderr.readline()  # the view's first line: then its reader goes away
         proc.stderr.close()
         assert proc.wait(timeout=60) == 130
+        proc.stdout.close()
         assert run_status(Path(cli_env["DEEPLINE_STORE"]), "piped") == "interrupted"
         opened = open_store(cli_env["DEEPLINE_STORE"])
         try:
@@ -374,15 +381,7 @@ def test_a_json_reader_that_goes_away_stops_the_run_and_says_so(tmp_path: Path, 
     from tests.provider import Provider, ProviderServer
 
     with ProviderServer(Provider()) as provider:
-        provider.default_fault = "slow:0.5"
-        toml = f'[tools."quota.lookup"]\nurl = "{provider.url}/quota"\nconcurrency = 4\n'
-        (tmp_path / "deepline.toml").write_text(toml)
-        (tmp_path / "play.py").write_text(PACED_PLAY.replace("range(2)", "range(40)"))  # 5 s at 4 at a time
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "deepline_cli", "run", "play.py", "--run-id", "headed", "--json"],
-            cwd=tmp_path, env={**cli_env, "DEEPLINE_PROGRESS_EVERY_S": "0"}, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )  # fmt: skip
+        proc = _paced_run_read_by(tmp_path, cli_env, provider, "--run-id", "headed", "--json")
         assert proc.stdout is not None and proc.stderr is not None
         proc.stdout.readline()  # `head -1`: the first event, then the reader goes away
         proc.stdout.close()
