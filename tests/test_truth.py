@@ -1139,3 +1139,42 @@ def test_the_rate_counts_the_rows_computed_now_not_those_taken_back_from_the_she
     last = seen[-1].data
     assert (last["done"], last["reused"]) == (220, 200), last
     assert last["rows_per_s"] <= 50.5, last  # 20 rows computed in 0.4 s or more
+
+
+FAILING_ROWS = """
+import asyncio
+from deepline_cli import play
+
+async def company(row):
+    await asyncio.sleep(0.01)
+    if row["domain"].startswith("x"):
+        raise ValueError("no such company")
+    return row["domain"].upper()
+
+@play("failing")
+async def failing(ctx, input):
+    rows = [{"domain": f"{'x' if i % 4 == 0 else 'c'}{i}.io"} for i in range(12)]
+    return (await ctx.map("m", rows, key="domain", concurrency=2, columns={"co": company})).failed_count
+"""
+
+
+def test_the_live_view_says_the_latest_row_failure_while_its_map_runs(write_play, store_path) -> None:
+    """SPEC's live view shows `row acme.com failed: …` as it happens; a row's failure was
+    only said when its map ended (a map failing for minutes showed a rising ✗ and no reason)."""
+    import io
+
+    play = write_play(FAILING_ROWS)
+    view = ConsoleView(io.StringIO(), live=False)
+    frames: list[str] = []
+
+    def looked(event: Any) -> None:
+        view.state.apply(event)
+        if event.event == "map.progress" and view.state.maps["m"].failed and not view.state.maps["m"].completed:
+            frames.append(" ".join(text.plain for text in view._render_map(view.state.maps["m"], 100)))
+
+    bus = EventBus()
+    bus.subscribe(looked)
+    assert run_play(play, store_path, bus=bus).output == 3
+    assert any(re.search(r"row x\d+\.io failed: ValueError: no such company", frame) for frame in frames), frames
+    done = view._render_map(view.state.maps["m"], 100)
+    assert not any("failed: ValueError" in text.plain for text in done)  # its log says them once it ends

@@ -315,6 +315,9 @@ class ConsoleView:
         for words in (m.visibility, m.finalization):
             if words:
                 lines.append(Text(indent + fit([(words, 0)], width - len(indent)), no_wrap=True))
+        if m.last_failed and not m.completed and self.state.finished is None:  # the map's log says its first ones
+            said = printable(m.last_failed)  # a provider's text: shown escaped, one line
+            lines.append(Text(indent + said, "yellow", no_wrap=True, overflow="ellipsis"))
         return lines
 
 

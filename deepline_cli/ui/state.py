@@ -32,6 +32,7 @@ class MapView:
     waterfalls: dict[str, list[str]] = field(default_factory=dict)  # column -> its steps, in order
     steps: dict[str, dict[str, int]] = field(default_factory=dict)  # column -> step (or "none") -> rows
     limit: int | None = None  # a pilot's: its total counts distinct rows
+    last_failed: str | None = None  # `row acme.com failed: …`: the latest, while the map runs
 
     @property
     def seen(self) -> int:
@@ -103,7 +104,7 @@ class RunView:
 
 
 _PROGRESS = ("total", "done", "succeeded", "failed", "duplicate", "reused", "reused_cells", "seeded", "earlier",
-             "rows_per_s", "eta_s", "steps")  # fmt: skip
+             "rows_per_s", "eta_s", "steps", "last_failed")  # fmt: skip
 
 
 def step_hits(order: list[str], hits: dict[str, int]) -> str:

@@ -102,6 +102,7 @@ class MapBook:
         self.first_failures: list[tuple[object, ...]] = []  # signatures, while no row succeeded
         self.started = time.monotonic()
         self.limit: int | None = None  # the distinct rows a limit lets through (a pilot)
+        self.last_failed: str | None = None  # the latest row failure this attempt, as the live view says it
 
     @property
     def distinct(self) -> int:
@@ -179,6 +180,7 @@ class MapBook:
             self.tally.failing -= 1
         if outcome == "failed":
             self.tally.failed += 1
+            self.last_failed = self.s.secrets.redact(f"row {job.key} failed: {error}")  # the live view's line
         else:
             self.tally.succeeded += 1
         sheet_row, previous = None, job.previous
@@ -387,6 +389,7 @@ class MapBook:
             total=total,
             rows_per_s=round(rate, 1),
             eta_s=None if eta is None else max(0.0, round(eta, 1)),
+            last_failed=self.last_failed,
             **{**t.as_dict(), "succeeded": t.succeeded_all, "failed": t.failed + t.failing},
         )
 
