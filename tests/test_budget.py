@@ -373,7 +373,7 @@ def test_a_run_stopped_by_its_budget_says_to_resume_it_with_a_higher_one(deeplin
     play.write_text(TENTHS_PLAY)
     stopped = deepline("run", str(play), "--max-credits", "1", "--run-id", "tight")
     assert stopped.code == 1, stopped.stderr
-    assert "Next: deepline resume tight --max-credits N" in stopped.stderr, stopped.stderr
+    assert "Next: deepline resume tight --max-credits N (N above 1, the budget it stopped at)" in stopped.stderr
     assert deepline("resume", "tight", "--max-credits", "5").code == 0
 
 

@@ -101,7 +101,10 @@ def _failed(run_id: str, stats: dict[str, Any], error: dict[str, Any], play: str
             lines.append("  Next: start a new run that gives it (a resume keeps this run's input).")
     elif error.get("type") == "BudgetExceededError":  # the budget stays with the run: a plain resume stops again
         owner = error.get("budget_of") or run_id  # a child's is its root's, raised there (which resumes it)
-        lines.append(f"  Next: deepline resume {owner} --max-credits N (N above the budget it stopped at)")
+        limit = error.get("max_credits")
+        budget = f"{format_credits(limit)}, " if limit else ""
+        above = f"N above {budget}the budget it stopped at"
+        lines.append(f"  Next: deepline resume {owner} --max-credits N ({above})")
     elif "deepline resume" not in error.get("message", ""):
         # A tool's own failure that is not transient is kept on its receipt: a plain resume
         # replays it, the flag asks the tool again.

@@ -218,6 +218,11 @@ class ReceiptBook:
         return self._scope
 
     @property
+    def max_credits(self) -> float | None:
+        """The budget this run (and the children that share its book) spends within."""
+        return self._budget.max_credits
+
+    @property
     def budgeted(self) -> bool:
         """Does a credit budget bound this run (and the children that share its book)?"""
         return self._budget.max_credits is not None

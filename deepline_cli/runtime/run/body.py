@@ -98,8 +98,10 @@ def describe(exc: BaseException, s: RunParts, play_file: str) -> dict[str, Any]:
         place = failures.where(exc) if isinstance(exc, UsageError | InputError) else None
         if place and place not in error["message"]:  # a call the play made wrong (`limit=0`): where in its code
             error["where"] = place
-        if isinstance(exc, BudgetExceededError) and s.identity.root != s.identity.run_id:
-            error["budget_of"] = s.identity.root  # a child spends its root's budget: that one is raised
+        if isinstance(exc, BudgetExceededError):
+            error["max_credits"] = s.effects.book.max_credits  # the budget a resume must raise
+            if s.identity.root != s.identity.run_id:
+                error["budget_of"] = s.identity.root  # a child spends its root's budget: that one is raised
     else:  # an error of the play's own code: named by its type, as a map row's is (KeyError: 'domain')
         said = str(exc)  # an exception with no message is named by its type already
         if said and not error["message"].startswith(f"{type(exc).__name__}:"):
