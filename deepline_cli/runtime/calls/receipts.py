@@ -367,8 +367,7 @@ class ReceiptBook:
                     # The run stops on it even if the play catches it (`except Exception`):
                     # nothing more is sent, and the run fails on the budget, resumable.
                     self._breaker.trip(exc)
-                    self.refused = True
-                    hold_back_cell()
+                    self.refusal_raised()
                 raise
             started = self._io.now()
             try:
@@ -502,9 +501,14 @@ class ReceiptBook:
         try:
             self._breaker.check()
         except BaseException:
-            self.refused = True
-            hold_back_cell()  # a call of a map row's cell that was not sent: the row is not recorded
+            self.refusal_raised()  # a call of a map row's cell that was not sent: the row is not recorded
             raise
+
+    def refusal_raised(self) -> None:
+        """A refusal is about to be raised into the play's code (this run's, and the map row
+        it runs for, if any): what the play returns after catching it is not kept."""
+        self.refused = True
+        hold_back_cell()
 
     def close(self, reason: BaseException) -> None:
         """Stop dispatching: every later claim raises `reason`."""

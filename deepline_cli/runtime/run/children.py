@@ -14,7 +14,7 @@ from typing import Any
 
 from deepline_cli import _json
 from deepline_cli.errors import DeeplineError, GovernanceError, InputError, PlayLoadError, RunInterrupted
-from deepline_cli.runtime.calls.call_scope import current_cell, hold_back_cell
+from deepline_cli.runtime.calls.call_scope import current_cell
 from deepline_cli.runtime.calls.receipts import DurableCall, receipt_key
 from deepline_cli.runtime.run.body import execute_body
 from deepline_cli.runtime.run.holders import holder_id
@@ -265,8 +265,7 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
         )
         raise s.effects.journal.suspend(boundary)
     if outcome.raised is not None:
-        s.effects.book.refused = True  # a parent that catches it returns nothing to keep
-        hold_back_cell()  # nor is a row of the parent's that catches it recorded
+        s.effects.book.refusal_raised()  # a parent (or its row) that catches it keeps nothing
         raise outcome.raised  # interrupt, budget, lease…: the whole run stops
     if outcome.status == "failed":
         raise child_failed(play, child_id, outcome.error)
