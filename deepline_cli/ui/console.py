@@ -100,8 +100,8 @@ def _eta(seconds: float | None) -> str:
 
 def map_pieces(m: MapView) -> list[Piece]:
     total = m.total or 0
-    counted = f"{m.seen:,}/{total:,}" if total else f"{m.seen:,}"
-    percent = f"{min(100, m.seen * 100 // total)}%" if total and not m.completed else ""
+    counted = f"{m.done:,}/{total:,}" if total else f"{m.done:,}"
+    percent = f"{min(100, m.done * 100 // total)}%" if total and not m.completed else ""
     return [
         (m.name, 0),
         (counted, 0),
@@ -323,7 +323,7 @@ class ConsoleView:
 
 def _bar(m: MapView, width: int) -> Text:
     total = m.total or 0
-    share = 1.0 if m.completed else (min(1.0, m.seen / total) if total else 0.0)
+    share = 1.0 if m.completed else (min(1.0, m.done / total) if total else 0.0)
     filled = int(share * width)
     # What is left is drawn thinner: without colours (NO_COLOR) the bar still shows how far it is.
     return Text.assemble(("━" * filled, "green" if m.completed else "magenta"), ("─" * (width - filled), "grey23"))

@@ -16,7 +16,7 @@ from deepline_cli.ui.text import printable
 class MapView:
     name: str
     total: int | None = None
-    done: int = 0
+    done: int = 0  # in the unit of `total`: finished rows and duplicates read, or with a limit distinct rows
     succeeded: int = 0
     failed: int = 0
     duplicate: int = 0
@@ -33,12 +33,6 @@ class MapView:
     steps: dict[str, dict[str, int]] = field(default_factory=dict)  # column -> step (or "none") -> rows
     limit: int | None = None  # a pilot's: its total counts distinct rows
     last_failed: str | None = None  # `row acme.com failed: …`: the latest, while the map runs
-
-    @property
-    def seen(self) -> int:
-        """Rows dealt with so far, in the unit of `total`: finished distinct rows and skipped
-        duplicates (input rows), or with a limit the distinct rows alone."""
-        return self.done if self.limit is not None else self.done + self.duplicate
 
 
 @dataclass
@@ -99,8 +93,8 @@ class RunView:
             view.duplicate, view.reused = data["duplicate"], data["reused"]
             view.reused_cells, view.earlier = data.get("reused_cells", 0), data.get("earlier", 0)
             view.steps = data.get("steps") or view.steps
-            view.done = view.succeeded + view.failed
-            view.total = view.seen
+            view.done = view.succeeded + view.failed + (view.duplicate if view.limit is None else 0)
+            view.total = view.done
 
 
 _PROGRESS = ("total", "done", "succeeded", "failed", "duplicate", "reused", "reused_cells", "seeded", "earlier",
