@@ -302,6 +302,11 @@ def test_a_maps_counts_fit_beside_its_name(width: int) -> None:
     [line, *_] = view._render_map(m, width)
     assert len(line.plain) <= width and not line.plain.endswith("…"), line.plain
     assert "✗ 2" in line.plain and "247/1,501" in line.plain, line.plain
+    # A long name (a play naming its map by its purpose) is shortened before the counts go.
+    m.name = "enterprise_accounts_in_emea_with_open_opportunities_for_q3_refresh"
+    [line, *_] = view._render_map(m, width)
+    assert len(line.plain) <= width, line.plain
+    assert "✗ 2" in line.plain and "247/1,501" in line.plain and line.plain.startswith("enterprise"), line.plain
 
 
 def _in_terminal(command: list[str], columns: int, env: dict[str, str], cwd: Path) -> list[str]:

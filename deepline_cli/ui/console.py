@@ -298,13 +298,19 @@ class ConsoleView:
         return Group(*parts)
 
     def _render_map(self, m: MapView, width: int) -> list[Text]:
-        counts = fit(map_pieces(m)[1:], width - len(m.name) - 2)  # beside the map's name
-        room = width - len(m.name) - len(counts) - 4
+        pieces = map_pieces(m)[1:]
+        # A long name is shortened (to half the line, or less) before the counts that must show
+        # (done/total, ✗) would go.
+        must = " ".join(p[0] for p in pieces if p[0] and p[1] == 0)
+        room = max(8, min(width - len(must) - 2, max(16, width // 2)))
+        name = m.name if len(m.name) <= room else m.name[: room - 1] + "…"
+        counts = fit(pieces, width - len(name) - 2)  # beside the map's name
+        room = width - len(name) - len(counts) - 4
         bar = _bar(m, min(BAR_WIDTH, room)) if room >= 8 else Text("")
-        line = Text.assemble((m.name, "bold"), "  ", bar, "  " if bar.plain else "", counts)
+        line = Text.assemble((name, "bold"), "  ", bar, "  " if bar.plain else "", counts)
         line.no_wrap, line.overflow = True, "ellipsis"
         lines = [line]
-        indent = " " * min(len(m.name) + 2, 8)
+        indent = " " * min(len(name) + 2, 8)
         if not m.completed and self.state.finished is None:
             lines.append(Text(indent + fit([(f"{m.rows_per_s:,.0f} rows/s", 0), (_eta(m.eta_s), 0)], width), "dim"))
         for column, order in m.waterfalls.items():
