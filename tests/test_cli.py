@@ -517,6 +517,11 @@ def test_a_completed_run_with_failed_rows_exits_as_it_was_started_to_every_time(
     reported = deepline("run", str(play), "--run-id", "strict-1", "--json")
     assert reported.code == 1 and reported.json_lines()[-1]["exit_code"] == 1
     assert deepline("runs", "tail", "strict-1").code == 1
+    # Started without the flag it exited 0; a CI step that gives the flag to its rerun asks
+    # for 1 on failed rows (README), and the flag is not kept for later reruns.
+    assert deepline("run", str(play), "--run-id", "lax-1").code == 0
+    assert deepline("run", str(play), "--run-id", "lax-1", "--fail-on-row-errors").code == 1
+    assert deepline("run", str(play), "--run-id", "lax-1").code == 0
 
 
 def test_a_fixed_run_id_over_a_csv_written_anew_is_refused_not_reported(deepline, write_play, tmp_path: Path) -> None:
