@@ -442,6 +442,42 @@ def test_a_signal_while_every_call_is_in_flight_interrupts_the_run(
         assert provider.count("/v1/lookup") == 3
 
 
+@pytest.mark.process
+def test_a_second_ctrl_c_says_which_calls_it_cut_short(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """Ctrl-C twice while three calls are out: the second stops at once, and the calls it cut
+    short (answered or not, none recorded) are asked again by the resume. The verdict said
+    "nothing finished is lost", and the first line did not say what a second Ctrl-C does."""
+    from tests.provider import Provider, ProviderServer
+
+    with ProviderServer(Provider(default_fault="slow:5")) as provider:
+        (tmp_path / "deepline.toml").write_text(
+            f'[tools."corp.slow"]\nurl = "{provider.url}/v1/lookup"\nquery = {{ domain = "{{domain}}" }}\ncredits = 1\n'
+        )
+        (tmp_path / "play.py").write_text(IN_FLIGHT_PLAY)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deepline_cli", "run", "play.py", "--run-id", "twice"],
+            cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while provider.count("/v1/lookup") < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, "the three calls never went out"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, f"exit {proc.returncode}: {err[-1500:]}"
+    assert "Ctrl-C again stops at once" in err, err
+    assert "3 calls in flight were cut short" in err and "nothing finished is lost" not in err, err
+    db = open_store(str(cli_env["DEEPLINE_STORE"]))
+    try:
+        record = db.runs.get_run("twice")
+        assert record is not None and record.status == "interrupted" and record.error["cut_short"] == 3, record
+    finally:
+        db.close()
+
+
 def started_until(tmp_path: Path, cli_env: dict[str, str], log: Path, lines: int, *args: str) -> subprocess.Popen[str]:
     """`deepline ARGS` (stdout and stderr piped), once its play has written `lines` lines to `log`."""
     proc = subprocess.Popen(

@@ -35,6 +35,11 @@ class HeldLeases:
         if self._invoking == 0:
             self._idle.set()
 
+    @property
+    def invoking(self) -> int:
+        """Calls being invoked now (out, or about to go out: waiting for a budget or a rate)."""
+        return self._invoking
+
     def owned(self, lease_id: str) -> bool:
         """Still ours: not taken by another owner, and not past the expiry last confirmed."""
         return lease_id not in self._lost and self._held.get(lease_id, ("", 0.0))[1] > self._io.now()

@@ -510,6 +510,11 @@ class ReceiptBook:
         self.refused = True
         hold_back_cell()
 
+    @property
+    def in_flight(self) -> int:
+        """This book's calls being invoked now: an interrupt that cancels the run cuts them short."""
+        return self._leases.invoking
+
     def close(self, reason: BaseException) -> None:
         """Stop dispatching: every later claim raises `reason`."""
         self._breaker.stop(reason)

@@ -145,6 +145,7 @@ class Attempt:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.lease_lost = False  # another process owns the run now: leave its record alone
         self.decided = False  # `run.finished` is out: a late stop request changes nothing
+        self.cut_short = 0  # calls in flight when a second signal (or the grace's end) cancelled the body
 
     async def run(self) -> RunResult:
         store, record = self.io.store, self.record
@@ -242,6 +243,8 @@ class Attempt:
         error = error_dict(RunInterrupted(self._interrupt_message()))
         if self.stop_reason is not None:
             error["reason"] = self.stop_reason
+        if self.cut_short:
+            error["cut_short"] = self.cut_short
         return BodyOutcome("interrupted", error=error)
 
     def _interrupt_message(self) -> str:
@@ -392,8 +395,8 @@ class Attempt:
         if self.stop_requested:
             if reason is not None and self.stop_reason is None:
                 self.stop_reason = reason
-            if again and self.task is not None:
-                self.task.cancel()
+            if again:
+                self._cancel()
             return
         self.stop_requested = True
         self.stop_reason = reason
@@ -402,14 +405,24 @@ class Attempt:
         if self.services is not None:
             self.services.effects.book.close(RunInterrupted(self._interrupt_message()))
             said = "interrupt received" if reason is None else f"stop requested ({reason})"
+            # A signal's: a second one cancels the calls still out (their answers unrecorded).
+            again_said = " (Ctrl-C again stops at once; the resume sends again what that cuts short)"
             self.services.log(
-                f"{said}: finishing calls in flight, then stopping",
+                f"{said}: finishing calls in flight, then stopping{again_said if reason is None else ''}",
                 level="warning",
                 kind="run.interrupted",
                 fields={"reason": reason or "interrupt"},
             )
         if self.task is not None:
-            asyncio.get_running_loop().call_later(self.options.interrupt_grace_s, self.task.cancel)
+            asyncio.get_running_loop().call_later(self.options.interrupt_grace_s, self._cancel)
+
+    def _cancel(self) -> None:
+        """Stop the body at once: the calls it has out are cut short (counted, for the verdict)."""
+        if self.task is None or self.task.done():
+            return
+        if self.services is not None:
+            self.cut_short = sum(book.in_flight for book in self.services.effects.books)
+        self.task.cancel()
 
     def _heard(self) -> None:
         """In the signal handler, the moment Ctrl-C or SIGTERM comes (the loop may be held by
