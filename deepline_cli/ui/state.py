@@ -16,7 +16,7 @@ from deepline_cli.ui.text import printable
 class MapView:
     name: str
     total: int | None = None
-    done: int = 0  # in the unit of `total`: finished rows and duplicates read, or with a limit distinct rows
+    done: int = 0  # distinct rows finished, of `total` (distinct rows, once a map.progress says it)
     succeeded: int = 0
     failed: int = 0
     duplicate: int = 0
@@ -93,8 +93,7 @@ class RunView:
             view.duplicate, view.reused = data["duplicate"], data["reused"]
             view.reused_cells, view.earlier = data.get("reused_cells", 0), data.get("earlier", 0)
             view.steps = data.get("steps") or view.steps
-            view.done = view.succeeded + view.failed + (view.duplicate if view.limit is None else 0)
-            view.total = view.done
+            view.done = view.total = view.succeeded + view.failed
 
 
 _PROGRESS = ("total", "done", "succeeded", "failed", "duplicate", "reused", "reused_cells", "seeded", "earlier",

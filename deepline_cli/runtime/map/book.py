@@ -367,27 +367,28 @@ class MapBook:
             await self.s.io.call(self.s.io.store.sheets.save_map, record)
 
     def progress(self, total: int | None) -> None:
-        """`map.progress`: rows done of `total`, in its unit — input rows, duplicates included
-        (a duplicate is done when it is read), or with a limit the distinct rows it lets
-        through. `succeeded` and `failed` both count the rows earlier attempts finished (a
-        failed one asked again stays failed until it ends again); the rate only the rows this
-        attempt did."""
+        """`map.progress`: the map's rows done (succeeded + failed) of its `total`, both in
+        distinct rows: the input's rows less the duplicates read so far (exact once it is read
+        whole), or with a limit the distinct rows it lets through. `succeeded` and `failed`
+        both count the rows earlier attempts finished (a failed one asked again stays failed
+        until it ends again); the rate only the rows this attempt did."""
         t = self.tally
-        finished = t.succeeded_all + t.failed + t.failing
+        done = t.succeeded_all + t.failed + t.failing
         elapsed = max(time.monotonic() - self.started, 1e-6)
         # The rows this attempt computed: not an earlier attempt's taken back whole (kept), nor
         # rows taken whole from earlier runs' sheet rows (at once: they would promise an ETA
         # of seconds to a list whose new rows take minutes).
         computed = t.succeeded + t.failed - t.kept - (t.reused - t.seeded_reused)
         rate = computed / elapsed
-        left = self.distinct_in(total) - finished if total else 0
-        eta = left / rate if total and rate > 0 else None
+        rows = self.distinct_in(total) if total else total
+        left = rows - done if rows else 0
+        eta = left / rate if rows and rate > 0 else None
         self.s.bus.emit(
             "map.progress",
             self.run_id,
             map=self.name,
-            done=finished if self.limit is not None else finished + t.duplicate,
-            total=total,
+            done=done,
+            total=rows,
             rows_per_s=round(rate, 1),
             eta_s=None if eta is None else max(0.0, round(eta, 1)),
             last_failed=self.last_failed,
