@@ -571,6 +571,41 @@ def test_a_worker_leaves_a_parent_waiting_after_it_caught_its_childs_failure(cli
     assert done.stderr.count("worker: running") == 3, done.stderr  # the parent twice, its child once
 
 
+MAP_OF_CHILDREN_PLAY = """
+from deepline_cli import play
+
+@play("enrich-one")
+async def enrich_one(ctx, input):
+    return {"domain": input["domain"].upper()}
+
+@play("accounts")
+async def accounts(ctx, input):
+    rows = [{"domain": f"c{i}.io"} for i in range(20)]
+    ds = await ctx.map("leads", rows, key="domain", columns={
+        "enriched": lambda row, rc: rc.run_play("one", "enrich-one", {"domain": row["domain"]}),
+    })
+    return len(ds)
+"""
+
+
+def test_a_worker_resumes_a_parent_once_its_childrens_results_are_in_not_once_a_child(cli: CLI, tmp_path: Path) -> None:
+    """A map whose 20 rows each run a child play, queued: the worker resumed the parent after
+    every child that ended (21 attempts, each replaying the whole map: quadratic in the list).
+    It waits for the children still running, for a few seconds at most after the first
+    result came in, so a parent resumes once its children are in."""
+    write(tmp_path / "play.py", MAP_OF_CHILDREN_PLAY)
+    run_id = cli.enqueue("play.py:accounts")
+
+    done = cli.worker_once(timeout=120)
+
+    with opened(cli.store) as store:
+        parent = run_of(store, run_id)
+        assert (parent.status, parent.output) == ("completed", 20), (parent.error, done.stderr)
+        assert parent.attempt <= 3, (parent.attempt, done.stderr)  # 2 when the children end within the window
+        kids = [r for r in store.runs.list_runs(limit=100) if r.parent_run_id == run_id]
+        assert len(kids) == 20 and all(k.status == "completed" and k.attempt == 1 for k in kids)
+
+
 def test_worker_continues_a_run_once_its_event_is_sent(cli: CLI, tmp_path: Path) -> None:
     write(tmp_path / "play.py", EVENT_PLAY)
     log = tmp_path / "tools.log"

@@ -8,13 +8,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from deepline_cli.errors import DeeplineError
-from deepline_cli.store.records import Boundary
+from deepline_cli.store.records import Boundary, RunRecord
 from deepline_cli.store.roles import Store
 
 if TYPE_CHECKING:
     from deepline_cli.runtime.run.parts import RunParts
 
 EVENT_POLL_S = 0.25
+# A run waiting on child plays queued for workers is resumed once every one of them has ended,
+# or this long after the first of them ended while others go on: not once per child, each
+# resume replaying the whole map (a map of 150 children made 151 attempts).
+GATHER_S = 5.0
 SAID_WAIT_S = 0.5  # an inline wait this long is said (a run that only waits looks hung otherwise)
 
 
@@ -173,6 +177,7 @@ def next_wake(store: Store, run_id: str, root_run_id: str, now: float, max_inlin
     by itself (a timer, an event's timeout), less the wait a resume sleeps inline; None
     while only an event or a child can wake it (they set it when they do)."""
     times = []
+    scheduled = _Gathered()
     for b in store.suspension.boundaries(run_id):
         if b.status != "waiting":
             continue
@@ -183,11 +188,34 @@ def next_wake(store: Store, run_id: str, root_run_id: str, now: float, max_inlin
         elif b.kind == "child" and b.child_run_id:
             child = store.runs.get_run(b.child_run_id)
             if child is not None and child.scheduled:
-                times.extend([now] if child.status in ("completed", "failed") else [])
+                scheduled.add(child)
             elif child is not None:
                 wake = next_wake(store, child.run_id, root_run_id, now, max_inline_wait)
                 times.extend([wake] if wake is not None else [])
+    gathered = scheduled.due(now)
+    times.extend([gathered] if gathered is not None else [])
     return min(times) if times else None
+
+
+class _Gathered:
+    """The scheduled children a waiting run waits for: when their results make it due."""
+
+    def __init__(self) -> None:
+        self.ended: list[float] = []  # when each child that ended, ended
+        self.going = False  # a child still queued, running or waiting
+
+    def add(self, child: RunRecord) -> None:
+        if child.status in ("completed", "failed"):
+            self.ended.append(child.finished_at or child.updated_at)
+        else:
+            self.going = True
+
+    def due(self, now: float) -> float | None:
+        """Now once every child ended; GATHER_S after the first ended while others go on;
+        None while none has ended."""
+        if not self.ended:
+            return None
+        return now if not self.going else min(self.ended) + GATHER_S
 
 
 def ready_to_resume(store: Store, run_id: str, now: float, max_inline_wait: float) -> bool:
@@ -195,17 +223,18 @@ def ready_to_resume(store: Store, run_id: str, now: float, max_inline_wait: floa
     pending = [b for b in store.suspension.boundaries(run_id) if b.status == "waiting"]
     if not pending:
         return True
+    scheduled = _Gathered()  # children run by workers of their own
     for b in pending:
         if b.kind == "child" and b.child_run_id:
             child = store.runs.get_run(b.child_run_id)
             if child is not None and child.scheduled:
-                if child.status in ("completed", "failed"):  # run by a worker of its own
-                    return True
+                scheduled.add(child)
             elif ready_to_resume(store, b.child_run_id, now, max_inline_wait):
                 return True
         elif is_ready(b, now, max_inline_wait, store.suspension.get_event(run_id, b.event_id or "", b.due_at)[0]):
             return True
-    return False
+    due = scheduled.due(now)
+    return due is not None and due <= now
 
 
 def timed_out_waits(store: Store, run_id: str, event_id: str, now: float) -> list[str]:
