@@ -443,6 +443,35 @@ def test_a_signal_while_every_call_is_in_flight_interrupts_the_run(
 
 
 @pytest.mark.process
+def test_a_json_run_interrupted_says_so_on_stderr_too(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """A CI job's timeout (SIGTERM) under --json: stdout's NDJSON ends with run.finished, and
+    the job's log (stderr) says the run was interrupted and how to resume it, as it does for
+    a failed run. It said nothing."""
+    from tests.provider import Provider, ProviderServer
+
+    with ProviderServer(Provider(default_fault="slow:1")) as provider:
+        (tmp_path / "deepline.toml").write_text(
+            f'[tools."corp.slow"]\nurl = "{provider.url}/v1/lookup"\nquery = {{ domain = "{{domain}}" }}\ncredits = 1\n'
+        )
+        (tmp_path / "play.py").write_text(IN_FLIGHT_PLAY)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deepline_cli", "run", "play.py", "--run-id", "ci-job", "--json"],
+            cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while provider.count("/v1/lookup") < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, "the three calls never went out"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, f"exit {proc.returncode}: {err[-1500:]}"
+    finished = json.loads(out.splitlines()[-1])
+    assert (finished["event"], finished["status"]) == ("run.finished", "interrupted"), finished
+    assert "■ Run ci-job interrupted" in err and "deepline resume ci-job" in err, err
+
+
+@pytest.mark.process
 def test_a_second_ctrl_c_says_which_calls_it_cut_short(tmp_path: Path, cli_env: dict[str, str]) -> None:
     """Ctrl-C twice while three calls are out: the second stops at once, and the calls it cut
     short (answered or not, none recorded) are asked again by the resume. The verdict said

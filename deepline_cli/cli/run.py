@@ -364,7 +364,8 @@ def report_run(result: RunResult, json_mode: bool, view: Any) -> None:
             )
         if view.said_unwritten(result.run_id, result.status):  # `> out.ndjson && upload` must not go on
             raise typer.Exit(1)
-        if result.status == "failed":  # the NDJSON says it; a CI log shows stderr: one sentence there too
+        if result.status in ("failed", "interrupted", "taken_over"):
+            # The NDJSON says it; a CI log shows stderr (a job's timeout, its SIGTERM, included): there too.
             err.write("\n".join(verdict(result.run_id, result.status, result.stats, result.error, play=result.play)))
             err.write("\n")
         elif result.status == "completed" and result.exit_code == 1:
