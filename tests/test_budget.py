@@ -462,13 +462,39 @@ def test_a_refresh_a_budget_stopped_before_it_began_is_made_by_the_next_resume(d
 
 PAID_ONE = """
 import asyncio
-from deepline_cli import play, tool
+from pathlib import Path
+
+from deepline_cli import BudgetExceededError, play, tool
 
 @tool("paid.one", credits=1)
 async def one(input):
     with open(input["log"], "a") as f:
         f.write(f"{input['i']}\\n")
     return {"v": input["i"] * 2}
+
+async def until(done, what):  # the order of the rows, by what they did (10 s at most)
+    for _ in range(1000):
+        if done():
+            return
+        await asyncio.sleep(0.01)
+    raise TimeoutError(f"never came: {what}")  # the row fails: the test sees it
+
+def paid(log):
+    return len(Path(log).read_text().split()) if Path(log).exists() else 0
+
+async def ask_last(ctx_tools, input):
+    \"\"\"A later row: it asks once the first three rows' calls are paid, and says when the
+    budget refused it (the first three rows are still at their own work then).\"\"\"
+    await until(lambda: paid(input["log"]) >= 3, "the first three paid")
+    try:
+        return await ctx_tools.execute("x", "paid.one", input)
+    except BudgetExceededError:
+        Path(input["log"] + ".refused").touch()
+        raise
+
+async def finish_after_refusal(input):
+    \"\"\"A first row, its call answered: its own work goes on until the budget refused another.\"\"\"
+    await until(lambda: Path(input["log"] + ".refused").exists(), "a refusal")
 """
 
 FINISHING_PLAY = (
@@ -477,12 +503,12 @@ FINISHING_PLAY = (
 @play("finishing")
 async def finishing(ctx, input):
     async def cell(row, rc):
+        asked = {"i": row["i"], "log": input["log"]}
         if row["i"] < 3:  # asked at once, then the row's own work goes on after its answer
-            found = await rc.tools.execute("x", "paid.one", {"i": row["i"], "log": input["log"]})
-            await asyncio.sleep(0.4)
+            found = await rc.tools.execute("x", "paid.one", asked)
+            await finish_after_refusal(asked)
             return found.output["v"]
-        await asyncio.sleep(0.1)  # these ask once the first three are out: the budget runs out among them
-        return (await rc.tools.execute("x", "paid.one", {"i": row["i"], "log": input["log"]})).output["v"]
+        return (await ask_last(rc.tools, asked)).output["v"]  # the budget runs out among these
 
     rows = await ctx.map("m", [{"i": i} for i in range(10)], key="i", columns={"v": cell})
     return {"values": [row["v"] for row in rows]}
@@ -506,7 +532,8 @@ def test_rows_whose_calls_all_answered_are_kept_when_another_row_meets_the_budge
     (m,) = json.loads(shown.stdout)["maps"]
     paid = sorted(map(int, log.read_text().split()))
     assert paid[:3] == [0, 1, 2] and len(paid) == 5
-    assert m["succeeded"] >= 3, m  # the first three at least: their answers came before the refusal
+    # The first three, at their own work when the refusal came, and the two paid after them.
+    assert (m["succeeded"], m["failed"]) == (5, 0), m
     resumed = deepline("resume", "fin", "--max-credits", "20", "--json")
     assert resumed.code == 0, resumed.stderr
     assert resumed.json_lines()[-1]["output"] == {"values": [i * 2 for i in range(10)]}
@@ -574,10 +601,9 @@ FINISHING_KID = (
 async def kid(ctx, input):
     if input["i"] < 3:  # asked at once, then the child's own work goes on after its answer
         found = await ctx.tools.execute("x", "paid.one", input)
-        await asyncio.sleep(0.4)
+        await finish_after_refusal(input)
         return {"v": found.output["v"]}
-    await asyncio.sleep(0.1)  # these ask once the first three are out: the budget runs out among them
-    return {"v": (await ctx.tools.execute("x", "paid.one", input)).output["v"]}
+    return {"v": (await ask_last(ctx.tools, input)).output["v"]}  # the budget runs out among these
 """
 )
 
@@ -608,7 +634,7 @@ def test_child_plays_whose_calls_all_answered_complete_when_a_sibling_meets_the_
     first = deepline("run", str(play), "--input", payload, "--max-credits", "5", "--run-id", "kf")
     assert first.code == 1, first.stderr
     (m,) = json.loads(deepline("runs", "show", "kf", "--json").stdout)["maps"]
-    assert m["succeeded"] >= 3, m
+    assert (m["succeeded"], m["failed"]) == (5, 0), m  # as above: three at their own work, two paid after
     children = [json.loads(line) for line in deepline("runs", "list", "--play", "kid", "--json").stdout.splitlines()]
     done = [c for c in children if c.get("parent_run_id") == "kf" and c["status"] == "completed"]
     assert len(done) == m["succeeded"], (m, children)
