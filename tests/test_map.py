@@ -1887,3 +1887,40 @@ def test_a_cell_recomputed_from_an_old_answer_is_as_old_as_that_answer(
         now[0] = start + at
         run(path, store_path)
     assert CALLS == ["a", "b", "a", "b"], CALLS  # b paid again at 5.6 s: its answer was 5.6 s old
+
+
+SLASHED_PLAY = """
+from deepline_cli import play, tool
+
+@tool("slash.score", credits=1)
+def score(input):
+    with open(input["log"], "a") as f:
+        f.write(input["d"] + "\\n")
+    return len(input["d"]) + OFFSET
+
+@play(PLAY)
+async def scored(ctx, input):
+    rows = await ctx.map(MAP, [{"d": "x.com"}, {"d": "yy.com"}], key="d", columns={
+        "s": lambda row, rc: rc.tools.execute("s", "slash.score", {"d": row["d"], "log": input["log"]}),
+    })
+    return [row["s"] for row in rows]
+"""
+
+
+def test_a_play_and_a_map_with_a_slash_in_their_names_keep_their_own_sheet(deepline, write_play, tmp_path) -> None:
+    """Play "acme" with map "q1/leads" and play "acme/q1" with map "leads" shared one sheet
+    (its name was workspace/play/map): the second play was given the first's cells, and
+    called nothing."""
+    log = str(tmp_path / "calls.log")
+
+    def source(play: str, map_name: str, offset: int) -> str:
+        return SLASHED_PLAY.replace("PLAY", repr(play)).replace("MAP", repr(map_name)).replace("OFFSET", str(offset))
+
+    first = write_play(source("acme", "q1/leads", 0), "a.py")
+    second = write_play(source("acme/q1", "leads", 100), "b.py")
+    a = deepline("run", str(first), "--set", f"log={log}", "--json")
+    b = deepline("run", str(second), "--set", f"log={log}", "--json")
+    assert a.code == 0 and b.code == 0, (a.stderr, b.stderr)
+    assert a.json_lines()[-1]["output"] == [5, 6]
+    assert b.json_lines()[-1]["output"] == [105, 106]  # its own tool's answers, not play acme's cells
+    assert sorted((tmp_path / "calls.log").read_text().split()) == ["x.com", "x.com", "yy.com", "yy.com"]

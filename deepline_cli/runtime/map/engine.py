@@ -80,7 +80,7 @@ class MapRun:
         limits = [n for n in (limit, parts.limit) if n is not None]
         self.limit = min(limits) if limits else None
         scope = parts.identity
-        self.sheet = f"{scope.workspace}/{scope.play}/{name}"
+        self.sheet = sheet_name(scope.workspace, scope.play, name)
         self.run_id, self.attempt = scope.run_id, scope.attempt
         self.stop: BaseException | None = None
         # Rows that must wait (a child play that waits, a long sleep): not recorded, and the
@@ -421,6 +421,13 @@ class MapRun:
         # first, and their recurring failure stopped it for good.
         if failure is not None and not redone:
             self._stop_on(self.book.systemic(failure, error or ""))
+
+
+def sheet_name(workspace: str, play: str, map_name: str) -> str:
+    """`workspace/play/map`, the sheet a map's rows are kept in across runs: a `/` (and `%`)
+    inside a part is escaped, so play "acme" map "q1/leads" and play "acme/q1" map "leads"
+    keep sheets of their own (names without them are as they always were)."""
+    return "/".join(part.replace("%", "%25").replace("/", "%2F") for part in (workspace, play, map_name))
 
 
 async def resolve_cell(
