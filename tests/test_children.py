@@ -553,9 +553,15 @@ def test_a_child_resumed_on_its_own_ends_its_parents_wait_for_it(deepline, plays
     log = tmp_path / "tools.log"
     assert deepline("run", "plays/host.py:host", "--run-id", "r-own", "--input", as_json({"log": str(log)})).code == 3
     child_id = children_of(runs(deepline), "r-own")["listener"]["run_id"]
-    for event in ("first", "second"):
-        assert deepline("events", "send", child_id, event, "--payload", "1").code == 0
-    assert deepline("resume", child_id).code == 0
+    first = deepline("events", "send", child_id, "first", "--payload", "1")
+    assert deepline("events", "send", child_id, "second", "--payload", "1").code == 0
+    # The child runs inside its parent: the send names the run to resume, its root.
+    assert first.code == 0 and "deepline resume r-own" in first.stderr, first.stderr
+    assert f"deepline resume {child_id}" not in first.stderr, first.stderr
+    alone = deepline("resume", child_id)
+    assert alone.code == 0, alone.stderr
+    # Resumed alone (as a person may), it says its root goes on with it: the root still waits.
+    assert "deepline resume r-own" in alone.stderr, alone.stderr
     assert deepline("resume", "r-own").code == 0
     assert [(b["kind"], b["status"]) for b in show(deepline, "r-own")["boundaries"]] == [("child", "resolved")]
 

@@ -54,8 +54,11 @@ def send(
         # Not waiting for it yet: kept for the run, and found when it (or a child) waits for it.
         to = [] if takers else targets or [run_id]
         delivered = [t for t in to if db.suspension.send_event(t, event_id, value, now)]
+        # A child play run inside its parent's process goes on when its root is resumed.
+        inline_child = record.parent_run_id is not None and not record.scheduled
+        resumed = (record.root_run_id or run_id) if inline_child else run_id
         if targets and delivered:
-            for woken in {*delivered, run_id}:  # the run that waits, and the root a worker resumes
+            for woken in {*delivered, run_id, resumed}:  # the run that waits, and the root a worker resumes
                 db.queue.set_wake(woken, now)
             db.queue.notify()  # wake workers: the waiting run is due
     finally:
@@ -78,7 +81,7 @@ def send(
         kept = "the event is kept for when it does" if delivered else "an earlier one is kept (the first wins)"
         waits = f" (it waits for {', '.join(repr(e) for e in awaited)})" if awaited else ""
         if record.status in ("failed", "interrupted"):  # resumable: its resume may reach the wait
-            kept += f": deepline resume {run_id}"
+            kept += f": deepline resume {resumed}"
         typer.echo(f"Run {run_id} is not waiting for {event_id!r} yet{waits}; {kept}.", err=True)
         return
     for target in targets:
@@ -87,8 +90,9 @@ def send(
             typer.echo(f"Delivered {event_id!r}{where}.", err=True)
         else:
             typer.echo(f"Event {event_id!r} was already delivered{where}; the first payload is kept.", err=True)
+    of_root = f" (run {run_id} is a child play run inside it)" if resumed != run_id else ""
     if delivered and gone:  # killed while it waited inline
-        typer.echo(f"Run {run_id}'s process is gone; continue it with: deepline resume {run_id}", err=True)
+        typer.echo(f"Run {run_id}'s process is gone; continue it with: deepline resume {resumed}{of_root}", err=True)
     elif delivered and record.status == "running":  # waiting inline: that process takes it
         typer.echo(f"Run {run_id} is running: the process running it takes the event.", err=True)
     elif delivered and record.status == "waiting" and (record.scheduled or record.snapshot):
@@ -97,7 +101,7 @@ def send(
             f"A `deepline worker` on this store continues run {run_id} (or: deepline resume {run_id}).", err=True
         )
     elif delivered:
-        typer.echo(f"Continue the run with: deepline resume {run_id}", err=True)
+        typer.echo(f"Continue the run with: deepline resume {resumed}{of_root}", err=True)
 
 
 def _which(runs: list[str], run_id: str) -> str:

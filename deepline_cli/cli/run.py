@@ -202,7 +202,22 @@ def resume(
         max_tool_calls=max_tool_calls,
         given=given_flags(context),
     )
-    execute(options, lambda runner: runner.resume(run_id), json, quiet)
+    root: list[str] = []
+
+    def action(runner: Runner) -> RunResult:
+        result = runner.resume(run_id)
+        root.extend(runner.root_going_on(run_id))
+        return result
+
+    def report(result: RunResult, json_mode: bool, view: Any) -> None:
+        report_run(result, json_mode, view)
+        if root:  # resumed alone, it does not take its parent on: said, or the parent waits on unseen
+            sys.stderr.write(
+                f"Run {run_id} is a child play run inside run {root[0]}, which goes on with it: "
+                f"deepline resume {root[0]}\n"
+            )
+
+    execute(options, action, json, quiet, report)
 
 
 def given_flags(context: typer.Context) -> frozenset[str]:

@@ -240,6 +240,15 @@ class Runner:
         self.store.queue.notify()
         return RunResult(record.run_id, "queued", record.attempt)
 
+    def root_going_on(self, run_id: str) -> list[str]:
+        """The root of a child play run inside its parent's process, while the root has not
+        completed (a resume of the child alone does not take the root on): [root id], or []."""
+        record = self.store.runs.get_run(run_id)
+        if record is None or record.parent_run_id is None or record.scheduled or not record.root_run_id:
+            return []
+        root = self.store.runs.get_run(record.root_run_id)
+        return [root.run_id] if root is not None and root.status != "completed" else []
+
     def resume(self, run_id: str, loaded: PlayDef | None = None) -> RunResult:
         """`deepline resume`: the next attempt of a run, replaying what it already did
         (`loaded`: its play, if this command has loaded it already)."""
