@@ -25,7 +25,12 @@ app = typer.Typer(help="List, describe and call the tools a play can call.", no_
 
 ConfigOption = Annotated[
     Path | None,
-    typer.Option("--config", metavar="FILE", help="deepline.toml [default: ./deepline.toml or next to PLAY]."),
+    typer.Option(
+        "--config",
+        metavar="FILE",
+        help="deepline.toml [default: the one next to --play FILE, as its runs read it; without --play, "
+        "./deepline.toml].",
+    ),
 ]
 PlayOption = Annotated[str | None, typer.Option("--play", metavar="FILE", help="Also load this play's local @tools.")]
 ToolArgument = Annotated[str, typer.Argument(metavar="TOOL", help="The tool id, e.g. hunter.email.")]

@@ -72,7 +72,8 @@ class Catalog:
 
 def open_catalog(play: str | None, config: str | Path | None, cwd: Path) -> Catalog:
     """The tools of `--play FILE` (its @tools), and of `--config FILE`, else the
-    deepline.toml next to the play, else the one in `cwd`."""
+    deepline.toml next to the play (the one its runs read), else, with no play, the one in
+    `cwd`."""
     base = cwd / "play.py"
     own: dict[str, ToolDef] = {}
     play_file = None
