@@ -324,6 +324,8 @@ def test_wait_for_event_suspends_send_then_resume_returns_payload(deepline, writ
     late = deepline("events", "send", "r-ev", "approve")
     assert late.code == 0, late.stderr
     assert "took 'approve' already" in late.stderr, late.stderr
+    # ...and that it completed: no later wait of it will come (it said to send it again then).
+    assert "has completed since" in late.stderr and "later wait" not in late.stderr, late.stderr
     other = deepline("events", "send", "r-ev", "another")  # nothing in a completed run waits for it
     assert other.code == 2
     assert "has completed; nothing in it waits for events" in other.stderr

@@ -71,11 +71,12 @@ def send(
         )
         return
     if takers:
-        typer.echo(
-            f"Run {run_id}{_which(takers, run_id)} took {event_id!r} already; no wait of it is left to take this one "
-            "(send it again once a later wait for it is reached).",
-            err=True,
+        later = (
+            ", and has completed since: nothing in it waits for events any more"
+            if record.status == "completed"
+            else "; no wait of it is left to take this one (send it again once a later wait for it is reached)"
         )
+        typer.echo(f"Run {run_id}{_which(takers, run_id)} took {event_id!r} already{later}.", err=True)
         return
     if not targets:
         kept = "the event is kept for when it does" if delivered else "an earlier one is kept (the first wins)"
