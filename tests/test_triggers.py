@@ -836,3 +836,37 @@ def test_the_status_endpoint_answers_only_for_the_runs_its_webhooks_queued(
     assert asyncio.run(ask("nightly-2026-12-05")).status_code == 404
     shown = asyncio.run(ask(hooked))
     assert shown.status_code == 200 and shown.json()["output"] == {"lead": "b@x.com"}, shown.text
+
+
+def test_a_delivery_whose_sender_goes_away_mid_body_is_dropped_without_a_traceback(tmp_path: Path) -> None:
+    """A sender that closes its connection before its body is whole: `deepline serve` logged a
+    40-line ASGI traceback (starlette's ClientDisconnect) for it. It is answered 400 (to no
+    one) and nothing is queued."""
+    import asyncio
+
+    from deepline_cli.runtime.run.play import PlayDef
+    from deepline_cli.server.webhooks import Hook, create_app
+
+    async def inbound(ctx: Any, input: Any) -> Any:
+        return input
+
+    hooks = {"inbound": Hook(PlayDef("inbound", "", inbound), SECRET.encode())}
+    app = create_app(hooks, str(tmp_path / "store.db"))
+    body = b'{"email": "ada@'
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"100"), (b"webhook-id", b"d-1"),
+               (b"webhook-timestamp", str(int(time.time())).encode()), (b"webhook-signature", b"v1,x")]  # fmt: skip
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/hooks/inbound", "raw_path": b"/hooks/inbound", "query_string": b"", "headers": headers,
+             "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 5000), "root_path": ""}  # fmt: skip
+    messages = [{"type": "http.request", "body": body, "more_body": True}, {"type": "http.disconnect"}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))  # raised ClientDisconnect through the app
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 400, sent
+    assert not (tmp_path / "store.db").exists()  # nothing queued: the store not even opened

@@ -26,7 +26,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
@@ -156,10 +156,13 @@ async def _checked(
     if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
         raise Refused(413, f"The body is over {max_body_bytes:,} bytes.")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > max_body_bytes:
-            raise Refused(413, f"The body is over {max_body_bytes:,} bytes.")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > max_body_bytes:
+                raise Refused(413, f"The body is over {max_body_bytes:,} bytes.")
+    except ClientDisconnect:  # the sender went away mid-body: answered (to no one), not a traceback
+        raise Refused(400, "The sender closed the connection before the body was whole.") from None
     delivery_id = request.headers.get("webhook-id", "")
     timestamp = request.headers.get("webhook-timestamp", "")
     signatures = request.headers.get("webhook-signature", "")
