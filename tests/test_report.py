@@ -171,3 +171,48 @@ def test_the_report_of_a_run_no_process_holds_says_so(deepline, tmp_path, store_
     text = out.read_text()
     assert f"no live process holds it; deepline resume {run_id} continues it" in text, text[:2000]
     assert "<td>running</td>" not in text
+
+
+def test_answers_whose_rows_a_budget_stop_left_unrecorded_are_judged_by_themselves(
+    deepline, write_play, store_path
+) -> None:
+    """A budget stop after each row's company lookup answered, before its email call: the
+    rows were not recorded, and the report said the company tool found 0% (0/4) of answers
+    that all held a company. Answers in no recorded row are judged by themselves, as calls
+    outside a map are."""
+    from deepline_cli.store import open_store
+    from deepline_cli.ui.report_data import read_report
+
+    write_play(
+        """
+        import asyncio
+        from deepline_cli import play, tool
+
+        @tool("co.lookup", credits=1)
+        async def lookup(input):
+            return {"name": input["d"].split(".")[0].title()}
+
+        @tool("co.email", credits=5)
+        async def email(input):
+            return {"email": "ada@" + input["d"]}
+
+        @play("stopped")
+        async def stopped(ctx, input):
+            async def both(row, rc):
+                company = await rc.tools.execute("c", "co.lookup", {"d": row["d"]})
+                await asyncio.sleep(0.05)  # the four lookups answer before the first email is asked
+                found = await rc.tools.execute("e", "co.email", {"d": row["d"]})
+                return {"company": company.output["name"], "email": found.output["email"]}
+
+            rows = await ctx.map("m", [{"d": f"c{i}.io"} for i in range(4)], key="d", columns={"v": both})
+            return len(rows)
+        """
+    )
+    result = deepline("run", "play.py", "--max-credits", "4", "--run-id", "stop-1")
+    assert result.code == 1, result.stderr
+    db = open_store(str(store_path))
+    try:
+        tools = read_report(db, "stop-1").tools
+    finally:
+        db.close()
+    assert (tools["co.lookup"].live, tools["co.lookup"].found) == (4, 4), tools["co.lookup"]

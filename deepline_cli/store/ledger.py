@@ -301,6 +301,11 @@ class LedgerQueries:
             found.update(_json.loads(text) or [])
         return found
 
+    def recorded_rows(self, run_id: str) -> set[tuple[str, str, str]]:
+        """(run id, map, row key) of every map row the run and its child runs recorded."""
+        rows = self._read(f"SELECT run_id, map, row_key FROM map_rows WHERE run_id IN {TREE}", (run_id, run_id))
+        return {(r, m, k) for r, m, k in rows}
+
     def answers(self, keys: Sequence[str]) -> dict[str, Any]:
         """The stored answers of these receipts (calls made outside maps, judged found or not)."""
         found: dict[str, Any] = {}

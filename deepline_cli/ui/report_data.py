@@ -127,9 +127,15 @@ def read_report(store: Store, run_id: str) -> Report:
 
 def _found(store: Store, run_id: str, calls: list[CallRow], reuses: list[ReuseRow]) -> set[str]:
     """The answers the play found a value with (receipt key prefixes): as the map rows
-    recorded them, and for a call outside maps, its answer judged by itself."""
+    recorded them, and for a call outside maps, or in a row never recorded (a budget stop
+    dropped it), its answer judged by itself."""
     found = store.ledger.found_answers(run_id)
-    outside = [c.key for c in calls if c.outside_map and c.status == "completed"]
+    recorded = store.ledger.recorded_rows(run_id) if any(not c.outside_map for c in calls) else set()
+    outside = [
+        c.key
+        for c in calls
+        if c.status == "completed" and (c.outside_map or (c.run_id, c.map or "", c.row_key or "") not in recorded)
+    ]
     outside += [r.key for r in reuses if r.outside_map and r.status == "completed"]
     found.update(
         key[:FOUND_PREFIX] for key, answer in store.ledger.answers(sorted(set(outside))).items() if is_found(answer)
