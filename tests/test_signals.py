@@ -9,12 +9,14 @@ the run is recorded, just before and just after `run.started`, and while calls g
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -405,6 +407,36 @@ async def slow_lookups(ctx, input):
 """
 
 
+@contextlib.contextmanager
+def _three_calls_out(
+    tmp_path: Path, cli_env: dict[str, str], seconds: int, *args: str
+) -> Iterator[tuple[Any, subprocess.Popen[str]]]:
+    """`deepline run play.py ARGS` of IN_FLIGHT_PLAY, its provider answering in `seconds`: the
+    provider and the process, once the run's three calls are out."""
+    from tests.provider import Provider, ProviderServer
+
+    with ProviderServer(Provider(default_fault=f"slow:{seconds}")) as provider:
+        (tmp_path / "deepline.toml").write_text(
+            f'[tools."corp.slow"]\nurl = "{provider.url}/v1/lookup"\nquery = {{ domain = "{{domain}}" }}\ncredits = 1\n'
+        )
+        (tmp_path / "play.py").write_text(IN_FLIGHT_PLAY)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deepline_cli", "run", "play.py", *args],
+            cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 30
+            while provider.count("/v1/lookup") < 3:
+                assert proc.poll() is None and time.monotonic() < deadline, "the three calls never went out"
+                time.sleep(0.01)
+            yield provider, proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+
 @pytest.mark.process
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_while_every_call_is_in_flight_interrupts_the_run(
@@ -413,22 +445,7 @@ def test_a_signal_while_every_call_is_in_flight_interrupts_the_run(
     """Every call of the run already out when the signal comes (nothing left to hold back):
     the calls finished, the play returned, and the run ended `completed`, exit 0, as if no
     one had asked it to stop. A CI job's timeout (SIGTERM) must see 130 and a resumable run."""
-    from tests.provider import Provider, ProviderServer
-
-    with ProviderServer(Provider(default_fault="slow:2")) as provider:
-        (tmp_path / "deepline.toml").write_text(
-            f'[tools."corp.slow"]\nurl = "{provider.url}/v1/lookup"\nquery = {{ domain = "{{domain}}" }}\ncredits = 1\n'
-        )
-        (tmp_path / "play.py").write_text(IN_FLIGHT_PLAY)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "deepline_cli", "run", "play.py", "--run-id", "in-flight"],
-            cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while provider.count("/v1/lookup") < 3:
-            assert proc.poll() is None and time.monotonic() < deadline, "the three calls never went out"
-            time.sleep(0.01)
+    with _three_calls_out(tmp_path, cli_env, 2, "--run-id", "in-flight") as (provider, proc):
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 130, f"exit {proc.returncode}: {err[-1500:]}"
@@ -447,22 +464,7 @@ def test_a_json_run_interrupted_says_so_on_stderr_too(tmp_path: Path, cli_env: d
     """A CI job's timeout (SIGTERM) under --json: stdout's NDJSON ends with run.finished, and
     the job's log (stderr) says the run was interrupted and how to resume it, as it does for
     a failed run. It said nothing."""
-    from tests.provider import Provider, ProviderServer
-
-    with ProviderServer(Provider(default_fault="slow:1")) as provider:
-        (tmp_path / "deepline.toml").write_text(
-            f'[tools."corp.slow"]\nurl = "{provider.url}/v1/lookup"\nquery = {{ domain = "{{domain}}" }}\ncredits = 1\n'
-        )
-        (tmp_path / "play.py").write_text(IN_FLIGHT_PLAY)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "deepline_cli", "run", "play.py", "--run-id", "ci-job", "--json"],
-            cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while provider.count("/v1/lookup") < 3:
-            assert proc.poll() is None and time.monotonic() < deadline, "the three calls never went out"
-            time.sleep(0.01)
+    with _three_calls_out(tmp_path, cli_env, 1, "--run-id", "ci-job", "--json") as (_, proc):
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, f"exit {proc.returncode}: {err[-1500:]}"
@@ -476,22 +478,7 @@ def test_a_second_ctrl_c_says_which_calls_it_cut_short(tmp_path: Path, cli_env: 
     """Ctrl-C twice while three calls are out: the second stops at once, and the calls it cut
     short (answered or not, none recorded) are asked again by the resume. The verdict said
     "nothing finished is lost", and the first line did not say what a second Ctrl-C does."""
-    from tests.provider import Provider, ProviderServer
-
-    with ProviderServer(Provider(default_fault="slow:5")) as provider:
-        (tmp_path / "deepline.toml").write_text(
-            f'[tools."corp.slow"]\nurl = "{provider.url}/v1/lookup"\nquery = {{ domain = "{{domain}}" }}\ncredits = 1\n'
-        )
-        (tmp_path / "play.py").write_text(IN_FLIGHT_PLAY)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "deepline_cli", "run", "play.py", "--run-id", "twice"],
-            cwd=tmp_path, env=cli_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while provider.count("/v1/lookup") < 3:
-            assert proc.poll() is None and time.monotonic() < deadline, "the three calls never went out"
-            time.sleep(0.01)
+    with _three_calls_out(tmp_path, cli_env, 5, "--run-id", "twice") as (_, proc):
         proc.send_signal(signal.SIGINT)
         time.sleep(0.3)
         proc.send_signal(signal.SIGINT)
