@@ -10,6 +10,7 @@ test's own prefix `P`.
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 import subprocess
@@ -1841,7 +1842,9 @@ def test_only_the_columns_given_fewer_arguments_than_before_are_computed_again()
 
     from deepline_cli import steps
 
-    resolved = {c.name: c.fingerprint for c in resolve_columns({"h": has, "p": plain, "l": looped}, {})}
+    resolved = {  # the part a cell an earlier deepline stored is judged by (same_fingerprint)
+        c.name: c.fingerprint.partition(":")[0] for c in resolve_columns({"h": has, "p": plain, "l": looped}, {})
+    }
     marked = steps().step("a", plain).step("b", lambda row, provider="hunter": provider).__fingerprint__()
     assert marked.count("given 1") == 1  # the step given fewer (rc was its `provider`), not the other
     assert resolved["h"] != as_before(has)
@@ -1924,3 +1927,51 @@ def test_a_play_and_a_map_with_a_slash_in_their_names_keep_their_own_sheet(deepl
     assert a.json_lines()[-1]["output"] == [5, 6]
     assert b.json_lines()[-1]["output"] == [105, 106]  # its own tool's answers, not play acme's cells
     assert sorted((tmp_path / "calls.log").read_text().split()) == ["x.com", "x.com", "yy.com", "yy.com"]
+
+
+ORDERED_PLAY = """
+from deepline_cli import Column, play
+
+def a(row):
+    return int(row["id"]) * 10
+
+def b(row):
+    return (row.get("a") or 0) + 1
+
+@play("ordered")
+async def ordered(ctx, input):
+    chosen = {"a": Column(a, depends_on=[]), "b": Column(b, depends_on=[])}
+    columns = {name: chosen[name] for name in input["order"]}
+    rows = await ctx.map("m", [{"id": "1"}, {"id": "2"}], key="id", columns=columns)
+    return [row.get("b") for row in rows]
+"""
+
+
+@pytest.mark.parametrize("then", ["ba", "b"])
+def test_a_column_moved_or_removed_before_another_recomputes_it(deepline, write_play, tmp_path, then: str) -> None:
+    """Column b reads column a. With a moved after b, or taken out, b's cells were given back
+    as a computed them before (11, 21), where a fresh store gives 1, 1: b sees the columns
+    before it, and those changed."""
+    write_play(ORDERED_PLAY)
+    first = deepline("run", "play.py", "--input", '{"order": "ab"}', "--json")
+    assert first.json_lines()[-1]["output"] == [11, 21], first.stderr
+    again = deepline("run", "play.py", "--input", json.dumps({"order": then}), "--json")
+    fresh = deepline(
+        "run", "play.py", "--input", json.dumps({"order": then}), "--json", DEEPLINE_STORE=str(tmp_path / "fresh.db")
+    )
+    assert again.json_lines()[-1]["output"] == fresh.json_lines()[-1]["output"] == [1, 1], (again.stderr, fresh.stderr)
+    # Nothing before it changed: a third run gives every cell back.
+    third = deepline("run", "play.py", "--input", json.dumps({"order": then}), "--json")
+    assert third.json_lines()[-1]["stats"]["rows"]["reused"] == 2, third.json_lines()[-1]["stats"]["rows"]
+
+
+def test_a_cell_stored_before_cells_named_the_columns_before_them_is_still_reused() -> None:
+    """Cells stored by an earlier deepline carry the column's fingerprint alone: they are
+    judged by it (an upgrade recomputes nothing), and new cells by both parts."""
+    from deepline_cli.runtime.map.columns import same_fingerprint
+
+    code, now = "ab12" * 4, "ab12" * 4 + ":0f0f0f0f"
+    assert same_fingerprint(code, now) and same_fingerprint(now, now)
+    assert not same_fingerprint(code + ":11111111", now)  # the columns before it changed
+    assert not same_fingerprint("cd34" * 4, now) and not same_fingerprint(None, now)
+    assert not same_fingerprint("[redacted]", now)  # a cell a secret was redacted from

@@ -9,7 +9,8 @@ the plain data (text, numbers, tuples and dicts of them: not lists, times or obj
 the closure it was made in, of a partial's arguments and of the object it is a method of,
 the play's input (or only the fields the column declares it reads,
 `depends_on`), and the versions of the tools the play declares (a version bumped: its
-answers change meaning).
+answers change meaning). After a `:`, the names of the columns before it, which its
+resolver sees in the row.
 
 A fingerprint leaves the process (it is stored with every cell), so it never depends on
 the process: names are walked in sorted order, sets by their sorted members, and nothing
@@ -119,23 +120,38 @@ def resolve_columns(
             f"not a {type(columns).__name__}."
         )
     resolved = []
-    for name, spec in columns.items():
+    for position, (name, spec) in enumerate(columns.items()):
         column = spec if isinstance(spec, Column) else Column(spec)
         parts = [code_fingerprint(fn) for fn in column.functions()]
         parts += given_fewer(*column.functions())
         parts.append(input_fingerprint(play_input, column.depends_on, rows_path, cwd))
         if tools:
             parts.append(tools)
+        # The columns before it, which its resolver sees in the row: one moved after it or
+        # taken out changes what it computes from (`same_fingerprint`).
+        before = _json.digest(*list(columns)[:position])[:UPSTREAM_CHARS]
         resolved.append(
             ResolvedColumn(
                 name,
                 column,
-                _json.digest(*parts)[:16],
+                f"{_json.digest(*parts)[:16]}:{before}",
                 arity(column.fn),
                 arity(column.run_if) if column.run_if is not None else 1,
             )
         )
     return resolved
+
+
+UPSTREAM_CHARS = 8
+
+
+def same_fingerprint(stored: str | None, current: str) -> bool:
+    """Is a cell stored under `stored` computed as the column would compute it now? Its
+    code and inputs (the first part) and the columns before it (after the `:`); a cell
+    stored before the columns before it were recorded is judged by the first part alone."""
+    if stored == current:
+        return True
+    return stored is not None and ":" not in stored and stored == current.partition(":")[0]
 
 
 def input_fingerprint(

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deepline_cli.runtime.map.columns import ResolvedColumn
+from deepline_cli.runtime.map.columns import ResolvedColumn, same_fingerprint
 from deepline_cli.store.records import Cell, SheetRow
 
 
@@ -38,7 +38,7 @@ class ReusePolicy:
             return None
         cell = previous.cells.get(column.name)
         spec = column.column
-        if cell is None or cell.fingerprint != column.fingerprint:
+        if cell is None or not same_fingerprint(cell.fingerprint, column.fingerprint):
             return None
         # An earlier attempt of this run made it: refreshed (forced, stale, recomputed) once per run.
         own = previous.run_id == self.run_id
