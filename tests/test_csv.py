@@ -712,3 +712,35 @@ def test_a_blank_required_cell_given_back_later_names_this_runs_file_and_line(de
     assert "b.csv line 2" in errors["b@y.com"], errors
     logged = deepline("runs", "logs", "r2", "--kind", "row.failed")
     assert "a.csv" not in logged.stdout and "b.csv line 3" in logged.stdout, logged.stdout
+
+
+CHAINED_PLAY = """
+from deepline_cli import play
+
+def site(row):
+    with open(row["log"], "a") as log:
+        log.write(row["domain"] + "\\n")
+    return "https://" + row["domain"]
+
+@play("chained")
+async def chained(ctx, input):
+    leads = await ctx.map("leads", ctx.csv(input["csv"]), key="domain",
+                          columns={"log": lambda row: input["log"]})
+    companies = await ctx.map("companies", leads, key="domain", columns={"site": site})
+    return [row["site"] for row in companies]
+"""
+
+
+def test_a_map_over_a_csv_maps_rows_is_not_recomputed_for_the_files_new_name(deepline, tmp_path: Path) -> None:
+    """This week's export under a dated name, its rows as last week's: the map reading the CSV
+    gave its cells back, but the map over that map's rows computed every cell again (its
+    cells were keyed on the play's input, the CSV's path included)."""
+    (tmp_path / "play.py").write_text(CHAINED_PLAY)
+    for week in ("week1", "week2"):
+        (tmp_path / f"leads-{week}.csv").write_text("domain\nacme.com\nbeta.io\n")
+    log = tmp_path / "resolved.log"
+    for week in ("week1", "week2"):
+        result = deepline("run", "play.py", "--set", f"csv=leads-{week}.csv", "--set", f"log={log}", "--json")
+        assert result.code == 0, result.stderr
+        assert result.json_lines()[-1]["output"] == ["https://acme.com", "https://beta.io"]
+    assert sorted(log.read_text().split()) == ["acme.com", "beta.io"]  # once each, in the first week

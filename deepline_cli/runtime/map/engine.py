@@ -69,8 +69,10 @@ class MapRun:
             raise UsageError(f"Map {name!r}: limit must be a whole number of rows, 1 or more (or None), not {limit!r}.")
         self.ctx, self.s, self.name, self.rows = host, parts, name, rows
         # A CSV's path is left out of the input a cell is keyed on: its rows are keyed by content.
+        # So is the CSV a map over another map's rows reads through it (this week's file under a
+        # new name: the same rows).
         path = getattr(rows, "path", None)
-        rows_path = str(path) if isinstance(path, Path) else None
+        rows_path = str(path) if isinstance(path, Path) else source_of(rows)
         self.columns = resolve_columns(
             columns, host.play_input, rows_path=rows_path, cwd=parts.identity.cwd, tools=parts.tool_versions
         )
@@ -108,7 +110,7 @@ class MapRun:
             attempt=self.attempt,
             steps=self.waterfalls,
             description=getattr(self.rows, "description", "") or "",
-            source=str(self.rows.path) if isinstance(self.rows, CsvSource) else None,
+            source=str(self.rows.path) if isinstance(self.rows, CsvSource) else source_of(self.rows),
         )
         await self.book.start(record, self.total_estimate, self.limit)
         self.record = record
@@ -421,6 +423,12 @@ class MapRun:
         # first, and their recurring failure stopped it for good.
         if failure is not None and not redone:
             self._stop_on(self.book.systemic(failure, error or ""))
+
+
+def source_of(rows: Any) -> str | None:
+    """The CSV another map's rows (a Dataset) came from, through any maps in between."""
+    record = getattr(rows, "record", None)
+    return record.source if isinstance(record, MapRecord) else None
 
 
 def sheet_name(workspace: str, play: str, map_name: str) -> str:
