@@ -471,3 +471,18 @@ def test_export_never_writes_over_a_csv_the_play_itself_names(
     over = deepline("export", "D", "--out", "leads.csv")
     assert over.code == 2 and "leads.csv is an input of run D" in over.stderr, over.stderr
     assert (tmp_path / "leads.csv").read_text() == "id,domain\n1,acme.com\n"
+
+
+@pytest.mark.parametrize("key", [["a", "b"], lambda row: (row["a"], row["b"])], ids=["fields", "function"])
+def test_a_keys_parts_are_text_as_a_key_of_one_field_is(key: object) -> None:
+    """`key="id"` takes 1 and "1" for one key (a CSV's keys are all text); a key of two
+    fields kept [1, "x"] and ["1", "x"] apart, and None and "" (a blank from an API and
+    from a CSV): the same person from two sources was two rows."""
+    from deepline_cli.runtime.map.rows import key_function
+
+    of = key_function(key)  # type: ignore[arg-type]
+    assert of({"a": 1, "b": "x"}) == of({"a": "1", "b": "x"})
+    assert of({"a": 2, "b": None}) == of({"a": 2, "b": ""})
+    assert of({"a": True, "b": "x"}) == of({"a": "true", "b": "x"})
+    assert of({"a": 1, "b": "x"}) != of({"a": 1, "b": "y"})
+    assert of({"a": "1", "b": "x"}) == '["1","x"]'  # as a CSV's rows were keyed: their sheet rows found again

@@ -415,7 +415,7 @@ def key_function(key: RowKey) -> Callable[[Mapping[str, Any]], str]:
             if isinstance(value, list | tuple) and all(map(is_blank, value)):
                 return ""  # every part blank: no identity, as with key=[fields]
             try:
-                return _scalar(value)
+                return _parts(value) if isinstance(value, list | tuple) else _scalar(value)
             except TypeError as exc:
                 raise InputError(f"its key must be JSON (a string, a number, a list…): {exc}") from None
 
@@ -429,7 +429,7 @@ def key_function(key: RowKey) -> Callable[[Mapping[str, Any]], str]:
                 return ""  # every part blank: no identity (the map keys the row by where it is)
             if any(map(_non_finite, parts)):  # refused, as in a key of one field
                 raise InputError(_not_json(dict(zip(names, parts, strict=True))))
-            return _json.dumps_str(parts)
+            return _parts(parts)
         except KeyError as exc:
             raise InputError(f"it has no key field {exc.args[0]!r} (its fields: {', '.join(row)})") from None
 
@@ -445,6 +445,12 @@ def is_blank(value: Any) -> bool:
 def key_fields(key_of: Callable[..., str]) -> tuple[str, ...]:
     """The fields a key is made of, when the map names them (`key="email"`, a list)."""
     return getattr(key_of, "fields", ())
+
+
+def _parts(parts: Sequence[Any]) -> str:
+    """A key of several parts: a JSON list of each part as text, as a key of one field is
+    (1 and "1" one key, None and "" alike); a CSV's rows, all text, are keyed as before."""
+    return _json.dumps_str([_scalar(part) for part in parts])
 
 
 def _scalar(value: Any) -> str:
