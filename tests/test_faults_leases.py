@@ -319,6 +319,95 @@ def test_a_run_taken_over_while_paused_exits_4_and_leaves_the_new_owners_record(
         db.close()
 
 
+CHILDREN_PLAY = """
+import asyncio
+from deepline_cli import play, tool
+
+
+@tool("slow.kid", credits=1)
+async def work(input):
+    await asyncio.sleep(input["s"])
+    return input["i"]
+
+
+@play("kid")
+async def kid(ctx, input):
+    first = await ctx.tools.execute("a", "slow.kid", {"i": input["i"], "s": input["s"]})
+    second = await ctx.tools.execute("b", "slow.kid", {"i": input["i"] + 100, "s": input["s"]})
+    return first.output + second.output
+
+
+@play("parent")
+async def parent(ctx, input):
+    rows = await ctx.map("m", [{"i": i} for i in range(input["n"])], key="i", concurrency=3, columns={
+        "v": lambda row, rc: rc.run_play("kid", "kid", {"i": row["i"], "s": input["s"]}),
+    })
+    return {"total": sum(row["v"] for row in rows)}
+"""
+
+
+def test_a_process_taken_over_leaves_the_child_runs_the_new_owner_finished_alone(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """Paused with child plays in flight, its run taken over by a resume, and woken while the
+    resume runs those children again: it wrote them `failed` (taken over) or `interrupted`
+    over the new owner's attempts, which then could not record them completed. The parent
+    completed with their outputs; the children stayed failed for good, their credits short
+    of the parent's."""
+    (tmp_path / "play.py").write_text(CHILDREN_PLAY)
+    payload = '{"n": 6, "s": 0.5}'
+    a = start(["run", "play.py:parent", "--input", payload, "--run-id", "held", "--quiet"], env, tmp_path)
+    b = None
+    try:
+        wait_until(lambda: _status(env, "held") == "running", what="the run to start")
+        wait_until(lambda: len(_kids(env)) == 3, what="three children started")
+        os.kill(a.pid, signal.SIGSTOP)
+        wait_until(lambda: _lease_expired(env, "held"), timeout=20, what="the paused run's lease to expire")
+        b = start(["resume", "held", "--quiet"], env, tmp_path)
+        # The resume runs again a child the paused process held: wake that process now.
+        wait_until(lambda: any(k.attempt == 2 for k in _kids(env)), alive=b, what="a child taken over")
+        os.kill(a.pid, signal.SIGCONT)
+        code, _, err = finish(a)
+        resumed, _, resumed_err = finish(b)
+    finally:
+        kill(a)
+        if b is not None:
+            kill(b)
+    assert code == 4, err
+    assert resumed == 0, resumed_err
+    db = open_store(env["DEEPLINE_STORE"])
+    try:
+        parent = db.runs.get_run("held")
+        assert parent is not None and parent.status == "completed" and parent.output == {"total": 630}
+        kids = [r for r in db.runs.list_runs(limit=100) if r.parent_run_id == "held"]
+        assert len(kids) == 6 and {k.status for k in kids} == {"completed"}, [(k.run_id, k.status) for k in kids]
+        assert sum(k.stats.get("credits", 0) for k in kids) == 12 == parent.stats["credits"]
+        # `runs show --full`: the paused process's attempts of the children are not said to have
+        # failed (taken over; interrupted, if it reached one first; killed, if it exited first).
+        attempts = [[a.status for a in db.ledger.attempt_rows(k.run_id)] for k in kids if k.attempt == 2]
+        assert attempts and all(a[1:] == ["completed"] for a in attempts), attempts
+        assert all(a[0] in ("taken_over", "interrupted", "killed") for a in attempts), attempts
+    finally:
+        db.close()
+
+
+def _kids(env: dict[str, str]) -> list[RunRecord]:
+    db = open_store(env["DEEPLINE_STORE"])
+    try:
+        return [r for r in db.runs.list_runs(limit=100) if r.parent_run_id == "held"]
+    finally:
+        db.close()
+
+
+def _lease_expired(env: dict[str, str], run_id: str) -> bool:
+    db = open_store(env["DEEPLINE_STORE"])
+    try:
+        record = db.runs.get_run(run_id)
+        return record is not None and record.lease_expires_at < db.now() - 0.2
+    finally:
+        db.close()
+
+
 def _completed(env: dict[str, str], tool: str) -> list[object]:
     db = open_store(env["DEEPLINE_STORE"])
     try:

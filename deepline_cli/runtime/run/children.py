@@ -15,7 +15,7 @@ from typing import Any
 from deepline_cli import _json
 from deepline_cli.errors import DeeplineError, GovernanceError, InputError, PlayLoadError, RunInterrupted
 from deepline_cli.runtime.calls.call_scope import current_cell
-from deepline_cli.runtime.calls.receipts import DurableCall, receipt_key
+from deepline_cli.runtime.calls.receipts import DurableCall, RunTakenOver, receipt_key
 from deepline_cli.runtime.run.body import execute_body
 from deepline_cli.runtime.run.holders import holder_id
 from deepline_cli.runtime.run.parts import Journal, RunParts
@@ -246,17 +246,19 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
         s.effects.books.remove(child.effects.book)  # its calls are over: no more heartbeats for it
     # Interrupted with its parent (Ctrl-C, `runs stop`): resumed with it, not failed.
     status = "interrupted" if isinstance(outcome.raised, RunInterrupted) else outcome.status
-    await s.infra.io.call(
+    if isinstance(outcome.raised, RunTakenOver) or not await s.infra.io.call(
         store.runs.set_status,
         child_id,
         status,
+        only_attempt=record.attempt,  # taken over since (this process paused): the new owner's now
         stats=await _ended(child, status),
         output=outcome.output,
         error=outcome.error,
         holder=None,
         lease_expires_at=0.0,
         finished_at=s.infra.io.now() if outcome.status in ("completed", "failed") else None,
-    )
+    ):  # the run is another process's: its children too
+        await _taken_over(child)
     s.infra.bus.emit("child.finished", s.identity.run_id, child_run_id=child_id, status=outcome.status)
     if outcome.status == "waiting":
         boundary = await s.infra.io.call(
@@ -287,5 +289,17 @@ async def _ended(child: RunParts, status: str) -> dict[str, Any]:
 async def _interrupted(child: RunParts) -> None:
     io = child.infra.io
     stats = await _ended(child, "interrupted")
-    await io.call(io.store.runs.set_status, child.identity.run_id, "interrupted", stats=stats, holder=None,
-                  lease_expires_at=0.0)  # fmt: skip
+    # Only this process's attempt of it: a run taken over while it was paused is another's.
+    recorded = await io.call(io.store.runs.set_status, child.identity.run_id, "interrupted",
+                             only_attempt=child.identity.attempt, stats=stats, holder=None,
+                             lease_expires_at=0.0)  # fmt: skip
+    if not recorded:
+        await _taken_over(child)
+
+
+async def _taken_over(child: RunParts) -> None:
+    """Its attempt lived to hear another process has the child now (`runs show --full`):
+    that attempt ends so, and nothing else of the child is written."""
+    io = child.infra.io
+    await child.effects.book.settle_all(0.0)
+    await io.call(io.store.runs.end_attempt, child.identity.run_id, child.identity.attempt, "taken_over", io.now())
