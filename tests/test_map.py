@@ -1966,12 +1966,66 @@ def test_a_column_moved_or_removed_before_another_recomputes_it(deepline, write_
 
 
 def test_a_cell_stored_before_cells_named_the_columns_before_them_is_still_reused() -> None:
-    """Cells stored by an earlier deepline carry the column's fingerprint alone: they are
-    judged by it (an upgrade recomputes nothing), and new cells by both parts."""
-    from deepline_cli.runtime.map.columns import same_fingerprint
+    """Cells stored by an earlier deepline carry one fingerprint, made with every declared
+    tool's version: they are judged by it (an upgrade recomputes nothing while the tools are
+    as they were), and new cells by the columns before them and the tools they call."""
+    from deepline_cli import _json
+    from deepline_cli.runtime.map.columns import code_fingerprint, input_fingerprint, resolve_columns, same_fingerprint
 
-    code, now = "ab12" * 4, "ab12" * 4 + ":0f0f0f0f"
-    assert same_fingerprint(code, now) and same_fingerprint(now, now)
-    assert not same_fingerprint(code + ":11111111", now)  # the columns before it changed
-    assert not same_fingerprint("cd34" * 4, now) and not same_fingerprint(None, now)
-    assert not same_fingerprint("[redacted]", now)  # a cell a secret was redacted from
+    def plain(row):
+        return 1
+
+    tools = {"t.a": "1", "t.b": "2"}
+    (column,) = resolve_columns({"p": plain}, {}, tools=tools)
+    every = _json.digest("t.a\0" + "1", "t.b\0" + "2")[:16]  # RunTools.versions() as it was
+    stored_then = _json.digest(code_fingerprint(plain), input_fingerprint({}, None), every)[:16]
+    assert column.legacy == stored_then and same_fingerprint(stored_then, column)
+    assert same_fingerprint(column.fingerprint, column)
+    code, _, before = column.fingerprint.partition(":")
+    assert not same_fingerprint(f"{code}:{'1' * len(before)}", column)  # the columns before it changed
+    assert not same_fingerprint("cd34" * 4, column) and not same_fingerprint(None, column)
+    assert not same_fingerprint("[redacted]", column)  # a cell a secret was redacted from
+    (bumped,) = resolve_columns({"p": plain}, {}, tools={**tools, "t.b": "3"})
+    assert not same_fingerprint(stored_then, bumped)  # as before: a tool bumped, old cells recomputed
+
+
+TOOLED_PLAY = """
+from deepline_cli import play, tool
+
+def logged(what):
+    with open(LOG, "a") as f:
+        f.write(what + "\\n")
+
+@tool("t.a", credits=1, version=VERSION)
+def a(input):
+    logged("a")
+    return input["d"].upper()
+
+def noted(row, rc):
+    return rc.step("note", lambda: logged("step") or "n")
+
+@play("tooled")
+async def tooled(ctx, input):
+    rows = await ctx.map("m", [{"d": "x"}, {"d": "y"}], key="d", columns={
+        "A": lambda row, rc: rc.tools.execute("a", "t.a", {"d": row["d"]}),
+        "S": noted,
+    })
+    return len(rows)
+"""
+
+
+def test_a_tool_added_or_bumped_recomputes_only_the_columns_that_call_it(deepline, write_play, tmp_path) -> None:
+    """A provider added to deepline.toml recomputed every cell of every map (the steps in
+    them ran again), and a tool's version bumped every column, its own or not."""
+    log = tmp_path / "calls.log"
+
+    def run(version: str) -> list[str]:
+        write_play(TOOLED_PLAY.replace("LOG", repr(str(log))).replace("VERSION", repr(version)))
+        before = log.read_text().split() if log.exists() else []
+        assert deepline("run", "play.py").code == 0
+        return sorted(log.read_text().split()[len(before) :])
+
+    assert run("1") == ["a", "a", "step", "step"]
+    (tmp_path / "deepline.toml").write_text('[tools."t.new"]\nurl = "http://127.0.0.1:9/new"\n')
+    assert run("1") == []  # a tool no column calls: nothing computed again
+    assert run("2") == ["a", "a"]  # its version bumped: the column calling it, not the other

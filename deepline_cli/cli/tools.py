@@ -332,7 +332,7 @@ def _unknown_tools(play_file: Path, catalog: Catalog) -> list[tuple[str, str, in
     import contextlib
 
     from deepline_cli.errors import UsageError
-    from deepline_cli.runtime.planning.toolscan import called_tools
+    from deepline_cli.runtime.map.toolscan import called_tools
     from deepline_cli.runtime.run.snapshot import local_modules
 
     files = [play_file]

@@ -45,13 +45,12 @@ class RunTools:
     def forget(self, tool_id: str) -> None:
         self.http_tools.forget(tool_id)
 
-    def versions(self) -> str:
-        """A digest of the versions of the tools the play declares (its module's @tools and
-        deepline.toml's), the same in every process: a map's cells are recomputed when one
-        is bumped (their calls of the other tools still come from their receipts)."""
+    def versions(self) -> dict[str, str]:
+        """The version of each tool the play declares (its module's @tools and deepline.toml's):
+        a map's cells calling one are recomputed when it is bumped (columns.py)."""
         declared = {tool_id: str(d.version) for tool_id, d in self.local.items()}
         declared.update((tool_id, str(spec.version)) for tool_id, spec in self.http_tools.config.tools.items())
-        return _json.digest(*(f"{tool_id}\0{version}" for tool_id, version in sorted(declared.items())))[:16]
+        return declared
 
 
 def checked_staleness(value: Any, what: str = "stale_after_seconds", *, function: bool = True) -> Any:

@@ -15,5 +15,6 @@ __all__ = [
     "reuse",
     "row_context",
     "rows",
+    "toolscan",
     "waterfall",
 ]

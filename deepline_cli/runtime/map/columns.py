@@ -8,9 +8,9 @@ or a counter the play fills; followed into the play's own module it imports them
 the plain data (text, numbers, tuples and dicts of them: not lists, times or objects) of
 the closure it was made in, of a partial's arguments and of the object it is a method of,
 the play's input (or only the fields the column declares it reads,
-`depends_on`), and the versions of the tools the play declares (a version bumped: its
-answers change meaning). After a `:`, the names of the columns before it, which its
-resolver sees in the row.
+`depends_on`), and the versions of the declared tools it calls (a version bumped: its
+answers change meaning; a tool id built at run time: every declared tool's). After a `:`,
+the names of the columns before it, which its resolver sees in the row.
 
 A fingerprint leaves the process (it is stored with every cell), so it never depends on
 the process: names are walked in sorted order, sets by their sorted members, and nothing
@@ -92,6 +92,7 @@ class ResolvedColumn:
     fingerprint: str
     arity: int = 2  # the resolver takes (row) or (row, rc)
     run_if_arity: int = 1  # run_if takes (row) or (row, index)
+    legacy: str = ""  # the fingerprint as cells stored before `:` came to it had it (same_fingerprint)
 
 
 @dataclass
@@ -108,12 +109,17 @@ def resolve_columns(
     *,
     rows_path: str | None = None,
     cwd: str = "",
-    tools: str = "",
+    tools: Mapping[str, str] | None = None,
 ) -> list[ResolvedColumn]:
     """The map's columns with their fingerprints. `rows_path`: the file the map's rows come
     from, left out of the input a column is keyed on (each row's content is keyed already),
     however the input names it (relative ones from `cwd`, where the run started).
-    `tools`: the declared tools' versions (a version bumped: the answers change meaning)."""
+    `tools`: the declared tools' versions (a version bumped: the answers change meaning):
+    a column's fingerprint has those its code names (all of them, if it calls a tool it does
+    not name; none, if it calls none)."""
+    from deepline_cli.runtime.map.toolscan import calls_tools, string_constants
+
+    every = _versions(tools) if tools is not None else None
     if not isinstance(columns, Mapping):
         raise UsageError(
             f"A map's columns must be a dict of column name → function, like {{'email': find_email}}, "
@@ -125,8 +131,13 @@ def resolve_columns(
         parts = [code_fingerprint(fn) for fn in column.functions()]
         parts += given_fewer(*column.functions())
         parts.append(input_fingerprint(play_input, column.depends_on, rows_path, cwd))
+        legacy = _json.digest(*parts, *([every] if every else []))[:16]  # every tool's versions
         if tools:
-            parts.append(tools)
+            named = set().union(*(string_constants(fn) for fn in column.functions())) & tools.keys()
+            if named:
+                parts.append(_versions({tool_id: tools[tool_id] for tool_id in named}))
+            elif calls_tools(column.functions()) and every:
+                parts.append(every)
         # The columns before it, which its resolver sees in the row: one moved after it or
         # taken out changes what it computes from (`same_fingerprint`).
         before = _json.digest(*list(columns)[:position])[:UPSTREAM_CHARS]
@@ -137,21 +148,28 @@ def resolve_columns(
                 f"{_json.digest(*parts)[:16]}:{before}",
                 arity(column.fn),
                 arity(column.run_if) if column.run_if is not None else 1,
+                legacy,
             )
         )
     return resolved
 
 
+def _versions(tools: Mapping[str, str]) -> str:
+    """A digest of tools' versions, the same in every process (ids in sorted order)."""
+    return _json.digest(*(f"{tool_id}\0{version}" for tool_id, version in sorted(tools.items())))[:16]
+
+
 UPSTREAM_CHARS = 8
 
 
-def same_fingerprint(stored: str | None, current: str) -> bool:
+def same_fingerprint(stored: str | None, column: ResolvedColumn) -> bool:
     """Is a cell stored under `stored` computed as the column would compute it now? Its
-    code and inputs (the first part) and the columns before it (after the `:`); a cell
-    stored before the columns before it were recorded is judged by the first part alone."""
-    if stored == current:
+    code, inputs and the versions of the tools it calls (the first part), and the columns
+    before it (after the `:`). A cell an earlier deepline stored (no `:`) is judged as it
+    was then: by the fingerprint with every declared tool's versions (`legacy`)."""
+    if stored == column.fingerprint:
         return True
-    return stored is not None and ":" not in stored and stored == current.partition(":")[0]
+    return stored is not None and ":" not in stored and stored == column.legacy
 
 
 def input_fingerprint(

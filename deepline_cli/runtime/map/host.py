@@ -3,7 +3,7 @@ of runs, play bodies or child plays (the run implements it; `deepline plan` too)
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -62,7 +62,8 @@ class MapParts:
     limit: int | None = None  # the run's --limit
     # Where a running map puts the call that says its progress; the run makes it with its own.
     progress: list[Callable[[], None]] = field(default_factory=list)
-    tool_versions: str = ""  # the declared tools' versions (RunTools.versions): part of a cell's fingerprint
+    # The declared tools' versions (RunTools.versions): a cell's fingerprint has those its column calls.
+    tool_versions: Mapping[str, str] | None = None
     # The fatal reason the run stopped for (a budget refusal, a lost lease…), if it did: a
     # row that ends after it may hold what a resolver caught of it, so it is not recorded.
     tripped: Callable[[], BaseException | None] = lambda: None

@@ -38,7 +38,7 @@ class ReusePolicy:
             return None
         cell = previous.cells.get(column.name)
         spec = column.column
-        if cell is None or not same_fingerprint(cell.fingerprint, column.fingerprint):
+        if cell is None or not same_fingerprint(cell.fingerprint, column):
             return None
         # An earlier attempt of this run made it: refreshed (forced, stale, recomputed) once per run.
         own = previous.run_id == self.run_id

@@ -1,3 +1,3 @@
 """`deepline plan`: a play walked without calling anything, through the same map and reuse code."""
 
-__all__ = ["planner", "toolscan"]
+__all__ = ["planner"]

@@ -11,7 +11,7 @@ and decides it with the receipt state machine (`decide_claim`):
     anything else                            → a new call to TOOL: the resolver stops here
 
 What a stopped resolver might still call, and what columns after it (which need its
-answer) might call, is bounded by the tools their code names (runtime/toolscan.py):
+answer) might call, is bounded by the tools their code names (runtime/map/toolscan.py):
 the worst case calls each of them once. The expected case weighs those tools by how
 often earlier runs of the play called them per row of this map (the calls ledger), or,
 with no earlier runs, counts only the first tool each column names.
@@ -48,7 +48,7 @@ from deepline_cli.runtime.map.pilot import whole_row_reusable
 from deepline_cli.runtime.map.reuse import previous_value, refresh_after
 from deepline_cli.runtime.map.row_context import PendingRow, RowContext
 from deepline_cli.runtime.map.rows import CsvSource, RowKey
-from deepline_cli.runtime.planning.toolscan import runs_child_plays, tool_ids
+from deepline_cli.runtime.map.toolscan import runs_child_plays, tool_ids
 from deepline_cli.runtime.providers.config import Config, load_config
 from deepline_cli.runtime.providers.http import FetchResult
 from deepline_cli.runtime.providers.tools import ToolDef, ToolResult, find_tool

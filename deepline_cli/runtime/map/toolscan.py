@@ -38,6 +38,12 @@ def runs_child_plays(fns: list[Any]) -> bool:
     return any("run_play" in _walk(fn, set(), _names) for fn in fns)
 
 
+def calls_tools(fns: list[Any]) -> bool:
+    """Whether `fns`, or the play functions they reach, call a tool at all (`tools.execute`,
+    with an id the scan may not see: one built at run time)."""
+    return any("execute" in _walk(fn, set(), _names) for fn in fns)
+
+
 def tool_ids(fns: list[Any], is_tool: Callable[[str], bool]) -> list[str]:
     """The tool ids `fns` name, in the order they appear (the first is a waterfall's first)."""
     found: dict[str, None] = {}
