@@ -1987,6 +1987,11 @@ def test_a_cell_stored_before_cells_named_the_columns_before_them_is_still_reuse
     assert not same_fingerprint("[redacted]", column)  # a cell a secret was redacted from
     (bumped,) = resolve_columns({"p": plain}, {}, tools={**tools, "t.b": "3"})
     assert not same_fingerprint(stored_then, bumped)  # as before: a tool bumped, old cells recomputed
+    # A map over another map's rows: its cells were keyed with the CSV's path in the input then.
+    given = {"csv": "/data/leads.csv"}
+    (chained,) = resolve_columns({"p": plain}, given, rows_path="/data/leads.csv", tools=tools, own_path=False)
+    then = _json.digest(code_fingerprint(plain), input_fingerprint(given, None), every)[:16]
+    assert same_fingerprint(then, chained) and chained.fingerprint.partition(":")[0] != then
 
 
 TOOLED_PLAY = """

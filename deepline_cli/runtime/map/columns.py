@@ -110,13 +110,15 @@ def resolve_columns(
     rows_path: str | None = None,
     cwd: str = "",
     tools: Mapping[str, str] | None = None,
+    own_path: bool = True,
 ) -> list[ResolvedColumn]:
     """The map's columns with their fingerprints. `rows_path`: the file the map's rows come
     from, left out of the input a column is keyed on (each row's content is keyed already),
     however the input names it (relative ones from `cwd`, where the run started).
     `tools`: the declared tools' versions (a version bumped: the answers change meaning):
     a column's fingerprint has those its code names (all of them, if it calls a tool it does
-    not name; none, if it calls none)."""
+    not name; none, if it calls none). `own_path`: the map reads `rows_path` itself (not
+    through another map's rows, whose cells an earlier deepline keyed with that path)."""
     from deepline_cli.runtime.map.toolscan import calls_tools, string_constants
 
     every = _versions(tools) if tools is not None else None
@@ -131,7 +133,8 @@ def resolve_columns(
         parts = [code_fingerprint(fn) for fn in column.functions()]
         parts += given_fewer(*column.functions())
         parts.append(input_fingerprint(play_input, column.depends_on, rows_path, cwd))
-        legacy = _json.digest(*parts, *([every] if every else []))[:16]  # every tool's versions
+        then = parts if own_path else [*parts[:-1], input_fingerprint(play_input, column.depends_on, None, cwd)]
+        legacy = _json.digest(*then, *([every] if every else []))[:16]  # every tool's versions
         if tools:
             named = set().union(*(string_constants(fn) for fn in column.functions())) & tools.keys()
             if named:

@@ -74,8 +74,9 @@ class MapRun:
         path = getattr(rows, "path", None)
         rows_path = str(path) if isinstance(path, Path) else source_of(rows)
         self.columns = resolve_columns(
-            columns, host.play_input, rows_path=rows_path, cwd=parts.identity.cwd, tools=parts.tool_versions
-        )
+            columns, host.play_input, rows_path=rows_path, cwd=parts.identity.cwd, tools=parts.tool_versions,
+            own_path=isinstance(path, Path),
+        )  # fmt: skip
         self.key_of = key_function(key)
         self.on_row_error = on_row_error
         self.concurrency = max(1, concurrency or parts.concurrency or DEFAULT_CONCURRENCY)
