@@ -526,3 +526,43 @@ def test_a_process_woken_after_a_takeover_writes_no_rows(
     shown = deepline("runs", "show", "woken", "--json", **env)
     assert _json.loads(shown.stdout)["stats"]["credits"] == 1  # the call C settled is in the ledger
     assert [r.status for r in _completed(env, "p.lookup")] == ["completed"]
+
+
+LATE_PLAY = """
+import asyncio
+import sqlite3
+
+from deepline_cli import play, tool
+
+
+@tool("late.work", credits=1)
+async def work(input, call):
+    # While it is out, another process takes the call over (this one paused past its lease):
+    # the receipt's lease is another's when its answer comes.
+    with sqlite3.connect(input["store"], timeout=30) as db:
+        db.execute("UPDATE receipts SET lease_id = 'another-process' WHERE key = ?", (call.receipt_key,))
+    await asyncio.sleep(0.05)
+    return input["i"]
+
+
+@play("late")
+async def late(ctx, input):
+    rows = await ctx.map("m", [{"i": i} for i in range(8)], key="i", concurrency=8, columns={
+        "v": lambda row, rc: rc.tools.execute("w", "late.work", {"i": row["i"], "store": input["store"]}),
+    })
+    return len(rows)
+"""
+
+
+def test_calls_answered_after_a_takeover_are_said_in_two_lines_not_one_each(
+    tmp_path: Path, deepline: Callable[..., Result], store_path: Path
+) -> None:
+    """A worker paused past its leases with many calls out, woken: each answer another
+    process had taken over was logged on a line of its own (50 lines for a map's 50 rows)."""
+    (tmp_path / "play.py").write_text(LATE_PLAY)
+    result = deepline("run", "play.py", "--set", f"store={store_path}", DEEPLINE_STORE=str(store_path))
+    assert result.code == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "after another process took" in line]
+    assert len(said) == 2, said
+    assert "answered after another process took the call over; its record is kept" in said[0]
+    assert "7 more calls answered after another process took them over; their records are kept" in said[1]

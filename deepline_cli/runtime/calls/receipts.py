@@ -212,6 +212,9 @@ class ReceiptBook:
         # what it returns after that may be made of one (a caught refusal), and is not kept.
         self.refused = False
         self._unpriced: set[str] = set()  # metered tools whose answers say no price, warned of once
+        # Calls answered after another process took them over (this one paused past its leases):
+        # the first is said with its label, the rest in one line once the calls are settled.
+        self._late, self._late_said = 0, 0
 
     @property
     def scope(self) -> Identity:
@@ -439,8 +442,22 @@ class ReceiptBook:
             # Our lease lapsed while the call was out (a paused process) and another owner
             # took the receipt: it sends the call under the same idempotency key and records
             # the answer, so nothing is paid twice and nothing is lost.
+            self._late += 1
+            if self._late == 1:
+                self._log(
+                    f"{call.label}: answered after another process took the call over; its record is kept",
+                    level="warning",
+                )
+                self._late_said = 1
+
+    def _say_late(self) -> None:
+        """The calls answered after a takeover not said one by one: in one line."""
+        more = self._late - self._late_said
+        if more > 0:
+            self._late_said = self._late
             self._log(
-                f"{call.label}: answered after another process took the call over; its record is kept",
+                f"{more:,} more call{'s' if more != 1 else ''} answered after another process took "
+                f"{'them' if more != 1 else 'it'} over; their records are kept",
                 level="warning",
             )
 
@@ -532,6 +549,9 @@ class ReceiptBook:
         """Wait (up to `timeout`) for calls being invoked to finish, then flush writes."""
         idle = await self._leases.idle(timeout)
         await self._writes.flushed()
+        if self._late > self._late_said:
+            self._say_late()
+            await self._writes.flushed()
         return idle
 
 
