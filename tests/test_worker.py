@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -1086,3 +1087,21 @@ def test_worker_wakes_on_notify(pg_cli: CLI, pg_url: str, tmp_path: Path) -> Non
     stopped = pg_cli.finish(worker, timeout=15)
     assert stopped.code == 0, stopped.stderr
     assert "3 started, 3 completed" in stopped.stderr, stopped.stderr
+
+
+def test_a_worker_killed_between_its_claim_and_its_attempt_leaves_that_attempt_counted(
+    cli: CLI, tmp_path: Path
+) -> None:
+    """A worker killed just after claiming a queued run (its attempt number taken, its
+    attempt not yet recorded): the run said attempt 2 and `stats.attempts` 1, and `runs
+    show --full` listed attempt #2 alone. The attempt is counted as killed."""
+    write(tmp_path / "play.py", MAP_OF_CHILDREN_PLAY.replace("range(20)", "range(2)"))
+    run_id = cli.enqueue("play.py:enrich-one", domain="x1.com")
+    with opened(cli.store) as store:
+        claimed = store.queue.claim_queued_run(holder=f"{socket.gethostname()}:999999999", expires_at=0.0)
+        assert claimed is not None and claimed.attempt == 1  # and the worker is killed here
+    cli.worker_once()  # its holder is gone: the run is taken over
+    with opened(cli.store) as store:
+        run = run_of(store, run_id)
+        assert (run.status, run.attempt, run.stats["attempts"]) == ("completed", 2, 2), run.stats
+        assert [(a.attempt, a.status) for a in store.ledger.attempt_rows(run_id)] == [(1, "killed"), (2, "completed")]

@@ -75,6 +75,16 @@ class RunsSql(SqlBase):
                 " seen_at) WHERE run_id = ? AND attempt < ? AND ended_at IS NULL",
                 (run_id, attempt),
             )
+            # One killed before it recorded itself (a worker killed between its claim and its
+            # attempt): its number was taken; it is counted, killed as it began.
+            rows = c.execute("SELECT attempt FROM attempts WHERE run_id = ?", (run_id,)).fetchall()
+            known = {int(r[0]) for r in rows}
+            for lost in sorted(set(range(1, attempt)) - known):
+                c.execute(
+                    "INSERT INTO attempts (run_id, attempt, started_at, seen_at, ended_at, status)"
+                    " VALUES (?, ?, ?, ?, ?, 'killed')",
+                    (run_id, lost, now, now, now),
+                )
             c.execute(
                 "INSERT INTO attempts (run_id, attempt, holder, started_at, seen_at, status) VALUES (?, ?, ?, ?, ?,"
                 " 'running') ON CONFLICT (run_id, attempt) DO UPDATE SET holder = excluded.holder,"
