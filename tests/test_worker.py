@@ -1105,3 +1105,42 @@ def test_a_worker_killed_between_its_claim_and_its_attempt_leaves_that_attempt_c
         run = run_of(store, run_id)
         assert (run.status, run.attempt, run.stats["attempts"]) == ("completed", 2, 2), run.stats
         assert [(a.attempt, a.status) for a in store.ledger.attempt_rows(run_id)] == [(1, "killed"), (2, "completed")]
+
+
+RETRIED_CHILDREN_PLAY = """
+from deepline_cli import play
+
+@play("lookup-one")
+async def lookup_one(ctx, input):
+    return (await ctx.tools.execute("c", "acme.company", {"domain": input["domain"]})).output
+
+@play("accounts")
+async def accounts(ctx, input):
+    rows = await ctx.map("leads", [{"domain": "a.io"}, {"domain": "b.io"}], key="domain", columns={
+        "company": lambda row, rc: rc.run_play("one", "lookup-one", {"domain": row["domain"]}),
+    })
+    return len(rows)
+"""
+
+
+def test_a_parents_retries_by_cause_count_its_queued_childrens(cli: CLI, tmp_path: Path) -> None:
+    """Under a worker each child play is a run of its own: the parent's stats counted their
+    retries (from the ledger) but not their causes (in the children's processes), and said
+    every one `earlier` (attempts killed before their outcome), though none was killed."""
+    from tests.provider import Provider, ProviderServer
+
+    with ProviderServer(Provider()) as provider:
+        provider.script("/v1/company", ["503", "503"])
+        (tmp_path / "deepline.toml").write_text(
+            f'[tools."acme.company"]\nurl = "{provider.url}/v1/company"\nmethod = "POST"\n'
+            'json = { domain = "{domain}" }\ncredits = 1\n'
+        )
+        write(tmp_path / "play.py", RETRIED_CHILDREN_PLAY)
+        cli.env["DEEPLINE_RETRY_BASE_S"] = "0.01"
+        run_id = cli.enqueue("play.py:accounts")
+        cli.worker_once()
+    with opened(cli.store) as store:
+        run = run_of(store, run_id)
+        assert run.status == "completed", run.error
+        counts = run.stats["tools"]["acme.company"]
+        assert (counts["retries"], counts["retry_reasons"]) == (2, {"5xx": 2}), counts

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -511,6 +512,24 @@ def attempt_parts(
     )
 
 
+def _causes_of_queued_children(store: Store, run_id: str) -> dict[str, Counter[str]]:
+    """Retries by cause, per tool, of the child plays below this run that workers ran as
+    queued runs of their own (each recorded its own, theirs below it included); those run
+    in this process are counted in its memory."""
+    causes: dict[str, Counter[str]] = {}
+    for child in store.runs.child_runs(run_id):
+        if not child.scheduled:
+            below = _causes_of_queued_children(store, child.run_id)
+        else:
+            below = {
+                tool_id: Counter({k: int(v) for k, v in (counts.get("retry_reasons") or {}).items() if k != "earlier"})
+                for tool_id, counts in (child.stats.get("tools") or {}).items()
+            }
+        for tool_id, counted in below.items():
+            causes[tool_id] = causes.get(tool_id, Counter()) + counted
+    return causes
+
+
 def record_end(
     store: Store, record: RunRecord, outcome: BodyOutcome, known: RunStats, busy_s: float, max_inline_wait: float
 ) -> dict[str, Any] | None:
@@ -525,14 +544,17 @@ def record_end(
         stats["tools"].setdefault(
             tool_id, {"live": 0, "reused": 0, "failed": 0, "credits": 0.0, "retries": 0, "recovered": 0}
         )
+    elsewhere = _causes_of_queued_children(store, record.run_id)
     for tool_id, counts in stats["tools"].items():  # counted in memory only
         counted = known.tool(tool_id)
         # The ledger counts a call's retries when it ends; one abandoned by an interrupt
         # retried too (and the live view showed it).
         counts["retries"] = max(counts["retries"], counted.retries)
         # By cause, as every view shows them: those of attempts killed before an outcome as
-        # `earlier`, so the causes add up to the retries (--json's run.finished too).
-        counts["retry_reasons"] = retry_causes(dict(counted.retry_reasons), counts["retries"])
+        # `earlier`, so the causes add up to the retries (--json's run.finished too). Child
+        # plays a worker ran (the ledger's retries count theirs) said theirs in their records.
+        causes = Counter(counted.retry_reasons) + elsewhere.get(tool_id, Counter())
+        counts["retry_reasons"] = retry_causes(dict(causes), counts["retries"])
     wake = None
     if status == "waiting":
         wake = next_wake(store, record.run_id, record.root_run_id or record.run_id, now, max_inline_wait)
