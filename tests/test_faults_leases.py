@@ -319,21 +319,14 @@ def test_a_run_taken_over_while_paused_exits_4_and_leaves_the_new_owners_record(
         db.close()
 
 
-CHILDREN_PLAY = """
-import asyncio
-from deepline_cli import play, tool
-
-
-@tool("slow.kid", credits=1)
-async def work(input):
-    await asyncio.sleep(input["s"])
-    return input["i"]
-
+CHILDREN_PLAY = (
+    SLOW_PLAY
+    + """
 
 @play("kid")
 async def kid(ctx, input):
-    first = await ctx.tools.execute("a", "slow.kid", {"i": input["i"], "s": input["s"]})
-    second = await ctx.tools.execute("b", "slow.kid", {"i": input["i"] + 100, "s": input["s"]})
+    first = await ctx.tools.execute("a", "slow.work", {"i": input["i"], "s": input["s"]})
+    second = await ctx.tools.execute("b", "slow.work", {"i": input["i"] + 100, "s": input["s"]})
     return first.output + second.output
 
 
@@ -344,6 +337,7 @@ async def parent(ctx, input):
     })
     return {"total": sum(row["v"] for row in rows)}
 """
+)
 
 
 def test_a_process_taken_over_leaves_the_child_runs_the_new_owner_finished_alone(
