@@ -301,6 +301,18 @@ class LedgerQueries:
             found.update(_json.loads(text) or [])
         return found
 
+    def queued_children_stats(self, run_id: str) -> list[dict[str, Any]]:
+        """The stats of the child runs below this run that workers ran as queued runs of their
+        own, the topmost of each branch (each counts those below it): one query, however deep."""
+        rows = self._read(
+            "WITH RECURSIVE below(run_id, scheduled) AS (SELECT run_id, scheduled FROM runs WHERE parent_run_id = ?"
+            " UNION SELECT r.run_id, r.scheduled FROM runs r JOIN below b ON r.parent_run_id = b.run_id"
+            " WHERE b.scheduled = 0)"
+            " SELECT r.stats FROM runs r JOIN below b ON b.run_id = r.run_id WHERE b.scheduled = 1",
+            (run_id,),
+        )
+        return [_json.loads(text) or {} for (text,) in rows if text]
+
     def recorded_rows(self, run_id: str) -> set[tuple[str, str, str]]:
         """(run id, map, row key) of every map row the run and its child runs recorded."""
         rows = self._read(f"SELECT run_id, map, row_key FROM map_rows WHERE run_id IN {TREE}", (run_id, run_id))

@@ -517,16 +517,10 @@ def _causes_of_queued_children(store: Store, run_id: str) -> dict[str, Counter[s
     queued runs of their own (each recorded its own, theirs below it included); those run
     in this process are counted in its memory."""
     causes: dict[str, Counter[str]] = {}
-    for child in store.runs.child_runs(run_id):
-        if not child.scheduled:
-            below = _causes_of_queued_children(store, child.run_id)
-        else:
-            below = {
-                tool_id: Counter({k: int(v) for k, v in (counts.get("retry_reasons") or {}).items() if k != "earlier"})
-                for tool_id, counts in (child.stats.get("tools") or {}).items()
-            }
-        for tool_id, counted in below.items():
-            causes[tool_id] = causes.get(tool_id, Counter()) + counted
+    for stats in store.ledger.queued_children_stats(run_id):
+        for tool_id, counts in (stats.get("tools") or {}).items():
+            known = {k: int(v) for k, v in (counts.get("retry_reasons") or {}).items() if k != "earlier"}
+            causes[tool_id] = causes.get(tool_id, Counter()) + Counter(known)
     return causes
 
 
