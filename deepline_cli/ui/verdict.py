@@ -124,13 +124,11 @@ def _interrupted(run_id: str, stats: dict[str, Any], error: dict[str, Any], play
             "again by the resume (under the same idempotency keys).",
             f"  Next: once the store is back: deepline resume {run_id}",
         ]
-    cut = int(error.get("cut_short") or 0)
-    lost = (
-        f"{cut:,} call{'s' if cut != 1 else ''} in flight {'were' if cut != 1 else 'was'} cut short (the resume sends "
-        f"{'them' if cut != 1 else 'it'} again, under the same idempotency key{'s' if cut != 1 else ''})"
-        if cut
-        else "nothing finished is lost"
-    )
+    cut, lost = int(error.get("cut_short") or 0), "nothing finished is lost"
+    if cut:  # a second Ctrl-C: their answers, if any came, were not recorded
+        s, were, them = ("", "was", "it") if cut == 1 else ("s", "were", "them")
+        lost = f"{cut:,} call{s} in flight {were} cut short (the resume sends {them} again, under the same "
+        lost += f"idempotency key{s})"
     return [
         f"■ Run {run_id} {how} after {clock(stats.get('duration_s', 0))}{done}, {_credits(stats)}; {lost}.",
         f"  Next: deepline resume {run_id}",

@@ -8,12 +8,12 @@ import array
 import asyncio
 import bisect
 import contextlib
-import hashlib
 import time
 from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any
 
+from deepline_cli import _json
 from deepline_cli.errors import DeeplineError, RunInterrupted, SystemicFailure
 from deepline_cli.runtime.calls.suspended import Suspended
 from deepline_cli.runtime.map import failures
@@ -438,7 +438,7 @@ class MapBook:
     def _say(self, message: str, **given: Any) -> None:
         """A line of the map's own (its summary): written once per run, however many resumes
         replay the finished map (a summary that changed, its failed rows asked again, is new)."""
-        key = "map:" + hashlib.sha256(f"{self.name}\0{message}".encode()).hexdigest()[:32]
+        key = "map:" + _json.digest(self.name, message)[:32]
         self.s.log(message, key=key, **given)
 
 

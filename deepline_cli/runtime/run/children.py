@@ -246,19 +246,11 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
         s.effects.books.remove(child.effects.book)  # its calls are over: no more heartbeats for it
     # Interrupted with its parent (Ctrl-C, `runs stop`): resumed with it, not failed.
     status = "interrupted" if isinstance(outcome.raised, RunInterrupted) else outcome.status
-    if isinstance(outcome.raised, RunTakenOver) or not await s.infra.io.call(
-        store.runs.set_status,
-        child_id,
-        status,
-        only_attempt=record.attempt,  # taken over since (this process paused): the new owner's now
-        stats=await _ended(child, status),
-        output=outcome.output,
-        error=outcome.error,
-        holder=None,
-        lease_expires_at=0.0,
-        finished_at=s.infra.io.now() if outcome.status in ("completed", "failed") else None,
-    ):  # the run is another process's: its children too
+    if isinstance(outcome.raised, RunTakenOver):  # the run is another process's: its children too
         await _taken_over(child)
+    else:
+        finished_at = s.infra.io.now() if outcome.status in ("completed", "failed") else None
+        await _record_end(child, status, output=outcome.output, error=outcome.error, finished_at=finished_at)
     s.infra.bus.emit("child.finished", s.identity.run_id, child_run_id=child_id, status=outcome.status)
     if outcome.status == "waiting":
         boundary = await s.infra.io.call(
@@ -287,12 +279,17 @@ async def _ended(child: RunParts, status: str) -> dict[str, Any]:
 
 
 async def _interrupted(child: RunParts) -> None:
+    await _record_end(child, "interrupted")
+
+
+async def _record_end(child: RunParts, status: str, **fields: Any) -> None:
+    """The child's end as this process's attempt of it saw it; if another process has taken
+    the child since (this one paused past its lease), nothing of it: that attempt is theirs."""
     io = child.infra.io
-    stats = await _ended(child, "interrupted")
-    # Only this process's attempt of it: a run taken over while it was paused is another's.
-    recorded = await io.call(io.store.runs.set_status, child.identity.run_id, "interrupted",
-                             only_attempt=child.identity.attempt, stats=stats, holder=None,
-                             lease_expires_at=0.0)  # fmt: skip
+    stats = await _ended(child, status)
+    recorded = await io.call(io.store.runs.set_status, child.identity.run_id, status,
+                             only_attempt=child.identity.attempt, stats=stats, holder=None, lease_expires_at=0.0,
+                             **fields)  # fmt: skip
     if not recorded:
         await _taken_over(child)
 
