@@ -198,9 +198,14 @@ def test_answers_whose_rows_a_budget_stop_left_unrecorded_are_judged_by_themselv
 
         @play("stopped")
         async def stopped(ctx, input):
+            answered, all_in = [], asyncio.Event()
+
             async def both(row, rc):
                 company = await rc.tools.execute("c", "co.lookup", {"d": row["d"]})
-                await asyncio.sleep(0.05)  # the four lookups answer before the first email is asked
+                answered.append(row["d"])
+                if len(answered) == 4:
+                    all_in.set()
+                await asyncio.wait_for(all_in.wait(), 30)  # the four lookups answer before any email is asked
                 found = await rc.tools.execute("e", "co.email", {"d": row["d"]})
                 return {"company": company.output["name"], "email": found.output["email"]}
 

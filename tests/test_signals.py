@@ -407,6 +407,15 @@ async def slow_lookups(ctx, input):
 """
 
 
+def _logged(cli_env: dict[str, str], run_id: str, text: str) -> bool:
+    """Has the run's log in the store a line holding `text`?"""
+    db = open_store(cli_env["DEEPLINE_STORE"])
+    try:
+        return any(text in line.message for line in db.ledger.logs_after(run_id, 0, 1000))
+    finally:
+        db.close()
+
+
 @contextlib.contextmanager
 def _three_calls_out(
     tmp_path: Path, cli_env: dict[str, str], seconds: int, *args: str
@@ -480,7 +489,8 @@ def test_a_second_ctrl_c_says_which_calls_it_cut_short(tmp_path: Path, cli_env: 
     "nothing finished is lost", and the first line did not say what a second Ctrl-C does."""
     with _three_calls_out(tmp_path, cli_env, 5, "--run-id", "twice") as (_, proc):
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.3)
+        # The first heard (its line in the run's log), so the second is not merged into it.
+        wait_until(lambda: _logged(cli_env, "twice", "interrupt received"), what="the first Ctrl-C heard", alive=proc)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, f"exit {proc.returncode}: {err[-1500:]}"
