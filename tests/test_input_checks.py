@@ -72,6 +72,33 @@ def test_a_blank_required_cell_fails_its_row_without_a_call(
     ]  # fmt: skip
 
 
+def test_a_row_whose_input_is_mended_is_computed_on_the_next_run(
+    deepline: Run, write_play: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A row failed by its input (a line short of a cell, a blank required cell) is computed
+    once the input no longer has that fault: the line mended in the file, the column no
+    longer required by the play. Its kept failure was the input's, not its columns'. A row
+    whose input still has the fault keeps failing without a call."""
+    write_play(LEADS.replace('required=["domain"]', 'required=["domain", "name"]'))
+    (tmp_path / "leads.csv").write_text("id,domain,name\n1,acme.com,Acme\n2,b.com\n3,c.com,\n4,,Dee\n")
+    first = deepline("run", "play.py", "--csv", "leads.csv", "--json").json_lines()[-1]
+    assert first["output"] == {"rows": 4, "failed": 3}, first
+    assert (tmp_path / "calls.txt").read_text().split() == ["acme.com"]
+
+    write_play(LEADS)  # the play no longer requires `name`: row 3 is computed
+    relaxed = deepline("run", "play.py", "--csv", "leads.csv", "--json").json_lines()[-1]
+    assert relaxed["output"] == {"rows": 4, "failed": 2}, relaxed
+    # line 3 given its missing cell (empty, as the short line was read): the same input as before
+    (tmp_path / "leads.csv").write_text("id,domain,name\n1,acme.com,Acme\n2,b.com,\n3,c.com,\n4,,Dee\n")
+    mended = deepline("run", "play.py", "--csv", "leads.csv", "--run-id", "R", "--json").json_lines()[-1]
+    assert mended["output"] == {"rows": 4, "failed": 1}, mended  # row 4's domain is still blank
+    assert (tmp_path / "calls.txt").read_text().split() == ["acme.com", "c.com", "b.com"]
+    failed = deepline("runs", "logs", "R", "--kind", "row.failed", "--json").json_lines()
+    assert [(f["fields"]["row_key"], f["fields"]["error"]) for f in failed] == [
+        ("4", "InputError: required column 'domain' is blank (leads.csv line 5)")
+    ]
+
+
 def test_rows_whose_blank_required_cell_is_their_key_each_fail_on_their_own(
     deepline: Run, write_play: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -486,3 +513,19 @@ def test_a_keys_parts_are_text_as_a_key_of_one_field_is(key: object) -> None:
     assert of({"a": True, "b": "x"}) == of({"a": "true", "b": "x"})
     assert of({"a": 1, "b": "x"}) != of({"a": 1, "b": "y"})
     assert of({"a": "1", "b": "x"}) == '["1","x"]'  # as a CSV's rows were keyed: their sheet rows found again
+
+
+def test_a_failure_of_the_input_is_told_from_a_columns_own_in_cells_kept_before_they_said_so() -> None:
+    """Cells an earlier deepline kept for a row's input fault carry no mark: their message
+    tells them (CsvSource.blank's wording). A column's own InputError is its own failure."""
+    from deepline_cli.store.records import Cell
+
+    def kept(error: str, meta: dict[str, object] | None = None) -> bool:
+        return Cell(None, error, 1.0, "f", meta).from_input
+
+    assert kept("InputError: required column 'domain' is blank (leads.csv line 3)")
+    assert kept("InputError: leads.csv line 19: 2 fields where the header has 3: no cell for 'Extra' (column 3).")
+    assert kept("a message of any words", {"input": True})
+    assert not kept("InputError: The json of ctx.fetch 'site' cannot be sent: Type is not JSON serializable: set.")
+    assert not kept("InputError: required column 'domain' is blank (leads.csv line 3)", {"transient": True})
+    assert not Cell("value", None, 1.0, "f").from_input

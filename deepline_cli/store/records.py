@@ -3,6 +3,7 @@ the store exchange them. Plain data: no behaviour beyond a property or two."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
@@ -309,12 +310,24 @@ class Cell(NamedTuple):
         """Its `run_if` said no: it holds None, and nothing was asked for it."""
         return bool(self.meta) and self.meta.get("run_if") is False  # type: ignore[union-attr]
 
+    @property
+    def from_input(self) -> bool:
+        """Its error is the row's input's (a blank required cell, a line that did not fit the
+        header): kept only while the input has it still. Cells kept before they said so are
+        told by their message."""
+        if self.meta:
+            return self.meta.get("input") is True
+        return self.error is not None and _INPUT_FAULT.match(self.error) is not None
+
     def stored(self) -> list[Any]:
         head = [self.value, self.error, self.completed_at, self.fingerprint]
         return [*head, self.meta] if self.meta else head
 
 
 _new_tuple = tuple.__new__
+# The failures a row's input gave it (runtime/map/rows.py, CsvSource.blank), as kept before
+# their cells said so.
+_INPUT_FAULT = re.compile(r"InputError: (required column .* is blank \(|.* line \d+: \d+ fields where the header has )")
 
 
 def cells_of(stored: Any) -> dict[str, Cell]:

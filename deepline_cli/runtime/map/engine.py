@@ -260,7 +260,7 @@ class MapRun:
         if not self.columns:
             return {}
         first = self.columns[0]
-        return {first.name: Cell(None, job.blank, self.s.io.now(), first.fingerprint)}
+        return {first.name: Cell(None, job.blank, self.s.io.now(), first.fingerprint, {"input": True})}
 
     def _reuse_whole_row(self, job: PendingRow) -> bool:
         """The fast path: every cell is reusable, so record the row without any call."""

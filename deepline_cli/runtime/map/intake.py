@@ -73,7 +73,7 @@ class Intake:
                     reading = reads.pop(0)
                     previous = {} if reading is None else await reading
                     for job in chunk:
-                        job.previous = previous.get(job.key)
+                        job.given(previous.get(job.key))
                     self._count(read)
                     if chunk:
                         yield chunk

@@ -94,7 +94,7 @@ async def count_paid(engine: PilotMap, chunk: list[PendingRow]) -> int:
     previous = await io.call(io.store.sheets.load_sheet_rows, engine.sheet, keys, with_input=False)
     paid = 0
     for job in chunk:
-        job.previous = previous.get(job.key)
+        job.given(previous.get(job.key))
         if whole_row_reusable(engine, job):
             paid += 1
     return paid

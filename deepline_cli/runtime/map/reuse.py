@@ -14,7 +14,7 @@ a younger one, made since by another run, is reused.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from deepline_cli.runtime.map.columns import ResolvedColumn, same_fingerprint
@@ -71,6 +71,17 @@ class ReusePolicy:
     def is_stale(self, column: ResolvedColumn, cell: Cell) -> bool:
         ttl = column.column.staleness(previous_value(cell))
         return ttl is not None and (ttl <= 0 or self.now() - (cell.completed_at or 0.0) > ttl)
+
+
+def as_input_now(previous: SheetRow | None, blank: str | None) -> SheetRow | None:
+    """The sheet row earlier runs left, as the row's input is now: a failure its input gave
+    it (a blank required cell, a line short of a cell) is not kept once the input no longer
+    has it (the line mended, the column no longer required): the row is computed."""
+    if previous is None or blank is not None or previous.status != "failed":
+        return previous
+    if not any(c.from_input for c in previous.cells.values()):
+        return previous
+    return replace(previous, cells={name: c for name, c in previous.cells.items() if not c.from_input})
 
 
 def previous_value(cell: Cell | None) -> Any:

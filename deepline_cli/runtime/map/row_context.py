@@ -10,6 +10,7 @@ from deepline_cli.runtime.calls.events import log_fields
 from deepline_cli.runtime.calls.receipts import durable_id
 from deepline_cli.runtime.calls.tool_calls import Staleness
 from deepline_cli.runtime.map.host import MapHost, MapParts
+from deepline_cli.runtime.map.reuse import as_input_now
 from deepline_cli.store.records import SheetRow
 
 
@@ -61,3 +62,7 @@ class PendingRow:
     blank: str | None = None  # a required CSV column with no value: the row fails, nothing is called
     seeded: bool = False  # an earlier attempt of the run finished it here: kept while its input and code match
     failing: bool = False  # an earlier attempt of the run failed it, and this one asks it again
+
+    def given(self, previous: SheetRow | None) -> None:
+        """The sheet row earlier runs left for its key, as its input is now (reuse.as_input_now)."""
+        self.previous = as_input_now(previous, self.blank)

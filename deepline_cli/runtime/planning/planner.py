@@ -825,7 +825,7 @@ class Planner:
             keys = [job.key for job in chunk]
             previous = await self.io.call(self.store.sheets.load_sheet_rows, engine.sheet, keys, with_input=False)
             for job in chunk:
-                job.previous = previous.get(job.key)
+                job.given(previous.get(job.key))
                 if job.blank is not None:  # the run fails the row before any call (its kept failure, or anew)
                     plan.blank_rows += 1
                     rows._keep(job.row, job.blank)
