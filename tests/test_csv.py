@@ -649,6 +649,19 @@ def test_excels_sep_line_names_the_delimiter(deepline, tmp_path: Path) -> None:
     assert json.loads(result.stdout)["rows"] == ["ADA", "GRACE"]
 
 
+def test_the_row_estimate_of_an_excel_csv_leaves_its_sep_line_out(tmp_path: Path) -> None:
+    """The total a map shows until it has read the file: Excel's `sep=;` line is no row."""
+    from deepline_cli.runtime.map.intake import estimate_total
+    from deepline_cli.runtime.map.rows import CsvSource
+
+    path = tmp_path / "leads.csv"
+    path.write_bytes(b"sep=;\r\nFirst Name;Domain\r\n" + b"".join(b"P%d;p%d.com\r\n" % (i, i) for i in range(30)))
+    assert estimate_total(CsvSource(path), None) == 30
+    assert estimate_total(CsvSource(path), 12) == 12
+    path.write_bytes(b"First Name;Domain\r\n" + b"".join(b"P%d;p%d.com\r\n" % (i, i) for i in range(30)))
+    assert estimate_total(CsvSource(path), None) == 30
+
+
 CLAIMING_PLAY = """\
 from deepline_cli import play
 

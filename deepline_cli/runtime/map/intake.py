@@ -43,7 +43,7 @@ class Intake:
         self.input_columns: dict[str, None] = {c: None for c in input_columns(rows)}
         self.csv = rows if isinstance(rows, CsvSource) else None
         self.clashes: set[tuple[str, str]] = set()  # column names told apart by case only, warned of
-        self.total_estimate = _estimate_total(rows, limit)
+        self.total_estimate = estimate_total(rows, limit)
         self.read_whole = False  # every input row read (it reads ahead of what is handed out)
         self.warn_of_case(self.input_columns)
 
@@ -206,10 +206,11 @@ class Intake:
                     )
 
 
-def _estimate_total(rows: Any, limit: int | None) -> int | None:
+def estimate_total(rows: Any, limit: int | None) -> int | None:
+    """The input's rows before the map has read it (None: unknown), as far as `limit` lets it go."""
     total: int | None = None
     if isinstance(rows, CsvSource):
-        total = count_records(rows.path, delimiter=rows.delimiter) - 1
+        total = count_records(rows.path, delimiter=rows.delimiter) - 1 - rows.preamble  # the header, `sep=;`
     elif hasattr(rows, "__len__"):
         total = len(rows)
     if total is not None and limit is not None:

@@ -85,7 +85,7 @@ class CsvSource:
         self.required = required
         self.line = 0  # the file line of the row last read (a row may span lines)
         self.delimiter = ","
-        self._preamble = 0  # lines before the header that are not blank (Excel's `sep=;`)
+        self.preamble = 0  # lines before the header that are not blank (Excel's `sep=;`): no row
         self.doubts: list[str] = []  # what reading the file found suspect (the map warns of it)
         self._doubted = 0  # of those, how many were said (the first few are enough)
         self._misfit: str | None = None  # why the row just read does not fit, if it does not
@@ -170,7 +170,7 @@ class CsvSource:
                 sample = handle.read(SNIFF_BYTES)
                 named = _EXCEL_SEP.match(sample)
                 self.delimiter = named.group(1) if named else _delimiter(sample)
-                self._preamble = 1 if named else 0
+                self.preamble = 1 if named else 0
                 handle.seek(0)
                 if named:
                     handle.readline()
@@ -209,7 +209,7 @@ class CsvSource:
         self.doubts, self._doubted = [], 0  # this read's own (the file may be read more than once)
         with self._open(_Watched) as handle:
             watch = cast(_Watched, cast(Any, handle.buffer).raw)
-            skipped = self._preamble
+            skipped = self.preamble
             for _ in range(skipped):
                 handle.readline()
             reader = csv.reader(handle, delimiter=self.delimiter)
