@@ -757,3 +757,61 @@ def test_a_map_over_a_csv_maps_rows_is_not_recomputed_for_the_files_new_name(dee
         assert result.code == 0, result.stderr
         assert result.json_lines()[-1]["output"] == ["https://acme.com", "https://beta.io"]
     assert sorted(log.read_text().split()) == ["acme.com", "beta.io"]  # once each, in the first week
+
+
+KEYED_PLAY = """\
+from deepline_cli import play
+
+@play("keyed")
+async def keyed(ctx, input):
+    rows = ctx.csv(input["file"], required=["domain"])
+    ds = await ctx.map("leads", rows, key="domain", columns={"upper": lambda row: row["domain"].upper()})
+    return {"rows": [r["upper"] for r in ds], "failed": ds.failed_count}
+"""
+
+
+def keyed_run(deepline, tmp_path: Path, content: bytes) -> tuple[dict, list[str]]:
+    """The keyed play over `content`: its finished event and its failed rows' errors."""
+    (tmp_path / "play.py").write_text(KEYED_PLAY)
+    (tmp_path / "leads.csv").write_bytes(content)
+    result = deepline("run", "play.py", "--set", "file=leads.csv", "--json")
+    assert result.code == 0, result.stderr
+    failed = [e["fields"]["error"] for e in result.json_lines() if e.get("kind") == "row.failed"]
+    return result.json_lines()[-1], failed
+
+
+def test_a_short_first_row_fails_alone_as_any_other_line_does(deepline, tmp_path: Path) -> None:
+    finished, failed = keyed_run(deepline, tmp_path, b"domain,name,extra\nd1.com,a\nd2.com,b,x\n")
+    assert finished["output"] == {"rows": [None, "D2.COM"], "failed": 1}, finished
+    assert failed == ["InputError: leads.csv line 2: 2 fields where the header has 3: no cell for 'extra' (column 3)."]
+
+
+def test_lines_whose_cells_shifted_are_no_duplicates_of_each_other(deepline, tmp_path: Path) -> None:
+    """`Acme, Inc,acme.com` under `name,domain`: its domain cell holds ` Inc`, and so does the
+    next such line's. Each fails on its own, keyed by its line, neither is a hidden duplicate."""
+    content = b"name,domain\nAcme, Inc,acme.com\nGlobex, Inc,globex.com\nInitech,initech.com\n"
+    finished, failed = keyed_run(deepline, tmp_path, content)
+    assert finished["output"]["failed"] == 2 and len(finished["output"]["rows"]) == 3, finished
+    assert finished["stats"]["rows"]["duplicate"] == 0
+    assert [f.split(":")[1].strip() for f in failed] == ["leads.csv line 2", "leads.csv line 3"], failed
+
+
+def test_spaces_under_empty_trailing_columns_are_empty_cells(deepline, tmp_path: Path) -> None:
+    finished, failed = keyed_run(deepline, tmp_path, b"domain,name,,\nd1.com,a,,\nd2.com,b, ,\nd3.com,c,,\t\n")
+    assert finished["output"] == {"rows": ["D1.COM", "D2.COM", "D3.COM"], "failed": 0}, failed
+
+
+def test_rows_of_empty_cells_above_the_header_are_skipped(deepline, tmp_path: Path) -> None:
+    finished, _ = keyed_run(deepline, tmp_path, b",,\n , ,\ndomain,name,\nd1.com,a,\n")
+    assert finished["output"] == {"rows": ["D1.COM"], "failed": 0}, finished
+
+
+def test_the_row_estimate_of_a_csv_with_old_mac_line_ends_counts_its_lines(tmp_path: Path) -> None:
+    """Excel for Mac's "CSV (Macintosh)" ends lines with a lone CR: the map reads its rows,
+    and the total it shows before it has read them counts them too (not 0)."""
+    from deepline_cli.runtime.map.intake import count_records
+
+    path = tmp_path / "mac.csv"
+    path.write_bytes(b"domain,name\r" + b"".join(b"d%d.com,n\r" % i for i in range(40)))
+    assert count_records(path) == 41
+    assert count_records(path, block_size=7) == 41

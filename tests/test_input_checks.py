@@ -45,7 +45,7 @@ def test_a_blank_required_cell_fails_its_row_without_a_call(
     assert plan.code == 0, plan.stderr
     (m,) = plan.json_lines()[-1]["maps"]
     assert (m["distinct"], m["blank_rows"], m["new_calls"]) == (5, 2, 3)
-    assert "2 with a blank required column" in deepline("plan", "play.py", "--csv", "leads.csv").stdout
+    assert "2 failing on their input (a blank required cell" in deepline("plan", "play.py", "--csv", "leads.csv").stdout
 
     run = deepline("run", "play.py", "--csv", "leads.csv", "--run-id", "B", "--json")
     assert run.code == 0, run.stderr  # the map goes on

@@ -115,7 +115,12 @@ def _print_plan(plan: dict[str, Any]) -> None:
 
 
 def _blank(rows: int) -> str:
-    return f" · {rows:,} with a blank required column (they fail, nothing called)" if rows else ""
+    # A blank required cell, or a line that does not fit the header (CsvSource.blank).
+    return (
+        f" · {rows:,} failing on their input (a blank required cell, a line off the header; nothing called)"
+        if rows
+        else ""
+    )
 
 
 def _hits(steps: list[str], hits: dict[str, int]) -> str:

@@ -153,13 +153,15 @@ class Intake:
             raise self._row_refused(input_index, exc) from None
         except Exception as exc:
             raise self._key_failed(input_index, exc) from exc
-        if not key.strip() or (blank is not None and self._blank_key(row)):
+        if not key.strip() or (blank is not None and self._no_key(row)):
             return (self.csv.where() if self.csv is not None else f"row {input_index + 1}"), True
         return key, False
 
-    def _blank_key(self, row: dict[str, Any]) -> bool:
-        """Is a field the key is made of blank in this row (`key=["name", "domain"]`)?"""
-        return any(is_blank(row.get(name)) for name in self.key_fields)
+    def _no_key(self, row: dict[str, Any]) -> bool:
+        """Does this failing row hold no key: a field the key is made of is blank (`key=["name",
+        "domain"]`), or its line did not fit the header (its key cell may hold another's: two
+        `Acme, Inc,acme.com` lines are no duplicates of each other)?"""
+        return (self.csv is not None and self.csv.misfit) or any(is_blank(row.get(name)) for name in self.key_fields)
 
     def digest(self, row: dict[str, Any], input_index: int) -> str:
         """The row's digest (`row_digest`); a row that is no JSON (NaN) named by its place."""
@@ -225,22 +227,21 @@ def count_records(path: Path, block_size: int = 1 << 20, delimiter: str = ",") -
     read the file: the view says the exact count once it has."""
     blanks = _blanks(delimiter)
     count, quoted, ended = 0, False, True  # `ended`: the text so far ends a line
-    with path.open("rb") as handle:
-        while block := handle.read(block_size):
-            if not quoted and b'"' not in block:
-                count += _line_ends(block, ended, blanks)
-                ended = _ends_line(block, ended, blanks)
-                continue
-            pieces = block.split(b'"')
-            if quoted and len(pieces) == 1:
-                continue  # all of it inside one quoted cell
-            # What is outside quotes, each quoted stretch (quotes and all) as one `"`: at C speed.
-            outside = b'"'.join(pieces[1::2] if quoted else pieces[0::2])
-            if quoted:  # it begins after the quote that ends a cell: mid-line
-                outside, ended = b'"' + outside, False
-            count += _line_ends(outside, ended, blanks)
-            quoted ^= len(pieces) % 2 == 0  # an odd number of quotes in the block
-            ended = not quoted and _ends_line(outside, ended, blanks)
+    for block in _blocks(path, block_size):
+        if not quoted and b'"' not in block:
+            count += _line_ends(block, ended, blanks)
+            ended = _ends_line(block, ended, blanks)
+            continue
+        pieces = block.split(b'"')
+        if quoted and len(pieces) == 1:
+            continue  # all of it inside one quoted cell
+        # What is outside quotes, each quoted stretch (quotes and all) as one `"`: at C speed.
+        outside = b'"'.join(pieces[1::2] if quoted else pieces[0::2])
+        if quoted:  # it begins after the quote that ends a cell: mid-line
+            outside, ended = b'"' + outside, False
+        count += _line_ends(outside, ended, blanks)
+        quoted ^= len(pieces) % 2 == 0  # an odd number of quotes in the block
+        ended = not quoted and _ends_line(outside, ended, blanks)
     if quoted:  # a quote never closed: a literal `"` in an unquoted cell (27" Monitors), as csv reads it
         return _count_lines(path, block_size, blanks)
     return count + (0 if ended else 1)
@@ -249,11 +250,23 @@ def count_records(path: Path, block_size: int = 1 << 20, delimiter: str = ",") -
 def _count_lines(path: Path, block_size: int, blanks: _Blanks) -> int:
     """The file's lines that hold something, quotes or not."""
     count, ended = 0, True
+    for block in _blocks(path, block_size):
+        count += _line_ends(block, ended, blanks)
+        ended = _ends_line(block, ended, blanks)
+    return count + (0 if ended else 1)
+
+
+def _blocks(path: Path, block_size: int) -> Iterator[bytes]:
+    """The file's bytes, a block at a time, lines ended by `\n`: a file whose lines end with a
+    lone `\r` (Excel for Mac's "CSV (Macintosh)", told by its first block) has them as `\n`."""
+    cr_only: bool | None = None
     with path.open("rb") as handle:
         while block := handle.read(block_size):
-            count += _line_ends(block, ended, blanks)
-            ended = _ends_line(block, ended, blanks)
-    return count + (0 if ended else 1)
+            if cr_only is None and b"\n" in block:
+                cr_only = False
+            elif cr_only is None and b"\r" in block[:-1]:  # not its last byte: a `\r\n` split by the block
+                cr_only = True
+            yield block.replace(b"\r", b"\n") if cr_only else block
 
 
 class _Blanks(NamedTuple):

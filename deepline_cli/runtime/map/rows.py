@@ -175,7 +175,7 @@ class CsvSource:
                 if named:
                     handle.readline()
                 rows = csv.reader(handle, delimiter=self.delimiter)
-                header = next((row for row in rows if row and row != [""]), None)  # blank lines before it skipped
+                header = next((row for row in rows if not _blank_record(row)), None)  # blank lines before it skipped
             except UnicodeDecodeError:
                 raise self._undecodable() from None
         if not header or not any(h.strip() for h in header):
@@ -217,18 +217,18 @@ class CsvSource:
             spanned = (0, 0, 0)  # the last row over several lines: its first and last line, rows shaped in it
             try:
                 for heading in reader:  # the header, after any blank lines
-                    if heading and heading != [""]:
+                    if not _blank_record(heading):
                         break
                 line = reader.line_num + skipped
                 for record in reader:
                     start, line = line + 1, reader.line_num + skipped
                     if line > start:
                         spanned = (start, line, self._rows_in(record, width, start, line))
-                    if not "".join(record).strip():  # no cell holds more than whitespace
+                    if _blank_record(record):
                         continue  # a blank line, or a row of blank cells (a spreadsheet's trailing `,,`)
                     self._misfit = None
                     if len(record) != width:
-                        if len(record) > width and not any(record[width:]):
+                        if len(record) > width and _blank_record(record[width:]):
                             record = record[:width]  # empty cells under the empty trailing columns
                         elif line > start:
                             raise InputError(
@@ -313,13 +313,18 @@ class CsvSource:
                 return f"InputError: required column {name!r} is blank ({self.where()})"
         return None
 
+    @property
+    def misfit(self) -> bool:
+        """The row just read did not fit the header: its cells may be shifted (no key in it)."""
+        return self._misfit is not None
+
     def where(self) -> str:
         """The row just read, as a person finds it in the file: `leads.csv line 812`."""
         return f"{self.path.name} line {self.line}"
 
     def has_rows(self) -> bool:
         """Whether the file holds a row after its header (it reads no further than the first)."""
-        return next(iter(self), None) is not None
+        return next(self.isolating(), None) is not None  # a first line that does not fit fails alone
 
     def count(self) -> int:
         """How many rows the file holds (read once; blank lines are not rows)."""
@@ -335,6 +340,12 @@ class CsvSource:
 
     def __repr__(self) -> str:
         return f"CsvSource({self.path})"
+
+
+def _blank_record(cells: Sequence[str]) -> bool:
+    """No cell holds more than whitespace: a blank line, or a line of blank cells (a
+    spreadsheet's trailing `,,`, the spaces under its empty trailing columns)."""
+    return not "".join(cells).strip()
 
 
 def _fold(name: str) -> str:
