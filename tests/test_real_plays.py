@@ -1574,3 +1574,174 @@ def test_a_column_added_while_another_is_dropped_keeps_the_dropped_columns_cells
     restored = finished(deepline_process("run", "play.py", "--json"))
 
     assert restored["stats"]["rows"]["reused"] == 2, restored["stats"]["rows"]
+
+
+# --- what a resolver was made with ----------------------------------------------------------
+
+
+def test_a_fingerprint_follows_what_a_resolver_was_made_with() -> None:
+    """Edits a go-to-market engineer makes to what a resolver was built with, each of which
+    kept the old cells: a set or a list in a closure, a default argument, a partial's
+    argument or an attribute; a config dict holding a list; the second of two resolvers one
+    factory made; an Enum member, a compiled pattern, a frozen dataclass; a slots object's
+    attribute; a setting in a module the play's helper module imports."""
+    import enum
+    import functools
+    import re
+    from dataclasses import dataclass as dc
+
+    from deepline_cli.runtime.map.columns import code_fingerprint as fp
+
+    def closure(value: Any) -> Callable[[dict[str, Any]], Any]:
+        def resolve(row: dict[str, Any]) -> Any:
+            return value
+
+        return resolve
+
+    def defaulted(value: Any) -> Callable[[dict[str, Any]], Any]:
+        def resolve(row: dict[str, Any], rc: Any = None, skip: Any = value) -> Any:
+            return skip
+
+        return resolve
+
+    def pick(row: dict[str, Any], titles: Any) -> Any:
+        return titles
+
+    class Slotted:
+        __slots__ = ("titles",)
+
+        def __init__(self, titles: Any) -> None:
+            self.titles = titles
+
+        def resolve(self, row: dict[str, Any]) -> Any:
+            return self.titles
+
+    class Tier(enum.Enum):
+        GOLD = "gold"
+        SILVER = "silver"
+
+    @dc(frozen=True)
+    class Config:
+        provider: str
+        min_score: int
+
+    def siblings(second: str) -> Callable[[dict[str, Any]], Any]:
+        def make_check(provider: str) -> Callable[[dict[str, Any]], Any]:
+            def check(row: dict[str, Any]) -> Any:
+                return provider
+
+            return check
+
+        first, other = make_check("apollo"), make_check(second)
+
+        def checks(row: dict[str, Any]) -> Any:
+            return [first(row), other(row)]
+
+        return checks
+
+    pairs = {
+        "set in a closure": (closure({"gmail.com", "yahoo.com"}), closure({"gmail.com", "aol.com"})),
+        "list in a closure": (closure(["CEO", "CTO"]), closure(["CEO", "CFO"])),
+        "dict holding a list": (closure({"titles": ["CEO"], "min": 1}), closure({"titles": ["CTO"], "min": 1})),
+        "set as a default": (defaulted({"gmail.com"}), defaulted({"aol.com"})),
+        "set in a partial": (functools.partial(pick, titles={"CEO"}), functools.partial(pick, titles={"CTO"})),
+        "slots attribute": (Slotted({"CEO"}).resolve, Slotted({"CTO"}).resolve),
+        "enum member": (defaulted(Tier.GOLD), defaulted(Tier.SILVER)),
+        "compiled pattern": (defaulted(re.compile(r"^ceo$")), defaulted(re.compile(r"^cto$"))),
+        "pattern flags": (defaulted(re.compile("ceo")), defaulted(re.compile("ceo", re.IGNORECASE))),
+        "frozen dataclass": (closure(Config("hunter", 80)), closure(Config("hunter", 95))),
+        "a factory's second resolver": (siblings("hunter"), siblings("clearbit")),
+    }
+    same = [what for what, (before, after) in pairs.items() if fp(before) == fp(after)]
+    assert same == [], f"kept the old cells after an edit of: {same}"
+    # and what is the same in every process is the same: a set's order is the hash seed's
+    assert fp(closure({"gmail.com", "yahoo.com", "aol.com"})) == fp(closure({"aol.com", "yahoo.com", "gmail.com"}))
+    assert fp(defaulted(Tier.GOLD)) == fp(defaulted(Tier.GOLD))
+
+
+def test_a_setting_in_a_module_a_helper_module_imports_is_followed(tmp_path: Path, monkeypatch) -> None:
+    """`import scoring` in the play, `import settings` in scoring.py: an edit of settings.py
+    kept the old cells (only scoring.py's own text was taken)."""
+    import importlib
+    import sys
+
+    from deepline_cli.runtime.map.columns import code_fingerprint
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "fp_scoring.py").write_text("import fp_settings\n\ndef score(row):\n    return fp_settings.MIN\n")
+
+    def fingerprint(setting: int) -> str:
+        (tmp_path / "fp_settings.py").write_text(f"MIN = {setting}\n")
+        for name in ("fp_scoring", "fp_settings"):
+            sys.modules.pop(name, None)
+        scoring = importlib.import_module("fp_scoring")
+
+        def resolve(row: dict[str, Any]) -> Any:
+            return scoring.score(row)
+
+        return code_fingerprint(resolve)
+
+    assert fingerprint(50) != fingerprint(80)
+
+
+WHERE_PLAY = """\
+import functools
+from dataclasses import dataclass
+
+from deepline_cli import play
+
+
+def traced(fn):  # a logging decorator: `fn.__name__` is an attribute, not where the play sits
+    @functools.wraps(fn)
+    def wrapper(row):
+        print(f"calling {fn.__name__}")
+        return fn(row)
+    return wrapper
+
+
+@traced
+def company(row):
+    return row["domain"].split(".")[0].title()
+
+
+@dataclass(frozen=True)
+class Config:
+    provider: str
+
+
+def make(cfg, free):
+    def resolve(row):
+        return f"{cfg.provider}:{row['domain'] in free}"
+    return resolve
+
+
+@play("where")
+async def where(ctx, input):
+    rows = await ctx.map("m", [{"domain": "acme.com"}, {"domain": "gmail.com"}], key="domain", columns={
+        "company": company,
+        "cfg": make(Config("hunter"), {"gmail.com", "yahoo.com", "hotmail.com", "aol.com"}),
+        "titles": (lambda titles: lambda row: len(titles))(list({"ceo", "cto", "cfo", "coo", "vp"})),
+    })
+    return [dict(r) for r in rows]
+"""
+
+
+def test_a_fingerprint_is_the_same_from_another_folder_under_a_worker_and_any_hash_seed(
+    deepline_process: Run, tmp_path: Path
+) -> None:
+    """The play's module is named after where its file sits: a resolver reading `fn.__name__`
+    and an object of the play's own class in a closure made the same unchanged play
+    recompute in a colleague's checkout, in CI, and under `deepline worker` (which runs its
+    snapshot), and again back home. Sets and a list made from one: not the hash seed's."""
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "play.py").write_text(WHERE_PLAY)
+    first = finished(deepline_process("run", "a/play.py", "--json", PYTHONHASHSEED="1"))
+    assert first["stats"]["rows"]["reused"] == 0
+    for folder, seed in (("a", "2"), ("b", "3"), ("a", "4")):
+        again = finished(deepline_process("run", f"{folder}/play.py", "--json", PYTHONHASHSEED=seed))
+        assert again["stats"]["rows"]["reused"] == 2, (folder, seed, again["stats"]["rows"])
+    assert deepline_process("run", "a/play.py", "--enqueue", "--run-id", "queued", PYTHONHASHSEED="5").code == 0
+    assert deepline_process("worker", "--once", PYTHONHASHSEED="6").code == 0
+    shown = json.loads(deepline_process("runs", "show", "queued", "--json").stdout)
+    assert (shown["status"], shown["stats"]["rows"]["reused"]) == ("completed", 2), shown["stats"]["rows"]

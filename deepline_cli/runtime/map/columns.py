@@ -2,11 +2,13 @@
 
 A cell is reused only while its fingerprint is unchanged. The fingerprint covers what the
 resolver can see: its code (and the code of the play's own functions and modules it
-uses), the module-level values it reads as the play's source writes them (`PROVIDER =
-"hunter"`, a scoring table: their statements, not their current value, which may be a cache
-or a counter the play fills; followed into the play's own module it imports them from),
-the plain data (text, numbers, tuples and dicts of them: not lists, times or objects) of
-the closure it was made in, of a partial's arguments and of the object it is a method of,
+uses, and the play's modules those import), the module-level values it reads as the
+play's source writes them (`PROVIDER = "hunter"`, a scoring table: their statements, not
+their current value, which may be a cache or a counter the play fills; followed into the
+play's own module it imports them from), the plain data (text, numbers, and lists, sets,
+tuples and dicts of them, by their members in no order; an Enum member, a compiled
+pattern, a frozen dataclass: not times or other objects) of the closure it was made in,
+of its default arguments, of a partial's arguments and of the object it is a method of,
 the play's input (or only the fields the column declares it reads,
 `depends_on`), and the versions of the declared tools it calls (a version bumped: its
 answers change meaning; a tool id built at run time: every declared tool's). After a `:`,
@@ -14,18 +16,22 @@ the names of the columns before it, which its resolver sees in the row.
 
 A fingerprint leaves the process (it is stored with every cell), so it never depends on
 the process: names are walked in sorted order, sets by their sorted members, and nothing
-is fed that holds a memory address or Python's per-process hash seed.
+is fed that holds a memory address, Python's per-process hash seed or the play file's
+place (its module's name).
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
+import enum
 import functools
 import hashlib
 import importlib.util
 import inspect
 import math
 import os
+import re
 import sys
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -262,16 +268,16 @@ def _feed_value(walk: _Walk, value: Any, *, top: bool = False) -> None:
 
 
 def _feed_function(walk: _Walk, fn: types.FunctionType) -> None:
-    code = fn.__code__
-    if id(code) in walk.seen:
+    if id(fn) in walk.seen:  # each function: two a factory made share their code, not their closures
         return
-    walk.seen.add(id(code))
+    walk.seen.add(id(fn))
+    code = fn.__code__
     _feed_code(walk, code)
     scope = fn.__globals__
     written = _bindings(scope.get("__file__"))
     for name in _names(code):
-        if name not in scope:
-            continue
+        if name not in scope or (name in _SET_BY_PYTHON and name not in written):
+            continue  # `fn.__name__` reads an attribute, not the module's name (where the play sits)
         _tag(walk, name.encode())
         value = scope[name]
         if _is_code(value) or name not in written:
@@ -294,6 +300,12 @@ def _feed_function(walk: _Walk, fn: types.FunctionType) -> None:
         _feed_value(walk, (fn.__kwdefaults__ or {})[name])
 
 
+# Module-level names Python sets itself: they say where the module was loaded from.
+_SET_BY_PYTHON = frozenset(
+    {"__name__", "__file__", "__spec__", "__loader__", "__package__", "__builtins__", "__cached__", "__path__"}
+)
+
+
 def _feed_instance(walk: _Walk, obj: Any) -> None:
     """An object a resolver is a method of (or a callable object): what it holds, by name.
     The run's own objects (`ctx.log` is a method of ctx) by what they are (see _feed_data)."""
@@ -303,12 +315,21 @@ def _feed_instance(walk: _Walk, obj: Any) -> None:
         _tag(walk, _kind(obj))
         return
     walk.seen.add(id(obj))
-    attributes = getattr(obj, "__dict__", None)
-    if not isinstance(attributes, dict):
-        return
+    attributes = _attributes(obj)
     for name in sorted(attributes):
         _tag(walk, name.encode())
         _feed_value(walk, attributes[name])
+
+
+def _attributes(obj: Any) -> dict[str, Any]:
+    """An object's attributes by name: in its `__dict__`, and in the slots its classes declare."""
+    found = dict(getattr(obj, "__dict__", None) or {})
+    for cls in type(obj).__mro__:
+        slots = vars(cls).get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            if slot not in ("__dict__", "__weakref__") and slot not in found and hasattr(obj, slot):
+                found[slot] = getattr(obj, slot)
+    return found
 
 
 def _as_written(scope: Mapping[str, Any], name: str, seen: set[tuple[str, str]] | None = None) -> bytes:
@@ -377,14 +398,25 @@ def _feed_module(walk: _Walk, module: types.ModuleType) -> None:
         return
     walk.seen.add(id(module))
     walk.h.update(Path(file).read_bytes())
+    # …and the play's own modules it imports (`import settings` in scoring.py), however deep
+    scope = vars(module)
+    for name, value in sorted(scope.items()):
+        if isinstance(value, types.ModuleType):
+            _feed_module(walk, value)
+        elif (origin := _imported_from(scope, name)) is not None:  # `from settings import MIN`
+            _feed_module(walk, origin[0])
 
 
 def _feed_data(walk: _Walk, value: Any) -> None:
     """A value not written in the play's source (a closure's, a default argument's, a
     partial's, an object's attribute): its content when it is plain and the same in every
     process — text, numbers, None, and tuples, frozensets and dicts of them (a config dict).
-    Anything else by its type only: a list (made from a set, its order is the hash seed's),
-    a time, a client, a lock; its content may also change as the play runs."""
+    Sets and lists count by their members in no order (a list made from a set is in the hash
+    seed's order): an edit of them is seen, not a reordering. What cannot change, by what it
+    holds: an Enum member, a compiled pattern, a frozen dataclass. Anything else by its type
+    only: a time, a client, a lock, an object (whose state may change as the play runs)."""
+    if _feed_fixed(walk, value):
+        return
     digest = _data_digest(_unordered(value)) if _plain(value) else None
     _tag(walk, digest.encode() if digest else _kind(value))
     if digest is None:  # objects of the play's own classes, alone or in a list or dict: their classes' code
@@ -392,6 +424,24 @@ def _feed_data(walk: _Walk, value: Any) -> None:
         # their digests (classes a factory made share a name; a set of them has no order of its own)
         for class_digest in sorted(_class_digest(cls) for cls in _play_classes(value)):
             _tag(walk, class_digest)
+
+
+def _feed_fixed(walk: _Walk, value: Any) -> bool:
+    """A value that cannot change, by what it holds (an Enum member, a compiled pattern, a
+    frozen dataclass): fed, True; else False."""
+    if isinstance(value, enum.Enum):
+        _tag(walk, _kind(value) + value.name.encode())
+    elif isinstance(value, re.Pattern):
+        _tag(walk, _kind(value) + repr(value.pattern).encode() + str(int(value.flags)).encode())
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type) and value.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        _tag(walk, _kind(value))
+        for each in dataclasses.fields(value):
+            _tag(walk, each.name.encode())
+            _feed_value(walk, getattr(value, each.name))
+    else:
+        return False
+    _feed_class(walk, type(value))  # a class of the play's own: its code
+    return True
 
 
 PLAY_CLASS_LOOKS = 2000  # values a scan for objects looks at: a list of rows is data, not code
@@ -443,14 +493,20 @@ def _kind(value: Any) -> bytes:
     """What a value is, by its type: the run's own objects (ctx, ctx.tools, a Dataset) by the
     name they give (`__fingerprint_as__`: the same in a run and in `deepline plan`)."""
     kind = type(value)
-    return f"<{getattr(kind, '__fingerprint_as__', None) or f'{kind.__module__}.{kind.__qualname__}'}>".encode()
+    module = kind.__module__
+    if module.startswith(PLAY_MODULE_PREFIX):  # the play file's: named after where it sits
+        module = "play"
+    return f"<{getattr(kind, '__fingerprint_as__', None) or f'{module}.{kind.__qualname__}'}>".encode()
+
+
+PLAY_MODULE_PREFIX = "deepline_play_"  # a play file's module name (runtime/run/play.py, load_module)
 
 
 def _unordered(value: Any) -> Any:
     """Plain data as JSON with its tuples and frozensets as sorted lists: a tuple made from a
     set (`tuple({"email", "phone"})`) is in the hash seed's order. (A reordered tuple is not
     seen: its content is.) NaN and infinities, which JSON has not, are written as text."""
-    if isinstance(value, tuple | frozenset):
+    if isinstance(value, tuple | frozenset | set | list):
         return sorted((_unordered(v) for v in value), key=_json.canonical)
     if isinstance(value, dict):
         return {k: _unordered(v) for k, v in value.items()}
@@ -459,12 +515,17 @@ def _unordered(value: Any) -> Any:
     return value
 
 
-def _plain(value: Any) -> bool:
+def _plain(value: Any, within: frozenset[int] = frozenset()) -> bool:
+    """Is `value` plain data all through (`within`: the containers it is inside; one that
+    holds itself, a tree with parent links, is not)?"""
     if value is None or isinstance(value, bool | int | float | str):
         return True
-    if isinstance(value, tuple | frozenset):
-        return all(_plain(v) for v in value)
-    return type(value) is dict and all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    if id(value) in within:
+        return False
+    inside = within | {id(value)}
+    if isinstance(value, tuple | frozenset | set | list):
+        return all(_plain(v, inside) for v in value)
+    return type(value) is dict and all(isinstance(k, str) and _plain(v, inside) for k, v in value.items())
 
 
 def _is_code(value: Any) -> bool:

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from deepline_cli import _json
 from deepline_cli.errors import InputError, PlayLoadError, UsageError
+from deepline_cli.runtime.map.columns import PLAY_MODULE_PREFIX
 from deepline_cli.runtime.map.failures import is_play_file
 from deepline_cli.runtime.run.play_input import how_to_give
 from deepline_cli.runtime.run.schema import Schema, SchemaDefinitionError, compile_schema, violation
@@ -220,7 +221,7 @@ def load_module(path: Path) -> Any:
         raise PlayLoadError(f"Play file {path} does not exist.")
     if path.is_dir():
         raise PlayLoadError(f"Play file {path} is a directory; pass a .py file.")
-    module_name = f"deepline_play_{_json.digest(str(path))[:12]}"
+    module_name = f"{PLAY_MODULE_PREFIX}{_json.digest(str(path))[:12]}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise PlayLoadError(f"Play file {path} cannot be imported (is it a .py file?).")
