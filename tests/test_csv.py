@@ -815,3 +815,15 @@ def test_the_row_estimate_of_a_csv_with_old_mac_line_ends_counts_its_lines(tmp_p
     path.write_bytes(b"domain,name\r" + b"".join(b"d%d.com,n\r" % i for i in range(40)))
     assert count_records(path) == 41
     assert count_records(path, block_size=7) == 41
+
+
+def test_a_key_the_csv_has_no_column_for_is_refused_before_any_row_naming_its_columns(deepline, tmp_path: Path) -> None:
+    """`key="domain"` over a CSV whose header says `Domain`: said before any row is done, by
+    the header's names (not as line 2's fault)."""
+    (tmp_path / "play.py").write_text(KEYED_PLAY.replace('required=["domain"]', "required=[]"))
+    (tmp_path / "leads.csv").write_text("Domain,Name\nacme.com,Acme\n")
+    result = deepline("run", "play.py", "--set", "file=leads.csv")
+    assert result.code == 2, result.stderr
+    said = "Map 'leads': its key field 'domain' is not a column of leads.csv (its columns: Domain, Name)"
+    assert said in result.stderr and "did you mean 'Domain'?" in result.stderr, result.stderr
+    assert "line 2" not in result.stderr

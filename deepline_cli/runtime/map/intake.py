@@ -17,7 +17,7 @@ from deepline_cli.errors import InputError, UsageError
 from deepline_cli.runtime.map.book import MapBook
 from deepline_cli.runtime.map.failures import PlayCodeError, where
 from deepline_cli.runtime.map.row_context import PendingRow
-from deepline_cli.runtime.map.rows import CsvSource, input_columns, is_blank, key_fields, row_digest
+from deepline_cli.runtime.map.rows import CsvSource, folded_name, input_columns, is_blank, key_fields, row_digest
 from deepline_cli.store.records import SheetRow
 
 CHUNK = 256  # rows looked up in the sheet per store read
@@ -43,9 +43,24 @@ class Intake:
         self.input_columns: dict[str, None] = {c: None for c in input_columns(rows)}
         self.csv = rows if isinstance(rows, CsvSource) else None
         self.clashes: set[tuple[str, str]] = set()  # column names told apart by case only, warned of
+        self._check_key()
         self.total_estimate = estimate_total(rows, limit)
         self.read_whole = False  # every input row read (it reads ahead of what is handed out)
         self.warn_of_case(self.input_columns)
+
+    def _check_key(self) -> None:
+        """A CSV's key fields are columns of its header: said before any row, not as its first
+        row's fault (a key is matched as written; `required=` ignores case and spaces)."""
+        if self.csv is None or not self.input_columns:
+            return
+        for name in self.key_fields:
+            if name not in self.input_columns:
+                near = [c for c in self.input_columns if folded_name(c) == folded_name(name)]
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                raise InputError(
+                    f"Map {self.name!r}: its key field {name!r} is not a column of {self.csv.path.name} "
+                    f"(its columns: {', '.join(self.input_columns)}){hint}"
+                )
 
     def chunks(self) -> Iterator[list[PendingRow]]:
         """The rows still to do, CHUNK at a time; counts what it reads, skips and seeds."""

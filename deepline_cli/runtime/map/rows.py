@@ -113,13 +113,13 @@ class CsvSource:
         """A `columns=` name whose headers in the file another name took already (`rename=`,
         or another of `columns=`) would be empty in every row without a word: refused."""
         taken = set(self._rename.values())
-        by_fold = {_fold(name): name for name in reversed(header)}
+        by_fold = {folded_name(name): name for name in reversed(header)}
         for column, names in columns.items():
             if column in taken:
                 continue
             present = [
                 by_fold[f]
-                for f in map(_fold, [column, *([names] if isinstance(names, str) else names)])
+                for f in map(folded_name, [column, *([names] if isinstance(names, str) else names)])
                 if f in by_fold
             ]
             if present:
@@ -348,7 +348,8 @@ def _blank_record(cells: Sequence[str]) -> bool:
     return not "".join(cells).strip()
 
 
-def _fold(name: str) -> str:
+def folded_name(name: str) -> str:
+    """A column's name as `required=` and `columns=` match it: case and spaces aside."""
     return "".join(name.split()).lower()
 
 
@@ -361,11 +362,11 @@ def _aliases(
     taken = set(claimed or ())
     by_fold: dict[str, str] = {}
     for name in header:
-        by_fold.setdefault(_fold(name), name)
+        by_fold.setdefault(folded_name(name), name)
     for column, names in columns.items():
         candidates = [names] if isinstance(names, str) else list(names)
         for alias in [column, *candidates]:
-            original = by_fold.get(_fold(alias))
+            original = by_fold.get(folded_name(alias))
             if original is not None and original not in found and original not in taken:
                 found[original] = column
                 break
@@ -377,10 +378,10 @@ def _renames(header: Sequence[str], rename: Mapping[str, str]) -> dict[str, str]
     `columns=` aliases match (case and spaces aside)."""
     by_fold: dict[str, str] = {}
     for name in header:
-        by_fold.setdefault(_fold(name), name)
+        by_fold.setdefault(folded_name(name), name)
     found: dict[str, str] = {}
     for source, target in rename.items():
-        original = source if source in header else by_fold.get(_fold(source))
+        original = source if source in header else by_fold.get(folded_name(source))
         if original is not None:
             found.setdefault(original, target)
     return found
