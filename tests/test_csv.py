@@ -827,3 +827,17 @@ def test_a_key_the_csv_has_no_column_for_is_refused_before_any_row_naming_its_co
     said = "Map 'leads': its key field 'domain' is not a column of leads.csv (its columns: Domain, Name)"
     assert said in result.stderr and "did you mean 'Domain'?" in result.stderr, result.stderr
     assert "line 2" not in result.stderr
+
+
+def test_a_byte_that_is_not_utf8_deep_in_the_file_is_refused_before_any_row(deepline, tmp_path: Path) -> None:
+    """A cp1252 `é` past the first block read to guess the delimiter was found mid-map,
+    after the rows before it were paid for: the whole file is checked before the first row."""
+    (tmp_path / "play.py").write_text(KEYED_PLAY)
+    rows = b"".join(b"d%d.com,Company %d\n" % (i, i) for i in range(6000))
+    (tmp_path / "leads.csv").write_bytes(b"domain,name\n" + rows + b"soci\xe9t\xe9.fr,Soci\xe9t\xe9\n")
+    assert len(rows) > 70_000
+    result = deepline("run", "play.py", "--set", "file=leads.csv", "--run-id", "U", "--json")
+    assert result.code == 2, result.stderr
+    assert "leads.csv line 6002, column 5: not valid UTF-8" in result.stderr, result.stderr
+    shown = json.loads(deepline("runs", "show", "U", "--json").stdout)
+    assert shown["stats"]["rows"]["succeeded"] == 0, shown["stats"]["rows"]

@@ -177,12 +177,12 @@ class CsvSource:
                 rows = csv.reader(handle, delimiter=self.delimiter)
                 header = next((row for row in rows if not _blank_record(row)), None)  # blank lines before it skipped
             except UnicodeDecodeError:
-                raise self._undecodable() from None
+                raise self.undecodable() from None
         if not header or not any(h.strip() for h in header):
             raise InputError(f"CSV file {self.path} is empty: it has no header row.")
         return _trimmed([h.strip() for h in header])  # empty trailing columns, as a spreadsheet saves them
 
-    def _undecodable(self) -> InputError:
+    def undecodable(self) -> InputError:
         """The decoder reads in blocks, so find the real line and column of the bad byte."""
         with self.path.open("rb") as handle:
             for number, raw in enumerate(handle, start=1):
@@ -250,7 +250,7 @@ class CsvSource:
                     self.line = line
                     yield row
             except UnicodeDecodeError:
-                raise self._undecodable() from None
+                raise self.undecodable() from None
             except csv.Error as exc:
                 raise InputError(f"{self.path} line {reader.line_num + skipped}: {exc}.") from None
             except WrittenOver:
