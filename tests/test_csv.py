@@ -841,3 +841,12 @@ def test_a_byte_that_is_not_utf8_deep_in_the_file_is_refused_before_any_row(deep
     assert "leads.csv line 6002, column 5: not valid UTF-8" in result.stderr, result.stderr
     shown = json.loads(deepline("runs", "show", "U", "--json").stdout)
     assert shown["stats"]["rows"]["succeeded"] == 0, shown["stats"]["rows"]
+
+
+def test_a_line_repeating_the_header_fails_alone_as_two_files_joined(deepline, tmp_path: Path) -> None:
+    """Two exports joined with `cat`: the second's header (its byte order mark too) was a
+    lead named `domain`, paid for like any other."""
+    first = b"\xef\xbb\xbfdomain,name\nd1.com,A\n"
+    finished, failed = keyed_run(deepline, tmp_path, first + first.replace(b"d1", b"d2"))
+    assert finished["output"] == {"rows": ["D1.COM", None, "D2.COM"], "failed": 1}, finished
+    assert failed == ["InputError: leads.csv line 3: it repeats the header (two files joined into one?)"], failed

@@ -220,6 +220,7 @@ class CsvSource:
                     if not _blank_record(heading):
                         break
                 line = reader.line_num + skipped
+                top = heading[0].strip()  # a line of the header's cells again: two files joined
                 for record in reader:
                     start, line = line + 1, reader.line_num + skipped
                     if line > start:
@@ -227,7 +228,13 @@ class CsvSource:
                     if _blank_record(record):
                         continue  # a blank line, or a row of blank cells (a spreadsheet's trailing `,,`)
                     self._misfit = None
-                    if len(record) != width:
+                    if record[0].lstrip("\ufeff").strip() == top and _repeats(record, heading):
+                        said = "it repeats the header (two files joined into one?)"
+                        if not isolate:
+                            raise InputError(f"{self.path} line {line}: {said}")
+                        self._misfit = f"{self.path.name} line {line}: {said}"  # this row fails, not the map
+                        record = (record + [""] * width)[:width]
+                    elif len(record) != width:
                         if len(record) > width and _blank_record(record[width:]):
                             record = record[:width]  # empty cells under the empty trailing columns
                         elif line > start:
@@ -340,6 +347,13 @@ class CsvSource:
 
     def __repr__(self) -> str:
         return f"CsvSource({self.path})"
+
+
+def _repeats(record: Sequence[str], heading: Sequence[str]) -> bool:
+    """Does this line hold the header's cells (a byte order mark and spaces aside)?"""
+    cells = [cell.lstrip("\ufeff").strip() for cell in record]
+    names = [name.strip() for name in heading]
+    return _trimmed(cells) == _trimmed(names)
 
 
 def _blank_record(cells: Sequence[str]) -> bool:
