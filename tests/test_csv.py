@@ -850,3 +850,18 @@ def test_a_line_repeating_the_header_fails_alone_as_two_files_joined(deepline, t
     finished, failed = keyed_run(deepline, tmp_path, first + first.replace(b"d1", b"d2"))
     assert finished["output"] == {"rows": ["D1.COM", None, "D2.COM"], "failed": 1}, finished
     assert failed == ["InputError: leads.csv line 3: it repeats the header (two files joined into one?)"], failed
+
+
+def test_keys_differing_only_by_case_or_spaces_are_warned_of(deepline, tmp_path: Path) -> None:
+    """`acme.com` and ` ACME.com` are two rows, each paid: said once, with what to do."""
+    (tmp_path / "play.py").write_text(KEYED_PLAY)
+    (tmp_path / "leads.csv").write_text("domain,name\nacme.com,A\nb.com,B\n ACME.com,A2\nB.com,B2\n")
+    result = deepline("run", "play.py", "--set", "file=leads.csv", "--json")
+    assert result.code == 0, result.stderr
+    assert result.json_lines()[-1]["output"]["rows"] == ["ACME.COM", "B.COM", " ACME.COM", "B.COM"]
+    warned = [e["message"] for e in result.json_lines() if e.get("level") == "warning"]
+    assert warned == [
+        "Map 'leads': the keys 'acme.com' and ' ACME.com' differ only by case or spaces: two rows, each "
+        "computed (and paid for) on its own; to take them as one, normalise the key "
+        '(key=lambda row: row["domain"].strip().lower())'
+    ], warned

@@ -21,6 +21,7 @@ from deepline_cli.runtime.map.row_context import PendingRow
 from deepline_cli.runtime.map.rows import CsvSource, folded_name, input_columns, is_blank, key_fields, row_digest
 from deepline_cli.store.records import SheetRow
 
+NEAR_LOOKS = 100_000  # keys not folded already that `_near` keeps to compare with
 CHUNK = 256  # rows looked up in the sheet per store read
 Counts = tuple[int, int]  # rows read, duplicates
 
@@ -44,6 +45,8 @@ class Intake:
         self.input_columns: dict[str, None] = {c: None for c in input_columns(rows)}
         self.csv = rows if isinstance(rows, CsvSource) else None
         self.clashes: set[tuple[str, str]] = set()  # column names told apart by case only, warned of
+        self._folds: dict[str, str] = {}  # a key folded (case, spaces) → the first key not folded already
+        self._near_said = False
         self._check_key()
         self.total_estimate = estimate_total(rows, limit)
         self.read_whole = False  # every input row read (it reads ahead of what is handed out)
@@ -129,6 +132,8 @@ class Intake:
                 duplicate += 1
                 continue
             seen.add(key)
+            if not (placed or self._near_said):
+                self._near(key)
             idx = distinct
             distinct += 1
             book.input_index_of.append(input_index)
@@ -203,6 +208,33 @@ class Intake:
         read, duplicate = counts
         tally.read += read
         tally.duplicate += duplicate
+
+    def _near(self, key: str) -> None:
+        """Keys that differ only by case or surrounding spaces (`acme.com`, ` ACME.com`) are two
+        rows, each paid for: said once. Keys are compared with those of the first NEAR_LOOKS
+        that are not folded already (lower case, no surrounding spaces), so memory stays small."""
+        folded = key.strip().casefold()
+        if folded != key:
+            other = self._folds.get(folded) or (folded if folded in self.seen else None)
+            if other is None:
+                if len(self._folds) < NEAR_LOOKS:
+                    self._folds[folded] = key
+                return
+        else:
+            other = self._folds.get(key)
+            if other is None:
+                return
+        self._near_said = True
+        fields = self.key_fields
+        how = (
+            f'key=lambda row: row["{fields[0]}"].strip().lower()'
+            if len(fields) == 1
+            else "strip and lower-case its parts in a key function"
+        )
+        self.warn(
+            f"Map {self.name!r}: the keys {other!r} and {key!r} differ only by case or spaces: two rows, each "
+            f"computed (and paid for) on its own; to take them as one, normalise the key ({how})"
+        )
 
     def warn_of_case(self, input_columns: Iterable[str]) -> None:
         """Columns whose names differ only in case (`Company` in the CSV, a `company` column):
