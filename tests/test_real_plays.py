@@ -1639,6 +1639,12 @@ def test_a_fingerprint_follows_what_a_resolver_was_made_with() -> None:
 
         return checks
 
+    def finder(provider: str) -> Callable[[dict[str, Any]], Any]:
+        def find(row: dict[str, Any]) -> Any:
+            return provider
+
+        return find
+
     pairs = {
         "set in a closure": (closure({"gmail.com", "yahoo.com"}), closure({"gmail.com", "aol.com"})),
         "list in a closure": (closure(["CEO", "CTO"]), closure(["CEO", "CFO"])),
@@ -1651,6 +1657,11 @@ def test_a_fingerprint_follows_what_a_resolver_was_made_with() -> None:
         "pattern flags": (defaulted(re.compile("ceo")), defaulted(re.compile("ceo", re.IGNORECASE))),
         "frozen dataclass": (closure(Config("hunter", 80)), closure(Config("hunter", 95))),
         "a factory's second resolver": (siblings("hunter"), siblings("clearbit")),
+        "a function in a partial's tuple": (
+            functools.partial(pick, titles=(finder("hunter"), finder("apollo"))),
+            functools.partial(pick, titles=(finder("hunter"), finder("clearbit"))),
+        ),
+        "a function in a closure's dict": (closure({"com": finder("a")}), closure({"com": finder("b")})),
     }
     same = [what for what, (before, after) in pairs.items() if fp(before) == fp(after)]
     assert same == [], f"kept the old cells after an edit of: {same}"

@@ -420,10 +420,17 @@ def _feed_data(walk: _Walk, value: Any) -> None:
     digest = _data_digest(_unordered(value)) if _plain(value) else None
     _tag(walk, digest.encode() if digest else _kind(value))
     if digest is None:  # objects of the play's own classes, alone or in a list or dict: their classes' code
-        # (not their attributes: an object's state changes as the play runs), in the order of
-        # their digests (classes a factory made share a name; a set of them has no order of its own)
-        for class_digest in sorted(_class_digest(cls) for cls in _play_classes(value)):
-            _tag(walk, class_digest)
+        # (not their attributes: an object's state changes as the play runs); the play's own
+        # functions in it (`(find_hunter, find_apollo)`): their code, closures and defaults. In the
+        # order of their digests (classes a factory made share a name; a set has no order of its own).
+        classes, functions = _play_code(value)
+        digests = [_class_digest(cls) for cls in classes]
+        for fn in functions:
+            inner = _Walk(seen=walk.seen)  # a function already taken in (or holding this value) once
+            _feed_function(inner, fn)
+            digests.append(inner.h.digest())
+        for each in sorted(digests):
+            _tag(walk, each)
 
 
 def _feed_fixed(walk: _Walk, value: Any) -> bool:
@@ -447,11 +454,13 @@ def _feed_fixed(walk: _Walk, value: Any) -> bool:
 PLAY_CLASS_LOOKS = 2000  # values a scan for objects looks at: a list of rows is data, not code
 
 
-def _play_classes(value: Any) -> set[type]:
+def _play_code(value: Any) -> tuple[set[type], list[types.FunctionType]]:
     """The classes of the play's own whose objects `value` is or holds (`[Hunter(), Apollo()]`),
-    at most PLAY_CLASS_LOOKS values looked at, each container once (a tree with parent links)."""
+    and the play's own functions it holds, at most PLAY_CLASS_LOOKS values looked at, each
+    container once (a tree with parent links)."""
     found: set[type] = set()
-    judged: dict[type, str] = {}  # per type: "mapping", "items" (a list, a tuple, a set…), "own", "other"
+    functions: list[types.FunctionType] = []
+    judged: dict[type, str] = {types.FunctionType: "function"}  # "mapping", "items" (a list, a set…), "own"…
     seen: set[int] = set()
     stack, left = [value], PLAY_CLASS_LOOKS
     while stack and left > 0:
@@ -463,10 +472,14 @@ def _play_classes(value: Any) -> set[type]:
             judgement = judged[kind] = _judged(kind)
         if judgement == "own":
             found.add(kind)
+        elif judgement == "function":
+            if is_play_file(item.__code__.co_filename) and id(item) not in seen:
+                seen.add(id(item))
+                functions.append(item)
         elif judgement != "other" and id(item) not in seen:  # a defaultdict, a namedtuple: looked into too
             seen.add(id(item))
             stack.extend(item.values() if judgement == "mapping" else item)
-    return found
+    return found, functions
 
 
 def _judged(kind: type) -> str:
