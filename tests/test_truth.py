@@ -192,8 +192,9 @@ def test_the_timeline_scales_and_holders_read_as_a_person_reads_them(write_play,
 
 
 def test_failed_calls_say_what_failed_and_what_became_of_it(deepline, tmp_path) -> None:
-    """Item 7: the lead enrichment example: finder A fails 37 calls (28 fall back to B),
-    B fails 9 (404): 46 calls failed, 28 fell back, 18 final, 9 rows failed."""
+    """Item 7: the lead enrichment example: finder A fails 37 calls (28 fall back to B), B
+    knows 9 of those people not (404: not found, no failure): 37 calls failed, 28 fell back,
+    9 final, 9 rows failed."""
     example = ROOT / "examples" / "lead_enrichment"
     run = deepline("run", str(example / "play.py"), "--csv", str(example / "leads.csv"), "--set", "latency=0",
                    "--run-id", "f7", "--json")  # fmt: skip
@@ -201,16 +202,16 @@ def test_failed_calls_say_what_failed_and_what_became_of_it(deepline, tmp_path) 
     stats = run.json_lines()[-1]["stats"]
     tools = stats["tools"]
     assert (tools["demo.finder_a"]["failed"], tools["demo.finder_a"]["recovered"]) == (37, 28)
-    assert (tools["demo.finder_b"]["failed"], tools["demo.finder_b"]["recovered"]) == (9, 0)
+    assert (tools["demo.finder_b"]["failed"], tools["demo.finder_b"]["not_found"]) == (0, 9)
     out = tmp_path / "f7.html"
     assert deepline("runs", "report", "f7", "--html", "--out", str(out)).code == 0
     html = out.read_text()
     said = (
-        "46 calls failed (counted once each, however many attempts tried): 28 of them fell back to another "
-        "provider of their cell, 18 were final; 9 rows failed."
+        "37 calls failed (counted once each, however many attempts tried): 28 of them fell back to another "
+        "provider of their cell, 9 were final; 9 rows failed."
     )
     assert f'<p id="failures-said">{said}</p>' in html
-    assert "<small>28 fell back · 18 final</small>" in html
+    assert "<small>28 fell back · 9 final</small>" in html
     assert '<td class=n>37 <span class="muted">(28 fell back)</span></td>' in html
 
 
@@ -655,14 +656,15 @@ def test_a_maps_progress_and_the_runs_are_said_at_one_moment(write_play, store_p
         assert live >= rows["succeeded"], (run["tools"], rows)
 
 
-# The play handles a provider's failure itself (a 404 caught, no next provider asked) in
-# one column, and a waterfall gets past the same kind of failure with its next step.
+# The play handles a provider's failure itself (a 410 caught, no next provider asked) in
+# one column, and a waterfall gets past the same kind of failure with its next step. (A 404
+# is no failure where the row goes on: a "not found" answer, counted apart.)
 HANDLED = """
 from deepline_cli import ProviderTransientError, ToolExecutionError, play, steps, tool
 
 @tool("t.missing", credits=1)
 def missing(input):
-    raise ProviderTransientError("404 from t.missing", category="not_found", status_code=404)
+    raise ProviderTransientError("410 from t.missing", category="validation", status_code=410)
 
 @tool("t.up", credits=1)
 def up(input):
@@ -867,17 +869,17 @@ async def last(ctx, input):
 """
 
 
-def test_a_failure_nothing_found_a_value_after_is_final_not_fallen_back(deepline, write_play) -> None:
-    """A waterfall whose first step answers with nothing and whose last step fails: no
-    provider found the value, so the failures are final ("fell back to another provider,
-    which answered" would be false), live, in the store and in the report alike."""
+def test_a_404_nothing_found_a_value_after_is_not_found_not_fallen_back(deepline, write_play) -> None:
+    """A waterfall whose first step answers with nothing and whose last step says 404: no
+    provider found the value ("fell back to another provider, which answered" would be
+    false), and none failed: the 404s are answers that found nothing, live and in the store."""
     write_play(LAST_STEP_FAILS)
     run = deepline("run", "play.py", "--run-id", "last", "--json")
     assert run.code == 0, run.stderr
     gone = run.json_lines()[-1]["stats"]["tools"]["t.gone"]
-    assert (gone["failed"], gone["recovered"]) == (2, 0), gone
+    assert (gone["failed"], gone["recovered"], gone["not_found"]) == (0, 0, 2), gone
     shown = json.loads(deepline("runs", "show", "last", "--json").stdout)["stats"]["tools"]["t.gone"]
-    assert (shown["failed"], shown["recovered"]) == (2, 0), shown
+    assert (shown["failed"], shown["recovered"], shown["not_found"]) == (0, 0, 2), shown
 
 
 def test_the_progress_bar_shows_how_far_a_map_is_without_colours() -> None:
@@ -1178,3 +1180,64 @@ def test_the_live_view_says_the_latest_row_failure_while_its_map_runs(write_play
     assert any(re.search(r"row x\d+\.io failed: ValueError: no such company", frame) for frame in frames), frames
     done = view._render_map(view.state.maps["m"], 100)
     assert not any("failed: ValueError" in text.plain for text in done)  # its log says them once it ends
+
+
+# A waterfall whose middle provider does not know most people (404): a "not found" answer,
+# as an empty answer is, passed on to the next provider.
+NOT_FOUND = """
+from deepline_cli import ToolExecutionError, play, steps, tool
+
+@tool("t.one", credits=1)
+def one(input):
+    return {"email": None}
+
+@tool("t.two", credits=1)
+def two(input):
+    if input["n"] >= 2:
+        raise ToolExecutionError("404 from t.two: no such person", category="validation", status_code=404)
+    return {"email": f"{input['n']}@two.io"}
+
+@tool("t.three", credits=1)
+def three(input):
+    return {"email": f"{input['n']}@three.io"}
+
+def ask(tool):
+    async def step(row, rc):
+        return (await rc.tools.execute(tool, tool, {"n": row["n"]})).get("email")
+    return step
+
+EMAIL = steps().step("one", ask("t.one")).step("two", ask("t.two")).step("three", ask("t.three"))
+
+@play("notfound")
+async def notfound(ctx, input):
+    rows = await ctx.map("people", [{"n": n} for n in range(10)], key="n", columns={
+        "email": EMAIL,
+        # a plain column: its 404 fails the row (a failed row; the call, a "not found" answer)
+        "strict": lambda row, rc: rc.tools.execute("strict", "t.two", {"n": row["n"] + 100})
+        if row["n"] == 9 else None,
+    })
+    return rows.failed_count
+"""
+
+
+def test_a_404_a_waterfall_passes_on_is_a_not_found_answer_not_a_failure(write_play, store_path) -> None:
+    """Eight of ten people unknown to the middle provider (404): its line said `live 2 failed
+    4 fell back 4` (failed or fallen back as the next provider found a value or not), and the
+    report gave it a 100% (2/2) find rate. They are answers that found nothing, as empty
+    answers are: `not found 8`, found 2 of 10. One that fails its row fails the row; the
+    call is a "not found" answer all the same."""
+    seen: list[dict[str, Any]] = []
+    bus = EventBus()
+    bus.subscribe(lambda e: seen.append(e.data["tools"]) if e.event == "run.progress" else None)
+    result = run_play(write_play(NOT_FOUND), store_path, bus=bus)
+    assert result.status == "completed" and result.output == 1, result.error
+    two = result.stats["tools"]["t.two"]  # read from the store
+    assert (two["live"], two["not_found"], two["failed"], two["recovered"]) == (2, 9, 0, 0), two
+    live = seen[-1]["t.two"]  # as the live view counted it, call by call
+    assert (live["live"], live["not_found"], live["failed"], live["recovered"]) == (2, 9, 0, 0), live
+    line = fit(tool_pieces("t.two", two, {}, {}), 200)
+    assert "not found 9" in line and "fell back" not in line, line
+    report, html = _report_text(store_path, result.run_id)
+    figures = report.tools["t.two"]
+    assert (figures.found, figures.answered) == (2, 11), (figures.found, figures.answered)
+    assert "18%" in html

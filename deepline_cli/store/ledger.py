@@ -12,7 +12,7 @@ from typing import Any
 
 from deepline_cli import _json
 from deepline_cli._format import add_credits, round_credits, sum_credits
-from deepline_cli.store.records import FOUND_PREFIX, MADE_FOR, NOT_FOUND, FailedCall
+from deepline_cli.store.records import FOUND_PREFIX, MADE_FOR, NOT_FOUND, FailedCall, said_not_found
 from deepline_cli.store.sql_rows import DUPLICATES_SEEN, TREE
 
 _ROWS_PAGE = 50_000  # map rows read per store call, to say how the rows of failed calls ended
@@ -72,8 +72,10 @@ def _call_row(r: Sequence[Any]) -> CallRow:
     )  # fmt: skip
 
 
-def _tool_counts() -> dict[str, Any]:
-    return {"live": 0, "reused": 0, "failed": 0, "credits": 0.0, "retries": 0, "recovered": 0, "kept": 0}
+def empty_tool_counts() -> dict[str, Any]:
+    """A tool's counts in a run's stats, before any call of it is counted."""
+    return {"live": 0, "reused": 0, "failed": 0, "credits": 0.0, "retries": 0, "recovered": 0, "kept": 0,
+            "not_found": 0}  # fmt: skip
 
 
 class LedgerQueries:
@@ -105,7 +107,7 @@ class LedgerQueries:
             if kind == "step":
                 steps["live"] += n
                 continue
-            counts = tools.setdefault(tool or f"ctx.{kind}", _tool_counts())
+            counts = tools.setdefault(tool or f"ctx.{kind}", empty_tool_counts())
             counts["live"] += n
             counts["credits"] = add_credits(counts["credits"], float(credits))
             counts["retries"] += int(retries)
@@ -115,11 +117,14 @@ class LedgerQueries:
             (run_id, run_id),
         )
         for kind, tool, retries in failed_retries:
-            tools.setdefault(tool or f"ctx.{kind}", _tool_counts())["retries"] += int(retries)
+            tools.setdefault(tool or f"ctx.{kind}", empty_tool_counts())["retries"] += int(retries)
         for failure in self.final_failures(run_id) if failures is None else failures:  # given: read already
-            counts = tools.setdefault(failure.tool, _tool_counts())
+            counts = tools.setdefault(failure.tool, empty_tool_counts())
             if failure.row is None:
                 continue  # its row did not end (the attempt stopped): neither final nor fallen back yet
+            if failure.missing:  # a "not found" answer (404): it found nothing, it did not fail
+                counts["not_found"] += 1
+                continue
             counts["failed"] += 1
             counts["recovered"] += failure.recovered
             counts["kept"] += failure.kept
@@ -134,7 +139,7 @@ class LedgerQueries:
             if kind == "step":
                 steps["reused"] += n
             else:
-                tools.setdefault(tool or f"ctx.{kind}", _tool_counts())["reused"] += n
+                tools.setdefault(tool or f"ctx.{kind}", empty_tool_counts())["reused"] += n
         maps = self._read("SELECT map FROM maps WHERE run_id = ? ORDER BY started_at", (run_id,))
         return {
             "maps": [name for (name,) in maps],  # the run's own, in the order they started (export --map)
@@ -149,31 +154,34 @@ class LedgerQueries:
     def final_failures(self, run_id: str) -> list[FailedCall]:
         """Every call of the run (and its child runs) whose final outcome is a failure."""
         rows = self._read(
-            "SELECT f.key, f.kind, f.tool, f.run_id, f.map, f.row_key, r.retryable, 0 FROM calls f"
+            "SELECT f.key, f.kind, f.tool, f.run_id, f.map, f.row_key, r.retryable, 0, r.error FROM calls f"
             # The last execution of each key that ever failed in the run (few keys, one pass).
             f" JOIN (SELECT key, max(id) AS last FROM calls WHERE run_id IN {TREE} AND key IN"
             f" (SELECT key FROM calls WHERE run_id IN {TREE} AND status = 'failed') GROUP BY key) l ON l.last = f.id"
             " LEFT JOIN receipts r ON r.key = f.key WHERE f.status = 'failed' AND f.kind <> 'step'"
             # Failures of earlier runs given back from their receipts (no request made).
-            " UNION ALL SELECT u.key, r.kind, r.tool, u.run_id, u.map, u.row_key, r.retryable, 1"
+            " UNION ALL SELECT u.key, r.kind, r.tool, u.run_id, u.map, u.row_key, r.retryable, 1, r.error"
             " FROM run_receipts u JOIN receipts r ON r.key = u.key"
             f" WHERE u.used_at IS NOT NULL AND u.run_id IN {TREE} AND coalesce(u.status, r.status) = 'failed'"
             " AND r.kind <> 'step'"
             f" AND u.key NOT IN (SELECT key FROM calls WHERE run_id IN {TREE})",
             (run_id,) * 8,
         )
-        owners = self._row_owners(run_id, {(run, map) for _, _, _, run, map, _, _, _ in rows if map is not None})
-        wanted = {(o, map, row) for _, _, _, run, map, row, _, _ in rows if map is not None for o in owners[run, map]}
+        owners = self._row_owners(run_id, {(run, map) for _, _, _, run, map, *_ in rows if map is not None})
+        wanted = {(o, map, row) for _, _, _, run, map, row, *_ in rows if map is not None for o in owners[run, map]}
         ended = self._rows_ended(wanted)
         failed: list[FailedCall] = []
-        for key, kind, tool, run, map, row, retryable, kept in rows:
+        for key, kind, tool, run, map, row, retryable, kept, error in rows:
             outcome: str | None = ""
             fell_back: frozenset[str] | None = None
             if map is not None:  # the row of the nearest run that has it: the call's own run's, or an ancestor's
                 at = next((o for o in owners[run, map] if (o, map, row) in ended), None)
                 outcome, fell_back = ended[at, map, row] if at is not None else (None, None)
             got_past = None if fell_back is None else key[:FOUND_PREFIX] in fell_back
-            failed.append(FailedCall(key, tool or f"ctx.{kind}", outcome, bool(retryable), got_past, bool(kept)))
+            missing = said_not_found(_json.loads(error))
+            failed.append(
+                FailedCall(key, tool or f"ctx.{kind}", outcome, bool(retryable), got_past, bool(kept), missing)
+            )
         return failed
 
     def _row_owners(self, run_id: str, made: set[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:

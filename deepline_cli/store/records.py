@@ -259,11 +259,19 @@ class FailedCall:
     fell_back: bool | None = None
     # Given back from an earlier run's failed receipt: the run made no request for it.
     kept: bool = False
+    # The provider said it knows nothing of it (404, `said_not_found`): an answer that found
+    # nothing, counted apart from the failures (a row that failed on it is a failed row).
+    missing: bool = False
 
     @property
     def recovered(self) -> bool:
         """Fallen back from: its cell got past it (its row, where the row does not say)."""
         return self.fell_back if self.fell_back is not None else self.row == "succeeded"
+
+
+def said_not_found(error: Mapping[str, Any] | None) -> bool:
+    """Is this failure the provider saying it knows nothing of what was asked (a 404)?"""
+    return bool(error) and error.get("status_code") == 404  # type: ignore[union-attr]
 
 
 @dataclass(slots=True)

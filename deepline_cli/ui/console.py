@@ -124,6 +124,7 @@ def tool_pieces(
     recovered = int(c.get("recovered", 0))
     final = int(c.get("failed", 0)) - recovered
     kept = int(c.get("kept", 0))
+    missed = int(c.get("not_found", 0))
     retries = int(c.get("retries", 0))
     known = retry_causes(c.get("retry_reasons"), retries)
     reasons = ", ".join(f"{k} {v:,}" for k, v in known.items())
@@ -142,6 +143,7 @@ def tool_pieces(
         (tool_id.ljust(pad), 0),
         (f"live {c.get('live', 0):,}", 1),
         (f"reused {c.get('reused', 0):,}", 3),
+        (f"not found {missed:,}" if missed else "", 2),  # "not found" answers (404) a row got past
         (f"failed {final:,}", 0),
         (f"fell back {recovered:,}" if recovered else "", 2),
         (f"({kept_said(kept)})", 2, f"({kept:,} earlier)") if kept else ("", 2),

@@ -34,6 +34,7 @@ class ToolFigures:
     failed: int = 0  # calls whose final outcome is a failure, each once
     recovered: int = 0  # of the failed, those whose cell got past them (a fall back)
     kept: int = 0  # of the failed, those given back from earlier runs' receipts (no request made)
+    not_found: int = 0  # "not found" answers (404) a row got past: answers that found nothing
     retried: int = 0  # executions that needed retries
     retries: int = 0
     credits: float = 0.0
@@ -44,7 +45,8 @@ class ToolFigures:
 
     @property
     def answered(self) -> int:
-        return self.live + self.reused
+        """Answers: live and reused ones, and the "not found" ones (404) a row got past."""
+        return self.live + self.reused + self.not_found
 
     @property
     def final(self) -> int:
@@ -156,6 +158,7 @@ def tool_figures(
             failed=int(c.get("failed", 0)),
             recovered=int(c.get("recovered", 0)),
             kept=int(c.get("kept", 0)),
+            not_found=int(c.get("not_found", 0)),
             retries=int(c.get("retries", 0)),
             credits=float(c.get("credits", 0.0)),
         )

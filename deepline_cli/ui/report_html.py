@@ -299,6 +299,7 @@ def _providers(report: Report) -> str:
             _e(t.tool) + "".join(f'<br><span class="muted">{_e(d)}</span>' for d in t.descriptions),
             f"{t.live:,}",
             f"{t.reused:,}",
+            f"{t.not_found:,}",
             f"{t.failed:,}"
             + (f' <span class="muted">({t.recovered:,} fell back)</span>' if t.recovered else "")
             + (f' <span class="muted">({kept_said(t.kept)})</span>' if t.kept else ""),
@@ -310,14 +311,18 @@ def _providers(report: Report) -> str:
         ]
         for t in sorted(report.tools.values(), key=_by_credits)
     ]
-    headers = ["tool", "live", "reused", "failed", "retried", "credits", "found", "found · nothing found · failed"]
+    headers = [
+        "tool", "live", "reused", "not found", "failed", "retried", "credits", "found", "found · nothing found · failed"
+    ]  # fmt: skip
     note = (
         '<p class="muted">Found: answers the play found a value with (the waterfall step that made the call '
         "found the value, or the cell it was made for holds a value: not empty, nor a list or object holding "
-        "only empty values), of the answers live and reused. Failed: calls whose final outcome is a failure, "
-        "each once; those that fell back were got past by another provider of their cell, which answered.</p>"
+        "only empty values), of the answers live, reused and not found. Not found: the provider said it knows "
+        "nothing of what was asked (404) and the row went on (a waterfall's next step): an answer that found "
+        "nothing, not a failure. Failed: calls whose final outcome is a failure, each once; those that fell back "
+        "were got past by another provider of their cell, which answered.</p>"
     )
-    return note + _table(headers, rows, numeric={1, 2, 3, 5, 6})
+    return note + _table(headers, rows, numeric={1, 2, 3, 4, 6, 7})
 
 
 def _map_section(report: Report, m: MapFigures) -> str:

@@ -115,6 +115,7 @@ def merged_tools(counted: dict[str, Any], recorded: dict[str, Any]) -> dict[str,
             "retries": (retries := max(int(ledger.get("retries", 0)), int(kept.get("retries", 0)))),
             "retry_reasons": retry_causes(kept.get("retry_reasons"), retries),
             "recovered": int(ledger.get("recovered", 0)),  # of the failed, those whose cell got past them
+            "not_found": int(ledger.get("not_found", 0)),  # "not found" answers (404) a row got past
         }
     return tools
 
@@ -244,8 +245,9 @@ def _tool_lines(s: Shown, stats: dict[str, Any]) -> list[str]:
 
 
 def _failures(c: dict[str, Any]) -> str:
-    recovered, kept = int(c.get("recovered", 0)), int(c.get("kept", 0))
-    said = f"failed {int(c.get('failed', 0)) - recovered:,}"
+    recovered, kept, missed = int(c.get("recovered", 0)), int(c.get("kept", 0)), int(c.get("not_found", 0))
+    said = f"not found {missed:,}  " if missed else ""  # "not found" answers (404) a row got past
+    said += f"failed {int(c.get('failed', 0)) - recovered:,}"
     said += f"  fell back {recovered:,}" if recovered else ""
     return said + (f" ({kept_said(kept)})" if kept else "")
 

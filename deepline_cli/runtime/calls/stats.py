@@ -29,6 +29,7 @@ class ToolCounts:
     recovered: int = 0  # of the failed, those whose cell got past them (a waterfall fell through)
     pending: int = 0  # failed calls whose row is still running: neither final nor fallen back yet
     kept: int = 0  # of the failed, those given back from earlier runs' receipts (no request made)
+    not_found: int = 0  # "not found" answers (404) a row got past: they found nothing, nothing failed
 
     def note_retry(self, reason: str) -> None:
         self.retries += 1
@@ -45,10 +46,11 @@ class ToolCounts:
             "recovered": self.recovered,
             "pending": self.pending,
             "kept": self.kept,
+            "not_found": self.not_found,
         }
 
 
-PENDING, FINAL, RECOVERED = "pending", "final", "recovered"
+PENDING, FINAL, RECOVERED, MISSED = "pending", "final", "recovered", "missed"
 
 
 @dataclass(slots=True)
@@ -65,6 +67,7 @@ class RunStats:
     # asked itself (and saw fail) is its own failure, whatever answered it later.
     kept: set[str] = field(default_factory=set)
     asked: set[str] = field(default_factory=set)  # keys this run asked and saw fail
+    missing: set[str] = field(default_factory=set)  # failed keys the provider knew nothing of (404)
 
     @classmethod
     def since(cls, before: dict[str, Any], recovered: dict[str, Any], failures: Iterable[FailedCall] = (),
@@ -80,6 +83,8 @@ class RunStats:
                                               c.get("retries", 0))  # fmt: skip
         for f in failures:
             (stats.kept if f.kept else stats.asked).add(f.key)
+            if f.missing:
+                stats.missing.add(f.key)
             stats._enter(f.key, f.tool, _state_at_start(f, refresh_failed))
         for tool_id, c in recovered.items():
             counts = stats.tool(tool_id)
@@ -104,10 +109,12 @@ class RunStats:
         """Each tool's counts, as the views and the run's stats say them."""
         return {tool: counts.to_dict() for tool, counts in self.tools.items()}
 
-    def call_failed(self, key: str, tool: str, *, in_row: bool, kept: bool = False) -> None:
-        """A call failed (or, `kept`, gave back an earlier run's stored failure: no request).
-        Counted once per key: in a map row it waits for the row to end; outside maps it is
-        final at once."""
+    def call_failed(self, key: str, tool: str, *, in_row: bool, kept: bool = False, missing: bool = False) -> None:
+        """A call failed (or, `kept`, gave back an earlier run's stored failure: no request;
+        `missing`: the provider knew nothing of it, a 404). Counted once per key: in a map row
+        it waits for the row to end; outside maps it is final at once."""
+        if missing:
+            self.missing.add(key)
         known = self.failures.get(key)
         if kept:
             if key not in self.asked:
@@ -141,10 +148,14 @@ class RunStats:
                     self._move(key, state)
 
     def _enter(self, key: str, tool: str, state: str) -> None:
+        if state != PENDING and key in self.missing:
+            state = MISSED  # a "not found" answer (404): it found nothing, it did not fail
         self.failures[key] = (tool, state)
         counts = self.tool(tool)
         if state == PENDING:
             counts.pending += 1
+        elif state == MISSED:
+            counts.not_found += 1
         else:
             counts.failed += 1
             counts.recovered += state == RECOVERED
@@ -154,7 +165,12 @@ class RunStats:
         tool, _ = self.failures[key]
         counts = self.tool(tool)
         counts.pending -= 1
+        if key in self.missing:
+            state = MISSED  # a "not found" answer (404): it found nothing, it did not fail
         self.failures[key] = (tool, state)
+        if state == MISSED:
+            counts.not_found += 1
+            return
         counts.failed += 1
         counts.recovered += state == RECOVERED
         counts.kept += key in self.kept

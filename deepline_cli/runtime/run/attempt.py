@@ -46,6 +46,7 @@ from deepline_cli.runtime.run.parts import Journal, RunParts, Settings, build_pa
 from deepline_cli.runtime.run.play import PlayDef
 from deepline_cli.runtime.run.snapshot import code_changed
 from deepline_cli.runtime.run.suspension import next_wake, waiting_on
+from deepline_cli.store.ledger import empty_tool_counts
 from deepline_cli.store.records import REFRESH_GIVEN_FOR, FailedCall, RunRecord
 from deepline_cli.store.roles import Store
 
@@ -535,9 +536,7 @@ def record_end(
     stats.update(projection_stats(store, record.run_id))  # a pilot (--limit): the full list projected
     stats["store_s"] = round(record.stats.get("store_s", 0.0) + busy_s, 3)  # the store thread's busy time
     for tool_id in known.tools:  # a tool whose calls all ended unrecorded too
-        stats["tools"].setdefault(
-            tool_id, {"live": 0, "reused": 0, "failed": 0, "credits": 0.0, "retries": 0, "recovered": 0}
-        )
+        stats["tools"].setdefault(tool_id, empty_tool_counts())
     elsewhere = _causes_of_queued_children(store, record.run_id)
     for tool_id, counts in stats["tools"].items():  # counted in memory only
         counted = known.tool(tool_id)
