@@ -712,3 +712,16 @@ def test_the_plan_names_the_tools_the_play_calls_through_its_helper_module(deepl
     plan = _plan(deepline, str(play))
     assert plan["stopped"] == "new call to h.first"
     assert plan["body"]["may_also_call"] == {"h.second": 2.0, "h.third": 3.0}
+
+
+def test_a_plan_says_what_refresh_failed_and_force_refresh_would_ask_again(deepline, write_play) -> None:
+    """The plan's own note advised `--refresh-failed`, and `plan --refresh-failed` was no
+    option: what the retry would cost could not be seen before paying it."""
+    play = write_play(FAILED_ROW_THEN_BODY)
+    assert deepline("run", str(play), "--quiet").code == 0
+    kept = _plan(deepline, str(play))
+    assert kept["totals"]["new_calls"] == 0, kept["totals"]
+    retried = _plan(deepline, str(play), "--refresh-failed")
+    assert retried["totals"]["new_calls"] == 1, retried["totals"]  # bob's failed call, asked again
+    forced = _plan(deepline, str(play), "--force-refresh")
+    assert forced["totals"]["new_calls"] == 2, forced["totals"]  # every call, paid again

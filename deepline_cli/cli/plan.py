@@ -11,12 +11,21 @@ import typer
 
 from deepline_cli._format import format_credits
 from deepline_cli.cli.common import JsonOption, StoreOption, at_least, cli_errors
-from deepline_cli.cli.run import CsvOption, InputOption, PlayConfigOption, SetOption, WorkspaceOption
+from deepline_cli.cli.run import (
+    CsvOption,
+    ForceRefreshOption,
+    InputOption,
+    PlayConfigOption,
+    RefreshFailedOption,
+    SetOption,
+    WorkspaceOption,
+)
 
 PLAN_EPILOG = """\b
 Examples:
   deepline plan play.py --csv leads.csv
   deepline plan play.py --csv leads.csv --limit 100 --json
+  deepline plan play.py --csv leads.csv --refresh-failed   # what asking the failures again costs
 """
 
 
@@ -35,6 +44,8 @@ def plan(
             "--limit", metavar="N", parser=at_least(1), help="Plan a pilot: only the first N distinct rows of each map."
         ),
     ] = None,
+    refresh_failed: RefreshFailedOption = False,
+    force_refresh: ForceRefreshOption = False,
     json: JsonOption = False,
 ) -> None:
     """Plan a run without calling any provider: rows, calls already paid, new calls, credits."""
@@ -50,7 +61,7 @@ def plan(
         config_path = find_config(Path(play_def.file), str(config) if config else None)
         db = open_store(store, existing="folder")
         try:
-            options = PlanOptions(workspace=workspace, limit=limit)
+            options = PlanOptions(workspace, limit, refresh_failed=refresh_failed, force_refresh=force_refresh)
             result = plan_play(play_def, payload, config_path, db, options).as_dict()
         finally:
             db.close()
