@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Result
+from tests.helpers import resume_run, run_play
 from tests.provider import Provider, ProviderServer, Seen
 
 Run = Callable[..., Result]
@@ -1756,3 +1757,37 @@ def test_a_fingerprint_is_the_same_from_another_folder_under_a_worker_and_any_ha
     assert deepline_process("worker", "--once", PYTHONHASHSEED="6").code == 0
     shown = json.loads(deepline_process("runs", "show", "queued", "--json").stdout)
     assert (shown["status"], shown["stats"]["rows"]["reused"]) == ("completed", 2), shown["stats"]["rows"]
+
+
+ROW_STEPS = """
+from deepline_cli import play
+
+def label(row):
+    return "v1:" + row["name"]
+
+async def tagged(row, rc):
+    return await rc.step("label", lambda: label(row))
+
+async def upper(row, rc):
+    return await rc.step("label", lambda: row["name"].upper())  # the same id in another column
+
+@play("rowsteps")
+async def rowsteps(ctx, input):
+    rows = await ctx.map("m", [{"id": "1", "name": "ada"}, {"id": "2", "name": "alan"}], key="id",
+                         columns={"tag": tagged, "up": upper})
+    if ctx.run.attempt == 1:
+        raise RuntimeError("after the map")
+    return {r["id"]: [r["tag"], r["up"]] for r in rows}
+"""
+
+
+def test_an_rc_step_is_made_again_where_its_cell_is_computed_anew_within_a_run(write_play, store_path) -> None:
+    """An `rc.step` is the cell's: edited between an interrupted attempt and its resume, the
+    resume gave back the first attempt's value (`v1:alan`, not `v2:alan`); and two columns of
+    a row asking the same step id were given one value (`up` held `v1:ada`)."""
+    play = write_play(ROW_STEPS)
+    assert run_play(play, store_path, run_id="rs").status == "failed"
+    play.write_text(play.read_text().replace('"v1:"', '"v2:"'))
+    again = resume_run("rs", store_path)
+    assert again.status == "completed", again.error
+    assert again.output == {"1": ["v2:ada", "ADA"], "2": ["v2:alan", "ALAN"]}, again.output

@@ -347,6 +347,7 @@ class MapRun:
             scope = CellScope(self.name, job.key, refresh_after(column, before), stopped=self._stopped)
             scopes.append(scope)
             enter_cell(scope)
+            rc.enter(column.name, column.fingerprint, row, job.digest)
             try:
                 value, meta, hits = await resolve_cell(column, row, rc)
             except DeeplineError as exc:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from deepline_cli import _json
 from deepline_cli.runtime.calls.events import log_fields
 from deepline_cli.runtime.calls.receipts import durable_id
 from deepline_cli.runtime.calls.tool_calls import Staleness
@@ -25,6 +26,27 @@ class RowContext:
         self.index = index
         self.previous: Any = None  # the cell's value in the sheet before (None: none, or an error)
         self._map = map_name
+        self._cell: tuple[str, str, dict[str, Any], str] | None = None  # the cell being computed (`enter`)
+        self._cell_key: str | None = None
+
+    def enter(self, column: str, fingerprint: str, row: dict[str, Any], digest: str) -> None:
+        """The cell about to be computed: its `rc.step`s and `rc.fetch`es are its own, made
+        again where it is computed from anything else (its code, the row's input, the values
+        of the columns before it), also by a resume of the same run."""
+        self._cell, self._cell_key = (column, fingerprint, row, digest), None
+
+    def _made_for(self) -> str:
+        """What the cell is computed from, as a digest (worked out at its first step or fetch)."""
+        if self._cell_key is None:
+            if self._cell is None:
+                return ""
+            column, fingerprint, row, digest = self._cell
+            try:
+                values = _json.canonical(row)  # its input and the columns before it, as they stand
+            except TypeError:  # a value JSON has no form for: its input's digest says it
+                values = b""
+            self._cell_key = _json.digest(column, fingerprint, digest, values)[:16]
+        return self._cell_key
 
     def log(self, message: str, **fields: Any) -> None:
         """A log line about this row: its fields name the map and the row's key (`deepline
@@ -39,10 +61,12 @@ class RowContext:
         return f"map:{self._map}:{self.row_key}:{durable_id(id, 'an rc call')}"
 
     async def step(self, id: str, fn: Callable[[], Any], *, stale_after_seconds: Staleness = None) -> Any:
-        return await self._ctx.step(self._scoped(id), fn, stale_after_seconds=stale_after_seconds, _journal=False)
+        return await self._ctx.step(
+            self._scoped(id), fn, stale_after_seconds=stale_after_seconds, _journal=False, _cell=self._made_for()
+        )
 
     async def fetch(self, id: str, url: str, **options: Any) -> Any:
-        return await self._ctx.fetch(self._scoped(id), url, _journal=False, **options)
+        return await self._ctx.fetch(self._scoped(id), url, _journal=False, _cell=self._made_for(), **options)
 
     async def run_play(self, id: str, play_ref: str, input: Any = None, *, description: str = "") -> Any:
         return await self._ctx.run_play(self._scoped(id), play_ref, input, description=description, _journal=False)

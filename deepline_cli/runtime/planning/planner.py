@@ -365,7 +365,13 @@ class PlanContext(Context):
         self._planner.plan.warnings.append(message)
 
     async def step(
-        self, id: str, fn: Callable[[], Any], *, stale_after_seconds: Staleness = None, _journal: bool = True
+        self,
+        id: str,
+        fn: Callable[[], Any],
+        *,
+        stale_after_seconds: Staleness = None,
+        _journal: bool = True,
+        _cell: str = "",
     ) -> Any:
         return await self._planner.stored("step", id)
 
@@ -380,6 +386,7 @@ class PlanContext(Context):
         stale_after_seconds: Staleness = None,
         timeout_s: float = 30.0,
         _journal: bool = True,
+        _cell: str = "",
     ) -> FetchResult:
         stored = await self._planner.stored("fetch", id)
         return FetchResult(stored["ok"], stored["status"], stored["headers"], stored["text"])

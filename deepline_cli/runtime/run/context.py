@@ -79,14 +79,16 @@ class Context:
         *,
         stale_after_seconds: Staleness = None,
         _journal: bool = True,
+        _cell: str = "",
     ) -> Any:
         """A durable memoised value: `fn` runs once per run; resumes get the stored value
-        (unless older than `stale_after_seconds`, a number or a function of that value)."""
+        (unless older than `stale_after_seconds`, a number or a function of that value).
+        `_cell`: a map cell's (`rc.step`), what it is computed from (RowContext.enter)."""
         scope = self._s.identity
         durable_id(id, "ctx.step")
         if _journal:
             self._s.effects.journal.reach(f"step:{id}", scope.run_id)
-        key = receipt_key("step", scope.workspace, scope.run_id, id)
+        key = receipt_key("step", scope.workspace, scope.run_id, id, *([_cell] if _cell else []))
         call = DurableCall(
             key=key,
             kind="step",
@@ -125,6 +127,7 @@ class Context:
         stale_after_seconds: Staleness = None,
         timeout_s: float = 30.0,
         _journal: bool = True,
+        _cell: str = "",
     ) -> FetchResult:
         """A durable HTTP request: made once per run and id (unless its answer is older than
         `stale_after_seconds`, a number or a function of the stored answer); secrets are
@@ -138,7 +141,7 @@ class Context:
                 raise InputError(f"The json of ctx.fetch {id!r} cannot be sent: {exc}.") from None
         if _journal:
             self._s.effects.journal.reach(f"fetch:{id}", scope.run_id)
-        key = receipt_key("fetch", scope.workspace, scope.run_id, id)
+        key = receipt_key("fetch", scope.workspace, scope.run_id, id, *([_cell] if _cell else []))
         call = DurableCall(
             key=key,
             kind="fetch",
