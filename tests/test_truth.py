@@ -1241,3 +1241,23 @@ def test_a_404_a_waterfall_passes_on_is_a_not_found_answer_not_a_failure(write_p
     figures = report.tools["t.two"]
     assert (figures.found, figures.answered) == (2, 11), (figures.found, figures.answered)
     assert "18%" in html
+
+
+def test_a_resume_that_computes_a_later_column_anew_keeps_a_handled_failure_final(write_play, store_path) -> None:
+    """A column after the handled failure edited between the attempts: the resume computed
+    that column again, reused the others, and wrote the row without saying what it got past,
+    so its caught failure (final) was counted as fallen back."""
+    source = HANDLED.replace(
+        '        "email": EMAIL,\n',
+        '        "email": EMAIL,\n        "label": lambda row: "v1",\n',
+    ).replace(
+        "    return rows.failed_count",
+        '    if ctx.run.attempt == 1:\n        raise RuntimeError("after the map")\n    return rows.failed_count',
+    )
+    play = write_play(source)
+    assert run_play(play, store_path, run_id="hdl").status == "failed"
+    play.write_text(source.replace('"v1"', '"v2"'))
+    again = resume_run("hdl", store_path)
+    assert (again.status, again.output) == ("completed", 0), again.error
+    missing = again.stats["tools"]["t.missing"]
+    assert (missing["failed"], missing["recovered"]) == (6, 3), missing

@@ -171,6 +171,7 @@ class MapBook:
         found: set[str] | None = None,
         originals: dict[str, Any] | None = None,
         fell_back: list[str] | None = None,
+        kept_cells: bool = False,
     ) -> DeeplineError | None:
         """Write a finished row (its sheet row too, unless every cell was reused); returns
         why the map must stop, for a failed row of a map that fails on one."""
@@ -214,8 +215,9 @@ class MapBook:
         said = earlier.fell_back if earlier else None
         # A succeeded row says which failed calls it got past only when the play handled one
         # itself; else (None) it got past every one, those an earlier attempt counted final too.
-        # A row taken back whole (no cells computed) keeps what the earlier attempt said.
-        if outcome == "failed" or fell_back is not None or (said is not None and cells is None):
+        # A row taken back whole (no cells computed), or in part (`kept_cells`: a later column
+        # computed anew, the cells of its failures taken back), keeps what the earlier attempt said.
+        if outcome == "failed" or fell_back is not None or (said is not None and (cells is None or kept_cells)):
             row.fell_back = _prefixes(fell_back, said) or []
         row.kept = sheet_row is None and previous is not None and previous.run_id == self.run_id
         if self._earlier:

@@ -400,6 +400,7 @@ class MapRun:
             raise waits  # a wait its resolver caught: the row waits, its value is none yet
         # A row an earlier attempt of this run wrote, done again (its failure asked again…).
         redone = previous is not None and previous.run_id == self.run_id
+        kept_cells = reused_cells > 0  # cells taken back as they were: the earlier word on their failures holds
         if redone:
             reused_cells = 0  # this run's own cells, from an earlier attempt: not a reuse
         self.book.tally.reused_cells += reused_cells
@@ -417,7 +418,7 @@ class MapRun:
         self._stop_on(
             self.book.record(
                 job, cells, error, steps, reused=(False, reused_cells), found=found, originals=originals,
-                fell_back=fell_back if failure is not None or handled else None,
+                fell_back=fell_back if failure is not None or handled else None, kept_cells=kept_cells,
             )
         )  # fmt: skip
         self.s.stats.row_ended(fell_back, final)
