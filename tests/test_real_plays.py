@@ -1791,3 +1791,23 @@ def test_an_rc_step_is_made_again_where_its_cell_is_computed_anew_within_a_run(w
     again = resume_run("rs", store_path)
     assert again.status == "completed", again.error
     assert again.output == {"1": ["v2:ada", "ADA"], "2": ["v2:alan", "ALAN"]}, again.output
+
+
+def test_a_column_whose_code_changed_is_said_once_as_its_cells_are_computed_again(
+    deepline: Run, write_play: Callable[..., Path]
+) -> None:
+    """An edited play run again (or resumed) computed cells again without a word: which
+    column, and why its rows are done again, were for the user to guess."""
+    source = ROW_STEPS.replace('    if ctx.run.attempt == 1:\n        raise RuntimeError("after the map")\n', "")
+    play = write_play(source)
+    assert deepline("run", str(play), "--quiet").code == 0
+    play.write_text(source.replace('"v1:"', '"v2:"'))
+    again = deepline("run", str(play), "--json")
+    assert again.code == 0, again.stderr
+    warned = [e["message"] for e in again.json_lines() if e.get("level") == "warning"]
+    assert warned == [
+        "Map 'm': column 'tag' changed since its cells were computed (its code or what it reads): computing "
+        "them again; their tool calls come back from receipts, an rc.step, rc.fetch or force=True call in "
+        "them is made again"
+    ], warned
+    assert again.json_lines()[-1]["output"] == {"1": ["v2:ada", "ADA"], "2": ["v2:alan", "ALAN"]}

@@ -27,7 +27,7 @@ from deepline_cli.runtime.calls.store_thread import Reconnecting, StoreIO
 from deepline_cli.runtime.calls.suspended import Suspended
 from deepline_cli.runtime.map import barriers, failures
 from deepline_cli.runtime.map.book import MapBook
-from deepline_cli.runtime.map.columns import Column, ResolvedColumn, resolve_columns
+from deepline_cli.runtime.map.columns import Column, ResolvedColumn, resolve_columns, same_fingerprint
 from deepline_cli.runtime.map.dataset import Dataset
 from deepline_cli.runtime.map.host import MapHost, MapParts
 from deepline_cli.runtime.map.intake import Intake
@@ -94,6 +94,7 @@ class MapRun:
         self.book = MapBook(parts, name, self.sheet, self.columns, self.waterfalls, on_row_error == "fail")
         names = [c.name for c in self.columns]
         self.column_names = frozenset(names)
+        self.said_changed: set[str] = set()  # columns said to have changed since their cells were computed
         self.intake = Intake(name, rows, self.key_of, self.limit, self.book, names, self._warn)
 
     # --- the whole map -----------------------------------------------------------------------
@@ -290,6 +291,15 @@ class MapRun:
         self._stop_on(self.book.record(job, None, error, steps, reused=(earlier_run, len(cells) if earlier_run else 0)))
         return True
 
+    def _say_changed(self, column: str) -> None:
+        """A column whose cells are computed again because it changed: said once per map."""
+        self.said_changed.add(column)
+        self._warn(
+            f"Map {self.name!r}: column {column!r} changed since its cells were computed (its code or what it "
+            "reads): computing them again; their tool calls come back from receipts, an rc.step, rc.fetch or "
+            "force=True call in them is made again"
+        )
+
     def _progress(self) -> None:
         self.book.progress(self.total_estimate)
 
@@ -341,6 +351,12 @@ class MapRun:
                     break
                 continue
             before = cells.get(column.name)
+            if (
+                before is not None
+                and column.name not in self.said_changed
+                and not same_fingerprint(before.fingerprint, column)
+            ):
+                self._say_changed(column.name)
             rc.previous = previous_value(before)
             # Calls made for this cell: recorded with its row, refreshed when their answer is
             # older than the cell may be.
