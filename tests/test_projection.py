@@ -378,3 +378,15 @@ def test_a_pilot_counts_what_a_rows_child_plays_paid(deepline, write_play) -> No
     (m,) = projection["maps"]
     assert (pilot["stats"]["credits"], m["credits_per_row"]["mean"]) == (10, 1), m
     assert projection["credits"] == 50, projection
+
+
+def test_the_projection_prices_no_row_that_fails_on_its_input(deepline, write_play, tmp_path) -> None:
+    """Rows of the rest with a blank required cell fail before any call (the plan says so,
+    and the run pays nothing for them): the projection priced each like a new row."""
+    play = write_play(PLAY.replace('ctx.csv(input["csv"])', 'ctx.csv(input["csv"], required=["domain"])'))
+    leads = tmp_path / "leads.csv"
+    blank = "".join(f",lead {i}\n" for i in range(30))
+    leads.write_text("domain,name\n" + "".join(f"c{i}.com,n{i}\n" for i in range(20)) + blank)
+    pilot = _finished(deepline("run", str(play), "--csv", str(leads), "--limit", "10", "--json"))
+    (m,) = pilot["stats"]["projection"]["maps"]
+    assert (m["full_rows"], m["new_rows"], m["failing_rows"]) == (50, 10, 30), m

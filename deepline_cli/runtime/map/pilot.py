@@ -47,9 +47,13 @@ class RestCounts:
     rows: int = 0  # input rows after the pilot's, duplicates included
     distinct: int = 0  # of those, keys not seen before
     paid: int = 0  # of those distinct rows, rows whose every cell is reusable from the sheet
+    failing: int = 0  # of those distinct rows, rows that fail on their input (a blank required cell), unpaid
 
     def as_dict(self) -> dict[str, int]:
-        return {"rest_rows": self.rows, "rest_distinct": self.distinct, "rest_paid": self.paid}
+        return {
+            "rest_rows": self.rows, "rest_distinct": self.distinct, "rest_paid": self.paid,
+            "rest_failing": self.failing,
+        }  # fmt: skip
 
 
 async def scan_rest(engine: PilotMap) -> dict[str, Any] | None:
@@ -74,11 +78,15 @@ def rest_jobs(engine: PilotMap, counts: RestCounts) -> Iterator[list[PendingRow]
             continue
         counts.rows += 1
         row = dict(raw)
-        key = engine.intake.key(row, input_index, csv.blank(row) if csv is not None else None)
+        blank = csv.blank(row) if csv is not None else None
+        key = engine.intake.key(row, input_index, blank)
         if key in seen:
             continue
         seen.add(key)
         counts.distinct += 1
+        if blank is not None:  # it fails before any call: neither paid nor to pay
+            counts.failing += 1
+            continue
         chunk.append(PendingRow(-1, input_index, key, row, engine.intake.digest(row, input_index), None))
         if len(chunk) >= CHUNK:
             yield chunk

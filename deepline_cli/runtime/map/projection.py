@@ -101,7 +101,8 @@ def project_map(sample: PilotSample, record: MapRecord, pilot: dict[str, Any]) -
         paid_here = list(sample.partly_answered)
     n = len(paid_here)
     mean, sd = mean_sd(paid_here)
-    new_rows = max(0, int(pilot.get("rest_distinct", 0)) - int(pilot.get("rest_paid", 0)))
+    failing = int(pilot.get("rest_failing", 0))  # rows that fail on their input: no call, no cost
+    new_rows = max(0, int(pilot.get("rest_distinct", 0)) - int(pilot.get("rest_paid", 0)) - failing)
     # No row paid here: nothing says what a new row costs (None), unless there is none.
     known = bool(n) or not new_rows
     rest = round(new_rows * mean, 2) if known else None
@@ -121,6 +122,7 @@ def project_map(sample: PilotSample, record: MapRecord, pilot: dict[str, Any]) -
         "input_rows": pilot_rows + record.duplicate + int(pilot.get("rest_rows", 0)),
         "already_paid": int(pilot.get("rest_paid", 0)),
         "new_rows": new_rows,
+        "failing_rows": failing,
         "columns": {name: counts.rates() for name, counts in sample.columns.items()},
         "credits_per_row": {"mean": round(mean, 4), "sd": round(sd, 4), "sample": n},
         "pilot_credits": round(sum(credits), 4),
@@ -255,9 +257,11 @@ def describe(projection: dict[str, Any]) -> list[str]:
             f"{format_credits(spent)} spent by this run, ≈ {_about(more)} more; "
         )
     besides = f" (not counting {', '.join(projection['unprojected'])})" if projection.get("unprojected") else ""
+    failing = sum(m.get("failing_rows", 0) for m in lists)
+    unpaid = f"; {failing:,} failing on their input (nothing called)" if failing else ""
     lines.append(
         f"full list of {full:,} rows{cost}≈ {_duration(projection['rest_s'])} more at the current rate; "
-        f"{paid:,} rows already paid{besides}"
+        f"{paid:,} rows already paid{unpaid}{besides}"
     )
     return lines
 
