@@ -725,3 +725,39 @@ def test_a_plan_says_what_refresh_failed_and_force_refresh_would_ask_again(deepl
     assert retried["totals"]["new_calls"] == 1, retried["totals"]  # bob's failed call, asked again
     forced = _plan(deepline, str(play), "--force-refresh")
     assert forced["totals"]["new_calls"] == 2, forced["totals"]  # every call, paid again
+
+
+TWO_COLUMNS = """
+from deepline_cli import ToolExecutionError, play, tool
+
+@tool("t.first", credits=1)
+def first(input):
+    if input["name"] in ("p1", "p3"):
+        raise ToolExecutionError("500 from t.first", category="internal", status_code=500)
+    return {"ok": True}
+
+@tool("t.second", credits=5)
+def second(input):
+    return {"ok": True}
+
+@play("two")
+async def two(ctx, input):
+    rows = [{"name": f"p{i}"} for i in range(int(input.get("n", 2)))]
+    done = await ctx.map("leads", rows, key="name", columns={
+        "a": lambda row, rc: rc.tools.execute("a", "t.first", {"name": row["name"]}),
+        "b": lambda row, rc: rc.tools.execute("b", "t.second", {"name": row["name"]}),
+    })
+    return len(done)
+"""
+
+
+def test_at_least_counts_no_call_after_a_column_that_may_fail_its_row(deepline, write_play) -> None:
+    """A call in a column after one whose provider has failed rows before is made only if
+    that one does not fail the row: "at least" counted it, and the run paid less than the
+    plan's least. (With no such history, calls are taken to answer: it is counted.)"""
+    play = str(write_play(TWO_COLUMNS))
+    fresh = _plan(deepline, play, "--set", "n=4")["totals"]["credits"]
+    assert (fresh["min"], fresh["max"]) == (24, 24), fresh
+    assert deepline("run", play, "--set", "n=2", "--quiet").code == 0  # p1's first call failed its row
+    credits = _plan(deepline, play, "--set", "n=4")["totals"]["credits"]
+    assert (credits["min"], credits["max"]) == (0, 12), credits  # p2 and p3: t.first fails half its calls

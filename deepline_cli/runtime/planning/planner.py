@@ -509,6 +509,7 @@ class RowPlanner:
         engine = self.engine
         row, changed = job.row, False
         unknown: list[str] = []  # columns whose values only a real run can tell
+        certain = True  # the row surely gets to the next column (no earlier one may fail it)
         reached: set[str] = set()  # tools this row's earlier columns call: a later call of one is likely shared
         rc = RowContext(engine.ctx, engine.s, engine.name, job.key, job.idx)
         for column, plan in zip(engine.columns, self.columns, strict=True):
@@ -526,11 +527,13 @@ class RowPlanner:
             before = job.previous.cells.get(column.name) if job.previous else None
             rc.previous = previous_value(before)
             enter_cell(CellScope(engine.name, job.key, refresh_after(column, before)))
-            outcome = await self._resolve(column, plan, PlanRow(row, unknown) if unknown else row, rc, reached)
+            given = PlanRow(row, unknown) if unknown else row
+            outcome = await self._resolve(column, plan, given, rc, reached, certain=certain)
             if isinstance(outcome, _Failed):
                 return self._keep(row, outcome.error)
             if isinstance(outcome, _Stopped):
                 unknown.append(column.name)
+                certain = certain and outcome.sure
                 continue
             changed = changed or before is None or before.value != outcome.value
             row[column.name] = outcome.value
@@ -539,16 +542,26 @@ class RowPlanner:
         self._keep(row, None)
 
     async def _resolve(
-        self, column: ResolvedColumn, plan: ColumnPlan, row: dict[str, Any], rc: RowContext, reached: set[str]
+        self,
+        column: ResolvedColumn,
+        plan: ColumnPlan,
+        row: dict[str, Any],
+        rc: RowContext,
+        reached: set[str],
+        *,
+        certain: bool = True,
     ) -> Any:
+        """The cell's value, or why a real run is needed to know it. `certain`: the row surely
+        gets to this cell (no earlier column whose answer is unknown calls a tool that has
+        failed calls before: one may fail the row)."""
         tracker = Tracker()
         token = _TRACKER.set(tracker)
         try:
             return _Value((await resolve_cell(column, row, rc))[0])
         except NewCall as stop:
-            self._stopped_at(plan, stop, tracker, reached)
+            self._stopped_at(plan, stop, tracker, reached, certain)
             reached.add(stop.tool)
-            return _Stopped()
+            return _Stopped(sure=all(self.history.pays(tool) >= 1.0 for tool in plan.tools))
         except NotPlanned as stop:
             self._dependent(plan, stop.reason, tracker, reached, said_unbounded=stop.unbounded)
             plan.credits.unbounded = plan.credits.unbounded or stop.unbounded
@@ -571,10 +584,14 @@ class RowPlanner:
             plan.paid_calls += tracker.paid
             reached.update(tracker.called)
 
-    def _stopped_at(self, plan: ColumnPlan, stop: NewCall, tracker: Tracker, reached: set[str]) -> None:
-        """A resolver reached a new call: it is certain; what it may call after depends on
-        the answer (each remaining tool at most once, in the worst case; expected unless an
-        earlier column of the row calls it: then most likely the same call, paid once)."""
+    def _stopped_at(
+        self, plan: ColumnPlan, stop: NewCall, tracker: Tracker, reached: set[str], certain: bool = True
+    ) -> None:
+        """A resolver reached a new call: it is certain where the row surely gets to it
+        (`certain`: an earlier column may fail the row, and the cells after it are not
+        computed); what it may call after depends on the answer (each remaining tool
+        at most once, in the worst case; expected unless an earlier column of the row calls
+        it: then most likely the same call, paid once)."""
         for tool, credits in [(stop.tool, stop.credits), *((t, 0.0) for t in tracker.called)]:
             if tool not in plan.tools:  # an id the code scan could not see (built at run time)
                 plan.tools.append(tool)
@@ -585,7 +602,9 @@ class RowPlanner:
             plan.new_calls += 1
             paid = self.history.pays(stop.tool)  # a call that may fail (a 404) may cost nothing
             plan.credits.add(
-                stop.credits if paid >= 1.0 else 0.0, stop.credits * paid, None if stop.unpriced else stop.credits
+                stop.credits if paid >= 1.0 and certain else 0.0,
+                stop.credits * paid,
+                None if stop.unpriced else stop.credits,
             )
             if stop.unpriced:
                 plan.note(f"{stop.tool} prices its answers itself and none is known yet: no maximum")
@@ -643,8 +662,9 @@ class _Failed:
     error: str
 
 
+@dataclass
 class _Stopped:
-    pass
+    sure: bool = True  # the row surely gets past the column (none of its tools has failed a call before)
 
 
 @dataclass
