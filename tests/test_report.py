@@ -54,7 +54,7 @@ def test_the_report_renders_in_headless_chromium(deepline, example_run, tmp_path
     dom = chromium(tmp_path, page, "--dump-dom")
     assert dom.returncode == 0, dom.stderr
     html = dom.stdout
-    calls = sum(t["live"] + t["failed"] for t in stats["tools"].values())
+    calls = sum(t["live"] + t["not_found"] + t["failed"] for t in stats["tools"].values())
     rows = stats["rows"]["succeeded"] + stats["rows"]["failed"]
     assert f'id="card-credits"><span>credits</span><b>{stats["credits"]:,.6g}</b>' in html
     assert f'id="card-tool-calls"><span>tool calls</span><b>{calls:,}</b>' in html

@@ -1261,3 +1261,16 @@ def test_a_resume_that_computes_a_later_column_anew_keeps_a_handled_failure_fina
     assert (again.status, again.output) == ("completed", 0), again.error
     missing = again.stats["tools"]["t.missing"]
     assert (missing["failed"], missing["recovered"]) == (6, 3), missing
+
+
+def test_a_404_given_back_from_an_earlier_runs_receipt_is_an_answer_reused(deepline, write_play) -> None:
+    """The cells computed again (another input): the 404s come back from their receipts, no
+    request made: answers reused, neither failed nor calls made."""
+    write_play(NOT_FOUND)
+    assert deepline("run", "play.py", "--quiet").code == 0
+    again = deepline("run", "play.py", "--set", "v=2", "--run-id", "again", "--json")
+    assert again.code == 0, again.stderr
+    two = again.json_lines()[-1]["stats"]["tools"]["t.two"]
+    assert (two["live"], two["reused"], two["not_found"], two["failed"], two["kept"]) == (0, 11, 0, 0, 0), two
+    shown = json.loads(deepline("runs", "show", "again", "--json").stdout)["stats"]["tools"]["t.two"]
+    assert shown == {k: two[k] for k in shown}, (shown, two)

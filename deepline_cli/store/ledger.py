@@ -123,7 +123,7 @@ class LedgerQueries:
             if failure.row is None:
                 continue  # its row did not end (the attempt stopped): neither final nor fallen back yet
             if failure.missing:  # a "not found" answer (404): it found nothing, it did not fail
-                counts["not_found"] += 1
+                counts["reused" if failure.kept else "not_found"] += 1  # given back: an answer from a receipt
                 continue
             counts["failed"] += 1
             counts["recovered"] += failure.recovered

@@ -93,6 +93,7 @@ def _header(report: Report) -> str:
     failed = sum(t.failed for t in calls)
     recovered = sum(t.recovered for t in calls)
     kept = sum(t.kept for t in calls)  # failed, with no request: not calls made
+    missed = sum(t.not_found for t in calls)  # "not found" answers (404): calls made
     batches = sum(t.live + t.failed - t.kept for t in report.tools.values() if t.tool.endswith(BATCH_SUFFIX))
     failed_note = f"{recovered:,} fell back · {failed - recovered:,} final" if failed else ""
     said = run.status
@@ -103,8 +104,11 @@ def _header(report: Report) -> str:
         ("credits", format_credits(stats.get("credits", 0)), ""),
         (
             "tool calls",
-            f"{live + failed - kept:,}",
-            f"{live:,} answered · {failed - kept:,} failed" + (f" · {batches:,} batch requests" if batches else ""),
+            f"{live + missed + failed - kept:,}",
+            f"{live + missed:,} answered"
+            + (f" ({missed:,} not found)" if missed else "")
+            + f" · {failed - kept:,} failed"
+            + (f" · {batches:,} batch requests" if batches else ""),
         ),
         ("reused", f"{reused:,}", "answers from receipts"),
         ("failed calls", f"{failed:,}", failed_note + (f" · {kept_said(kept)}" if kept else "")),

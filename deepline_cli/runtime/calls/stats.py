@@ -155,11 +155,19 @@ class RunStats:
         if state == PENDING:
             counts.pending += 1
         elif state == MISSED:
-            counts.not_found += 1
+            self._missed(key, counts)
         else:
             counts.failed += 1
             counts.recovered += state == RECOVERED
             counts.kept += key in self.kept
+
+    def _missed(self, key: str, counts: ToolCounts) -> None:
+        """A "not found" answer (404): made by this run, or given back from an earlier run's
+        receipt (no request made: an answer reused)."""
+        if key in self.kept:
+            counts.reused += 1
+        else:
+            counts.not_found += 1
 
     def _move(self, key: str, state: str) -> None:
         tool, _ = self.failures[key]
@@ -169,7 +177,7 @@ class RunStats:
             state = MISSED  # a "not found" answer (404): it found nothing, it did not fail
         self.failures[key] = (tool, state)
         if state == MISSED:
-            counts.not_found += 1
+            self._missed(key, counts)
             return
         counts.failed += 1
         counts.recovered += state == RECOVERED
