@@ -497,3 +497,52 @@ def test_an_answered_step_is_committed_before_the_next_blocking_call(tmp_path: P
     paid = log.read_text().split()
     assert paid.count("x") == 1
     assert paid.count("a") == 1, f"a, answered before the kill, was paid again: {paid}"
+
+
+NONDETERMINISTIC_BEFORE = """
+import os, signal, time
+from pathlib import Path
+from deepline_cli import play
+
+HERE = Path(__file__).parent
+
+def stamp(row):
+    return time.time_ns()  # another value each time the row is computed
+
+async def label(row, rc):
+    def make():
+        time.sleep(0.03)  # held the loop: its answer is committed at once
+        with open(HERE / "made.txt", "a") as made:
+            made.write(row["id"] + "\\n")
+        return "L" + row["id"]
+    return await rc.step("label", make)
+
+def boom(row):
+    flag = HERE / "killed"
+    if not flag.exists():
+        flag.touch()
+        os.kill(os.getpid(), signal.SIGKILL)  # after the step was recorded, before the row was
+    return 1
+
+@play("nondet")
+async def nondet(ctx, input):
+    rows = await ctx.map("m", [{"id": "1"}], key="id", concurrency=1,
+                         columns={"at": stamp, "label": label, "boom": boom})
+    return [r["label"] for r in rows]
+"""
+
+
+@pytest.mark.process
+def test_an_rc_step_is_given_back_to_its_row_redone_after_a_kill_whatever_the_columns_before_it_hold(
+    deepline_process, tmp_path: Path
+) -> None:
+    """A row cut short by a kill after its `rc.step` was recorded is computed again on resume;
+    a column before the step gives another value (a time) then, and the step was made again
+    (an rc.fetch: paid again) where nothing of its cell's code or input had changed."""
+    (tmp_path / "play.py").write_text(NONDETERMINISTIC_BEFORE)
+    killed = deepline_process("run", "play.py", "--run-id", "nd")
+    assert killed.code == -signal.SIGKILL, killed.stderr
+    resumed = deepline_process("resume", "nd", "--quiet")
+    assert resumed.code == 0, resumed.stderr
+    assert json.loads(resumed.stdout) == ["L1"]
+    assert (tmp_path / "made.txt").read_text().split() == ["1"]  # made once

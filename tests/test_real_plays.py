@@ -1811,3 +1811,45 @@ def test_a_column_whose_code_changed_is_said_once_as_its_cells_are_computed_agai
         "them is made again"
     ], warned
     assert again.json_lines()[-1]["output"] == {"1": ["v2:ada", "ADA"], "2": ["v2:alan", "ALAN"]}
+
+
+LEGACY_STEP = """
+from pathlib import Path
+from deepline_cli import play
+
+HERE = Path(__file__).parent
+
+async def label(row, rc):
+    def make():
+        with open(HERE / "made.txt", "a") as made:
+            made.write(row["id"] + "\\n")
+        return "L" + row["id"]
+    return await rc.step("label", make)
+
+def after(row):
+    if not (HERE / "fixed").exists():
+        raise TypeError("a bug in the play")  # stops the map; the step's answer is recorded, the row not
+    return 1
+
+@play("legacy")
+async def legacy(ctx, input):
+    rows = await ctx.map("m", [{"id": "1"}], key="id", columns={"label": label, "after": after})
+    return [r["label"] for r in rows]
+"""
+
+
+def test_a_run_begun_before_cells_had_their_own_steps_finds_its_steps_on_resume(
+    write_play: Callable[..., Path], store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose first attempt keyed its `rc.step`s by the row (as deepline did before a
+    cell's calls were its own) resumed after the upgrade: its steps come back, not made again."""
+    from deepline_cli.runtime.map.row_context import RowContext
+
+    play = write_play(LEGACY_STEP)
+    with monkeypatch.context() as before:
+        before.setattr(RowContext, "_made_for", lambda self: "")  # the row's key, as before
+        assert run_play(play, store_path, run_id="lg").status == "failed"
+    (play.parent / "fixed").touch()
+    again = resume_run("lg", store_path)
+    assert (again.status, again.output) == ("completed", ["L1"]), again.error
+    assert (play.parent / "made.txt").read_text().split() == ["1"]

@@ -95,6 +95,12 @@ class MapRun:
         names = [c.name for c in self.columns]
         self.column_names = frozenset(names)
         self.said_changed: set[str] = set()  # columns said to have changed since their cells were computed
+        # A cell's own durable calls (rc.step, rc.fetch) are keyed by its column and the code of
+        # the columns up to it (RowContext.enter).
+        self.cell_ids = {
+            c.name: _json.digest(c.name, *(b.fingerprint for b in self.columns[: i + 1]))[:16]
+            for i, c in enumerate(self.columns)
+        }
         self.intake = Intake(name, rows, self.key_of, self.limit, self.book, names, self._warn)
 
     # --- the whole map -----------------------------------------------------------------------
@@ -363,7 +369,7 @@ class MapRun:
             scope = CellScope(self.name, job.key, refresh_after(column, before), stopped=self._stopped)
             scopes.append(scope)
             enter_cell(scope)
-            rc.enter(column.name, column.fingerprint, row, job.digest)
+            rc.enter(self.cell_ids[column.name], job.digest)
             try:
                 value, meta, hits = await resolve_cell(column, row, rc)
             except DeeplineError as exc:

@@ -26,26 +26,21 @@ class RowContext:
         self.index = index
         self.previous: Any = None  # the cell's value in the sheet before (None: none, or an error)
         self._map = map_name
-        self._cell: tuple[str, str, dict[str, Any], str] | None = None  # the cell being computed (`enter`)
+        self._cell: tuple[str, str] | None = None  # the cell being computed (`enter`)
         self._cell_key: str | None = None
 
-    def enter(self, column: str, fingerprint: str, row: dict[str, Any], digest: str) -> None:
-        """The cell about to be computed: its `rc.step`s and `rc.fetch`es are its own, made
-        again where it is computed from anything else (its code, the row's input, the values
-        of the columns before it), also by a resume of the same run."""
-        self._cell, self._cell_key = (column, fingerprint, row, digest), None
+    def enter(self, column: str, digest: str) -> None:
+        """The cell about to be computed: `column` names it and what it is computed from (its
+        code and that of the columns before it: MapRun.cell_ids), `digest` the row's input.
+        Its `rc.step`s and `rc.fetch`es are its own: made again where any of that changed, a
+        resume of the same run too; given back where none did (the values of the columns
+        before it are not part of it: one may differ each time, a time, a random pick)."""
+        self._cell, self._cell_key = (column, digest), None
 
     def _made_for(self) -> str:
         """What the cell is computed from, as a digest (worked out at its first step or fetch)."""
         if self._cell_key is None:
-            if self._cell is None:
-                return ""
-            column, fingerprint, row, digest = self._cell
-            try:
-                values = _json.canonical(row)  # its input and the columns before it, as they stand
-            except TypeError:  # a value JSON has no form for: its input's digest says it
-                values = b""
-            self._cell_key = _json.digest(column, fingerprint, digest, values)[:16]
+            self._cell_key = _json.digest(*self._cell)[:16] if self._cell is not None else ""
         return self._cell_key
 
     def log(self, message: str, **fields: Any) -> None:

@@ -88,7 +88,7 @@ class Context:
         durable_id(id, "ctx.step")
         if _journal:
             self._s.effects.journal.reach(f"step:{id}", scope.run_id)
-        key = receipt_key("step", scope.workspace, scope.run_id, id, *([_cell] if _cell else []))
+        key = await self._key("step", id, _cell)
         call = DurableCall(
             key=key,
             kind="step",
@@ -141,7 +141,7 @@ class Context:
                 raise InputError(f"The json of ctx.fetch {id!r} cannot be sent: {exc}.") from None
         if _journal:
             self._s.effects.journal.reach(f"fetch:{id}", scope.run_id)
-        key = receipt_key("fetch", scope.workspace, scope.run_id, id, *([_cell] if _cell else []))
+        key = await self._key("fetch", id, _cell)
         call = DurableCall(
             key=key,
             kind="fetch",
@@ -163,6 +163,19 @@ class Context:
 
         stored = (await self._s.effects.book.execute(call, invoke)).value
         return FetchResult(stored["ok"], stored["status"], stored["headers"], stored["text"])
+
+    async def _key(self, kind: str, id: str, cell: str) -> str:
+        """The receipt key of a step or fetch `id` of this run; a map cell's (`cell`: what the
+        cell is computed from, RowContext.enter) is its own. A run begun before a cell's calls
+        were keyed so finds those its earlier attempts made under the row's key."""
+        scope = self._s.identity
+        if not cell:
+            return receipt_key(kind, scope.workspace, scope.run_id, id)
+        if scope.attempt > 1:
+            before = receipt_key(kind, scope.workspace, scope.run_id, id)
+            if await self._s.effects.book.stored(before) is not None:
+                return before
+        return receipt_key(kind, scope.workspace, scope.run_id, id, cell)
 
     async def run_play(
         self, id: str, play_ref: str, input: Any = None, *, description: str = "", _journal: bool = True
