@@ -1853,3 +1853,40 @@ def test_a_run_begun_before_cells_had_their_own_steps_finds_its_steps_on_resume(
     again = resume_run("lg", store_path)
     assert (again.status, again.output) == ("completed", ["L1"]), again.error
     assert (play.parent / "made.txt").read_text().split() == ["1"]
+
+
+def test_functions_held_in_data_count_the_same_whatever_was_walked_first() -> None:
+    """Each function in a tuple or set was walked after the ones before it, sharing what they
+    had taken in: one calling another gave an empty part, so the order of a tuple (and of a
+    set: its members' memory addresses) changed the fingerprint."""
+    import functools
+
+    from deepline_cli.runtime.map.columns import code_fingerprint as fp
+
+    def finders() -> tuple[Callable[[dict[str, Any]], Any], Callable[[dict[str, Any]], Any]]:
+        def apollo(row: dict[str, Any]) -> Any:
+            return "apollo"
+
+        def hunter(row: dict[str, Any]) -> Any:
+            return apollo(row) or "hunter"  # calls the other
+
+        return hunter, apollo
+
+    def first(row: dict[str, Any], finders: Any) -> Any:
+        return [f(row) for f in finders]
+
+    hunter, apollo = finders()
+    ordered = fp(functools.partial(first, finders=(hunter, apollo)))
+    assert ordered == fp(functools.partial(first, finders=(apollo, hunter)))
+    # a set of them iterates in their addresses' order: new functions each time, one fingerprint
+    sets = {fp(functools.partial(first, finders=frozenset(finders()))) for _ in range(20)}
+    assert len(sets) == 1, sets
+
+    class Finder:
+        def __call__(self, row: dict[str, Any]) -> Any:
+            return "found"
+
+    Finder.__module__ = "deepline_play_0123456789ab"  # the play file's module, named after where it sits
+    moved = fp(Finder())
+    Finder.__module__ = "deepline_play_ba9876543210"
+    assert fp(Finder()) == moved

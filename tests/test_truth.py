@@ -192,9 +192,8 @@ def test_the_timeline_scales_and_holders_read_as_a_person_reads_them(write_play,
 
 
 def test_failed_calls_say_what_failed_and_what_became_of_it(deepline, tmp_path) -> None:
-    """Item 7: the lead enrichment example: finder A fails 37 calls (28 fall back to B), B
-    knows 9 of those people not (404: not found, no failure): 37 calls failed, 28 fell back,
-    9 final, 9 rows failed."""
+    """Item 7: the lead enrichment example: finder A fails 37 calls (28 fall back to B),
+    B fails 9 (404, failing their rows): 46 calls failed, 28 fell back, 18 final, 9 rows failed."""
     example = ROOT / "examples" / "lead_enrichment"
     run = deepline("run", str(example / "play.py"), "--csv", str(example / "leads.csv"), "--set", "latency=0",
                    "--run-id", "f7", "--json")  # fmt: skip
@@ -202,16 +201,16 @@ def test_failed_calls_say_what_failed_and_what_became_of_it(deepline, tmp_path) 
     stats = run.json_lines()[-1]["stats"]
     tools = stats["tools"]
     assert (tools["demo.finder_a"]["failed"], tools["demo.finder_a"]["recovered"]) == (37, 28)
-    assert (tools["demo.finder_b"]["failed"], tools["demo.finder_b"]["not_found"]) == (0, 9)
+    assert (tools["demo.finder_b"]["failed"], tools["demo.finder_b"]["not_found"]) == (9, 0)
     out = tmp_path / "f7.html"
     assert deepline("runs", "report", "f7", "--html", "--out", str(out)).code == 0
     html = out.read_text()
     said = (
-        "37 calls failed (counted once each, however many attempts tried): 28 of them fell back to another "
-        "provider of their cell, 9 were final; 9 rows failed."
+        "46 calls failed (counted once each, however many attempts tried): 28 of them fell back to another "
+        "provider of their cell, 18 were final; 9 rows failed."
     )
     assert f'<p id="failures-said">{said}</p>' in html
-    assert "<small>28 fell back · 9 final</small>" in html
+    assert "<small>28 fell back · 18 final</small>" in html
     assert '<td class=n>37 <span class="muted">(28 fell back)</span></td>' in html
 
 
@@ -1212,7 +1211,7 @@ EMAIL = steps().step("one", ask("t.one")).step("two", ask("t.two")).step("three"
 async def notfound(ctx, input):
     rows = await ctx.map("people", [{"n": n} for n in range(10)], key="n", columns={
         "email": EMAIL,
-        # a plain column: its 404 fails the row (a failed row; the call, a "not found" answer)
+        # a plain column: its 404 fails the row (a failed call: a wrong URL 404s every call)
         "strict": lambda row, rc: rc.tools.execute("strict", "t.two", {"n": row["n"] + 100})
         if row["n"] == 9 else None,
     })
@@ -1224,23 +1223,22 @@ def test_a_404_a_waterfall_passes_on_is_a_not_found_answer_not_a_failure(write_p
     """Eight of ten people unknown to the middle provider (404): its line said `live 2 failed
     4 fell back 4` (failed or fallen back as the next provider found a value or not), and the
     report gave it a 100% (2/2) find rate. They are answers that found nothing, as empty
-    answers are: `not found 8`, found 2 of 10. One that fails its row fails the row; the
-    call is a "not found" answer all the same."""
+    answers are: `not found 8`, found 2 of 10. A 404 its row fails on is a failed call."""
     seen: list[dict[str, Any]] = []
     bus = EventBus()
     bus.subscribe(lambda e: seen.append(e.data["tools"]) if e.event == "run.progress" else None)
     result = run_play(write_play(NOT_FOUND), store_path, bus=bus)
     assert result.status == "completed" and result.output == 1, result.error
     two = result.stats["tools"]["t.two"]  # read from the store
-    assert (two["live"], two["not_found"], two["failed"], two["recovered"]) == (2, 9, 0, 0), two
+    assert (two["live"], two["not_found"], two["failed"], two["recovered"]) == (2, 8, 1, 0), two
     live = seen[-1]["t.two"]  # as the live view counted it, call by call
-    assert (live["live"], live["not_found"], live["failed"], live["recovered"]) == (2, 9, 0, 0), live
+    assert (live["live"], live["not_found"], live["failed"], live["recovered"]) == (2, 8, 1, 0), live
     line = fit(tool_pieces("t.two", two, {}, {}), 200)
-    assert "not found 9" in line and "fell back" not in line, line
+    assert "not found 8" in line and "fell back" not in line, line
     report, html = _report_text(store_path, result.run_id)
     figures = report.tools["t.two"]
-    assert (figures.found, figures.answered) == (2, 11), (figures.found, figures.answered)
-    assert "18%" in html
+    assert (figures.found, figures.answered) == (2, 10), (figures.found, figures.answered)
+    assert "20%" in html
 
 
 def test_a_resume_that_computes_a_later_column_anew_keeps_a_handled_failure_final(write_play, store_path) -> None:
@@ -1271,6 +1269,6 @@ def test_a_404_given_back_from_an_earlier_runs_receipt_is_an_answer_reused(deepl
     again = deepline("run", "play.py", "--set", "v=2", "--run-id", "again", "--json")
     assert again.code == 0, again.stderr
     two = again.json_lines()[-1]["stats"]["tools"]["t.two"]
-    assert (two["live"], two["reused"], two["not_found"], two["failed"], two["kept"]) == (0, 11, 0, 0, 0), two
+    assert (two["live"], two["reused"], two["not_found"], two["failed"], two["kept"]) == (0, 10, 0, 1, 1), two
     shown = json.loads(deepline("runs", "show", "again", "--json").stdout)["stats"]["tools"]["t.two"]
     assert shown == {k: two[k] for k in shown}, (shown, two)

@@ -122,7 +122,7 @@ class LedgerQueries:
             counts = tools.setdefault(failure.tool, empty_tool_counts())
             if failure.row is None:
                 continue  # its row did not end (the attempt stopped): neither final nor fallen back yet
-            if failure.missing:  # a "not found" answer (404): it found nothing, it did not fail
+            if failure.found_nothing:  # a "not found" answer (404) its row got past: no failure
                 counts["reused" if failure.kept else "not_found"] += 1  # given back: an answer from a receipt
                 continue
             counts["failed"] += 1
@@ -178,9 +178,9 @@ class LedgerQueries:
                 at = next((o for o in owners[run, map] if (o, map, row) in ended), None)
                 outcome, fell_back = ended[at, map, row] if at is not None else (None, None)
             got_past = None if fell_back is None else key[:FOUND_PREFIX] in fell_back
-            missing = said_not_found(_json.loads(error))
+            not_found = said_not_found(_json.loads(error))
             failed.append(
-                FailedCall(key, tool or f"ctx.{kind}", outcome, bool(retryable), got_past, bool(kept), missing)
+                FailedCall(key, tool or f"ctx.{kind}", outcome, bool(retryable), got_past, bool(kept), not_found)
             )
         return failed
 

@@ -259,14 +259,20 @@ class FailedCall:
     fell_back: bool | None = None
     # Given back from an earlier run's failed receipt: the run made no request for it.
     kept: bool = False
-    # The provider said it knows nothing of it (404, `said_not_found`): an answer that found
-    # nothing, counted apart from the failures (a row that failed on it is a failed row).
-    missing: bool = False
+    # The provider said it knows nothing of it (404, `said_not_found`).
+    not_found: bool = False
 
     @property
     def recovered(self) -> bool:
         """Fallen back from: its cell got past it (its row, where the row does not say)."""
         return self.fell_back if self.fell_back is not None else self.row == "succeeded"
+
+    @property
+    def found_nothing(self) -> bool:
+        """A "not found" answer (404) its row got past (a waterfall's next step, a row that
+        succeeded all the same): an answer that found nothing, counted apart, not a failure.
+        One its row failed in (a wrong URL 404s every call) is a failed call."""
+        return self.not_found and (self.recovered or self.row == "succeeded")
 
 
 def said_not_found(error: Mapping[str, Any] | None) -> bool:

@@ -280,7 +280,9 @@ class ReceiptBook:
                 kind: Execution = "checkpoint" if call.kind == "step" else "receipt"
                 return Outcome(receipt.output, kind, call.key, receipt.credits, receipt.completed_at)
             if outcome.verdict == "failed":
-                self._tally.count(call, "failed", 0.0, counted=own, kept=not own, missing=said_not_found(receipt.error))
+                self._tally.count(
+                    call, "failed", 0.0, counted=own, kept=not own, not_found=said_not_found(receipt.error)
+                )
                 raise stored_failure(receipt)
             if outcome.verdict == "busy":
                 if not waited and await self._owner_gone(receipt):
@@ -473,7 +475,7 @@ class ReceiptBook:
 
     def _settle_failure(self, call: DurableCall, settlement: Settlement, held_s: float) -> None:
         if (settlement.ended or settlement.status) == "failed":
-            self._tally.count(call, "failed", 0.0, missing=said_not_found(settlement.error))
+            self._tally.count(call, "failed", 0.0, not_found=said_not_found(settlement.error))
         # If this write fails the lease simply expires: the call's own error is what matters.
         self._writes.settle(settlement, held_s=held_s)
 

@@ -50,7 +50,9 @@ class ToolCounts:
         }
 
 
-PENDING, FINAL, RECOVERED, MISSED = "pending", "final", "recovered", "missed"
+# A failure's state: its row still running, final, fallen back from, or (a 404 its row got
+# past) an answer that found nothing.
+PENDING, FINAL, RECOVERED, FOUND_NOTHING = "pending", "final", "recovered", "found_nothing"
 
 
 @dataclass(slots=True)
@@ -67,7 +69,7 @@ class RunStats:
     # asked itself (and saw fail) is its own failure, whatever answered it later.
     kept: set[str] = field(default_factory=set)
     asked: set[str] = field(default_factory=set)  # keys this run asked and saw fail
-    missing: set[str] = field(default_factory=set)  # failed keys the provider knew nothing of (404)
+    not_found: set[str] = field(default_factory=set)  # failed keys the provider knew nothing of (404)
 
     @classmethod
     def since(cls, before: dict[str, Any], recovered: dict[str, Any], failures: Iterable[FailedCall] = (),
@@ -83,8 +85,8 @@ class RunStats:
                                               c.get("retries", 0))  # fmt: skip
         for f in failures:
             (stats.kept if f.kept else stats.asked).add(f.key)
-            if f.missing:
-                stats.missing.add(f.key)
+            if f.not_found:
+                stats.not_found.add(f.key)
             stats._enter(f.key, f.tool, _state_at_start(f, refresh_failed))
         for tool_id, c in recovered.items():
             counts = stats.tool(tool_id)
@@ -109,12 +111,14 @@ class RunStats:
         """Each tool's counts, as the views and the run's stats say them."""
         return {tool: counts.to_dict() for tool, counts in self.tools.items()}
 
-    def call_failed(self, key: str, tool: str, *, in_row: bool, kept: bool = False, missing: bool = False) -> None:
+    def call_failed(self, key: str, tool: str, *, in_row: bool, kept: bool = False, not_found: bool = False) -> None:
         """A call failed (or, `kept`, gave back an earlier run's stored failure: no request;
-        `missing`: the provider knew nothing of it, a 404). Counted once per key: in a map row
+        `not_found`: the provider knew nothing of it, a 404). Counted once per key: in a map row
         it waits for the row to end; outside maps it is final at once."""
-        if missing:
-            self.missing.add(key)
+        if not_found:
+            self.not_found.add(key)
+        else:  # asked again and failed otherwise: a failure like any
+            self.not_found.discard(key)
         known = self.failures.get(key)
         if kept:
             if key not in self.asked:
@@ -138,30 +142,30 @@ class RunStats:
             del self.failures[key]
             self.tool(known[0]).pending -= 1
 
-    def row_ended(self, fell_back: Iterable[str], final: Iterable[str] = ()) -> None:
-        """A map row ended: the failures of its calls settle, fallen back from where their
-        cell got a value all the same (a waterfall), final in the cell that failed the row."""
+    def row_ended(self, fell_back: Iterable[str], final: Iterable[str] = (), *, failed: bool = False) -> None:
+        """A map row ended (`failed`: it failed): the failures of its calls settle, fallen back
+        from where their cell got a value all the same (a waterfall), final in the cell that
+        failed the row; a 404 the row got past found nothing (FailedCall.found_nothing)."""
         for keys, state in ((fell_back, RECOVERED), (final, FINAL)):
             for key in keys:
                 known = self.failures.get(key)
                 if known is not None and known[1] == PENDING:
-                    self._move(key, state)
+                    got_past = state == RECOVERED or not failed
+                    self._move(key, FOUND_NOTHING if key in self.not_found and got_past else state)
 
     def _enter(self, key: str, tool: str, state: str) -> None:
-        if state != PENDING and key in self.missing:
-            state = MISSED  # a "not found" answer (404): it found nothing, it did not fail
         self.failures[key] = (tool, state)
         counts = self.tool(tool)
         if state == PENDING:
             counts.pending += 1
-        elif state == MISSED:
-            self._missed(key, counts)
+        elif state == FOUND_NOTHING:
+            self._found_nothing(key, counts)
         else:
             counts.failed += 1
             counts.recovered += state == RECOVERED
             counts.kept += key in self.kept
 
-    def _missed(self, key: str, counts: ToolCounts) -> None:
+    def _found_nothing(self, key: str, counts: ToolCounts) -> None:
         """A "not found" answer (404): made by this run, or given back from an earlier run's
         receipt (no request made: an answer reused)."""
         if key in self.kept:
@@ -173,11 +177,9 @@ class RunStats:
         tool, _ = self.failures[key]
         counts = self.tool(tool)
         counts.pending -= 1
-        if key in self.missing:
-            state = MISSED  # a "not found" answer (404): it found nothing, it did not fail
         self.failures[key] = (tool, state)
-        if state == MISSED:
-            self._missed(key, counts)
+        if state == FOUND_NOTHING:
+            self._found_nothing(key, counts)
             return
         counts.failed += 1
         counts.recovered += state == RECOVERED
@@ -185,6 +187,8 @@ class RunStats:
 
 
 def _state_at_start(f: FailedCall, refresh_failed: bool) -> str:
+    if f.row is not None and f.found_nothing:
+        return FOUND_NOTHING
     if f.recovered:
         return RECOVERED
     may_retry = refresh_failed or (f.row == "" and f.retryable)  # a failed row's cell is kept

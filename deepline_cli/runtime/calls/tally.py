@@ -28,14 +28,14 @@ class CallTally:
         *,
         counted: bool = False,
         kept: bool = False,
-        missing: bool = False,
+        not_found: bool = False,
     ) -> None:
         """One outcome (`live`, `reused`, `in_flight`, `failed`); `counted`: an earlier
         attempt of this run already put it in the stats; `kept`: a failure given back from
-        an earlier run's receipt (no request made); `missing`: a failure that is the provider
+        an earlier run's receipt (no request made); `not_found`: a failure that is the provider
         saying it knows nothing of it (404)."""
         if call.kind != "step":
-            self._note_outcome(call, execution, kept, missing)
+            self._note_outcome(call, execution, kept, not_found)
         if not counted:
             self._tally(call, execution, credits)
         if self._bus.per_call:
@@ -60,12 +60,12 @@ class CallTally:
         else:
             counts.reused += 1
 
-    def _note_outcome(self, call: DurableCall, execution: str, kept: bool = False, missing: bool = False) -> None:
+    def _note_outcome(self, call: DurableCall, execution: str, kept: bool = False, not_found: bool = False) -> None:
         """What the call's cell (if any) and the failure counts learn from its outcome,
         however it was counted (a failure or answer an earlier attempt paid counts too)."""
         cell = current_cell()
         if execution == "failed":
-            self._stats.call_failed(call.key, _tool(call), in_row=cell is not None, kept=kept, missing=missing)
+            self._stats.call_failed(call.key, _tool(call), in_row=cell is not None, kept=kept, not_found=not_found)
             if cell is not None:
                 cell.failed.append(call.key)
             return

@@ -107,6 +107,9 @@ class _Walk:
 
     h: Any = field(default_factory=hashlib.sha256)
     seen: set[int] = field(default_factory=set)  # ids: within this process only, never fed
+    # The functions held in data (`(find_hunter, find_apollo)`) whose walks this one is inside:
+    # each such function is walked on its own (its digest the same whatever was walked before).
+    inside: frozenset[int] = frozenset()
 
 
 def resolve_columns(
@@ -257,12 +260,12 @@ def _feed_value(walk: _Walk, value: Any, *, top: bool = False) -> None:
     elif top and callable(value):
         call = getattr(type(value), "__call__", None)  # noqa: B004
         if isinstance(call, types.FunctionType):
-            _tag(walk, f"{type(value).__module__}.{type(value).__qualname__}".encode())
+            _tag(walk, _kind(value))
             _feed_value(walk, call, top=True)
             _feed_class(walk, type(value))
             _feed_instance(walk, value)
         else:
-            _tag(walk, f"{type(value).__module__}.{type(value).__qualname__}".encode())
+            _tag(walk, _kind(value))
     else:
         _feed_data(walk, value)
 
@@ -426,7 +429,9 @@ def _feed_data(walk: _Walk, value: Any) -> None:
         classes, functions = _play_code(value)
         digests = [_class_digest(cls) for cls in classes]
         for fn in functions:
-            inner = _Walk(seen=walk.seen)  # a function already taken in (or holding this value) once
+            if id(fn) in walk.inside:  # it holds itself (through this value): taken in already
+                continue
+            inner = _Walk(inside=walk.inside | {id(fn)})
             _feed_function(inner, fn)
             digests.append(inner.h.digest())
         for each in sorted(digests):

@@ -443,7 +443,7 @@ class MapRun:
                 fell_back=fell_back if failure is not None or handled else None, kept_cells=kept_cells,
             )
         )  # fmt: skip
-        self.s.stats.row_ended(fell_back, final)
+        self.s.stats.row_ended(fell_back, final, failed=failure is not None)
         # A redone row says nothing of the map's first rows: a resume asks the rows that failed
         # first, and their recurring failure stopped it for good.
         if failure is not None and not redone:
