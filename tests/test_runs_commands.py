@@ -506,7 +506,7 @@ def test_show_full_says_everything_the_store_knows_untruncated(
 
     assert shown["tools"]["t.retrying"] == {
         "live": 1, "reused": 0, "failed": 0, "credits": 2.0, "retries": 2,
-        "retry_reasons": {"429": 1, "5xx": 1}, "recovered": 0, "kept": 0,
+        "retry_reasons": {"429": 1, "5xx": 1}, "recovered": 0, "kept": 0, "not_found": 0,
     }  # fmt: skip
     [attempt] = shown["attempts"]
     assert (attempt["attempt"], attempt["status"]) == (1, "completed")
