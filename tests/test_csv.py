@@ -865,3 +865,14 @@ def test_keys_differing_only_by_case_or_spaces_are_warned_of(deepline, tmp_path:
         "computed (and paid for) on its own; to take them as one, normalise the key "
         '(key=lambda row: row["domain"].strip().lower())'
     ], warned
+
+
+def test_record_ids_told_apart_by_case_are_not_warned_of(deepline, tmp_path: Path) -> None:
+    """A CRM's 15-character record ids differ by case alone and name two records."""
+    (tmp_path / "play.py").write_text(
+        KEYED_PLAY.replace('key="domain"', 'key="id"').replace('required=["domain"]', "required=[]")
+    )
+    (tmp_path / "leads.csv").write_text("id,domain\n001A000001abcDE,a.com\n001A000001ABCde,b.com\n")
+    result = deepline("run", "play.py", "--set", "file=leads.csv", "--json")
+    assert result.code == 0, result.stderr
+    assert [e for e in result.json_lines() if e.get("level") == "warning"] == []

@@ -1890,3 +1890,26 @@ def test_functions_held_in_data_count_the_same_whatever_was_walked_first() -> No
     moved = fp(Finder())
     Finder.__module__ = "deepline_play_ba9876543210"
     assert fp(Finder()) == moved
+
+
+def test_data_nested_deeper_than_json_goes_or_holding_itself_has_a_fingerprint() -> None:
+    """Lists read by their members: a list nested 5,000 deep raised RecursionError (and 300
+    deep, JSON's own limit) before the map's first row; one that holds itself is no data."""
+    from deepline_cli.runtime.map.columns import code_fingerprint as fp
+
+    def closure(value: Any) -> Callable[[dict[str, Any]], Any]:
+        def resolve(row: dict[str, Any]) -> Any:
+            return value
+
+        return resolve
+
+    for depth in (300, 5000):
+        deep: list[Any] = []
+        inner = deep
+        for _ in range(depth):
+            inner.append([])
+            inner = inner[0]
+        assert len(fp(closure(deep))) == 64
+    loop: list[Any] = ["a"]
+    loop.append(loop)
+    assert len(fp(closure(loop))) == 64

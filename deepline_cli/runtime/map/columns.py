@@ -420,7 +420,7 @@ def _feed_data(walk: _Walk, value: Any) -> None:
     only: a time, a client, a lock, an object (whose state may change as the play runs)."""
     if _feed_fixed(walk, value):
         return
-    digest = _data_digest(_unordered(value)) if _plain(value) else None
+    digest = _content_digest(value)
     _tag(walk, digest.encode() if digest else _kind(value))
     if digest is None:  # objects of the play's own classes, alone or in a list or dict: their classes' code
         # (not their attributes: an object's state changes as the play runs); the play's own
@@ -436,6 +436,16 @@ def _feed_data(walk: _Walk, value: Any) -> None:
             digests.append(inner.h.digest())
         for each in sorted(digests):
             _tag(walk, each)
+
+
+def _content_digest(value: Any) -> str | None:
+    """Plain data's digest, in no order (None: not plain, or nested deeper than JSON goes)."""
+    if not _plain(value):
+        return None
+    try:
+        return _data_digest(_unordered(value))
+    except (TypeError, RecursionError):
+        return None
 
 
 def _feed_fixed(walk: _Walk, value: Any) -> bool:
@@ -525,6 +535,8 @@ def _unordered(value: Any) -> Any:
     set (`tuple({"email", "phone"})`) is in the hash seed's order. (A reordered tuple is not
     seen: its content is.) NaN and infinities, which JSON has not, are written as text."""
     if isinstance(value, tuple | frozenset | set | list):
+        if all(type(v) is str for v in value):  # text only: its own order is the same everywhere
+            return sorted(value)
         return sorted((_unordered(v) for v in value), key=_json.canonical)
     if isinstance(value, dict):
         return {k: _unordered(v) for k, v in value.items()}
@@ -533,17 +545,39 @@ def _unordered(value: Any) -> Any:
     return value
 
 
-def _plain(value: Any, within: frozenset[int] = frozenset()) -> bool:
-    """Is `value` plain data all through (`within`: the containers it is inside; one that
-    holds itself, a tree with parent links, is not)?"""
-    if value is None or isinstance(value, bool | int | float | str):
+def _plain(value: Any) -> bool:
+    """Is `value` plain data all through? (A container that holds itself, a tree with parent
+    links, or one nested deeper than Python's recursion limit, is not.)"""
+    try:
+        return _plain_within(value, set())
+    except RecursionError:
+        return False
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _plain_within(value: Any, within: set[int]) -> bool:
+    """`_plain`, `within` the containers it is inside (their ids)."""
+    if type(value) in _SCALARS or isinstance(value, bool | int | float | str):
         return True
     if id(value) in within:
         return False
-    inside = within | {id(value)}
-    if isinstance(value, tuple | frozenset | set | list):
-        return all(_plain(v, inside) for v in value)
-    return type(value) is dict and all(isinstance(k, str) and _plain(v, inside) for k, v in value.items())
+    if type(value) is dict:
+        if not all(isinstance(k, str) for k in value):
+            return False
+        items: Any = value.values()
+    elif isinstance(value, tuple | frozenset | set | list):
+        items = value
+    else:  # a dict of another kind (a defaultdict), an object: not plain
+        return False
+    if all(type(v) in _SCALARS for v in items):  # a list of domains, a config of settings: at C speed
+        return True
+    within.add(id(value))
+    try:
+        return all(_plain_within(v, within) for v in items)
+    finally:
+        within.discard(id(value))
 
 
 def _is_code(value: Any) -> bool:

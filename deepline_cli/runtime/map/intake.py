@@ -210,10 +210,13 @@ class Intake:
         tally.duplicate += duplicate
 
     def _near(self, key: str) -> None:
-        """Keys that differ only by case or surrounding spaces (`acme.com`, ` ACME.com`) are two
-        rows, each paid for: said once. Keys are compared with those of the first NEAR_LOOKS
-        that are not folded already (lower case, no surrounding spaces), so memory stays small."""
-        folded = key.strip().casefold()
+        """Keys that differ only by surrounding spaces, or, for domains and emails (a `.` or
+        an `@` in them), by case (`acme.com`, ` ACME.com`) are two rows, each paid for: said
+        once. (Other keys may tell records apart by case: a CRM's record ids.) Keys are
+        compared with those of the first NEAR_LOOKS not folded already, so memory stays small."""
+        folded = key.strip()
+        if "." in folded or "@" in folded:
+            folded = folded.casefold()
         if folded != key:
             other = self._folds.get(folded) or (folded if folded in self.seen else None)
             if other is None:
