@@ -1913,3 +1913,27 @@ def test_data_nested_deeper_than_json_goes_or_holding_itself_has_a_fingerprint()
     loop: list[Any] = ["a"]
     loop.append(loop)
     assert len(fp(closure(loop))) == 64
+
+
+def test_a_helper_a_library_decorator_wraps_is_followed(tmp_path: Path) -> None:
+    """`@functools.singledispatch` (or a retry decorator) on a helper the resolver calls: the
+    library's wrapper function stood for it, and an edit of the helper kept the old cells."""
+    import importlib.util
+
+    from deepline_cli.runtime.map.columns import code_fingerprint
+
+    source = (
+        "import functools\n\n@functools.singledispatch\ndef size(x):\n    return 1\n\n"
+        "def resolve(row):\n    return size(row)\n"
+    )
+
+    def fingerprint(name: str, text: str) -> str:
+        path = tmp_path / f"{name}.py"
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return code_fingerprint(module.resolve)
+
+    assert fingerprint("wrapped_a", source) != fingerprint("wrapped_b", source.replace("return 1", "return 2"))

@@ -253,6 +253,10 @@ def _feed_value(walk: _Walk, value: Any, *, top: bool = False) -> None:
     elif isinstance(value, types.FunctionType):
         if top or is_play_file(value.__code__.co_filename):
             _feed_function(walk, value)
+        elif (
+            callable(wrapped := getattr(value, "__wrapped__", None)) and wrapped is not value
+        ):  # a library's decorator on the play's function
+            _feed_value(walk, wrapped)
     elif isinstance(value, type):
         _feed_class(walk, value)
     elif isinstance(value, types.ModuleType):
