@@ -235,7 +235,7 @@ def test_a_call_waits_while_calls_in_flight_hold_its_credits_and_is_refused_once
         return str(refused.value)
 
     message = asyncio.run(scenario())
-    said = "would be exceeded by 'e' (expected to cost 2; 30 spent, 0 held for calls in flight)"
+    said = "would be exceeded by 'e' (t.enrich, expected to cost 2; 30 spent, 0 held for calls in flight)"
     assert said in message, message
 
 

@@ -320,7 +320,7 @@ def test_max_credits_per_run_budgets_the_run_across_attempts_and_max_credits_ove
     run_id = finished["run_id"]
     assert finished["error"]["type"] == "BudgetExceededError"
     assert finished["error"]["message"].startswith(
-        "max_credits_per_run 2 of play 'budgeted' would be exceeded by 'echo-2' (expected to cost 1; 2 spent"
+        "max_credits_per_run 2 of play 'budgeted' would be exceeded by 'echo-2' (decl.echo, expected to cost 1; 2 spent"
     )
     assert provider.count() == 2
 

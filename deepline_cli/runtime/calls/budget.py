@@ -101,7 +101,7 @@ class Budget:
         amount = declared if expected is None else expected
         if self._inflight and not self._fits(amount, probe, self.reserved) and self._fits(amount, probe, 0.0):
             return None  # it fits once the calls in flight have ended (or some failed, unbilled)
-        self._check(amount, label, unknown=probe)
+        self._check(amount, label, tool, unknown=probe)
         reservation = Reservation(tool, amount, metered, probe, amount)
         if probe and tool is not None and self.max_credits is not None:
             self._probes[tool] = asyncio.get_running_loop().create_future()
@@ -116,9 +116,11 @@ class Budget:
         total = sum_credits((self.spent, held, amount))
         return not (total > limit or (unknown and total >= limit))
 
-    def _check(self, amount: float, label: str, *, unknown: bool) -> None:
+    def _check(self, amount: float, label: str, tool: str | None, *, unknown: bool) -> None:
         if not self._fits(amount, unknown, self.reserved):
             cost = "of unknown cost" if unknown else f"expected to cost {format_credits(amount)}"
+            if tool and tool != label:  # the call's id says what it is for, the tool what it costs
+                cost = f"{tool}, {cost}"
             said = (
                 f"{self._limit()} would be exceeded by {label!r} ({cost}; {format_credits(self.spent)} spent, "
                 f"{format_credits(self.reserved)} held for calls in flight)"
