@@ -128,7 +128,8 @@ def _print_plan(plan: dict[str, Any]) -> None:
 def _blank(rows: int) -> str:
     # A blank required cell, or a line that does not fit the header (CsvSource.blank).
     return (
-        f" · {rows:,} failing on their input (a blank required cell, a line off the header; nothing called)"
+        f" · {rows:,} failing on their input (a blank required cell, a line that does not fit the header: "
+        "nothing called)"
         if rows
         else ""
     )
