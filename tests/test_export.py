@@ -523,3 +523,57 @@ def test_a_csv_export_writes_true_and_false_as_json_does(deepline, write_play) -
         ["0", "true", '{"even":true}', ""],
         ["1", "false", '{"even":false}', ""],
     ]
+
+
+NAMES_OF_THE_EXPORT = """\
+from deepline_cli import play, steps
+
+EMAIL = steps().step("hunter", lambda row: "h@" + row["id"])
+
+@play("names")
+async def names(ctx, input):
+    rows = await ctx.map("m", [{"id": "1"}], key="id", columns=dict(
+        [("email", EMAIL), (input["name"], lambda row: "mine")]))
+    return len(rows)
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        ("_error", "the export's column for a row's failure"),
+        ("email_step", "the column saying which step of waterfall 'email' found its value"),
+    ],
+)
+def test_a_column_named_as_the_exports_own_is_refused_before_any_row(
+    deepline, write_play, name: str, said: str
+) -> None:
+    """A column named `_error` lost its values in the export (the row's failure took its
+    place), and one named `email_step` beside waterfall `email` hid which step found it:
+    both under a header holding the name twice."""
+    write_play(NAMES_OF_THE_EXPORT)
+    result = deepline("run", "play.py", "--set", f"name={name}")
+    assert result.code == 2, result.stderr
+    assert f"Map 'm': a column may not be named {name!r}: it is {said}; rename it." in result.stderr, result.stderr
+
+
+FILL_THE_BLANKS = """\
+from deepline_cli import Column, play, steps
+
+EMAIL = steps().step("hunter", lambda row: "h@" + row["id"])
+
+@play("fill")
+async def fill(ctx, input):
+    rows = [{"id": "1", "email": "old@x", "email_step": "apollo"}, {"id": "2", "email": "", "email_step": ""}]
+    done = await ctx.map("m", rows, key="id", columns={"email": Column(EMAIL, run_if=lambda row: not row["email"])})
+    return [[r["email"], r["email_step"]] for r in done]
+"""
+
+
+def test_a_waterfall_that_did_not_run_leaves_the_inputs_step_beside_its_value(deepline, write_play) -> None:
+    """Filling the blanks of an earlier export: where the waterfall did not run, the input's
+    email was kept and the step that found it (`apollo`) wiped."""
+    write_play(FILL_THE_BLANKS)
+    result = deepline("run", "play.py", "--quiet")
+    assert result.code == 0, result.stderr
+    assert _json.loads(result.stdout) == [["old@x", "apollo"], ["h@2", "hunter"]]

@@ -28,7 +28,7 @@ from deepline_cli.runtime.calls.suspended import Suspended
 from deepline_cli.runtime.map import barriers, failures
 from deepline_cli.runtime.map.book import MapBook
 from deepline_cli.runtime.map.columns import Column, ResolvedColumn, resolve_columns, same_fingerprint
-from deepline_cli.runtime.map.dataset import Dataset
+from deepline_cli.runtime.map.dataset import ERROR_COLUMN, Dataset, step_column
 from deepline_cli.runtime.map.host import MapHost, MapParts
 from deepline_cli.runtime.map.intake import Intake
 from deepline_cli.runtime.map.pilot import scan_rest
@@ -91,6 +91,7 @@ class MapRun:
         self.waiting: list[Suspended] = []
         self.reuse = ReusePolicy(parts.io.now, scope.force_refresh, scope.refresh_failed, scope.run_id)
         self.waterfalls = {c.name: c.column.fn.names for c in self.columns if isinstance(c.column.fn, Waterfall)}
+        refuse_export_names(name, [c.name for c in self.columns], self.waterfalls)
         self.book = MapBook(parts, name, self.sheet, self.columns, self.waterfalls, on_row_error == "fail")
         names = [c.name for c in self.columns]
         self.column_names = frozenset(names)
@@ -448,6 +449,19 @@ class MapRun:
         # first, and their recurring failure stopped it for good.
         if failure is not None and not redone:
             self._stop_on(self.book.systemic(failure, error or ""))
+
+
+def refuse_export_names(map_name: str, columns: list[str], waterfalls: Mapping[str, Any]) -> None:
+    """A column named as a column the export adds (`_error`, a waterfall's `<column>_step`)
+    would lose its values to it, under a header holding the name twice: refused."""
+    for column in columns:
+        if column == ERROR_COLUMN:
+            said = "the export's column for a row's failure"
+        elif waterfall := next((w for w in waterfalls if step_column(w) == column), None):
+            said = f"the column saying which step of waterfall {waterfall!r} found its value"
+        else:
+            continue
+        raise UsageError(f"Map {map_name!r}: a column may not be named {column!r}: it is {said}; rename it.")
 
 
 def source_of(rows: Any) -> str | None:
