@@ -22,6 +22,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from deepline_cli import _json
 from deepline_cli._aio import count_held
 from deepline_cli.backoff import delays
@@ -269,7 +271,12 @@ _TAG = re.compile(r"<[^>]+>")
 
 def _readable(text: str) -> str:
     """An error body as one line a person reads: an HTML page (a proxy's or a web server's
-    502 page) by its title, or its text without markup; every run of whitespace one space."""
+    502 page) by its title, or its text without markup; every run of whitespace one space.
+    JSON holding `\\u` escapes is written again as deepline writes it (`\\u002B` a `+`), so a
+    secret it echoes, its characters escaped, is found and redacted."""
+    if "\\u" in text and text.lstrip()[:1] in ("{", "["):
+        with contextlib.suppress(orjson.JSONDecodeError):
+            text = orjson.dumps(orjson.loads(text)).decode()
     if "<" in text and re.search(r"<(html|head|body|title|h1|!doctype)\b", text, re.IGNORECASE):
         title = _TITLE.search(text)
         text = html.unescape(title.group(1) if title else _TAG.sub(" ", text))

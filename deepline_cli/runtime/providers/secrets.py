@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import re
@@ -57,9 +58,16 @@ def _holds(pattern: re.Pattern[str], value: Any) -> bool:
         return pattern.search(value) is not None
     if isinstance(value, dict):
         return any(_holds(pattern, k) or _holds(pattern, v) for k, v in value.items())
-    if isinstance(value, list):
+    if isinstance(value, list | tuple | set | frozenset):
         return any(_holds(pattern, v) for v in value)
+    if _is_dataclass(value):
+        return _holds(pattern, dataclasses.asdict(value))
     return False
+
+
+def _is_dataclass(value: Any) -> bool:
+    """A dataclass's object (written as a JSON object of its fields)."""
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
 
 
 def _as_written(forms: set[str]) -> tuple[str, ...] | None:
@@ -95,10 +103,15 @@ class Secrets:
         self._dotenv = read_dotenv(self._dotenv_dir / ".env") if self._dotenv_dir else {}
 
     def lookup(self, name: str) -> str | None:
-        """The value of `name`, remembered for redaction (when it is long enough to be a secret)."""
+        """The value of `name`, remembered for redaction (when it is long enough to be a secret),
+        and so is it without the spaces or line end around it (`echo key | base64` into a
+        cluster's secret leaves a newline; the provider strips it, and echoes the key bare)."""
         value = os.environ.get(name, self._dotenv.get(name))
-        if value is not None and len(value) >= MIN_SECRET_LENGTH and value not in self._known:
-            self._known.add(value)
+        if value is None:
+            return None
+        new = {v for v in (value, value.strip()) if len(v) >= MIN_SECRET_LENGTH} - self._known
+        if new:
+            self._known |= new
             forms = set().union(*(encoded_forms(known) for known in self._known))
             # One pass over a text for every form; the longest first, so none is half replaced.
             self._pattern = re.compile("|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True)))
@@ -158,7 +171,7 @@ class Secrets:
         pattern = self._pattern
         if pattern is None:
             return False
-        if isinstance(value, dict | list) and not self._maybe_in(value):
+        if isinstance(value, dict | list | tuple) and not self._maybe_in(value):
             return False
         return _holds(pattern, value)
 
@@ -167,7 +180,8 @@ class Secrets:
             return value
         if isinstance(value, str):
             return self.redact(value)
-        if isinstance(value, dict | list) and self._maybe_in(value):
+        walked = isinstance(value, dict | list | tuple | set | frozenset) or _is_dataclass(value)
+        if walked and self._maybe_in(value):
             return self._redacted(value)
         return value  # a number, or an object or list no secret is in (given back as it is)
 
@@ -176,11 +190,13 @@ class Secrets:
             return self.redact(value)
         if isinstance(value, dict):  # keys too: a usage endpoint answers {"<api key>": {...}}
             return {self.redact(k) if isinstance(k, str) else k: self._redacted(v) for k, v in value.items()}
-        if isinstance(value, list):
+        if isinstance(value, list | tuple | set | frozenset):  # as JSON writes them: a list
             return [self._redacted(v) for v in value]
+        if _is_dataclass(value):  # as JSON writes it: an object of its fields
+            return self._redacted(dataclasses.asdict(value))
         return value
 
-    def _maybe_in(self, value: dict[Any, Any] | list[Any]) -> bool:
+    def _maybe_in(self, value: Any) -> bool:
         """Could a secret be in this object or list? Its JSON text (written at C speed) is
         searched for every form of every secret as JSON writes it: a text escapes each
         character on its own, so a form in any key or string is in the text too. No form

@@ -199,7 +199,7 @@ async def _execute_child(s: RunParts, call_id: str, play: PlayDef, child_id: str
             run_id=child_id,
             play=play.name,
             play_ref=play.ref,
-            input=input,
+            input=s.infra.secrets.redact_json(input),  # its body is given the input itself, by its parent
             status="running",
             attempt=1,
             workspace=s.identity.workspace,
