@@ -90,3 +90,36 @@ def test_a_key_a_provider_echoes_with_json_escapes_is_redacted_in_its_error() ->
     body = '{"error": "invalid key abc\\u002Bdef\\u002Bghi\\u002Bjkl"}'
     said = secrets.excerpt(_readable(body), 200)
     assert key not in said and "abc\\u002Bdef" not in said and "[redacted]" in said, said
+
+
+SYS_EXIT = """
+import sys
+from deepline_cli import play
+
+@play("sysexit")
+async def sysexit(ctx, input):
+    key = ctx.secrets.get("API_KEY")
+    if input["where"] == "body":
+        sys.exit(f"auth failed for key {key}")
+
+    def column(row):
+        sys.exit(f"auth failed for key {key}")
+
+    await ctx.map("m", [{"a": 1}], key="a", columns={"c": column})
+"""
+
+
+def test_a_play_that_calls_sys_exit_fails_its_run_with_the_message_redacted(
+    deepline: Run, write_play: Callable[..., Path], store_path: Path
+) -> None:
+    """`sys.exit(message)` in a play's body or a column printed the message (the key in it)
+    raw, with a traceback for a column, and left the run `running`."""
+    write_play(SYS_EXIT)
+    for where in ("body", "column"):
+        result = deepline("run", "play.py", "--set", f"where={where}", "--run-id", where, API_KEY=SECRET)
+        assert result.code == 1, (where, result.stderr)
+        assert SECRET not in result.stdout + result.stderr and "Traceback" not in result.stderr, result.stderr
+        assert "auth failed for key [redacted]" in result.stderr, result.stderr
+        shown = deepline("runs", "show", where, "--json")
+        assert '"status": "failed"' in shown.stdout or '"status":"failed"' in shown.stdout, shown.stdout
+    assert SECRET not in stored_text(store_path)

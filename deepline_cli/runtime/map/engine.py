@@ -377,8 +377,8 @@ class MapRun:
                 if exc.fatal or exc.exit_code != 1:
                     raise  # budget, lease, store, usage…: fail the run, record nothing
                 failure = exc
-            except Exception as exc:
-                if failures.is_play_bug(exc):  # it would fail every row: stop, record nothing
+            except (Exception, SystemExit) as exc:  # `sys.exit` in a resolver: it means to stop
+                if failures.is_play_bug(exc) or isinstance(exc, SystemExit):  # it would fail every row: stop
                     raise play_bug(self.name, job.key, column.name, exc, self.s.secrets.redact) from exc
                 failure = exc
             if failure is not None:

@@ -32,7 +32,7 @@ async def execute_body(play: PlayDef, s: RunParts, input: Any, children: ChildPl
     except Suspended:
         await _flush_journal(s)
         return BodyOutcome("waiting")
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # `sys.exit(message)` in play code: a failure like any
         await _flush_journal(s)
         # When the circuit breaker tripped, its reason is the run's error, not the next
         # claim that failed after it.
