@@ -577,3 +577,19 @@ def test_a_waterfall_that_did_not_run_leaves_the_inputs_step_beside_its_value(de
     result = deepline("run", "play.py", "--quiet")
     assert result.code == 0, result.stderr
     assert _json.loads(result.stdout) == [["old@x", "apollo"], ["h@2", "hunter"]]
+
+
+def test_the_export_of_a_pilot_says_it_holds_the_first_rows_of_the_list(deepline, tmp_path: Path) -> None:
+    """A `--limit` pilot's export was a file like any other: passed on as the whole list."""
+    (tmp_path / "people.csv").write_text(PEOPLE)
+    (tmp_path / "export_play.py").write_text(PLAY)
+    run = deepline("run", "export_play.py", "--set", "csv=people.csv", "--limit", "2", "--run-id", "pilot", "--quiet")
+    assert run.code == 0, run.stderr
+    result = deepline("export", "pilot")
+    assert result.code == 0, result.stderr
+    assert len(parse_csv(result.stdout)) == 3  # the header and 2 rows
+    said = (
+        "Warning: run pilot is a pilot (--limit 2): map 'people' has its first 2 of 3 rows; "
+        "the whole list: run the play without --limit (the rows paid here are not paid again)."
+    )
+    assert said in result.stderr, result.stderr

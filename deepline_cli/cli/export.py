@@ -149,10 +149,29 @@ def _by_case_only(columns: list[str]) -> list[tuple[str, str]]:
 
 
 def _partial(db: Any, run_id: str, record: Any) -> str | None:
-    """A warning when the map did not finish: the export holds only what was done."""
+    """A warning when the map did not finish, or was a pilot: the export holds only what was done."""
     run = db.runs.get_run(run_id)
     if record.status == "completed" and run.status == "completed":
+        return _pilot(run, record)
+    return _unfinished(db, run, record)
+
+
+def _pilot(run: Any, record: Any) -> str | None:
+    """A pilot's map (`--limit`, or a map's `limit=`) holds the first rows of its list: said."""
+    rest = int((record.pilot or {}).get("rest_distinct", 0))
+    if not rest:
         return None
+    done, limit = record.succeeded + record.failed, (run.options or {}).get("limit")
+    how, whole = (f" (--limit {limit})", "run the play without --limit") if limit else ("", "lift the map's limit")
+    return (
+        f"Warning: run {run.run_id} is a pilot{how}: map {record.map!r} has its first {done:,} of {done + rest:,} "
+        f"rows; the whole list: {whole} (the rows paid here are not paid again)."
+    )
+
+
+def _unfinished(db: Any, run: Any, record: Any) -> str:
+    """The map or its run did not finish: what the export holds, and how the run goes on."""
+    run_id = run.run_id
     from deepline_cli.runtime.run.holders import holder_stale
 
     gone = holder_stale(run, db.now())  # killed: the store still says running
