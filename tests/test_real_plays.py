@@ -10,6 +10,7 @@ answered from old receipts.
 from __future__ import annotations
 
 import json
+import sqlite3
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -1849,6 +1850,8 @@ def test_a_run_begun_before_cells_had_their_own_steps_finds_its_steps_on_resume(
     with monkeypatch.context() as before:
         before.setattr(RowContext, "_made_for", lambda self: "")  # the row's key, as before
         assert run_play(play, store_path, run_id="lg").status == "failed"
+    with sqlite3.connect(store_path) as conn:  # a run recorded then holds no cell_keys option
+        conn.execute("UPDATE runs SET options = json_remove(options, '$.cell_keys') WHERE run_id = 'lg'")
     (play.parent / "fixed").touch()
     again = resume_run("lg", store_path)
     assert (again.status, again.output) == ("completed", ["L1"]), again.error

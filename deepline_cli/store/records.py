@@ -28,6 +28,9 @@ FOUND_PREFIX = 16
 NOT_FOUND = "none"  # a waterfall's rows that no step found a value for (its hits per step)
 # A child run's option naming the map row it was made for ({"map": …, "row": …}): its calls count for that row.
 MADE_FOR = "made_for"
+# A run option: its map cells' `rc.step`s and `rc.fetch`es are keyed by the cell (a run begun
+# before, without it, made them under the row's key: a resume looks there too).
+CELL_KEYS = "cell_keys"
 REFRESH_GIVEN_FOR = "refresh_given_for"  # a run option: the attempt a refresh flag was given to (queued again)
 CODE = "code"  # a run option: the play's code when it started, its files and their digest (snapshot.code_record)
 

@@ -29,6 +29,9 @@ class Identity:
     ancestors: tuple[str, ...] = ()
     play_file: str = ""
     cwd: str = ""  # where the run was started: relative paths resolve against it
+    # Begun before a map cell's rc.step/rc.fetch were keyed by the cell (records.CELL_KEYS):
+    # a resume looks for them under the row's key too.
+    row_keyed_steps: bool = False
 
     @property
     def root(self) -> str:

@@ -155,31 +155,27 @@ class RunStats:
 
     def _enter(self, key: str, tool: str, state: str) -> None:
         self.failures[key] = (tool, state)
-        counts = self.tool(tool)
         if state == PENDING:
-            counts.pending += 1
-        elif state == FOUND_NOTHING:
-            self._found_nothing(key, counts)
+            self.tool(tool).pending += 1
         else:
-            counts.failed += 1
-            counts.recovered += state == RECOVERED
-            counts.kept += key in self.kept
-
-    def _found_nothing(self, key: str, counts: ToolCounts) -> None:
-        """A "not found" answer (404): made by this run, or given back from an earlier run's
-        receipt (no request made: an answer reused)."""
-        if key in self.kept:
-            counts.reused += 1
-        else:
-            counts.not_found += 1
+            self._settled(key, tool, state)
 
     def _move(self, key: str, state: str) -> None:
         tool, _ = self.failures[key]
-        counts = self.tool(tool)
-        counts.pending -= 1
+        self.tool(tool).pending -= 1
         self.failures[key] = (tool, state)
+        self._settled(key, tool, state)
+
+    def _settled(self, key: str, tool: str, state: str) -> None:
+        """Count a failure that settled: a "not found" answer (404) made by this run, or one
+        given back from an earlier run's receipt (no request made: an answer reused); else a
+        failure, fallen back from or final, given back or not."""
+        counts = self.tool(tool)
         if state == FOUND_NOTHING:
-            self._found_nothing(key, counts)
+            if key in self.kept:
+                counts.reused += 1
+            else:
+                counts.not_found += 1
             return
         counts.failed += 1
         counts.recovered += state == RECOVERED

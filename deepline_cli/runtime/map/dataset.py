@@ -98,9 +98,10 @@ class Dataset:
             # field of its name as it was.
             values[column] = cell.value if cell and cell.error is None else values.get(column)
             if column in self.record.steps:  # as its value: where it did not run, an input's step is kept
-                step = step_column(column)
-                ran = cell is not None and cell.error is None and not cell.not_run
-                values[step] = cell.step if ran and cell is not None else values.get(step)
+                if cell is not None and cell.error is None and not cell.not_run:
+                    values[step_column(column)] = cell.step
+                else:
+                    values.setdefault(step_column(column), None)
         if row.outcome == "failed":
             values[ERROR_COLUMN] = row.error
         else:

@@ -47,7 +47,7 @@ from deepline_cli.runtime.run.play import PlayDef
 from deepline_cli.runtime.run.snapshot import code_changed
 from deepline_cli.runtime.run.suspension import next_wake, waiting_on
 from deepline_cli.store.ledger import empty_tool_counts
-from deepline_cli.store.records import REFRESH_GIVEN_FOR, FailedCall, RunRecord
+from deepline_cli.store.records import CELL_KEYS, REFRESH_GIVEN_FOR, FailedCall, RunRecord
 from deepline_cli.store.roles import Store
 
 PROGRESS_EVERY_S = 0.5
@@ -479,6 +479,7 @@ def attempt_parts(
         ancestors=(*record.ancestors, play.name),
         play_file=play.file,
         cwd=record.cwd,
+        row_keyed_steps=not record.options.get(CELL_KEYS),
     )
     settings = Settings(
         concurrency=options.concurrency,

@@ -22,7 +22,7 @@ from deepline_cli.runtime.run.parts import Journal, RunParts
 from deepline_cli.runtime.run.play import PlayDef, find_play_by_name, load_play
 from deepline_cli.runtime.run.snapshot import child_root, code_changed, code_record, take_snapshot
 from deepline_cli.runtime.run.stop import stopped_with_parent
-from deepline_cli.store.records import CODE, MADE_FOR, Boundary, RunRecord
+from deepline_cli.store.records import CELL_KEYS, CODE, MADE_FOR, Boundary, RunRecord
 
 
 class ChildPlayError(DeeplineError):
@@ -86,7 +86,7 @@ def child_options(s: RunParts) -> dict[str, Any]:
     """The flags a child run is kept with: its parent's (but whole: Settings.for_child), and
     the map row it was made for, if any (its calls count for that row: a pilot's credits per
     row, the pace of its rows)."""
-    options = dict(s.settings.for_child().persisted)
+    options = {**s.settings.for_child().persisted, CELL_KEYS: True}
     cell = current_cell()
     if cell is not None:
         options[MADE_FOR] = {"map": cell.map, "row": cell.row_key}

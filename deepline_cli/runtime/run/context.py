@@ -167,11 +167,12 @@ class Context:
     async def _key(self, kind: str, id: str, cell: str) -> str:
         """The receipt key of a step or fetch `id` of this run; a map cell's (`cell`: what the
         cell is computed from, RowContext.enter) is its own. A run begun before a cell's calls
-        were keyed so finds those its earlier attempts made under the row's key."""
+        were keyed so (Identity.row_keyed_steps) finds those its earlier attempts made under the
+        row's key."""
         scope = self._s.identity
         if not cell:
             return receipt_key(kind, scope.workspace, scope.run_id, id)
-        if scope.attempt > 1:
+        if scope.row_keyed_steps and scope.attempt > 1:  # one store read per call, for such runs only
             before = receipt_key(kind, scope.workspace, scope.run_id, id)
             if await self._s.effects.book.stored(before) is not None:
                 return before

@@ -40,7 +40,7 @@ from deepline_cli.runtime.run.play import PlayDef, load_module, load_play, tools
 from deepline_cli.runtime.run.snapshot import code_record, materialize_snapshot, take_snapshot
 from deepline_cli.runtime.run.suspension import ready_to_resume, waiting_on
 from deepline_cli.store import open_store
-from deepline_cli.store.records import CODE, REFRESH_GIVEN_FOR, RunRecord
+from deepline_cli.store.records import CELL_KEYS, CODE, REFRESH_GIVEN_FOR, RunRecord
 from deepline_cli.store.roles import Store
 
 
@@ -114,7 +114,7 @@ class Runner:
             self._prepare(play, cwd or os.getcwd())
         now = self.store.now()
         run_id = self.options.run_id if self.options.run_id is not None else new_run_id()
-        options = self.options.persisted()
+        options = {**self.options.persisted(), CELL_KEYS: True}
         if self.options.run_id is not None:  # only a run named again by `--run-id` is checked against its files
             options["input_files"] = stamps(input, cwd or os.getcwd())
         digest = None
@@ -210,7 +210,7 @@ class Runner:
         record = RunRecord(
             run_id=run_id, play=play.name, play_ref=play.ref, input=input, status="queued", attempt=0,
             workspace=self.options.workspace, cwd=folder or str(Path(play.file).resolve().parent),
-            options={**self.options.persisted(), "trigger": trigger}, root_run_id=run_id,
+            options={**self.options.persisted(), "trigger": trigger, CELL_KEYS: True}, root_run_id=run_id,
             holder=None, lease_expires_at=0.0, created_at=now, updated_at=now, snapshot=digest,
         )  # fmt: skip
         if not self.store.runs.insert_run(record):
