@@ -596,6 +596,49 @@ def test_a_resume_stopped_over_rows_in_another_order_holds_each_row_once(
     assert (shown["maps"][0]["succeeded"], shown["stats"]["rows"]["succeeded"]) == (rows, rows), shown
 
 
+NIGHTLY_PLAY = """\
+import os
+
+from deepline_cli import Column, play
+
+
+def time_to_live(previous):
+    return float(os.environ.get("LEADS_TTL", "86400"))  # a day; 0 once the night is over
+
+
+async def find_email(row, rc):
+    result = await rc.tools.execute("find", "people.alpha", {"first": row["first"], "domain": row["domain"]})
+    return result.output["email"]
+
+
+@play("nightly")
+async def nightly(ctx, input):
+    rows = await ctx.map("leads", ctx.csv(input["csv"]), key="domain", concurrency=1,
+                         columns={"email": Column(find_email, stale_after_seconds=time_to_live)})
+    return {"rows": len(rows)}
+"""
+
+
+def test_a_resume_replays_the_cells_its_run_took_from_an_earlier_run_once_they_went_stale(
+    deepline: Run, project: Callable[[str], Path], provider: DirectoryProvider, tmp_path: Path
+) -> None:
+    """A nightly refresh takes yesterday's fresh cells as they are, is stopped, and is
+    resumed after they went stale: staleness is judged once per run, so the resume replays
+    what its run took and pays only for the rows it had not reached."""
+    play = project(NIGHTLY_PLAY)
+    header, ada, grace, *_ = LEADS.splitlines()
+    (tmp_path / "pilot.csv").write_text("\n".join([header, ada, grace]) + "\n")
+    assert finished(deepline("run", str(play), "--csv", "pilot.csv", "--json"))["status"] == "completed"
+    assert provider.count() == 2
+    stopped = deepline("run", str(play), "--csv", "leads.csv", "--run-id", "night", "--max-credits", "2", "--json")
+    assert stopped.code == 1 and provider.count() == 4, stopped.stderr  # Ada, Grace taken; two paid; stopped
+    done = finished(deepline("resume", "night", "--max-credits", "100", "--json", LEADS_TTL="0"))
+    assert provider.count() == 5, [r.body for r in provider.requests]  # only the row it had not reached
+    assert set(provider.billed.values()) == {1}
+    assert done["stats"]["credits"] == 3
+    assert {r["domain"]: r["email"] for r in exported(deepline, "night")}["cobol.dev"] == "grace@cobol.dev"
+
+
 def test_one_map_name_used_twice_in_a_run_is_refused(deepline: Run, project: Callable[[str], Path]) -> None:
     """A map's name is the identity of its rows in the run: a second `ctx.map` of the same
     name (a loop over several lists) would be answered with the first one's rows. It fails,

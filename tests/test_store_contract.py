@@ -304,6 +304,25 @@ def test_a_stale_answer_of_the_same_run_is_replayed_unless_run_scoped(store: Sto
     assert one(store, resumed, T0 + 60)[0] == verdict
 
 
+@pytest.mark.parametrize("asked", [{"stale_after_s": 5.0}, {"refresh_after_s": 5.0}, {"force": True}])
+def test_another_runs_answer_a_run_took_is_replayed_by_its_resume_however_old(store: Store, asked: Any) -> None:
+    """Staleness (a call's or its cell's) is judged once per run: an answer of another run
+    this run took while it was fresh is what its resume replays, once it has gone stale
+    (a nightly refresh resumed the next morning), not a call paid for again. A run that
+    never took it pays for it."""
+    one(store, mk_claim("k"), T0)
+    settle(store, [completed("k", output=1)], T0 + 1)
+    taken = mk_claim("k", run_id="r2", lease="L2", expires=T0 + 2 + TTL, stale_after_s=5.0)
+    assert one(store, taken, T0 + 2)[0] == "reused"
+
+    resumed = mk_claim("k", run_id="r2", attempt=2, lease="L3", expires=T0 + 60 + TTL, **asked)
+    verdict, receipt = one(store, resumed, T0 + 60)
+
+    assert (verdict, receipt.run_id, receipt.output) == ("reused", "r1", 1)
+    another = mk_claim("k", run_id="r3", lease="L4", expires=T0 + 60 + TTL, **asked)
+    assert one(store, another, T0 + 60)[0] == "claimed"
+
+
 def test_force_reclaims_a_completed_receipt(store: Store) -> None:
     one(store, mk_claim("k"), T0)
     settle(store, [completed("k", output=1)], T0 + 1)

@@ -30,13 +30,15 @@ if TYPE_CHECKING:
 RUN_SCOPED = ("step", "fetch")  # kinds keyed by their run and id: reused by no other run
 
 
-def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVerdict:
+def decide_claim(existing: Receipt | None, claim: Claim, now: float, *, taken: bool = False) -> ClaimVerdict:
     """The receipt state machine: may `claim` own the receipt, or what else happens.
+    `taken`: the claim's run was given this receipt's answer before (another run's, by an
+    earlier attempt): judged as if its own.
 
     - no receipt, a skipped or released one, or a transient (or explicitly refreshed)
       failure: claim
     - completed: reuse, unless stale (older than `stale_after_s`, or `refresh_after_s`)
-      or forced, by a run that did not complete it itself; a step or fetch (its key is
+      or forced, by a run that did not complete it or take it already; a step or fetch (its key is
       its run's own) goes stale within its run
     - failed for good (not transient, no --refresh-failed, not refreshed): report the
       stored failure
@@ -47,8 +49,9 @@ def decide_claim(existing: Receipt | None, claim: Claim, now: float) -> ClaimVer
         return "claimed"
     if existing.status == "running" and existing.lease_id == claim.lease_id:
         return "claimed"  # this very claim, applied before its connection dropped: it is ours
-    # A forced or stale call is made once per run: a resume reuses what this run paid for.
-    other_run = existing.run_id != claim.run_id
+    # A forced or stale call is made once per run: a resume reuses what this run paid for,
+    # and what it took from another run while it was fresh (a nightly refresh resumed later).
+    other_run = existing.run_id != claim.run_id and not taken
     refreshed = other_run and claim.refresh_after_s is not None and _is_stale(existing, claim.refresh_after_s, now)
     if existing.status == "completed":
         forced = claim.force and other_run

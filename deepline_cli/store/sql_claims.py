@@ -48,11 +48,12 @@ class ClaimsSql(SqlBase):
                 outcomes[position] = ClaimOutcome("superseded", claimed_receipt(None, cl, now))
             else:
                 pending.append((position, cl))
+        taken = self._taken(c, [cl for _, cl in pending], existing)
         while pending:
             inserts: list[tuple[int, Claim, Receipt]] = []
             for position, cl in pending:
                 current = existing.get(cl.key)
-                verdict = decide_claim(current, cl, now)
+                verdict = decide_claim(current, cl, now, taken=(cl.run_id, cl.key) in taken)
                 prior = current
                 replacing = replaced_answer(current, cl) if verdict == "claimed" else None
                 if verdict == "claimed":
@@ -102,6 +103,17 @@ class ClaimsSql(SqlBase):
             usage,
         )
         return ordered
+
+    def _taken(self, c: Any, claims: Sequence[Claim], existing: Mapping[str, Receipt]) -> set[tuple[str, str]]:
+        """The (run, key) of the answers of other runs these claims' runs took already, where
+        that decides the claim: one it may find stale, or force (judged once per run)."""
+        asking = []
+        for cl in claims:
+            found = existing.get(cl.key)
+            judged = cl.force or cl.stale_after_s is not None or cl.refresh_after_s is not None
+            if judged and found is not None and found.run_id != cl.run_id and found.status in ("completed", "failed"):
+                asking.append((cl.run_id, cl.key))
+        return self._used_before(c, asking) if asking else set()
 
     def _used_before(self, c: Any, uses: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
         """Which of these (run, receipt key) pairs were used already (not only owned before)."""

@@ -272,7 +272,7 @@ class MapRun:
 
     def _reuse_whole_row(self, job: PendingRow) -> bool:
         """The fast path: every cell is reusable, so record the row without any call."""
-        cells = self.reuse.whole_row(job.previous, job.digest, self.columns)
+        cells = self.reuse.whole_row(job.previous, job.digest, self.columns, taken=job.seeded)
         if cells is None:
             if job.seeded:  # its input or code changed since: done again
                 self.book.unseed(job.idx)
@@ -349,7 +349,7 @@ class MapRun:
         found: set[str] = set()  # receipt keys whose answers the play found a value with
         reused_cells = 0
         for position, column in enumerate(self.columns):
-            cell = self.reuse.cell(job.previous, job.digest, column, changed)
+            cell = self.reuse.cell(job.previous, job.digest, column, changed, taken=job.seeded)
             if cell is not None:
                 reused_cells += 1
                 row[column.name] = cell.value

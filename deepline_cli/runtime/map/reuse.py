@@ -31,17 +31,25 @@ class ReusePolicy:
     run_id: str = ""
 
     def cell(
-        self, previous: SheetRow | None, digest: str, column: ResolvedColumn, upstream_changed: bool = False
+        self,
+        previous: SheetRow | None,
+        digest: str,
+        column: ResolvedColumn,
+        upstream_changed: bool = False,
+        taken: bool = False,
     ) -> Cell | None:
-        """The previous cell of `column` when it may be reused as it is, else None."""
+        """The previous cell of `column` when it may be reused as it is, else None. `taken`:
+        an earlier attempt of this run finished the row with the sheet row as it is (its
+        cells taken, fresh then, from an earlier run): judged as the run's own."""
         if previous is None or upstream_changed or previous.input_digest != digest:
             return None
         cell = previous.cells.get(column.name)
         spec = column.column
         if cell is None or not same_fingerprint(cell.fingerprint, column):
             return None
-        # An earlier attempt of this run made it: refreshed (forced, stale, recomputed) once per run.
-        own = previous.run_id == self.run_id
+        # An earlier attempt of this run made it, or took it: refreshed (forced, stale,
+        # recomputed) once per run.
+        own = taken or previous.run_id == self.run_id
         if (self.force_refresh or spec.recompute) and not own:
             return None
         if cell.error is not None:  # kept, stale or not, unless asked (or this run's own, and may pass)
@@ -53,14 +61,16 @@ class ReusePolicy:
             return None
         return cell
 
-    def whole_row(self, previous: SheetRow | None, digest: str, columns: Sequence[ResolvedColumn]) -> list[Cell] | None:
+    def whole_row(
+        self, previous: SheetRow | None, digest: str, columns: Sequence[ResolvedColumn], taken: bool = False
+    ) -> list[Cell] | None:
         """Every cell the row needs, when all of them may be reused (the fast path: no
         resolver runs); the cells up to the first one holding an error."""
         if previous is None or previous.input_digest != digest:
             return None
         cells = []
         for column in columns:
-            cell = self.cell(previous, digest, column)
+            cell = self.cell(previous, digest, column, taken=taken)
             if cell is None:
                 return None
             cells.append(cell)
