@@ -968,6 +968,48 @@ def test_runs_list_says_when_its_filters_match_nothing(deepline, tmp_path) -> No
     assert "No run matches these filters." in deepline("runs", "list", "--status", "waiting").stdout
 
 
+def test_a_run_on_a_store_in_a_folder_that_is_not_there_is_refused(deepline, tmp_path: Path) -> None:
+    """A run's store named in a folder that does not exist is a typo, or `sqlite:///` taken
+    for an absolute path (it is followed by a relative one, as in SQLAlchemy): refused, so
+    a CI job does not start a new, empty store in a new folder each time and pay every call
+    again. Four slashes name an absolute path; the default store's folder is made."""
+    (tmp_path / "play.py").write_text(
+        "from deepline_cli import play\n\n@play('one')\nasync def one(ctx, input):\n    return 1\n"
+    )
+    absolute = tmp_path / "stores" / "x.db"
+    meant = deepline("run", "play.py", "--store", f"sqlite://{absolute}")  # three slashes: relative
+    assert meant.code == 2, meant.stderr
+    relative = str(absolute).lstrip("/")
+    assert f"sqlite:///{relative} is a path relative to the current folder" in meant.stderr
+    assert f"sqlite:///{absolute}" in meant.stderr  # the URL it meant, four slashes
+    typo = deepline("run", "play.py", "--store", str(absolute))
+    assert typo.code == 2 and f"The store's folder {absolute.parent} does not exist" in typo.stderr
+    assert not (tmp_path / "stores").exists() and not (tmp_path / relative.split("/")[0]).exists()
+    absolute.parent.mkdir()
+    assert deepline("run", "play.py", "--store", f"sqlite:///{absolute}", "--quiet").code == 0
+    assert absolute.exists()
+    home = tmp_path / "home"
+    made = deepline("run", "play.py", "--quiet", DEEPLINE_STORE="", XDG_DATA_HOME=str(home))
+    assert made.code == 0, made.stderr
+    assert (home / "deepline" / "deepline.db").exists()
+
+
+def test_an_empty_workspace_is_refused_not_a_workspace_of_its_own(deepline, tmp_path: Path) -> None:
+    """`--workspace "$WS"` with WS unset (or " acme") would key every receipt anew, and pay
+    every call again: refused, as an empty --run-id is. DEEPLINE_WORKSPACE set empty is unset."""
+    (tmp_path / "play.py").write_text(
+        "from deepline_cli import play\n\n@play('one')\nasync def one(ctx, input):\n    return 1\n"
+    )
+    for name, said in (("", "is empty (an unset variable?)"), (" acme", "has spaces around it")):
+        refused = deepline("run", "play.py", "--workspace", name)
+        assert refused.code == 2 and said in refused.stderr, refused.stderr
+    assert deepline("runs", "list").stdout.startswith("No runs yet")
+    unset = deepline("run", "play.py", "--json", DEEPLINE_WORKSPACE="")
+    assert unset.code == 0, unset.stderr
+    [run] = [_json.loads(line) for line in deepline("runs", "list", "--json").stdout.splitlines()]
+    assert run["workspace"] == "default"
+
+
 def test_a_read_only_command_on_a_mistyped_store_path_creates_nothing(deepline, tmp_path: Path) -> None:
     """`runs list --store /no/such/dir/x.db` is a typo: refused (exit 2) with the path, and
     no folder or empty store is left behind to look like a store with no runs. A store URL

@@ -38,7 +38,10 @@ StoreOption = Annotated[
         metavar="URL",
         envvar="DEEPLINE_STORE",
         show_envvar=True,
-        help="Store: a path, sqlite:///path or postgresql://… [default: deepline.db in the user data dir]",
+        help=(
+            "Store: a path, sqlite:///relative/path, sqlite:////absolute/path or postgresql://… "
+            "[default: deepline.db in the user data dir]"
+        ),
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]

@@ -68,6 +68,18 @@ MaxToolCallsOption = Annotated[
         "--max-tool-calls", metavar="N", parser=at_least(0), help="Most tool calls one run may make (all attempts)."
     ),
 ]
+
+
+def _workspace(name: str) -> str:
+    """A workspace is part of every receipt key: an empty one (an unset variable) or one
+    with spaces around it would be a workspace of its own, and every call paid again."""
+    if not name.strip():
+        raise typer.BadParameter(f"{name!r} is empty (an unset variable?): give a name, or leave it out for 'default'.")
+    if name != name.strip():
+        raise typer.BadParameter(f"{name!r} has spaces around it: a workspace of its own; give {name.strip()!r}.")
+    return name
+
+
 WorkspaceOption = Annotated[
     str,
     typer.Option(
@@ -75,6 +87,7 @@ WorkspaceOption = Annotated[
         metavar="NAME",
         envvar="DEEPLINE_WORKSPACE",
         show_envvar=True,
+        callback=_workspace,
         help="Workspace: part of every receipt key.",
     ),
 ]

@@ -78,7 +78,8 @@ def open_store(url: str | None = None, *, existing: bool | Literal["folder"] = F
         except ImportError:
             raise UsageError("PostgreSQL stores need psycopg: pip install 'deepline-cli[postgres]'.") from None
         return PostgresStore(target)
-    if target.startswith("sqlite:///"):
+    as_url = target.startswith("sqlite:///")
+    if as_url:
         target = target[len("sqlite:///") :]
         if "?" in target:  # `?mode=ro`: a URI's options, which a store file name would silently take in
             raise UsageError(
@@ -99,7 +100,22 @@ def open_store(url: str | None = None, *, existing: bool | Literal["folder"] = F
             )
         if existing is True:
             raise NoStoreError(_shown(str(path)))
+    if named and not existing and not path.parent.is_dir():
+        raise UsageError(_no_folder(path, as_url))
     return SQLiteStore(path)
+
+
+def _no_folder(path: Path, as_url: bool) -> str:
+    """A named store whose folder is not there: a typo, or a path meant absolute, would
+    otherwise start a new, empty store in a folder made for it (every call paid again)."""
+    said = f"The store's folder {_shown(str(path.parent))} does not exist"
+    if as_url and not path.is_absolute():
+        absolute = "sqlite:///" + str(Path("/") / path)
+        return (
+            f"{said} (sqlite:///{_shown(str(path))} is a path relative to the current folder; an absolute path "
+            f"takes a fourth slash: {_shown(absolute)}). Check --store (or DEEPLINE_STORE)."
+        )
+    return f"{said}; create it first, or check --store (or DEEPLINE_STORE)."
 
 
 __all__ = ["Store", "default_store_path", "open_store", "resolve_store_url", "safe_url"]
