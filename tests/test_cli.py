@@ -1010,6 +1010,51 @@ def test_an_empty_workspace_is_refused_not_a_workspace_of_its_own(deepline, tmp_
     assert run["workspace"] == "default"
 
 
+BUDGETED_PLAY = """\
+from deepline_cli import play, tool
+
+
+@tool("demo.paid", credits=1)
+def paid(input):
+    return input["n"] * 2
+
+
+@play("budgeted", secrets=["DEMO_KEY"])
+async def budgeted(ctx, input):
+    return [(await ctx.tools.execute(f"n{n}", "demo.paid", {"n": n})).output for n in range(3)]
+"""
+
+
+def test_a_resume_refused_before_its_play_runs_leaves_the_run_as_it_was(deepline, tmp_path: Path) -> None:
+    """A resume whose play no longer loads (moved, a syntax error) or whose secret is not
+    set is refused (exit 2) before it takes the run: no attempt is counted, and the run
+    keeps its status and the error it stopped on. Fixed, the resume is attempt 2."""
+    play = tmp_path / "play.py"
+    play.write_text(BUDGETED_PLAY)
+    stopped = deepline("run", str(play), "--run-id", "b", "--max-credits", "2", DEMO_KEY="k")
+    assert stopped.code == 1, stopped.stderr
+
+    def shown() -> dict:
+        return _json.loads(deepline("runs", "show", "b", "--json").stdout)
+
+    before = shown()
+    assert (before["status"], before["attempt"]) == ("failed", 1)
+    play.rename(tmp_path / "moved.py")
+    assert deepline("resume", "b", "--max-credits", "9", DEMO_KEY="k").code == 2
+    (tmp_path / "moved.py").rename(play)
+    play.write_text(BUDGETED_PLAY + "\nthis is not python\n")
+    assert deepline("resume", "b", "--max-credits", "9", DEMO_KEY="k").code == 2
+    play.write_text(BUDGETED_PLAY)
+    unset = deepline("resume", "b", "--max-credits", "9")
+    assert unset.code == 2 and "needs the secret DEMO_KEY" in unset.stderr, unset.stderr
+    after = shown()
+    assert (after["status"], after["attempt"], after["error"]) == ("failed", 1, before["error"])
+    assert after["stats"]["attempts"] == 1
+    done = deepline("resume", "b", "--max-credits", "9", "--json", DEMO_KEY="k")
+    assert done.code == 0, done.stderr
+    assert (shown()["attempt"], shown()["output"]) == (2, [0, 2, 4])
+
+
 def test_a_read_only_command_on_a_mistyped_store_path_creates_nothing(deepline, tmp_path: Path) -> None:
     """`runs list --store /no/such/dir/x.db` is a typo: refused (exit 2) with the path, and
     no folder or empty store is left behind to look like a store with no runs. A store URL

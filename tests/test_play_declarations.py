@@ -239,11 +239,11 @@ def test_a_missing_declared_secret_stops_the_run_before_any_provider_request(
     assert cli("run", "play.py", "--quiet").code == 0  # from .env next to the play
 
 
-def test_an_attempt_stopped_by_a_missing_secret_is_one_of_the_runs_attempts_everywhere(
+def test_a_resume_stopped_by_a_missing_secret_is_no_attempt_anywhere(
     tmp_path: Path, cli: Callable[..., Result], provider: Provider
 ) -> None:
-    """A resume stopped by a missing secret took the next attempt number but left no
-    attempt record: `runs show` said attempt 3 where its stats and `--full` said 2."""
+    """A resume refused for a missing secret does not take the run: no attempt number, no
+    attempt record (`runs show`, its stats and `--full` agree), the run still waiting."""
     write(tmp_path / "play.py", SECRETS_PLAY)
     write(tmp_path / "deepline.toml", ECHO_CONFIG, URL=provider.url)
     (tmp_path / ".env").write_text("DECL_OTHER=from-dotenv-1234\n")
@@ -251,10 +251,13 @@ def test_an_attempt_stopped_by_a_missing_secret_is_one_of_the_runs_attempts_ever
     assert waiting.code == 3, waiting.stderr
     run_id = waiting.json_lines()[-1]["run_id"]
     assert cli("events", "send", run_id, "go").code == 0
-    assert cli("resume", run_id).code == 2  # attempt 2: the secret is missing
-    assert cli("resume", run_id, "--quiet", DECL_TOKEN=SECRET).code == 0  # attempt 3
+    assert cli("resume", run_id).code == 2  # the secret is missing: refused
+    assert json.loads(cli("runs", "show", run_id, "--json").stdout)["status"] == "waiting"
+    assert cli("resume", run_id, "--quiet", DECL_TOKEN=SECRET).code == 0  # attempt 2
     shown = json.loads(cli("runs", "show", run_id, "--json").stdout)
-    assert (shown["attempt"], shown["stats"]["attempts"]) == (3, 3), shown["stats"]
+    assert (shown["attempt"], shown["stats"]["attempts"]) == (2, 2), shown["stats"]
+    full = cli("runs", "show", run_id, "--full").stdout
+    assert "#2" in full and "#3" not in full, full
 
 
 def test_check_reports_declared_secrets_schema_and_budget(tmp_path: Path, cli: Callable[..., Result]) -> None:

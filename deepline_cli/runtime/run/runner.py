@@ -275,6 +275,11 @@ class Runner:
                 f"Run {run_id} is held by a live process ({holder_words(record.holder)}); "
                 "wait for it to finish or stop that process first."
             )
+        # A play that no longer loads, or a secret not set: refused before the run is taken,
+        # so the run stays as it was (its attempts, status and error), to be resumed once fixed.
+        self._apply_persisted(record)
+        play = self._load(record, loaded)
+        self._prepare(play, record.cwd, snapshot=bool(record.snapshot))
         attempt = record.attempt + 1
         self._recording()
         holder, expires = holder_id(), self.store.now() + self.options.lease_ttl
@@ -285,10 +290,11 @@ class Runner:
             raise RunBusyError(f"Run {run_id} was just taken by another process.")
         record.holder, record.lease_expires_at = holder, expires  # this process holds it now
         record.attempt = attempt
-        return self.run_claimed(record, loaded)
+        return self.run_claimed(record, play, prepared=True)
 
-    def run_claimed(self, record: RunRecord, loaded: PlayDef | None = None) -> RunResult:
-        """Execute a run this process has just leased (by `resume`, or a worker's claim)."""
+    def run_claimed(self, record: RunRecord, loaded: PlayDef | None = None, *, prepared: bool = False) -> RunResult:
+        """Execute a run this process has just leased (by `resume`, or a worker's claim).
+        `prepared`: `loaded` is the run's play, loaded and its secrets checked (by `resume`)."""
         self.store.receipts.expire_run_receipts(record.run_id, before_attempt=record.attempt)
         record.status = "running"
         self._apply_persisted(record)
@@ -298,8 +304,11 @@ class Runner:
         if self.options.refresh_given:  # a later attempt asks what this one does not get to (a budget stop)
             record.options[REFRESH_GIVEN_FOR] = record.attempt
         try:
-            play = self._load(record, loaded)
-            self._prepare(play, record.cwd, snapshot=bool(record.snapshot))
+            if prepared and loaded is not None:
+                play = loaded
+            else:
+                play = self._load(record, loaded)
+                self._prepare(play, record.cwd, snapshot=bool(record.snapshot))
         except DeeplineError as exc:  # a missing secret, a play that no longer loads: the attempt ends at once
             now = self.store.now()
             self.store.runs.begin_attempt(record.run_id, record.attempt, record.holder or holder_id(), now)
