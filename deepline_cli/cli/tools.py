@@ -268,7 +268,10 @@ def _report_call(result: RunResult, json_mode: bool, view: Any) -> None:
 @cli_errors
 def check(
     play: Annotated[str, typer.Argument(metavar="PLAY", help="The play file: PATH.py[:FUNCTION].")],
-    config: ConfigOption = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", metavar="FILE", help="deepline.toml [default: the one next to PLAY]."),
+    ] = None,
     json: JsonOption = False,
 ) -> None:
     """Load a play and its deepline.toml, list plays and tools, check secrets; call nothing.
