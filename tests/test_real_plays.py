@@ -639,6 +639,45 @@ def test_a_resume_replays_the_cells_its_run_took_from_an_earlier_run_once_they_w
     assert {r["domain"]: r["email"] for r in exported(deepline, "night")}["cobol.dev"] == "grace@cobol.dev"
 
 
+REFRESHED_ELSEWHERE_PLAY = """\
+from deepline_cli import Column, play
+
+
+async def email(row, rc):
+    return (await rc.tools.execute("find", "people.alpha", {"first": row["first"], "domain": row["domain"]})).output
+
+
+async def check(row, rc):
+    return (await rc.tools.execute("check", "people.beta", {"first": row["first"], "domain": row["domain"]})).output
+
+
+@play("refresh")
+async def refresh(ctx, input):
+    rows = await ctx.map("leads", ctx.csv(input["csv"]), key="domain",
+                         columns={"email": Column(email, stale_after_seconds=0), "check": check})
+    return {"rows": len(rows)}
+"""
+
+
+def test_a_resume_after_another_run_refreshed_what_it_paid_for_does_not_pay_again(
+    deepline: Run, project: Callable[[str], Path], provider: DirectoryProvider, tmp_path: Path
+) -> None:
+    """Run B pays for a refresh and stops (its budget) before its row is written; run C
+    refreshes the same answer. B's resume takes C's answer: B was answered once already,
+    and a third payment would be a second one for B."""
+    play = project(REFRESHED_ELSEWHERE_PLAY)
+    header, ada, *_ = LEADS.splitlines()
+    (tmp_path / "one.csv").write_text("\n".join([header, ada]) + "\n")
+    stopped = deepline("run", str(play), "--csv", "one.csv", "--run-id", "B", "--max-credits", "1", "--json")
+    assert stopped.code == 1 and provider.count() == 1, stopped.stderr  # alpha paid, beta refused
+    assert finished(deepline("run", str(play), "--csv", "one.csv", "--run-id", "C", "--json"))["status"] == "completed"
+    assert provider.count() == 3  # C: alpha refreshed (a fresh key), beta
+    done = finished(deepline("resume", "B", "--max-credits", "10", "--json"))
+    assert provider.count() == 3, [(r.path, r.headers.get("idempotency-key")) for r in provider.requests]
+    assert done["stats"]["credits"] == 1
+    assert [row["email"] for row in exported(deepline, "B")] == [row["email"] for row in exported(deepline, "C")]
+
+
 def test_one_map_name_used_twice_in_a_run_is_refused(deepline: Run, project: Callable[[str], Path]) -> None:
     """A map's name is the identity of its rows in the run: a second `ctx.map` of the same
     name (a loop over several lists) would be answered with the first one's rows. It fails,

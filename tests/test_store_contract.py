@@ -323,6 +323,22 @@ def test_another_runs_answer_a_run_took_is_replayed_by_its_resume_however_old(st
     assert one(store, another, T0 + 60)[0] == "claimed"
 
 
+@pytest.mark.parametrize("asked", [{"stale_after_s": 0.0}, {"refresh_after_s": 0.0}, {"force": True}])
+def test_a_run_whose_paid_answer_another_run_refreshed_replays_that_one_on_resume(store: Store, asked: Any) -> None:
+    """A run pays for a call and is stopped before its row is written; another run then
+    refreshes that receipt (stale, or forced). The first run's resume was answered once
+    already: it takes the refreshed answer, it does not pay a third time."""
+    one(store, mk_claim("k", **asked), T0)
+    settle(store, [completed("k", output=1)], T0 + 1)
+    assert one(store, mk_claim("k", run_id="r2", lease="L2", expires=T0 + 2 + TTL, **asked), T0 + 2)[0] == "claimed"
+    settle(store, [completed("k", "L2", output=2, run_id="r2")], T0 + 3)
+
+    resumed = mk_claim("k", attempt=2, lease="L3", expires=T0 + 60 + TTL, **asked)
+    verdict, receipt = one(store, resumed, T0 + 60)
+
+    assert (verdict, receipt.run_id, receipt.output) == ("reused", "r2", 2)
+
+
 def test_force_reclaims_a_completed_receipt(store: Store) -> None:
     one(store, mk_claim("k"), T0)
     settle(store, [completed("k", output=1)], T0 + 1)

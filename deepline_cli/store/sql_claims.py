@@ -105,24 +105,28 @@ class ClaimsSql(SqlBase):
         return ordered
 
     def _taken(self, c: Any, claims: Sequence[Claim], existing: Mapping[str, Receipt]) -> set[tuple[str, str]]:
-        """The (run, key) of the answers of other runs these claims' runs took already, where
-        that decides the claim: one it may find stale, or force (judged once per run)."""
+        """The (run, key) of the answers of other runs these claims' runs had already, where
+        that decides the claim: one it may find stale, or force (judged once per run). A run
+        had the receipt if it was answered from it, or owned it before another run took it
+        over (it paid for it, and another run refreshed it before its resume)."""
         asking = []
         for cl in claims:
             found = existing.get(cl.key)
             judged = cl.force or cl.stale_after_s is not None or cl.refresh_after_s is not None
             if judged and found is not None and found.run_id != cl.run_id and found.status in ("completed", "failed"):
                 asking.append((cl.run_id, cl.key))
-        return self._used_before(c, asking) if asking else set()
+        return self._used_before(c, asking, owned_too=True) if asking else set()
 
-    def _used_before(self, c: Any, uses: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
-        """Which of these (run, receipt key) pairs were used already (not only owned before)."""
+    def _used_before(self, c: Any, uses: Sequence[tuple[str, str]], *, owned_too: bool = False) -> set[tuple[str, str]]:
+        """Which of these (run, receipt key) pairs were used already (`owned_too`: or owned
+        before another run took the receipt over)."""
         found: set[tuple[str, str]] = set()
+        used = "" if owned_too else "used_at IS NOT NULL AND "
         for run_id in dict.fromkeys(run_id for run_id, _ in uses):
             keys = list(dict.fromkeys(key for other, key in uses if other == run_id))
             for chunk in chunks(keys):
                 among, params = self._in_texts("key", chunk)
-                sql = f"SELECT key FROM run_receipts WHERE run_id = ? AND used_at IS NOT NULL AND {among}"
+                sql = f"SELECT key FROM run_receipts WHERE run_id = ? AND {used}{among}"
                 found.update((run_id, row[0]) for row in c.execute(sql, [run_id, *params]).fetchall())
         return found
 
