@@ -1272,3 +1272,36 @@ def test_a_404_given_back_from_an_earlier_runs_receipt_is_an_answer_reused(deepl
     assert (two["live"], two["reused"], two["not_found"], two["failed"], two["kept"]) == (0, 10, 0, 1, 1), two
     shown = json.loads(deepline("runs", "show", "again", "--json").stdout)["stats"]["tools"]["t.two"]
     assert shown == {k: two[k] for k in shown}, (shown, two)
+
+
+def test_what_explains_a_tools_failures_outlasts_its_retries_on_a_narrow_line() -> None:
+    """ "not found" and "fell back" say why a tool's calls did not all answer: on a narrow
+    line its retries go before them, so a tool that found nothing does not look as if it
+    failed."""
+    from deepline_cli.ui.console import fit, tool_pieces
+
+    counts = {"live": 3277, "failed": 280, "recovered": 280, "not_found": 1877, "retries": 280,
+              "retry_reasons": {"5xx": 280}, "credits": 3277}  # fmt: skip
+    pieces = tool_pieces("people.alpha", counts, {}, {})
+    line = fit(pieces, 90)
+    assert "not found 1,877" in line and "fell back 280" in line and "retries" not in line, line
+    assert len(line) <= 90
+
+
+def test_plain_lines_without_a_terminal_leave_nothing_out() -> None:
+    """A CI log or a file has no width: a tool's plain line keeps every count."""
+    import io
+
+    from deepline_cli.runtime.calls.events import Event
+    from deepline_cli.ui.console import ConsoleView
+
+    out = io.StringIO()
+    view = ConsoleView(out, live=False)
+    counts = {"live": 1646, "failed": 190, "recovered": 128, "not_found": 989, "kept": 3, "retries": 128,
+              "retry_reasons": {"5xx": 100, "429": 28}, "credits": 1646}  # fmt: skip
+    name = "people.alpha.with.a.rather.long.tool.name"
+    with view:
+        view.handle(Event("run.progress", "r-1", 0.0, {"tools": {name: counts, "people.beta": counts}}))
+    [line] = [line for line in out.getvalue().splitlines() if name in line]
+    pieces = ("live 1,646", "not found 989", "failed 62", "fell back 128", "retries 128 (429 28, 5xx 100)", "(3 given")
+    assert all(piece in line for piece in pieces), line

@@ -128,10 +128,10 @@ def tool_pieces(
     retries = int(c.get("retries", 0))
     known = retry_causes(c.get("retry_reasons"), retries)
     reasons = ", ".join(f"{k} {v:,}" for k, v in known.items())
-    retried: Piece = ("", 2)
-    if retries:  # on a narrow line its causes go first
+    retried: Piece = ("", 3)
+    if retries:  # on a narrow line its causes go first, then it, before what explains the failures
         retried = (
-            (f"retries {retries:,} ({reasons})", 2, f"retries {retries:,}") if reasons else (f"retries {retries:,}", 2)
+            (f"retries {retries:,} ({reasons})", 3, f"retries {retries:,}") if reasons else (f"retries {retries:,}", 3)
         )
     state = ""
     if tool_id in paused:
@@ -154,6 +154,7 @@ def tool_pieces(
 
 
 NARROW = 60  # below this many columns the tool lines give up their "tools" label
+PLAIN_WIDTH = 10_000  # the plain lines' width without a terminal: nothing is left out
 
 
 def tool_lines(s: RunView, width: int, lead: str = "tools  ") -> list[str]:
@@ -253,7 +254,9 @@ class ConsoleView:
         return True
 
     def _plain(self, event: Event) -> None:
-        s, name, width = self.state, event.event, max(self.console.width, 100)
+        # A log (CI, a file) has no width: each line whole. A terminal's lines are fitted to it.
+        s, name = self.state, event.event
+        width = max(self.console.width, 100) if self.console.is_terminal else PLAIN_WIDTH
         if name == "run.started":
             self.console.print(f"deepline  {s.play}  run {s.run_id}  attempt {s.attempt}")
         elif name == "run.progress" and s.tools and not event.data.get("final") and self._due("tools"):
