@@ -1305,3 +1305,33 @@ def test_plain_lines_without_a_terminal_leave_nothing_out() -> None:
     [line] = [line for line in out.getvalue().splitlines() if name in line]
     pieces = ("live 1,646", "not found 989", "failed 62", "fell back 128", "retries 128 (429 28, 5xx 100)", "(3 given")
     assert all(piece in line for piece in pieces), line
+
+
+def test_the_workers_lines_on_a_terminal_wrap_at_words_and_keep_commands_whole() -> None:
+    """`deepline worker` on a terminal: a long line is wrapped at words (not cut mid-word by
+    the terminal), and a verdict's next commands each keep a line of their own; in a log
+    each line is written as it is."""
+    import io
+
+    from rich.console import Console
+
+    from deepline_cli.cli.worker import reporter
+
+    failure = "worker: r-4b3f: row d25.example.com failed: internal: local.score: ValueError: cannot score it"
+    verdict = "  ✓ Run r-4b3f completed in 0:02: 550 rows (470 succeeded, 80 failed, 50 duplicate), 879 credits."
+    steps = "    Next: deepline export r-4b3f --out x.csv · deepline runs logs r-4b3f --kind row.failed"
+    out = io.StringIO()
+    terminal = Console(file=out, force_terminal=True, width=60, highlight=False, markup=False, color_system=None)
+    report = reporter(out, terminal)
+    for line in (failure, verdict, steps):
+        report(line)
+    shown = [line.rstrip() for line in out.getvalue().splitlines()]
+    assert all(len(line) <= 60 for line in shown), shown
+    words = " ".join(" ".join(shown).split())
+    assert " ".join(failure.split()) in words and " ".join(verdict.split()) in words
+    assert "      deepline export r-4b3f --out x.csv" in shown
+    assert "      deepline runs logs r-4b3f --kind row.failed" in shown
+    log = io.StringIO()
+    plain = reporter(log, Console(file=log, force_terminal=False))
+    plain(failure)
+    assert log.getvalue() == failure + "\n"

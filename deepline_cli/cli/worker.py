@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Annotated
+from collections.abc import Callable
+from typing import IO, TYPE_CHECKING, Annotated
 
 import typer
 
 from deepline_cli.cli.common import StoreOption, at_least, cli_errors
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from deepline_cli.runtime.run.options import RunResult
 
 
@@ -50,9 +53,7 @@ def worker(
     """
     from deepline_cli.runtime.run.worker import Worker
 
-    def report(line: str) -> None:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
+    report = reporter(sys.stderr)
 
     from deepline_cli.cli.common import fail
     from deepline_cli.errors import store_down
@@ -88,3 +89,28 @@ def worker(
         raise fail(
             f"the worker stopped: {running.failure}", 1 if store_down(running.failure) else running.failure.exit_code
         )
+
+
+def reporter(stream: IO[str], console: Console | None = None) -> Callable[[str], None]:
+    """How the worker says a line: as it is in a log; on a terminal, wrapped at words, a
+    verdict's commands never broken (as `deepline run` says them)."""
+    from rich.console import Console
+    from rich.text import Text
+
+    from deepline_cli.ui.console import NEXT, next_lines
+
+    shown = console or Console(file=stream, highlight=False, markup=False)
+
+    def report(line: str) -> None:
+        if not shown.is_terminal:
+            stream.write(line + "\n")
+            stream.flush()
+            return
+        inner = line.removeprefix("  ")  # a run's verdict, under the worker's own lines
+        if inner.startswith(NEXT):
+            for part in next_lines(inner, shown.width - 2):
+                shown.print(Text("  " + part), soft_wrap=True)  # fitted; a command too wide is whole
+        else:
+            shown.print(Text(line), soft_wrap=False)  # wrapped at words
+
+    return report
