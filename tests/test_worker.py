@@ -748,6 +748,7 @@ def test_sigterm_drains_the_worker_and_requeues_the_run(cli: CLI, tmp_path: Path
 
 
 SLOW_CALL_PLAY = """
+import os
 import time
 from deepline_cli import play, tool
 
@@ -755,13 +756,17 @@ from deepline_cli import play, tool
 def slow(input):
     with open(input["log"], "a") as f:
         f.write(f"{input['n']}\\n")
-    time.sleep(2)
+    if "release" not in input:
+        time.sleep(2)
+    waited = time.monotonic() + 60
+    while "release" in input and not os.path.exists(input["release"]) and time.monotonic() < waited:
+        time.sleep(0.01)  # out until the test says
     return input["n"]
 
 @play("slow")
 async def slow_play(ctx, input):
     for n in range(3):
-        await ctx.tools.execute(f"c{n}", "w.slow", {"n": n, "log": input["log"]})
+        await ctx.tools.execute(f"c{n}", "w.slow", {**input, "n": n})
     return {"ok": True}
 """
 
@@ -773,8 +778,8 @@ def test_a_run_being_stopped_when_its_worker_drains_stays_stopped_and_pays_nothi
     to drain (SIGTERM). The call in flight still finishes and is recorded (the drain is no
     second Ctrl-C), and the run stays stopped: the worker does not put it back in the queue."""
     write(tmp_path / "play.py", SLOW_CALL_PLAY)
-    log = tmp_path / "calls.log"
-    run_id = cli.enqueue("play.py", log=str(log))
+    log, release = tmp_path / "calls.log", tmp_path / "release"
+    run_id = cli.enqueue("play.py", log=str(log), release=str(release))
     worker = cli.spawn("worker")
     wait_until(lambda: log.exists() and log.read_text(), what="the first call sent", timeout=30, every=0.01)
     assert cli("runs", "stop", run_id, "--reason", "user says stop", "--no-wait").code == 0
@@ -784,6 +789,7 @@ def test_a_run_being_stopped_when_its_worker_drains_stays_stopped_and_pays_nothi
 
     wait_until(heard, what="the run to hear the stop", timeout=30, every=0.05)
     worker.send_signal(signal.SIGTERM)
+    release.touch()  # the call out answers now, the stop heard and the drain asked
     stopped = cli.finish(worker, timeout=20)
     assert stopped.code == 0, stopped.stderr
     with opened(cli.store) as store:
@@ -801,7 +807,7 @@ def test_a_run_stopped_while_its_worker_drains_stays_stopped_with_its_reason(cli
     the worker does not put it back in the queue."""
     write(tmp_path / "play.py", SLOW_CALL_PLAY)
     log = tmp_path / "calls.log"
-    run_id = cli.enqueue("play.py", log=str(log))
+    run_id = cli.enqueue("play.py", log=str(log))  # each call out 2 s: the run hears the stop meanwhile
     worker = cli.spawn("worker")
     wait_until(lambda: log.exists() and log.read_text(), what="the first call sent", timeout=30, every=0.01)
     worker.send_signal(signal.SIGTERM)
