@@ -678,6 +678,65 @@ def test_a_resume_after_another_run_refreshed_what_it_paid_for_does_not_pay_agai
     assert [row["email"] for row in exported(deepline, "B")] == [row["email"] for row in exported(deepline, "C")]
 
 
+def test_a_resume_given_force_refresh_refreshes_the_rows_its_run_took_from_an_earlier_run(
+    deepline: Run, project: Callable[[str], Path], provider: DirectoryProvider, tmp_path: Path
+) -> None:
+    """What an attempt took from earlier runs is judged once per run, but a `--force-refresh`
+    given to the resume (not to the attempt that took it) asks every call again."""
+    play = project(EVERY_ROW_PLAY)
+    header, ada, grace, *_ = LEADS.splitlines()
+    (tmp_path / "pilot.csv").write_text("\n".join([header, ada, grace]) + "\n")
+    assert finished(deepline("run", str(play), "--csv", "pilot.csv", "--json"))["status"] == "completed"
+    stopped = deepline("run", str(play), "--csv", "leads.csv", "--run-id", "B", "--max-credits", "2", "--json")
+    assert stopped.code == 1 and provider.count() == 4, stopped.stderr  # Ada, Grace taken from A; 2 paid; stopped
+    finished(deepline("resume", "B", "--force-refresh", "--max-credits", "100", "--json"))
+    taken = [r.body["domain"] for r in provider.requests[4:]]
+    assert {"analytical.engine", "cobol.dev"} <= set(taken), taken  # asked again, under fresh keys
+    assert set(provider.billed.values()) == {1}
+
+
+CHECKED_PLAY = """\
+import os
+
+from deepline_cli import Column, play
+
+
+def time_to_live(previous):
+    return float(os.environ.get("CHECK_TTL", "86400"))
+
+
+async def email(row, rc):
+    return (await rc.tools.execute("find", "people.alpha", {"first": row["first"], "domain": row["domain"]})).output
+
+
+async def check(row, rc):
+    return (await rc.tools.execute("check", "people.beta", {"first": row["first"], "domain": row["domain"]})).output
+
+
+@play("checked")
+async def checked(ctx, input):
+    rows = await ctx.map("leads", ctx.csv(input["csv"]), key="domain",
+                         columns={"email": email, "check": Column(check, stale_after_seconds=time_to_live)})
+    return {"rows": len(rows)}
+"""
+
+
+def test_a_call_a_run_gave_back_unsent_is_not_its_own_on_resume(
+    deepline: Run, project: Callable[[str], Path], provider: DirectoryProvider, tmp_path: Path
+) -> None:
+    """A call the budget refused before it went out was never the run's: another run paying
+    for it meanwhile does not make that answer the run's own, and once stale it is asked."""
+    play = project(CHECKED_PLAY)
+    header, ada, *_ = LEADS.splitlines()
+    (tmp_path / "one.csv").write_text("\n".join([header, ada]) + "\n")
+    stopped = deepline("run", str(play), "--csv", "one.csv", "--run-id", "B", "--max-credits", "1", "--json")
+    assert stopped.code == 1 and provider.count() == 1, stopped.stderr  # alpha paid; beta refused, unsent
+    assert finished(deepline("run", str(play), "--csv", "one.csv", "--run-id", "C", "--json"))["status"] == "completed"
+    assert provider.count() == 2  # C: alpha from B's receipt, beta paid
+    finished(deepline("resume", "B", "--max-credits", "10", "--json", CHECK_TTL="0"))
+    assert provider.count() == 3, [r.path for r in provider.requests]  # stale for B, never given to it
+
+
 def test_one_map_name_used_twice_in_a_run_is_refused(deepline: Run, project: Callable[[str], Path]) -> None:
     """A map's name is the identity of its rows in the run: a second `ctx.map` of the same
     name (a loop over several lists) would be answered with the first one's rows. It fails,

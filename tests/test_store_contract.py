@@ -304,12 +304,12 @@ def test_a_stale_answer_of_the_same_run_is_replayed_unless_run_scoped(store: Sto
     assert one(store, resumed, T0 + 60)[0] == verdict
 
 
-@pytest.mark.parametrize("asked", [{"stale_after_s": 5.0}, {"refresh_after_s": 5.0}, {"force": True}])
+@pytest.mark.parametrize("asked", [{"stale_after_s": 5.0}, {"refresh_after_s": 5.0}])
 def test_another_runs_answer_a_run_took_is_replayed_by_its_resume_however_old(store: Store, asked: Any) -> None:
     """Staleness (a call's or its cell's) is judged once per run: an answer of another run
     this run took while it was fresh is what its resume replays, once it has gone stale
     (a nightly refresh resumed the next morning), not a call paid for again. A run that
-    never took it pays for it."""
+    never took it pays for it; a force given to the resume (--force-refresh) asks it again."""
     one(store, mk_claim("k"), T0)
     settle(store, [completed("k", output=1)], T0 + 1)
     taken = mk_claim("k", run_id="r2", lease="L2", expires=T0 + 2 + TTL, stale_after_s=5.0)
@@ -319,8 +319,11 @@ def test_another_runs_answer_a_run_took_is_replayed_by_its_resume_however_old(st
     verdict, receipt = one(store, resumed, T0 + 60)
 
     assert (verdict, receipt.run_id, receipt.output) == ("reused", "r1", 1)
-    another = mk_claim("k", run_id="r3", lease="L4", expires=T0 + 60 + TTL, **asked)
-    assert one(store, another, T0 + 60)[0] == "claimed"
+    forced = mk_claim("k", run_id="r2", attempt=3, lease="L5", expires=T0 + 60 + TTL, force=True)
+    assert one(store, forced, T0 + 60)[0] == "claimed"
+    settle(store, [completed("k", "L5", output=3, run_id="r2")], T0 + 61)
+    another = mk_claim("k", run_id="r3", lease="L4", expires=T0 + 62 + TTL, **asked)
+    assert one(store, another, T0 + 70)[0] == "claimed"
 
 
 @pytest.mark.parametrize("asked", [{"stale_after_s": 0.0}, {"refresh_after_s": 0.0}, {"force": True}])

@@ -11,7 +11,7 @@ and PostgreSQL cannot disagree about it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from deepline_cli.store.records import (
     Claim,
@@ -30,10 +30,15 @@ if TYPE_CHECKING:
 RUN_SCOPED = ("step", "fetch")  # kinds keyed by their run and id: reused by no other run
 
 
-def decide_claim(existing: Receipt | None, claim: Claim, now: float, *, taken: bool = False) -> ClaimVerdict:
+# How a claim's run had a receipt another run holds now: "used" (an earlier attempt was
+# answered from it, fresh then: not judged stale again; a force given since refreshes it), or
+# "owned" (it paid for it, and another run refreshed it since: as its own, never paid again).
+Had = Literal["used", "owned"]
+
+
+def decide_claim(existing: Receipt | None, claim: Claim, now: float, *, had: Had | None = None) -> ClaimVerdict:
     """The receipt state machine: may `claim` own the receipt, or what else happens.
-    `taken`: the claim's run was given this receipt's answer before (another run's, by an
-    earlier attempt): judged as if its own.
+    `had`: how the claim's run had the receipt before, if it did (see Had).
 
     - no receipt, a skipped or released one, or a transient (or explicitly refreshed)
       failure: claim
@@ -50,12 +55,14 @@ def decide_claim(existing: Receipt | None, claim: Claim, now: float, *, taken: b
     if existing.status == "running" and existing.lease_id == claim.lease_id:
         return "claimed"  # this very claim, applied before its connection dropped: it is ours
     # A forced or stale call is made once per run: a resume reuses what this run paid for,
-    # and what it took from another run while it was fresh (a nightly refresh resumed later).
-    other_run = existing.run_id != claim.run_id and not taken
-    refreshed = other_run and claim.refresh_after_s is not None and _is_stale(existing, claim.refresh_after_s, now)
+    # and what it took from another run while it was fresh (a nightly refresh resumed later:
+    # not judged stale again; a force given to this attempt refreshes it).
+    other_run = existing.run_id != claim.run_id and had != "owned"
+    judged = other_run and had is None
+    refreshed = judged and claim.refresh_after_s is not None and _is_stale(existing, claim.refresh_after_s, now)
     if existing.status == "completed":
         forced = claim.force and other_run
-        stale = (other_run or claim.kind in RUN_SCOPED) and _is_stale(existing, claim.stale_after_s, now)
+        stale = (judged or claim.kind in RUN_SCOPED) and _is_stale(existing, claim.stale_after_s, now)
         if forced or refreshed or stale:
             return "claimed"
         return "reused"

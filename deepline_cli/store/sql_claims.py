@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from deepline_cli.store.claims import decide_claim
+from deepline_cli.store.claims import Had, decide_claim
 from deepline_cli.store.records import Claim, ClaimOutcome, Receipt, Settlement
 from deepline_cli.store.sql_base import SqlBase
 from deepline_cli.store.sql_rows import (
@@ -48,12 +48,12 @@ class ClaimsSql(SqlBase):
                 outcomes[position] = ClaimOutcome("superseded", claimed_receipt(None, cl, now))
             else:
                 pending.append((position, cl))
-        taken = self._taken(c, [cl for _, cl in pending], existing)
+        had = self._had(c, [cl for _, cl in pending], existing)
         while pending:
             inserts: list[tuple[int, Claim, Receipt]] = []
             for position, cl in pending:
                 current = existing.get(cl.key)
-                verdict = decide_claim(current, cl, now, taken=(cl.run_id, cl.key) in taken)
+                verdict = decide_claim(current, cl, now, had=had.get((cl.run_id, cl.key)))
                 prior = current
                 replacing = replaced_answer(current, cl) if verdict == "claimed" else None
                 if verdict == "claimed":
@@ -90,7 +90,12 @@ class ClaimsSql(SqlBase):
         ]
         # A run whose receipt another run took over keeps it among its own (no use yet: its
         # `used_at` is NULL); when that run is answered from it later, that is its first use.
-        usage += [(before.run_id, before.key, None, None, None, None) for before in replaced if before.run_id]
+        # (Not one it gave back unsent: it never had it.)
+        usage += [
+            (before.run_id, before.key, None, None, None, None)
+            for before in replaced
+            if before.run_id and before.status != "skipped"
+        ]
         self._many(
             c,
             "INSERT INTO run_receipts (run_id, key, used_at, map, row_key, status) VALUES (?, ?, ?, ?, ?, ?)"
@@ -104,29 +109,34 @@ class ClaimsSql(SqlBase):
         )
         return ordered
 
-    def _taken(self, c: Any, claims: Sequence[Claim], existing: Mapping[str, Receipt]) -> set[tuple[str, str]]:
-        """The (run, key) of the answers of other runs these claims' runs had already, where
-        that decides the claim: one it may find stale, or force (judged once per run). A run
-        had the receipt if it was answered from it, or owned it before another run took it
-        over (it paid for it, and another run refreshed it before its resume)."""
+    def _had(self, c: Any, claims: Sequence[Claim], existing: Mapping[str, Receipt]) -> dict[tuple[str, str], Had]:
+        """How these claims' runs had the receipts other runs hold now, where that decides the
+        claim (one it may find stale, or force): "used" (answered from it) or "owned" (it paid
+        for it, and another run refreshed it since). Their staleness is judged once per run."""
         asking = []
         for cl in claims:
             found = existing.get(cl.key)
             judged = cl.force or cl.stale_after_s is not None or cl.refresh_after_s is not None
             if judged and found is not None and found.run_id != cl.run_id and found.status in ("completed", "failed"):
                 asking.append((cl.run_id, cl.key))
-        return self._used_before(c, asking, owned_too=True) if asking else set()
+        had: dict[tuple[str, str], Had] = {}
+        for run_id in dict.fromkeys(run_id for run_id, _ in asking):
+            keys = list(dict.fromkeys(key for other, key in asking if other == run_id))
+            for chunk in chunks(keys):
+                among, params = self._in_texts("key", chunk)
+                sql = f"SELECT key, used_at FROM run_receipts WHERE run_id = ? AND {among}"
+                for key, used_at in c.execute(sql, [run_id, *params]).fetchall():
+                    had[(run_id, key)] = "owned" if used_at is None else "used"
+        return had
 
-    def _used_before(self, c: Any, uses: Sequence[tuple[str, str]], *, owned_too: bool = False) -> set[tuple[str, str]]:
-        """Which of these (run, receipt key) pairs were used already (`owned_too`: or owned
-        before another run took the receipt over)."""
+    def _used_before(self, c: Any, uses: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Which of these (run, receipt key) pairs were used already (not only owned before)."""
         found: set[tuple[str, str]] = set()
-        used = "" if owned_too else "used_at IS NOT NULL AND "
         for run_id in dict.fromkeys(run_id for run_id, _ in uses):
             keys = list(dict.fromkeys(key for other, key in uses if other == run_id))
             for chunk in chunks(keys):
                 among, params = self._in_texts("key", chunk)
-                sql = f"SELECT key FROM run_receipts WHERE run_id = ? AND {used}{among}"
+                sql = f"SELECT key FROM run_receipts WHERE run_id = ? AND used_at IS NOT NULL AND {among}"
                 found.update((run_id, row[0]) for row in c.execute(sql, [run_id, *params]).fetchall())
         return found
 

@@ -47,11 +47,13 @@ class ReusePolicy:
         spec = column.column
         if cell is None or not same_fingerprint(cell.fingerprint, column):
             return None
-        # An earlier attempt of this run made it, or took it: refreshed (forced, stale,
-        # recomputed) once per run.
-        own = taken or previous.run_id == self.run_id
+        # An earlier attempt of this run made it: refreshed (forced, stale, recomputed) once per
+        # run. One it took as it was (fresh then) is not judged stale again; a force (given to
+        # this attempt: one given to that attempt would have recomputed it) refreshes it.
+        own = previous.run_id == self.run_id
         if (self.force_refresh or spec.recompute) and not own:
             return None
+        own = own or taken
         if cell.error is not None:  # kept, stale or not, unless asked (or this run's own, and may pass)
             # A refresh (forced too) recomputes it: its receipt says whether its call is asked again.
             asked = self.refresh_failed or self.force_refresh
