@@ -297,7 +297,8 @@ class Runner:
         `prepared`: `loaded` is the run's play, loaded and its secrets checked (by `resume`)."""
         self.store.receipts.expire_run_receipts(record.run_id, before_attempt=record.attempt)
         record.status = "running"
-        self._apply_persisted(record)
+        if not prepared:  # (`resume` applied them before loading the play: a snapshot's config kept)
+            self._apply_persisted(record)
         given_for = record.options.get(REFRESH_GIVEN_FOR)
         if given_for == record.attempt:  # queued again with --refresh-failed
             self.options.refresh_given = True
