@@ -984,6 +984,9 @@ def test_a_run_on_a_store_in_a_folder_that_is_not_there_is_refused(deepline, tmp
     assert f"sqlite:///{absolute}" in meant.stderr  # the URL it meant, four slashes
     typo = deepline("run", "play.py", "--store", str(absolute))
     assert typo.code == 2 and f"The store's folder {absolute.parent} does not exist" in typo.stderr
+    worker = deepline("worker", "--once", "--store", str(absolute))  # said at once, no thread's traceback
+    assert worker.code == 2 and f"The store's folder {absolute.parent} does not exist" in worker.stderr
+    assert "Traceback" not in worker.stderr and "worker: done" not in worker.stderr, worker.stderr
     assert not (tmp_path / "stores").exists() and not (tmp_path / relative.split("/")[0]).exists()
     absolute.parent.mkdir()
     assert deepline("run", "play.py", "--store", f"sqlite:///{absolute}", "--quiet").code == 0
@@ -1053,6 +1056,24 @@ def test_a_resume_refused_before_its_play_runs_leaves_the_run_as_it_was(deepline
     done = deepline("resume", "b", "--max-credits", "9", "--json", DEMO_KEY="k")
     assert done.code == 0, done.stderr
     assert (shown()["attempt"], shown()["output"]) == (2, [0, 2, 4])
+
+
+def test_a_queued_run_resumed_by_hand_reads_its_snapshots_config(deepline, tmp_path: Path) -> None:
+    """`run --enqueue` keeps the play and its deepline.toml in a snapshot: `deepline resume`
+    of that run reads the snapshot's config, not the file it was enqueued from (gone, or
+    edited since), as a worker would."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "play.py").write_text(
+        "from deepline_cli import play\n\n@play('snap')\nasync def snap(ctx, input):\n    return {'ok': 1}\n"
+    )
+    (project / "deepline.toml").write_text('[tools."demo.http"]\nmethod = "GET"\nurl = "http://127.0.0.1:9/x"\n')
+    queued = deepline("run", "proj/play.py", "--enqueue", "--run-id", "q1")
+    assert queued.code == 0, queued.stderr
+    (project / "deepline.toml").unlink()  # the project moved on; the snapshot holds the config
+    resumed = deepline("resume", "q1", "--json")
+    assert resumed.code == 0, resumed.stderr
+    assert _json.loads(resumed.stdout.splitlines()[-1])["output"] == {"ok": 1}
 
 
 def test_a_read_only_command_on_a_mistyped_store_path_creates_nothing(deepline, tmp_path: Path) -> None:
