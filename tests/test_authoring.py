@@ -24,6 +24,7 @@ from deepline_cli.runtime.run.options import RunResult
 from deepline_cli.testing import FakeProvider, Request
 from tests.conftest import Result
 from tests.helpers import run_play
+from tests.provider import Provider, ProviderServer
 
 Run = Callable[..., Result]
 CALLS: list[str] = []  # every tool invocation of the current test: "tool:row"
@@ -400,3 +401,70 @@ def test_rows_given_as_pairs_of_name_and_value_are_rows(deepline: Run, write_pla
     write_play(MISUSE)
     result = deepline("run", "play.py", "--set", "case=pairs")
     assert result.code == 0 and result.stdout.strip() == "2", result.stderr
+
+
+ONE_ID_TWO_CALLS = """
+import os
+
+from deepline_cli import play
+
+
+@play("kid")
+async def kid(ctx, input):
+    return input["d"]
+
+
+@play("ids")
+async def ids(ctx, input):
+    what = os.environ["ASK"]
+    if what == "memo":  # the same call asked twice: its answer, twice
+        load = lambda: {"n": 1}  # noqa: E731
+        return [await ctx.step("config", load), await ctx.step("config", load)]
+    if what == "cells":  # one id in two columns, each cell's own
+        rows = await ctx.map("m", [{"d": "a"}, {"d": "b"}], key="d", columns={
+            "x": lambda row, rc: rc.step("look", lambda: row["d"] + "x"),
+            "y": lambda row, rc: rc.step("look", lambda: row["d"] + "y"),
+        })
+        return [(row["x"], row["y"]) for row in rows]
+    out = []
+    for d in ["acme.com", "globex.com"]:
+        if what == "step":
+            out.append(await ctx.step("company", lambda: d))
+        elif what == "fetch":
+            out.append((await ctx.fetch("company", f"{os.environ['PROVIDER']}/{d}")).status)
+        elif what == "child":
+            out.append(await ctx.run_play("company", "kid", {"d": d}))
+        else:  # ctx (not rc) in a column
+            rows = await ctx.map("m", [{"d": "a"}, {"d": "b"}], key="d",
+                                 columns={"s": lambda row: ctx.step("s", lambda: row["d"])})
+            return [row["s"] for row in rows]
+    return out
+"""
+
+
+@pytest.mark.parametrize("ask", ["step", "fetch", "child", "column"])
+def test_one_durable_id_given_to_two_different_calls_is_refused(
+    tmp_path: Path, store_path: Path, monkeypatch: pytest.MonkeyPatch, ask: str
+) -> None:
+    """A loop's constant id (or `ctx.step` in a map column) named two calls as one: the
+    second was answered with the first one's result (acme.com's for globex.com). Refused
+    with one sentence; the same call asked again, and one id in two columns' cells, are not."""
+    (tmp_path / "ids.py").write_text(ONE_ID_TWO_CALLS)
+    monkeypatch.setenv("ASK", ask)
+    with ProviderServer(Provider()) as provider:
+        monkeypatch.setenv("PROVIDER", provider.url)
+        result = run_play(Path(f"{tmp_path / 'ids.py'}:ids"), store_path)
+    assert result.status == "failed" and result.exit_code == 2, (result.status, result.error, result.output)
+    message = result.error["message"]
+    assert "was given to two different calls in this run" in message, message
+    assert ("rc.step keys it by the row" in message) == (ask == "column"), message
+
+
+@pytest.mark.parametrize(("ask", "output"), [("memo", [{"n": 1}, {"n": 1}]), ("cells", [["ax", "ay"], ["bx", "by"]])])
+def test_the_same_call_asked_again_or_one_id_in_two_cells_is_its_own(
+    tmp_path: Path, store_path: Path, monkeypatch: pytest.MonkeyPatch, ask: str, output: Any
+) -> None:
+    (tmp_path / "ids.py").write_text(ONE_ID_TWO_CALLS)
+    monkeypatch.setenv("ASK", ask)
+    result = run_play(Path(f"{tmp_path / 'ids.py'}:ids"), store_path)
+    assert (result.status, result.output) == ("completed", output), result.error

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -11,6 +13,7 @@ from typing import Any, ClassVar, Literal, Protocol
 from deepline_cli import _json
 from deepline_cli._aio import Held, count_held, is_awaitable
 from deepline_cli.errors import InputError, UsageError
+from deepline_cli.runtime.calls.call_scope import current_cell
 from deepline_cli.runtime.calls.events import log_fields
 from deepline_cli.runtime.calls.receipts import DurableCall, durable_id, receipt_key
 from deepline_cli.runtime.calls.tool_calls import Staleness, Tools, staleness_of
@@ -66,6 +69,7 @@ class Context:
         self.tools = Tools(who, effects.book, effects.governor, effects.tools, effects.caps, parts.log)
         self.secrets = parts.infra.secrets
         self._maps: set[str] = set()  # the maps this attempt ran: a map's name is its rows' identity
+        self._asked: dict[str, Any] = {}  # what each durable key of this attempt was asked for (one_call)
 
     def log(self, message: str, **fields: Any) -> None:
         """A run log line, with optional fields (JSON values) to filter on later (`deepline
@@ -89,6 +93,7 @@ class Context:
         if _journal:
             self._s.effects.journal.reach(f"step:{id}", scope.run_id)
         key = await self._key("step", id, _cell)
+        self._one_call(key, "step", id, _callable_token(fn))
         call = DurableCall(
             key=key,
             kind="step",
@@ -142,6 +147,7 @@ class Context:
         if _journal:
             self._s.effects.journal.reach(f"fetch:{id}", scope.run_id)
         key = await self._key("fetch", id, _cell)
+        self._one_call(key, "fetch", id, (method.upper(), url, _json.canonical(json) if json is not None else None))
         call = DurableCall(
             key=key,
             kind="fetch",
@@ -164,6 +170,23 @@ class Context:
         stored = (await self._s.effects.book.execute(call, invoke)).value
         return FetchResult(stored["ok"], stored["status"], stored["headers"], stored["text"])
 
+    def _one_call(self, key: str, kind: str, id: str, asked: Any) -> None:
+        """A durable id names one call of the run: the same id given again for another call (a
+        loop's constant id, `ctx` in a map column where `rc` keys by row) would be answered
+        with the first one's result. Refused; the same call asked again is its answer."""
+        first = self._asked.setdefault(key, asked)
+        try:
+            same = first is asked or bool(first == asked)
+        except Exception:  # values that do not compare (arrays): not told apart
+            same = True
+        if same:
+            return
+        where = "; in a map column, rc." + kind + " keys it by the row" if current_cell() is not None else ""
+        raise UsageError(
+            f"ctx.{kind} id {id!r} was given to two different calls in this run: the second would be answered "
+            f'with the first one\'s result. Give each call its own id, e.g. f"{id}-{{domain}}"{where}.'
+        )
+
     async def _key(self, kind: str, id: str, cell: str) -> str:
         """The receipt key of a step or fetch `id` of this run; a map cell's (`cell`: what the
         cell is computed from, RowContext.enter) is its own. A run begun before a cell's calls
@@ -183,6 +206,8 @@ class Context:
     ) -> Any:
         """Run a child play (a play name, or "path/to/file.py[:function]") → its output."""
         durable_id(id, "ctx.run_play")
+        with contextlib.suppress(TypeError, ValueError):  # an input that is not JSON: refused as it runs
+            self._one_call(f"run_play:{id}", "run_play", id, (play_ref, _json.canonical(input)))
         return await self._children.run_play(
             self._s, id, play_ref, {} if input is None else input, description, _journal
         )
@@ -276,3 +301,20 @@ class Context:
         """A relative path resolves against the directory the run was started in."""
         candidate = Path(path).expanduser()
         return candidate if candidate.is_absolute() else Path(self._s.identity.cwd) / candidate
+
+
+def _callable_token(fn: Callable[..., Any]) -> Any:
+    """What tells two steps' functions apart: their code and the values they close over (a
+    loop's lambdas share their code), their object, their partial's arguments."""
+    if isinstance(fn, functools.partial):
+        return (_callable_token(fn.func), fn.args, tuple(sorted(fn.keywords.items())))
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return fn
+    cells = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            cells.append(cell.cell_contents)
+        except ValueError:  # not set yet
+            cells.append(None)
+    return (code, tuple(cells), getattr(fn, "__self__", None))
