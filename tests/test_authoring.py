@@ -468,3 +468,63 @@ def test_the_same_call_asked_again_or_one_id_in_two_cells_is_its_own(
     monkeypatch.setenv("ASK", ask)
     result = run_play(Path(f"{tmp_path / 'ids.py'}:ids"), store_path)
     assert (result.status, result.output) == ("completed", output), result.error
+
+
+UNAWAITED = """
+import asyncio
+import os
+
+from deepline_cli import play, tool
+
+
+@tool("t.pay", credits=1)
+def pay(input):
+    with open(os.environ["PAID"], "a") as paid:
+        paid.write(input["d"] + "\\n")
+    return input["d"]
+
+
+@play("gate")
+async def gate(ctx, input):
+    what = os.environ["ASK"]
+    if what == "gathered":  # awaited through gather, another task calling meanwhile
+        async def enrich():
+            return (await ctx.tools.execute("p", "t.pay", {"d": "a"})).output
+        return await asyncio.gather(ctx.sleep("nap", 0), enrich())
+    if what == "wait":
+        ctx.wait_for_event("approval")
+    elif what == "sleep":
+        ctx.sleep("nap", 100)
+    else:  # asked last, never awaited
+        ctx.wait_for_event("approval")
+        return "done"
+    return (await ctx.tools.execute("p", "t.pay", {"d": "a"})).output
+"""
+
+
+@pytest.mark.parametrize("ask", ["wait", "sleep", "last"])
+def test_a_wait_or_sleep_not_awaited_stops_the_run_before_it_goes_on(
+    tmp_path: Path, store_path: Path, monkeypatch: pytest.MonkeyPatch, ask: str
+) -> None:
+    """`ctx.wait_for_event("approval")` without `await` let the run go past its approval gate
+    and pay (exit 0): the next durable call, or the body's end, refuses, naming the line."""
+    play = tmp_path / "gate.py"
+    play.write_text(UNAWAITED)
+    paid = tmp_path / "paid.log"
+    monkeypatch.setenv("ASK", ask)
+    monkeypatch.setenv("PAID", str(paid))
+    result = run_play(play, store_path)
+    assert (result.status, result.exit_code) == ("failed", 2), (result.status, result.error)
+    assert "was not awaited" in result.error["message"] and "(gate.py:" in result.error["message"], result.error
+    assert not paid.exists()  # nothing paid past the gate
+
+
+def test_a_sleep_awaited_through_gather_beside_calls_is_awaited(
+    tmp_path: Path, store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    play = tmp_path / "gate.py"
+    play.write_text(UNAWAITED)
+    monkeypatch.setenv("ASK", "gathered")
+    monkeypatch.setenv("PAID", str(tmp_path / "paid.log"))
+    result = run_play(play, store_path)
+    assert (result.status, result.output) == ("completed", [None, "a"]), result.error

@@ -97,6 +97,8 @@ class Tools:
         self._catalog = catalog
         self._caps = caps
         self._log = log
+        # Asked before each call (the play's context): what must hold first (a wait awaited).
+        self.before: Callable[[], None] | None = None
         self._digests: dict[tuple[str, ...], _json.Digest] = {}
         self._configured: set[str] = set()
         self._batchers: dict[str, Batcher] = {}
@@ -173,6 +175,8 @@ class Tools:
         with its receipt, shown in its errors and the report)."""
 
         durable_id(id, "ctx.tools.execute")
+        if self.before is not None:
+            self.before()
         if description is not None and not isinstance(description, str):
             description = str(description)  # from the play's data (a list id): said as text
         args = (id, tool, input, force, stale_after_seconds, timeout_s, receipt_wait_s, description)

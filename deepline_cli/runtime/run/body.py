@@ -28,7 +28,9 @@ async def execute_body(play: PlayDef, s: RunParts, input: Any, children: ChildPl
     """Run the play's body once with a fresh `ctx`; `children` runs the child plays it starts."""
     try:
         given = play_input(input, child=s.identity.depth > 0, trigger=s.settings.trigger)
-        value = await play.fn(Context(s, children, given), given)
+        ctx = Context(s, children, given)
+        value = await play.fn(ctx, given)
+        ctx.check_waits(ended=True)  # a sleep or wait never awaited: the run did not wait
     except Suspended:
         await _flush_journal(s)
         return BodyOutcome("waiting")

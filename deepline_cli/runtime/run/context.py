@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
+import inspect
+import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
@@ -70,6 +73,9 @@ class Context:
         self.secrets = parts.infra.secrets
         self._maps: set[str] = set()  # the maps this attempt ran: a map's name is its rows' identity
         self._asked: dict[str, Any] = {}  # what each durable key of this attempt was asked for (one_call)
+        # Sleeps and waits asked for, with the task that asked, until awaited (check_waits).
+        self._waits: list[tuple[Coroutine[Any, Any, Any], str, asyncio.Task[Any] | None]] = []
+        self.tools.before = self.check_waits
 
     def log(self, message: str, **fields: Any) -> None:
         """A run log line, with optional fields (JSON values) to filter on later (`deepline
@@ -89,6 +95,7 @@ class Context:
         (unless older than `stale_after_seconds`, a number or a function of that value).
         `_cell`: a map cell's (`rc.step`), what it is computed from (RowContext.enter)."""
         scope = self._s.identity
+        self.check_waits()
         durable_id(id, "ctx.step")
         if _journal:
             self._s.effects.journal.reach(f"step:{id}", scope.run_id)
@@ -138,6 +145,7 @@ class Context:
         `stale_after_seconds`, a number or a function of the stored answer); secrets are
         redacted."""
         scope = self._s.identity
+        self.check_waits()
         durable_id(id, "ctx.fetch")
         if json is not None:  # refused before anything is sent, as a tool's input is (not sent as a repr)
             try:
@@ -205,6 +213,7 @@ class Context:
         self, id: str, play_ref: str, input: Any = None, *, description: str = "", _journal: bool = True
     ) -> Any:
         """Run a child play (a play name, or "path/to/file.py[:function]") → its output."""
+        self.check_waits()
         durable_id(id, "ctx.run_play")
         with contextlib.suppress(TypeError, ValueError):  # an input that is not JSON: refused as it runs
             self._one_call(f"run_play:{id}", "run_play", id, (play_ref, _json.canonical(input)))
@@ -212,17 +221,44 @@ class Context:
             self._s, id, play_ref, {} if input is None else input, description, _journal
         )
 
-    async def sleep(self, id: str, seconds: float) -> None:
+    def sleep(self, id: str, seconds: float) -> Coroutine[Any, Any, None]:
         """A durable timer: short waits sleep inline, long ones suspend the run (`waiting`)."""
+        self.check_waits()
         durable_id(id, "ctx.sleep")
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
             raise UsageError(f"ctx.sleep({id!r}, seconds): seconds must be a number, 0 or more, not {seconds!r}.")
-        await suspension.sleep(self._s, id, seconds)
+        return self._awaited(suspension.sleep(self._s, id, seconds), f"ctx.sleep({id!r}, {seconds!r})")
 
-    async def wait_for_event(self, id: str, *, timeout_s: float | None = None) -> Any:
+    def wait_for_event(self, id: str, *, timeout_s: float | None = None) -> Coroutine[Any, Any, Any]:
         """Suspend until `deepline events send RUN_ID ID --payload JSON`; returns the payload."""
+        self.check_waits()
         durable_id(id, "ctx.wait_for_event")
-        return await suspension.wait_for_event(self._s, id, timeout_s)
+        return self._awaited(suspension.wait_for_event(self._s, id, timeout_s), f"ctx.wait_for_event({id!r})")
+
+    def _awaited(self, wait: Coroutine[Any, Any, Any], said: str) -> Coroutine[Any, Any, Any]:
+        """A sleep or wait the play must await: one it does not (`await` left out) would let the
+        run go on past it (an approval skipped), so the next durable call, or the body's end,
+        refuses to (`check_waits`)."""
+        caller = sys._getframe(2)  # the play's line that asked for it
+        said = f"{said} ({Path(caller.f_code.co_filename).name}:{caller.f_lineno})"
+        self._waits.append((wait, said, _current_task()))
+        return wait
+
+    def check_waits(self, *, ended: bool = False) -> None:
+        """Refuse to go on past a sleep or wait the play asked for and did not await: checked
+        as the task that asked goes on to another durable call, and as the body `ended`
+        (another task's calls meanwhile are not its: `gather` starts the wait after them)."""
+        if not self._waits:
+            return
+        task = None if ended else _current_task()
+        mine = [w for w in self._waits if ended or w[2] is task]
+        self._waits = [w for w in self._waits if not (ended or w[2] is task)]
+        left = [(wait, said) for wait, said, _ in mine if inspect.getcoroutinestate(wait) == inspect.CORO_CREATED]
+        if left:
+            for wait, _ in left:
+                wait.close()  # said here, not again as Python's "never awaited" warning
+            said = left[0][1]
+            raise UsageError(f"{said} was not awaited: the run would go on without waiting. Put `await` before it.")
 
     def csv(
         self,
@@ -258,6 +294,7 @@ class Context:
         limit: int | None = None,
     ) -> Dataset:
         """Resolve `columns` for every distinct row; persisted as a sheet (see the map engine)."""
+        self.check_waits()
         if name in self._maps:
             raise UsageError(
                 f"Map {name!r} ran already in this run: a map's name is the identity of its rows, so a "
@@ -318,3 +355,10 @@ def _callable_token(fn: Callable[..., Any]) -> Any:
         except ValueError:  # not set yet
             cells.append(None)
     return (code, tuple(cells), getattr(fn, "__self__", None))
+
+
+def _current_task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop
+        return None
