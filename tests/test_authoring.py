@@ -528,3 +528,39 @@ def test_a_sleep_awaited_through_gather_beside_calls_is_awaited(
     monkeypatch.setenv("PAID", str(tmp_path / "paid.log"))
     result = run_play(play, store_path)
     assert (result.status, result.output) == ("completed", [None, "a"]), result.error
+
+
+MUTATING = """
+from deepline_cli import play
+
+
+def score(row):
+    row["d"] = "evil.com"  # a resolver that changes the row it is given
+    row["extra"] = 1
+    return 1
+
+
+@play("mutating")
+async def mutating(ctx, input):
+    rows = await ctx.map("m", [{"d": "a.com", "n": "1"}, {"d": "b.com", "n": "2"}], key="d",
+                         columns={"score": score, "seen": lambda row: row["d"]})
+    return len(rows)
+"""
+
+
+def test_a_resolver_that_changes_its_row_changes_neither_the_stored_input_nor_the_export(
+    deepline: Callable[..., Result], tmp_path: Path
+) -> None:
+    """The input is kept as given: a resolver that assigns to `row` is seen by the columns
+    after it, not by the sheet, the export or the next run's reuse of the row."""
+    (tmp_path / "play.py").write_text(MUTATING)
+    run = deepline("run", "play.py", "--json")
+    assert run.code == 0, run.stderr
+    run_id = json.loads(run.stdout.splitlines()[-1])["run_id"]
+    rows = [json.loads(line) for line in deepline("export", run_id, "--format", "jsonl").stdout.splitlines()]
+    assert [(r["d"], r["n"], r.get("extra"), r["seen"]) for r in rows] == [
+        ("a.com", "1", None, "evil.com"),
+        ("b.com", "2", None, "evil.com"),
+    ], rows
+    again = deepline("run", "play.py", "--json")
+    assert json.loads(again.stdout.splitlines()[-1])["stats"]["rows"]["reused"] == 2  # the same input

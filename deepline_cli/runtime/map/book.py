@@ -169,7 +169,7 @@ class MapBook:
         *,
         reused: tuple[bool, int] = (False, 0),
         found: set[str] | None = None,
-        originals: dict[str, Any] | None = None,
+        given: dict[str, Any] | None = None,
         fell_back: list[str] | None = None,
         kept_cells: bool = False,
     ) -> DeeplineError | None:
@@ -186,7 +186,7 @@ class MapBook:
             self.tally.succeeded += 1
         sheet_row, previous = None, job.previous
         if cells is not None:
-            stored_input = _input_only(job.row, self.columns, originals)
+            stored_input = given if given is not None else dict(job.row)  # (no resolver ran: the input)
             secrets = self.s.secrets
             if secrets.active:  # what is stored holds no secret (the row's later columns had it)
                 if secrets.holds(stored_input):
@@ -452,17 +452,3 @@ def _prefixes(keys: Iterable[str] | None, earlier: list[str] | None) -> list[str
     prefixes = {key[:FOUND_PREFIX] for key in keys or ()}
     prefixes.update(earlier or ())
     return sorted(prefixes) or None
-
-
-def _input_only(
-    row: dict[str, Any], columns: list[ResolvedColumn], originals: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """The row as the input gave it: without the values its columns added, with the input's
-    own values of fields a column of the same name replaced (`originals`)."""
-    stored = dict(row)  # copied at C speed: a CRM export's row has dozens of fields, a map a few columns
-    for column in columns:
-        if originals and column.name in originals:
-            stored[column.name] = originals[column.name]  # in its place among the input's fields
-        else:
-            stored.pop(column.name, None)
-    return stored

@@ -336,9 +336,9 @@ class MapRun:
 
     async def _process(self, job: PendingRow) -> None:
         row = job.row
-        # Input fields a column of the same name replaces: their values are the row's input still.
-        shadowed = self.column_names & row.keys()
-        originals = {name: row[name] for name in shadowed} if shadowed else None
+        # The row as the input gave it, kept: resolvers may change the row they are given (a
+        # column of an input field's name replaces it), never the input stored and exported.
+        given = dict(row)
         cells: dict[str, Cell] = dict(job.previous.cells) if job.previous else {}
         rc = RowContext(self.ctx, self.s, self.name, job.key, job.idx)
         changed = False
@@ -440,7 +440,7 @@ class MapRun:
         final += handled
         self._stop_on(
             self.book.record(
-                job, cells, error, steps, reused=(False, reused_cells), found=found, originals=originals,
+                job, cells, error, steps, reused=(False, reused_cells), found=found, given=given,
                 fell_back=fell_back if failure is not None or handled else None, kept_cells=kept_cells,
             )
         )  # fmt: skip
