@@ -564,3 +564,40 @@ def test_a_resolver_that_changes_its_row_changes_neither_the_stored_input_nor_th
     ], rows
     again = deepline("run", "play.py", "--json")
     assert json.loads(again.stdout.splitlines()[-1])["stats"]["rows"]["reused"] == 2  # the same input
+
+
+NOT_JSON_TOOL = """
+import os
+
+from deepline_cli import play, tool
+
+
+class Company:
+    def __init__(self, domain):
+        self.domain = domain
+
+
+@tool("local.company")
+def company(input):
+    return {"company": input["d"] if os.environ.get("FIXED") else Company(input["d"])}
+
+
+@play("not-json")
+async def not_json(ctx, input):
+    return (await ctx.tools.execute("c", "local.company", {"d": "acme.com"})).output
+"""
+
+
+def test_a_local_tools_answer_with_no_json_form_is_refused_not_kept_as_its_repr(
+    tmp_path: Path, store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An @tool returning an object was stored as "<Company object at 0x…>" and reused
+    forever: refused as a column's value is, and asked again once the tool is fixed."""
+    play = tmp_path / "play.py"
+    play.write_text(NOT_JSON_TOOL)
+    refused = run_play(play, store_path)
+    assert (refused.status, refused.exit_code) == ("failed", 2), refused.error
+    assert "The answer of tool 'local.company' holds a Company" in refused.error["message"], refused.error
+    monkeypatch.setenv("FIXED", "1")
+    fixed = run_play(play, store_path)
+    assert (fixed.status, fixed.output) == ("completed", {"company": "acme.com"}), fixed.error

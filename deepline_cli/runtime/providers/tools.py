@@ -171,7 +171,10 @@ class ToolDef:
             # called inside an `async def` blocks it, awaiting nothing): its answer is committed
             # soon. deepline's own HTTP tools await their sockets: awaited as they are.
             result = await (Held(result, call) if self.local else result)
-        return _json.as_stored(result) if self.local else result
+        if not self.local or _json.as_is(result):
+            return result
+        # As a receipt gives it back; an object with no JSON form refused, not stored as its repr.
+        return _json.plain(result, f"The answer of tool {self.id!r}")
 
     def _timed(self, on_loop: ToolCall | None, *args: Any) -> Any:
         start = time.perf_counter()
