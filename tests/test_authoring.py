@@ -601,3 +601,48 @@ def test_a_local_tools_answer_with_no_json_form_is_refused_not_kept_as_its_repr(
     monkeypatch.setenv("FIXED", "1")
     fixed = run_play(play, store_path)
     assert (fixed.status, fixed.output) == ("completed", {"company": "acme.com"}), fixed.error
+
+
+ARITY = """
+import os
+
+from deepline_cli import Column, play, steps
+
+
+def enrich(row, rc, provider):
+    return provider
+
+
+@play("arity")
+async def arity(ctx, input):
+    columns = {
+        "fn": lambda: {"x": enrich},
+        "none": lambda: {"x": lambda: 1},
+        "run_if": lambda: {"x": Column(lambda row: 1, run_if=lambda row, rc, extra: True)},
+        "step": lambda: {"x": steps().step("a", lambda: 1)},
+    }[os.environ["ASK"]]()
+    rows = await ctx.map("m", [{"d": str(n)} for n in range(30)], key="d", columns=columns)
+    return len(rows)
+"""
+
+
+@pytest.mark.parametrize(
+    ("ask", "said"),
+    [
+        ("fn", "Column 'x''s function (play.py line 7) takes 3 arguments; it is given (row) or (row, rc)."),
+        ("none", "Column 'x''s function (play.py line 15) takes no argument; it is given (row) or (row, rc)."),
+        ("run_if", "Column 'x''s run_if (play.py line 16) takes 3 arguments; it is given (row) or (row, index)."),
+        ("step", "Waterfall step 'a' (play.py line 17) takes no argument; it is given (row) or (row, rc)."),
+    ],
+)
+def test_a_resolver_that_cannot_take_what_it_is_given_is_refused_before_any_row(
+    tmp_path: Path, store_path: Path, monkeypatch: pytest.MonkeyPatch, ask: str, said: str
+) -> None:
+    """Every row failed with a TypeError naming no line (and the run exited 0, or stopped
+    after 20 rows): the map is refused before any row, naming the function's line."""
+    play = tmp_path / "play.py"
+    play.write_text(ARITY)
+    monkeypatch.setenv("ASK", ask)
+    result = run_play(play, store_path)
+    assert (result.status, result.exit_code) == ("failed", 2), (result.status, result.error)
+    assert said in result.error["message"], result.error["message"]

@@ -139,6 +139,9 @@ def resolve_columns(
     resolved = []
     for position, (name, spec) in enumerate(columns.items()):
         column = spec if isinstance(spec, Column) else Column(spec)
+        check_arity(column.fn, f"Column {name!r}'s function", "(row) or (row, rc)")
+        if column.run_if is not None:
+            check_arity(column.run_if, f"Column {name!r}'s run_if", "(row) or (row, index)")
         parts = [code_fingerprint(fn) for fn in column.functions()]
         parts += given_fewer(*column.functions())
         parts.append(input_fingerprint(play_input, column.depends_on, rows_path, cwd))
@@ -727,6 +730,21 @@ def arity(fn: Callable[..., Any]) -> int:
     if required < 2 and len(positional) > 1 and positional[1].name in ("rc", "index"):
         return 2
     return max(1, required)
+
+
+def check_arity(fn: Callable[..., Any], what: str, given: str) -> None:
+    """Refuse, before any row, a function that cannot take what it is given (`given`: "(row)
+    or (row, rc)"): every row would fail with a TypeError that names no line of the play."""
+    positional = _positional(fn)
+    if positional is None:
+        return
+    required = len([p for p in positional if p.default is p.empty])
+    if 1 <= required <= 2 or (required == 0 and positional):
+        return
+    code = getattr(fn, "__code__", None)
+    place = f" ({Path(code.co_filename).name} line {code.co_firstlineno})" if code is not None else ""
+    takes = "no argument" if not positional else f"{required} arguments"
+    raise UsageError(f"{what}{place} takes {takes}; it is given {given}.")
 
 
 def _given_before(fn: Callable[..., Any]) -> int:

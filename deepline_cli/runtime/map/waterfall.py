@@ -29,7 +29,7 @@ from typing import Any
 from deepline_cli._aio import is_awaitable
 from deepline_cli.errors import ProviderTransientError, ToolExecutionError, UsageError
 from deepline_cli.runtime.calls.call_scope import current_cell
-from deepline_cli.runtime.map.columns import arity, given_fewer
+from deepline_cli.runtime.map.columns import arity, check_arity, given_fewer
 from deepline_cli.runtime.providers.found import is_found
 from deepline_cli.runtime.providers.tools import ToolResult
 from deepline_cli.store.records import NOT_FOUND
@@ -68,6 +68,9 @@ class Waterfall:
             raise UsageError(f"The waterfall has two steps named {name!r}.")
         if not callable(fn):
             raise UsageError(f"Waterfall step {name!r} must be a function, not {type(fn).__name__}.")
+        check_arity(fn, f"Waterfall step {name!r}", "(row) or (row, rc)")
+        if run_if is not None:
+            check_arity(run_if, f"Waterfall step {name!r}'s run_if", "(row) or (row, index)")
         added = Step(name, fn, run_if, arity(fn) >= 2, run_if is not None and arity(run_if) >= 2)
         return Waterfall((*self.steps, added), self.found)
 
