@@ -646,3 +646,48 @@ def test_a_resolver_that_cannot_take_what_it_is_given_is_refused_before_any_row(
     result = run_play(play, store_path)
     assert (result.status, result.exit_code) == ("failed", 2), (result.status, result.error)
     assert said in result.error["message"], result.error["message"]
+
+
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [
+        ("@play('one')\nasync def one(ctx):\n    return 1\n", "Play 'one' must take (ctx, input)"),
+        ("@play('gen')\nasync def gen(ctx, input):\n    yield 1\n", "Play 'gen' must return its output, not yield it"),
+        ("@play\nasync def bare(ctx, input):\n    return 1\n", "@play needs the play's name"),
+        ("@tool\ndef t(input):\n    return 1\n\n@play('p')\nasync def p(ctx, input):\n    return 1\n",
+         "@tool needs the tool's id"),
+    ],
+)  # fmt: skip
+def test_a_play_or_tool_declared_wrong_is_refused_as_it_loads(
+    deepline: Callable[..., Result], tmp_path: Path, source: str, said: str
+) -> None:
+    """`async def one(ctx)` was recorded as a run and failed with a TypeError naming no line;
+    an `async def` that yields was told it must be an async function; a bare `@tool`
+    registered nothing and said nothing. Each is refused as the play loads (exit 2)."""
+    (tmp_path / "play.py").write_text("from deepline_cli import play, tool\n\n" + source)
+    result = deepline("run", "play.py")
+    assert result.code == 2 and said in result.stderr, result.stderr
+    assert deepline("runs", "list").stdout.startswith("No runs yet")
+
+
+@pytest.mark.parametrize("concurrency", [0, -1, "5", True])
+def test_a_maps_concurrency_that_is_no_whole_number_of_one_or_more_is_refused(
+    tmp_path: Path, store_path: Path, concurrency: Any
+) -> None:
+    play = tmp_path / "play.py"
+    play.write_text(
+        "from deepline_cli import play\n\n@play('c')\nasync def c(ctx, input):\n"
+        f"    return len(await ctx.map('m', [{{'d': 'a'}}], key='d', columns={{'x': lambda row: 1}}, "
+        f"concurrency={concurrency!r}))\n"
+    )
+    result = run_play(play, store_path)
+    assert (result.status, result.exit_code) == ("failed", 2), result.error
+    assert f"Map 'm': concurrency must be a whole number, 1 or more, not {concurrency!r}." in result.error["message"]
+
+
+def test_a_columns_options_are_named() -> None:
+    """`Column(fn, 3600)` took 3600 for its run_if: the options are keyword-only."""
+    from deepline_cli import Column
+
+    with pytest.raises(TypeError):
+        Column(lambda row: 1, 3600)  # type: ignore[misc]

@@ -58,6 +58,7 @@ class Column:
     """
 
     fn: Callable[..., Any]
+    _: dataclasses.KW_ONLY  # `Column(fn, 3600)` would take 3600 for run_if: the options are named
     run_if: Callable[..., Any] | None = None
     stale_after_seconds: Staleness = None
     recompute_on_error: bool = False

@@ -65,6 +65,10 @@ class MapRun:
     ) -> None:
         if on_row_error not in ("isolate", "fail"):
             raise UsageError(f"Map {name!r}: on_row_error must be 'isolate' or 'fail', not {on_row_error!r}.")
+        if concurrency is not None and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        ):
+            raise UsageError(f"Map {name!r}: concurrency must be a whole number, 1 or more, not {concurrency!r}.")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise UsageError(f"Map {name!r}: limit must be a whole number of rows, 1 or more (or None), not {limit!r}.")
         self.ctx, self.s, self.name, self.rows = host, parts, name, rows

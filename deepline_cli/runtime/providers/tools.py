@@ -201,6 +201,8 @@ def tool(
     batch: dict[str, Any] | None = None,
 ) -> Callable[[F], F]:
     """Register a local tool under `id`; the function takes `(input)` or `(input, call)`."""
+    if not isinstance(id, str):  # `@tool` with no id: it was given the function
+        raise UsageError('@tool needs the tool\'s id: @tool("acme.lookup").')
 
     def register(fn: F) -> F:
         params = [

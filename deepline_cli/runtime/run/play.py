@@ -144,6 +144,8 @@ def play(
     all (`"none"`). `webhook_secret`: the name of the secret `deepline serve` checks a
     delivery's signature with.
     """
+    if not isinstance(name, str):  # `@play` with no name: it was given the function
+        raise PlayLoadError('@play needs the play\'s name: @play("lead-enrichment").')
     schema = _schema(name, input)
     names = _secret_names(name, secrets)
     budget = _budget(name, max_credits_per_run)
@@ -151,8 +153,12 @@ def play(
     hook_secret = _secret_names(name, [webhook_secret])[0] if webhook_secret is not None else None
 
     def register(fn: F) -> F:
+        if inspect.isasyncgenfunction(fn):
+            raise PlayLoadError(f"Play {name!r} must return its output, not yield it: `async def (ctx, input)`.")
         if not inspect.iscoroutinefunction(fn):
             raise PlayLoadError(f"Play {name!r} must be an async function `async def (ctx, input)`.")
+        if not _takes_ctx_and_input(fn):
+            raise PlayLoadError(f"Play {name!r} must take (ctx, input): `async def {fn.__name__}(ctx, input)`.")
         file = str(Path(inspect.getfile(fn)).resolve())
         definition = PlayDef(name=name, description=description, fn=fn, file=file, input_schema=schema,
                              secrets=names, max_credits_per_run=budget, schedule=when,
@@ -280,6 +286,17 @@ def _forget_other_versions(folder: Path) -> None:
 def _line_in(path: Path, exc: BaseException) -> int | None:
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
     return frames[-1].lineno if frames else None
+
+
+def _takes_ctx_and_input(fn: Callable[..., Any]) -> bool:
+    """Can `fn` be called as `fn(ctx, input)`?"""
+    try:
+        inspect.signature(fn).bind(None, None)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read: given the benefit of the doubt
+        return True
+    return True
 
 
 def plays_in(module: Any) -> list[PlayDef]:
