@@ -1948,9 +1948,9 @@ def test_a_column_whose_code_changed_is_said_once_as_its_cells_are_computed_agai
     assert again.code == 0, again.stderr
     warned = [e["message"] for e in again.json_lines() if e.get("level") == "warning"]
     assert warned == [
-        "Map 'm': column 'tag' changed since its cells were computed (its code or what it reads): computing "
-        "them again; their tool calls come back from receipts, an rc.step, rc.fetch or force=True call in "
-        "them is made again"
+        "Map 'm': column 'tag' changed since its cells were computed (its code, what it reads, or a tool's "
+        "version): computing them again; a tool call asked as before comes back from its receipt, one asked "
+        "anew (a new version, another input), an rc.step, rc.fetch or force=True call is made again"
     ], warned
     assert again.json_lines()[-1]["output"] == {"1": ["v2:ada", "ADA"], "2": ["v2:alan", "ALAN"]}
 

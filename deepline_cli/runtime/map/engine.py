@@ -306,9 +306,10 @@ class MapRun:
         """A column whose cells are computed again because it changed: said once per map."""
         self.said_changed.add(column)
         self._warn(
-            f"Map {self.name!r}: column {column!r} changed since its cells were computed (its code or what it "
-            "reads): computing them again; their tool calls come back from receipts, an rc.step, rc.fetch or "
-            "force=True call in them is made again"
+            f"Map {self.name!r}: column {column!r} changed since its cells were computed (its code, what it "
+            "reads, or a tool's version): computing them again; a tool call asked as before comes back from its "
+            "receipt, one asked anew (a new version, another input), an rc.step, rc.fetch or force=True call is "
+            "made again"
         )
 
     def _progress(self) -> None:
