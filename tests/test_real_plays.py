@@ -639,8 +639,16 @@ def test_a_resume_replays_the_cells_its_run_took_from_an_earlier_run_once_they_w
     assert {r["domain"]: r["email"] for r in exported(deepline, "night")}["cobol.dev"] == "grace@cobol.dev"
 
 
-REFRESHED_ELSEWHERE_PLAY = """\
+TWO_CHECKS_PLAY = """\
+import os
+
 from deepline_cli import Column, play
+
+
+def time_to_live(name):
+    def ttl(previous):  # a number of seconds from the environment, else forever
+        return float(os.environ[name]) if name in os.environ else None
+    return ttl
 
 
 async def email(row, rc):
@@ -651,10 +659,12 @@ async def check(row, rc):
     return (await rc.tools.execute("check", "people.beta", {"first": row["first"], "domain": row["domain"]})).output
 
 
-@play("refresh")
-async def refresh(ctx, input):
-    rows = await ctx.map("leads", ctx.csv(input["csv"]), key="domain",
-                         columns={"email": Column(email, stale_after_seconds=0), "check": check})
+@play("checked")
+async def checked(ctx, input):
+    rows = await ctx.map("leads", ctx.csv(input["csv"]), key="domain", columns={
+        "email": Column(email, stale_after_seconds=time_to_live("EMAIL_TTL")),
+        "check": Column(check, stale_after_seconds=time_to_live("CHECK_TTL")),
+    })
     return {"rows": len(rows)}
 """
 
@@ -665,14 +675,16 @@ def test_a_resume_after_another_run_refreshed_what_it_paid_for_does_not_pay_agai
     """Run B pays for a refresh and stops (its budget) before its row is written; run C
     refreshes the same answer. B's resume takes C's answer: B was answered once already,
     and a third payment would be a second one for B."""
-    play = project(REFRESHED_ELSEWHERE_PLAY)
+    play = project(TWO_CHECKS_PLAY)
+    now = {"EMAIL_TTL": "0"}  # every email asked again by each run
     header, ada, *_ = LEADS.splitlines()
     (tmp_path / "one.csv").write_text("\n".join([header, ada]) + "\n")
-    stopped = deepline("run", str(play), "--csv", "one.csv", "--run-id", "B", "--max-credits", "1", "--json")
+    stopped = deepline("run", str(play), "--csv", "one.csv", "--run-id", "B", "--max-credits", "1", "--json", **now)
     assert stopped.code == 1 and provider.count() == 1, stopped.stderr  # alpha paid, beta refused
-    assert finished(deepline("run", str(play), "--csv", "one.csv", "--run-id", "C", "--json"))["status"] == "completed"
+    other = finished(deepline("run", str(play), "--csv", "one.csv", "--run-id", "C", "--json", **now))
+    assert other["status"] == "completed"
     assert provider.count() == 3  # C: alpha refreshed (a fresh key), beta
-    done = finished(deepline("resume", "B", "--max-credits", "10", "--json"))
+    done = finished(deepline("resume", "B", "--max-credits", "10", "--json", **now))
     assert provider.count() == 3, [(r.path, r.headers.get("idempotency-key")) for r in provider.requests]
     assert done["stats"]["credits"] == 1
     assert [row["email"] for row in exported(deepline, "B")] == [row["email"] for row in exported(deepline, "C")]
@@ -695,38 +707,12 @@ def test_a_resume_given_force_refresh_refreshes_the_rows_its_run_took_from_an_ea
     assert set(provider.billed.values()) == {1}
 
 
-CHECKED_PLAY = """\
-import os
-
-from deepline_cli import Column, play
-
-
-def time_to_live(previous):
-    return float(os.environ.get("CHECK_TTL", "86400"))
-
-
-async def email(row, rc):
-    return (await rc.tools.execute("find", "people.alpha", {"first": row["first"], "domain": row["domain"]})).output
-
-
-async def check(row, rc):
-    return (await rc.tools.execute("check", "people.beta", {"first": row["first"], "domain": row["domain"]})).output
-
-
-@play("checked")
-async def checked(ctx, input):
-    rows = await ctx.map("leads", ctx.csv(input["csv"]), key="domain",
-                         columns={"email": email, "check": Column(check, stale_after_seconds=time_to_live)})
-    return {"rows": len(rows)}
-"""
-
-
 def test_a_call_a_run_gave_back_unsent_is_not_its_own_on_resume(
     deepline: Run, project: Callable[[str], Path], provider: DirectoryProvider, tmp_path: Path
 ) -> None:
     """A call the budget refused before it went out was never the run's: another run paying
     for it meanwhile does not make that answer the run's own, and once stale it is asked."""
-    play = project(CHECKED_PLAY)
+    play = project(TWO_CHECKS_PLAY)
     header, ada, *_ = LEADS.splitlines()
     (tmp_path / "one.csv").write_text("\n".join([header, ada]) + "\n")
     stopped = deepline("run", str(play), "--csv", "one.csv", "--run-id", "B", "--max-credits", "1", "--json")
