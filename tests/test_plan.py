@@ -761,3 +761,45 @@ def test_at_least_counts_no_call_after_a_column_that_may_fail_its_row(deepline, 
     assert deepline("run", play, "--set", "n=2", "--quiet").code == 0  # p1's first call failed its row
     credits = _plan(deepline, play, "--set", "n=4")["totals"]["credits"]
     assert (credits["min"], credits["max"]) == (0, 12), credits  # p2 and p3: t.first fails half its calls
+
+
+FILL_BLANKS = """
+from deepline_cli import Column, play, tool
+
+@tool("f.find", credits=1)
+def find(input):
+    return input["first"] + "@found.dev"
+
+@tool("f.validate", credits=5)
+def validate(input):
+    return "valid"
+
+async def email(row, rc):
+    return (await rc.tools.execute("find", "f.find", {"first": row["first"]})).output
+
+async def status(row, rc):
+    return (await rc.tools.execute("check", "f.validate", {"email": row["email"]})).output
+
+@play("fill")
+async def fill(ctx, input):
+    rows = [{"first": name, "email": email} for name, email in [("ada", ""), ("grace", "g@cobol.dev"), ("alan", "")]]
+    done = await ctx.map("leads", rows, key="first", columns={
+        "email": Column(email, run_if=lambda row: not row["email"]),  # fills the blank ones
+        "status": Column(status, run_if=lambda row: bool(row["email"])),
+    })
+    return len(done)
+"""
+
+
+def test_a_column_named_like_an_input_field_is_unknown_to_the_columns_after_it(deepline, write_play) -> None:
+    """An `email` column filling the CSV's blank emails: a validator after it reads the email
+    found, not the blank the input had. The plan counted it on the input's value (one call,
+    "at least" = max) and the run spent three times that; its bound holds the run's spend."""
+    play = write_play(FILL_BLANKS)
+    plan = _plan(deepline, str(play))
+    run = deepline("run", str(play), "--json")
+    assert run.code == 0, run.stderr
+    spent = run.json_lines()[-1]["stats"]["credits"]
+    assert spent == 2 + 3 * 5
+    credits = plan["totals"]["credits"]
+    assert credits["min"] <= spent <= credits["max"], (credits, spent)

@@ -459,7 +459,9 @@ class PlanRow(dict[str, Any]):
     the row's input or known columns goes on, and its calls are planned like any other."""
 
     def __init__(self, row: Mapping[str, Any], unknown: Sequence[str]) -> None:
-        super().__init__(row)
+        # An unknown column named like an input field replaces it: its input value is not
+        # what the resolver will read (a found email, where the CSV's was blank).
+        super().__init__({name: value for name, value in row.items() if name not in unknown})
         self.unknown = tuple(unknown)
 
     def __missing__(self, name: str) -> Any:
