@@ -691,3 +691,17 @@ def test_a_columns_options_are_named() -> None:
 
     with pytest.raises(TypeError):
         Column(lambda row: 1, 3600)  # type: ignore[misc]
+
+
+def test_two_tools_declared_under_one_id_are_refused(deepline: Callable[..., Result], tmp_path: Path) -> None:
+    """Two functions under one @tool id in a module: the last answered for both, silently."""
+    (tmp_path / "play.py").write_text(
+        "from deepline_cli import play, tool\n\n@tool('x.t')\ndef first(input):\n    return 1\n\n"
+        "@tool('x.t')\ndef second(input):\n    return 2\n\nalias = second\n\n"
+        "@play('p')\nasync def p(ctx, input):\n    return (await ctx.tools.execute('a', 'x.t', {})).output\n"
+    )
+    said = "Tool 'x.t' is declared twice (first and second): give each its own id."
+    checked = deepline("check", "play.py")
+    assert checked.code == 2 and said in checked.stderr, checked.stderr
+    run = deepline("run", "play.py")
+    assert run.code == 2 and said in run.stderr, run.stderr

@@ -106,12 +106,19 @@ def _play_modules(namespace: Mapping[str, Any]) -> list[Any]:
 
 
 def tools_in(namespace: Mapping[str, Any]) -> dict[str, Any]:
-    """The @tools a module's namespace holds (defined or imported there), by id."""
-    found = {}
-    for value in list(namespace.values()):
+    """The @tools a module's namespace holds (defined or imported there), by id. Two
+    functions declared under one id are refused: the last would answer for both."""
+    found: dict[str, Any] = {}
+    for name, value in list(namespace.items()):
         definition = getattr(value, "__deepline_tool__", None)
-        if definition is not None:
-            found[definition.id] = definition
+        if definition is None:
+            continue
+        other = found.get(definition.id)
+        if other is not None and other.fn is not definition.fn:
+            raise UsageError(
+                f"Tool {definition.id!r} is declared twice ({other.fn.__name__} and {name}): give each its own id."
+            )
+        found[definition.id] = definition
     return found
 
 
