@@ -61,10 +61,6 @@ def worker(
     from deepline_cli.ui.verdict import verdict
 
     scheduled = [play for path in plays or [] for play in scheduled_plays(path)]
-    from deepline_cli.store import open_store, resolve_store_url
-
-    if not resolve_store_url(store).lower().startswith(("postgresql:", "postgres:")):
-        open_store(store).close()  # a SQLite store it cannot open (no such folder): one sentence, at once
 
     def finished(result: RunResult) -> None:
         for line in verdict(

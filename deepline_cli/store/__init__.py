@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from deepline_cli.errors import NoStoreError, UsageError
+from deepline_cli.errors import NoStoreError, StoreOpenError, UsageError
 from deepline_cli.store.roles import Store
 
 
@@ -101,7 +101,7 @@ def open_store(url: str | None = None, *, existing: bool | Literal["folder"] = F
         if existing is True:
             raise NoStoreError(_shown(str(path)))
     if named and not existing and not path.parent.is_dir():
-        raise UsageError(_no_folder(path, as_url))
+        raise StoreOpenError(_no_folder(path, as_url))
     return SQLiteStore(path)
 
 

@@ -42,9 +42,10 @@ def decide_claim(existing: Receipt | None, claim: Claim, now: float, *, had: Had
 
     - no receipt, a skipped or released one, or a transient (or explicitly refreshed)
       failure: claim
-    - completed: reuse, unless stale (older than `stale_after_s`, or `refresh_after_s`)
-      or forced, by a run that did not complete it or take it already; a step or fetch (its key is
-      its run's own) goes stale within its run
+    - completed: reuse, unless stale (older than `stale_after_s`, or `refresh_after_s`) for
+      a run that has not had it yet, or forced by a run that did not complete it (nor owned
+      it before another run refreshed it); a step or fetch (its key is its run's own) goes
+      stale within its run
     - failed for good (not transient, no --refresh-failed, not refreshed): report the
       stored failure
     - running: take over when its lease expired or it belongs to an earlier attempt of

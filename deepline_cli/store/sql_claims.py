@@ -116,28 +116,25 @@ class ClaimsSql(SqlBase):
         asking = []
         for cl in claims:
             found = existing.get(cl.key)
-            judged = cl.force or cl.stale_after_s is not None or cl.refresh_after_s is not None
-            if judged and found is not None and found.run_id != cl.run_id and found.status in ("completed", "failed"):
+            decides = cl.force or cl.stale_after_s is not None or cl.refresh_after_s is not None
+            if decides and found is not None and found.run_id != cl.run_id and found.status in ("completed", "failed"):
                 asking.append((cl.run_id, cl.key))
-        had: dict[tuple[str, str], Had] = {}
-        for run_id in dict.fromkeys(run_id for run_id, _ in asking):
-            keys = list(dict.fromkeys(key for other, key in asking if other == run_id))
-            for chunk in chunks(keys):
-                among, params = self._in_texts("key", chunk)
-                sql = f"SELECT key, used_at FROM run_receipts WHERE run_id = ? AND {among}"
-                for key, used_at in c.execute(sql, [run_id, *params]).fetchall():
-                    had[(run_id, key)] = "owned" if used_at is None else "used"
-        return had
+        return {pair: "owned" if used_at is None else "used" for pair, used_at in self._usage(c, asking).items()}
 
     def _used_before(self, c: Any, uses: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
         """Which of these (run, receipt key) pairs were used already (not only owned before)."""
-        found: set[tuple[str, str]] = set()
-        for run_id in dict.fromkeys(run_id for run_id, _ in uses):
-            keys = list(dict.fromkeys(key for other, key in uses if other == run_id))
+        return {pair for pair, used_at in self._usage(c, uses).items() if used_at is not None}
+
+    def _usage(self, c: Any, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], float | None]:
+        """The usage rows of these (run, receipt key) pairs that exist: when each was first used
+        (None: owned before another run took the receipt over, not used since)."""
+        found: dict[tuple[str, str], float | None] = {}
+        for run_id in dict.fromkeys(run_id for run_id, _ in pairs):
+            keys = list(dict.fromkeys(key for other, key in pairs if other == run_id))
             for chunk in chunks(keys):
                 among, params = self._in_texts("key", chunk)
-                sql = f"SELECT key FROM run_receipts WHERE run_id = ? AND used_at IS NOT NULL AND {among}"
-                found.update((run_id, row[0]) for row in c.execute(sql, [run_id, *params]).fetchall())
+                sql = f"SELECT key, used_at FROM run_receipts WHERE run_id = ? AND {among}"
+                found.update(((run_id, key), used_at) for key, used_at in c.execute(sql, [run_id, *params]).fetchall())
         return found
 
     def _point_members(self, c: Any, claims: Sequence[Claim], outcomes: Sequence[ClaimOutcome]) -> None:

@@ -727,7 +727,7 @@ def arity(fn: Callable[..., Any]) -> int:
     positional = _positional(fn)
     if positional is None:
         return 2
-    required = len([p for p in positional if p.default is p.empty])
+    required = _required(positional)
     if required < 2 and len(positional) > 1 and positional[1].name in ("rc", "index"):
         return 2
     return max(1, required)
@@ -739,13 +739,18 @@ def check_arity(fn: Callable[..., Any], what: str, given: str) -> None:
     positional = _positional(fn)
     if positional is None:
         return
-    required = len([p for p in positional if p.default is p.empty])
+    required = _required(positional)
     if 1 <= required <= 2 or (required == 0 and positional):
         return
     code = getattr(fn, "__code__", None)
     place = f" ({Path(code.co_filename).name} line {code.co_firstlineno})" if code is not None else ""
     takes = "no argument" if not positional else f"{required} arguments"
     raise UsageError(f"{what}{place} takes {takes}; it is given {given}.")
+
+
+def _required(positional: list[inspect.Parameter]) -> int:
+    """How many of these parameters have no default."""
+    return sum(1 for p in positional if p.default is p.empty)
 
 
 def _given_before(fn: Callable[..., Any]) -> int:

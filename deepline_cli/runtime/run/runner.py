@@ -277,9 +277,7 @@ class Runner:
             )
         # A play that no longer loads, or a secret not set: refused before the run is taken,
         # so the run stays as it was (its attempts, status and error), to be resumed once fixed.
-        self._apply_persisted(record)
-        play = self._load(record, loaded)
-        self._prepare(play, record.cwd, snapshot=bool(record.snapshot))
+        play = self._ready(record, loaded)
         attempt = record.attempt + 1
         self._recording()
         holder, expires = holder_id(), self.store.now() + self.options.lease_ttl
@@ -290,32 +288,39 @@ class Runner:
             raise RunBusyError(f"Run {run_id} was just taken by another process.")
         record.holder, record.lease_expires_at = holder, expires  # this process holds it now
         record.attempt = attempt
-        return self.run_claimed(record, play, prepared=True)
+        return self._run_taken(record, play)
 
-    def run_claimed(self, record: RunRecord, loaded: PlayDef | None = None, *, prepared: bool = False) -> RunResult:
-        """Execute a run this process has just leased (by `resume`, or a worker's claim).
-        `prepared`: `loaded` is the run's play, loaded and its secrets checked (by `resume`)."""
-        self.store.receipts.expire_run_receipts(record.run_id, before_attempt=record.attempt)
-        record.status = "running"
-        if not prepared:  # (`resume` applied them before loading the play: a snapshot's config kept)
-            self._apply_persisted(record)
-        given_for = record.options.get(REFRESH_GIVEN_FOR)
-        if given_for == record.attempt:  # queued again with --refresh-failed
-            self.options.refresh_given = True
-        if self.options.refresh_given:  # a later attempt asks what this one does not get to (a budget stop)
-            record.options[REFRESH_GIVEN_FOR] = record.attempt
+    def run_claimed(self, record: RunRecord, loaded: PlayDef | None = None) -> RunResult:
+        """Execute a run a worker has just leased. A play that no longer loads, or a secret
+        not set, ends its attempt at once (the worker took the run: it says so)."""
         try:
-            if prepared and loaded is not None:
-                play = loaded
-            else:
-                play = self._load(record, loaded)
-                self._prepare(play, record.cwd, snapshot=bool(record.snapshot))
-        except DeeplineError as exc:  # a missing secret, a play that no longer loads: the attempt ends at once
+            play = self._ready(record, loaded)
+        except DeeplineError as exc:
+            self.store.receipts.expire_run_receipts(record.run_id, before_attempt=record.attempt)
             now = self.store.now()
             self.store.runs.begin_attempt(record.run_id, record.attempt, record.holder or holder_id(), now)
             self.store.runs.end_attempt(record.run_id, record.attempt, "failed", now)
             self.store.runs.set_status(record.run_id, "failed", holder=None, error=error_dict(exc), finished_at=now)
             raise
+        return self._run_taken(record, play)
+
+    def _ready(self, record: RunRecord, loaded: PlayDef | None = None) -> PlayDef:
+        """The run's play, ready for an attempt: the run's options applied (a snapshot's config
+        among them), the play loaded, its secrets checked."""
+        self._apply_persisted(record)
+        play = self._load(record, loaded)
+        self._prepare(play, record.cwd, snapshot=bool(record.snapshot))
+        return play
+
+    def _run_taken(self, record: RunRecord, play: PlayDef) -> RunResult:
+        """Execute a run this process holds now (by `resume`, or a worker's claim), its play ready."""
+        self.store.receipts.expire_run_receipts(record.run_id, before_attempt=record.attempt)
+        record.status = "running"
+        given_for = record.options.get(REFRESH_GIVEN_FOR)
+        if given_for == record.attempt:  # queued again with --refresh-failed
+            self.options.refresh_given = True
+        if self.options.refresh_given:  # a later attempt asks what this one does not get to (a budget stop)
+            record.options[REFRESH_GIVEN_FOR] = record.attempt
         return self._execute(play, record)
 
     def _prepare(self, play: PlayDef, cwd: str, *, snapshot: bool = False) -> None:
